@@ -1,0 +1,138 @@
+/* core.c: statuses and element types.
+ *
+ * A status is one heap block (code + message). When even that allocation
+ * fails, a static out-of-memory status is returned instead; freeing it is a
+ * no-op, so callers never need a special case.
+ */
+#include "core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct tpu_status {
+  tpu_code code;
+  char *msg;
+};
+
+static tpu_status tpu_status_oom = {TPU_ERR_MEMORY, "out of memory"};
+
+tpu_status *tpu_status_newv(tpu_code code, const char *fmt, va_list ap) {
+  tpu_status *s = malloc(sizeof *s);
+  if (!s) return &tpu_status_oom;
+  va_list ap2;
+  va_copy(ap2, ap);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  s->msg = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  if (!s->msg) {
+    va_end(ap2);
+    free(s);
+    return &tpu_status_oom;
+  }
+  vsnprintf(s->msg, (size_t)n + 1, fmt, ap2);
+  va_end(ap2);
+  s->code = code;
+  return s;
+}
+
+tpu_status *tpu_status_new(tpu_code code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  tpu_status *s = tpu_status_newv(code, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+tpu_code tpu_status_code(const tpu_status *s) { return s->code; }
+const char *tpu_status_message(const tpu_status *s) { return s->msg; }
+
+tpu_status *tpu_status_prefix(tpu_status *s, const char *fmt, ...) {
+  if (!s || s == &tpu_status_oom) return s;
+  char head[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(head, sizeof head, fmt, ap);
+  va_end(ap);
+  size_t n = strlen(head) + 2 + strlen(s->msg) + 1;
+  char *m = malloc(n);
+  if (!m) return s;
+  snprintf(m, n, "%s: %s", head, s->msg);
+  free(s->msg);
+  s->msg = m;
+  return s;
+}
+
+void tpu_status_free(tpu_status *s) {
+  if (!s || s == &tpu_status_oom) return;
+  free(s->msg);
+  free(s);
+}
+
+/* ---- element types ------------------------------------------------------- */
+
+static const struct {
+  size_t size;
+  const char *mlir;
+  const char *name;
+} tpu_dtype_info[TPU_NUM_DTYPES] = {
+    [TPU_INVALID] = {0, "?", "invalid"},
+    [TPU_PRED] = {1, "i1", "bool"},
+    [TPU_S8] = {1, "i8", "int8"},
+    [TPU_S16] = {2, "i16", "int16"},
+    [TPU_S32] = {4, "i32", "int32"},
+    [TPU_S64] = {8, "i64", "int64"},
+    [TPU_U8] = {1, "ui8", "uint8"},
+    [TPU_U16] = {2, "ui16", "uint16"},
+    [TPU_U32] = {4, "ui32", "uint32"},
+    [TPU_U64] = {8, "ui64", "uint64"},
+    [TPU_F16] = {2, "f16", "float16"},
+    [TPU_F32] = {4, "f32", "float32"},
+    [TPU_F64] = {8, "f64", "float64"},
+    [TPU_BF16] = {2, "bf16", "bfloat16"},
+    [TPU_C64] = {8, "complex<f32>", "complex64"},
+    [TPU_C128] = {16, "complex<f64>", "complex128"},
+};
+
+static bool tpu_dtype_valid(tpu_dtype t) { return t > TPU_INVALID && t < TPU_NUM_DTYPES; }
+size_t tpu_dtype_size(tpu_dtype t) { return tpu_dtype_valid(t) ? tpu_dtype_info[t].size : 0; }
+const char *tpu_dtype_mlir(tpu_dtype t) { return tpu_dtype_valid(t) ? tpu_dtype_info[t].mlir : "?"; }
+const char *tpu_dtype_name(tpu_dtype t) { return tpu_dtype_valid(t) ? tpu_dtype_info[t].name : "invalid"; }
+bool tpu_dtype_is_float(tpu_dtype t) {
+  return t == TPU_F16 || t == TPU_BF16 || t == TPU_F32 || t == TPU_F64;
+}
+bool tpu_dtype_is_complex(tpu_dtype t) { return t == TPU_C64 || t == TPU_C128; }
+bool tpu_dtype_is_signed_int(tpu_dtype t) { return t >= TPU_S8 && t <= TPU_S64; }
+bool tpu_dtype_is_unsigned_int(tpu_dtype t) { return t >= TPU_U8 && t <= TPU_U64; }
+bool tpu_dtype_is_int(tpu_dtype t) {
+  return tpu_dtype_is_signed_int(t) || tpu_dtype_is_unsigned_int(t);
+}
+
+/* torch's promotion lattice: bool < integers < floats < complex. Within a
+ * kind the wider type wins; mixing signed and unsigned needs a signed type
+ * wider than the unsigned one (u8 + s8 -> s16; torch has no wider unsigned
+ * rule, and u64 with a signed type is an error there; we pick s64); f16 with
+ * bf16 gives f32. */
+tpu_dtype tpu_dtype_promote(tpu_dtype a, tpu_dtype b) {
+  if (a == b) return a;
+  if (a == TPU_PRED) return b;
+  if (b == TPU_PRED) return a;
+  if (tpu_dtype_is_complex(a) || tpu_dtype_is_complex(b)) {
+    bool wide = a == TPU_C128 || b == TPU_C128 || a == TPU_F64 || b == TPU_F64;
+    return wide ? TPU_C128 : TPU_C64;
+  }
+  if (tpu_dtype_is_float(a) || tpu_dtype_is_float(b)) {
+    if (!tpu_dtype_is_float(a)) return b;
+    if (!tpu_dtype_is_float(b)) return a;
+    if ((a == TPU_F16 && b == TPU_BF16) || (a == TPU_BF16 && b == TPU_F16)) return TPU_F32;
+    return tpu_dtype_size(a) >= tpu_dtype_size(b) ? a : b;
+  }
+  bool ua = tpu_dtype_is_unsigned_int(a), ub = tpu_dtype_is_unsigned_int(b);
+  if (ua == ub) return tpu_dtype_size(a) >= tpu_dtype_size(b) ? a : b;
+  tpu_dtype u = ua ? a : b, s = ua ? b : a;
+  if (tpu_dtype_size(s) > tpu_dtype_size(u)) return s;
+  switch (tpu_dtype_size(u)) {
+    case 1: return TPU_S16;
+    case 2: return TPU_S32;
+    default: return TPU_S64;
+  }
+}

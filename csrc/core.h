@@ -1,0 +1,79 @@
+/* core.h: what every layer of the torchtpu core shares.
+ *
+ * - tpu_status: errors are values. A function that can fail returns a
+ *   tpu_status* (NULL on success); the caller owns a non-NULL status and frees
+ *   it with tpu_status_free (which accepts NULL).
+ * - tpu_dtype: element types. The numeric values are those of PJRT_Buffer_Type,
+ *   so the runtime passes them to the plugin unchanged.
+ */
+#ifndef TPU_CORE_H
+#define TPU_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TPU_MAX_RANK 8
+
+/* ---- status ------------------------------------------------------------ */
+
+typedef enum {
+  TPU_ERR_RUNTIME = 1,   /* RuntimeError: plugin or execution failure      */
+  TPU_ERR_VALUE,         /* ValueError: bad argument value                 */
+  TPU_ERR_TYPE,          /* TypeError: wrong argument kind or dtype        */
+  TPU_ERR_INDEX,         /* IndexError: dimension or index out of range    */
+  TPU_ERR_UNIMPLEMENTED, /* NotImplementedError: op or case not lowered    */
+  TPU_ERR_PLUGIN,        /* RuntimeError naming what to install            */
+  TPU_ERR_MEMORY         /* MemoryError                                    */
+} tpu_code;
+
+typedef struct tpu_status tpu_status;
+
+/* Returns an owned status; never NULL (falls back to a static out-of-memory
+ * status, which tpu_status_free recognises). */
+tpu_status *tpu_status_new(tpu_code code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+tpu_status *tpu_status_newv(tpu_code code, const char *fmt, va_list ap);
+tpu_code tpu_status_code(const tpu_status *s);
+/* Borrowed; lifetime of s. */
+const char *tpu_status_message(const tpu_status *s);
+/* Prefixes the message with "<fmt>: " and returns s (for context chains). */
+tpu_status *tpu_status_prefix(tpu_status *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void tpu_status_free(tpu_status *s);
+
+/* ---- element types ------------------------------------------------------- */
+
+typedef enum {
+  TPU_INVALID = 0,
+  TPU_PRED = 1,
+  TPU_S8 = 2,
+  TPU_S16 = 3,
+  TPU_S32 = 4,
+  TPU_S64 = 5,
+  TPU_U8 = 6,
+  TPU_U16 = 7,
+  TPU_U32 = 8,
+  TPU_U64 = 9,
+  TPU_F16 = 10,
+  TPU_F32 = 11,
+  TPU_F64 = 12,
+  TPU_BF16 = 13,
+  TPU_C64 = 14,
+  TPU_C128 = 15,
+  TPU_NUM_DTYPES
+} tpu_dtype;
+
+size_t tpu_dtype_size(tpu_dtype t);        /* bytes per element; 0 if invalid */
+const char *tpu_dtype_mlir(tpu_dtype t);   /* "f32", "i1", "ui8", "complex<f32>" */
+const char *tpu_dtype_name(tpu_dtype t);   /* torch name: "float32", "bool", ... */
+bool tpu_dtype_is_float(tpu_dtype t);      /* f16, bf16, f32, f64 */
+bool tpu_dtype_is_complex(tpu_dtype t);
+bool tpu_dtype_is_signed_int(tpu_dtype t); /* s8..s64 */
+bool tpu_dtype_is_unsigned_int(tpu_dtype t); /* u8..u64 */
+bool tpu_dtype_is_int(tpu_dtype t);        /* signed or unsigned, not pred */
+/* torch.promote_types for two dtypes. */
+tpu_dtype tpu_dtype_promote(tpu_dtype a, tpu_dtype b);
+
+#endif

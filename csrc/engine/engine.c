@@ -1,0 +1,562 @@
+/* engine.c: records, the program cache, and running one op (debug eager mode).
+ *
+ * A call is keyed by its signature: the op id and, per argument, everything
+ * the lowering depends on (dtypes, shapes, strides, how a view is read,
+ * attribute values, the kinds of Python scalars) but no data: scalar values
+ * and view offsets are program inputs. On a hit the cached executable runs
+ * directly, so the lowering and the StableHLO text are built once per
+ * signature.
+ *
+ * The record registry is an open-addressing set of live record addresses
+ * guarded by a mutex: torch frees storages from any thread, with or without
+ * the GIL, and a pointer coming back from Python is looked up before use.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "engine.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+  uint8_t *key;  /* owned signature bytes */
+  size_t keylen;
+  uint64_t hash;
+  tpu_rt_exec *exec; /* owned */
+  tpu_in_plan *in;   /* owned, nin entries */
+  int nin;
+  tpu_out_plan out[TPU_MAX_OUTS];
+  int nout;
+  tpu_ret_plan ret[TPU_MAX_OUTS];
+  int nret;
+  int64_t rng_words;
+} tpu_cache_entry;
+
+struct tpu_engine {
+  tpu_rt *rt; /* owned */
+  tpu_metrics metrics;
+  pthread_mutex_t reg_lock;
+  tpu_record **reg; /* open addressing; NULL empty, TOMB deleted */
+  size_t reg_cap, reg_used, reg_live;
+  tpu_cache_entry **cache; /* open addressing on hash, owned entries */
+  size_t cache_cap, cache_n;
+  uint64_t rng_seed, rng_offset;
+};
+
+#define TPU_TOMB ((tpu_record *)1)
+
+static int64_t tpu_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static uint64_t tpu_hash_bytes(const void *p, size_t n) {
+  const uint8_t *b = p;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+static size_t tpu_ptr_slot(const void *p, size_t cap) {
+  uint64_t x = (uint64_t)(uintptr_t)p;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return (size_t)(x & (cap - 1));
+}
+
+/* ---- engine ------------------------------------------------------------------- */
+
+tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out) {
+  *out = NULL;
+  tpu_engine *e = calloc(1, sizeof *e);
+  if (!e) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  tpu_status *s = tpu_rt_open(opts, &e->rt);
+  if (s) {
+    free(e);
+    return s;
+  }
+  pthread_mutex_init(&e->reg_lock, NULL);
+  e->reg_cap = 1024;
+  e->reg = calloc(e->reg_cap, sizeof *e->reg);
+  e->cache_cap = 256;
+  e->cache = calloc(e->cache_cap, sizeof *e->cache);
+  if (!e->reg || !e->cache) {
+    tpu_engine_free(e);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  e->rng_seed = 67280421310721ull;
+  *out = e;
+  return NULL;
+}
+
+static void tpu_cache_entry_free(tpu_cache_entry *c) {
+  if (!c) return;
+  free(c->key);
+  free(c->in);
+  tpu_rt_exec_free(c->exec);
+  free(c);
+}
+
+void tpu_engine_free(tpu_engine *e) {
+  if (!e) return;
+  for (size_t i = 0; i < e->cache_cap; i++) tpu_cache_entry_free(e->cache[i]);
+  free(e->cache);
+  /* Records still alive belong to tensors that outlive the engine (process
+   * exit): drop their buffers so the client can be destroyed cleanly. */
+  for (size_t i = 0; i < e->reg_cap; i++) {
+    tpu_record *r = e->reg ? e->reg[i] : NULL;
+    if (r && r != TPU_TOMB) {
+      tpu_rt_buffer_free(r->buf);
+      r->buf = NULL;
+      r->eng = NULL;
+    }
+  }
+  free(e->reg);
+  pthread_mutex_destroy(&e->reg_lock);
+  tpu_rt_close(e->rt);
+  free(e);
+}
+
+tpu_rt *tpu_engine_rt(tpu_engine *e) { return e->rt; }
+tpu_metrics *tpu_engine_metrics(tpu_engine *e) { return &e->metrics; }
+int64_t tpu_engine_cache_size(tpu_engine *e) { return (int64_t)e->cache_n; }
+
+void tpu_engine_manual_seed(tpu_engine *e, uint64_t seed) {
+  e->rng_seed = seed;
+  e->rng_offset = 0;
+}
+void tpu_engine_rng_state(tpu_engine *e, uint64_t *seed, uint64_t *offset) {
+  *seed = e->rng_seed;
+  *offset = e->rng_offset;
+}
+void tpu_engine_set_rng_state(tpu_engine *e, uint64_t seed, uint64_t offset) {
+  e->rng_seed = seed;
+  e->rng_offset = offset;
+}
+
+/* ---- records ------------------------------------------------------------------ */
+
+static bool tpu_reg_grow(tpu_engine *e) {
+  size_t cap = e->reg_cap * 2;
+  tpu_record **n = calloc(cap, sizeof *n);
+  if (!n) return false;
+  for (size_t i = 0; i < e->reg_cap; i++) {
+    tpu_record *r = e->reg[i];
+    if (!r || r == TPU_TOMB) continue;
+    size_t j = tpu_ptr_slot(r, cap);
+    while (n[j]) j = (j + 1) & (cap - 1);
+    n[j] = r;
+  }
+  free(e->reg);
+  e->reg = n;
+  e->reg_cap = cap;
+  e->reg_used = e->reg_live;
+  return true;
+}
+
+tpu_record *tpu_record_new(tpu_engine *e, tpu_dtype dt, int64_t numel) {
+  tpu_record *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->magic = TPU_RECORD_MAGIC;
+  atomic_init(&r->refs, 1);
+  r->dtype = dt;
+  r->numel = numel;
+  r->eng = e;
+  pthread_mutex_lock(&e->reg_lock);
+  if ((e->reg_used + 1) * 2 > e->reg_cap && !tpu_reg_grow(e)) {
+    pthread_mutex_unlock(&e->reg_lock);
+    free(r);
+    return NULL;
+  }
+  size_t j = tpu_ptr_slot(r, e->reg_cap);
+  while (e->reg[j] && e->reg[j] != TPU_TOMB) j = (j + 1) & (e->reg_cap - 1);
+  if (!e->reg[j]) e->reg_used++;
+  e->reg[j] = r;
+  e->reg_live++;
+  pthread_mutex_unlock(&e->reg_lock);
+  atomic_fetch_add(&e->metrics.records_live, 1);
+  return r;
+}
+
+void tpu_record_ref(tpu_record *r) { atomic_fetch_add(&r->refs, 1); }
+
+void tpu_record_unref(tpu_record *r) {
+  if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
+  tpu_engine *e = r->eng;
+  if (e) {
+    pthread_mutex_lock(&e->reg_lock);
+    size_t j = tpu_ptr_slot(r, e->reg_cap);
+    while (e->reg[j] && e->reg[j] != r) j = (j + 1) & (e->reg_cap - 1);
+    if (e->reg[j] == r) {
+      e->reg[j] = TPU_TOMB;
+      e->reg_live--;
+    }
+    pthread_mutex_unlock(&e->reg_lock);
+    atomic_fetch_sub(&e->metrics.records_live, 1);
+  }
+  tpu_rt_buffer_free(r->buf);
+  r->magic = 0;
+  free(r);
+}
+
+tpu_record *tpu_engine_find_record(tpu_engine *e, const void *addr) {
+  if (!addr) return NULL;
+  tpu_record *found = NULL;
+  pthread_mutex_lock(&e->reg_lock);
+  size_t j = tpu_ptr_slot(addr, e->reg_cap);
+  while (e->reg[j]) {
+    if ((const void *)e->reg[j] == addr) {
+      found = e->reg[j];
+      break;
+    }
+    j = (j + 1) & (e->reg_cap - 1);
+  }
+  pthread_mutex_unlock(&e->reg_lock);
+  return found;
+}
+
+/* A never-written record reads as zeros: give it a zero buffer. */
+static tpu_status *tpu_record_materialize(tpu_engine *e, tpu_record *r) {
+  if (r->buf) return NULL;
+  size_t nb = (size_t)r->numel * tpu_dtype_size(r->dtype);
+  void *zeros = calloc(nb ? nb : 1, 1);
+  if (!zeros) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", nb);
+  int64_t n = r->numel;
+  tpu_status *s = tpu_rt_buffer_from_host(e->rt, zeros, r->dtype, &n, 1, &r->buf);
+  free(zeros);
+  return s;
+}
+
+tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data,
+                              tpu_dtype dt, int rank, const int64_t *dims) {
+  (void)rank;
+  (void)dims;
+  if (dt != rec->dtype)
+    return tpu_status_new(TPU_ERR_TYPE, "upload of %s data into a %s storage",
+                          tpu_dtype_name(dt), tpu_dtype_name(rec->dtype));
+  tpu_rt_buffer *b = NULL;
+  int64_t n = rec->numel;
+  tpu_status *s = tpu_rt_buffer_from_host(e->rt, data, dt, &n, 1, &b);
+  if (s) return s;
+  tpu_rt_buffer_free(rec->buf);
+  rec->buf = b;
+  atomic_fetch_add(&e->metrics.h2d_bytes, (long long)((size_t)n * tpu_dtype_size(dt)));
+  return NULL;
+}
+
+tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst,
+                                size_t nbytes) {
+  if (!rec->buf) {
+    memset(dst, 0, nbytes);
+    return NULL;
+  }
+  atomic_fetch_add(&e->metrics.d2h_bytes, (long long)nbytes);
+  return tpu_rt_buffer_to_host(e->rt, rec->buf, dst, nbytes);
+}
+
+/* ---- signatures --------------------------------------------------------------- */
+
+typedef struct {
+  uint8_t *p;
+  size_t n, cap;
+  bool oom;
+} tpu_sig;
+
+static void tpu_sig_put(tpu_sig *s, const void *d, size_t n) {
+  if (s->oom) return;
+  if (s->n + n > s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 256;
+    while (cap < s->n + n) cap *= 2;
+    uint8_t *q = realloc(s->p, cap);
+    if (!q) {
+      s->oom = true;
+      return;
+    }
+    s->p = q;
+    s->cap = cap;
+  }
+  memcpy(s->p + s->n, d, n);
+  s->n += n;
+}
+
+static void tpu_sig_i64(tpu_sig *s, int64_t v) { tpu_sig_put(s, &v, sizeof v); }
+
+static void tpu_sig_tensor(tpu_sig *s, const tpu_tref *t) {
+  tpu_sig_i64(s, t->host ? -1 - (int64_t)t->dtype : (int64_t)t->dtype);
+  if (t->host) return;
+  tpu_sig_i64(s, t->rank);
+  tpu_sig_put(s, t->sizes, sizeof(int64_t) * (size_t)t->rank);
+  tpu_sig_put(s, t->strides, sizeof(int64_t) * (size_t)t->rank);
+  tpu_sig_i64(s, t->view);
+  tpu_sig_i64(s, t->rec_numel);
+}
+
+static void tpu_sig_build(tpu_sig *s, int op_id, const tpu_arg *args, int nargs) {
+  tpu_sig_i64(s, op_id);
+  for (int i = 0; i < nargs; i++) {
+    const tpu_arg *a = &args[i];
+    tpu_sig_i64(s, (int64_t)a->kind | (a->is_default ? 0x100 : 0));
+    switch (a->kind) {
+      case TPU_ARG_TENSOR: tpu_sig_tensor(s, &a->t); break;
+      case TPU_ARG_TENSORS:
+        tpu_sig_i64(s, a->nlist);
+        for (int j = 0; j < a->nlist; j++) {
+          tpu_sig_i64(s, a->list[j].rec || a->list[j].host);
+          if (a->list[j].rec || a->list[j].host) tpu_sig_tensor(s, &a->list[j]);
+        }
+        break;
+      case TPU_ARG_SCALAR: tpu_sig_i64(s, a->skind); break;
+      case TPU_ARG_INT:
+      case TPU_ARG_BOOL: tpu_sig_i64(s, a->i); break;
+      case TPU_ARG_INTS:
+        tpu_sig_i64(s, a->nints);
+        tpu_sig_put(s, a->ints, sizeof(int64_t) * (size_t)a->nints);
+        break;
+      case TPU_ARG_FLOAT: tpu_sig_put(s, &a->f, sizeof a->f); break;
+      case TPU_ARG_FLOATS:
+        tpu_sig_i64(s, a->nints);
+        tpu_sig_put(s, a->floats, sizeof(double) * (size_t)a->nints);
+        break;
+      case TPU_ARG_DTYPE: tpu_sig_i64(s, a->dtype); break;
+      case TPU_ARG_STR: tpu_sig_put(s, a->str, strlen(a->str) + 1); break;
+      default: break;
+    }
+  }
+}
+
+/* ---- the cache ------------------------------------------------------------------ */
+
+static tpu_cache_entry *tpu_cache_find(tpu_engine *e, const tpu_sig *s, uint64_t h) {
+  size_t j = (size_t)h & (e->cache_cap - 1);
+  while (e->cache[j]) {
+    tpu_cache_entry *c = e->cache[j];
+    if (c->hash == h && c->keylen == s->n && memcmp(c->key, s->p, s->n) == 0) return c;
+    j = (j + 1) & (e->cache_cap - 1);
+  }
+  return NULL;
+}
+
+static bool tpu_cache_insert(tpu_engine *e, tpu_cache_entry *c) {
+  if ((e->cache_n + 1) * 2 > e->cache_cap) {
+    size_t cap = e->cache_cap * 2;
+    tpu_cache_entry **n = calloc(cap, sizeof *n);
+    if (!n) return false;
+    for (size_t i = 0; i < e->cache_cap; i++) {
+      tpu_cache_entry *x = e->cache[i];
+      if (!x) continue;
+      size_t j = (size_t)x->hash & (cap - 1);
+      while (n[j]) j = (j + 1) & (cap - 1);
+      n[j] = x;
+    }
+    free(e->cache);
+    e->cache = n;
+    e->cache_cap = cap;
+  }
+  size_t j = (size_t)c->hash & (e->cache_cap - 1);
+  while (e->cache[j]) j = (j + 1) & (e->cache_cap - 1);
+  e->cache[j] = c;
+  e->cache_n++;
+  return true;
+}
+
+/* ---- one call ------------------------------------------------------------------- */
+
+static void tpu_classify_views(tpu_arg *args, int nargs) {
+  for (int i = 0; i < nargs; i++) {
+    if (args[i].kind == TPU_ARG_TENSOR && !args[i].t.host)
+      args[i].t.view = tpu_lower_view_kind(&args[i].t);
+    if (args[i].kind == TPU_ARG_TENSORS)
+      for (int j = 0; j < args[i].nlist; j++)
+        if (args[i].list[j].rec) args[i].list[j].view = tpu_lower_view_kind(&args[i].list[j]);
+  }
+}
+
+static tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row,
+                                    tpu_arg *args, int nargs, tpu_sig *sig,
+                                    uint64_t h, tpu_cache_entry **out) {
+  tpu_lower L;
+  memset(&L, 0, sizeof L);
+  L.hlo = tpu_hlo_new();
+  if (!L.hlo) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  L.args = args;
+  L.nargs = nargs;
+  L.opname = row->name;
+  L.flags = row->flags;
+  L.rng_state = TPU_HV_NONE;
+  tpu_lower_run(&L, row);
+  char *text = NULL;
+  size_t len = 0;
+  tpu_status *s = tpu_hlo_finish(L.hlo, L.outv, L.nout, &text, &len);
+  tpu_hlo_free(L.hlo);
+  if (s) return s;
+  if (getenv("TORCHTPU_DUMP_HLO")) fprintf(stderr, "-- %s\n%s\n", row->name, text);
+  tpu_cache_entry *c = calloc(1, sizeof *c);
+  if (!c) {
+    free(text);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  int64_t t0 = tpu_now_ns();
+  s = tpu_rt_compile(e->rt, text, len, &c->exec);
+  atomic_fetch_add(&e->metrics.compile_ns, tpu_now_ns() - t0);
+  atomic_fetch_add(&e->metrics.programs_compiled, 1);
+  if (s) {
+    s = tpu_status_prefix(s, "compiling aten::%s", row->name);
+    if (getenv("TORCHTPU_DEBUG")) fprintf(stderr, "%s\n", text);
+    free(text);
+    free(c);
+    return s;
+  }
+  free(text);
+  c->nin = L.nin;
+  c->in = malloc(sizeof(tpu_in_plan) * (size_t)(L.nin ? L.nin : 1));
+  c->key = malloc(sig->n);
+  if (!c->in || !c->key) {
+    tpu_cache_entry_free(c);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  memcpy(c->in, L.in, sizeof(tpu_in_plan) * (size_t)L.nin);
+  memcpy(c->key, sig->p, sig->n);
+  c->keylen = sig->n;
+  c->hash = h;
+  c->nout = L.nout;
+  memcpy(c->out, L.out, sizeof L.out);
+  c->nret = L.nret;
+  memcpy(c->ret, L.ret, sizeof L.ret);
+  c->rng_words = L.rng_words;
+  if (!tpu_cache_insert(e, c)) {
+    tpu_cache_entry_free(c);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  *out = c;
+  return NULL;
+}
+
+static tpu_tref *tpu_arg_tref(tpu_arg *args, const tpu_in_plan *p) {
+  tpu_arg *a = &args[p->arg];
+  return p->item >= 0 ? &a->list[p->item] : &a->t;
+}
+
+static tpu_status *tpu_scalar_upload(tpu_engine *e, const tpu_arg *a, tpu_rt_buffer **out) {
+  switch (a->skind) {
+    case TPU_SCALAR_BOOL: {
+      uint8_t v = a->i != 0;
+      return tpu_rt_buffer_from_host(e->rt, &v, TPU_PRED, NULL, 0, out);
+    }
+    case TPU_SCALAR_INT: return tpu_rt_buffer_from_host(e->rt, &a->i, TPU_S64, NULL, 0, out);
+    case TPU_SCALAR_FLOAT: return tpu_rt_buffer_from_host(e->rt, &a->f, TPU_F64, NULL, 0, out);
+    default: {
+      double c[2] = {a->f, a->f_imag};
+      return tpu_rt_buffer_from_host(e->rt, c, TPU_C128, NULL, 0, out);
+    }
+  }
+}
+
+tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
+                            tpu_arg *args, int nargs, tpu_engine_result *res) {
+  memset(res, 0, sizeof *res);
+  atomic_fetch_add(&e->metrics.ops_dispatched, 1);
+  tpu_classify_views(args, nargs);
+  tpu_sig sig = {0};
+  tpu_sig_build(&sig, op_id, args, nargs);
+  if (sig.oom) {
+    free(sig.p);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  uint64_t h = tpu_hash_bytes(sig.p, sig.n);
+  tpu_cache_entry *c = tpu_cache_find(e, &sig, h);
+  tpu_status *s = NULL;
+  if (c) {
+    atomic_fetch_add(&e->metrics.cache_hits, 1);
+  } else {
+    atomic_fetch_add(&e->metrics.cache_misses, 1);
+    s = tpu_engine_lower(e, row, args, nargs, &sig, h, &c);
+  }
+  free(sig.p);
+  if (s) return s;
+
+  tpu_rt_buffer *inbuf[64];
+  tpu_rt_buffer *temps[64];
+  int ntemp = 0;
+  for (int k = 0; k < c->nin && !s; k++) {
+    const tpu_in_plan *p = &c->in[k];
+    tpu_rt_buffer *b = NULL;
+    switch (p->kind) {
+      case TPU_IN_RECORD: {
+        tpu_record *r = tpu_arg_tref(args, p)->rec;
+        s = tpu_record_materialize(e, r);
+        b = r->buf;
+        break;
+      }
+      case TPU_IN_SCALAR: s = tpu_scalar_upload(e, &args[p->arg], &b); temps[ntemp++] = b; break;
+      case TPU_IN_HOST_TENSOR: {
+        tpu_tref *t = tpu_arg_tref(args, p);
+        s = tpu_rt_buffer_from_host(e->rt, t->host_bytes, t->dtype, NULL, 0, &b);
+        temps[ntemp++] = b;
+        break;
+      }
+      case TPU_IN_OFFSET: {
+        int64_t off = tpu_arg_tref(args, p)->offset;
+        s = tpu_rt_buffer_from_host(e->rt, &off, TPU_S64, NULL, 0, &b);
+        temps[ntemp++] = b;
+        break;
+      }
+      case TPU_IN_RNG: {
+        uint64_t st[2] = {e->rng_seed, e->rng_offset};
+        e->rng_offset += (uint64_t)c->rng_words;
+        int64_t two = 2;
+        s = tpu_rt_buffer_from_host(e->rt, st, TPU_U64, &two, 1, &b);
+        temps[ntemp++] = b;
+        break;
+      }
+    }
+    inbuf[k] = b;
+  }
+  tpu_rt_buffer *outbuf[TPU_MAX_OUTS] = {0};
+  if (!s) {
+    int64_t t0 = tpu_now_ns();
+    s = tpu_rt_execute(e->rt, c->exec, inbuf, c->nin, outbuf);
+    atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
+    if (s) s = tpu_status_prefix(s, "running aten::%s", row->name);
+  }
+  for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);
+  if (s) return s;
+
+  /* Writes first replace the records' buffers; new outputs become records. */
+  int nnew = 0;
+  for (int k = 0; k < c->nout; k++) {
+    const tpu_out_plan *o = &c->out[k];
+    if (o->kind == TPU_OUT_WRITE) {
+      tpu_in_plan p = {TPU_IN_RECORD, o->arg, o->item};
+      tpu_record *r = tpu_arg_tref(args, &p)->rec;
+      tpu_rt_buffer_free(r->buf);
+      r->buf = outbuf[k];
+      outbuf[k] = NULL;
+    } else if (o->kind == TPU_OUT_NEW) {
+      tpu_record *r = tpu_record_new(e, o->type.dtype, tpu_hlo_type_numel(&o->type));
+      if (!r) {
+        s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+        break;
+      }
+      r->buf = outbuf[k];
+      outbuf[k] = NULL;
+      res->outs[nnew] = r;
+      res->types[nnew] = o->type;
+      nnew++;
+    }
+  }
+  for (int k = 0; k < c->nout; k++) tpu_rt_buffer_free(outbuf[k]);
+  res->nout = nnew;
+  res->nret = c->nret;
+  memcpy(res->ret, c->ret, sizeof c->ret);
+  if (s) tpu_engine_result_release(res);
+  return s;
+}
+
+void tpu_engine_result_release(tpu_engine_result *res) {
+  for (int i = 0; i < res->nout; i++) tpu_record_unref(res->outs[i]);
+  res->nout = 0;
+}

@@ -1,0 +1,90 @@
+/* engine.h: storage records, the per-op program cache, and op execution.
+ *
+ * A storage record is the device side of one torch storage: a mutable cell
+ * holding the storage's current device buffer as a flat 1-D array. A tensor
+ * is (record, sizes, strides, offset); every view of a storage shares its
+ * record, and an in-place write swaps the record's buffer so that all views
+ * see it. A record is referenced by its torch storage (through the DLPack
+ * deleter) and, briefly, by calls in flight.
+ *
+ * The engine owns the runtime, the record registry (so that a pointer coming
+ * back from Python is checked before use), the compiled-program cache, the
+ * device generator state and the metrics. It is the only mutable state of the
+ * core; the Python module holds one.
+ */
+#ifndef TPU_ENGINE_H
+#define TPU_ENGINE_H
+
+#include <stdatomic.h>
+
+#include "../lower/lower.h"
+#include "../runtime/runtime.h"
+
+typedef struct tpu_engine tpu_engine;
+
+#define TPU_RECORD_MAGIC 0x74707572u /* "tpur" */
+
+typedef struct tpu_record {
+  uint32_t magic;
+  atomic_long refs;
+  tpu_dtype dtype;
+  int64_t numel;
+  tpu_rt_buffer *buf;  /* owned; NULL until first written (reads as zeros) */
+  tpu_engine *eng;     /* borrowed; outlives the record */
+} tpu_record;
+
+typedef struct {
+  atomic_llong ops_dispatched;
+  atomic_llong programs_compiled;
+  atomic_llong cache_hits;
+  atomic_llong cache_misses;
+  atomic_llong compile_ns;
+  atomic_llong execute_ns;
+  atomic_llong h2d_bytes;
+  atomic_llong d2h_bytes;
+  atomic_llong records_live;
+  atomic_llong fallback_ops;
+} tpu_metrics;
+
+tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out);
+void tpu_engine_free(tpu_engine *e);
+tpu_rt *tpu_engine_rt(tpu_engine *e);
+tpu_metrics *tpu_engine_metrics(tpu_engine *e);
+void tpu_engine_manual_seed(tpu_engine *e, uint64_t seed);
+void tpu_engine_rng_state(tpu_engine *e, uint64_t *seed, uint64_t *offset);
+void tpu_engine_set_rng_state(tpu_engine *e, uint64_t seed, uint64_t offset);
+/* Number of entries in the in-memory program cache. */
+int64_t tpu_engine_cache_size(tpu_engine *e);
+
+/* A new record (refs = 1, no buffer), registered. NULL when out of memory. */
+tpu_record *tpu_record_new(tpu_engine *e, tpu_dtype dt, int64_t numel);
+void tpu_record_ref(tpu_record *r);
+/* Thread-safe (torch may free storages without the GIL). */
+void tpu_record_unref(tpu_record *r);
+/* The live record at this address, or NULL. */
+tpu_record *tpu_engine_find_record(tpu_engine *e, const void *addr);
+
+/* Results of one call. New outputs are owned references the caller mints or
+ * releases; ret says what to return (see lower.h). */
+typedef struct {
+  tpu_record *outs[TPU_MAX_OUTS];
+  tpu_hlo_type types[TPU_MAX_OUTS];
+  int nout;
+  tpu_ret_plan ret[TPU_MAX_OUTS];
+  int nret;
+} tpu_engine_result;
+
+/* Lower (or find in the cache), compile and run one op on parsed arguments. */
+tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
+                            tpu_arg *args, int nargs, tpu_engine_result *res);
+void tpu_engine_result_release(tpu_engine_result *res);
+
+/* Host data (dense row-major, dtype dt, shape dims) becomes the record's
+ * whole new buffer. Requires numel(dims) == rec->numel. */
+tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data,
+                              tpu_dtype dt, int rank, const int64_t *dims);
+/* Copy the whole record buffer to dst (nbytes = numel * itemsize). */
+tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst,
+                                size_t nbytes);
+
+#endif

@@ -1,0 +1,560 @@
+/* lower.c: the lowering context, shared helpers, and the op table.
+ *
+ * Inputs are created lazily: a tensor argument becomes a program parameter
+ * (its record's flat buffer, plus a dynamic offset for partial views) only
+ * when the emitter first asks for it, so an op that overwrites a whole tensor
+ * (fill_, copy_, normal_) never reads the old buffer. Parameter order is the
+ * order of first use, which is fixed for a given signature.
+ *
+ * Views are read from the flat buffer by the cheapest exact route: the whole
+ * buffer (reshape), a contiguous range (dynamic_slice), a permutation or
+ * broadcast of a contiguous block (slice, reshape, transpose,
+ * broadcast_in_dim), or, for anything else, a gather of computed flat
+ * indices. Writes mirror reads: replace, dynamic_update_slice, or scatter.
+ */
+#include "lower.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define TPU_OP(id, name, emit, flags) void emit(tpu_lower *L);
+#include "ops.def"
+#undef TPU_OP
+
+const tpu_op_row tpu_op_table[TPU_NUM_OPS] = {
+#define TPU_OP(id, name, emit, flags) {name, emit, flags},
+#include "ops.def"
+#undef TPU_OP
+};
+
+void tpu_lower_fail(tpu_lower *L, tpu_code code, const char *fmt, ...) {
+  if (!tpu_hlo_ok(L->hlo)) return;
+  char msg[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  tpu_hlo_fail(L->hlo, code, "%s", msg);
+}
+
+bool tpu_lower_is_none(const tpu_lower *L, int i) {
+  return i >= L->nargs || L->args[i].kind == TPU_ARG_NONE;
+}
+
+int64_t tpu_lower_dim(tpu_lower *L, int64_t d, int rank) {
+  int64_t r = rank ? rank : 1;
+  if (d < -r || d >= r) {
+    tpu_lower_fail(L, TPU_ERR_INDEX,
+                   "Dimension out of range (expected to be in range of [%lld, %lld], but got %lld)",
+                   (long long)-r, (long long)(r - 1), (long long)d);
+    return 0;
+  }
+  return d < 0 ? d + r : d;
+}
+
+/* ---- views ------------------------------------------------------------------------ */
+
+static int64_t tpu_numel(int rank, const int64_t *sizes) {
+  int64_t n = 1;
+  for (int i = 0; i < rank; i++) n *= sizes[i];
+  return n;
+}
+
+static bool tpu_is_contiguous(const tpu_tref *t) {
+  int64_t expect = 1;
+  for (int i = t->rank - 1; i >= 0; i--) {
+    if (t->sizes[i] == 1) continue;
+    if (t->strides[i] != expect) return false;
+    expect *= t->sizes[i];
+  }
+  return true;
+}
+
+/* Dims with size > 1 and stride > 0, ordered by decreasing stride, must tile
+ * a contiguous block: then the view is a permutation plus broadcast of it. */
+static bool tpu_permuted_order(const tpu_tref *t, int *order, int *n) {
+  int k = 0;
+  for (int i = 0; i < t->rank; i++)
+    if (t->sizes[i] > 1 && t->strides[i] != 0) {
+      if (t->strides[i] < 0) return false;
+      order[k++] = i;
+    }
+  for (int i = 1; i < k; i++)
+    for (int j = i; j > 0 && t->strides[order[j]] > t->strides[order[j - 1]]; j--) {
+      int x = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = x;
+    }
+  int64_t expect = 1;
+  for (int i = k - 1; i >= 0; i--) {
+    if (t->strides[order[i]] != expect) return false;
+    expect *= t->sizes[order[i]];
+  }
+  *n = k;
+  return true;
+}
+
+int tpu_lower_view_kind(const tpu_tref *t) {
+  int64_t n = tpu_numel(t->rank, t->sizes);
+  bool contig = tpu_is_contiguous(t);
+  if (contig && t->offset == 0 && n == t->rec_numel) return TPU_VIEW_WHOLE;
+  if (contig) return TPU_VIEW_RANGE;
+  int order[TPU_MAX_RANK], k;
+  if (tpu_permuted_order(t, order, &k)) return TPU_VIEW_PERMUTED;
+  return TPU_VIEW_GATHER;
+}
+
+/* Flat indices of every element of the view: offset + sum(i_d * stride_d),
+ * as an s64 tensor of the view's shape. */
+static tpu_hv tpu_view_indices(tpu_lower *L, const tpu_tref *t, tpu_hv offset) {
+  tpu_hlo *H = L->hlo;
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, t->rank, t->sizes);
+  tpu_hv idx = tpu_hlo_reshape(H, offset, 0, NULL);
+  idx = tpu_lower_broadcast_to(L, idx, t->rank, t->sizes);
+  for (int d = 0; d < t->rank; d++) {
+    if (t->sizes[d] == 1 || t->strides[d] == 0) continue;
+    tpu_hv io = tpu_hlo_iota(H, it, d);
+    tpu_hv st = tpu_lower_full(L, it, (double)t->strides[d]);
+    idx = tpu_hlo_binary(H, TPU_HLO_ADD, idx, tpu_hlo_binary(H, TPU_HLO_MUL, io, st));
+  }
+  return idx;
+}
+
+static void tpu_flat_gather_dims(tpu_hlo_gather_dims *g) {
+  memset(g, 0, sizeof *g);
+  g->n_collapsed = 1;
+  g->collapsed_slice_dims[0] = 0;
+  g->n_start_index_map = 1;
+  g->start_index_map[0] = 0;
+  g->index_vector_dim = 1;
+}
+
+tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset) {
+  tpu_hlo *H = L->hlo;
+  int64_t n = tpu_numel(t->rank, t->sizes);
+  switch (t->view) {
+    case TPU_VIEW_WHOLE: return tpu_hlo_reshape(H, base, t->rank, t->sizes);
+    case TPU_VIEW_RANGE: {
+      tpu_hv v = tpu_hlo_dynamic_slice(H, base, &offset, &n);
+      return tpu_hlo_reshape(H, v, t->rank, t->sizes);
+    }
+    case TPU_VIEW_PERMUTED: {
+      int order[TPU_MAX_RANK], k = 0;
+      tpu_permuted_order(t, order, &k);
+      int64_t block = 1, bdims[TPU_MAX_RANK];
+      for (int i = 0; i < k; i++) {
+        bdims[i] = t->sizes[order[i]];
+        block *= bdims[i];
+      }
+      tpu_hv v = tpu_hlo_dynamic_slice(H, base, &offset, &block);
+      v = tpu_hlo_reshape(H, v, k, bdims);
+      /* v's dim i is view dim order[i]; broadcast_in_dim places it there,
+       * which also transposes when order is not increasing. */
+      int64_t sorted[TPU_MAX_RANK];
+      int perm[TPU_MAX_RANK];
+      for (int i = 0; i < k; i++) perm[i] = i;
+      for (int i = 1; i < k; i++)
+        for (int j = i; j > 0 && order[perm[j]] < order[perm[j - 1]]; j--) {
+          int x = perm[j];
+          perm[j] = perm[j - 1];
+          perm[j - 1] = x;
+        }
+      int64_t p64[TPU_MAX_RANK];
+      for (int i = 0; i < k; i++) {
+        p64[i] = perm[i];
+        sorted[i] = order[perm[i]];
+      }
+      v = tpu_hlo_transpose(H, v, p64);
+      return tpu_hlo_broadcast_in_dim(H, v, t->rank, t->sizes, sorted);
+    }
+    default: {
+      tpu_hv idx = tpu_view_indices(L, t, offset);
+      int64_t nn[2] = {n, 1};
+      idx = tpu_hlo_reshape(H, idx, 2, nn);
+      tpu_hlo_gather_dims g;
+      tpu_flat_gather_dims(&g);
+      int64_t one = 1;
+      tpu_dtype dt = tpu_hlo_typeof(H, base)->dtype;
+      tpu_hv v = tpu_hlo_gather(H, base, idx, &g, &one, tpu_hlo_type_make(dt, 1, &n));
+      return tpu_hlo_reshape(H, v, t->rank, t->sizes);
+    }
+  }
+}
+
+tpu_hv tpu_lower_view_write(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset, tpu_hv v) {
+  tpu_hlo *H = L->hlo;
+  int64_t n = tpu_numel(t->rank, t->sizes);
+  int64_t rn = t->rec_numel;
+  if (t->view == TPU_VIEW_WHOLE) return tpu_hlo_reshape(H, v, 1, &rn);
+  v = tpu_hlo_reshape(H, v, 1, &n);
+  if (t->view == TPU_VIEW_RANGE) return tpu_hlo_dynamic_update_slice(H, base, v, &offset);
+  tpu_hv idx = tpu_view_indices(L, t, offset);
+  int64_t nn[2] = {n, 1};
+  idx = tpu_hlo_reshape(H, idx, 2, nn);
+  tpu_hlo_scatter_dims d;
+  memset(&d, 0, sizeof d);
+  d.n_inserted = 1;
+  d.inserted_window_dims[0] = 0;
+  d.n_scatter_to_operand = 1;
+  d.scatter_dims_to_operand_dims[0] = 0;
+  d.index_vector_dim = 1;
+  return tpu_hlo_scatter(H, base, idx, v, &d, -1);
+}
+
+/* ---- inputs --------------------------------------------------------------------------- */
+
+static tpu_tref *tpu_lower_tref(tpu_lower *L, int i, int j) {
+  if (i >= L->nargs) return NULL;
+  tpu_arg *a = &L->args[i];
+  if (a->kind == TPU_ARG_TENSOR && j < 0) return &a->t;
+  if (a->kind == TPU_ARG_TENSORS && j >= 0 && j < a->nlist) return &a->list[j];
+  return NULL;
+}
+
+static void tpu_lower_add_input(tpu_lower *L, tpu_in_kind k, int arg, int item) {
+  if (L->nin >= 64) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: more than 64 program inputs", L->opname);
+    return;
+  }
+  L->in[L->nin++] = (tpu_in_plan){k, arg, item};
+}
+
+static tpu_hv tpu_lower_base(tpu_lower *L, tpu_tref *t, int i, int j) {
+  if (t->base != TPU_HV_NONE || !t->rec) return t->base;
+  int64_t n = t->rec_numel;
+  tpu_lower_add_input(L, TPU_IN_RECORD, i, j);
+  t->base = tpu_hlo_param(L->hlo, tpu_hlo_type_make(t->dtype, 1, &n));
+  if (t->view != TPU_VIEW_WHOLE) {
+    tpu_lower_add_input(L, TPU_IN_OFFSET, i, j);
+    t->offv = tpu_hlo_param(L->hlo, tpu_hlo_type_make(TPU_S64, 0, NULL));
+  }
+  return t->base;
+}
+
+tpu_hv tpu_lower_tensor(tpu_lower *L, int i, int j) {
+  tpu_tref *t = tpu_lower_tref(L, i, j);
+  if (!t || (!t->rec && !t->host)) {
+    tpu_lower_fail(L, TPU_ERR_TYPE, "%s: argument %d is not a tensor", L->opname, i);
+    return TPU_HV_NONE;
+  }
+  if (t->value != TPU_HV_NONE) return t->value;
+  if (t->host) {
+    tpu_lower_add_input(L, TPU_IN_HOST_TENSOR, i, j);
+    t->value = tpu_hlo_param(L->hlo, tpu_hlo_type_make(t->dtype, 0, NULL));
+    return t->value;
+  }
+  tpu_hv base = tpu_lower_base(L, t, i, j);
+  t->value = tpu_lower_view_read(L, t, base, t->offv);
+  return t->value;
+}
+
+tpu_hv tpu_lower_scalar(tpu_lower *L, int i, tpu_dtype dt) {
+  if (i >= L->nargs || L->args[i].kind != TPU_ARG_SCALAR) {
+    if (i < L->nargs && L->args[i].kind == TPU_ARG_TENSOR)
+      return tpu_hlo_convert(L->hlo, tpu_hlo_reshape(L->hlo, tpu_lower_tensor(L, i, -1), 0, NULL), dt);
+    tpu_lower_fail(L, TPU_ERR_TYPE, "%s: argument %d is not a number", L->opname, i);
+    return TPU_HV_NONE;
+  }
+  tpu_arg *a = &L->args[i];
+  if (a->value == TPU_HV_NONE) {
+    static const tpu_dtype kinds[] = {TPU_PRED, TPU_S64, TPU_F64, TPU_C128};
+    tpu_lower_add_input(L, TPU_IN_SCALAR, i, -1);
+    a->value = tpu_hlo_param(L->hlo, tpu_hlo_type_make(kinds[a->skind], 0, NULL));
+  }
+  tpu_dtype from = tpu_hlo_typeof(L->hlo, a->value)->dtype;
+  if (from == TPU_C128 && !tpu_dtype_is_complex(dt))
+    return tpu_hlo_convert(L->hlo, tpu_hlo_unary(L->hlo, TPU_HLO_REAL, a->value), dt);
+  return tpu_hlo_convert(L->hlo, a->value, dt);
+}
+
+tpu_hv tpu_lower_input(tpu_lower *L, int i, tpu_dtype dt) {
+  if (i < L->nargs && L->args[i].kind == TPU_ARG_SCALAR) return tpu_lower_scalar(L, i, dt);
+  return tpu_hlo_convert(L->hlo, tpu_lower_tensor(L, i, -1), dt);
+}
+
+/* ---- type promotion ------------------------------------------------------------------ */
+
+static int tpu_category(tpu_dtype t) {
+  if (t == TPU_PRED) return 0;
+  if (tpu_dtype_is_int(t)) return 1;
+  if (tpu_dtype_is_float(t)) return 2;
+  return 3;
+}
+
+/* torch's combine_categories: a lower-priority class only matters when it is
+ * of a higher category than the result so far. */
+static tpu_dtype tpu_combine(tpu_dtype higher, tpu_dtype lower) {
+  if (higher == TPU_INVALID) return lower;
+  if (lower == TPU_INVALID) return higher;
+  if (tpu_dtype_is_complex(higher)) return higher;
+  if (tpu_dtype_is_complex(lower)) {
+    if (tpu_dtype_is_float(higher)) return higher == TPU_F64 ? TPU_C128 : TPU_C64;
+    return lower;
+  }
+  if (tpu_dtype_is_float(higher)) return higher;
+  if (higher == TPU_PRED || tpu_dtype_is_float(lower)) return tpu_dtype_promote(higher, lower);
+  return higher;
+}
+
+tpu_dtype tpu_lower_result_type(tpu_lower *L, const int *idx, int n) {
+  tpu_dtype dimr = TPU_INVALID, zeror = TPU_INVALID, wrapr = TPU_INVALID;
+  for (int k = 0; k < n; k++) {
+    if (idx[k] >= L->nargs) continue;
+    tpu_arg *a = &L->args[idx[k]];
+    if (a->kind == TPU_ARG_TENSOR) {
+      tpu_dtype *slot = (a->t.rank == 0) ? &zeror : &dimr;
+      *slot = *slot == TPU_INVALID ? a->t.dtype : tpu_dtype_promote(*slot, a->t.dtype);
+    } else if (a->kind == TPU_ARG_SCALAR) {
+      static const tpu_dtype wrapped[] = {TPU_PRED, TPU_S64, TPU_F32, TPU_C64};
+      tpu_dtype w = wrapped[a->skind];
+      wrapr = wrapr == TPU_INVALID ? w : tpu_dtype_promote(wrapr, w);
+    } else if (a->kind == TPU_ARG_TENSORS) {
+      for (int j = 0; j < a->nlist; j++) {
+        if (!a->list[j].rec && !a->list[j].host) continue;
+        tpu_dtype *slot = (a->list[j].rank == 0) ? &zeror : &dimr;
+        *slot = *slot == TPU_INVALID ? a->list[j].dtype : tpu_dtype_promote(*slot, a->list[j].dtype);
+      }
+    }
+  }
+  tpu_dtype r = tpu_combine(dimr, tpu_combine(zeror, wrapr));
+  return r == TPU_INVALID ? TPU_F32 : r;
+}
+
+tpu_dtype tpu_lower_float_type(tpu_dtype dt) {
+  return (tpu_dtype_is_float(dt) || tpu_dtype_is_complex(dt)) ? dt : TPU_F32;
+}
+
+/* ---- shapes ----------------------------------------------------------------------------- */
+
+tpu_hv tpu_lower_broadcast_to(tpu_lower *L, tpu_hv v, int rank, const int64_t *dims) {
+  const tpu_hlo_type *t = tpu_hlo_typeof(L->hlo, v);
+  if (t->dtype == TPU_INVALID) return TPU_HV_NONE;
+  if (t->rank == rank && memcmp(t->dims, dims, sizeof(int64_t) * (size_t)rank) == 0) return v;
+  if (t->rank > rank) goto bad;
+  int64_t bd[TPU_MAX_RANK], keep[TPU_MAX_RANK];
+  int nk = 0, off = rank - t->rank;
+  for (int i = 0; i < t->rank; i++) {
+    if (t->dims[i] == dims[off + i]) {
+      bd[nk] = off + i;
+      keep[nk++] = t->dims[i];
+    } else if (t->dims[i] != 1) {
+      goto bad;
+    }
+  }
+  /* Size-1 dims that are expanded are dropped first. */
+  v = tpu_hlo_reshape(L->hlo, v, nk, keep);
+  return tpu_hlo_broadcast_in_dim(L->hlo, v, rank, dims, bd);
+bad: {
+  char a[128], b[128];
+  tpu_hlo_type want = tpu_hlo_type_make(t->dtype, rank, dims);
+  tpu_hlo_type_str(t, a, sizeof a);
+  tpu_hlo_type_str(&want, b, sizeof b);
+  tpu_lower_fail(L, TPU_ERR_VALUE, "%s: cannot broadcast %s to %s", L->opname, a, b);
+  return TPU_HV_NONE;
+}
+}
+
+void tpu_lower_broadcast_all(tpu_lower *L, tpu_hv *vs, int n) {
+  int rank = 0;
+  int64_t dims[TPU_MAX_RANK];
+  for (int k = 0; k < n; k++) {
+    const tpu_hlo_type *t = tpu_hlo_typeof(L->hlo, vs[k]);
+    if (t->dtype == TPU_INVALID) return;
+    if (t->rank > rank) {
+      for (int i = 0; i < t->rank - rank; i++) dims[i] = 1;
+      /* shift existing dims right */
+      int grow = t->rank - rank;
+      for (int i = rank - 1; i >= 0; i--) dims[i + grow] = dims[i];
+      for (int i = 0; i < grow; i++) dims[i] = 1;
+      rank = t->rank;
+    }
+    int off = rank - t->rank;
+    for (int i = 0; i < t->rank; i++) {
+      int64_t a = dims[off + i], b = t->dims[i];
+      if (a == b || b == 1) continue;
+      if (a == 1) {
+        dims[off + i] = b;
+        continue;
+      }
+      tpu_lower_fail(L, TPU_ERR_VALUE,
+                     "The size of tensor a (%lld) must match the size of tensor b (%lld) at non-singleton dimension %d",
+                     (long long)a, (long long)b, off + i);
+      return;
+    }
+  }
+  for (int k = 0; k < n; k++) vs[k] = tpu_lower_broadcast_to(L, vs[k], rank, dims);
+}
+
+tpu_hv tpu_lower_binary(tpu_lower *L, tpu_hlo_op op, tpu_hv a, tpu_hv b) {
+  tpu_hv v[2] = {a, b};
+  tpu_lower_broadcast_all(L, v, 2);
+  return tpu_hlo_binary(L->hlo, op, v[0], v[1]);
+}
+
+tpu_hv tpu_lower_full(tpu_lower *L, tpu_hlo_type t, double value) {
+  tpu_hv c = (tpu_dtype_is_float(t.dtype) || tpu_dtype_is_complex(t.dtype))
+                 ? tpu_hlo_constant(L->hlo, t.dtype, value)
+                 : tpu_hlo_constant_int(L->hlo, t.dtype, (int64_t)value);
+  if (t.rank == 0) return c;
+  return tpu_hlo_broadcast_in_dim(L->hlo, c, t.rank, t.dims, NULL);
+}
+
+tpu_hv tpu_lower_full_like(tpu_lower *L, tpu_hv like, double value) {
+  return tpu_lower_full(L, *tpu_hlo_typeof(L->hlo, like), value);
+}
+
+/* ---- outputs ------------------------------------------------------------------------------ */
+
+int tpu_lower_out(tpu_lower *L, tpu_hv v) {
+  if (L->nout >= TPU_MAX_OUTS) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: too many outputs", L->opname);
+    return -1;
+  }
+  const tpu_hlo_type *t = tpu_hlo_typeof(L->hlo, v);
+  int newidx = 0;
+  for (int k = 0; k < L->nout; k++) newidx += L->out[k].kind == TPU_OUT_NEW;
+  L->out[L->nout] = (tpu_out_plan){TPU_OUT_NEW, -1, -1, *t};
+  int64_t n = tpu_hlo_type_numel(t);
+  L->outv[L->nout++] = tpu_hlo_reshape(L->hlo, v, 1, &n);
+  return newidx;
+}
+
+void tpu_lower_write(tpu_lower *L, int i, int item, tpu_hv v) {
+  tpu_tref *t = tpu_lower_tref(L, i, item);
+  if (!t || !t->rec) {
+    tpu_lower_fail(L, TPU_ERR_TYPE, "%s: argument %d is not a tpu tensor to write into", L->opname, i);
+    return;
+  }
+  if (L->nout >= TPU_MAX_OUTS) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: too many outputs", L->opname);
+    return;
+  }
+  const tpu_hlo_type *vt = tpu_hlo_typeof(L->hlo, v);
+  if (vt->dtype == TPU_INVALID) return;
+  if (tpu_dtype_is_complex(vt->dtype) && !tpu_dtype_is_complex(t->dtype))
+    v = tpu_hlo_unary(L->hlo, TPU_HLO_REAL, v);
+  v = tpu_hlo_convert(L->hlo, v, t->dtype);
+  v = tpu_lower_broadcast_to(L, v, t->rank, t->sizes);
+  tpu_hv base = t->view == TPU_VIEW_WHOLE ? TPU_HV_NONE : tpu_lower_base(L, t, i, item);
+  tpu_hv nb = tpu_lower_view_write(L, t, base, t->offv, v);
+  L->out[L->nout] = (tpu_out_plan){TPU_OUT_WRITE, i, item, *tpu_hlo_typeof(L->hlo, nb)};
+  L->outv[L->nout++] = nb;
+  /* Later reads in the same program see the new contents. */
+  t->value = v;
+}
+
+void tpu_lower_return_arg(tpu_lower *L, int i, int item) {
+  if (L->nret >= TPU_MAX_OUTS) return;
+  L->ret[L->nret++] = (tpu_ret_plan){true, i, item};
+}
+
+/* ---- random numbers ------------------------------------------------------------------------ */
+
+tpu_hv tpu_lower_random_bits(tpu_lower *L, int rank, const int64_t *dims) {
+  if (!L->uses_rng) {
+    int64_t two = 2;
+    tpu_lower_add_input(L, TPU_IN_RNG, -1, -1);
+    L->rng_state = tpu_hlo_param(L->hlo, tpu_hlo_type_make(TPU_U64, 1, &two));
+    L->uses_rng = true;
+  }
+  tpu_hv next = TPU_HV_NONE;
+  tpu_hv bits = tpu_hlo_rng_bit_generator(L->hlo, L->rng_state,
+                                          tpu_hlo_type_make(TPU_U32, rank, dims), &next);
+  L->rng_state = next;
+  L->rng_words += tpu_numel(rank, dims) + 1;
+  return bits;
+}
+
+tpu_hv tpu_lower_uniform(tpu_lower *L, tpu_dtype dt, int rank, const int64_t *dims) {
+  /* 24 (f32) random mantissa bits scaled into [0, 1); f64 uses two words. */
+  tpu_hlo *H = L->hlo;
+  tpu_hlo_type ft = tpu_hlo_type_make(TPU_F32, rank, dims);
+  tpu_hlo_type ut = tpu_hlo_type_make(TPU_U32, rank, dims);
+  tpu_hv bits = tpu_lower_random_bits(L, rank, dims);
+  tpu_hv shifted = tpu_hlo_binary(H, TPU_HLO_SHR_L, bits, tpu_lower_full(L, ut, 8));
+  tpu_hv f = tpu_hlo_convert(H, shifted, TPU_F32);
+  f = tpu_hlo_binary(H, TPU_HLO_MUL, f, tpu_lower_full(L, ft, 1.0 / 16777216.0));
+  if (dt == TPU_F64) {
+    tpu_hlo_type dt64 = tpu_hlo_type_make(TPU_F64, rank, dims);
+    tpu_hv lo = tpu_hlo_convert(H, tpu_lower_random_bits(L, rank, dims), TPU_F64);
+    tpu_hv hi = tpu_hlo_convert(H, f, TPU_F64);
+    return tpu_hlo_binary(H, TPU_HLO_ADD, hi,
+                          tpu_hlo_binary(H, TPU_HLO_MUL, lo, tpu_lower_full(L, dt64, 1.0 / 16777216.0 / 4294967296.0)));
+  }
+  tpu_hv r = tpu_hlo_convert(H, f, dt);
+  if (dt != TPU_F32) {
+    /* Rounding to a narrower type can reach 1.0: keep the range half-open. */
+    tpu_hlo_type t = tpu_hlo_type_make(dt, rank, dims);
+    tpu_hv one = tpu_lower_full(L, t, 1.0);
+    tpu_hv ge = tpu_hlo_compare(H, TPU_HLO_GE, r, one);
+    r = tpu_hlo_select(H, ge, tpu_lower_full(L, t, 0.0), r);
+  }
+  return r;
+}
+
+/* ---- running a row -------------------------------------------------------------------------- */
+
+void tpu_lower_run(tpu_lower *L, const tpu_op_row *row) {
+  for (int i = 0; i < L->nargs; i++) {
+    tpu_arg *a = &L->args[i];
+    a->value = TPU_HV_NONE;
+    a->t.base = a->t.offv = a->t.value = TPU_HV_NONE;
+    for (int j = 0; j < a->nlist && a->kind == TPU_ARG_TENSORS; j++)
+      a->list[j].base = a->list[j].offv = a->list[j].value = TPU_HV_NONE;
+  }
+  row->emit(L);
+  if (!tpu_hlo_ok(L->hlo)) return;
+  if (row->flags & (TPU_OP_INPLACE | TPU_OP_OUT)) {
+    /* Move the functional results into their destinations. */
+    int nres = 0;
+    tpu_hv res[TPU_MAX_OUTS];
+    for (int k = 0; k < L->nout; k++)
+      if (L->out[k].kind == TPU_OUT_NEW) {
+        const tpu_hlo_type *t = &L->out[k].type;
+        res[nres++] = tpu_hlo_reshape(L->hlo, L->outv[k], t->rank, t->dims);
+      }
+    int w = 0;
+    for (int k = 0; k < L->nout; k++)
+      if (L->out[k].kind != TPU_OUT_NEW) {
+        L->out[w] = L->out[k];
+        L->outv[w++] = L->outv[k];
+      }
+    L->nout = w;
+    L->nret = 0;
+    if (row->flags & TPU_OP_INPLACE) {
+      if (nres < 1) return;
+      tpu_lower_write(L, 0, -1, res[0]);
+      tpu_lower_return_arg(L, 0, -1);
+    } else {
+      /* out= tensors are the trailing tensor arguments. */
+      int first = L->nargs;
+      for (int k = 0; k < nres; k++) {
+        first--;
+        while (first >= 0 && L->args[first].kind != TPU_ARG_TENSOR) first--;
+      }
+      if (first < 0) {
+        tpu_lower_fail(L, TPU_ERR_TYPE, "%s: missing out= tensor", L->opname);
+        return;
+      }
+      for (int k = 0, i = first; k < nres; k++, i++) {
+        while (L->args[i].kind != TPU_ARG_TENSOR) i++;
+        const tpu_hlo_type *rt = tpu_hlo_typeof(L->hlo, res[k]);
+        tpu_tref *t = &L->args[i].t;
+        if (rt->rank != t->rank || memcmp(rt->dims, t->sizes, sizeof(int64_t) * (size_t)t->rank)) {
+          tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED,
+                         "%s: out= tensor has the wrong shape and resizing tpu out= tensors is not supported yet",
+                         L->opname);
+          return;
+        }
+        tpu_lower_write(L, i, -1, res[k]);
+        tpu_lower_return_arg(L, i, -1);
+      }
+    }
+    return;
+  }
+  if (L->nret == 0) {
+    int newidx = 0;
+    for (int k = 0; k < L->nout; k++)
+      if (L->out[k].kind == TPU_OUT_NEW) L->ret[L->nret++] = (tpu_ret_plan){false, newidx++, -1};
+  }
+}

@@ -1,0 +1,201 @@
+/* lower.h: lowering ATen overloads to StableHLO.
+ *
+ * One table (ops.def) maps each ATen overload to an emitter. The engine parses
+ * the call's arguments into tpu_arg values, opens a tpu_lower context and
+ * calls the emitter; the emitter asks for its inputs (tensor views are
+ * materialised, scalars become 0-d program inputs), builds the computation,
+ * and declares its outputs. The same emitters serve one eager op, a recorded
+ * graph and an FX graph: they only see values, never buffers.
+ *
+ * Errors: emitters validate with tpu_lower_fail (sticky, via the builder);
+ * messages read like PyTorch's own.
+ */
+#ifndef TPU_LOWER_H
+#define TPU_LOWER_H
+
+#include "../hlo/hlo.h"
+
+#define TPU_MAX_ARGS 24
+#define TPU_MAX_LIST 64
+#define TPU_MAX_OUTS 8
+
+/* ---- parsed arguments ------------------------------------------------------ */
+
+typedef enum {
+  TPU_ARG_NONE = 0,  /* None (for optional arguments) */
+  TPU_ARG_TENSOR,
+  TPU_ARG_TENSORS,   /* Tensor[] and Tensor?[] (items may be NONE tensors) */
+  TPU_ARG_SCALAR,    /* a Python number: a program input */
+  TPU_ARG_INT,
+  TPU_ARG_INTS,
+  TPU_ARG_FLOAT,
+  TPU_ARG_FLOATS,
+  TPU_ARG_BOOL,
+  TPU_ARG_DTYPE,
+  TPU_ARG_STR,
+  TPU_ARG_IGNORED    /* device, layout, pin_memory, memory_format, generator */
+} tpu_argkind;
+
+typedef enum { TPU_SCALAR_BOOL, TPU_SCALAR_INT, TPU_SCALAR_FLOAT, TPU_SCALAR_COMPLEX } tpu_scalar_kind;
+
+struct tpu_record; /* engine.h */
+
+/* A tensor argument: a view (sizes, strides, offset in elements) of a
+ * record's flat buffer, or a CPU 0-d tensor (host != 0) whose value is read
+ * and passed as a 0-d program input. */
+typedef struct {
+  struct tpu_record *rec; /* borrowed for the call; NULL for host scalars */
+  tpu_dtype dtype;
+  int rank;
+  int64_t sizes[TPU_MAX_RANK];
+  int64_t strides[TPU_MAX_RANK];
+  int64_t offset;
+  int64_t rec_numel;      /* elements of the record's flat buffer */
+  bool host;              /* CPU 0-d tensor */
+  uint8_t host_bytes[16]; /* its value, raw */
+  int view;               /* TPU_VIEW_*: how the view is read (engine fills) */
+  tpu_hv base;            /* the record's flat buffer parameter, or NONE */
+  tpu_hv offv;            /* the dynamic offset parameter, or NONE */
+  tpu_hv value;           /* materialised value, TPU_HV_NONE until requested */
+} tpu_tref;
+
+enum { TPU_VIEW_WHOLE, TPU_VIEW_RANGE, TPU_VIEW_PERMUTED, TPU_VIEW_GATHER };
+
+typedef struct {
+  tpu_argkind kind;
+  bool is_default;          /* the value is the schema default */
+  tpu_tref t;               /* TENSOR */
+  tpu_tref *list;           /* TENSORS: items (owned by the engine's call) */
+  int nlist;
+  tpu_scalar_kind skind;    /* SCALAR */
+  double f;                 /* SCALAR (float/bool/complex real), FLOAT */
+  double f_imag;            /* SCALAR complex */
+  int64_t i;                /* SCALAR (int), INT, BOOL (0/1) */
+  int nints;                /* INTS / FLOATS */
+  int64_t ints[TPU_MAX_LIST];
+  double floats[TPU_MAX_LIST];
+  tpu_dtype dtype;          /* DTYPE */
+  char str[32];             /* STR */
+  tpu_hv value;             /* SCALAR: its 0-d input value, NONE until requested */
+} tpu_arg;
+
+/* ---- the context an emitter sees ------------------------------------------ */
+
+typedef struct tpu_lower tpu_lower;
+
+/* Program inputs, in parameter order: what the engine passes at run time. */
+typedef enum { TPU_IN_RECORD, TPU_IN_SCALAR, TPU_IN_HOST_TENSOR, TPU_IN_OFFSET, TPU_IN_RNG } tpu_in_kind;
+typedef struct {
+  tpu_in_kind kind;
+  int arg;   /* argument index */
+  int item;  /* list item, or -1 */
+} tpu_in_plan;
+
+/* Program outputs: a new tensor, or the new flat buffer of an argument's
+ * record (an in-place write), or the next RNG state. */
+typedef enum { TPU_OUT_NEW, TPU_OUT_WRITE, TPU_OUT_RNG } tpu_out_kind;
+typedef struct {
+  tpu_out_kind kind;
+  int arg, item;        /* WRITE: which tensor argument */
+  tpu_hlo_type type;    /* NEW: the tensor's type (contiguous) */
+} tpu_out_plan;
+
+/* What the call returns to Python: new output k, or tensor argument a. */
+typedef struct {
+  bool is_arg;
+  int index;            /* output index or argument index */
+  int item;             /* list item for TENSORS arguments, or -1 */
+} tpu_ret_plan;
+
+struct tpu_lower {
+  tpu_hlo *hlo;
+  tpu_arg *args;     /* borrowed: the call's parsed arguments */
+  int nargs;
+  const char *opname; /* "aten::add.Tensor", for messages */
+  int flags;         /* TPU_OP_* of the table row */
+  tpu_in_plan in[64];
+  int nin;
+  tpu_out_plan out[TPU_MAX_OUTS];
+  tpu_hv outv[TPU_MAX_OUTS];
+  int nout;
+  tpu_ret_plan ret[TPU_MAX_OUTS];
+  int nret;
+  bool ret_tuple;    /* return a tuple even for one value */
+  bool uses_rng;
+  tpu_hv rng_state;  /* tensor<2xui64> */
+  int64_t rng_words; /* random words drawn: the generator's advance */
+};
+
+typedef void (*tpu_emit_fn)(tpu_lower *L);
+
+/* Row flags. INPLACE: the functional emitter's first result is written into
+ * argument 0, which is returned. OUT: results are written into the out=
+ * tensors (the trailing TENSOR arguments), which are returned. */
+enum { TPU_OP_INPLACE = 1, TPU_OP_OUT = 2, TPU_OP_RNG = 4 };
+
+typedef enum {
+#define TPU_OP(id, name, emit, flags) TPU_OP_##id,
+#include "ops.def"
+#undef TPU_OP
+  TPU_NUM_OPS
+} tpu_op_id;
+
+typedef struct {
+  const char *name;  /* ATen overload, "add.Tensor" */
+  tpu_emit_fn emit;
+  int flags;
+} tpu_op_row;
+
+extern const tpu_op_row tpu_op_table[TPU_NUM_OPS];
+
+/* Run the row's emitter and apply INPLACE/OUT rules; the context's plans are
+ * complete afterwards. Errors stay in L->hlo. */
+void tpu_lower_run(tpu_lower *L, const tpu_op_row *row);
+
+/* ---- helpers for emitters ------------------------------------------------------ */
+
+void tpu_lower_fail(tpu_lower *L, tpu_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+bool tpu_lower_is_none(const tpu_lower *L, int i);
+/* Value of tensor argument i (item j for lists, else -1), as stored. */
+tpu_hv tpu_lower_tensor(tpu_lower *L, int i, int j);
+/* Tensor or scalar argument i as a value of dtype dt. */
+tpu_hv tpu_lower_input(tpu_lower *L, int i, tpu_dtype dt);
+/* Scalar argument i as a 0-d value of dtype dt. */
+tpu_hv tpu_lower_scalar(tpu_lower *L, int i, tpu_dtype dt);
+/* Result dtype of torch's type promotion over arguments idx[0..n). */
+tpu_dtype tpu_lower_result_type(tpu_lower *L, const int *idx, int n);
+/* Default float dtype (float32) unless dt is already floating or complex. */
+tpu_dtype tpu_lower_float_type(tpu_dtype dt);
+/* Wrap a possibly negative dim for a tensor of `rank` dims. */
+int64_t tpu_lower_dim(tpu_lower *L, int64_t d, int rank);
+
+/* Broadcast v to dims (numpy rules, right-aligned). */
+tpu_hv tpu_lower_broadcast_to(tpu_lower *L, tpu_hv v, int rank, const int64_t *dims);
+/* Broadcast values to their common shape (in place in vs). */
+void tpu_lower_broadcast_all(tpu_lower *L, tpu_hv *vs, int n);
+/* Binary op after broadcasting both operands to their common shape (their
+ * dtypes must already agree). */
+tpu_hv tpu_lower_binary(tpu_lower *L, tpu_hlo_op op, tpu_hv a, tpu_hv b);
+/* 0-d constant broadcast to v's shape and dtype. */
+tpu_hv tpu_lower_full_like(tpu_lower *L, tpu_hv like, double value);
+tpu_hv tpu_lower_full(tpu_lower *L, tpu_hlo_type t, double value);
+
+/* Declare a new output tensor; returns its index. */
+int tpu_lower_out(tpu_lower *L, tpu_hv v);
+/* Write v (converted and broadcast) into tensor argument i's view. */
+void tpu_lower_write(tpu_lower *L, int i, int item, tpu_hv v);
+/* Return tensor argument i (after writes) instead of a new output. */
+void tpu_lower_return_arg(tpu_lower *L, int i, int item);
+/* n random 32-bit words (u32 tensor of shape t) from the device generator. */
+tpu_hv tpu_lower_random_bits(tpu_lower *L, int rank, const int64_t *dims);
+/* Uniform [0, 1) floats of dtype dt and the given shape. */
+tpu_hv tpu_lower_uniform(tpu_lower *L, tpu_dtype dt, int rank, const int64_t *dims);
+
+/* Flat-buffer helpers used by the engine for copies. */
+tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset);
+tpu_hv tpu_lower_view_write(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset, tpu_hv v);
+/* Classify how a view is read (TPU_VIEW_*). */
+int tpu_lower_view_kind(const tpu_tref *t);
+
+#endif

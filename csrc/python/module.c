@@ -1,0 +1,926 @@
+/* module.c: torchtpu._C, the CPython bindings (C API only, no C++).
+ *
+ * Tensors cross the boundary as ordinary torch tensors. A device tensor is
+ * minted from a DLPack capsule whose device is kDLExtDev (torch maps it to
+ * PrivateUse1) and whose data pointer is the address of our storage record;
+ * the capsule's deleter drops the record when torch frees the storage. Coming
+ * back, a tensor's record address is data_ptr - storage_offset * itemsize,
+ * checked against the engine's registry before use.
+ *
+ * Each registered ATen overload is a Kernel object: the torch dispatcher
+ * calls it with the schema's arguments (trailing defaults dropped, kwarg-only
+ * ones in kwargs); it normalises them against the schema spec given at
+ * registration, parses them into tpu_arg values and runs the op.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "../engine/engine.h"
+
+/* ---- DLPack (our own declarations of the stable v0 ABI) ---------------------- */
+
+typedef struct {
+  int32_t device_type;
+  int32_t device_id;
+} tpu_dl_device;
+
+typedef struct {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} tpu_dl_dtype;
+
+typedef struct {
+  void *data;
+  tpu_dl_device device;
+  int32_t ndim;
+  tpu_dl_dtype dtype;
+  int64_t *shape;
+  int64_t *strides;
+  uint64_t byte_offset;
+} tpu_dl_tensor;
+
+typedef struct tpu_dl_managed {
+  tpu_dl_tensor dl_tensor;
+  void *manager_ctx;
+  void (*deleter)(struct tpu_dl_managed *self);
+} tpu_dl_managed;
+
+enum { TPU_DL_INT = 0, TPU_DL_UINT = 1, TPU_DL_FLOAT = 2, TPU_DL_BFLOAT = 4, TPU_DL_COMPLEX = 5, TPU_DL_BOOL = 6 };
+#define TPU_DL_EXT_DEV 12
+
+typedef struct {
+  tpu_dl_managed m;
+  int64_t shape[TPU_MAX_RANK];
+  int64_t strides[TPU_MAX_RANK];
+} tpu_dl_holder;
+
+/* ---- module state ------------------------------------------------------------ */
+
+typedef struct {
+  tpu_engine *eng;                 /* owned */
+  PyObject *from_dlpack;           /* torch._C._from_dlpack */
+  PyObject *torch_empty;           /* torch.empty */
+  PyObject *dtypes[TPU_NUM_DTYPES]; /* torch.dtype objects by tpu_dtype */
+  PyObject *kernel_type;
+  PyObject *s_data_ptr, *s_storage_offset, *s_shape, *s_stride, *s_dtype, *s_is_cpu,
+      *s_contiguous, *s_copy_, *s_is_contiguous;
+} tpu_mod_state;
+
+static PyModuleDef tpu_module_def;
+
+static tpu_mod_state *tpu_state(PyObject *m) { return (tpu_mod_state *)PyModule_GetState(m); }
+
+static PyObject *tpu_raise(tpu_status *s) {
+  PyObject *exc = PyExc_RuntimeError;
+  switch (tpu_status_code(s)) {
+    case TPU_ERR_VALUE: exc = PyExc_ValueError; break;
+    case TPU_ERR_TYPE: exc = PyExc_TypeError; break;
+    case TPU_ERR_INDEX: exc = PyExc_IndexError; break;
+    case TPU_ERR_UNIMPLEMENTED: exc = PyExc_NotImplementedError; break;
+    case TPU_ERR_MEMORY: exc = PyExc_MemoryError; break;
+    default: break;
+  }
+  PyErr_SetString(exc, tpu_status_message(s));
+  tpu_status_free(s);
+  return NULL;
+}
+
+static tpu_engine *tpu_need_engine(tpu_mod_state *st) {
+  if (!st->eng) PyErr_SetString(PyExc_RuntimeError, "torchtpu runtime is not initialised (import torchtpu first)");
+  return st->eng;
+}
+
+static tpu_dtype tpu_dtype_from_py(tpu_mod_state *st, PyObject *d) {
+  for (int i = 1; i < TPU_NUM_DTYPES; i++)
+    if (st->dtypes[i] == d) return (tpu_dtype)i;
+  return TPU_INVALID;
+}
+
+/* ---- minting -------------------------------------------------------------------- */
+
+static void tpu_dl_deleter(tpu_dl_managed *m) {
+  tpu_record_unref((tpu_record *)m->manager_ctx);
+  free(m);
+}
+
+static void tpu_capsule_destructor(PyObject *cap) {
+  /* torch renames a consumed capsule; an unconsumed one still owns its data. */
+  if (PyCapsule_IsValid(cap, "dltensor")) {
+    tpu_dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
+    if (m && m->deleter) m->deleter(m);
+  }
+}
+
+static tpu_dl_dtype tpu_dl_dtype_of(tpu_dtype t) {
+  tpu_dl_dtype d = {TPU_DL_FLOAT, (uint8_t)(tpu_dtype_size(t) * 8), 1};
+  if (t == TPU_PRED) d.code = TPU_DL_BOOL;
+  else if (tpu_dtype_is_signed_int(t)) d.code = TPU_DL_INT;
+  else if (tpu_dtype_is_unsigned_int(t)) d.code = TPU_DL_UINT;
+  else if (t == TPU_BF16) d.code = TPU_DL_BFLOAT;
+  else if (tpu_dtype_is_complex(t)) d.code = TPU_DL_COMPLEX;
+  return d;
+}
+
+/* Steals the record reference. strides NULL: contiguous. */
+static PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *sizes,
+                          const int64_t *strides) {
+  tpu_dl_holder *h = calloc(1, sizeof *h);
+  if (!h) {
+    tpu_record_unref(rec);
+    return PyErr_NoMemory();
+  }
+  int64_t acc = 1;
+  for (int i = rank - 1; i >= 0; i--) {
+    h->shape[i] = sizes[i];
+    h->strides[i] = strides ? strides[i] : acc;
+    acc *= sizes[i] > 0 ? sizes[i] : 1;
+  }
+  h->m.dl_tensor.data = rec;
+  h->m.dl_tensor.device = (tpu_dl_device){TPU_DL_EXT_DEV, 0};
+  h->m.dl_tensor.ndim = rank;
+  h->m.dl_tensor.dtype = tpu_dl_dtype_of(rec->dtype);
+  h->m.dl_tensor.shape = h->shape;
+  h->m.dl_tensor.strides = h->strides;
+  h->m.manager_ctx = rec;
+  h->m.deleter = tpu_dl_deleter;
+  PyObject *cap = PyCapsule_New(&h->m, "dltensor", tpu_capsule_destructor);
+  if (!cap) {
+    tpu_dl_deleter(&h->m);
+    return NULL;
+  }
+  PyObject *t = PyObject_CallOneArg(st->from_dlpack, cap);
+  Py_DECREF(cap);
+  return t;
+}
+
+/* ---- reading tensors -------------------------------------------------------------- */
+
+static int tpu_int64_seq(PyObject *seq, int64_t *out, int max, const char *what) {
+  PyObject *fast = PySequence_Fast(seq, what);
+  if (!fast) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  if (n > max) {
+    Py_DECREF(fast);
+    PyErr_Format(PyExc_ValueError, "%s: at most %d entries supported, got %zd", what, max, n);
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+    if (out[i] == -1 && PyErr_Occurred()) {
+      Py_DECREF(fast);
+      return -1;
+    }
+  }
+  Py_DECREF(fast);
+  return (int)n;
+}
+
+static int64_t tpu_call_int(PyObject *o, PyObject *name) {
+  PyObject *r = PyObject_CallMethodNoArgs(o, name);
+  if (!r) return -1;
+  int64_t v = PyLong_AsLongLong(r);
+  Py_DECREF(r);
+  return v;
+}
+
+/* Fill t from a torch tensor. Returns 0, or -1 with an exception set. */
+static int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *opname) {
+  memset(t, 0, sizeof *t);
+  PyObject *d = PyObject_GetAttr(o, st->s_dtype);
+  if (!d) return -1;
+  t->dtype = tpu_dtype_from_py(st, d);
+  Py_DECREF(d);
+  if (t->dtype == TPU_INVALID) {
+    PyErr_Format(PyExc_TypeError, "aten::%s: dtype of this tensor is not supported on tpu", opname);
+    return -1;
+  }
+  PyObject *shape = PyObject_GetAttr(o, st->s_shape);
+  if (!shape) return -1;
+  int r = tpu_int64_seq(shape, t->sizes, TPU_MAX_RANK, "tensor shape");
+  Py_DECREF(shape);
+  if (r < 0) return -1;
+  t->rank = r;
+  PyObject *iscpu = PyObject_GetAttr(o, st->s_is_cpu);
+  if (!iscpu) return -1;
+  int cpu = PyObject_IsTrue(iscpu);
+  Py_DECREF(iscpu);
+  if (cpu) {
+    if (t->rank != 0) {
+      PyErr_Format(PyExc_RuntimeError,
+                   "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and cpu! "
+                   "(in aten::%s; move the CPU tensor with .to(\"tpu\"))", opname);
+      return -1;
+    }
+    int64_t p = tpu_call_int(o, st->s_data_ptr);
+    if (p == -1 && PyErr_Occurred()) return -1;
+    memcpy(t->host_bytes, (const void *)(uintptr_t)p, tpu_dtype_size(t->dtype));
+    t->host = true;
+    return 0;
+  }
+  PyObject *strides = PyObject_CallMethodNoArgs(o, st->s_stride);
+  if (!strides) return -1;
+  r = tpu_int64_seq(strides, t->strides, TPU_MAX_RANK, "tensor strides");
+  Py_DECREF(strides);
+  if (r < 0) return -1;
+  int64_t ptr = tpu_call_int(o, st->s_data_ptr);
+  if (ptr == -1 && PyErr_Occurred()) return -1;
+  t->offset = tpu_call_int(o, st->s_storage_offset);
+  if (t->offset == -1 && PyErr_Occurred()) return -1;
+  uintptr_t addr = (uintptr_t)ptr - (uintptr_t)t->offset * tpu_dtype_size(t->dtype);
+  t->rec = tpu_engine_find_record(st->eng, (const void *)addr);
+  if (!t->rec) {
+    PyErr_Format(PyExc_RuntimeError,
+                 "aten::%s: got a tensor that torchtpu does not own (not a tpu tensor, or its storage was "
+                 "reinterpreted with view(dtype), which is not supported yet)", opname);
+    return -1;
+  }
+  if (t->rec->dtype != t->dtype) {
+    PyErr_Format(PyExc_NotImplementedError, "aten::%s: tensor of dtype %s views a %s storage; "
+                 "reinterpreting tpu storage is not supported yet", opname, tpu_dtype_name(t->dtype),
+                 tpu_dtype_name(t->rec->dtype));
+    return -1;
+  }
+  t->rec_numel = t->rec->numel;
+  return 0;
+}
+
+/* ---- kernels --------------------------------------------------------------------------- */
+
+typedef struct {
+  PyObject_HEAD
+  PyObject *module;  /* strong */
+  int op_id;
+  int nparams;
+  int nreturns;
+  char kinds[TPU_MAX_ARGS];
+  PyObject *names[TPU_MAX_ARGS];    /* strong, interned */
+  PyObject *defaults[TPU_MAX_ARGS]; /* strong or NULL (required) */
+} tpu_kernel;
+
+static void tpu_kernel_dealloc(tpu_kernel *k) {
+  Py_XDECREF(k->module);
+  for (int i = 0; i < k->nparams; i++) {
+    Py_XDECREF(k->names[i]);
+    Py_XDECREF(k->defaults[i]);
+  }
+  PyTypeObject *tp = Py_TYPE(k);
+  tp->tp_free(k);
+  Py_DECREF(tp);
+}
+
+static int tpu_parse_scalar(PyObject *o, tpu_arg *a) {
+  a->kind = TPU_ARG_SCALAR;
+  if (PyBool_Check(o)) {
+    a->skind = TPU_SCALAR_BOOL;
+    a->i = o == Py_True;
+    a->f = (double)a->i;
+  } else if (PyLong_Check(o)) {
+    a->skind = TPU_SCALAR_INT;
+    a->i = PyLong_AsLongLong(o);
+    if (a->i == -1 && PyErr_Occurred()) return -1;
+    a->f = (double)a->i;
+  } else if (PyFloat_Check(o)) {
+    a->skind = TPU_SCALAR_FLOAT;
+    a->f = PyFloat_AS_DOUBLE(o);
+    a->i = (int64_t)a->f;
+  } else if (PyComplex_Check(o)) {
+    a->skind = TPU_SCALAR_COMPLEX;
+    a->f = PyComplex_RealAsDouble(o);
+    a->f_imag = PyComplex_ImagAsDouble(o);
+  } else {
+    PyErr_Format(PyExc_TypeError, "expected a number, got %s", Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  return 0;
+}
+
+/* Parse one argument. A TENSORS argument gets an owned item array in
+ * a->list (freed by tpu_args_free). */
+static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, const char *opname) {
+  bool optional = kind == 't' || kind == 's' || kind == 'j' || kind == 'J' || kind == 'g' ||
+                  kind == 'F' || kind == 'c' || kind == 'd' || kind == 'y' || kind == 'l' || kind == '_';
+  if (kind == '_') {
+    a->kind = TPU_ARG_IGNORED;
+    return 0;
+  }
+  if (o == Py_None) {
+    if (!optional && kind != 'L') {
+      PyErr_Format(PyExc_TypeError, "aten::%s: unexpected None", opname);
+      return -1;
+    }
+    a->kind = TPU_ARG_NONE;
+    return 0;
+  }
+  switch (kind) {
+    case 'T':
+    case 't':
+      a->kind = TPU_ARG_TENSOR;
+      return tpu_tref_from_py(st, o, &a->t, opname);
+    case 'L':
+    case 'l': {
+      PyObject *fast = PySequence_Fast(o, "expected a list of tensors");
+      if (!fast) return -1;
+      Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+      if (n > TPU_MAX_LIST) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_NotImplementedError, "aten::%s: lists of more than %d tensors are not supported yet",
+                     opname, TPU_MAX_LIST);
+        return -1;
+      }
+      tpu_tref *lists = calloc((size_t)(n ? n : 1), sizeof *lists);
+      if (!lists) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+      }
+      a->kind = TPU_ARG_TENSORS;
+      a->list = lists;
+      a->nlist = (int)n;
+      for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(fast, j);
+        if (it == Py_None) {
+          memset(&lists[j], 0, sizeof lists[j]);
+          continue;
+        }
+        if (tpu_tref_from_py(st, it, &lists[j], opname) < 0) {
+          Py_DECREF(fast);
+          return -1;
+        }
+      }
+      Py_DECREF(fast);
+      return 0;
+    }
+    case 'S':
+    case 's': return tpu_parse_scalar(o, a);
+    case 'i':
+    case 'j':
+      a->kind = TPU_ARG_INT;
+      a->i = PyLong_AsLongLong(o);
+      return (a->i == -1 && PyErr_Occurred()) ? -1 : 0;
+    case 'b':
+    case 'c':
+      a->kind = TPU_ARG_BOOL;
+      a->i = PyObject_IsTrue(o);
+      return a->i < 0 ? -1 : 0;
+    case 'I':
+    case 'J': {
+      a->kind = TPU_ARG_INTS;
+      if (PyLong_Check(o)) {
+        a->nints = 1;
+        a->ints[0] = PyLong_AsLongLong(o);
+        return 0;
+      }
+      int n = tpu_int64_seq(o, a->ints, TPU_MAX_LIST, "int list argument");
+      if (n < 0) return -1;
+      a->nints = n;
+      return 0;
+    }
+    case 'f':
+    case 'g':
+      a->kind = TPU_ARG_FLOAT;
+      a->f = PyFloat_AsDouble(o);
+      return (a->f == -1.0 && PyErr_Occurred()) ? -1 : 0;
+    case 'F': {
+      a->kind = TPU_ARG_FLOATS;
+      PyObject *fast = PySequence_Fast(o, "expected a list of floats");
+      if (!fast) return -1;
+      Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+      if (n > TPU_MAX_LIST) n = TPU_MAX_LIST;
+      for (Py_ssize_t j = 0; j < n; j++) a->floats[j] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, j));
+      a->nints = (int)n;
+      Py_DECREF(fast);
+      return PyErr_Occurred() ? -1 : 0;
+    }
+    case 'd':
+      a->kind = TPU_ARG_DTYPE;
+      a->dtype = tpu_dtype_from_py(st, o);
+      if (a->dtype == TPU_INVALID) {
+        PyErr_Format(PyExc_TypeError, "aten::%s: dtype %R is not supported on tpu", opname, o);
+        return -1;
+      }
+      return 0;
+    case 'x':
+    case 'y': {
+      a->kind = TPU_ARG_STR;
+      const char *s = PyUnicode_AsUTF8(o);
+      if (!s) return -1;
+      snprintf(a->str, sizeof a->str, "%s", s);
+      return 0;
+    }
+    default:
+      PyErr_Format(PyExc_SystemError, "aten::%s: unknown argument kind '%c'", opname, kind);
+      return -1;
+  }
+}
+
+/* Turn an engine result into the Python return value. Consumes res. */
+static PyObject *tpu_build_result(tpu_mod_state *st, tpu_engine_result *res, PyObject **params,
+                                  int nreturns) {
+  PyObject *vals[TPU_MAX_OUTS] = {0};
+  int n = res->nret;
+  for (int k = 0; k < n; k++) {
+    tpu_ret_plan *p = &res->ret[k];
+    if (p->is_arg) {
+      if (p->item >= 0) vals[k] = PySequence_GetItem(params[p->index], p->item);
+      else vals[k] = Py_NewRef(params[p->index]);
+    } else {
+      tpu_record *r = res->outs[p->index];
+      res->outs[p->index] = NULL;
+      vals[k] = r ? tpu_mint(st, r, res->types[p->index].rank, res->types[p->index].dims, NULL) : NULL;
+      if (!r && !PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "torchtpu: an output was returned twice");
+    }
+    if (!vals[k]) {
+      for (int j = 0; j < k; j++) Py_DECREF(vals[j]);
+      tpu_engine_result_release(res);
+      return NULL;
+    }
+  }
+  tpu_engine_result_release(res);
+  if (nreturns == 1 && n == 1) return vals[0];
+  if (nreturns == 0 && n == 0) Py_RETURN_NONE;
+  PyObject *tup = PyTuple_New(n);
+  if (!tup) {
+    for (int j = 0; j < n; j++) Py_DECREF(vals[j]);
+    return NULL;
+  }
+  for (int j = 0; j < n; j++) PyTuple_SET_ITEM(tup, j, vals[j]);
+  return tup;
+}
+
+typedef struct {
+  tpu_arg args[TPU_MAX_ARGS];
+} tpu_call_frame;
+
+static void tpu_args_free(tpu_arg *args, int n) {
+  for (int i = 0; i < n; i++)
+    if (args[i].kind == TPU_ARG_TENSORS) free(args[i].list);
+}
+
+static PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params,
+                            int nreturns) {
+  tpu_engine_result res;
+  tpu_status *s = tpu_engine_call(st->eng, &tpu_op_table[op_id], op_id, args, nargs, &res);
+  if (s) return tpu_raise(s);
+  return tpu_build_result(st, &res, params, nreturns);
+}
+
+static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs) {
+  tpu_mod_state *st = tpu_state(k->module);
+  if (!tpu_need_engine(st)) return NULL;
+  const char *opname = tpu_op_table[k->op_id].name;
+  Py_ssize_t npos = PyTuple_GET_SIZE(args);
+  if (npos > k->nparams) {
+    PyErr_Format(PyExc_TypeError, "aten::%s: too many arguments", opname);
+    return NULL;
+  }
+  PyObject *params[TPU_MAX_ARGS];
+  tpu_call_frame *f = malloc(sizeof *f);
+  if (!f) return PyErr_NoMemory();
+  PyObject *result = NULL;
+  int nparsed = 0;
+  for (int i = 0; i < k->nparams; i++) {
+    PyObject *o = NULL;
+    if (i < npos) o = PyTuple_GET_ITEM(args, i);
+    else if (kwargs) o = PyDict_GetItemWithError(kwargs, k->names[i]);
+    if (!o && PyErr_Occurred()) goto done;
+    if (!o) o = k->defaults[i];
+    if (!o) {
+      PyErr_Format(PyExc_TypeError, "aten::%s: missing argument '%U'", opname, k->names[i]);
+      goto done;
+    }
+    params[i] = o;
+    tpu_arg *a = &f->args[i];
+    memset(a, 0, offsetof(tpu_arg, ints));
+    a->is_default = k->defaults[i] && (o == k->defaults[i]);
+    nparsed = i + 1;
+    if (tpu_parse_arg(st, k->kinds[i], o, a, opname) < 0) goto done;
+    if (!a->is_default && k->defaults[i] && a->kind == TPU_ARG_SCALAR && k->defaults[i] != Py_None) {
+      int eq = PyObject_RichCompareBool(o, k->defaults[i], Py_EQ);
+      if (eq < 0) goto done;
+      a->is_default = eq;
+    }
+  }
+  result = tpu_run_op(st, k->op_id, f->args, k->nparams, params, k->nreturns);
+done:
+  tpu_args_free(f->args, nparsed);
+  free(f);
+  return result;
+}
+
+static PyType_Slot tpu_kernel_slots[] = {
+    {Py_tp_dealloc, tpu_kernel_dealloc},
+    {Py_tp_call, tpu_kernel_call},
+    {Py_tp_doc, "A torchtpu kernel for one ATen overload."},
+    {0, NULL},
+};
+
+static PyType_Spec tpu_kernel_spec = {
+    "torchtpu._C.Kernel", sizeof(tpu_kernel), 0, Py_TPFLAGS_DEFAULT, tpu_kernel_slots,
+};
+
+/* kernel(op_id, spec, nreturns): spec is a sequence of (name, kind, default)
+ * where kind is one character (see tpu_parse_arg) and default is a value or
+ * a missing-marker (the module's REQUIRED object). */
+static PyObject *tpu_py_kernel(PyObject *m, PyObject *args) {
+  int op_id, nreturns;
+  PyObject *spec, *required;
+  if (!PyArg_ParseTuple(args, "iOiO", &op_id, &spec, &nreturns, &required)) return NULL;
+  if (op_id < 0 || op_id >= TPU_NUM_OPS) return PyErr_Format(PyExc_ValueError, "bad op id %d", op_id);
+  tpu_mod_state *st = tpu_state(m);
+  PyObject *fast = PySequence_Fast(spec, "spec must be a sequence");
+  if (!fast) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  if (n > TPU_MAX_ARGS) {
+    Py_DECREF(fast);
+    return PyErr_Format(PyExc_ValueError, "aten::%s has %zd arguments (max %d)", tpu_op_table[op_id].name, n,
+                        TPU_MAX_ARGS);
+  }
+  tpu_kernel *k = PyObject_New(tpu_kernel, (PyTypeObject *)st->kernel_type);
+  if (!k) {
+    Py_DECREF(fast);
+    return NULL;
+  }
+  k->module = Py_NewRef(m);
+  k->op_id = op_id;
+  k->nreturns = nreturns;
+  k->nparams = 0;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *name, *kind, *dflt;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "UUO", &name, &kind, &dflt)) {
+      Py_DECREF(fast);
+      Py_DECREF(k);
+      return NULL;
+    }
+    const char *ks = PyUnicode_AsUTF8(kind);
+    k->kinds[i] = ks ? ks[0] : '?';
+    Py_INCREF(name);
+    PyUnicode_InternInPlace(&name);
+    k->names[i] = name;
+    k->defaults[i] = dflt == required ? NULL : Py_NewRef(dflt);
+    k->nparams = (int)i + 1;
+  }
+  Py_DECREF(fast);
+  return (PyObject *)k;
+}
+
+/* ---- module functions ------------------------------------------------------------------ */
+
+static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
+  const char *path, *platform;
+  int ndev;
+  PyObject *dtypes, *from_dlpack, *empty;
+  if (!PyArg_ParseTuple(args, "ssiOOO", &path, &platform, &ndev, &dtypes, &from_dlpack, &empty)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (st->eng) Py_RETURN_NONE;
+  PyObject *fast = PySequence_Fast(dtypes, "dtypes must be a sequence");
+  if (!fast) return NULL;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast) && i < TPU_NUM_DTYPES; i++) {
+    PyObject *d = PySequence_Fast_GET_ITEM(fast, i);
+    Py_XSETREF(st->dtypes[i], d == Py_None ? NULL : Py_NewRef(d));
+  }
+  Py_DECREF(fast);
+  Py_XSETREF(st->from_dlpack, Py_NewRef(from_dlpack));
+  Py_XSETREF(st->torch_empty, Py_NewRef(empty));
+  tpu_rt_options o = {path, platform, ndev};
+  tpu_status *s = tpu_engine_new(&o, &st->eng);
+  if (s) return tpu_raise(s);
+  Py_RETURN_NONE;
+}
+
+static PyObject *tpu_py_ops(PyObject *m, PyObject *noargs) {
+  (void)m;
+  (void)noargs;
+  PyObject *l = PyList_New(0);
+  if (!l) return NULL;
+  for (int i = 0; i < TPU_NUM_OPS; i++) {
+    PyObject *t = Py_BuildValue("(sii)", tpu_op_table[i].name, i, tpu_op_table[i].flags);
+    if (!t || PyList_Append(l, t) < 0) {
+      Py_XDECREF(t);
+      Py_DECREF(l);
+      return NULL;
+    }
+    Py_DECREF(t);
+  }
+  return l;
+}
+
+static int tpu_dtype_arg(tpu_mod_state *st, PyObject *d, tpu_dtype *out) {
+  *out = tpu_dtype_from_py(st, d);
+  if (*out == TPU_INVALID) {
+    PyErr_Format(PyExc_TypeError, "dtype %R is not supported on tpu", d);
+    return -1;
+  }
+  return 0;
+}
+
+/* empty(sizes, dtype, strides or None) -> a tpu tensor on a fresh record. */
+static PyObject *tpu_py_empty(PyObject *m, PyObject *args) {
+  PyObject *sizes_o, *dtype_o, *strides_o;
+  if (!PyArg_ParseTuple(args, "OOO", &sizes_o, &dtype_o, &strides_o)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  int64_t sizes[TPU_MAX_RANK], strides[TPU_MAX_RANK];
+  int rank = tpu_int64_seq(sizes_o, sizes, TPU_MAX_RANK, "size");
+  if (rank < 0) return NULL;
+  tpu_dtype dt;
+  if (tpu_dtype_arg(st, dtype_o, &dt) < 0) return NULL;
+  int64_t numel = 1;
+  for (int i = 0; i < rank; i++) {
+    if (sizes[i] < 0)
+      return PyErr_Format(PyExc_RuntimeError, "Trying to create tensor with negative dimension %lld: %R",
+                          (long long)sizes[i], sizes_o);
+    numel *= sizes[i];
+  }
+  bool have_strides = strides_o != Py_None;
+  if (have_strides) {
+    if (tpu_int64_seq(strides_o, strides, TPU_MAX_RANK, "stride") != rank)
+      return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "size and stride lengths differ");
+    int64_t extent = numel ? 1 : 0;
+    for (int i = 0; i < rank && numel; i++) extent += (sizes[i] - 1) * strides[i];
+    numel = extent;
+  }
+  tpu_record *r = tpu_record_new(st->eng, dt, numel);
+  if (!r) return PyErr_NoMemory();
+  return tpu_mint(st, r, rank, sizes, have_strides ? strides : NULL);
+}
+
+static PyObject *tpu_py_to_tref_args(tpu_mod_state *st, PyObject *o, tpu_arg *a, const char *op) {
+  memset(a, 0, sizeof *a);
+  a->kind = TPU_ARG_TENSOR;
+  if (tpu_tref_from_py(st, o, &a->t, op) < 0) return NULL;
+  return Py_None;
+}
+
+/* Download the view t (a tpu tensor) as a contiguous host copy into a new
+ * CPU tensor of the same dtype and shape. */
+static PyObject *tpu_download_view(tpu_mod_state *st, PyObject *src_o, tpu_arg *src) {
+  tpu_record *rec = src->t.rec;
+  tpu_record *tmp = NULL;
+  if (tpu_lower_view_kind(&src->t) != TPU_VIEW_WHOLE) {
+    tpu_engine_result res;
+    tpu_status *s = tpu_engine_call(st->eng, &tpu_op_table[TPU_OP_tpu_materialize], TPU_OP_tpu_materialize, src, 1,
+                                    &res);
+    if (s) return tpu_raise(s);
+    tmp = res.outs[0];
+    res.outs[0] = NULL;
+    tpu_engine_result_release(&res);
+    rec = tmp;
+  }
+  PyObject *shape = PyObject_GetAttr(src_o, st->s_shape);
+  PyObject *kw = shape ? Py_BuildValue("{sO}", "dtype", st->dtypes[src->t.dtype]) : NULL;
+  PyObject *pargs = kw ? PyTuple_Pack(1, shape) : NULL;
+  PyObject *out = pargs ? PyObject_Call(st->torch_empty, pargs, kw) : NULL;
+  Py_XDECREF(pargs);
+  Py_XDECREF(kw);
+  Py_XDECREF(shape);
+  if (out) {
+    int64_t p = tpu_call_int(out, st->s_data_ptr);
+    if (p == -1 && PyErr_Occurred()) {
+      Py_CLEAR(out);
+    } else {
+      tpu_status *s = tpu_engine_download(st->eng, rec, (void *)(uintptr_t)p,
+                                          (size_t)rec->numel * tpu_dtype_size(rec->dtype));
+      if (s) {
+        Py_CLEAR(out);
+        tpu_raise(s);
+      }
+    }
+  }
+  tpu_record_unref(tmp);
+  return out;
+}
+
+/* copy_from(src, dst): torch's _copy_from, all three directions. */
+static PyObject *tpu_py_copy_from(PyObject *m, PyObject *args) {
+  PyObject *src_o, *dst_o;
+  if (!PyArg_ParseTuple(args, "OO", &src_o, &dst_o)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  PyObject *iscpu = PyObject_GetAttr(src_o, st->s_is_cpu);
+  if (!iscpu) return NULL;
+  int src_cpu = PyObject_IsTrue(iscpu);
+  Py_DECREF(iscpu);
+  iscpu = PyObject_GetAttr(dst_o, st->s_is_cpu);
+  if (!iscpu) return NULL;
+  int dst_cpu = PyObject_IsTrue(iscpu);
+  Py_DECREF(iscpu);
+  tpu_arg a[2];
+  PyObject *params[2] = {dst_o, src_o};
+
+  if (!dst_cpu && !src_cpu) {
+    if (!tpu_py_to_tref_args(st, dst_o, &a[0], "_copy_from") || !tpu_py_to_tref_args(st, src_o, &a[1], "_copy_from"))
+      return NULL;
+    PyObject *r = tpu_run_op(st, TPU_OP_tpu_copy, a, 2, params, 1);
+    return r;
+  }
+  if (!dst_cpu) {
+    /* host -> device: upload a contiguous copy, then write it into the view. */
+    if (!tpu_py_to_tref_args(st, dst_o, &a[0], "_copy_from")) return NULL;
+    PyObject *c = PyObject_CallMethodNoArgs(src_o, st->s_contiguous);
+    if (!c) return NULL;
+    PyObject *d = PyObject_GetAttr(c, st->s_dtype);
+    tpu_dtype sdt = d ? tpu_dtype_from_py(st, d) : TPU_INVALID;
+    Py_XDECREF(d);
+    PyObject *shape = PyObject_GetAttr(c, st->s_shape);
+    int64_t sizes[TPU_MAX_RANK];
+    int rank = shape ? tpu_int64_seq(shape, sizes, TPU_MAX_RANK, "shape") : -1;
+    Py_XDECREF(shape);
+    int64_t ptr = rank >= 0 ? tpu_call_int(c, st->s_data_ptr) : -1;
+    if (rank < 0 || (ptr == -1 && PyErr_Occurred()) || sdt == TPU_INVALID) {
+      Py_DECREF(c);
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "copy to tpu: unsupported source dtype");
+      return NULL;
+    }
+    int64_t numel = 1;
+    for (int i = 0; i < rank; i++) numel *= sizes[i];
+    tpu_tref *dt = &a[0].t;
+    bool same_shape = rank == dt->rank && memcmp(sizes, dt->sizes, sizeof(int64_t) * (size_t)rank) == 0;
+    tpu_status *s = NULL;
+    if (same_shape && sdt == dt->dtype && tpu_lower_view_kind(dt) == TPU_VIEW_WHOLE) {
+      s = tpu_engine_upload(st->eng, dt->rec, (const void *)(uintptr_t)ptr, sdt, rank, sizes);
+      Py_DECREF(c);
+      if (s) return tpu_raise(s);
+      return Py_NewRef(dst_o);
+    }
+    tpu_record *tmp = tpu_record_new(st->eng, sdt, numel);
+    if (!tmp) {
+      Py_DECREF(c);
+      return PyErr_NoMemory();
+    }
+    s = tpu_engine_upload(st->eng, tmp, (const void *)(uintptr_t)ptr, sdt, rank, sizes);
+    Py_DECREF(c);
+    if (s) {
+      tpu_record_unref(tmp);
+      return tpu_raise(s);
+    }
+    memset(&a[1], 0, sizeof a[1]);
+    a[1].kind = TPU_ARG_TENSOR;
+    a[1].t.rec = tmp;
+    a[1].t.dtype = sdt;
+    a[1].t.rank = rank;
+    a[1].t.rec_numel = numel;
+    memcpy(a[1].t.sizes, sizes, sizeof(int64_t) * (size_t)rank);
+    int64_t acc = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+      a[1].t.strides[i] = acc;
+      acc *= sizes[i];
+    }
+    PyObject *r = tpu_run_op(st, TPU_OP_tpu_copy, a, 2, params, 1);
+    tpu_record_unref(tmp);
+    return r;
+  }
+  /* device -> host: download a contiguous copy, let CPU torch place it. */
+  if (!tpu_py_to_tref_args(st, src_o, &a[1], "_copy_from")) return NULL;
+  PyObject *host = tpu_download_view(st, src_o, &a[1]);
+  if (!host) return NULL;
+  PyObject *r = PyObject_CallMethodOneArg(dst_o, st->s_copy_, host);
+  Py_DECREF(host);
+  if (!r) return NULL;
+  Py_DECREF(r);
+  return Py_NewRef(dst_o);
+}
+
+/* to_cpu(t): a contiguous CPU copy of a tpu tensor (same dtype and shape). */
+static PyObject *tpu_py_to_cpu(PyObject *m, PyObject *t) {
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_arg a;
+  if (!tpu_py_to_tref_args(st, t, &a, "_to_cpu")) return NULL;
+  return tpu_download_view(st, t, &a);
+}
+
+static PyObject *tpu_py_info(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_rt *rt = tpu_engine_rt(st->eng);
+  int major, minor;
+  tpu_rt_api_version(rt, &major, &minor);
+  return Py_BuildValue("{sssssssisss(ii)}", "platform", tpu_rt_platform_name(rt), "platform_version",
+                       tpu_rt_platform_version(rt), "plugin", tpu_rt_plugin_path(rt), "device_count",
+                       tpu_rt_device_count(rt), "device_kind", tpu_rt_device_kind(rt, 0), "api_version", major,
+                       minor);
+}
+
+static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_metrics *x = tpu_engine_metrics(st->eng);
+  tpu_rt *rt = tpu_engine_rt(st->eng);
+  return Py_BuildValue("{sLsLsLsLsdsdsLsLsLsLsLsL}", "ops_dispatched", (long long)x->ops_dispatched,
+                       "programs_compiled", (long long)x->programs_compiled, "cache_hits", (long long)x->cache_hits,
+                       "cache_misses", (long long)x->cache_misses, "compile_seconds", (double)x->compile_ns * 1e-9,
+                       "execute_seconds", (double)x->execute_ns * 1e-9, "h2d_bytes", (long long)x->h2d_bytes,
+                       "d2h_bytes", (long long)x->d2h_bytes, "live_records", (long long)x->records_live,
+                       "live_buffers", (long long)tpu_rt_live_buffers(rt), "cache_entries",
+                       (long long)tpu_engine_cache_size(st->eng), "fallback_ops", (long long)x->fallback_ops);
+}
+
+static PyObject *tpu_py_count_fallback(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  tpu_mod_state *st = tpu_state(m);
+  if (st->eng) atomic_fetch_add(&tpu_engine_metrics(st->eng)->fallback_ops, 1);
+  Py_RETURN_NONE;
+}
+
+static PyObject *tpu_py_manual_seed(PyObject *m, PyObject *arg) {
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  unsigned long long seed = PyLong_AsUnsignedLongLongMask(arg);
+  if (PyErr_Occurred()) return NULL;
+  tpu_engine_manual_seed(st->eng, seed);
+  Py_RETURN_NONE;
+}
+
+static PyObject *tpu_py_rng_state(PyObject *m, PyObject *args) {
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  unsigned long long seed, off;
+  if (PyTuple_GET_SIZE(args) == 0) {
+    uint64_t a, b;
+    tpu_engine_rng_state(st->eng, &a, &b);
+    return Py_BuildValue("(KK)", (unsigned long long)a, (unsigned long long)b);
+  }
+  if (!PyArg_ParseTuple(args, "KK", &seed, &off)) return NULL;
+  tpu_engine_set_rng_state(st->eng, seed, off);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef tpu_methods[] = {
+    {"init", tpu_py_init, METH_VARARGS, "init(plugin, platform, num_devices, dtypes, from_dlpack, empty)"},
+    {"ops", tpu_py_ops, METH_NOARGS, "The op table: [(aten overload, id, flags)]."},
+    {"kernel", tpu_py_kernel, METH_VARARGS, "kernel(op_id, spec, nreturns, REQUIRED) -> callable"},
+    {"empty", tpu_py_empty, METH_VARARGS, "empty(sizes, dtype, strides) -> tpu tensor"},
+    {"copy_from", tpu_py_copy_from, METH_VARARGS, "copy_from(src, dst) -> dst"},
+    {"to_cpu", tpu_py_to_cpu, METH_O, "to_cpu(t) -> contiguous CPU tensor"},
+    {"info", tpu_py_info, METH_NOARGS, "Runtime facts: platform, versions, devices."},
+    {"metrics", tpu_py_metrics, METH_NOARGS, "Counters."},
+    {"count_fallback", tpu_py_count_fallback, METH_NOARGS, "Count one CPU-fallback op."},
+    {"manual_seed", tpu_py_manual_seed, METH_O, "Seed the device generator."},
+    {"rng_state", tpu_py_rng_state, METH_VARARGS, "rng_state() -> (seed, offset); rng_state(seed, offset)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int tpu_mod_exec(PyObject *m) {
+  tpu_mod_state *st = tpu_state(m);
+  st->kernel_type = PyType_FromModuleAndSpec(m, &tpu_kernel_spec, NULL);
+  if (!st->kernel_type) return -1;
+  if (PyModule_AddObjectRef(m, "Kernel", st->kernel_type) < 0) return -1;
+#define TPU_INTERN(f, s) \
+  if (!(st->f = PyUnicode_InternFromString(s))) return -1;
+  TPU_INTERN(s_data_ptr, "data_ptr")
+  TPU_INTERN(s_storage_offset, "storage_offset")
+  TPU_INTERN(s_shape, "shape")
+  TPU_INTERN(s_stride, "stride")
+  TPU_INTERN(s_dtype, "dtype")
+  TPU_INTERN(s_is_cpu, "is_cpu")
+  TPU_INTERN(s_contiguous, "contiguous")
+  TPU_INTERN(s_copy_, "copy_")
+  TPU_INTERN(s_is_contiguous, "is_contiguous")
+#undef TPU_INTERN
+  return 0;
+}
+
+static int tpu_mod_traverse(PyObject *m, visitproc visit, void *arg) {
+  tpu_mod_state *st = tpu_state(m);
+  Py_VISIT(st->kernel_type);
+  Py_VISIT(st->from_dlpack);
+  Py_VISIT(st->torch_empty);
+  return 0;
+}
+
+static int tpu_mod_clear(PyObject *m) {
+  tpu_mod_state *st = tpu_state(m);
+  Py_CLEAR(st->kernel_type);
+  Py_CLEAR(st->from_dlpack);
+  Py_CLEAR(st->torch_empty);
+  for (int i = 0; i < TPU_NUM_DTYPES; i++) Py_CLEAR(st->dtypes[i]);
+  Py_CLEAR(st->s_data_ptr);
+  Py_CLEAR(st->s_storage_offset);
+  Py_CLEAR(st->s_shape);
+  Py_CLEAR(st->s_stride);
+  Py_CLEAR(st->s_dtype);
+  Py_CLEAR(st->s_is_cpu);
+  Py_CLEAR(st->s_contiguous);
+  Py_CLEAR(st->s_copy_);
+  Py_CLEAR(st->s_is_contiguous);
+  /* The engine is deliberately not freed here: tensors alive at interpreter
+   * exit still point at its records, and torch frees them after modules are
+   * torn down. The process exit reclaims it. */
+  return 0;
+}
+
+static PyModuleDef_Slot tpu_mod_slots[] = {
+    {Py_mod_exec, tpu_mod_exec},
+    {0, NULL},
+};
+
+static PyModuleDef tpu_module_def = {
+    PyModuleDef_HEAD_INIT, "torchtpu._C", "torchtpu core (C).", sizeof(tpu_mod_state), tpu_methods,
+    tpu_mod_slots, tpu_mod_traverse, tpu_mod_clear, NULL,
+};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&tpu_module_def); }

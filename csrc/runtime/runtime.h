@@ -1,0 +1,83 @@
+/* runtime.h: the PJRT runtime layer. One tpu_rt per process: the loaded plugin,
+ * its client and its addressable devices. Everything above this layer speaks
+ * tpu_rt_* and never sees a PJRT type.
+ *
+ * Ownership: every tpu_rt_buffer / tpu_rt_exec returned through an out
+ * parameter is owned by the caller and freed with its *_free function (which
+ * accepts NULL). Strings returned by accessors live as long as the tpu_rt.
+ * All buffers and executables must be freed before tpu_rt_close.
+ */
+#ifndef TPU_RUNTIME_H
+#define TPU_RUNTIME_H
+
+#include "../core.h"
+
+typedef struct tpu_rt tpu_rt;
+typedef struct tpu_rt_buffer tpu_rt_buffer;
+typedef struct tpu_rt_exec tpu_rt_exec;
+
+typedef struct {
+  const char *plugin_path; /* shared library exporting GetPjrtApi; required */
+  const char *platform;    /* "cpu", "tpu" or "cuda": picks create options */
+  int num_devices;         /* CPU plugin: cpu_device_count; <= 0 means 1 */
+} tpu_rt_options;
+
+/* Oldest PJRT C API minor version we accept (major must be 0). */
+#define TPU_RT_MIN_API_MINOR 57
+
+/* dlopen the plugin, check its API version, initialise it, create the client.
+ * A missing file, a library without GetPjrtApi or an incompatible version
+ * yields TPU_ERR_PLUGIN with a message naming the path and both versions. */
+tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out);
+void tpu_rt_close(tpu_rt *rt);
+
+const char *tpu_rt_platform_name(const tpu_rt *rt);    /* e.g. "cpu", "cuda", "tpu" */
+const char *tpu_rt_platform_version(const tpu_rt *rt);
+const char *tpu_rt_plugin_path(const tpu_rt *rt);
+void tpu_rt_api_version(const tpu_rt *rt, int *major, int *minor);
+int tpu_rt_device_count(const tpu_rt *rt);              /* addressable devices */
+const char *tpu_rt_device_kind(const tpu_rt *rt, int i); /* e.g. "cpu", "NVIDIA H100" */
+
+/* Compile StableHLO text (or MLIR bytecode) for one device, one replica. */
+tpu_status *tpu_rt_compile(tpu_rt *rt, const char *mlir, size_t len,
+                           tpu_rt_exec **out);
+int tpu_rt_exec_num_outputs(const tpu_rt_exec *e);
+void tpu_rt_exec_free(tpu_rt_exec *e);
+
+/* Serialized executable bytes (owned by the caller, free()), for the disk
+ * cache; TPU_ERR_UNIMPLEMENTED where the plugin cannot serialize. */
+tpu_status *tpu_rt_exec_serialize(tpu_rt *rt, tpu_rt_exec *e, void **bytes,
+                                  size_t *len);
+tpu_status *tpu_rt_exec_deserialize(tpu_rt *rt, const void *bytes, size_t len,
+                                    tpu_rt_exec **out);
+
+/* Run e on device 0. args: borrowed for the call (none donated). outs: a
+ * caller array of tpu_rt_exec_num_outputs(e) slots, filled with owned
+ * buffers. Returns when the outputs are ready (errors of the computation
+ * itself are reported here). */
+tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e,
+                           tpu_rt_buffer *const *args, int nargs,
+                           tpu_rt_buffer **outs);
+
+/* Host -> device. data: dense row-major, borrowed for the call (copied before
+ * return). rank 0 is a scalar; dims may be NULL when rank is 0. */
+tpu_status *tpu_rt_buffer_from_host(tpu_rt *rt, const void *data,
+                                    tpu_dtype dtype, const int64_t *dims,
+                                    int rank, tpu_rt_buffer **out);
+/* Device -> host, dense row-major into dst (nbytes must equal the buffer's
+ * size). Waits for completion. */
+tpu_status *tpu_rt_buffer_to_host(tpu_rt *rt, tpu_rt_buffer *b, void *dst,
+                                  size_t nbytes);
+size_t tpu_rt_buffer_nbytes(const tpu_rt_buffer *b);
+tpu_dtype tpu_rt_buffer_dtype(const tpu_rt_buffer *b);
+void tpu_rt_buffer_free(tpu_rt_buffer *b);
+
+/* Live buffer and executable counts (for leak tests and metrics). */
+int64_t tpu_rt_live_buffers(const tpu_rt *rt);
+int64_t tpu_rt_live_execs(const tpu_rt *rt);
+
+/* Device memory in use, where the plugin reports it; TPU_ERR_UNIMPLEMENTED
+ * otherwise (the CPU plugin does not). */
+tpu_status *tpu_rt_memory_in_use(tpu_rt *rt, int64_t *bytes);
+
+#endif

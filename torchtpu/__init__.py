@@ -1,0 +1,35 @@
+"""torchtpu: a native PyTorch device, "tpu", run by XLA through a PJRT plugin.
+
+Importing this package (or only torch, through the torch.backends entry point)
+registers the device. The work is done by the C core in torchtpu._C; this
+package only wires it into PyTorch.
+"""
+
+import torch
+
+from . import _plugin, _registry
+from . import device_module as _device_module
+from ._C import metrics as _metrics
+
+__version__ = "0.1.0"
+
+_registry.setup(_device_module)
+
+
+def metrics():
+    """Counters of the core: ops dispatched, programs compiled, cache hits and
+    misses, compile and execute seconds, host<->device bytes, live buffers."""
+    return _metrics()
+
+
+def runtime_info():
+    """The PJRT platform, plugin path and versions in use."""
+    return _registry.runtime_info()
+
+
+__all__ = ["metrics", "runtime_info", "__version__"]
+
+
+def _autoload():
+    """Entry point for torch's device-backend autoloading (torch.backends):
+    importing this package has already registered the device."""

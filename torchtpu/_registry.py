@@ -1,0 +1,179 @@
+"""Registers the "tpu" device with PyTorch and every row of the C op table as
+a PrivateUse1 kernel. Thin by design: argument parsing, lowering and execution
+are in the C core."""
+
+import os
+import warnings
+
+import torch
+import torch.utils.backend_registration as _br
+
+from . import _C, _plugin
+
+_LIB = None
+_IMPL = None
+_REQUIRED = object()
+_FALLBACK_WARNED = set()
+
+# torch dtypes by tpu_dtype code (the PJRT_Buffer_Type numbering).
+_DTYPES = [None, torch.bool, torch.int8, torch.int16, torch.int32, torch.int64,
+           torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.float16,
+           torch.float32, torch.float64, torch.bfloat16, torch.complex64,
+           torch.complex128]
+
+_IGNORED = {"device", "layout", "pin_memory", "memory_format", "generator"}
+
+
+def _kind(arg):
+    """One character per schema argument type, as torchtpu._C.kernel expects."""
+    t = str(arg.type)
+    opt = t.startswith("Optional[")
+    base = t[9:-1] if opt else t
+    if arg.name in _IGNORED or base in ("Device", "Generator", "Layout", "MemoryFormat"):
+        return "_"
+    if arg.name in ("dtype", "out_dtype") and base == "int":
+        return "d"
+    table = {
+        "Tensor": "tT", "List[Tensor]": "lL", "List[Optional[Tensor]]": "lL",
+        "number": "sS", "int": "ji", "SymInt": "ji", "List[int]": "JI",
+        "List[SymInt]": "JI", "float": "gf", "List[float]": "FF", "bool": "cb",
+        "str": "yx",
+    }
+    if base not in table:
+        raise NotImplementedError(f"argument type {t}")
+    return table[base][0 if opt else 1]
+
+
+def _spec(schema):
+    spec = []
+    for a in schema.arguments:
+        dflt = a.default_value if a.has_default_value() else _REQUIRED
+        spec.append((a.name, _kind(a), dflt))
+    return spec
+
+
+def _redispatch_cpu(op):
+    """View kernels: the CPU kernels of these ops only alias metadata, so they
+    serve tpu tensors unchanged (the storage is shared, as views require)."""
+    ks = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+    def kernel(*args, **kwargs):
+        return op.redispatch(ks, *args, **kwargs)
+
+    return kernel
+
+
+def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _C.empty(size, dtype or torch.get_default_dtype(), None)
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return _C.empty(size, dtype or torch.get_default_dtype(), stride)
+
+
+def _copy_from(self, dst, non_blocking=False):
+    return _C.copy_from(self, dst)
+
+
+def _copy_from_and_resize(self, dst):
+    if dst.numel() == 0 and self.numel() != 0:
+        raise NotImplementedError("aten::_copy_from_and_resize: resizing a tpu tensor is not supported yet")
+    return _C.copy_from(self, dst)
+
+
+def _local_scalar_dense(self):
+    return _C.to_cpu(self).item()
+
+
+def _fallback(op, *args, **kwargs):
+    """Ops without a lowering: NotImplementedError naming the overload, or,
+    with TORCHTPU_CPU_FALLBACK=1, run on the CPU (warned once per op, counted)."""
+    name = op._schema.name + (("." + op._schema.overload_name) if op._schema.overload_name else "")
+    if os.environ.get("TORCHTPU_CPU_FALLBACK", "") not in ("1", "true", "yes"):
+        raise NotImplementedError(
+            f"torchtpu: {name} is not lowered for the tpu device yet. "
+            "Set TORCHTPU_CPU_FALLBACK=1 to run unsupported ops on the CPU.")
+    if name not in _FALLBACK_WARNED:
+        _FALLBACK_WARNED.add(name)
+        warnings.warn(f"torchtpu: {name} is not lowered; running it on the CPU (TORCHTPU_CPU_FALLBACK=1)")
+    _C.count_fallback()
+    return _cpu_fallback(op, args, kwargs)
+
+
+def _cpu_fallback(op, args, kwargs):
+    tpu = torch.device("tpu")
+    moved = []
+
+    def to_cpu(x):
+        if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+            c = x.cpu()
+            moved.append((x, c))
+            return c
+        if isinstance(x, (list, tuple)):
+            return type(x)(to_cpu(v) for v in x)
+        return x
+
+    cargs = [to_cpu(a) for a in args]
+    ckw = {k: to_cpu(v) for k, v in kwargs.items()}
+    out = op(*cargs, **ckw)
+    # Write back arguments the op mutated (schema alias annotations with writes).
+    schema = op._schema
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            orig = args[i] if i < len(args) else kwargs.get(a.name)
+            if isinstance(orig, torch.Tensor) and orig.device.type == "tpu":
+                cpu_version = cargs[i] if i < len(cargs) else ckw.get(a.name)
+                orig.copy_(cpu_version)
+
+    def back(x):
+        if isinstance(x, torch.Tensor):
+            for o, c in moved:
+                if x is c:
+                    return o
+            return x.to(tpu)
+        if isinstance(x, (list, tuple)):
+            return type(x)(back(v) for v in x)
+        return x
+
+    return back(out)
+
+
+def setup(device_module):
+    global _LIB, _IMPL
+    path, platform = _plugin.find()
+    ndev = int(os.environ.get("TORCHTPU_NUM_DEVICES", "1") or 1)
+    _C.init(path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty)
+
+    torch.utils.rename_privateuse1_backend("tpu")
+    _br._setup_privateuseone_for_python_backend("tpu", backend_module=device_module)
+
+    warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+    _IMPL = torch.library.Library("aten", "IMPL")
+    for name, op_id, flags in _C.ops():
+        if name.startswith("tpu::"):
+            continue
+        base, _, overload = name.partition(".")
+        op = getattr(torch.ops.aten, base)
+        opov = getattr(op, overload or "default")
+        schema = opov._schema
+        try:
+            spec = _spec(schema)
+        except NotImplementedError as e:
+            raise RuntimeError(f"torchtpu: cannot register aten::{name}: {e}") from None
+        _IMPL.impl(name, _C.kernel(op_id, spec, len(schema.returns), _REQUIRED), "PrivateUse1")
+
+    for name in ("view", "as_strided", "_reshape_alias", "alias", "_unsafe_view"):
+        opov = getattr(torch.ops.aten, name).default
+        _IMPL.impl(name, _redispatch_cpu(opov), "PrivateUse1")
+    _IMPL.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
+    _IMPL.impl("empty_strided", _empty_strided, "PrivateUse1")
+    _IMPL.impl("_copy_from", _copy_from, "PrivateUse1")
+    _IMPL.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
+    _IMPL.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
+
+    _LIB = torch.library.Library("_", "IMPL")
+    _LIB.fallback(_fallback, dispatch_key="PrivateUse1")
+
+
+def runtime_info():
+    return dict(_C.info())
