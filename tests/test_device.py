@@ -1,0 +1,180 @@
+"""The tpu device: creation, copies in all directions, views sharing storage,
+in-place writes through views, printing, errors."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu
+
+
+def test_device_basics():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() == 1
+    assert "XLA" in torch.tpu.get_device_name()
+    torch.tpu.synchronize()
+    x = torch.randn(3, 4)
+    t = x.to("tpu")
+    assert t.device.type == "tpu"
+    assert t.shape == x.shape and t.dtype == x.dtype
+    torch.testing.assert_close(t.cpu(), x, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16,
+                                   torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool,
+                                   torch.complex64])
+def test_round_trip_dtypes(dtype):
+    x = (torch.randn(5, 3) * 10).to(dtype)
+    assert torch.equal(x.to("tpu").cpu(), x)
+
+
+def test_copy_directions():
+    x = torch.randn(4, 5)
+    t = torch.empty(4, 5, device="tpu")
+    t.copy_(x)                      # cpu -> tpu
+    u = torch.empty(4, 5, device="tpu")
+    u.copy_(t)                      # tpu -> tpu
+    y = torch.empty(4, 5)
+    y.copy_(u)                      # tpu -> cpu
+    assert torch.equal(y, x)
+    # with dtype conversion and broadcasting
+    v = torch.zeros(4, 5, device="tpu", dtype=torch.float64)
+    v.copy_(torch.arange(5, dtype=torch.int32))
+    assert torch.equal(v.cpu(), torch.arange(5, dtype=torch.float64).expand(4, 5))
+    # into a non-contiguous CPU destination
+    z = torch.zeros(5, 4).t()
+    z.copy_(t)
+    assert torch.equal(z, x)
+
+
+def test_item_and_print():
+    t = torch.tensor([2.5], device="tpu")
+    assert t.item() == 2.5
+    assert torch.tensor(7, device="tpu").item() == 7
+    assert torch.tensor(True, device="tpu").item() is True
+    s = str(torch.arange(4, device="tpu"))
+    assert "tensor([0, 1, 2, 3], device='tpu:0')" == s
+
+
+def test_views_share_storage():
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    views = {
+        "view": lambda a: a.view(4, 3),
+        "reshape": lambda a: a.reshape(2, 6),
+        "permute": lambda a: a.permute(1, 0),
+        "transpose": lambda a: a.transpose(0, 1),
+        "t": lambda a: a.t(),
+        "expand": lambda a: a[:1].expand(5, 4),
+        "slice": lambda a: a[1:, ::2],
+        "select": lambda a: a.select(1, 2),
+        "squeeze": lambda a: a[:1].squeeze(0),
+        "unsqueeze": lambda a: a.unsqueeze(1),
+        "narrow": lambda a: a.narrow(1, 1, 2),
+        "diagonal": lambda a: a.diagonal(),
+    }
+    for name, f in views.items():
+        v = f(t)
+        assert v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr(), name
+        assert v._base is t or v._base is t._base or v._base is None, name
+        torch.testing.assert_close(v.cpu(), f(x), rtol=0, atol=0, msg=name)
+
+
+def test_inplace_on_views_writes_through():
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    x[:, 0] += 1
+    t[:, 0] += 1
+    assert torch.equal(t.cpu(), x)
+    x.t().mul_(2)
+    t.t().mul_(2)
+    assert torch.equal(t.cpu(), x)
+    x[1:, ::2] = 7.0
+    t[1:, ::2] = 7.0
+    assert torch.equal(t.cpu(), x)
+    x[0].fill_(-1)
+    t[0].fill_(-1)
+    assert torch.equal(t.cpu(), x)
+    x.view(-1)[3:9].zero_()
+    t.view(-1)[3:9].zero_()
+    assert torch.equal(t.cpu(), x)
+
+
+def test_manual_seed_reproducible():
+    torch.manual_seed(3)
+    a = torch.randn(100, device="tpu").cpu()
+    torch.manual_seed(3)
+    b = torch.randn(100, device="tpu").cpu()
+    c = torch.randn(100, device="tpu").cpu()
+    assert torch.equal(a, b)
+    assert not torch.equal(b, c)
+
+
+def test_cpu_tensor_mix_error():
+    t = torch.ones(3, device="tpu")
+    with pytest.raises(RuntimeError, match="same device"):
+        t + torch.ones(3)
+    # 0-d CPU tensors are allowed, as on CUDA
+    assert torch.equal((t * torch.tensor(2.0)).cpu(), torch.full((3,), 2.0))
+
+
+def test_unlowered_op_raises_not_implemented():
+    t = torch.ones(4, device="tpu")
+    with pytest.raises(NotImplementedError, match=r"aten::_fft_r2c"):
+        torch.fft.rfft(t)
+
+
+def test_cpu_fallback_counts_and_warns():
+    code = (
+        "import warnings, torch, torchtpu\n"
+        "t = torch.ones(8, device='tpu')\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    r = torch.fft.rfft(t); r2 = torch.fft.rfft(t)\n"
+        "assert r.device.type == 'tpu', r.device\n"
+        "assert torch.allclose(r.cpu(), torch.fft.rfft(torch.ones(8)))\n"
+        "assert sum('_fft_r2c' in str(x.message) for x in w) == 1, [str(x.message) for x in w]\n"
+        "assert torchtpu.metrics()['fallback_ops'] == 2\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, TORCHTPU_CPU_FALLBACK="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "ok" in r.stdout
+
+
+def test_missing_plugin_names_package():
+    code = "import torchtpu"
+    env = dict(os.environ, TORCHTPU_PLATFORM="tpu")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "pip install libtpu" in r.stderr
+
+
+def test_bad_plugin_is_an_error_not_a_crash():
+    code = "import torchtpu"
+    env = dict(os.environ, TORCHTPU_PJRT_PLUGIN="/lib/x86_64-linux-gnu/libc.so.6")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "GetPjrtApi" in r.stderr
+
+
+def test_autoload_without_import():
+    code = "import torch; t = torch.ones(2, device='tpu'); print((t + 1).cpu().tolist())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "[2.0, 2.0]" in r.stdout
+
+
+def test_program_cache_reuses_compiles():
+    a = torch.randn(7, 3, device="tpu")
+    b = torch.randn(7, 3, device="tpu")
+    a + b
+    before = torchtpu.metrics()["programs_compiled"]
+    for _ in range(5):
+        a + b
+        a + 2.5  # a different scalar value is a program input, not a new program
+        a + 3.5
+    assert torchtpu.metrics()["programs_compiled"] - before <= 1
