@@ -274,13 +274,6 @@ tpu_hv tpu_lower_input(tpu_lower *L, int i, tpu_dtype dt) {
 
 /* ---- type promotion ------------------------------------------------------------------ */
 
-static int tpu_category(tpu_dtype t) {
-  if (t == TPU_PRED) return 0;
-  if (tpu_dtype_is_int(t)) return 1;
-  if (tpu_dtype_is_float(t)) return 2;
-  return 3;
-}
-
 /* torch's combine_categories: a lower-priority class only matters when it is
  * of a higher category than the result so far. */
 static tpu_dtype tpu_combine(tpu_dtype higher, tpu_dtype lower) {

@@ -316,6 +316,8 @@ static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, 
   switch (kind) {
     case 'T':
     case 't':
+      /* The dispatcher hands wrapped numbers (x + 1) back as Python numbers. */
+      if (PyLong_Check(o) || PyFloat_Check(o) || PyComplex_Check(o)) return tpu_parse_scalar(o, a);
       a->kind = TPU_ARG_TENSOR;
       return tpu_tref_from_py(st, o, &a->t, opname);
     case 'L':

@@ -1,0 +1,275 @@
+/* pjrt_api.h: our own declarations of the subset of the PJRT C API that the
+ * runtime uses. ABI facts: every argument struct begins with struct_size and
+ * an extension pointer; structs and the function table only grow by appending
+ * fields; struct_size is the offset of the last field plus its size (not
+ * sizeof, which may include tail padding). Plugins reject a struct_size
+ * smaller than the one they were built with, so our structs carry fields up
+ * to the newest version we know. Every function takes a pointer to its
+ * argument struct and returns an error (NULL on success), except the three
+ * error accessors, which return nothing.
+ */
+#ifndef TPU_PJRT_API_H
+#define TPU_PJRT_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TPU_PJRT_SIZE(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
+
+typedef struct tpu_pjrt_error tpu_pjrt_error;
+typedef struct tpu_pjrt_client tpu_pjrt_client;
+typedef struct tpu_pjrt_device tpu_pjrt_device;
+typedef struct tpu_pjrt_device_desc tpu_pjrt_device_desc;
+typedef struct tpu_pjrt_event tpu_pjrt_event;
+typedef struct tpu_pjrt_buffer tpu_pjrt_buffer;
+typedef struct tpu_pjrt_loaded_exec tpu_pjrt_loaded_exec;
+typedef struct tpu_pjrt_exec tpu_pjrt_exec;
+typedef struct tpu_pjrt_serialized tpu_pjrt_serialized;
+
+typedef tpu_pjrt_error *(*tpu_pjrt_fn)(void *args);
+
+/* The function table, in ABI order. */
+#define TPU_PJRT_ENTRIES(X) \
+  X(Error_Destroy) \
+  X(Error_Message) \
+  X(Error_GetCode) \
+  X(Plugin_Initialize) \
+  X(Plugin_Attributes) \
+  X(Event_Destroy) \
+  X(Event_IsReady) \
+  X(Event_Error) \
+  X(Event_Await) \
+  X(Event_OnReady) \
+  X(Client_Create) \
+  X(Client_Destroy) \
+  X(Client_PlatformName) \
+  X(Client_ProcessIndex) \
+  X(Client_PlatformVersion) \
+  X(Client_Devices) \
+  X(Client_AddressableDevices) \
+  X(Client_LookupDevice) \
+  X(Client_LookupAddressableDevice) \
+  X(Client_AddressableMemories) \
+  X(Client_Compile) \
+  X(Client_DefaultDeviceAssignment) \
+  X(Client_BufferFromHostBuffer) \
+  X(DeviceDescription_Id) \
+  X(DeviceDescription_ProcessIndex) \
+  X(DeviceDescription_Attributes) \
+  X(DeviceDescription_Kind) \
+  X(DeviceDescription_DebugString) \
+  X(DeviceDescription_ToString) \
+  X(Device_GetDescription) \
+  X(Device_IsAddressable) \
+  X(Device_LocalHardwareId) \
+  X(Device_AddressableMemories) \
+  X(Device_DefaultMemory) \
+  X(Device_MemoryStats) \
+  X(Memory_Id) \
+  X(Memory_Kind) \
+  X(Memory_DebugString) \
+  X(Memory_ToString) \
+  X(Memory_AddressableByDevices) \
+  X(Executable_Destroy) \
+  X(Executable_Name) \
+  X(Executable_NumReplicas) \
+  X(Executable_NumPartitions) \
+  X(Executable_NumOutputs) \
+  X(Executable_SizeOfGeneratedCodeInBytes) \
+  X(Executable_GetCostAnalysis) \
+  X(Executable_OutputMemoryKinds) \
+  X(Executable_OptimizedProgram) \
+  X(Executable_Serialize) \
+  X(LoadedExecutable_Destroy) \
+  X(LoadedExecutable_GetExecutable) \
+  X(LoadedExecutable_AddressableDevices) \
+  X(LoadedExecutable_Delete) \
+  X(LoadedExecutable_IsDeleted) \
+  X(LoadedExecutable_Execute) \
+  X(Executable_DeserializeAndLoad) \
+  X(LoadedExecutable_Fingerprint) \
+  X(Buffer_Destroy) \
+  X(Buffer_ElementType) \
+  X(Buffer_Dimensions) \
+  X(Buffer_UnpaddedDimensions) \
+  X(Buffer_DynamicDimensionIndices) \
+  X(Buffer_GetMemoryLayout) \
+  X(Buffer_OnDeviceSizeInBytes) \
+  X(Buffer_Device) \
+  X(Buffer_Memory) \
+  X(Buffer_Delete) \
+  X(Buffer_IsDeleted) \
+  X(Buffer_CopyToDevice) \
+  X(Buffer_ToHostBuffer) \
+
+typedef struct {
+  size_t struct_size;
+  void *extension_start;
+  int major_version;
+  int minor_version;
+} tpu_pjrt_version;
+
+typedef struct {
+  size_t struct_size;
+  void *extension_start;
+  tpu_pjrt_version pjrt_api_version;
+#define TPU_PJRT_FIELD(name) tpu_pjrt_fn name;
+  TPU_PJRT_ENTRIES(TPU_PJRT_FIELD)
+#undef TPU_PJRT_FIELD
+} tpu_pjrt_api;
+
+typedef const tpu_pjrt_api *(*tpu_pjrt_get_api_fn)(void);
+
+/* ---- argument structs ------------------------------------------------------ */
+
+#define TPU_PJRT_HEAD \
+  size_t struct_size; \
+  void *extension_start
+
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_error *error; } tpu_pjrt_error_destroy_args;
+typedef struct { TPU_PJRT_HEAD; const tpu_pjrt_error *error; const char *message; size_t message_size; } tpu_pjrt_error_message_args;
+typedef struct { TPU_PJRT_HEAD; const tpu_pjrt_error *error; int code; } tpu_pjrt_error_code_args;
+typedef struct { TPU_PJRT_HEAD; } tpu_pjrt_plugin_init_args;
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_event *event; } tpu_pjrt_event_args; /* Destroy and Await */
+
+enum { TPU_PJRT_NV_STRING = 0, TPU_PJRT_NV_INT64 = 1, TPU_PJRT_NV_INT64_LIST = 2, TPU_PJRT_NV_FLOAT = 3, TPU_PJRT_NV_BOOL = 4 };
+typedef struct {
+  TPU_PJRT_HEAD;
+  const char *name;
+  size_t name_size;
+  int type;
+  union {
+    const char *string_value;
+    int64_t int64_value;
+    const int64_t *int64_array_value;
+    float float_value;
+    bool bool_value;
+  };
+  size_t value_size;
+} tpu_pjrt_named_value;
+
+typedef struct {
+  TPU_PJRT_HEAD;
+  const tpu_pjrt_named_value *create_options;
+  size_t num_options;
+  void *kv_get_callback;
+  void *kv_get_user_arg;
+  void *kv_put_callback;
+  void *kv_put_user_arg;
+  tpu_pjrt_client *client; /* out */
+  void *kv_try_get_callback;
+  void *kv_try_get_user_arg;
+} tpu_pjrt_client_create_args;
+
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_client *client; } tpu_pjrt_client_destroy_args;
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_client *client; const char *str; size_t size; } tpu_pjrt_client_string_args; /* PlatformName, PlatformVersion */
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_client *client; tpu_pjrt_device *const *devices; size_t num_devices; } tpu_pjrt_client_devices_args;
+
+typedef struct {
+  TPU_PJRT_HEAD;
+  char *code;
+  size_t code_size;
+  const char *format;
+  size_t format_size;
+} tpu_pjrt_program;
+
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_client *client;
+  const tpu_pjrt_program *program;
+  const char *compile_options;
+  size_t compile_options_size;
+  tpu_pjrt_loaded_exec *executable; /* out */
+} tpu_pjrt_compile_args;
+
+enum { TPU_PJRT_HOST_IMMUTABLE_ONLY_DURING_CALL = 0, TPU_PJRT_HOST_IMMUTABLE_UNTIL_TRANSFER_COMPLETES = 1 };
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_client *client;
+  const void *data;
+  int type;
+  const int64_t *dims;
+  size_t num_dims;
+  const int64_t *byte_strides;
+  size_t num_byte_strides;
+  int host_buffer_semantics;
+  tpu_pjrt_device *device;
+  void *memory;
+  void *device_layout;
+  tpu_pjrt_event *done_with_host_buffer; /* out */
+  tpu_pjrt_buffer *buffer;               /* out */
+} tpu_pjrt_from_host_args;
+
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_device *device; tpu_pjrt_device_desc *desc; } tpu_pjrt_device_desc_args;
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_device_desc *desc; const char *kind; size_t kind_size; } tpu_pjrt_desc_kind_args;
+
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_device *device;
+  int64_t bytes_in_use;
+  int64_t rest[26]; /* the optional statistics and their flags, unused */
+} tpu_pjrt_memory_stats_args;
+
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_exec *executable; } tpu_pjrt_exec_destroy_args;
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_exec *executable; size_t num_outputs; } tpu_pjrt_num_outputs_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  const tpu_pjrt_exec *executable;
+  const char *bytes;
+  size_t bytes_size;
+  tpu_pjrt_serialized *serialized;
+  void (*deleter)(tpu_pjrt_serialized *s);
+} tpu_pjrt_serialize_args;
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_loaded_exec *executable; } tpu_pjrt_loaded_destroy_args;
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_loaded_exec *loaded; tpu_pjrt_exec *executable; } tpu_pjrt_get_exec_args;
+
+typedef struct {
+  TPU_PJRT_HEAD;
+  void **send_callbacks;
+  void **recv_callbacks;
+  size_t num_send_ops;
+  size_t num_recv_ops;
+  int launch_id;
+  const int64_t *non_donatable_input_indices;
+  size_t num_non_donatable_input_indices;
+  void *context;
+  const char *call_location;
+  size_t num_tasks;
+  int *task_ids;
+  int64_t *incarnation_ids;
+} tpu_pjrt_execute_options;
+
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_loaded_exec *executable;
+  tpu_pjrt_execute_options *options;
+  tpu_pjrt_buffer *const *const *argument_lists;
+  size_t num_devices;
+  size_t num_args;
+  tpu_pjrt_buffer **const *output_lists;
+  tpu_pjrt_event **device_complete_events;
+  tpu_pjrt_device *execute_device;
+} tpu_pjrt_execute_args;
+
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_client *client;
+  const char *serialized;
+  size_t serialized_size;
+  tpu_pjrt_loaded_exec *loaded; /* out */
+  const char *overridden_compile_options;
+  size_t overridden_compile_options_size;
+} tpu_pjrt_deserialize_args;
+
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_buffer *buffer; } tpu_pjrt_buffer_destroy_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_buffer *src;
+  void *host_layout;
+  void *dst;
+  size_t dst_size;
+  tpu_pjrt_event *event; /* out */
+} tpu_pjrt_to_host_args;
+
+#endif

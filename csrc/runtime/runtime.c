@@ -1,0 +1,419 @@
+/* runtime.c: the PJRT plugin, its client and device 0.
+ *
+ * The plugin is dlopen'ed once and never closed (plugins keep threads and
+ * static state alive). Every table entry is checked for presence before use,
+ * so an older plugin yields a clear error instead of a jump through garbage.
+ * Every PJRT_Error becomes a tpu_status carrying the plugin's own message,
+ * prefixed with the PJRT function that failed. Host transfers wait for their
+ * events, so host memory is only borrowed for the duration of a call.
+ */
+#define _GNU_SOURCE
+#include "runtime.h"
+
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pjrt_api.h"
+
+struct tpu_rt {
+  const tpu_pjrt_api *api; /* lifetime of the process */
+  tpu_pjrt_client *client; /* owned */
+  tpu_pjrt_device *const *devices; /* owned by the client */
+  int ndevices;
+  char *path, *platform, *version; /* owned */
+  char **kinds;                    /* owned, ndevices entries */
+  atomic_llong live_buffers, live_execs;
+};
+
+struct tpu_rt_buffer {
+  tpu_rt *rt; /* borrowed */
+  tpu_pjrt_buffer *buf; /* owned */
+  tpu_dtype dtype;
+  size_t nbytes;
+};
+
+struct tpu_rt_exec {
+  tpu_rt *rt;
+  tpu_pjrt_loaded_exec *loaded; /* owned */
+  int num_outputs;
+};
+
+#define TPU_HAS(api, name) \
+  ((api)->struct_size >= offsetof(tpu_pjrt_api, name) + sizeof(tpu_pjrt_fn) && (api)->name != NULL)
+
+/* Turns a PJRT error into a status (and destroys it). NULL stays NULL. */
+static tpu_status *tpu_rt_err(const tpu_pjrt_api *api, tpu_pjrt_error *err, const char *what) {
+  if (!err) return NULL;
+  tpu_pjrt_error_message_args m = {TPU_PJRT_SIZE(tpu_pjrt_error_message_args, message_size), NULL, err, NULL, 0};
+  ((void (*)(void *))(void (*)(void))api->Error_Message)(&m);
+  tpu_status *s = tpu_status_new(TPU_ERR_RUNTIME, "%s: %.*s", what, (int)m.message_size,
+                                 m.message ? m.message : "(no message)");
+  tpu_pjrt_error_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_error_destroy_args, error), NULL, err};
+  ((void (*)(void *))(void (*)(void))api->Error_Destroy)(&d);
+  return s;
+}
+
+#define TPU_CALL(rt_api, name, args) tpu_rt_err((rt_api), (rt_api)->name(args), "PJRT_" #name)
+
+static tpu_status *tpu_rt_event_finish(const tpu_pjrt_api *api, tpu_pjrt_event *ev, const char *what) {
+  if (!ev) return NULL;
+  tpu_pjrt_event_args a = {TPU_PJRT_SIZE(tpu_pjrt_event_args, event), NULL, ev};
+  tpu_status *s = tpu_rt_err(api, api->Event_Await(&a), what);
+  api->Event_Destroy(&a);
+  return s;
+}
+
+static char *tpu_strndup(const char *s, size_t n) {
+  char *r = malloc(n + 1);
+  if (!r) return NULL;
+  if (n) memcpy(r, s, n);
+  r[n] = 0;
+  return r;
+}
+
+/* The CompileOptionsProto: executable_build_options (field 3) holding
+ * num_replicas = 1 (field 4) and num_partitions = 1 (field 5). An empty
+ * proto means zero replicas, which aborts XLA. */
+static const char tpu_compile_options[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
+
+tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out) {
+  *out = NULL;
+  if (!opts || !opts->plugin_path) return tpu_status_new(TPU_ERR_PLUGIN, "no PJRT plugin path given");
+  const char *path = opts->plugin_path;
+  if (access(path, R_OK) != 0)
+    return tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s: no such file (install xla-cpu-pjrt, libtpu or jax-cuda13-pjrt)", path);
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) return tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s could not be loaded: %s", path, dlerror());
+  tpu_pjrt_get_api_fn get = (tpu_pjrt_get_api_fn)dlsym(h, "GetPjrtApi");
+  if (!get)
+    return tpu_status_new(TPU_ERR_PLUGIN, "%s is not a PJRT plugin: it exports no GetPjrtApi", path);
+  const tpu_pjrt_api *api = get();
+  if (!api) return tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s returned no API table", path);
+  int major = api->pjrt_api_version.major_version, minor = api->pjrt_api_version.minor_version;
+  if (major != 0 || minor < TPU_RT_MIN_API_MINOR)
+    return tpu_status_new(TPU_ERR_PLUGIN,
+                          "PJRT plugin %s implements PJRT C API %d.%d; torchtpu needs 0.%d or newer (major 0). "
+                          "Install a newer plugin.", path, major, minor, TPU_RT_MIN_API_MINOR);
+  if (!TPU_HAS(api, Buffer_ToHostBuffer))
+    return tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s (API %d.%d) lacks functions torchtpu needs", path, major, minor);
+
+  tpu_rt *rt = calloc(1, sizeof *rt);
+  if (!rt) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  rt->api = api;
+  tpu_status *s = NULL;
+  tpu_pjrt_plugin_init_args init = {TPU_PJRT_SIZE(tpu_pjrt_plugin_init_args, extension_start), NULL};
+  if (TPU_HAS(api, Plugin_Initialize)) s = TPU_CALL(api, Plugin_Initialize, &init);
+  if (s) goto fail;
+
+  tpu_pjrt_named_value nv;
+  memset(&nv, 0, sizeof nv);
+  nv.struct_size = TPU_PJRT_SIZE(tpu_pjrt_named_value, value_size);
+  nv.name = "cpu_device_count";
+  nv.name_size = strlen(nv.name);
+  nv.type = TPU_PJRT_NV_INT64;
+  nv.int64_value = opts->num_devices > 0 ? opts->num_devices : 1;
+  nv.value_size = 1;
+  bool cpu = !opts->platform || strcmp(opts->platform, "cpu") == 0;
+  tpu_pjrt_client_create_args cc;
+  memset(&cc, 0, sizeof cc);
+  cc.struct_size = TPU_PJRT_SIZE(tpu_pjrt_client_create_args, kv_try_get_user_arg);
+  cc.create_options = cpu ? &nv : NULL;
+  cc.num_options = cpu ? 1 : 0;
+  s = TPU_CALL(api, Client_Create, &cc);
+  if (s) goto fail;
+  rt->client = cc.client;
+
+  tpu_pjrt_client_string_args pn = {TPU_PJRT_SIZE(tpu_pjrt_client_string_args, size), NULL, rt->client, NULL, 0};
+  if ((s = TPU_CALL(api, Client_PlatformName, &pn))) goto fail;
+  rt->platform = tpu_strndup(pn.str, pn.size);
+  tpu_pjrt_client_string_args pv = {TPU_PJRT_SIZE(tpu_pjrt_client_string_args, size), NULL, rt->client, NULL, 0};
+  if ((s = TPU_CALL(api, Client_PlatformVersion, &pv))) goto fail;
+  rt->version = tpu_strndup(pv.str, pv.size);
+  rt->path = tpu_strndup(path, strlen(path));
+
+  tpu_pjrt_client_devices_args dv = {TPU_PJRT_SIZE(tpu_pjrt_client_devices_args, num_devices), NULL, rt->client, NULL, 0};
+  if ((s = TPU_CALL(api, Client_AddressableDevices, &dv))) goto fail;
+  if (dv.num_devices == 0) {
+    s = tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s reports no addressable devices", path);
+    goto fail;
+  }
+  rt->devices = dv.devices;
+  rt->ndevices = (int)dv.num_devices;
+  rt->kinds = calloc((size_t)rt->ndevices, sizeof *rt->kinds);
+  if (!rt->kinds || !rt->platform || !rt->version || !rt->path) {
+    s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+    goto fail;
+  }
+  for (int i = 0; i < rt->ndevices; i++) {
+    tpu_pjrt_device_desc_args gd = {TPU_PJRT_SIZE(tpu_pjrt_device_desc_args, desc), NULL, rt->devices[i], NULL};
+    if ((s = TPU_CALL(api, Device_GetDescription, &gd))) goto fail;
+    tpu_pjrt_desc_kind_args dk = {TPU_PJRT_SIZE(tpu_pjrt_desc_kind_args, kind_size), NULL, gd.desc, NULL, 0};
+    if ((s = TPU_CALL(api, DeviceDescription_Kind, &dk))) goto fail;
+    rt->kinds[i] = tpu_strndup(dk.kind ? dk.kind : "", dk.kind ? dk.kind_size : 0);
+  }
+  *out = rt;
+  return NULL;
+fail:
+  tpu_rt_close(rt);
+  return tpu_status_prefix(s, "opening PJRT plugin %s", path);
+}
+
+void tpu_rt_close(tpu_rt *rt) {
+  if (!rt) return;
+  if (rt->client) {
+    tpu_pjrt_client_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_client_destroy_args, client), NULL, rt->client};
+    tpu_status_free(TPU_CALL(rt->api, Client_Destroy, &d));
+  }
+  for (int i = 0; rt->kinds && i < rt->ndevices; i++) free(rt->kinds[i]);
+  free(rt->kinds);
+  free(rt->path);
+  free(rt->platform);
+  free(rt->version);
+  free(rt);
+}
+
+const char *tpu_rt_platform_name(const tpu_rt *rt) { return rt->platform; }
+const char *tpu_rt_platform_version(const tpu_rt *rt) { return rt->version; }
+const char *tpu_rt_plugin_path(const tpu_rt *rt) { return rt->path; }
+void tpu_rt_api_version(const tpu_rt *rt, int *major, int *minor) {
+  *major = rt->api->pjrt_api_version.major_version;
+  *minor = rt->api->pjrt_api_version.minor_version;
+}
+int tpu_rt_device_count(const tpu_rt *rt) { return rt->ndevices; }
+const char *tpu_rt_device_kind(const tpu_rt *rt, int i) {
+  return (i >= 0 && i < rt->ndevices && rt->kinds[i]) ? rt->kinds[i] : "";
+}
+int64_t tpu_rt_live_buffers(const tpu_rt *rt) { return rt->live_buffers; }
+int64_t tpu_rt_live_execs(const tpu_rt *rt) { return rt->live_execs; }
+
+/* ---- executables ----------------------------------------------------------------- */
+
+static tpu_status *tpu_rt_exec_wrap(tpu_rt *rt, tpu_pjrt_loaded_exec *le, tpu_rt_exec **out) {
+  const tpu_pjrt_api *api = rt->api;
+  tpu_rt_exec *e = calloc(1, sizeof *e);
+  if (!e) {
+    tpu_pjrt_loaded_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_loaded_destroy_args, executable), NULL, le};
+    tpu_status_free(TPU_CALL(api, LoadedExecutable_Destroy, &d));
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  e->rt = rt;
+  e->loaded = le;
+  atomic_fetch_add(&rt->live_execs, 1);
+  tpu_pjrt_get_exec_args g = {TPU_PJRT_SIZE(tpu_pjrt_get_exec_args, executable), NULL, le, NULL};
+  tpu_status *s = TPU_CALL(api, LoadedExecutable_GetExecutable, &g);
+  if (!s) {
+    tpu_pjrt_num_outputs_args n = {TPU_PJRT_SIZE(tpu_pjrt_num_outputs_args, num_outputs), NULL, g.executable, 0};
+    s = TPU_CALL(api, Executable_NumOutputs, &n);
+    e->num_outputs = (int)n.num_outputs;
+    tpu_pjrt_exec_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_exec_destroy_args, executable), NULL, g.executable};
+    tpu_status_free(TPU_CALL(api, Executable_Destroy, &d));
+  }
+  if (s) {
+    tpu_rt_exec_free(e);
+    return s;
+  }
+  *out = e;
+  return NULL;
+}
+
+tpu_status *tpu_rt_compile(tpu_rt *rt, const char *mlir, size_t len, tpu_rt_exec **out) {
+  *out = NULL;
+  tpu_pjrt_program p = {TPU_PJRT_SIZE(tpu_pjrt_program, format_size), NULL, (char *)mlir, len, "mlir", 4};
+  tpu_pjrt_compile_args c = {TPU_PJRT_SIZE(tpu_pjrt_compile_args, executable), NULL, rt->client, &p,
+                             tpu_compile_options, sizeof tpu_compile_options, NULL};
+  tpu_status *s = TPU_CALL(rt->api, Client_Compile, &c);
+  if (s) return s;
+  return tpu_rt_exec_wrap(rt, c.executable, out);
+}
+
+int tpu_rt_exec_num_outputs(const tpu_rt_exec *e) { return e->num_outputs; }
+
+void tpu_rt_exec_free(tpu_rt_exec *e) {
+  if (!e) return;
+  tpu_pjrt_loaded_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_loaded_destroy_args, executable), NULL, e->loaded};
+  tpu_status_free(TPU_CALL(e->rt->api, LoadedExecutable_Destroy, &d));
+  atomic_fetch_sub(&e->rt->live_execs, 1);
+  free(e);
+}
+
+tpu_status *tpu_rt_exec_serialize(tpu_rt *rt, tpu_rt_exec *e, void **bytes, size_t *len) {
+  const tpu_pjrt_api *api = rt->api;
+  *bytes = NULL;
+  *len = 0;
+  if (!TPU_HAS(api, Executable_Serialize))
+    return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "this PJRT plugin cannot serialize executables");
+  tpu_pjrt_get_exec_args g = {TPU_PJRT_SIZE(tpu_pjrt_get_exec_args, executable), NULL, e->loaded, NULL};
+  tpu_status *s = TPU_CALL(api, LoadedExecutable_GetExecutable, &g);
+  if (s) return s;
+  tpu_pjrt_serialize_args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = TPU_PJRT_SIZE(tpu_pjrt_serialize_args, deleter);
+  a.executable = g.executable;
+  s = TPU_CALL(api, Executable_Serialize, &a);
+  if (!s) {
+    *bytes = malloc(a.bytes_size ? a.bytes_size : 1);
+    if (*bytes) {
+      memcpy(*bytes, a.bytes, a.bytes_size);
+      *len = a.bytes_size;
+    } else {
+      s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+    }
+    if (a.deleter) a.deleter(a.serialized);
+  }
+  tpu_pjrt_exec_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_exec_destroy_args, executable), NULL, g.executable};
+  tpu_status_free(TPU_CALL(api, Executable_Destroy, &d));
+  return s;
+}
+
+tpu_status *tpu_rt_exec_deserialize(tpu_rt *rt, const void *bytes, size_t len, tpu_rt_exec **out) {
+  *out = NULL;
+  if (!TPU_HAS(rt->api, Executable_DeserializeAndLoad))
+    return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "this PJRT plugin cannot deserialize executables");
+  tpu_pjrt_deserialize_args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = TPU_PJRT_SIZE(tpu_pjrt_deserialize_args, overridden_compile_options_size);
+  a.client = rt->client;
+  a.serialized = bytes;
+  a.serialized_size = len;
+  tpu_status *s = TPU_CALL(rt->api, Executable_DeserializeAndLoad, &a);
+  if (s) return s;
+  return tpu_rt_exec_wrap(rt, a.loaded, out);
+}
+
+/* ---- buffers ---------------------------------------------------------------------- */
+
+static tpu_rt_buffer *tpu_rt_buffer_wrap(tpu_rt *rt, tpu_pjrt_buffer *b, tpu_dtype dt, size_t nbytes) {
+  tpu_rt_buffer *w = malloc(sizeof *w);
+  if (!w) {
+    tpu_pjrt_buffer_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_buffer_destroy_args, buffer), NULL, b};
+    tpu_status_free(TPU_CALL(rt->api, Buffer_Destroy, &d));
+    return NULL;
+  }
+  *w = (tpu_rt_buffer){rt, b, dt, nbytes};
+  atomic_fetch_add(&rt->live_buffers, 1);
+  return w;
+}
+
+tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
+                           tpu_rt_buffer **outs) {
+  const tpu_pjrt_api *api = rt->api;
+  tpu_pjrt_buffer *argv[nargs > 0 ? nargs : 1];
+  for (int i = 0; i < nargs; i++) argv[i] = args[i]->buf;
+  int nout = e->num_outputs;
+  tpu_pjrt_buffer *outv[nout > 0 ? nout : 1];
+  memset(outv, 0, sizeof outv);
+  tpu_pjrt_buffer *const *arg_lists[1] = {argv};
+  tpu_pjrt_buffer **out_lists[1] = {outv};
+  tpu_pjrt_event *done[1] = {NULL};
+  tpu_pjrt_execute_options opt;
+  memset(&opt, 0, sizeof opt);
+  opt.struct_size = TPU_PJRT_SIZE(tpu_pjrt_execute_options, incarnation_ids);
+  tpu_pjrt_execute_args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = TPU_PJRT_SIZE(tpu_pjrt_execute_args, execute_device);
+  a.executable = e->loaded;
+  a.options = &opt;
+  a.argument_lists = arg_lists;
+  a.num_devices = 1;
+  a.num_args = (size_t)nargs;
+  a.output_lists = out_lists;
+  a.device_complete_events = done;
+  tpu_status *s = TPU_CALL(api, LoadedExecutable_Execute, &a);
+  if (!s) s = tpu_rt_event_finish(api, done[0], "executing");
+  else if (done[0]) tpu_status_free(tpu_rt_event_finish(api, done[0], "executing"));
+  for (int i = 0; i < nout; i++) {
+    outs[i] = NULL;
+    if (!outv[i]) continue;
+    if (s) {
+      tpu_pjrt_buffer_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_buffer_destroy_args, buffer), NULL, outv[i]};
+      tpu_status_free(TPU_CALL(api, Buffer_Destroy, &d));
+      continue;
+    }
+    outs[i] = tpu_rt_buffer_wrap(rt, outv[i], TPU_INVALID, 0);
+    if (!outs[i]) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  if (s)
+    for (int i = 0; i < nout; i++) {
+      tpu_rt_buffer_free(outs[i]);
+      outs[i] = NULL;
+    }
+  return s;
+}
+
+tpu_status *tpu_rt_buffer_from_host(tpu_rt *rt, const void *data, tpu_dtype dtype, const int64_t *dims, int rank,
+                                    tpu_rt_buffer **out) {
+  *out = NULL;
+  size_t n = tpu_dtype_size(dtype);
+  if (!n) return tpu_status_new(TPU_ERR_TYPE, "unsupported element type %d", (int)dtype);
+  for (int i = 0; i < rank; i++) n *= (size_t)dims[i];
+  tpu_pjrt_from_host_args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = TPU_PJRT_SIZE(tpu_pjrt_from_host_args, buffer);
+  a.client = rt->client;
+  a.data = data;
+  a.type = (int)dtype;
+  a.dims = dims;
+  a.num_dims = (size_t)rank;
+  a.host_buffer_semantics = TPU_PJRT_HOST_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
+  a.device = rt->devices[0];
+  tpu_status *s = TPU_CALL(rt->api, Client_BufferFromHostBuffer, &a);
+  if (s) return s;
+  s = tpu_rt_event_finish(rt->api, a.done_with_host_buffer, "host to device transfer");
+  tpu_rt_buffer *w = tpu_rt_buffer_wrap(rt, a.buffer, dtype, n);
+  if (!w) return s ? s : tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  if (s) {
+    tpu_rt_buffer_free(w);
+    return s;
+  }
+  *out = w;
+  return NULL;
+}
+
+tpu_status *tpu_rt_buffer_to_host(tpu_rt *rt, tpu_rt_buffer *b, void *dst, size_t nbytes) {
+  tpu_pjrt_to_host_args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = TPU_PJRT_SIZE(tpu_pjrt_to_host_args, event);
+  a.src = b->buf;
+  a.dst = NULL;
+  tpu_status *s = TPU_CALL(rt->api, Buffer_ToHostBuffer, &a); /* size query */
+  if (s) return s;
+  if (a.dst_size != nbytes)
+    return tpu_status_new(TPU_ERR_RUNTIME, "device to host: buffer holds %zu bytes, destination %zu", a.dst_size, nbytes);
+  a.dst = dst;
+  a.event = NULL;
+  s = TPU_CALL(rt->api, Buffer_ToHostBuffer, &a);
+  if (s) return s;
+  return tpu_rt_event_finish(rt->api, a.event, "device to host transfer");
+}
+
+size_t tpu_rt_buffer_nbytes(const tpu_rt_buffer *b) { return b->nbytes; }
+tpu_dtype tpu_rt_buffer_dtype(const tpu_rt_buffer *b) { return b->dtype; }
+
+void tpu_rt_buffer_free(tpu_rt_buffer *b) {
+  if (!b) return;
+  tpu_pjrt_buffer_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_buffer_destroy_args, buffer), NULL, b->buf};
+  tpu_status_free(TPU_CALL(b->rt->api, Buffer_Destroy, &d));
+  atomic_fetch_sub(&b->rt->live_buffers, 1);
+  free(b);
+}
+
+tpu_status *tpu_rt_memory_in_use(tpu_rt *rt, int64_t *bytes) {
+  *bytes = 0;
+  if (!TPU_HAS(rt->api, Device_MemoryStats))
+    return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "this PJRT plugin reports no memory statistics");
+  tpu_pjrt_memory_stats_args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = sizeof a;
+  a.device = rt->devices[0];
+  tpu_status *s = TPU_CALL(rt->api, Device_MemoryStats, &a);
+  if (s) {
+    tpu_status_free(s);
+    return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "the %s plugin reports no memory statistics", rt->platform);
+  }
+  *bytes = a.bytes_in_use;
+  return NULL;
+}
