@@ -37,7 +37,7 @@ def _kind(arg):
         "Tensor": "tT", "List[Tensor]": "lL", "List[Optional[Tensor]]": "lL",
         "number": "sS", "int": "ji", "SymInt": "ji", "List[int]": "JI",
         "List[SymInt]": "JI", "float": "gf", "List[float]": "FF", "bool": "cb",
-        "str": "yx",
+        "str": "yx", "List[bool]": "JI",
     }
     if base not in table:
         raise NotImplementedError(f"argument type {t}")
@@ -138,6 +138,21 @@ def _cpu_fallback(op, args, kwargs):
     return back(out)
 
 
+def _patch_printing():
+    """Tensor printing formats on the CPU (as torch does for XLA tensors):
+    the formatter's statistics would otherwise be dozens of device ops."""
+    import torch._tensor_str as ts
+
+    inner = ts._tensor_str
+
+    def tensor_str(self, indent):
+        if self.device.type == "tpu":
+            self = self.cpu()
+        return inner(self, indent)
+
+    ts._tensor_str = tensor_str
+
+
 def setup(device_module):
     global _LIB, _IMPL
     path, platform = _plugin.find()
@@ -171,6 +186,7 @@ def setup(device_module):
     _IMPL.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     _IMPL.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
 
+    _patch_printing()
     _LIB = torch.library.Library("_", "IMPL")
     _LIB.fallback(_fallback, dispatch_key="PrivateUse1")
 

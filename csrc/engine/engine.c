@@ -309,7 +309,13 @@ static void tpu_sig_build(tpu_sig *s, int op_id, const tpu_arg *args, int nargs)
           if (a->list[j].rec || a->list[j].host) tpu_sig_tensor(s, &a->list[j]);
         }
         break;
-      case TPU_ARG_SCALAR: tpu_sig_i64(s, a->skind); break;
+      case TPU_ARG_SCALAR:
+        tpu_sig_i64(s, a->skind);
+        if (tpu_op_table[op_id].flags & TPU_OP_SCALAR_ATTRS) {
+          tpu_sig_put(s, &a->f, sizeof a->f);
+          tpu_sig_i64(s, a->i);
+        }
+        break;
       case TPU_ARG_INT:
       case TPU_ARG_BOOL: tpu_sig_i64(s, a->i); break;
       case TPU_ARG_INTS:

@@ -131,7 +131,9 @@ typedef void (*tpu_emit_fn)(tpu_lower *L);
 /* Row flags. INPLACE: the functional emitter's first result is written into
  * argument 0, which is returned. OUT: results are written into the out=
  * tensors (the trailing TENSOR arguments), which are returned. */
-enum { TPU_OP_INPLACE = 1, TPU_OP_OUT = 2, TPU_OP_RNG = 4 };
+enum { TPU_OP_INPLACE = 1, TPU_OP_OUT = 2, TPU_OP_SCALAR_ATTRS = 4 };
+/* SCALAR_ATTRS: the op's Python scalars shape the program (arange's bounds),
+ * so their values are part of the cache key. */
 
 typedef enum {
 #define TPU_OP(id, name, emit, flags) TPU_OP_##id,
