@@ -29,7 +29,3 @@ def runtime_info():
 
 __all__ = ["metrics", "runtime_info", "__version__"]
 
-
-def _autoload():
-    """Entry point for torch's device-backend autoloading (torch.backends):
-    importing this package has already registered the device."""

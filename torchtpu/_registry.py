@@ -31,7 +31,7 @@ def _kind(arg):
     base = t[9:-1] if opt else t
     if arg.name in _IGNORED or base in ("Device", "Generator", "Layout", "MemoryFormat"):
         return "_"
-    if arg.name in ("dtype", "out_dtype") and base == "int":
+    if "dtype" in arg.name and base == "int":
         return "d"
     table = {
         "Tensor": "tT", "List[Tensor]": "lL", "List[Optional[Tensor]]": "lL",

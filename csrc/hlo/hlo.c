@@ -467,9 +467,9 @@ static tpu_hv tpu_constant(tpu_hlo *m, tpu_dtype dt, double f, int64_t i) {
   if (!tpu_hlo_ok(m)) return TPU_HV_NONE;
   tpu_hlo_type t = tpu_hlo_type_make(dt, 0, NULL);
   tpu_attrs a = {0};
-  tpu_buf_put(m, &a.b, "value = dense<", 14);
+  tpu_buf_put(m, &a.b, "value = dense<", strlen("value = dense<"));
   tpu_put_scalar_literal(m, &a.b, dt, f, i);
-  tpu_buf_put(m, &a.b, "> : ", 4);
+  tpu_buf_put(m, &a.b, "> : ", strlen("> : "));
   tpu_put_type(m, &a.b, &t);
   tpu_hv r = tpu_hlo_emit1(m, "stablehlo.constant", NULL, 0, tpu_attrs_str(&a), t);
   tpu_attrs_free(&a);
@@ -500,9 +500,9 @@ tpu_hv tpu_hlo_constant_ints(tpu_hlo *m, tpu_hlo_type t, const int64_t *vals) {
   if (!tpu_hlo_ok(m)) return TPU_HV_NONE;
   tpu_attrs a = {0};
   int64_t k = 0;
-  tpu_buf_put(m, &a.b, "value = dense<", 14);
+  tpu_buf_put(m, &a.b, "value = dense<", strlen("value = dense<"));
   tpu_put_nested(m, &a.b, &t, 0, vals, &k);
-  tpu_buf_put(m, &a.b, "> : ", 4);
+  tpu_buf_put(m, &a.b, "> : ", strlen("> : "));
   tpu_put_type(m, &a.b, &t);
   tpu_hv r = tpu_hlo_emit1(m, "stablehlo.constant", NULL, 0, tpu_attrs_str(&a), t);
   tpu_attrs_free(&a);
@@ -730,9 +730,9 @@ tpu_hv tpu_hlo_slice(tpu_hlo *m, tpu_hv x, const int64_t *start, const int64_t *
   }
   tpu_attrs a = {0};
   tpu_put_array(m, &a.b, "start_indices", start, xt->rank);
-  tpu_buf_put(m, &a.b, ", ", 2);
+  tpu_buf_put(m, &a.b, ", ", strlen(", "));
   tpu_put_array(m, &a.b, "limit_indices", limit, xt->rank);
-  tpu_buf_put(m, &a.b, ", ", 2);
+  tpu_buf_put(m, &a.b, ", ", strlen(", "));
   tpu_put_array(m, &a.b, "strides", ones, xt->rank);
   tpu_hv r = tpu_hlo_emit1(m, "stablehlo.slice", &x, 1, tpu_attrs_str(&a), t);
   tpu_attrs_free(&a);
@@ -813,9 +813,9 @@ tpu_hv tpu_hlo_pad(tpu_hlo *m, tpu_hv x, tpu_hv padval, const int64_t *lo, const
   }
   tpu_attrs a = {0};
   tpu_put_array(m, &a.b, "edge_padding_low", lo, t.rank);
-  tpu_buf_put(m, &a.b, ", ", 2);
+  tpu_buf_put(m, &a.b, ", ", strlen(", "));
   tpu_put_array(m, &a.b, "edge_padding_high", hi, t.rank);
-  tpu_buf_put(m, &a.b, ", ", 2);
+  tpu_buf_put(m, &a.b, ", ", strlen(", "));
   tpu_put_array(m, &a.b, "interior_padding", in, t.rank);
   tpu_hv r = tpu_hlo_emit1(m, "stablehlo.pad", ops, 2, tpu_attrs_str(&a), t);
   tpu_attrs_free(&a);
@@ -921,13 +921,13 @@ bool tpu_hlo_reduce_window(tpu_hlo *m, const tpu_hv *xs, const tpu_hv *inits, in
   }
   tpu_attrs a = {0};
   tpu_put_array(m, &a.b, "window_dimensions", window, r);
-  tpu_buf_put(m, &a.b, ", ", 2);
+  tpu_buf_put(m, &a.b, ", ", strlen(", "));
   tpu_put_array(m, &a.b, "window_strides", st, r);
-  tpu_buf_put(m, &a.b, ", ", 2);
+  tpu_buf_put(m, &a.b, ", ", strlen(", "));
   tpu_put_array(m, &a.b, "base_dilations", bd, r);
-  tpu_buf_put(m, &a.b, ", ", 2);
+  tpu_buf_put(m, &a.b, ", ", strlen(", "));
   tpu_put_array(m, &a.b, "window_dilations", wd, r);
-  tpu_buf_put(m, &a.b, ", ", 2);
+  tpu_buf_put(m, &a.b, ", ", strlen(", "));
   tpu_put_padding(m, &a.b, pad, r);
   bool ok = tpu_hlo_emit(m, "stablehlo.reduce_window", ops, 2 * n, &region, 1, tpu_attrs_str(&a), rt, n, outs);
   tpu_attrs_free(&a);
@@ -970,7 +970,7 @@ tpu_hv tpu_hlo_dot_general(tpu_hlo *m, tpu_hv lhs, tpu_hv rhs, int nbatch, const
     static const char *prec[] = {"DEFAULT", "HIGH", "HIGHEST"};
     tpu_attrs a = {0};
     bool first = true;
-    tpu_buf_put(m, &a.b, "dot_dimension_numbers = #stablehlo.dot<", 39);
+    tpu_buf_put(m, &a.b, "dot_dimension_numbers = #stablehlo.dot<", strlen("dot_dimension_numbers = #stablehlo.dot<"));
     tpu_put_list(m, &a.b, "lhs_batching_dimensions", lhs_batch, nbatch, &first);
     tpu_put_list(m, &a.b, "rhs_batching_dimensions", rhs_batch, nbatch, &first);
     tpu_put_list(m, &a.b, "lhs_contracting_dimensions", lhs_contract, ncontract, &first);
@@ -992,7 +992,7 @@ tpu_hv tpu_hlo_gather(tpu_hlo *m, tpu_hv operand, tpu_hv indices, const tpu_hlo_
   if (!tpu_check(m, ops, 2)) return TPU_HV_NONE;
   tpu_attrs a = {0};
   bool first = true;
-  tpu_buf_put(m, &a.b, "dimension_numbers = #stablehlo.gather<", 38);
+  tpu_buf_put(m, &a.b, "dimension_numbers = #stablehlo.gather<", strlen("dimension_numbers = #stablehlo.gather<"));
   tpu_put_list(m, &a.b, "offset_dims", d->offset_dims, d->n_offset, &first);
   tpu_put_list(m, &a.b, "collapsed_slice_dims", d->collapsed_slice_dims, d->n_collapsed, &first);
   tpu_put_list(m, &a.b, "operand_batching_dims", d->operand_batching_dims, d->n_operand_batching, &first);
@@ -1020,7 +1020,7 @@ tpu_hv tpu_hlo_scatter(tpu_hlo *m, tpu_hv operand, tpu_hv indices, tpu_hv update
   }
   tpu_attrs a = {0};
   bool first = true;
-  tpu_buf_put(m, &a.b, "indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<", 76);
+  tpu_buf_put(m, &a.b, "indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<", strlen("indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<"));
   tpu_put_list(m, &a.b, "update_window_dims", d->update_window_dims, d->n_update_window, &first);
   tpu_put_list(m, &a.b, "inserted_window_dims", d->inserted_window_dims, d->n_inserted, &first);
   tpu_put_list(m, &a.b, "input_batching_dims", d->input_batching_dims, d->n_input_batching, &first);
@@ -1083,18 +1083,18 @@ tpu_hv tpu_hlo_convolution(tpu_hlo *m, tpu_hv input, tpu_hv kernel, int nsp, con
   tpu_buf_printf(m, &a.b, "batch_group_count = %lld : i64, dimension_numbers = #stablehlo.conv<[b, f",
                  (long long)batch_groups);
   for (int i = 0; i < nsp; i++) tpu_buf_printf(m, &a.b, ", %d", i);
-  tpu_buf_put(m, &a.b, "]x[o, i", 7);
+  tpu_buf_put(m, &a.b, "]x[o, i", strlen("]x[o, i"));
   for (int i = 0; i < nsp; i++) tpu_buf_printf(m, &a.b, ", %d", i);
-  tpu_buf_put(m, &a.b, "]->[b, f", 8);
+  tpu_buf_put(m, &a.b, "]->[b, f", strlen("]->[b, f"));
   for (int i = 0; i < nsp; i++) tpu_buf_printf(m, &a.b, ", %d", i);
   tpu_buf_printf(m, &a.b, "]>, feature_group_count = %lld : i64, ", (long long)feature_groups);
   tpu_put_array(m, &a.b, "lhs_dilation", ld, nsp);
-  tpu_buf_put(m, &a.b, ", ", 2);
+  tpu_buf_put(m, &a.b, ", ", strlen(", "));
   tpu_put_padding(m, &a.b, pad, nsp);
   tpu_buf_printf(m, &a.b, ", precision_config = [#stablehlo<precision %s>, #stablehlo<precision %s>], ", prec[p],
                  prec[p]);
   tpu_put_array(m, &a.b, "rhs_dilation", rd, nsp);
-  tpu_buf_put(m, &a.b, ", ", 2);
+  tpu_buf_put(m, &a.b, ", ", strlen(", "));
   tpu_put_array(m, &a.b, "window_strides", st, nsp);
   tpu_hv r = tpu_hlo_emit1(m, "stablehlo.convolution", ops, 2, tpu_attrs_str(&a), t);
   tpu_attrs_free(&a);

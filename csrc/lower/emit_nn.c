@@ -695,9 +695,15 @@ void tpu_emit_clone(tpu_lower *L) { tpu_lower_out(L, tpu_lower_tensor(L, 0, -1))
 /* arange.start_step(start, end, step=1, *, dtype, layout, device, pin_memory):
  * the values fix the shape, so they are read here, not passed as inputs. */
 void tpu_emit_arange(tpu_lower *L) {
-  tpu_arg *s = &L->args[0], *e = &L->args[1], *st = &L->args[2];
+  /* arange(end), arange.start(start, end), arange.start_step(start, end, step) */
+  int ns = 0;
+  while (ns < 3 && ns < L->nargs && L->args[ns].kind == TPU_ARG_SCALAR) ns++;
+  tpu_arg zero = {.kind = TPU_ARG_SCALAR, .skind = TPU_SCALAR_INT, .i = 0, .f = 0};
+  tpu_arg one = {.kind = TPU_ARG_SCALAR, .skind = TPU_SCALAR_INT, .i = 1, .f = 1};
+  tpu_arg *s = ns == 1 ? &zero : &L->args[0], *e = ns == 1 ? &L->args[0] : &L->args[1];
+  tpu_arg *st = ns == 3 ? &L->args[2] : &one;
   bool is_float = s->skind == TPU_SCALAR_FLOAT || e->skind == TPU_SCALAR_FLOAT || st->skind == TPU_SCALAR_FLOAT;
-  tpu_dtype dt = L->args[3].kind == TPU_ARG_DTYPE ? L->args[3].dtype : (is_float ? TPU_F32 : TPU_S64);
+  tpu_dtype dt = (ns < L->nargs && L->args[ns].kind == TPU_ARG_DTYPE) ? L->args[ns].dtype : (is_float ? TPU_F32 : TPU_S64);
   double a = s->f, b = e->f, c = st->f;
   if (c == 0) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "step must be nonzero");
@@ -707,13 +713,15 @@ void tpu_emit_arange(tpu_lower *L) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "upper bound and larger bound inconsistent with step sign");
     return;
   }
-  int64_t n = is_float ? (int64_t)ceil((b - a) / c) : (int64_t)((s->skind == TPU_SCALAR_FLOAT) ? 0 : 0);
-  if (!is_float) {
+  int64_t n;
+  if (is_float) {
+    n = (int64_t)ceil((b - a) / c);
+  } else {
     int64_t ia = s->i, ib = e->i, ic = st->i;
     n = ic > 0 ? (ib - ia + ic - 1) / ic : (ia - ib + (-ic) - 1) / (-ic);
   }
   if (n < 0) n = 0;
-  tpu_hlo_type it = tpu_hlo_type_make(tpu_dtype_is_float(dt) ? TPU_F64 : TPU_S64, 1, &n);
+  tpu_hlo_type it = tpu_hlo_type_make(tpu_dtype_is_float(dt) || is_float ? TPU_F64 : TPU_S64, 1, &n);
   tpu_hv io = tpu_hlo_iota(H, it, 0);
   tpu_hv r = tpu_add(L, tpu_mul(L, io, tpu_lower_full(L, it, c)), tpu_lower_full(L, it, a));
   tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
