@@ -34,8 +34,22 @@ typedef struct {
   int64_t rng_words;
 } tpu_cache_entry;
 
+/* Small device buffers for scalar inputs (Python numbers, view offsets),
+ * keyed by dtype and bit pattern. Program inputs are never donated, so one
+ * buffer can serve every call that passes the same value: a loop that reuses
+ * a learning rate or an alpha uploads it once. Direct-mapped, owned. */
+#define TPU_SCALAR_SLOTS 256
+typedef struct {
+  tpu_dtype dtype;
+  uint8_t bits[16];
+  uint64_t epoch; /* the call that last used it */
+  tpu_rt_buffer *buf;
+} tpu_scalar_slot;
+
 struct tpu_engine {
   tpu_rt *rt; /* owned */
+  tpu_scalar_slot scalars[TPU_SCALAR_SLOTS];
+  uint64_t epoch; /* calls started */
   tpu_metrics metrics;
   pthread_mutex_t reg_lock;
   tpu_record **reg; /* open addressing; NULL empty, TOMB deleted */
@@ -103,6 +117,7 @@ static void tpu_cache_entry_free(tpu_cache_entry *c) {
 
 void tpu_engine_free(tpu_engine *e) {
   if (!e) return;
+  for (int i = 0; i < TPU_SCALAR_SLOTS; i++) tpu_rt_buffer_free(e->scalars[i].buf);
   for (size_t i = 0; i < e->cache_cap; i++) tpu_cache_entry_free(e->cache[i]);
   free(e->cache);
   /* Records still alive belong to tensors that outlive the engine (process
@@ -446,17 +461,49 @@ static tpu_tref *tpu_arg_tref(tpu_arg *args, const tpu_in_plan *p) {
   return p->item >= 0 ? &a->list[p->item] : &a->t;
 }
 
-static tpu_status *tpu_scalar_upload(tpu_engine *e, const tpu_arg *a, tpu_rt_buffer **out) {
+/* A 0-d device buffer holding these bytes, borrowed from the engine's
+ * scalar cache for the current call. A slot already used by this call is
+ * never evicted: the colliding value gets an owned buffer in *temp instead. */
+static tpu_status *tpu_scalar_buffer(tpu_engine *e, tpu_dtype dt, const void *bytes, tpu_rt_buffer **out,
+                                     tpu_rt_buffer **temp) {
+  uint8_t key[16] = {0};
+  size_t n = tpu_dtype_size(dt);
+  memcpy(key, bytes, n);
+  uint64_t h = tpu_hash_bytes(key, sizeof key) ^ (uint64_t)dt * 0x9e3779b97f4a7c15ull;
+  tpu_scalar_slot *slot = &e->scalars[h % TPU_SCALAR_SLOTS];
+  *temp = NULL;
+  if (slot->buf && slot->dtype == dt && memcmp(slot->bits, key, sizeof key) == 0) {
+    slot->epoch = e->epoch;
+    *out = slot->buf;
+    return NULL;
+  }
+  tpu_rt_buffer *b = NULL;
+  tpu_status *s = tpu_rt_buffer_from_host(e->rt, key, dt, NULL, 0, &b);
+  if (s) return s;
+  if (slot->buf && slot->epoch == e->epoch) {
+    *temp = *out = b;
+    return NULL;
+  }
+  slot->epoch = e->epoch;
+  tpu_rt_buffer_free(slot->buf);
+  slot->buf = b;
+  slot->dtype = dt;
+  memcpy(slot->bits, key, sizeof key);
+  *out = b;
+  return NULL;
+}
+
+static tpu_status *tpu_scalar_upload(tpu_engine *e, const tpu_arg *a, tpu_rt_buffer **out, tpu_rt_buffer **temp) {
   switch (a->skind) {
     case TPU_SCALAR_BOOL: {
       uint8_t v = a->i != 0;
-      return tpu_rt_buffer_from_host(e->rt, &v, TPU_PRED, NULL, 0, out);
+      return tpu_scalar_buffer(e, TPU_PRED, &v, out, temp);
     }
-    case TPU_SCALAR_INT: return tpu_rt_buffer_from_host(e->rt, &a->i, TPU_S64, NULL, 0, out);
-    case TPU_SCALAR_FLOAT: return tpu_rt_buffer_from_host(e->rt, &a->f, TPU_F64, NULL, 0, out);
+    case TPU_SCALAR_INT: return tpu_scalar_buffer(e, TPU_S64, &a->i, out, temp);
+    case TPU_SCALAR_FLOAT: return tpu_scalar_buffer(e, TPU_F64, &a->f, out, temp);
     default: {
       double c[2] = {a->f, a->f_imag};
-      return tpu_rt_buffer_from_host(e->rt, c, TPU_C128, NULL, 0, out);
+      return tpu_scalar_buffer(e, TPU_C128, c, out, temp);
     }
   }
 }
@@ -485,8 +532,9 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
   if (s) return s;
 
   tpu_rt_buffer *inbuf[64];
-  tpu_rt_buffer *temps[64];
+  tpu_rt_buffer *temps[65] = {0};
   int ntemp = 0;
+  e->epoch++;
   for (int k = 0; k < c->nin && !s; k++) {
     const tpu_in_plan *p = &c->in[k];
     tpu_rt_buffer *b = NULL;
@@ -497,17 +545,15 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
         b = r->buf;
         break;
       }
-      case TPU_IN_SCALAR: s = tpu_scalar_upload(e, &args[p->arg], &b); temps[ntemp++] = b; break;
+      case TPU_IN_SCALAR: s = tpu_scalar_upload(e, &args[p->arg], &b, &temps[ntemp]); break;
       case TPU_IN_HOST_TENSOR: {
         tpu_tref *t = tpu_arg_tref(args, p);
-        s = tpu_rt_buffer_from_host(e->rt, t->host_bytes, t->dtype, NULL, 0, &b);
-        temps[ntemp++] = b;
+        s = tpu_scalar_buffer(e, t->dtype, t->host_bytes, &b, &temps[ntemp]);
         break;
       }
       case TPU_IN_OFFSET: {
         int64_t off = tpu_arg_tref(args, p)->offset;
-        s = tpu_rt_buffer_from_host(e->rt, &off, TPU_S64, NULL, 0, &b);
-        temps[ntemp++] = b;
+        s = tpu_scalar_buffer(e, TPU_S64, &off, &b, &temps[ntemp]);
         break;
       }
       case TPU_IN_RNG: {
@@ -519,6 +565,7 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
         break;
       }
     }
+    if (p->kind != TPU_IN_RECORD && p->kind != TPU_IN_RNG && !s && temps[ntemp]) ntemp++;
     inbuf[k] = b;
   }
   tpu_rt_buffer *outbuf[TPU_MAX_OUTS] = {0};
