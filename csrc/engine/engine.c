@@ -320,8 +320,9 @@ static void tpu_sig_build(tpu_sig *s, int op_id, const tpu_arg *args, int nargs)
       case TPU_ARG_TENSORS:
         tpu_sig_i64(s, a->nlist);
         for (int j = 0; j < a->nlist; j++) {
-          tpu_sig_i64(s, a->list[j].rec || a->list[j].host);
-          if (a->list[j].rec || a->list[j].host) tpu_sig_tensor(s, &a->list[j]);
+          bool present = a->list[j].rec || a->list[j].host || a->list[j].zero_size;
+          tpu_sig_i64(s, present);
+          if (present) tpu_sig_tensor(s, &a->list[j]);
         }
         break;
       case TPU_ARG_SCALAR:

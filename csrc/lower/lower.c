@@ -95,6 +95,7 @@ static bool tpu_permuted_order(const tpu_tref *t, int *order, int *n) {
 }
 
 int tpu_lower_view_kind(const tpu_tref *t) {
+  if (t->zero_size) return TPU_VIEW_WHOLE;
   int64_t n = tpu_numel(t->rank, t->sizes);
   bool contig = tpu_is_contiguous(t);
   if (contig && t->offset == 0 && n == t->rec_numel) return TPU_VIEW_WHOLE;
@@ -233,6 +234,10 @@ static tpu_hv tpu_lower_base(tpu_lower *L, tpu_tref *t, int i, int j) {
 
 tpu_hv tpu_lower_tensor(tpu_lower *L, int i, int j) {
   tpu_tref *t = tpu_lower_tref(L, i, j);
+  if (t && t->zero_size) {
+    if (t->value == TPU_HV_NONE) t->value = tpu_lower_full(L, tpu_hlo_type_make(t->dtype, t->rank, t->sizes), 0);
+    return t->value;
+  }
   if (!t || (!t->rec && !t->host)) {
     tpu_lower_fail(L, TPU_ERR_TYPE, "%s: argument %d is not a tensor", L->opname, i);
     return TPU_HV_NONE;
@@ -303,7 +308,7 @@ tpu_dtype tpu_lower_result_type(tpu_lower *L, const int *idx, int n) {
       wrapr = wrapr == TPU_INVALID ? w : tpu_dtype_promote(wrapr, w);
     } else if (a->kind == TPU_ARG_TENSORS) {
       for (int j = 0; j < a->nlist; j++) {
-        if (!a->list[j].rec && !a->list[j].host) continue;
+        if (!a->list[j].rec && !a->list[j].host && !a->list[j].zero_size) continue;
         tpu_dtype *slot = (a->list[j].rank == 0) ? &zeror : &dimr;
         *slot = *slot == TPU_INVALID ? a->list[j].dtype : tpu_dtype_promote(*slot, a->list[j].dtype);
       }
@@ -414,6 +419,7 @@ int tpu_lower_out(tpu_lower *L, tpu_hv v) {
 
 void tpu_lower_write(tpu_lower *L, int i, int item, tpu_hv v) {
   tpu_tref *t = tpu_lower_tref(L, i, item);
+  if (t && t->zero_size) return; /* nothing to write */
   if (!t || !t->rec) {
     tpu_lower_fail(L, TPU_ERR_TYPE, "%s: argument %d is not a tpu tensor to write into", L->opname, i);
     return;

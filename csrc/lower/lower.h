@@ -52,6 +52,7 @@ typedef struct {
   int64_t offset;
   int64_t rec_numel;      /* elements of the record's flat buffer */
   bool host;              /* CPU 0-d tensor */
+  bool zero_size;         /* no elements: no record is needed or looked up */
   uint8_t host_bytes[16]; /* its value, raw */
   int view;               /* TPU_VIEW_*: how the view is read (engine fills) */
   tpu_hv base;            /* the record's flat buffer parameter, or NONE */

@@ -224,6 +224,13 @@ static int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const c
   r = tpu_int64_seq(strides, t->strides, TPU_MAX_RANK, "tensor strides");
   Py_DECREF(strides);
   if (r < 0) return -1;
+  int64_t numel = 1;
+  for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
+  if (numel == 0) {
+    /* torch may not keep the data pointer of an empty tensor; none is needed. */
+    t->zero_size = true;
+    return 0;
+  }
   int64_t ptr = tpu_call_int(o, st->s_data_ptr);
   if (ptr == -1 && PyErr_Occurred()) return -1;
   t->offset = tpu_call_int(o, st->s_storage_offset);
@@ -710,6 +717,11 @@ static PyObject *tpu_py_copy_from(PyObject *m, PyObject *args) {
   Py_DECREF(iscpu);
   tpu_arg a[2];
   PyObject *params[2] = {dst_o, src_o};
+  PyObject *n = PyObject_CallMethod(dst_o, "numel", NULL);
+  if (!n) return NULL;
+  long long dst_numel = PyLong_AsLongLong(n);
+  Py_DECREF(n);
+  if (dst_numel == 0) return Py_NewRef(dst_o);
 
   if (!dst_cpu && !src_cpu) {
     if (!tpu_py_to_tref_args(st, dst_o, &a[0], "_copy_from") || !tpu_py_to_tref_args(st, src_o, &a[1], "_copy_from"))
