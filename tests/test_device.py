@@ -178,3 +178,26 @@ def test_program_cache_reuses_compiles():
         a + 2.5  # a different scalar value is a program input, not a new program
         a + 3.5
     assert torchtpu.metrics()["programs_compiled"] - before <= 1
+
+
+def test_empty_and_zero_dim_tensors():
+    e = torch.empty(0, 3, device="tpu")
+    assert (e + 1).cpu().shape == (0, 3)
+    assert torch.equal(e.sum(0).cpu(), torch.zeros(3))
+    z = torch.zeros((), device="tpu")
+    assert (z + 2).item() == 2.0
+
+
+def test_storage_freed_with_tensors():
+    import gc
+
+    gc.collect()
+    before = torchtpu.metrics()["live_records"]
+    ts = [torch.randn(16, 16, device="tpu") for _ in range(10)]
+    views = [t.t()[1:] for t in ts]
+    assert torchtpu.metrics()["live_records"] >= before + 10
+    del ts
+    assert torchtpu.metrics()["live_records"] >= before + 10  # views keep their storage alive
+    del views
+    gc.collect()
+    assert torchtpu.metrics()["live_records"] == before
