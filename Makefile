@@ -22,25 +22,28 @@ setup:
 build:
 	$(VPY) -m pip install --quiet --no-build-isolation --no-deps -e .
 
-plugin = $(shell $(VPY) -c "import torchtpu._plugin as p; print(p.find()[0])" 2>/dev/null)
-plugin_include = $(shell $(VPY) -c "import os, torchtpu._plugin as p; print(os.path.join(os.path.dirname(p.find()[0]), 'include'))" 2>/dev/null)
+# The plugin path, found without importing torchtpu (which would load it).
+FIND    := import sys; sys.path.insert(0, "torchtpu"); import _plugin, os; p = _plugin.find()[0]
+plugin  = $(shell $(VPY) -c '$(FIND); print(p)')
+pinc    = $(shell $(VPY) -c '$(FIND); print(os.path.join(os.path.dirname(p), "include"))')
+LSAN    := LSAN_OPTIONS=suppressions=tests/c/lsan.supp ASAN_OPTIONS=detect_leaks=1
 
 $(BUILD):
 	mkdir -p $(BUILD)
 
-# C unit tests, under AddressSanitizer and UndefinedBehaviorSanitizer.
+# C unit tests: the builder's text and the runtime against the real plugin
+# under AddressSanitizer and UndefinedBehaviorSanitizer (leaks inside the
+# plugin itself suppressed by tests/c/lsan.supp), then our PJRT declarations
+# against the header the plugin wheel ships.
 check: | $(BUILD)
 	$(CC) $(CFLAGS) $(SAN) $(CORE) $(HLO) tests/c/test_hlo.c -lm -o $(BUILD)/test_hlo
-	$(BUILD)/test_hlo
-	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) tests/c/test_runtime.c -ldl -lpthread -o $(BUILD)/test_runtime
-	LSAN_OPTIONS=suppressions=tests/c/lsan.supp ASAN_OPTIONS=detect_leaks=1 $(BUILD)/test_runtime $(plugin)
-	@if [ -f tests/c/test_hlo_run.c ]; then \
-	  $(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) $(HLO) tests/c/test_hlo_run.c -ldl -lpthread -lm -o $(BUILD)/test_hlo_run && \
-	  LSAN_OPTIONS=suppressions=tests/c/lsan.supp $(BUILD)/test_hlo_run $(plugin); fi
-	@if [ -f $(plugin_include)/pjrt_c_api.h ]; then \
-	  $(CC) $(CFLAGS) -I$(plugin_include) tests/c/test_pjrt_abi.c -ldl -o $(BUILD)/test_pjrt_abi && \
-	  $(BUILD)/test_pjrt_abi $(plugin); \
-	else echo "test_pjrt_abi: the plugin ships no pjrt_c_api.h; skipped"; fi
+	$(LSAN) $(BUILD)/test_hlo
+	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) $(HLO) tests/c/test_runtime.c -ldl -lpthread -lm -o $(BUILD)/test_runtime
+	$(LSAN) $(BUILD)/test_runtime $(plugin)
+	@if [ ! -f "$(pinc)/pjrt_c_api.h" ]; then \
+	  echo "test_pjrt_abi: the installed plugin ships no pjrt_c_api.h ($(pinc)) to compare against"; exit 1; fi
+	$(CC) $(CFLAGS) -I"$(pinc)" tests/c/test_pjrt_abi.c -ldl -o $(BUILD)/test_pjrt_abi
+	$(BUILD)/test_pjrt_abi $(plugin)
 
 pytest:
 	$(VPY) -m pytest -q tests

@@ -69,7 +69,7 @@ static int64_t tpu_now_ns(void) {
 
 static uint64_t tpu_hash_bytes(const void *p, size_t n) {
   const uint8_t *b = p;
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 14695981039346656037ull;
   for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
   return h;
 }

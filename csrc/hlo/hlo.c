@@ -227,7 +227,7 @@ void tpu_hlo_param_alias(tpu_hlo *m, tpu_hv p, int result_index) {
 }
 
 uint64_t tpu_hlo_hash(const char *text, size_t len) {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 14695981039346656037ull; /* the FNV-1a 64 offset basis */
   for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)text[i]) * 1099511628211ull;
   return h;
 }

@@ -1,0 +1,799 @@
+/* test_hlo.c: the StableHLO builder, on its emitted text.
+ *
+ * Small modules are compared with their exact expected text (which
+ * test_runtime.c shows XLA's parser accepts); then sticky errors, no-op
+ * shortcuts, types and the determinism of text and hash. The last line is
+ * "N passed, M failed"; the exit status is non-zero on any failure.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hlo/hlo.h"
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                                              \
+  do {                                                                \
+    if (cond) {                                                       \
+      passed++;                                                       \
+    } else {                                                          \
+      failed++;                                                       \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                   \
+      fputc('\n', stderr);                                            \
+    }                                                                 \
+  } while (0)
+
+#define HEAD "module @torchtpu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
+#define TAIL "  }\n}\n"
+
+static tpu_hlo_type ty(tpu_dtype dt, int rank, int64_t a, int64_t b) {
+  int64_t d[2] = {a, b};
+  return tpu_hlo_type_make(dt, rank, d);
+}
+static tpu_hlo_type scalar(tpu_dtype dt) { return tpu_hlo_type_make(dt, 0, NULL); }
+
+/* Finish m (freed) and return its text (owned) or NULL after a failed check. */
+static char *finish(tpu_hlo *m, const tpu_hv *res, int n, const char *name) {
+  char *text = NULL;
+  size_t len = 0;
+  tpu_status *s = tpu_hlo_finish(m, res, n, &text, &len);
+  tpu_hlo_free(m);
+  CHECK(s == NULL, "%s: finish failed: %s", name, s ? tpu_status_message(s) : "");
+  tpu_status_free(s);
+  if (text) CHECK(strlen(text) == len, "%s: length %zu, strlen %zu", name, len, strlen(text));
+  return text;
+}
+
+static void expect(tpu_hlo *m, const tpu_hv *res, int n, const char *name, const char *want) {
+  char *got = finish(m, res, n, name);
+  if (!got) return;
+  size_t i = 0;
+  while (got[i] && got[i] == want[i]) i++;
+  CHECK(got[i] == want[i], "%s: text differs at byte %zu\n--- got:\n%s--- want:\n%s--- got from there: %.80s\n", name, i,
+        got, want, got + i);
+  free(got);
+}
+
+/* ---- exact text ------------------------------------------------------------------------ */
+
+static void test_add(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  CHECK(m != NULL, "tpu_hlo_new");
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3)), b = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
+  CHECK(a == 0 && b == 1, "parameter handles %d %d", a, b);
+  tpu_hv r = tpu_hlo_binary(m, TPU_HLO_ADD, a, b);
+  CHECK(tpu_hlo_ok(m), "add failed");
+  expect(m, &r, 1, "add",
+         HEAD "  func.func public @main(%v0: tensor<2x3xf32>, %v1: tensor<2x3xf32>) -> (tensor<2x3xf32>) {\n"
+              "    %v2 = \"stablehlo.add\"(%v0, %v1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>\n"
+              "    \"func.return\"(%v2) : (tensor<2x3xf32>) -> ()\n" TAIL);
+}
+
+#define KONST(n, lit, t) \
+  "    %v" #n " = \"stablehlo.constant\"() {value = dense<" lit "> : tensor<" t ">} : () -> tensor<" t ">\n"
+
+static void test_constants(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv c[] = {
+      tpu_hlo_constant(m, TPU_F32, INFINITY),      tpu_hlo_constant(m, TPU_F32, -INFINITY),
+      tpu_hlo_constant(m, TPU_F32, NAN),           tpu_hlo_constant(m, TPU_F64, -INFINITY),
+      tpu_hlo_constant(m, TPU_F16, INFINITY),      tpu_hlo_constant(m, TPU_BF16, NAN),
+      tpu_hlo_constant(m, TPU_F32, 0.1),           tpu_hlo_constant(m, TPU_F32, 1.0),
+      tpu_hlo_constant(m, TPU_F64, 0.1),           tpu_hlo_constant(m, TPU_F32, -0.0),
+      tpu_hlo_constant(m, TPU_F16, 1e6), /* overflows f16: inf */
+      tpu_hlo_constant_int(m, TPU_PRED, 1),        tpu_hlo_constant_int(m, TPU_PRED, 0),
+      tpu_hlo_constant_int(m, TPU_S32, -7),        tpu_hlo_constant_int(m, TPU_S8, 200), /* wraps to -56 */
+      tpu_hlo_constant_int(m, TPU_S8, -129),       /* wraps to 127 */
+      tpu_hlo_constant_int(m, TPU_U8, -1),         /* 255 */
+      tpu_hlo_constant_int(m, TPU_S64, INT64_MIN), tpu_hlo_constant(m, TPU_C64, 2.5),
+      tpu_hlo_constant(m, TPU_S32, 3.9), /* integer dtypes truncate */
+      tpu_hlo_constant(m, TPU_F64, INFINITY),      tpu_hlo_constant(m, TPU_F16, -INFINITY),
+      tpu_hlo_constant(m, TPU_BF16, -INFINITY),    tpu_hlo_constant(m, TPU_F64, NAN),
+      tpu_hlo_constant(m, TPU_F16, NAN),           tpu_hlo_constant(m, TPU_S8, -3.0),
+  };
+  enum { N = sizeof c / sizeof c[0] };
+  for (int i = 0; i < N; i++) CHECK(c[i] == i, "constant %d has handle %d", i, c[i]);
+  char *text = finish(m, c, N, "constants");
+  if (!text) return;
+  static const char *want[N] = {
+      KONST(0, "0x7F800000", "f32"),
+      KONST(1, "0xFF800000", "f32"),
+      KONST(2, "0x7FC00000", "f32"),
+      KONST(3, "0xFFF0000000000000", "f64"),
+      KONST(4, "0x7C00", "f16"),
+      KONST(5, "0x7FC0", "bf16"),
+      KONST(6, "0.100000001", "f32"),
+      KONST(7, "1.0", "f32"),
+      KONST(8, "0.10000000000000001", "f64"),
+      KONST(9, "-0.0", "f32"),
+      KONST(10, "0x7C00", "f16"),
+      KONST(11, "true", "i1"),
+      KONST(12, "false", "i1"),
+      KONST(13, "-7", "i32"),
+      KONST(14, "-56", "i8"),
+      KONST(15, "127", "i8"),
+      KONST(16, "255", "ui8"),
+      KONST(17, "-9223372036854775808", "i64"),
+      KONST(18, "(2.5, 0.0)", "complex<f32>"),
+      KONST(19, "3", "i32"),
+      KONST(20, "0x7FF0000000000000", "f64"),
+      KONST(21, "0xFC00", "f16"),
+      KONST(22, "0xFF80", "bf16"),
+      KONST(23, "0x7FF8000000000000", "f64"),
+      KONST(24, "0x7E00", "f16"),
+      KONST(25, "-3", "i8"),
+  };
+  /* Each on its own line, in order, right after the signature. */
+  char body[4096] = "{\n";
+  for (int i = 0; i < N; i++) strcat(body, want[i]);
+  strcat(body, "    \"func.return\"(%v0, %v1, ");
+  CHECK(strstr(text, body) != NULL, "constants: body\n%s\nnot found in\n%s", body, text);
+  CHECK(strstr(text, "@main() -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f64>, tensor<f16>, tensor<bf16>, "
+                     "tensor<f32>, tensor<f32>, tensor<f64>, tensor<f32>, tensor<f16>, tensor<i1>, tensor<i1>, "
+                     "tensor<i32>, tensor<i8>, tensor<i8>, tensor<ui8>, tensor<i64>, tensor<complex<f32>>, "
+                     "tensor<i32>, tensor<f64>, tensor<f16>, tensor<bf16>, tensor<f64>, tensor<f16>, tensor<i8>) {\n") != NULL,
+        "constants: signature in\n%s", text);
+  free(text);
+
+  /* A dense integer constant (nested brackets) and a bool one. */
+  m = tpu_hlo_new();
+  const int64_t v[6] = {1, -2, 3, 300, 0, -1};
+  tpu_hv d = tpu_hlo_constant_ints(m, ty(TPU_S8, 2, 2, 3), v);
+  const int64_t bv[2] = {1, 0};
+  tpu_hv e = tpu_hlo_constant_ints(m, ty(TPU_PRED, 1, 2, 0), bv);
+  const int64_t one = 7;
+  tpu_hv f = tpu_hlo_constant_ints(m, scalar(TPU_U32), &one);
+  tpu_hv r[3] = {d, e, f};
+  expect(m, r, 3, "dense constants",
+         HEAD "  func.func public @main() -> (tensor<2x3xi8>, tensor<2xi1>, tensor<ui32>) {\n"
+              "    %v0 = \"stablehlo.constant\"() {value = dense<[[1, -2, 3], [44, 0, -1]]> : tensor<2x3xi8>} : () -> "
+              "tensor<2x3xi8>\n"
+              "    %v1 = \"stablehlo.constant\"() {value = dense<[true, false]> : tensor<2xi1>} : () -> tensor<2xi1>\n"
+              "    %v2 = \"stablehlo.constant\"() {value = dense<7> : tensor<ui32>} : () -> tensor<ui32>\n"
+              "    \"func.return\"(%v0, %v1, %v2) : (tensor<2x3xi8>, tensor<2xi1>, tensor<ui32>) -> ()\n" TAIL);
+}
+
+static void test_broadcast(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  int64_t d3 = 3, d23[2] = {2, 3}, bd = 1;
+  tpu_hv a = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 1, &d3));
+  tpu_hv r[2] = {tpu_hlo_broadcast_in_dim(m, a, 2, d23, &bd),
+                 tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant(m, TPU_F32, 2), 2, d23, NULL)};
+  const tpu_hlo_type *t = tpu_hlo_typeof(m, r[0]);
+  CHECK(t->dtype == TPU_F32 && t->rank == 2 && t->dims[0] == 2 && t->dims[1] == 3, "broadcast type");
+  expect(m, r, 2, "broadcast_in_dim",
+         HEAD "  func.func public @main(%v0: tensor<3xf32>) -> (tensor<2x3xf32>, tensor<2x3xf32>) {\n"
+              "    %v1 = \"stablehlo.broadcast_in_dim\"(%v0) {broadcast_dimensions = array<i64: 1>} : (tensor<3xf32>) "
+              "-> tensor<2x3xf32>\n"
+              "    %v2 = \"stablehlo.constant\"() {value = dense<2.0> : tensor<f32>} : () -> tensor<f32>\n"
+              "    %v3 = \"stablehlo.broadcast_in_dim\"(%v2) {broadcast_dimensions = array<i64>} : (tensor<f32>) -> "
+              "tensor<2x3xf32>\n"
+              "    \"func.return\"(%v1, %v3) : (tensor<2x3xf32>, tensor<2x3xf32>) -> ()\n" TAIL);
+}
+
+static void test_reduce(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
+  int64_t dim = 1;
+  tpu_hv r = tpu_hlo_reduce(m, a, tpu_hlo_constant(m, TPU_F32, 0), &dim, 1, TPU_HLO_ADD);
+  const tpu_hlo_type *t = tpu_hlo_typeof(m, r);
+  CHECK(t->rank == 1 && t->dims[0] == 2, "reduce drops the reduced dim");
+  expect(m, &r, 1, "reduce",
+         HEAD "  func.func public @main(%v0: tensor<2x3xf32>) -> (tensor<2xf32>) {\n"
+              "    %v1 = \"stablehlo.constant\"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>\n"
+              "    %v5 = \"stablehlo.reduce\"(%v0, %v1) ({\n"
+              "    ^bb0(%v2: tensor<f32>, %v3: tensor<f32>):\n"
+              "      %v4 = \"stablehlo.add\"(%v2, %v3) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+              "      \"stablehlo.return\"(%v4) : (tensor<f32>) -> ()\n"
+              "    }) {dimensions = array<i64: 1>} : (tensor<2x3xf32>, tensor<f32>) -> tensor<2xf32>\n"
+              "    \"func.return\"(%v5) : (tensor<2xf32>) -> ()\n" TAIL);
+}
+
+static void test_reduce_region(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 1, 4, 0));
+  tpu_hv ix = tpu_hlo_iota(m, ty(TPU_S32, 1, 4, 0), 0);
+  tpu_hlo_type at[4] = {scalar(TPU_F32), scalar(TPU_S32), scalar(TPU_F32), scalar(TPU_S32)};
+  tpu_hv ra[4];
+  tpu_hlo_region_begin(m, at, 4, ra);
+  tpu_hv gt = tpu_hlo_compare(m, TPU_HLO_GT, ra[2], ra[0]);
+  tpu_hv o2[2] = {tpu_hlo_select(m, gt, ra[2], ra[0]), tpu_hlo_select(m, gt, ra[3], ra[1])};
+  int reg = tpu_hlo_region_end(m, o2, 2);
+  CHECK(reg >= 0, "region id %d", reg);
+  tpu_hv xs[2] = {a, ix}, in[2] = {tpu_hlo_constant(m, TPU_F32, -INFINITY), tpu_hlo_constant_int(m, TPU_S32, 0)};
+  tpu_hv outs[2];
+  int64_t d0 = 0;
+  CHECK(tpu_hlo_reduce_region(m, xs, in, 2, &d0, 1, reg, outs), "reduce_region");
+  CHECK(tpu_hlo_typeof(m, outs[0])->rank == 0 && tpu_hlo_typeof(m, outs[1])->dtype == TPU_S32, "result types");
+  expect(m, outs, 2, "variadic reduce",
+         HEAD "  func.func public @main(%v0: tensor<4xf32>) -> (tensor<f32>, tensor<i32>) {\n"
+              "    %v1 = \"stablehlo.iota\"() {iota_dimension = 0 : i64} : () -> tensor<4xi32>\n"
+              "    %v9 = \"stablehlo.constant\"() {value = dense<0xFF800000> : tensor<f32>} : () -> tensor<f32>\n"
+              "    %v10 = \"stablehlo.constant\"() {value = dense<0> : tensor<i32>} : () -> tensor<i32>\n"
+              "    %v11, %v12 = \"stablehlo.reduce\"(%v0, %v1, %v9, %v10) ({\n"
+              "    ^bb0(%v2: tensor<f32>, %v3: tensor<i32>, %v4: tensor<f32>, %v5: tensor<i32>):\n"
+              "      %v6 = \"stablehlo.compare\"(%v4, %v2) {comparison_direction = #stablehlo<comparison_direction GT>, "
+              "compare_type = #stablehlo<comparison_type FLOAT>} : (tensor<f32>, tensor<f32>) -> tensor<i1>\n"
+              "      %v7 = \"stablehlo.select\"(%v6, %v4, %v2) : (tensor<i1>, tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+              "      %v8 = \"stablehlo.select\"(%v6, %v5, %v3) : (tensor<i1>, tensor<i32>, tensor<i32>) -> tensor<i32>\n"
+              "      \"stablehlo.return\"(%v7, %v8) : (tensor<f32>, tensor<i32>) -> ()\n"
+              "    }) {dimensions = array<i64: 0>} : (tensor<4xf32>, tensor<4xi32>, tensor<f32>, tensor<i32>) -> "
+              "(tensor<f32>, tensor<i32>)\n"
+              "    \"func.return\"(%v11, %v12) : (tensor<f32>, tensor<i32>) -> ()\n" TAIL);
+}
+
+static void test_compare_select(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_S32, 1, 4, 0)), b = tpu_hlo_param(m, ty(TPU_S32, 1, 4, 0));
+  tpu_hv u = tpu_hlo_param(m, ty(TPU_U8, 1, 4, 0)), f = tpu_hlo_param(m, ty(TPU_F32, 1, 4, 0));
+  tpu_hv r[4];
+  r[0] = tpu_hlo_select(m, tpu_hlo_compare(m, TPU_HLO_LT, a, b), a, b);
+  r[1] = tpu_hlo_compare(m, TPU_HLO_GE, u, u);
+  r[2] = tpu_hlo_compare(m, TPU_HLO_NE, f, f);
+  r[3] = tpu_hlo_select(m, tpu_hlo_constant_int(m, TPU_PRED, 1), f, f); /* 0-d predicate */
+  CHECK(tpu_hlo_typeof(m, r[1])->dtype == TPU_PRED, "compare gives i1");
+  expect(m, r, 4, "compare/select",
+         HEAD "  func.func public @main(%v0: tensor<4xi32>, %v1: tensor<4xi32>, %v2: tensor<4xui8>, %v3: "
+              "tensor<4xf32>) -> (tensor<4xi32>, tensor<4xi1>, tensor<4xi1>, tensor<4xf32>) {\n"
+              "    %v4 = \"stablehlo.compare\"(%v0, %v1) {comparison_direction = #stablehlo<comparison_direction LT>, "
+              "compare_type = #stablehlo<comparison_type SIGNED>} : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>\n"
+              "    %v5 = \"stablehlo.select\"(%v4, %v0, %v1) : (tensor<4xi1>, tensor<4xi32>, tensor<4xi32>) -> "
+              "tensor<4xi32>\n"
+              "    %v6 = \"stablehlo.compare\"(%v2, %v2) {comparison_direction = #stablehlo<comparison_direction GE>, "
+              "compare_type = #stablehlo<comparison_type UNSIGNED>} : (tensor<4xui8>, tensor<4xui8>) -> tensor<4xi1>\n"
+              "    %v7 = \"stablehlo.compare\"(%v3, %v3) {comparison_direction = #stablehlo<comparison_direction NE>, "
+              "compare_type = #stablehlo<comparison_type FLOAT>} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>\n"
+              "    %v8 = \"stablehlo.constant\"() {value = dense<true> : tensor<i1>} : () -> tensor<i1>\n"
+              "    %v9 = \"stablehlo.select\"(%v8, %v3, %v3) : (tensor<i1>, tensor<4xf32>, tensor<4xf32>) -> "
+              "tensor<4xf32>\n"
+              "    \"func.return\"(%v5, %v6, %v7, %v9) : (tensor<4xi32>, tensor<4xi1>, tensor<4xi1>, tensor<4xf32>) -> "
+              "()\n" TAIL);
+}
+
+static void test_dot_general(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3)), b = tpu_hlo_param(m, ty(TPU_F32, 2, 3, 4));
+  int64_t lc = 1, rc = 0;
+  tpu_hv r = tpu_hlo_dot_general(m, a, b, 0, NULL, NULL, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, TPU_INVALID);
+  expect(m, &r, 1, "dot_general",
+         HEAD "  func.func public @main(%v0: tensor<2x3xf32>, %v1: tensor<3x4xf32>) -> (tensor<2x4xf32>) {\n"
+              "    %v2 = \"stablehlo.dot_general\"(%v0, %v1) {dot_dimension_numbers = "
+              "#stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>, precision_config = "
+              "[#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]} : (tensor<2x3xf32>, tensor<3x4xf32>) -> "
+              "tensor<2x4xf32>\n"
+              "    \"func.return\"(%v2) : (tensor<2x4xf32>) -> ()\n" TAIL);
+
+  /* Batched, with an explicit result dtype. */
+  m = tpu_hlo_new();
+  int64_t dl[3] = {5, 2, 3}, dr[3] = {5, 3, 4};
+  a = tpu_hlo_param(m, tpu_hlo_type_make(TPU_BF16, 3, dl));
+  b = tpu_hlo_param(m, tpu_hlo_type_make(TPU_BF16, 3, dr));
+  int64_t z = 0, two = 2;
+  r = tpu_hlo_dot_general(m, a, b, 1, &z, &z, 1, &two, &lc, TPU_HLO_PREC_DEFAULT, TPU_F32);
+  expect(m, &r, 1, "batched dot_general",
+         HEAD "  func.func public @main(%v0: tensor<5x2x3xbf16>, %v1: tensor<5x3x4xbf16>) -> (tensor<5x2x4xf32>) {\n"
+              "    %v2 = \"stablehlo.dot_general\"(%v0, %v1) {dot_dimension_numbers = "
+              "#stablehlo.dot<lhs_batching_dimensions = [0], rhs_batching_dimensions = [0], lhs_contracting_dimensions "
+              "= [2], rhs_contracting_dimensions = [1]>, precision_config = [#stablehlo<precision DEFAULT>, "
+              "#stablehlo<precision DEFAULT>]} : (tensor<5x2x3xbf16>, tensor<5x3x4xbf16>) -> tensor<5x2x4xf32>\n"
+              "    \"func.return\"(%v2) : (tensor<5x2x4xf32>) -> ()\n" TAIL);
+}
+
+static void test_gather(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 2, 4, 3)), b = tpu_hlo_param(m, ty(TPU_S32, 1, 2, 0));
+  tpu_hlo_gather_dims g;
+  memset(&g, 0, sizeof g);
+  g.n_offset = 1;
+  g.offset_dims[0] = 1;
+  g.n_collapsed = 1;
+  g.n_start_index_map = 1;
+  g.index_vector_dim = 1;
+  int64_t ss[2] = {1, 3};
+  tpu_hv r = tpu_hlo_gather(m, a, b, &g, ss, ty(TPU_F32, 2, 2, 3));
+  expect(m, &r, 1, "gather",
+         HEAD "  func.func public @main(%v0: tensor<4x3xf32>, %v1: tensor<2xi32>) -> (tensor<2x3xf32>) {\n"
+              "    %v2 = \"stablehlo.gather\"(%v0, %v1) {dimension_numbers = #stablehlo.gather<offset_dims = [1], "
+              "collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, "
+              "slice_sizes = array<i64: 1, 3>} : (tensor<4x3xf32>, tensor<2xi32>) -> tensor<2x3xf32>\n"
+              "    \"func.return\"(%v2) : (tensor<2x3xf32>) -> ()\n" TAIL);
+}
+
+static void test_scatter(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 1, 5, 0)), b = tpu_hlo_param(m, ty(TPU_S32, 2, 3, 1)),
+         up = tpu_hlo_param(m, ty(TPU_F32, 1, 3, 0));
+  tpu_hlo_scatter_dims sd;
+  memset(&sd, 0, sizeof sd);
+  sd.n_inserted = 1;
+  sd.n_scatter_to_operand = 1;
+  sd.index_vector_dim = 1;
+  tpu_hv r[2];
+  r[0] = tpu_hlo_scatter(m, a, b, up, &sd, -1); /* replace body built for us */
+  tpu_hlo_type st[2] = {scalar(TPU_F32), scalar(TPU_F32)};
+  tpu_hv ra[2];
+  tpu_hlo_region_begin(m, st, 2, ra);
+  tpu_hv s = tpu_hlo_binary(m, TPU_HLO_ADD, ra[0], ra[1]);
+  r[1] = tpu_hlo_scatter(m, a, b, up, &sd, tpu_hlo_region_end(m, &s, 1));
+  expect(m, r, 2, "scatter",
+         HEAD "  func.func public @main(%v0: tensor<5xf32>, %v1: tensor<3x1xi32>, %v2: tensor<3xf32>) -> "
+              "(tensor<5xf32>, tensor<5xf32>) {\n"
+              "    %v5 = \"stablehlo.scatter\"(%v0, %v1, %v2) ({\n"
+              "    ^bb0(%v3: tensor<f32>, %v4: tensor<f32>):\n"
+              "      \"stablehlo.return\"(%v4) : (tensor<f32>) -> ()\n"
+              "    }) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims "
+              "= [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false} : "
+              "(tensor<5xf32>, tensor<3x1xi32>, tensor<3xf32>) -> tensor<5xf32>\n"
+              "    %v9 = \"stablehlo.scatter\"(%v0, %v1, %v2) ({\n"
+              "    ^bb0(%v6: tensor<f32>, %v7: tensor<f32>):\n"
+              "      %v8 = \"stablehlo.add\"(%v6, %v7) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+              "      \"stablehlo.return\"(%v8) : (tensor<f32>) -> ()\n"
+              "    }) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims "
+              "= [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false} : "
+              "(tensor<5xf32>, tensor<3x1xi32>, tensor<3xf32>) -> tensor<5xf32>\n"
+              "    \"func.return\"(%v5, %v9) : (tensor<5xf32>, tensor<5xf32>) -> ()\n" TAIL);
+}
+
+static void test_iota(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv r = tpu_hlo_iota(m, ty(TPU_S64, 2, 2, 3), 1);
+  expect(m, &r, 1, "iota",
+         HEAD "  func.func public @main() -> (tensor<2x3xi64>) {\n"
+              "    %v0 = \"stablehlo.iota\"() {iota_dimension = 1 : i64} : () -> tensor<2x3xi64>\n"
+              "    \"func.return\"(%v0) : (tensor<2x3xi64>) -> ()\n" TAIL);
+}
+
+static void test_noops(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  int64_t d23[2] = {2, 3}, id[2] = {0, 1};
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
+  CHECK(tpu_hlo_convert(m, a, TPU_F32) == a, "convert to the same dtype is a no-op");
+  CHECK(tpu_hlo_reshape(m, a, 2, d23) == a, "reshape to the same shape is a no-op");
+  CHECK(tpu_hlo_transpose(m, a, id) == a, "identity transpose is a no-op");
+  CHECK(tpu_hlo_broadcast_in_dim(m, a, 2, d23, id) == a, "identity broadcast is a no-op");
+  CHECK(tpu_hlo_concat(m, &a, 1, 0) == a, "concat of one is a no-op");
+  CHECK(tpu_hlo_reverse(m, a, NULL, 0) == a, "reverse of no dims is a no-op");
+  tpu_hv c = tpu_hlo_convert(m, a, TPU_F16);
+  CHECK(c != a && tpu_hlo_typeof(m, c)->dtype == TPU_F16, "a real convert");
+  int64_t d6 = 6;
+  tpu_hv rs = tpu_hlo_reshape(m, c, 1, &d6);
+  expect(m, &rs, 1, "no-ops emit nothing",
+         HEAD "  func.func public @main(%v0: tensor<2x3xf32>) -> (tensor<6xf16>) {\n"
+              "    %v1 = \"stablehlo.convert\"(%v0) : (tensor<2x3xf32>) -> tensor<2x3xf16>\n"
+              "    %v2 = \"stablehlo.reshape\"(%v1) : (tensor<2x3xf16>) -> tensor<6xf16>\n"
+              "    \"func.return\"(%v2) : (tensor<6xf16>) -> ()\n" TAIL);
+}
+
+static void test_slice_concat_pad(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
+  int64_t st[2] = {0, 1}, lim[2] = {2, 3}, str[2] = {1, 2};
+  tpu_hv r[4];
+  r[0] = tpu_hlo_slice(m, a, st, lim, str);
+  tpu_hv parts[2] = {a, a};
+  r[1] = tpu_hlo_concat(m, parts, 2, 1);
+  int64_t lo[2] = {1, -1}, hi[2] = {0, 2}, in[2] = {0, 1};
+  r[2] = tpu_hlo_pad(m, a, tpu_hlo_constant(m, TPU_F32, 0), lo, hi, in);
+  r[3] = tpu_hlo_slice(m, a, st, lim, NULL);
+  const tpu_hlo_type *t = tpu_hlo_typeof(m, r[2]);
+  CHECK(t->dims[0] == 3 && t->dims[1] == 6, "pad type %lldx%lld", (long long)t->dims[0], (long long)t->dims[1]);
+  expect(m, r, 4, "slice/concat/pad",
+         HEAD "  func.func public @main(%v0: tensor<2x3xf32>) -> (tensor<2x1xf32>, tensor<2x6xf32>, tensor<3x6xf32>, "
+              "tensor<2x2xf32>) {\n"
+              "    %v1 = \"stablehlo.slice\"(%v0) {start_indices = array<i64: 0, 1>, limit_indices = array<i64: 2, 3>, "
+              "strides = array<i64: 1, 2>} : (tensor<2x3xf32>) -> tensor<2x1xf32>\n"
+              "    %v2 = \"stablehlo.concatenate\"(%v0, %v0) {dimension = 1 : i64} : (tensor<2x3xf32>, "
+              "tensor<2x3xf32>) -> tensor<2x6xf32>\n"
+              "    %v3 = \"stablehlo.constant\"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>\n"
+              "    %v4 = \"stablehlo.pad\"(%v0, %v3) {edge_padding_low = array<i64: 1, -1>, edge_padding_high = "
+              "array<i64: 0, 2>, interior_padding = array<i64: 0, 1>} : (tensor<2x3xf32>, tensor<f32>) -> "
+              "tensor<3x6xf32>\n"
+              "    %v5 = \"stablehlo.slice\"(%v0) {start_indices = array<i64: 0, 1>, limit_indices = array<i64: 2, 3>, "
+              "strides = array<i64: 1, 1>} : (tensor<2x3xf32>) -> tensor<2x2xf32>\n"
+              "    \"func.return\"(%v1, %v2, %v4, %v5) : (tensor<2x1xf32>, tensor<2x6xf32>, tensor<3x6xf32>, "
+              "tensor<2x2xf32>) -> ()\n" TAIL);
+}
+
+static void test_alias(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 1, 3, 0));
+  tpu_hv b = tpu_hlo_param(m, scalar(TPU_S32));
+  tpu_hv r[2] = {tpu_hlo_unary(m, TPU_HLO_NEG, a), b};
+  tpu_hlo_param_alias(m, a, 0);
+  tpu_hlo_param_alias(m, b, 1);
+  CHECK(tpu_hlo_ok(m), "alias failed");
+  expect(m, r, 2, "alias",
+         HEAD "  func.func public @main(%v0: tensor<3xf32> {tf.aliasing_output = 0 : i32}, %v1: tensor<i32> "
+              "{tf.aliasing_output = 1 : i32}) -> (tensor<3xf32>, tensor<i32>) {\n"
+              "    %v2 = \"stablehlo.negate\"(%v0) : (tensor<3xf32>) -> tensor<3xf32>\n"
+              "    \"func.return\"(%v2, %v1) : (tensor<3xf32>, tensor<i32>) -> ()\n" TAIL);
+}
+
+static void test_sort_rng(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 1, 5, 0));
+  tpu_hlo_type ct[2] = {scalar(TPU_F32), scalar(TPU_F32)};
+  tpu_hv ca[2], o;
+  tpu_hlo_region_begin(m, ct, 2, ca);
+  tpu_hv lt = tpu_hlo_compare(m, TPU_HLO_LT, ca[0], ca[1]);
+  CHECK(tpu_hlo_sort(m, &a, 1, 0, true, tpu_hlo_region_end(m, &lt, 1), &o), "sort");
+  expect(m, &o, 1, "sort",
+         HEAD "  func.func public @main(%v0: tensor<5xf32>) -> (tensor<5xf32>) {\n"
+              "    %v4 = \"stablehlo.sort\"(%v0) ({\n"
+              "    ^bb0(%v1: tensor<f32>, %v2: tensor<f32>):\n"
+              "      %v3 = \"stablehlo.compare\"(%v1, %v2) {comparison_direction = #stablehlo<comparison_direction LT>, "
+              "compare_type = #stablehlo<comparison_type FLOAT>} : (tensor<f32>, tensor<f32>) -> tensor<i1>\n"
+              "      \"stablehlo.return\"(%v3) : (tensor<i1>) -> ()\n"
+              "    }) {dimension = 0 : i64, is_stable = true} : (tensor<5xf32>) -> tensor<5xf32>\n"
+              "    \"func.return\"(%v4) : (tensor<5xf32>) -> ()\n" TAIL);
+
+  m = tpu_hlo_new();
+  tpu_hv st = tpu_hlo_param(m, ty(TPU_U64, 1, 2, 0)), ns;
+  tpu_hv bits = tpu_hlo_rng_bit_generator(m, st, ty(TPU_U32, 1, 4, 0), &ns);
+  tpu_hv r[2] = {bits, ns};
+  expect(m, r, 2, "rng_bit_generator",
+         HEAD "  func.func public @main(%v0: tensor<2xui64>) -> (tensor<4xui32>, tensor<2xui64>) {\n"
+              "    %v1, %v2 = \"stablehlo.rng_bit_generator\"(%v0) {rng_algorithm = #stablehlo<rng_algorithm "
+              "THREE_FRY>} : (tensor<2xui64>) -> (tensor<2xui64>, tensor<4xui32>)\n"
+              "    \"func.return\"(%v2, %v1) : (tensor<4xui32>, tensor<2xui64>) -> ()\n" TAIL);
+}
+
+static void test_conv_pool_transpose(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  int64_t di[4] = {1, 2, 5, 5}, dk[4] = {3, 2, 3, 3}, st[2] = {2, 2}, pad[4] = {1, 1, 0, 1};
+  tpu_hv x = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, di)), w = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, dk));
+  tpu_hv c = tpu_hlo_convolution(m, x, w, 2, st, pad, NULL, NULL, 1, 1, TPU_HLO_PREC_DEFAULT);
+  expect(m, &c, 1, "convolution",
+         HEAD "  func.func public @main(%v0: tensor<1x2x5x5xf32>, %v1: tensor<3x2x3x3xf32>) -> (tensor<1x3x3x2xf32>) {\n"
+              "    %v2 = \"stablehlo.convolution\"(%v0, %v1) {batch_group_count = 1 : i64, dimension_numbers = "
+              "#stablehlo.conv<[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]>, feature_group_count = 1 : i64, lhs_dilation = "
+              "array<i64: 1, 1>, padding = dense<[[1, 1], [0, 1]]> : tensor<2x2xi64>, precision_config = "
+              "[#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>], rhs_dilation = array<i64: 1, 1>, "
+              "window_strides = array<i64: 2, 2>} : (tensor<1x2x5x5xf32>, tensor<3x2x3x3xf32>) -> tensor<1x3x3x2xf32>\n"
+              "    \"func.return\"(%v2) : (tensor<1x3x3x2xf32>) -> ()\n" TAIL);
+
+  m = tpu_hlo_new();
+  int64_t dx[4] = {1, 1, 4, 4}, win[4] = {1, 1, 2, 2}, str[4] = {1, 1, 2, 2};
+  x = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, dx));
+  tpu_hlo_type ct[2] = {scalar(TPU_F32), scalar(TPU_F32)};
+  tpu_hv ca[2], o;
+  tpu_hlo_region_begin(m, ct, 2, ca);
+  tpu_hv mx = tpu_hlo_binary(m, TPU_HLO_MAX, ca[0], ca[1]);
+  int reg = tpu_hlo_region_end(m, &mx, 1);
+  tpu_hv init = tpu_hlo_constant(m, TPU_F32, -INFINITY);
+  CHECK(tpu_hlo_reduce_window(m, &x, &init, 1, win, str, NULL, NULL, NULL, reg, &o), "reduce_window");
+  expect(m, &o, 1, "reduce_window",
+         HEAD "  func.func public @main(%v0: tensor<1x1x4x4xf32>) -> (tensor<1x1x2x2xf32>) {\n"
+              "    %v4 = \"stablehlo.constant\"() {value = dense<0xFF800000> : tensor<f32>} : () -> tensor<f32>\n"
+              "    %v5 = \"stablehlo.reduce_window\"(%v0, %v4) ({\n"
+              "    ^bb0(%v1: tensor<f32>, %v2: tensor<f32>):\n"
+              "      %v3 = \"stablehlo.maximum\"(%v1, %v2) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+              "      \"stablehlo.return\"(%v3) : (tensor<f32>) -> ()\n"
+              "    }) {window_dimensions = array<i64: 1, 1, 2, 2>, window_strides = array<i64: 1, 1, 2, 2>, "
+              "base_dilations = array<i64: 1, 1, 1, 1>, window_dilations = array<i64: 1, 1, 1, 1>, padding = "
+              "dense<[[0, 0], [0, 0], [0, 0], [0, 0]]> : tensor<4x2xi64>} : (tensor<1x1x4x4xf32>, tensor<f32>) -> "
+              "tensor<1x1x2x2xf32>\n"
+              "    \"func.return\"(%v5) : (tensor<1x1x2x2xf32>) -> ()\n" TAIL);
+
+  m = tpu_hlo_new();
+  int64_t perm[2] = {1, 0};
+  x = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
+  o = tpu_hlo_transpose(m, x, perm);
+  expect(m, &o, 1, "transpose",
+         HEAD "  func.func public @main(%v0: tensor<2x3xf32>) -> (tensor<3x2xf32>) {\n"
+              "    %v1 = \"stablehlo.transpose\"(%v0) {permutation = array<i64: 1, 0>} : (tensor<2x3xf32>) -> "
+              "tensor<3x2xf32>\n"
+              "    \"func.return\"(%v1) : (tensor<3x2xf32>) -> ()\n" TAIL);
+}
+
+/* The core this builder stands on: statuses and dtypes. */
+static void test_core(void) {
+  tpu_status *s = tpu_status_new(TPU_ERR_INDEX, "dim %d", 3);
+  s = tpu_status_prefix(s, "in %s", "aten::select");
+  CHECK(tpu_status_code(s) == TPU_ERR_INDEX && strcmp(tpu_status_message(s), "in aten::select: dim 3") == 0,
+        "status: %s", tpu_status_message(s));
+  tpu_status_free(s);
+  tpu_status_free(NULL);
+  CHECK(tpu_status_prefix(NULL, "x") == NULL, "prefix of NULL");
+  CHECK(tpu_dtype_size(TPU_BF16) == 2 && tpu_dtype_size(TPU_C128) == 16 && tpu_dtype_size(TPU_INVALID) == 0,
+        "dtype sizes");
+  CHECK(strcmp(tpu_dtype_mlir(TPU_U8), "ui8") == 0 && strcmp(tpu_dtype_mlir(TPU_PRED), "i1") == 0 &&
+            strcmp(tpu_dtype_mlir(TPU_C64), "complex<f32>") == 0,
+        "mlir names");
+  CHECK(strcmp(tpu_dtype_name(TPU_F16), "float16") == 0 && strcmp(tpu_dtype_name(TPU_NUM_DTYPES), "invalid") == 0,
+        "torch names");
+  CHECK(tpu_dtype_promote(TPU_U8, TPU_S8) == TPU_S16 && tpu_dtype_promote(TPU_F16, TPU_BF16) == TPU_F32 &&
+            tpu_dtype_promote(TPU_PRED, TPU_S32) == TPU_S32 && tpu_dtype_promote(TPU_S64, TPU_F16) == TPU_F16 &&
+            tpu_dtype_promote(TPU_F64, TPU_C64) == TPU_C128,
+        "promotion");
+}
+
+/* ---- types -------------------------------------------------------------------------------- */
+
+static void test_types(void) {
+  char buf[64];
+  tpu_hlo_type t = ty(TPU_F32, 2, 2, 3);
+  CHECK(tpu_hlo_type_str(&t, buf, sizeof buf) == 15 && strcmp(buf, "tensor<2x3xf32>") == 0, "type_str: %s", buf);
+  tpu_hlo_type s = scalar(TPU_C64);
+  CHECK(tpu_hlo_type_str(&s, buf, sizeof buf) == 20 && strcmp(buf, "tensor<complex<f32>>") == 0, "scalar: %s", buf);
+  char small[8];
+  CHECK(tpu_hlo_type_str(&t, small, sizeof small) == 15 && strcmp(small, "tensor<") == 0, "truncated: %s", small);
+  CHECK(tpu_hlo_type_numel(&t) == 6 && tpu_hlo_type_numel(&s) == 1, "numel");
+  tpu_hlo_type u = ty(TPU_F32, 2, 2, 3), v = ty(TPU_F32, 2, 3, 2), w = ty(TPU_S32, 2, 2, 3);
+  CHECK(tpu_hlo_type_eq(&t, &u) && !tpu_hlo_type_eq(&t, &v) && !tpu_hlo_type_eq(&t, &w), "type_eq");
+  int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  CHECK(tpu_hlo_type_make(TPU_F32, 9, nine).rank == TPU_MAX_RANK, "rank clamps");
+  tpu_hlo *m = tpu_hlo_new();
+  CHECK(tpu_hlo_typeof(m, TPU_HV_NONE)->dtype == TPU_INVALID, "typeof NONE");
+  CHECK(tpu_hlo_typeof(m, 5)->dtype == TPU_INVALID, "typeof out of range");
+  tpu_hv x = tpu_hlo_param(m, ty(TPU_C64, 1, 4, 0));
+  CHECK(tpu_hlo_typeof(m, tpu_hlo_unary(m, TPU_HLO_ABS, x))->dtype == TPU_F32, "abs of c64 is f32");
+  CHECK(tpu_hlo_typeof(m, tpu_hlo_unary(m, TPU_HLO_IMAG, x))->dtype == TPU_F32, "imag of c64 is f32");
+  tpu_hv f = tpu_hlo_param(m, ty(TPU_F64, 1, 4, 0));
+  CHECK(tpu_hlo_typeof(m, tpu_hlo_binary(m, TPU_HLO_COMPLEX, f, f))->dtype == TPU_C128, "complex of f64");
+  CHECK(tpu_hlo_typeof(m, tpu_hlo_unary(m, TPU_HLO_IS_FINITE, f))->dtype == TPU_PRED, "is_finite is i1");
+  tpu_hv st = tpu_hlo_param(m, ty(TPU_U64, 1, 2, 0)), ns;
+  tpu_hv bits = tpu_hlo_rng_bit_generator(m, st, ty(TPU_U32, 2, 4, 4), &ns);
+  CHECK(tpu_hlo_typeof(m, bits)->dims[1] == 4 && tpu_hlo_typeof(m, ns)->dtype == TPU_U64, "rng types");
+  int64_t di[4] = {2, 3, 8, 8}, dk[4] = {4, 3, 3, 3}, str[2] = {2, 2}, pad[4] = {1, 1, 1, 1};
+  tpu_hv in = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, di)), k = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, dk));
+  const tpu_hlo_type *ct = tpu_hlo_typeof(m, tpu_hlo_convolution(m, in, k, 2, str, pad, NULL, NULL, 1, 1, TPU_HLO_PREC_DEFAULT));
+  CHECK(ct->rank == 4 && ct->dims[0] == 2 && ct->dims[1] == 4 && ct->dims[2] == 4 && ct->dims[3] == 4,
+        "conv type %lldx%lldx%lldx%lld", (long long)ct->dims[0], (long long)ct->dims[1], (long long)ct->dims[2],
+        (long long)ct->dims[3]);
+  CHECK(tpu_hlo_ok(m), "type checks failed");
+  tpu_hlo_free(m);
+  tpu_hlo_free(NULL);
+}
+
+/* ---- sticky errors ------------------------------------------------------------------------ */
+
+static tpu_status *finish_err(tpu_hlo *m, const tpu_hv *r, int n) {
+  char *text = (char *)"unset";
+  size_t len = 99;
+  tpu_status *s = tpu_hlo_finish(m, r, n, &text, &len);
+  CHECK(text == NULL && len == 0, "text set on error");
+  return s;
+}
+
+static void expect_error(tpu_status *s, tpu_code code, const char *msg, const char *what) {
+  CHECK(s != NULL, "%s: no error", what);
+  if (!s) return;
+  CHECK(tpu_status_code(s) == code, "%s: code %d, want %d", what, tpu_status_code(s), code);
+  CHECK(strcmp(tpu_status_message(s), msg) == 0, "%s: message \"%s\", want \"%s\"", what, tpu_status_message(s), msg);
+  tpu_status_free(s);
+}
+
+static void test_sticky(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0)), b = tpu_hlo_param(m, ty(TPU_F32, 1, 3, 0));
+  tpu_hv ok = tpu_hlo_unary(m, TPU_HLO_NEG, a);
+  CHECK(ok >= 0 && tpu_hlo_ok(m), "neg before the error");
+  tpu_hv bad = tpu_hlo_binary(m, TPU_HLO_ADD, a, b);
+  CHECK(bad == TPU_HV_NONE && !tpu_hlo_ok(m), "mismatched add must fail");
+  /* Everything after returns NONE and the first error stays. */
+  int64_t d4 = 4;
+  CHECK(tpu_hlo_binary(m, TPU_HLO_ADD, a, a) == TPU_HV_NONE, "op after error");
+  CHECK(tpu_hlo_unary(m, TPU_HLO_NEG, ok) == TPU_HV_NONE, "unary after error");
+  CHECK(tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0)) == TPU_HV_NONE, "param after error");
+  CHECK(tpu_hlo_constant(m, TPU_F32, 1) == TPU_HV_NONE, "constant after error");
+  CHECK(tpu_hlo_iota(m, ty(TPU_S32, 1, 4, 0), 0) == TPU_HV_NONE, "iota after error");
+  CHECK(tpu_hlo_reshape(m, a, 1, &d4) == TPU_HV_NONE, "reshape after error (a second error)");
+  tpu_hlo_type st = scalar(TPU_F32);
+  tpu_hv arg = 0;
+  tpu_hlo_region_begin(m, &st, 1, &arg);
+  CHECK(arg == TPU_HV_NONE, "region arg after error");
+  CHECK(tpu_hlo_region_end(m, &arg, 1) == -1, "region after error");
+  int64_t d0 = 0;
+  CHECK(tpu_hlo_reduce(m, a, a, &d0, 1, TPU_HLO_ADD) == TPU_HV_NONE, "reduce after error");
+  tpu_hv outs[2] = {0, 0};
+  CHECK(!tpu_hlo_emit(m, "stablehlo.foo", &a, 1, NULL, 0, NULL, &st, 2, outs) && outs[0] == TPU_HV_NONE &&
+            outs[1] == TPU_HV_NONE,
+        "emit after error");
+  tpu_hlo_fail(m, TPU_ERR_VALUE, "a later explicit failure");
+  expect_error(finish_err(m, &ok, 1), TPU_ERR_RUNTIME,
+               "stablehlo.add: operand types tensor<2xf32> and tensor<3xf32> differ", "first error wins");
+  expect_error(finish_err(m, &ok, 1), TPU_ERR_RUNTIME, "hlo: already finished with an error", "second finish");
+  tpu_hlo_free(m);
+
+  /* One module per error kind: the message and code. */
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
+  CHECK(tpu_hlo_reshape(m, a, 1, &d4) == TPU_HV_NONE, "bad reshape");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_VALUE, "stablehlo.reshape: cannot reshape tensor<2x3xf32> to tensor<4xf32>",
+               "reshape");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
+  CHECK(tpu_hlo_unary(m, TPU_HLO_NEG, 42) == TPU_HV_NONE, "bad handle");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "hlo: invalid value handle 42", "handle");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
+  tpu_hlo_region_begin(m, &st, 1, &arg);
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "hlo: a region was left open", "open region");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
+  tpu_hv r = tpu_hlo_convert(m, a, TPU_F64);
+  tpu_hlo_param_alias(m, a, 0);
+  CHECK(tpu_hlo_ok(m), "alias is checked at finish");
+  expect_error(finish_err(m, &r, 1), TPU_ERR_RUNTIME, "hlo: parameter 0 aliases result 0 of another type",
+               "alias type");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
+  tpu_hlo_param_alias(m, a, 3);
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "hlo: parameter 0 aliases result 3 of another type",
+               "alias index");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
+  tpu_hlo_param_alias(m, tpu_hlo_unary(m, TPU_HLO_NEG, a), 0);
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "hlo: alias of a value that is not a parameter", "alias value");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  CHECK(tpu_hlo_iota(m, ty(TPU_S32, 1, 4, 0), 1) == TPU_HV_NONE, "bad iota");
+  expect_error(finish_err(m, NULL, 0), TPU_ERR_RUNTIME, "stablehlo.iota: dimension 1 out of range for rank 1", "iota");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
+  b = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
+  int64_t lc = 1, rc = 1, rc0 = 0;
+  CHECK(tpu_hlo_dot_general(m, a, b, 0, NULL, NULL, 1, &lc, &rc, TPU_HLO_PREC_DEFAULT, TPU_INVALID) >= 0, "good dot");
+  CHECK(tpu_hlo_dot_general(m, a, b, 0, NULL, NULL, 1, &lc, &rc0, TPU_HLO_PREC_DEFAULT, TPU_INVALID) == TPU_HV_NONE,
+        "bad dot");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME,
+               "stablehlo.dot_general: operand types tensor<2x3xf32> and tensor<2x3xf32> differ", "dot");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
+  CHECK(tpu_hlo_select(m, a, a, a) == TPU_HV_NONE, "select on a float predicate");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME,
+               "stablehlo.select: predicate must be i1 of the operands' shape or 0-d", "select");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
+  CHECK(tpu_hlo_binary(m, TPU_HLO_NEG, a, a) == TPU_HV_NONE, "unary op as binary");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "hlo: op stablehlo.negate is not binary", "binary");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
+  CHECK(tpu_hlo_bitcast_convert(m, a, TPU_F16) == TPU_HV_NONE, "bitcast of another width");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "stablehlo.bitcast_convert: element sizes differ", "bitcast");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
+  int64_t s1 = 1, l3 = 3;
+  CHECK(tpu_hlo_slice(m, a, &s1, &l3, NULL) == TPU_HV_NONE, "slice out of bounds");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "stablehlo.slice: bad bounds in dimension 0", "slice");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
+  b = tpu_hlo_param(m, ty(TPU_F32, 2, 3, 3));
+  tpu_hv ab[2] = {a, b};
+  CHECK(tpu_hlo_concat(m, ab, 2, 0) >= 0, "concat along 0");
+  CHECK(tpu_hlo_concat(m, ab, 2, 1) == TPU_HV_NONE, "concat along 1");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME,
+               "stablehlo.concatenate: operand types tensor<2x3xf32> and tensor<3x3xf32> differ", "concat");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 3, 0));
+  int64_t d23[2] = {2, 4}, bd = 1;
+  CHECK(tpu_hlo_broadcast_in_dim(m, a, 2, d23, &bd) == TPU_HV_NONE, "broadcast that does not fit");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "stablehlo.broadcast_in_dim: dimension 0 does not fit",
+               "broadcast");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  tpu_hlo_fail(m, TPU_ERR_UNIMPLEMENTED, "op %s is not lowered", "aten::foo");
+  tpu_hlo_fail(m, TPU_ERR_VALUE, "ignored");
+  expect_error(finish_err(m, NULL, 0), TPU_ERR_UNIMPLEMENTED, "op aten::foo is not lowered", "explicit fail");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  CHECK(tpu_hlo_region_end(m, NULL, 0) == -1, "region_end without begin");
+  expect_error(finish_err(m, NULL, 0), TPU_ERR_RUNTIME, "hlo: region_end without region_begin", "region_end");
+  tpu_hlo_free(m);
+
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
+  CHECK(tpu_hlo_emit(m, "stablehlo.reduce", &a, 1, &(int){3}, 1, NULL, &st, 1, outs) == false, "bad region id");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "stablehlo.reduce: invalid region", "region id");
+  tpu_hlo_free(m);
+
+  /* A region is consumed by exactly one op. */
+  m = tpu_hlo_new();
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
+  tpu_hlo_type sts[2] = {st, st};
+  tpu_hv ra[2];
+  tpu_hlo_region_begin(m, sts, 2, ra);
+  tpu_hv sum = tpu_hlo_binary(m, TPU_HLO_ADD, ra[0], ra[1]);
+  int reg = tpu_hlo_region_end(m, &sum, 1);
+  tpu_hv z = tpu_hlo_constant(m, TPU_F32, 0), red[2];
+  int64_t dz = 0;
+  CHECK(tpu_hlo_reduce_region(m, &a, &z, 1, &dz, 1, reg, &red[0]), "first use of a region");
+  CHECK(!tpu_hlo_reduce_region(m, &a, &z, 1, &dz, 1, reg, &red[1]), "second use of a region");
+  expect_error(finish_err(m, red, 1), TPU_ERR_RUNTIME, "stablehlo.reduce: invalid region", "region reuse");
+  tpu_hlo_free(m);
+}
+
+/* ---- determinism ---------------------------------------------------------------------------- */
+
+static char *build_mlp(int hidden, size_t *len) {
+  tpu_hlo *m = tpu_hlo_new();
+  int64_t dx[2] = {4, 8}, dw[2] = {8, hidden};
+  tpu_hv x = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 2, dx));
+  tpu_hv w = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 2, dw));
+  int64_t lc = 1, rc = 0;
+  tpu_hv h = tpu_hlo_dot_general(m, x, w, 0, NULL, NULL, 1, &lc, &rc, TPU_HLO_PREC_DEFAULT, TPU_INVALID);
+  const tpu_hlo_type *ht = tpu_hlo_typeof(m, h);
+  tpu_hv zero = tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant(m, TPU_F32, 0), ht->rank, ht->dims, NULL);
+  h = tpu_hlo_binary(m, TPU_HLO_MAX, h, zero);
+  int64_t d1 = 1;
+  tpu_hv s = tpu_hlo_reduce(m, h, tpu_hlo_constant(m, TPU_F32, 0), &d1, 1, TPU_HLO_ADD);
+  char *text = NULL;
+  tpu_status *st = tpu_hlo_finish(m, &s, 1, &text, len);
+  CHECK(st == NULL, "mlp: %s", st ? tpu_status_message(st) : "");
+  tpu_status_free(st);
+  tpu_hlo_free(m);
+  return text;
+}
+
+static void test_determinism(void) {
+  size_t la = 0, lb = 0, lc = 0;
+  char *a = build_mlp(16, &la), *b = build_mlp(16, &lb), *c = build_mlp(32, &lc);
+  CHECK(a && b && c, "mlp texts");
+  if (a && b && c) {
+    CHECK(la == lb && memcmp(a, b, la) == 0, "same calls gave different text");
+    CHECK(tpu_hlo_hash(a, la) == tpu_hlo_hash(b, lb), "same text, different hash");
+    CHECK(tpu_hlo_hash(a, la) != tpu_hlo_hash(c, lc), "different programs, same hash");
+  }
+  free(a);
+  free(b);
+  free(c);
+  /* FNV-1a 64 test vectors. */
+  CHECK(tpu_hlo_hash("", 0) == 0xcbf29ce484222325ull, "hash of empty");
+  CHECK(tpu_hlo_hash("a", 1) == 0xaf63dc4c8601ec8cull, "hash of a");
+  CHECK(tpu_hlo_hash("foobar", 6) == 0x85944171f73967e8ull, "hash of foobar");
+}
+
+int main(void) {
+  test_add();
+  test_constants();
+  test_broadcast();
+  test_reduce();
+  test_reduce_region();
+  test_compare_select();
+  test_dot_general();
+  test_gather();
+  test_scatter();
+  test_iota();
+  test_noops();
+  test_slice_concat_pad();
+  test_alias();
+  test_sort_rng();
+  test_conv_pool_transpose();
+  test_core();
+  test_types();
+  test_sticky();
+  test_determinism();
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
