@@ -621,17 +621,7 @@ void tpu_emit_embedding(tpu_lower *L) {
   int64_t n = 1, D = w->sizes[1];
   for (int i = 0; i < ix->rank; i++) n *= ix->sizes[i];
   tpu_hv idx = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, 1, -1), TPU_S64), 2, (int64_t[]){n, 1});
-  tpu_hlo_gather_dims g;
-  memset(&g, 0, sizeof g);
-  g.n_offset = 1;
-  g.offset_dims[0] = 1;
-  g.n_collapsed = 1;
-  g.collapsed_slice_dims[0] = 0;
-  g.n_start_index_map = 1;
-  g.start_index_map[0] = 0;
-  g.index_vector_dim = 1;
-  int64_t sizes[2] = {1, D}, rdims[2] = {n, D};
-  tpu_hv r = tpu_hlo_gather(H, tpu_lower_tensor(L, 0, -1), idx, &g, sizes, tpu_hlo_type_make(w->dtype, 2, rdims));
+  tpu_hv r = tpu_lower_gather_rows(L, tpu_lower_tensor(L, 0, -1), idx);
   int64_t od[TPU_MAX_RANK + 1];
   for (int i = 0; i < ix->rank; i++) od[i] = ix->sizes[i];
   od[ix->rank] = D;
@@ -661,17 +651,8 @@ void tpu_emit_embedding_dense_backward(tpu_lower *L) {
   tpu_hlo_region_begin(H, sts, 2, a);
   tpu_hv s = tpu_add(L, a[0], a[1]);
   int region = tpu_hlo_region_end(H, &s, 1);
-  tpu_hlo_scatter_dims d;
-  memset(&d, 0, sizeof d);
-  d.n_update_window = 1;
-  d.update_window_dims[0] = 1;
-  d.n_inserted = 1;
-  d.inserted_window_dims[0] = 0;
-  d.n_scatter_to_operand = 1;
-  d.scatter_dims_to_operand_dims[0] = 0;
-  d.index_vector_dim = 1;
   tpu_hv zeros = tpu_lower_full(L, tpu_hlo_type_make(acc, 2, (int64_t[]){V, D}), 0);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_scatter(H, zeros, idx, upd, &d, region), dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_lower_scatter_rows(L, zeros, idx, upd, region), dt));
 }
 
 /* ---- factories and fills --------------------------------------------------------------------- */

@@ -121,13 +121,34 @@ static tpu_hv tpu_view_indices(tpu_lower *L, const tpu_tref *t, tpu_hv offset) {
   return idx;
 }
 
-static void tpu_flat_gather_dims(tpu_hlo_gather_dims *g) {
-  memset(g, 0, sizeof *g);
-  g->n_collapsed = 1;
-  g->collapsed_slice_dims[0] = 0;
-  g->n_start_index_map = 1;
-  g->start_index_map[0] = 0;
-  g->index_vector_dim = 1;
+tpu_hv tpu_lower_gather_rows(tpu_lower *L, tpu_hv operand, tpu_hv idx) {
+  const tpu_hlo_type ot = *tpu_hlo_typeof(L->hlo, operand);
+  if (ot.dtype == TPU_INVALID) return TPU_HV_NONE;
+  tpu_hlo_gather_dims g;
+  memset(&g, 0, sizeof g);
+  int64_t slice[TPU_MAX_RANK];
+  tpu_hlo_type rt = ot;
+  rt.dims[0] = tpu_hlo_typeof(L->hlo, idx)->dims[0];
+  slice[0] = 1;
+  for (int i = 1; i < ot.rank; i++) {
+    g.offset_dims[g.n_offset++] = i;
+    slice[i] = ot.dims[i];
+  }
+  g.n_collapsed = 1;
+  g.n_start_index_map = 1;
+  g.index_vector_dim = 1;
+  return tpu_hlo_gather(L->hlo, operand, idx, &g, slice, rt);
+}
+
+tpu_hv tpu_lower_scatter_rows(tpu_lower *L, tpu_hv operand, tpu_hv idx, tpu_hv updates, int region) {
+  int rank = tpu_hlo_typeof(L->hlo, operand)->rank;
+  tpu_hlo_scatter_dims d;
+  memset(&d, 0, sizeof d);
+  for (int i = 1; i < rank; i++) d.update_window_dims[d.n_update_window++] = i;
+  d.n_inserted = 1;
+  d.n_scatter_to_operand = 1;
+  d.index_vector_dim = 1;
+  return tpu_hlo_scatter(L->hlo, operand, idx, updates, &d, region);
 }
 
 tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset) {
@@ -169,15 +190,9 @@ tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset
       return tpu_hlo_broadcast_in_dim(H, v, t->rank, t->sizes, sorted);
     }
     default: {
-      tpu_hv idx = tpu_view_indices(L, t, offset);
       int64_t nn[2] = {n, 1};
-      idx = tpu_hlo_reshape(H, idx, 2, nn);
-      tpu_hlo_gather_dims g;
-      tpu_flat_gather_dims(&g);
-      int64_t one = 1;
-      tpu_dtype dt = tpu_hlo_typeof(H, base)->dtype;
-      tpu_hv v = tpu_hlo_gather(H, base, idx, &g, &one, tpu_hlo_type_make(dt, 1, &n));
-      return tpu_hlo_reshape(H, v, t->rank, t->sizes);
+      tpu_hv idx = tpu_hlo_reshape(H, tpu_view_indices(L, t, offset), 2, nn);
+      return tpu_hlo_reshape(H, tpu_lower_gather_rows(L, base, idx), t->rank, t->sizes);
     }
   }
 }
@@ -189,17 +204,9 @@ tpu_hv tpu_lower_view_write(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offse
   if (t->view == TPU_VIEW_WHOLE) return tpu_hlo_reshape(H, v, 1, &rn);
   v = tpu_hlo_reshape(H, v, 1, &n);
   if (t->view == TPU_VIEW_RANGE) return tpu_hlo_dynamic_update_slice(H, base, v, &offset);
-  tpu_hv idx = tpu_view_indices(L, t, offset);
   int64_t nn[2] = {n, 1};
-  idx = tpu_hlo_reshape(H, idx, 2, nn);
-  tpu_hlo_scatter_dims d;
-  memset(&d, 0, sizeof d);
-  d.n_inserted = 1;
-  d.inserted_window_dims[0] = 0;
-  d.n_scatter_to_operand = 1;
-  d.scatter_dims_to_operand_dims[0] = 0;
-  d.index_vector_dim = 1;
-  return tpu_hlo_scatter(H, base, idx, v, &d, -1);
+  tpu_hv idx = tpu_hlo_reshape(H, tpu_view_indices(L, t, offset), 2, nn);
+  return tpu_lower_scatter_rows(L, base, idx, v, -1);
 }
 
 /* ---- inputs --------------------------------------------------------------------------- */

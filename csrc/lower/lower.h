@@ -195,6 +195,12 @@ tpu_hv tpu_lower_random_bits(tpu_lower *L, int rank, const int64_t *dims);
 /* Uniform [0, 1) floats of dtype dt and the given shape. */
 tpu_hv tpu_lower_uniform(tpu_lower *L, tpu_dtype dt, int rank, const int64_t *dims);
 
+/* Rows of operand (along dim 0) picked by idx (s64 [n, 1]): [n, rest...]. */
+tpu_hv tpu_lower_gather_rows(tpu_lower *L, tpu_hv operand, tpu_hv idx);
+/* operand with its rows idx (s64 [n, 1]) combined with updates [n, rest...]
+ * by region ((old, new) -> value), or replaced when region is -1. */
+tpu_hv tpu_lower_scatter_rows(tpu_lower *L, tpu_hv operand, tpu_hv idx, tpu_hv updates, int region);
+
 /* Flat-buffer helpers used by the engine for copies. */
 tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset);
 tpu_hv tpu_lower_view_write(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset, tpu_hv v);
