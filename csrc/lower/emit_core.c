@@ -34,7 +34,7 @@ static void tpu_emit_arith(tpu_lower *L, tpu_hlo_op op, bool float_result) {
   if (op == TPU_HLO_SUB && L->nargs > 2 && L->args[2].kind == TPU_ARG_SCALAR && !L->args[2].is_default)
     b = tpu_lower_binary(L, TPU_HLO_MUL, b, tpu_lower_scalar(L, 2, dt));
   if (op == TPU_HLO_SUB && dt == TPU_PRED)
-    tpu_lower_fail(L, TPU_ERR_TYPE, "Subtraction, the `-` operator, with two bool tensors is not supported. "
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Subtraction, the `-` operator, with two bool tensors is not supported. "
                                     "Use the `^` or `logical_xor()` operator instead.");
   if (op == TPU_HLO_MUL && dt == TPU_PRED) op = TPU_HLO_AND;
   tpu_lower_out(L, tpu_lower_binary(L, op, a, b));
@@ -125,16 +125,19 @@ static void tpu_emit_unary_op(tpu_lower *L, tpu_hlo_op op, bool to_float) {
 
 void tpu_emit_neg(tpu_lower *L) {
   if (L->args[0].t.dtype == TPU_PRED)
-    tpu_lower_fail(L, TPU_ERR_TYPE, "Negation, the `-` operator, on a bool tensor is not supported. "
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Negation, the `-` operator, on a bool tensor is not supported. "
                                     "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
   tpu_emit_unary_op(L, TPU_HLO_NEG, false);
 }
+/* torch's CPU kernels refuse bool for these; so do we, with the same words. */
+static bool tpu_refuse_bool(tpu_lower *L, const char *kernel) {
+  if (L->args[0].t.dtype != TPU_PRED) return false;
+  tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"%s\" not implemented for 'Bool'", kernel);
+  return true;
+}
+
 void tpu_emit_abs(tpu_lower *L) {
-  if (L->args[0].t.dtype == TPU_PRED) {
-    tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
-    return;
-  }
-  tpu_emit_unary_op(L, TPU_HLO_ABS, false);
+  if (!tpu_refuse_bool(L, "abs_cpu")) tpu_emit_unary_op(L, TPU_HLO_ABS, false);
 }
 void tpu_emit_exp(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_EXP, true); }
 void tpu_emit_expm1(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_EXPM1, true); }
@@ -147,14 +150,17 @@ void tpu_emit_cos(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_COS, true); }
 void tpu_emit_tanh(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_TANH, true); }
 void tpu_emit_sigmoid(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_LOGISTIC, true); }
 void tpu_emit_floor(tpu_lower *L) {
+  if (tpu_refuse_bool(L, "floor_vml_cpu")) return;
   if (!tpu_dtype_is_float(L->args[0].t.dtype)) tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
   else tpu_emit_unary_op(L, TPU_HLO_FLOOR, false);
 }
 void tpu_emit_ceil(tpu_lower *L) {
+  if (tpu_refuse_bool(L, "ceil_vml_cpu")) return;
   if (!tpu_dtype_is_float(L->args[0].t.dtype)) tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
   else tpu_emit_unary_op(L, TPU_HLO_CEIL, false);
 }
 void tpu_emit_round(tpu_lower *L) {
+  if (tpu_refuse_bool(L, "round_vml_cpu")) return;
   if (!tpu_dtype_is_float(L->args[0].t.dtype)) tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
   else tpu_emit_unary_op(L, TPU_HLO_ROUND_EVEN, false);
 }
@@ -169,10 +175,7 @@ void tpu_emit_reciprocal(tpu_lower *L) {
 }
 void tpu_emit_relu(tpu_lower *L) {
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  if (T(L, x)->dtype == TPU_PRED) {
-    tpu_lower_out(L, x);
-    return;
-  }
+  if (T(L, x)->dtype == TPU_PRED) tpu_lower_fail(L, TPU_ERR_RUNTIME, "Boolean inputs not supported for relu");
   tpu_lower_out(L, tpu_hlo_binary(H, TPU_HLO_MAX, x, tpu_lower_full_like(L, x, 0)));
 }
 void tpu_emit_logical_not(tpu_lower *L) {
@@ -181,7 +184,7 @@ void tpu_emit_logical_not(tpu_lower *L) {
 }
 void tpu_emit_bitwise_not(tpu_lower *L) {
   if (tpu_dtype_is_float(L->args[0].t.dtype))
-    tpu_lower_fail(L, TPU_ERR_TYPE, "\"bitwise_not_cpu\" not implemented for '%s'", tpu_dtype_name(L->args[0].t.dtype));
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"bitwise_not_cpu\" not implemented for '%s'", tpu_dtype_name(L->args[0].t.dtype));
   tpu_lower_out(L, tpu_hlo_unary(H, TPU_HLO_NOT, tpu_lower_tensor(L, 0, -1)));
 }
 static void tpu_emit_logical(tpu_lower *L, tpu_hlo_op op) {
@@ -195,7 +198,7 @@ static void tpu_emit_bitwise(tpu_lower *L, tpu_hlo_op op) {
   int idx[2] = {0, 1};
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
   if (tpu_dtype_is_float(dt))
-    tpu_lower_fail(L, TPU_ERR_TYPE, "bitwise ops are not implemented for '%s'", tpu_dtype_name(dt));
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "bitwise ops are not implemented for '%s'", tpu_dtype_name(dt));
   tpu_lower_out(L, tpu_lower_binary(L, op, tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)));
 }
 void tpu_emit_bitwise_and(tpu_lower *L) { tpu_emit_bitwise(L, TPU_HLO_AND); }

@@ -1,0 +1,331 @@
+"""Every op of the first op set against CPU PyTorch: values, dtypes and shapes
+across dtypes, non-contiguous inputs, and gradients (float32)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu  # noqa: F401
+
+DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
+
+
+def make(shape, dtype, seed=0, low=-3, high=3):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_floating_point:
+        return (torch.rand(shape, generator=g) * (high - low) + low).to(dtype)
+    return torch.randint(low, high + 1, shape, generator=g).to(dtype)
+
+
+def tpu(x):
+    return x.to("tpu") if isinstance(x, torch.Tensor) else x
+
+
+def check(fn, *args, dtype=None, **kw):
+    """Run fn on CPU and on tpu copies; compare values, dtypes and shapes (or
+    that both raise)."""
+    try:
+        want = fn(*args, **kw)
+    except Exception as e:  # the tpu must fail the same way
+        with pytest.raises(type(e)):
+            fn(*[tpu(a) for a in args], **{k: tpu(v) for k, v in kw.items()})
+        return
+    got = fn(*[tpu(a) for a in args], **{k: tpu(v) for k, v in kw.items()})
+    wants = want if isinstance(want, tuple) else (want,)
+    gots = got if isinstance(got, tuple) else (got,)
+    for w, g in zip(wants, gots):
+        assert g.device.type == "tpu"
+        g = g.cpu()
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        if w.dtype == torch.bfloat16 or w.dtype == torch.float16:
+            torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=2e-2)
+        else:
+            torch.testing.assert_close(g, w, equal_nan=True)
+
+
+BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "maximum": torch.maximum, "minimum": torch.minimum,
+    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
+    "logical_and": torch.logical_and, "logical_or": torch.logical_or, "logical_xor": torch.logical_xor,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_binary(name, dtype):
+    f = BINARY[name]
+    a, b = make((3, 4), dtype, 1), make((3, 4), dtype, 2)
+    check(f, a, b)
+    check(f, a, make((4,), dtype, 3))          # broadcasting
+    check(lambda x, y: f(x.t(), y.t()), a, b)  # non-contiguous
+    if dtype != torch.bool:
+        check(lambda x: f(x, 2), a)             # Python scalar
+        check(lambda x: f(x, 1.5), a)           # float scalar promotes ints
+
+
+def test_type_promotion_mixed():
+    check(torch.add, make((3,), torch.int64), make((3,), torch.float32))
+    check(torch.add, make((3,), torch.bfloat16), make((3,), torch.float32))
+    check(torch.mul, make((3,), torch.bool), make((3,), torch.int64))
+    check(lambda x: x + torch.tensor(2.5), make((3,), torch.int64))  # 0-d CPU tensor
+    check(lambda x, y: x * y, make((3,), torch.float32), make((), torch.float64))
+
+
+def test_alpha_rounding_remainder_pow():
+    a, b = make((5,), torch.float32, 1), make((5,), torch.float32, 2)
+    check(lambda x, y: torch.add(x, y, alpha=2.5), a, b)
+    check(lambda x, y: torch.sub(x, y, alpha=3), a, b)
+    check(lambda x: torch.rsub(x, 2.0), a)
+    ia, ib = torch.tensor([7, -7, 7, -7, 5]), torch.tensor([2, 2, -2, -2, 5])
+    for mode in ("trunc", "floor"):
+        check(lambda x, y: torch.div(x, y, rounding_mode=mode), ia, ib)
+        check(lambda x, y: torch.div(x, y, rounding_mode=mode), ia.float(), ib.float())
+    check(torch.remainder, ia, ib)
+    check(torch.remainder, ia.float(), ib.float())
+    check(lambda x: torch.pow(x, 2), a)
+    check(lambda x: torch.pow(2, x), a)
+    check(torch.pow, a.abs(), b)
+    check(torch.atan2, a, b)
+    check(torch.hypot, a, b)
+
+
+UNARY = ["neg", "abs", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "sin", "cos", "tanh",
+         "sigmoid", "floor", "ceil", "round", "sign", "reciprocal", "erf", "relu", "logical_not"]
+
+
+@pytest.mark.parametrize("name", UNARY)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unary(name, dtype):
+    f = getattr(torch, name)
+    x = make((4, 3), dtype, 4, low=0 if name in ("log", "sqrt", "rsqrt", "log1p") else -3)
+    if name in ("log", "sqrt", "rsqrt", "reciprocal") and dtype.is_floating_point:
+        x = x + 0.5
+    check(f, x)
+    check(lambda t: f(t.t()[1:]), x)
+
+
+def test_activations_and_backwards():
+    x = make((4, 6), torch.float32, 5)
+    for f in (F.relu, F.gelu, lambda t: F.gelu(t, approximate="tanh"), torch.tanh, torch.sigmoid, F.silu,
+              torch.erf, lambda t: t.clamp(-1, 1)):
+        check(f, x)
+        xc = x.clone().requires_grad_()
+        xt = x.to("tpu").requires_grad_()
+        (g,) = torch.autograd.grad(f(xc).sum(), xc)
+        (gt,) = torch.autograd.grad(f(xt).sum(), xt)
+        torch.testing.assert_close(gt.cpu(), g, rtol=1e-5, atol=1e-5)
+
+
+def test_where_masked_fill_clamp():
+    x, y = make((3, 4), torch.float32, 1), make((3, 4), torch.float32, 2)
+    m = make((3, 4), torch.bool, 3)
+    check(torch.where, m, x, y)
+    check(lambda c, a: torch.where(c, a, 0.0), m, x)
+    check(lambda a, c: a.masked_fill(c, -1.5), x, m)
+    check(lambda a, c: a.masked_fill(c, float("-inf")), x, m[0])
+    check(lambda a: a.clamp(min=-1), x)
+    check(lambda a: a.clamp(max=1), x)
+    check(lambda a, lo: a.clamp(min=lo), x, y)
+    check(lambda a: a.clamp_min(0.5), x)
+    check(lambda a: a.clamp(-1, 1), make((3, 4), torch.int64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reductions(dtype):
+    x = make((3, 4, 5), dtype, 6)
+    check(torch.sum, x)
+    check(lambda t: t.sum(1), x)
+    check(lambda t: t.sum((0, 2), keepdim=True), x)
+    check(lambda t: t.sum(-1, dtype=torch.float64), x)
+    check(lambda t: t.amax(1), x)
+    check(lambda t: t.amin((0, 1), keepdim=True), x)
+    check(torch.max, x)
+    check(torch.min, x)
+    check(lambda t: torch.max(t, 2), x)
+    check(lambda t: torch.min(t, 0, keepdim=True), x)
+    check(torch.any, x)
+    check(lambda t: t.all(1), x)
+    if dtype != torch.bool:
+        check(torch.argmax, x)
+        check(lambda t: t.argmax(1), x)
+        check(lambda t: t.argmin(2, keepdim=True), x)
+    check(torch.mean, x)  # ints raise the same error as on CPU
+    check(lambda t: t.mean((1, 2)), x)
+    check(lambda t: t.t() if t.dim() == 2 else t.transpose(0, 2).sum(0), x)
+
+
+def test_argmax_ties_and_nan():
+    check(lambda t: t.argmax(1), torch.tensor([[1.0, 3.0, 3.0], [2.0, float("nan"), 5.0]]))
+    check(lambda t: t.max(0), torch.tensor([[1.0, 3.0], [1.0, float("nan")]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matmuls(dtype):
+    a, b = make((4, 5), dtype, 1), make((5, 3), dtype, 2)
+    check(torch.mm, a, b)
+    check(lambda x, y: torch.mm(y.t(), x.t()), a, b)
+    check(torch.addmm, make((3,), dtype, 3), a, b)
+    check(lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=2), make((4, 3), dtype, 3), a, b)
+    check(torch.bmm, make((2, 4, 5), dtype, 4), make((2, 5, 3), dtype, 5))
+    check(torch.matmul, make((2, 3, 4, 5), dtype, 6), make((5, 2), dtype, 7))
+    check(torch.matmul, make((5,), dtype, 6), make((5, 2), dtype, 7))
+    check(torch.dot, make((5,), dtype, 8), make((5,), dtype, 9))
+    check(torch.mv, a, make((5,), dtype, 9))
+    check(torch.mm, a, make((4, 3), dtype))  # shape error like CPU
+
+
+def test_matmul_grads():
+    a = make((4, 5), torch.float32, 1).requires_grad_()
+    b = make((5, 3), torch.float32, 2).requires_grad_()
+    at, bt = a.detach().to("tpu").requires_grad_(), b.detach().to("tpu").requires_grad_()
+    ga = torch.autograd.grad((a @ b).square().sum(), (a, b))
+    gt = torch.autograd.grad((at @ bt).square().sum(), (at, bt))
+    for x, y in zip(gt, ga):
+        torch.testing.assert_close(x.cpu(), y, rtol=1e-5, atol=1e-5)
+
+
+def test_cat_stack_tril():
+    a, b = make((2, 3), torch.float32, 1), make((4, 3), torch.float32, 2)
+    check(lambda x, y: torch.cat([x, y]), a, b)
+    check(lambda x, y: torch.cat([x.t(), y.t()], 1), a, b)
+    check(lambda x, y: torch.cat([x, y.to(torch.int64)]), a, b)
+    check(lambda x: torch.stack([x, x, x], 1), a)
+    check(lambda x: torch.tril(x), b)
+    check(lambda x: torch.triu(x, 1), b)
+    check(lambda x: torch.tril(x, -1), make((2, 4, 4), torch.int64))
+
+
+def test_softmax_family_and_grads():
+    x = make((3, 7), torch.float32, 3)
+    for f in (lambda t: F.softmax(t, -1), lambda t: F.log_softmax(t, 0), lambda t: F.softmax(t, 1)):
+        check(f, x)
+        xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+        w = make((3, 7), torch.float32, 4)
+        (g,) = torch.autograd.grad((f(xc) * w).sum(), xc)
+        (gt,) = torch.autograd.grad((f(xt) * w.to("tpu")).sum(), xt)
+        torch.testing.assert_close(gt.cpu(), g, rtol=1e-5, atol=1e-6)
+    check(lambda t: F.softmax(t, -1), x.to(torch.bfloat16))
+    check(lambda t: F.softmax(t.masked_fill(torch.ones_like(t, dtype=torch.bool), float("-inf")), -1), x)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_nll(reduction):
+    x = make((6, 5), torch.float32, 1)
+    y = torch.tensor([0, 4, 2, 2, 1, 3])
+    w = make((5,), torch.float32, 2, low=0.1, high=2)
+    for kw in ({}, {"weight": w}, {"ignore_index": 2}, {"weight": w, "ignore_index": 4}):
+        check(lambda a, b, **k: F.cross_entropy(a, b, reduction=reduction, **k), x, y, **kw)
+        xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+        ktpu = {k: tpu(v) for k, v in kw.items()}
+        (g,) = torch.autograd.grad(F.cross_entropy(xc, y, reduction=reduction, **kw).sum(), xc)
+        (gt,) = torch.autograd.grad(F.cross_entropy(xt, y.to("tpu"), reduction=reduction, **ktpu).sum(), xt)
+        torch.testing.assert_close(gt.cpu(), g, rtol=1e-5, atol=1e-6)
+    check(lambda a, b: F.nll_loss(a, b, reduction=reduction), F.log_softmax(x[0], 0), y[0])
+
+
+def test_layer_norm_and_grads():
+    x = make((2, 3, 8), torch.float32, 1)
+    w, b = make((8,), torch.float32, 2), make((8,), torch.float32, 3)
+    check(lambda t: F.layer_norm(t, (8,)), x)
+    check(lambda t, ww, bb: F.layer_norm(t, (8,), ww, bb, eps=1e-3), x, w, b)
+    check(lambda t: F.layer_norm(t, (3, 8)), x)
+    check(lambda t: F.layer_norm(t, (8,)), x.to(torch.bfloat16))
+    params = [x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()]
+    tparams = [p.detach().to("tpu").requires_grad_() for p in params]
+    up = make((2, 3, 8), torch.float32, 4)
+    g = torch.autograd.grad((F.layer_norm(params[0], (8,), params[1], params[2]) * up).sum(), params)
+    gt = torch.autograd.grad((F.layer_norm(tparams[0], (8,), tparams[1], tparams[2]) * up.to("tpu")).sum(), tparams)
+    for a, e in zip(gt, g):
+        torch.testing.assert_close(a.cpu(), e, rtol=1e-4, atol=1e-5)
+
+
+def test_embedding_and_grad():
+    w = make((10, 4), torch.float32, 1)
+    idx = torch.tensor([[1, 3, 3], [0, 9, 1]])
+    check(F.embedding, idx, w)
+    for pad in (None, 3):
+        wc, wt = w.clone().requires_grad_(), w.to("tpu").requires_grad_()
+        up = make((2, 3, 4), torch.float32, 2)
+        (g,) = torch.autograd.grad((F.embedding(idx, wc, padding_idx=pad) * up).sum(), wc)
+        (gt,) = torch.autograd.grad((F.embedding(idx.to("tpu"), wt, padding_idx=pad) * up.to("tpu")).sum(), wt)
+        torch.testing.assert_close(gt.cpu(), g)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_factories_fill_clone_convert(dtype):
+    assert torch.equal(torch.zeros(2, 3, dtype=dtype, device="tpu").cpu(), torch.zeros(2, 3, dtype=dtype))
+    assert torch.equal(torch.ones(2, 3, dtype=dtype, device="tpu").cpu(), torch.ones(2, 3, dtype=dtype))
+    assert torch.equal(torch.full((2, 2), 1, dtype=dtype, device="tpu").cpu(), torch.full((2, 2), 1, dtype=dtype))
+    x = make((3, 4), dtype, 1)
+    check(lambda t: t.clone(), x)
+    check(lambda t: t.t().contiguous(), x)
+    for other in DTYPES:
+        check(lambda t: t.to(other), x)
+    t = torch.empty(3, 4, dtype=dtype, device="tpu")
+    t.fill_(1)
+    assert torch.equal(t.cpu(), torch.ones(3, 4, dtype=dtype))
+    t.zero_()
+    assert torch.equal(t.cpu(), torch.zeros(3, 4, dtype=dtype))
+
+
+def test_arange():
+    for args, kw in [((5,), {}), ((2, 9), {}), ((1, 10, 3), {}), ((0.0, 1.0, 0.25), {}), ((10, 0, -3), {}),
+                     ((5,), {"dtype": torch.float32}), ((0, 2.5, 0.5), {"dtype": torch.float64})]:
+        want = torch.arange(*args, **kw)
+        got = torch.arange(*args, device="tpu", **kw).cpu()
+        assert got.dtype == want.dtype and torch.equal(got, want), (args, got, want)
+
+
+def test_random_statistics():
+    n = 100_000
+    torch.manual_seed(0)
+    x = torch.empty(n, device="tpu").normal_(2.0, 3.0).cpu()
+    assert abs(x.mean().item() - 2.0) < 5 * 3.0 / n**0.5
+    assert abs(x.std().item() - 3.0) < 0.05
+    u = torch.empty(n, device="tpu").uniform_(-1, 3).cpu()
+    assert u.min().item() >= -1 and u.max().item() < 3
+    assert abs(u.mean().item() - 1.0) < 5 * (16 / 12) ** 0.5 / n**0.5
+    b = torch.empty(n, device="tpu").bernoulli_(0.3).cpu()
+    assert set(b.unique().tolist()) <= {0.0, 1.0}
+    assert abs(b.mean().item() - 0.3) < 5 * (0.21 / n) ** 0.5
+    r = torch.randn(n, device="tpu").cpu()
+    assert abs(r.mean().item()) < 5 / n**0.5
+
+
+def test_dropout():
+    n = 100_000
+    x = torch.ones(n, device="tpu")
+    torch.manual_seed(1)
+    y = F.dropout(x, 0.25, training=True).cpu()
+    kept = (y != 0).float().mean().item()
+    assert abs(kept - 0.75) < 5 * (0.75 * 0.25 / n) ** 0.5
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.75))
+    torch.manual_seed(1)
+    assert torch.equal(F.dropout(x, 0.25, training=True).cpu(), y)  # reproducible for a seed
+    assert torch.equal(F.dropout(x, 0.25, training=False).cpu(), x.cpu())
+    xt = torch.ones(1000, device="tpu", requires_grad=True)
+    out = F.dropout(xt, 0.5, training=True)
+    (g,) = torch.autograd.grad(out.sum(), xt)
+    torch.testing.assert_close(g.cpu(), (out.detach().cpu() != 0).float() * 2.0)
+
+
+def test_inplace_ops_on_views():
+    x = make((4, 5), torch.float32, 1)
+    t = x.to("tpu")
+    for f in (lambda a: a[:, 1].mul_(2), lambda a: a.t().add_(1), lambda a: a[1:3, ::2].sub_(0.5),
+              lambda a: a.diagonal().div_(4), lambda a: a[2].relu_(), lambda a: a[:, :2].clamp_(-0.5, 0.5),
+              lambda a: a.view(-1)[3:7].neg_(), lambda a: a[::2].masked_fill_(a[::2] > 0, 9.0)):
+        f(x)
+        f(t)
+        torch.testing.assert_close(t.cpu(), x)
+
+
+def test_out_variants():
+    a, b = make((3, 4), torch.float32, 1), make((3, 4), torch.float32, 2)
+    out = torch.empty(3, 4, device="tpu")
+    torch.add(a.to("tpu"), b.to("tpu"), out=out)
+    torch.testing.assert_close(out.cpu(), a + b)
+    torch.mul(a.to("tpu"), 3, out=out)
+    torch.testing.assert_close(out.cpu(), a * 3)
