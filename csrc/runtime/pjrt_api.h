@@ -121,6 +121,21 @@ typedef struct {
 
 typedef const tpu_pjrt_api *(*tpu_pjrt_get_api_fn)(void);
 
+/* The entries the runtime cannot work without; tpu_rt_open refuses a plugin
+ * whose table lacks any of them (the optional ones, Plugin_Initialize,
+ * Device_MemoryStats, Executable_Serialize and Executable_DeserializeAndLoad,
+ * are checked where they are used). */
+#define TPU_PJRT_REQUIRED(X) \
+  X(Error_Destroy) X(Error_Message) X(Error_GetCode) X(Event_Destroy) X(Event_Await) X(Client_Create) \
+  X(Client_Destroy) X(Client_PlatformName) X(Client_PlatformVersion) X(Client_AddressableDevices) \
+  X(Client_Compile) X(Client_BufferFromHostBuffer) X(DeviceDescription_Kind) X(Device_GetDescription) \
+  X(Executable_Destroy) X(Executable_NumOutputs) X(LoadedExecutable_Destroy) \
+  X(LoadedExecutable_GetExecutable) X(LoadedExecutable_Execute) X(Buffer_Destroy) X(Buffer_ElementType) \
+  X(Buffer_Dimensions) X(Buffer_ToHostBuffer)
+
+/* Error codes (absl's canonical codes) that the runtime maps to its own. */
+enum { TPU_PJRT_INVALID_ARGUMENT = 3, TPU_PJRT_RESOURCE_EXHAUSTED = 8, TPU_PJRT_UNIMPLEMENTED = 12 };
+
 /* ---- argument structs ------------------------------------------------------ */
 
 #define TPU_PJRT_HEAD \
@@ -204,11 +219,31 @@ typedef struct {
 typedef struct { TPU_PJRT_HEAD; tpu_pjrt_device *device; tpu_pjrt_device_desc *desc; } tpu_pjrt_device_desc_args;
 typedef struct { TPU_PJRT_HEAD; tpu_pjrt_device_desc *desc; const char *kind; size_t kind_size; } tpu_pjrt_desc_kind_args;
 
+/* Only bytes_in_use is mandatory; each optional statistic has a flag. */
 typedef struct {
   TPU_PJRT_HEAD;
   tpu_pjrt_device *device;
   int64_t bytes_in_use;
-  int64_t rest[26]; /* the optional statistics and their flags, unused */
+  int64_t peak_bytes_in_use;
+  bool peak_bytes_in_use_is_set;
+  int64_t num_allocs;
+  bool num_allocs_is_set;
+  int64_t largest_alloc_size;
+  bool largest_alloc_size_is_set;
+  int64_t bytes_limit;
+  bool bytes_limit_is_set;
+  int64_t bytes_reserved;
+  bool bytes_reserved_is_set;
+  int64_t peak_bytes_reserved;
+  bool peak_bytes_reserved_is_set;
+  int64_t bytes_reservable_limit;
+  bool bytes_reservable_limit_is_set;
+  int64_t largest_free_block_bytes;
+  bool largest_free_block_bytes_is_set;
+  int64_t pool_bytes;
+  bool pool_bytes_is_set;
+  int64_t peak_pool_bytes;
+  bool peak_pool_bytes_is_set;
 } tpu_pjrt_memory_stats_args;
 
 typedef struct { TPU_PJRT_HEAD; tpu_pjrt_exec *executable; } tpu_pjrt_exec_destroy_args;
@@ -238,6 +273,7 @@ typedef struct {
   size_t num_tasks;
   int *task_ids;
   int64_t *incarnation_ids;
+  void *multi_slice_config; /* newer than 0.81 (present in 0.104) */
 } tpu_pjrt_execute_options;
 
 typedef struct {
@@ -263,10 +299,44 @@ typedef struct {
 } tpu_pjrt_deserialize_args;
 
 typedef struct { TPU_PJRT_HEAD; tpu_pjrt_buffer *buffer; } tpu_pjrt_buffer_destroy_args;
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_buffer *buffer; int type; } tpu_pjrt_element_type_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_buffer *buffer;
+  const int64_t *dims; /* lifetime of the buffer */
+  size_t num_dims;
+} tpu_pjrt_dimensions_args;
+
+/* A memory layout: a tiled one (minor-to-major order, optional tiles) or byte
+ * strides, in a union followed by the tag. We only ever send tiled, untiled
+ * layouts; the strides member is declared for the union's size. */
+enum { TPU_PJRT_LAYOUT_TILED = 0, TPU_PJRT_LAYOUT_STRIDES = 1 };
+typedef struct {
+  TPU_PJRT_HEAD;
+  const int64_t *minor_to_major;
+  size_t minor_to_major_size;
+  const int64_t *tile_dims;
+  const size_t *tile_dim_sizes;
+  size_t num_tiles;
+} tpu_pjrt_layout_tiled;
+typedef struct {
+  TPU_PJRT_HEAD;
+  const int64_t *byte_strides;
+  size_t num_byte_strides;
+} tpu_pjrt_layout_strides;
+typedef struct {
+  TPU_PJRT_HEAD;
+  union {
+    tpu_pjrt_layout_tiled tiled;
+    tpu_pjrt_layout_strides strides;
+  };
+  int type;
+} tpu_pjrt_layout;
+
 typedef struct {
   TPU_PJRT_HEAD;
   tpu_pjrt_buffer *src;
-  void *host_layout;
+  tpu_pjrt_layout *host_layout; /* NULL: the buffer's own layout */
   void *dst;
   size_t dst_size;
   tpu_pjrt_event *event; /* out */

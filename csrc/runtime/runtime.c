@@ -29,11 +29,15 @@ struct tpu_rt {
   atomic_llong live_buffers, live_execs;
 };
 
+/* The shape is tracked here (from the upload's arguments, or asked of the
+ * plugin once for an execution's outputs), so accessors never call PJRT. */
 struct tpu_rt_buffer {
-  tpu_rt *rt; /* borrowed */
+  tpu_rt *rt; /* borrowed; outlives the buffer */
   tpu_pjrt_buffer *buf; /* owned */
   tpu_dtype dtype;
-  size_t nbytes;
+  int rank;
+  int64_t dims[TPU_MAX_RANK];
+  size_t nbytes; /* dense row-major size */
 };
 
 struct tpu_rt_exec {
@@ -45,15 +49,46 @@ struct tpu_rt_exec {
 #define TPU_HAS(api, name) \
   ((api)->struct_size >= offsetof(tpu_pjrt_api, name) + sizeof(tpu_pjrt_fn) && (api)->name != NULL)
 
-/* Turns a PJRT error into a status (and destroys it). NULL stays NULL. */
+/* Error_Message and Error_Destroy return nothing; the table types every
+ * entry alike, so they are called through their real type. */
+typedef void (*tpu_pjrt_void_fn)(void *args);
+#define TPU_VOID_CALL(fn, args) ((tpu_pjrt_void_fn)(void (*)(void))(fn))(args)
+
+/* Destroys err (owned; may be NULL). */
+static void tpu_rt_err_release(const tpu_pjrt_api *api, tpu_pjrt_error *err) {
+  tpu_pjrt_error_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_error_destroy_args, error), NULL, err};
+  if (err) TPU_VOID_CALL(api->Error_Destroy, &d);
+}
+
+/* The plugin's error code, mapped: UNIMPLEMENTED and RESOURCE_EXHAUSTED keep
+ * their meaning (NotImplementedError, MemoryError above us); everything else
+ * is a runtime failure. */
+static tpu_code tpu_rt_err_code(const tpu_pjrt_api *api, tpu_pjrt_error *err) {
+  if (!TPU_HAS(api, Error_GetCode)) return TPU_ERR_RUNTIME;
+  tpu_pjrt_error_code_args c = {TPU_PJRT_SIZE(tpu_pjrt_error_code_args, code), NULL, err, 0};
+  tpu_pjrt_error *e2 = api->Error_GetCode(&c);
+  if (e2) {
+    tpu_rt_err_release(api, e2);
+    return TPU_ERR_RUNTIME;
+  }
+  switch (c.code) {
+    case TPU_PJRT_UNIMPLEMENTED: return TPU_ERR_UNIMPLEMENTED;
+    case TPU_PJRT_RESOURCE_EXHAUSTED: return TPU_ERR_MEMORY;
+    default: return TPU_ERR_RUNTIME;
+  }
+}
+
+/* Turns a PJRT error (owned; destroyed here) into a status whose message is
+ * "<what>: <the plugin's message>". NULL stays NULL. */
 static tpu_status *tpu_rt_err(const tpu_pjrt_api *api, tpu_pjrt_error *err, const char *what) {
   if (!err) return NULL;
+  /* The message is not NUL-terminated and lives as long as err. */
   tpu_pjrt_error_message_args m = {TPU_PJRT_SIZE(tpu_pjrt_error_message_args, message_size), NULL, err, NULL, 0};
-  ((void (*)(void *))(void (*)(void))api->Error_Message)(&m);
-  tpu_status *s = tpu_status_new(TPU_ERR_RUNTIME, "%s: %.*s", what, (int)m.message_size,
-                                 m.message ? m.message : "(no message)");
-  tpu_pjrt_error_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_error_destroy_args, error), NULL, err};
-  ((void (*)(void *))(void (*)(void))api->Error_Destroy)(&d);
+  TPU_VOID_CALL(api->Error_Message, &m);
+  const char *msg = m.message ? m.message : "(no message)";
+  int len = m.message ? (int)m.message_size : (int)strlen(msg);
+  tpu_status *s = tpu_status_new(tpu_rt_err_code(api, err), "%s: %.*s", what, len, msg);
+  tpu_rt_err_release(api, err);
   return s;
 }
 
@@ -63,7 +98,9 @@ static tpu_status *tpu_rt_event_finish(const tpu_pjrt_api *api, tpu_pjrt_event *
   if (!ev) return NULL;
   tpu_pjrt_event_args a = {TPU_PJRT_SIZE(tpu_pjrt_event_args, event), NULL, ev};
   tpu_status *s = tpu_rt_err(api, api->Event_Await(&a), what);
-  api->Event_Destroy(&a);
+  tpu_status *d = tpu_rt_err(api, api->Event_Destroy(&a), "PJRT_Event_Destroy");
+  if (!s) return d;
+  tpu_status_free(d);
   return s;
 }
 
@@ -98,8 +135,14 @@ tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out) {
     return tpu_status_new(TPU_ERR_PLUGIN,
                           "PJRT plugin %s implements PJRT C API %d.%d; torchtpu needs 0.%d or newer (major 0). "
                           "Install a newer plugin.", path, major, minor, TPU_RT_MIN_API_MINOR);
-  if (!TPU_HAS(api, Buffer_ToHostBuffer))
-    return tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s (API %d.%d) lacks functions torchtpu needs", path, major, minor);
+  const char *missing = NULL;
+#define TPU_NEED(name) \
+  if (!missing && !TPU_HAS(api, name)) missing = "PJRT_" #name;
+  TPU_PJRT_REQUIRED(TPU_NEED)
+#undef TPU_NEED
+  if (missing)
+    return tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s (API %d.%d) lacks %s, which torchtpu needs", path, major,
+                          minor, missing);
 
   tpu_rt *rt = calloc(1, sizeof *rt);
   if (!rt) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
@@ -286,21 +329,62 @@ tpu_status *tpu_rt_exec_deserialize(tpu_rt *rt, const void *bytes, size_t len, t
 
 /* ---- buffers ---------------------------------------------------------------------- */
 
-static tpu_rt_buffer *tpu_rt_buffer_wrap(tpu_rt *rt, tpu_pjrt_buffer *b, tpu_dtype dt, size_t nbytes) {
-  tpu_rt_buffer *w = malloc(sizeof *w);
+static void tpu_rt_pjrt_buffer_destroy(const tpu_pjrt_api *api, tpu_pjrt_buffer *b) {
+  tpu_pjrt_buffer_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_buffer_destroy_args, buffer), NULL, b};
+  tpu_status_free(TPU_CALL(api, Buffer_Destroy, &d));
+}
+
+/* Dense row-major bytes of a shape; 0 for an unknown element type. */
+static size_t tpu_rt_dense_nbytes(tpu_dtype dt, int rank, const int64_t *dims) {
+  size_t n = tpu_dtype_size(dt);
+  for (int i = 0; i < rank; i++) n *= (size_t)dims[i];
+  return n;
+}
+
+/* Wraps b (ownership passes to the wrapper, or b is destroyed on failure). */
+static tpu_status *tpu_rt_buffer_wrap(tpu_rt *rt, tpu_pjrt_buffer *b, tpu_dtype dt, int rank, const int64_t *dims,
+                                      tpu_rt_buffer **out) {
+  *out = NULL;
+  tpu_rt_buffer *w = calloc(1, sizeof *w);
   if (!w) {
-    tpu_pjrt_buffer_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_buffer_destroy_args, buffer), NULL, b};
-    tpu_status_free(TPU_CALL(rt->api, Buffer_Destroy, &d));
-    return NULL;
+    tpu_rt_pjrt_buffer_destroy(rt->api, b);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
-  *w = (tpu_rt_buffer){rt, b, dt, nbytes};
+  w->rt = rt;
+  w->buf = b;
+  w->dtype = dt;
+  w->rank = rank;
+  if (rank) memcpy(w->dims, dims, (size_t)rank * sizeof *dims);
+  w->nbytes = tpu_rt_dense_nbytes(dt, rank, dims);
   atomic_fetch_add(&rt->live_buffers, 1);
-  return w;
+  *out = w;
+  return NULL;
+}
+
+/* Wraps an execution's output, asking the plugin for its type and shape. */
+static tpu_status *tpu_rt_buffer_wrap_output(tpu_rt *rt, tpu_pjrt_buffer *b, tpu_rt_buffer **out) {
+  const tpu_pjrt_api *api = rt->api;
+  *out = NULL;
+  tpu_pjrt_element_type_args t = {TPU_PJRT_SIZE(tpu_pjrt_element_type_args, type), NULL, b, 0};
+  tpu_pjrt_dimensions_args d = {TPU_PJRT_SIZE(tpu_pjrt_dimensions_args, num_dims), NULL, b, NULL, 0};
+  tpu_status *s = TPU_CALL(api, Buffer_ElementType, &t);
+  if (!s) s = TPU_CALL(api, Buffer_Dimensions, &d);
+  if (!s && d.num_dims > TPU_MAX_RANK)
+    s = tpu_status_new(TPU_ERR_UNIMPLEMENTED, "an output of rank %zu (at most %d supported)", d.num_dims,
+                       TPU_MAX_RANK);
+  if (s) {
+    tpu_rt_pjrt_buffer_destroy(api, b);
+    return s;
+  }
+  return tpu_rt_buffer_wrap(rt, b, (tpu_dtype)t.type, (int)d.num_dims, d.dims, out);
 }
 
 tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
                            tpu_rt_buffer **outs) {
   const tpu_pjrt_api *api = rt->api;
+  if (nargs < 0 || (nargs > 0 && !args)) return tpu_status_new(TPU_ERR_VALUE, "execute: %d arguments", nargs);
+  for (int i = 0; i < nargs; i++)
+    if (!args[i]) return tpu_status_new(TPU_ERR_VALUE, "execute: argument %d is NULL", i);
   tpu_pjrt_buffer *argv[nargs > 0 ? nargs : 1];
   for (int i = 0; i < nargs; i++) argv[i] = args[i]->buf;
   int nout = e->num_outputs;
@@ -311,7 +395,7 @@ tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *arg
   tpu_pjrt_event *done[1] = {NULL};
   tpu_pjrt_execute_options opt;
   memset(&opt, 0, sizeof opt);
-  opt.struct_size = TPU_PJRT_SIZE(tpu_pjrt_execute_options, incarnation_ids);
+  opt.struct_size = TPU_PJRT_SIZE(tpu_pjrt_execute_options, multi_slice_config);
   tpu_pjrt_execute_args a;
   memset(&a, 0, sizeof a);
   a.struct_size = TPU_PJRT_SIZE(tpu_pjrt_execute_args, execute_device);
@@ -325,17 +409,19 @@ tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *arg
   tpu_status *s = TPU_CALL(api, LoadedExecutable_Execute, &a);
   if (!s) s = tpu_rt_event_finish(api, done[0], "executing");
   else if (done[0]) tpu_status_free(tpu_rt_event_finish(api, done[0], "executing"));
+  /* Every output the plugin returned is either wrapped or destroyed. */
   for (int i = 0; i < nout; i++) {
     outs[i] = NULL;
     if (!outv[i]) continue;
     if (s) {
-      tpu_pjrt_buffer_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_buffer_destroy_args, buffer), NULL, outv[i]};
-      tpu_status_free(TPU_CALL(api, Buffer_Destroy, &d));
+      tpu_rt_pjrt_buffer_destroy(api, outv[i]);
       continue;
     }
-    outs[i] = tpu_rt_buffer_wrap(rt, outv[i], TPU_INVALID, 0);
-    if (!outs[i]) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+    s = tpu_rt_buffer_wrap_output(rt, outv[i], &outs[i]);
   }
+  if (!s)
+    for (int i = 0; i < nout; i++)
+      if (!outs[i]) s = tpu_status_new(TPU_ERR_RUNTIME, "PJRT_LoadedExecutable_Execute returned no output %d", i);
   if (s)
     for (int i = 0; i < nout; i++) {
       tpu_rt_buffer_free(outs[i]);
@@ -347,9 +433,12 @@ tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *arg
 tpu_status *tpu_rt_buffer_from_host(tpu_rt *rt, const void *data, tpu_dtype dtype, const int64_t *dims, int rank,
                                     tpu_rt_buffer **out) {
   *out = NULL;
-  size_t n = tpu_dtype_size(dtype);
-  if (!n) return tpu_status_new(TPU_ERR_TYPE, "unsupported element type %d", (int)dtype);
-  for (int i = 0; i < rank; i++) n *= (size_t)dims[i];
+  if (!tpu_dtype_size(dtype)) return tpu_status_new(TPU_ERR_TYPE, "unsupported element type %d", (int)dtype);
+  if (rank < 0 || rank > TPU_MAX_RANK || (rank > 0 && !dims))
+    return tpu_status_new(TPU_ERR_VALUE, "buffer of rank %d (0..%d, with dims)", rank, TPU_MAX_RANK);
+  for (int i = 0; i < rank; i++)
+    if (dims[i] < 0) return tpu_status_new(TPU_ERR_VALUE, "dimension %d is %lld", i, (long long)dims[i]);
+  if (!data && tpu_rt_dense_nbytes(dtype, rank, dims) > 0) return tpu_status_new(TPU_ERR_VALUE, "no host data");
   tpu_pjrt_from_host_args a;
   memset(&a, 0, sizeof a);
   a.struct_size = TPU_PJRT_SIZE(tpu_pjrt_from_host_args, buffer);
@@ -362,27 +451,42 @@ tpu_status *tpu_rt_buffer_from_host(tpu_rt *rt, const void *data, tpu_dtype dtyp
   a.device = rt->devices[0];
   tpu_status *s = TPU_CALL(rt->api, Client_BufferFromHostBuffer, &a);
   if (s) return s;
+  /* The event fires once the plugin no longer reads data: only then may we
+   * return, since data is borrowed for the call alone. */
   s = tpu_rt_event_finish(rt->api, a.done_with_host_buffer, "host to device transfer");
-  tpu_rt_buffer *w = tpu_rt_buffer_wrap(rt, a.buffer, dtype, n);
-  if (!w) return s ? s : tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   if (s) {
-    tpu_rt_buffer_free(w);
+    tpu_rt_pjrt_buffer_destroy(rt->api, a.buffer);
     return s;
   }
-  *out = w;
-  return NULL;
+  return tpu_rt_buffer_wrap(rt, a.buffer, dtype, rank, dims, out);
 }
 
 tpu_status *tpu_rt_buffer_to_host(tpu_rt *rt, tpu_rt_buffer *b, void *dst, size_t nbytes) {
+  if (nbytes != b->nbytes)
+    return tpu_status_new(TPU_ERR_VALUE, "device to host: buffer holds %zu bytes, destination %zu", b->nbytes, nbytes);
+  if (!dst && nbytes) return tpu_status_new(TPU_ERR_VALUE, "device to host: no destination");
+  /* Ask for dense row-major explicitly: without a host layout the plugin
+   * uses the buffer's device layout, which need not be row-major (TPU). */
+  int64_t m2m[TPU_MAX_RANK];
+  for (int i = 0; i < b->rank; i++) m2m[i] = b->rank - 1 - i;
+  tpu_pjrt_layout layout;
+  memset(&layout, 0, sizeof layout);
+  layout.struct_size = TPU_PJRT_SIZE(tpu_pjrt_layout, type);
+  layout.type = TPU_PJRT_LAYOUT_TILED;
+  layout.tiled.struct_size = TPU_PJRT_SIZE(tpu_pjrt_layout_tiled, num_tiles);
+  layout.tiled.minor_to_major = m2m;
+  layout.tiled.minor_to_major_size = (size_t)b->rank;
   tpu_pjrt_to_host_args a;
   memset(&a, 0, sizeof a);
   a.struct_size = TPU_PJRT_SIZE(tpu_pjrt_to_host_args, event);
   a.src = b->buf;
+  a.host_layout = b->rank >= 2 ? &layout : NULL; /* rank 0 and 1 have one layout */
   a.dst = NULL;
   tpu_status *s = TPU_CALL(rt->api, Buffer_ToHostBuffer, &a); /* size query */
   if (s) return s;
   if (a.dst_size != nbytes)
-    return tpu_status_new(TPU_ERR_RUNTIME, "device to host: buffer holds %zu bytes, destination %zu", a.dst_size, nbytes);
+    return tpu_status_new(TPU_ERR_RUNTIME, "device to host: the plugin's buffer holds %zu bytes, expected %zu",
+                          a.dst_size, nbytes);
   a.dst = dst;
   a.event = NULL;
   s = TPU_CALL(rt->api, Buffer_ToHostBuffer, &a);
@@ -392,11 +496,12 @@ tpu_status *tpu_rt_buffer_to_host(tpu_rt *rt, tpu_rt_buffer *b, void *dst, size_
 
 size_t tpu_rt_buffer_nbytes(const tpu_rt_buffer *b) { return b->nbytes; }
 tpu_dtype tpu_rt_buffer_dtype(const tpu_rt_buffer *b) { return b->dtype; }
+int tpu_rt_buffer_rank(const tpu_rt_buffer *b) { return b->rank; }
+const int64_t *tpu_rt_buffer_dims(const tpu_rt_buffer *b) { return b->dims; }
 
 void tpu_rt_buffer_free(tpu_rt_buffer *b) {
   if (!b) return;
-  tpu_pjrt_buffer_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_buffer_destroy_args, buffer), NULL, b->buf};
-  tpu_status_free(TPU_CALL(b->rt->api, Buffer_Destroy, &d));
+  tpu_rt_pjrt_buffer_destroy(b->rt->api, b->buf);
   atomic_fetch_sub(&b->rt->live_buffers, 1);
   free(b);
 }
@@ -407,13 +512,11 @@ tpu_status *tpu_rt_memory_in_use(tpu_rt *rt, int64_t *bytes) {
     return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "this PJRT plugin reports no memory statistics");
   tpu_pjrt_memory_stats_args a;
   memset(&a, 0, sizeof a);
-  a.struct_size = sizeof a;
+  a.struct_size = TPU_PJRT_SIZE(tpu_pjrt_memory_stats_args, peak_pool_bytes_is_set);
   a.device = rt->devices[0];
+  /* The CPU plugin answers UNIMPLEMENTED, which maps to TPU_ERR_UNIMPLEMENTED. */
   tpu_status *s = TPU_CALL(rt->api, Device_MemoryStats, &a);
-  if (s) {
-    tpu_status_free(s);
-    return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "the %s plugin reports no memory statistics", rt->platform);
-  }
+  if (s) return s;
   *bytes = a.bytes_in_use;
   return NULL;
 }

@@ -6,6 +6,11 @@
  * parameter is owned by the caller and freed with its *_free function (which
  * accepts NULL). Strings returned by accessors live as long as the tpu_rt.
  * All buffers and executables must be freed before tpu_rt_close.
+ *
+ * Errors: a failing PJRT call gives a status whose message is the PJRT
+ * function's name, ": ", then the plugin's own message. The plugin's
+ * UNIMPLEMENTED becomes TPU_ERR_UNIMPLEMENTED, RESOURCE_EXHAUSTED becomes
+ * TPU_ERR_MEMORY, and every other code TPU_ERR_RUNTIME.
  */
 #ifndef TPU_RUNTIME_H
 #define TPU_RUNTIME_H
@@ -64,12 +69,17 @@ tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e,
 tpu_status *tpu_rt_buffer_from_host(tpu_rt *rt, const void *data,
                                     tpu_dtype dtype, const int64_t *dims,
                                     int rank, tpu_rt_buffer **out);
-/* Device -> host, dense row-major into dst (nbytes must equal the buffer's
- * size). Waits for completion. */
+/* Device -> host, dense row-major into dst (nbytes must equal
+ * tpu_rt_buffer_nbytes, else TPU_ERR_VALUE). Waits for completion. */
 tpu_status *tpu_rt_buffer_to_host(tpu_rt *rt, tpu_rt_buffer *b, void *dst,
                                   size_t nbytes);
+/* The buffer's shape, recorded at upload or asked of the plugin once for an
+ * execution's outputs; these never call into the plugin. nbytes is the dense
+ * row-major size. dims: rank entries, lifetime of b. */
 size_t tpu_rt_buffer_nbytes(const tpu_rt_buffer *b);
 tpu_dtype tpu_rt_buffer_dtype(const tpu_rt_buffer *b);
+int tpu_rt_buffer_rank(const tpu_rt_buffer *b);
+const int64_t *tpu_rt_buffer_dims(const tpu_rt_buffer *b);
 void tpu_rt_buffer_free(tpu_rt_buffer *b);
 
 /* Live buffer and executable counts (for leak tests and metrics). */

@@ -715,7 +715,7 @@ static void test_sticky(void) {
   m = tpu_hlo_new();
   a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
   CHECK(tpu_hlo_emit(m, "stablehlo.reduce", &a, 1, &(int){3}, 1, NULL, &st, 1, outs) == false, "bad region id");
-  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "stablehlo.reduce: invalid region", "region id");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "stablehlo.reduce: invalid or already used region 3", "region id");
   tpu_hlo_free(m);
 
   /* A region is consumed by exactly one op. */
@@ -730,8 +730,177 @@ static void test_sticky(void) {
   int64_t dz = 0;
   CHECK(tpu_hlo_reduce_region(m, &a, &z, 1, &dz, 1, reg, &red[0]), "first use of a region");
   CHECK(!tpu_hlo_reduce_region(m, &a, &z, 1, &dz, 1, reg, &red[1]), "second use of a region");
-  expect_error(finish_err(m, red, 1), TPU_ERR_RUNTIME, "stablehlo.reduce: invalid region", "region reuse");
+  expect_error(finish_err(m, red, 1), TPU_ERR_RUNTIME, "stablehlo.reduce: invalid or already used region 0", "region reuse");
   tpu_hlo_free(m);
+}
+
+
+/* ---- checks added with the hardening pass ------------------------------------------------- */
+
+/* Rounding to the narrow float formats happens here, not in the parser. */
+static void test_float_rounding(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv c[] = {
+      tpu_hlo_constant(m, TPU_F16, 65519.0),  /* rounds down to the largest f16 */
+      tpu_hlo_constant(m, TPU_F16, 65520.0),  /* the first value that rounds to inf */
+      tpu_hlo_constant(m, TPU_BF16, 1.0 / 3), /* 8 significant bits */
+      tpu_hlo_constant(m, TPU_F16, 1e-8),     /* below half the smallest subnormal: 0 */
+      tpu_hlo_constant(m, TPU_F16, 6e-8),     /* the smallest subnormal, 2^-24 */
+      tpu_hlo_constant(m, TPU_F32, 3.4028235677973366e38), /* FLT_MAX + 1 ulp/2: inf (ties to even) */
+      tpu_hlo_constant(m, TPU_F32, 3.4028235e38),          /* FLT_MAX itself */
+      tpu_hlo_constant(m, TPU_S32, 1e30),                  /* saturates, then wraps like a cast */
+      tpu_hlo_constant(m, TPU_U64, 1.8e19),
+  };
+  enum { N = sizeof c / sizeof c[0] };
+  char *text = finish(m, c, N, "rounding");
+  if (!text) return;
+  static const char *want[N] = {
+      KONST(0, "65504.0", "f16"),
+      KONST(1, "0x7C00", "f16"),
+      KONST(2, "0.333984375", "bf16"),
+      KONST(3, "0.0", "f16"),
+      KONST(4, "5.96046448e-08", "f16"),
+      KONST(5, "0x7F800000", "f32"),
+      KONST(6, "3.40282347e+38", "f32"),
+      KONST(7, "-1", "i32"),
+      KONST(8, "18000000000000000000", "ui64"),
+  };
+  for (int i = 0; i < N; i++) CHECK(strstr(text, want[i]) != NULL, "rounding: missing %s in\n%s", want[i], text);
+  free(text);
+}
+
+/* typeof's pointer survives many later values (records never move). */
+static void test_typeof_stable(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv x = tpu_hlo_param(m, ty(TPU_F32, 2, 5, 7));
+  const tpu_hlo_type *t = tpu_hlo_typeof(m, x);
+  tpu_hv y = x;
+  for (int i = 0; i < 2000; i++) y = tpu_hlo_unary(m, TPU_HLO_NEG, y);
+  CHECK(t == tpu_hlo_typeof(m, x) && t->dims[0] == 5 && t->dims[1] == 7, "typeof pointer moved");
+  CHECK(y == 2000 && tpu_hlo_typeof(m, y)->dims[1] == 7, "handle %d", y);
+  size_t len = 0;
+  char *text = NULL;
+  tpu_status *s = tpu_hlo_finish(m, &y, 1, &text, &len);
+  CHECK(s == NULL && text && len > 2000 * 60, "long program: %zu bytes", len);
+  tpu_status_free(s);
+  free(text);
+  tpu_hlo_free(m);
+}
+
+/* Build a module with `bad`, expect finish to report code/msg. */
+#define EXPECT_BAD(code, msg, ...)                                  \
+  do {                                                              \
+    tpu_hlo *m = tpu_hlo_new();                                     \
+    __VA_ARGS__;                                                    \
+    expect_error(finish_err(m, NULL, 0), code, msg, msg);           \
+    tpu_hlo_free(m);                                                \
+  } while (0)
+
+static void test_checks(void) {
+  tpu_hlo_type f = ty(TPU_F32, 1, 4, 0), st = scalar(TPU_F32), i32 = ty(TPU_S32, 1, 4, 0);
+  tpu_hlo_type sts[2] = {st, st};
+  (void)sts;
+  EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.sqrt: operand type tensor<4xi32> has an unsupported element type",
+             tpu_hlo_unary(m, TPU_HLO_SQRT, tpu_hlo_param(m, i32)));
+  EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.shift_left: operand type tensor<4xf32> has an unsupported element type",
+             tpu_hv a = tpu_hlo_param(m, f); tpu_hlo_binary(m, TPU_HLO_SHL, a, a));
+  EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.and: operand type tensor<4xf32> has an unsupported element type",
+             tpu_hv a = tpu_hlo_param(m, f); tpu_hlo_binary(m, TPU_HLO_AND, a, a));
+  EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.complex: operand type tensor<4xi32> has an unsupported element type",
+             tpu_hv a = tpu_hlo_param(m, i32); tpu_hlo_binary(m, TPU_HLO_COMPLEX, a, a));
+  /* Remainder of complex values crashes XLA's CPU plugin (not merely fails); the others do not compile. */
+  EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.remainder: operand type tensor<4xcomplex<f32>> has an unsupported element type",
+             tpu_hv a = tpu_hlo_param(m, ty(TPU_C64, 1, 4, 0)); tpu_hlo_binary(m, TPU_HLO_REM, a, a));
+  EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.cbrt: operand type tensor<4xcomplex<f32>> has an unsupported element type",
+             tpu_hlo_unary(m, TPU_HLO_CBRT, tpu_hlo_param(m, ty(TPU_C64, 1, 4, 0))));
+  EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.abs: operand type tensor<4xui8> has an unsupported element type",
+             tpu_hlo_unary(m, TPU_HLO_ABS, tpu_hlo_param(m, ty(TPU_U8, 1, 4, 0))));
+  EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.compare: direction 2 is not defined for complex<f32>",
+             tpu_hv a = tpu_hlo_param(m, ty(TPU_C64, 1, 4, 0)); tpu_hlo_compare(m, TPU_HLO_LT, a, a));
+  EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.convert: complex<f32> to f32 drops the imaginary part; take REAL first",
+             tpu_hlo_convert(m, tpu_hlo_param(m, ty(TPU_C64, 1, 4, 0)), TPU_F32));
+  EXPECT_BAD(TPU_ERR_VALUE, "hlo: parameter: invalid type tensor<?> (dtype 0, rank 0)",
+             tpu_hlo_param(m, scalar(TPU_INVALID)));
+  EXPECT_BAD(TPU_ERR_VALUE, "hlo: parameter: invalid type tensor<-1xf32> (dtype 11, rank 1)",
+             tpu_hlo_param(m, ty(TPU_F32, 1, -1, 0)));
+  /* A region's values stay inside it. */
+  EXPECT_BAD(TPU_ERR_RUNTIME, "hlo: value %v0 is used outside the region that defines it", tpu_hv ra[2];
+             tpu_hlo_region_begin(m, sts, 2, ra); tpu_hlo_region_end(m, ra, 1); tpu_hlo_unary(m, TPU_HLO_NEG, ra[0]));
+  EXPECT_BAD(TPU_ERR_RUNTIME, "hlo: region 0 was closed but never used", tpu_hv ra[2];
+             tpu_hlo_region_begin(m, sts, 2, ra); tpu_hlo_region_end(m, ra, 1));
+  /* A region closed inside another region belongs there. */
+  EXPECT_BAD(TPU_ERR_RUNTIME, "stablehlo.reduce: region 0 belongs to another block", tpu_hv ra[2], rb[2];
+             tpu_hv x = tpu_hlo_param(m, f); tpu_hv z = tpu_hlo_constant(m, TPU_F32, 0);
+             tpu_hlo_region_begin(m, sts, 2, ra); tpu_hlo_region_begin(m, sts, 2, rb);
+             int inner = tpu_hlo_region_end(m, rb, 1); tpu_hlo_region_end(m, ra, 1); int64_t d0 = 0; tpu_hv o;
+             tpu_hlo_reduce_region(m, &x, &z, 1, &d0, 1, inner, &o));
+  /* Region signatures are checked by the op that takes them. */
+  EXPECT_BAD(TPU_ERR_RUNTIME,
+             "stablehlo.sort: region 0 has signature (tensor<f32>, tensor<f32>) -> (tensor<f32>), want "
+             "(tensor<f32>, tensor<f32>) -> (tensor<i1>)",
+             tpu_hv x = tpu_hlo_param(m, f); tpu_hv ra[2]; tpu_hlo_region_begin(m, sts, 2, ra);
+             int r = tpu_hlo_region_end(m, ra, 1); tpu_hv o; tpu_hlo_sort(m, &x, 1, 0, true, r, &o));
+  EXPECT_BAD(TPU_ERR_RUNTIME,
+             "stablehlo.reduce: region 0 has signature (tensor<f32>) -> (tensor<f32>), want "
+             "(tensor<f32>, tensor<f32>) -> (tensor<f32>)",
+             tpu_hv x = tpu_hlo_param(m, f); tpu_hv z = tpu_hlo_constant(m, TPU_F32, 0); tpu_hv ra[1];
+             tpu_hlo_region_begin(m, &st, 1, ra); int r = tpu_hlo_region_end(m, ra, 1); int64_t d0 = 0; tpu_hv o;
+             tpu_hlo_reduce_region(m, &x, &z, 1, &d0, 1, r, &o));
+  EXPECT_BAD(TPU_ERR_RUNTIME, "stablehlo.reduce: operand types tensor<4xf32> and tensor<i32> differ",
+             tpu_hv x = tpu_hlo_param(m, f); tpu_hv z = tpu_hlo_constant_int(m, TPU_S32, 0); int64_t d0 = 0;
+             tpu_hlo_reduce(m, x, z, &d0, 1, TPU_HLO_ADD));
+  EXPECT_BAD(TPU_ERR_INDEX, "stablehlo.sort: dimension 1 out of range for rank 1", tpu_hv x = tpu_hlo_param(m, f);
+             tpu_hv ra[2]; tpu_hlo_region_begin(m, sts, 2, ra);
+             tpu_hv lt = tpu_hlo_compare(m, TPU_HLO_LT, ra[0], ra[1]); int r = tpu_hlo_region_end(m, &lt, 1);
+             tpu_hv o; tpu_hlo_sort(m, &x, 1, 1, true, r, &o));
+  EXPECT_BAD(TPU_ERR_RUNTIME, "stablehlo.sort: 9 operands (1 to 8 supported)", tpu_hv xs[9] = {0}; tpu_hv o[9];
+             tpu_hlo_sort(m, xs, 9, 0, true, 0, o));
+  /* Out-of-range dimension numbers are errors, never out-of-bounds reads. */
+  int64_t d8[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  EXPECT_BAD(TPU_ERR_RUNTIME,
+             "stablehlo.dot_general: operand types tensor<1x1x1x1x1x1x1x1xf32> and tensor<1x1x1x1x1x1x1x1xf32> differ",
+             tpu_hv a = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 8, d8));
+             tpu_hlo_dot_general(m, a, a, 0, NULL, NULL, 0, NULL, NULL, TPU_HLO_PREC_DEFAULT, TPU_INVALID));
+  EXPECT_BAD(TPU_ERR_RUNTIME, "stablehlo.dot_general: operand types tensor<4xf32> and tensor<4xf32> differ",
+             tpu_hv a = tpu_hlo_param(m, f); int64_t big = 5, zero = 0;
+             tpu_hlo_dot_general(m, a, a, 0, NULL, NULL, 1, &big, &zero, TPU_HLO_PREC_DEFAULT, TPU_INVALID));
+  EXPECT_BAD(TPU_ERR_RUNTIME,
+             "stablehlo.gather: bad dimension numbers, slice sizes or types for: operand types tensor<4xf32> and "
+             "tensor<2x1xi32> differ",
+             tpu_hv a = tpu_hlo_param(m, f); tpu_hv ix = tpu_hlo_param(m, ty(TPU_S32, 2, 2, 1));
+             tpu_hlo_gather_dims g = {0}; g.n_offset = 100; int64_t ss = 1;
+             tpu_hlo_gather(m, a, ix, &g, &ss, ty(TPU_F32, 1, 2, 0)));
+  EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.rng_bit_generator: state has type tensor<2xui32>, want tensor<2xui64>",
+             tpu_hv s = tpu_hlo_param(m, ty(TPU_U32, 1, 2, 0)); tpu_hv ns;
+             tpu_hlo_rng_bit_generator(m, s, ty(TPU_U32, 1, 4, 0), &ns));
+  EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.dynamic_slice: start index 0 has type tensor<f32>; want 0-d integers of one dtype",
+             tpu_hv a = tpu_hlo_param(m, f); tpu_hv s0 = tpu_hlo_constant(m, TPU_F32, 0); int64_t sz = 2;
+             tpu_hlo_dynamic_slice(m, a, &s0, &sz));
+  EXPECT_BAD(TPU_ERR_VALUE, "stablehlo.dynamic_slice: size 5 out of range in dimension 0",
+             tpu_hv a = tpu_hlo_param(m, f); tpu_hv s0 = tpu_hlo_constant_int(m, TPU_S32, 0); int64_t sz = 5;
+             tpu_hlo_dynamic_slice(m, a, &s0, &sz));
+  EXPECT_BAD(TPU_ERR_RUNTIME, "stablehlo.pad: operand types tensor<4xf32> and tensor<i32> differ",
+             tpu_hv a = tpu_hlo_param(m, f); tpu_hv z = tpu_hlo_constant_int(m, TPU_S32, 0); int64_t one = 1;
+             tpu_hlo_pad(m, a, z, &one, &one, NULL));
+  EXPECT_BAD(TPU_ERR_INDEX, "stablehlo.reverse: bad dimension list", tpu_hv a = tpu_hlo_param(m, f);
+             int64_t d = 1; tpu_hlo_reverse(m, a, &d, 1));
+  EXPECT_BAD(TPU_ERR_RUNTIME,
+             "stablehlo.convolution: ranks, dtypes or group counts do not fit for: operand types tensor<1x3x5x5xf32> "
+             "and tensor<2x2x3x3xf32> differ",
+             int64_t di[4] = {1, 3, 5, 5}; int64_t dk[4] = {2, 2, 3, 3};
+             tpu_hv in = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, di));
+             tpu_hv k = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, dk));
+             tpu_hlo_convolution(m, in, k, 2, NULL, NULL, NULL, NULL, 1, 1, TPU_HLO_PREC_DEFAULT));
+  {
+    tpu_hlo *m = tpu_hlo_new();
+    tpu_hv a = tpu_hlo_param(m, f), b = tpu_hlo_param(m, f);
+    tpu_hlo_param_alias(m, a, 0);
+    tpu_hlo_param_alias(m, b, 0);
+    expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "hlo: parameters 0 and 1 both alias result 0", "alias twice");
+    tpu_hlo_free(m);
+  }
+  /* Without an earlier error, TPU_HV_NONE is itself the error. */
+  EXPECT_BAD(TPU_ERR_RUNTIME, "hlo: invalid value handle -1", tpu_hlo_unary(m, TPU_HLO_NEG, TPU_HV_NONE));
 }
 
 /* ---- determinism ---------------------------------------------------------------------------- */
@@ -794,6 +963,9 @@ int main(void) {
   test_types();
   test_sticky();
   test_determinism();
+  test_float_rounding();
+  test_typeof_stable();
+  test_checks();
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

@@ -224,16 +224,17 @@ static void test_structs(void) {
   SAME(tpu_pjrt_desc_kind_args, kind_size, PJRT_DeviceDescription_Kind_Args, device_kind_size);
   SIZE(tpu_pjrt_desc_kind_args, kind_size, PJRT_DeviceDescription_Kind_Args);
 
-  /* Memory stats: the optional statistics are an opaque block `rest`, and
-   * the runtime sends sizeof as struct_size. */
+  /* memory statistics */
+#define MS(f) SAME(tpu_pjrt_memory_stats_args, f, PJRT_Device_MemoryStats_Args, f)
   HEAD(tpu_pjrt_memory_stats_args, PJRT_Device_MemoryStats_Args);
-  SAME(tpu_pjrt_memory_stats_args, device, PJRT_Device_MemoryStats_Args, device);
-  SAME(tpu_pjrt_memory_stats_args, bytes_in_use, PJRT_Device_MemoryStats_Args, bytes_in_use);
-  CHECK(offsetof(tpu_pjrt_memory_stats_args, rest) == offsetof(PJRT_Device_MemoryStats_Args, peak_bytes_in_use),
-        "tpu_pjrt_memory_stats_args.rest at %zu, upstream peak_bytes_in_use at %zu",
-        offsetof(tpu_pjrt_memory_stats_args, rest), offsetof(PJRT_Device_MemoryStats_Args, peak_bytes_in_use));
-  report_longer("tpu_pjrt_memory_stats_args", sizeof(tpu_pjrt_memory_stats_args), "PJRT_Device_MemoryStats_Args",
-                PJRT_Device_MemoryStats_Args_STRUCT_SIZE, "`rest` is an opaque, oversized block for the optional statistics");
+  MS(device); MS(bytes_in_use); MS(peak_bytes_in_use); MS(peak_bytes_in_use_is_set); MS(num_allocs);
+  MS(num_allocs_is_set); MS(largest_alloc_size); MS(largest_alloc_size_is_set); MS(bytes_limit);
+  MS(bytes_limit_is_set); MS(bytes_reserved); MS(bytes_reserved_is_set); MS(peak_bytes_reserved);
+  MS(peak_bytes_reserved_is_set); MS(bytes_reservable_limit); MS(bytes_reservable_limit_is_set);
+  MS(largest_free_block_bytes); MS(largest_free_block_bytes_is_set); MS(pool_bytes); MS(pool_bytes_is_set);
+  MS(peak_pool_bytes); MS(peak_pool_bytes_is_set);
+#undef MS
+  SIZE(tpu_pjrt_memory_stats_args, peak_pool_bytes_is_set, PJRT_Device_MemoryStats_Args);
 
   /* executables */
   HEAD(tpu_pjrt_exec_destroy_args, PJRT_Executable_Destroy_Args);
@@ -276,7 +277,17 @@ static void test_structs(void) {
   SAME(tpu_pjrt_execute_options, num_tasks, PJRT_ExecuteOptions, num_tasks);
   SAME(tpu_pjrt_execute_options, task_ids, PJRT_ExecuteOptions, task_ids);
   SAME(tpu_pjrt_execute_options, incarnation_ids, PJRT_ExecuteOptions, incarnation_ids);
-  SIZE(tpu_pjrt_execute_options, incarnation_ids, PJRT_ExecuteOptions);
+  /* multi_slice_config is newer than 0.81: checked only where the header has it. */
+#if PJRT_API_MINOR >= 104
+  SAME(tpu_pjrt_execute_options, multi_slice_config, PJRT_ExecuteOptions, multi_slice_config);
+  SIZE(tpu_pjrt_execute_options, multi_slice_config, PJRT_ExecuteOptions);
+#else
+  CHECK(offsetof(tpu_pjrt_execute_options, multi_slice_config) == (size_t)PJRT_ExecuteOptions_STRUCT_SIZE,
+        "multi_slice_config at %zu, not right after upstream's last field (%zu)",
+        offsetof(tpu_pjrt_execute_options, multi_slice_config), (size_t)PJRT_ExecuteOptions_STRUCT_SIZE);
+  report_longer("tpu_pjrt_execute_options", TPU_PJRT_SIZE(tpu_pjrt_execute_options, multi_slice_config),
+                "PJRT_ExecuteOptions", PJRT_ExecuteOptions_STRUCT_SIZE, "multi_slice_config, appended in 0.104");
+#endif
 
   HEAD(tpu_pjrt_execute_args, PJRT_LoadedExecutable_Execute_Args);
   SAME(tpu_pjrt_execute_args, executable, PJRT_LoadedExecutable_Execute_Args, executable);
@@ -306,6 +317,42 @@ static void test_structs(void) {
   SAME(tpu_pjrt_buffer_destroy_args, buffer, PJRT_Buffer_Destroy_Args, buffer);
   SIZE(tpu_pjrt_buffer_destroy_args, buffer, PJRT_Buffer_Destroy_Args);
 
+  HEAD(tpu_pjrt_element_type_args, PJRT_Buffer_ElementType_Args);
+  SAME(tpu_pjrt_element_type_args, buffer, PJRT_Buffer_ElementType_Args, buffer);
+  SAME(tpu_pjrt_element_type_args, type, PJRT_Buffer_ElementType_Args, type);
+  SIZE(tpu_pjrt_element_type_args, type, PJRT_Buffer_ElementType_Args);
+
+  HEAD(tpu_pjrt_dimensions_args, PJRT_Buffer_Dimensions_Args);
+  SAME(tpu_pjrt_dimensions_args, buffer, PJRT_Buffer_Dimensions_Args, buffer);
+  SAME(tpu_pjrt_dimensions_args, dims, PJRT_Buffer_Dimensions_Args, dims);
+  SAME(tpu_pjrt_dimensions_args, num_dims, PJRT_Buffer_Dimensions_Args, num_dims);
+  SIZE(tpu_pjrt_dimensions_args, num_dims, PJRT_Buffer_Dimensions_Args);
+
+  /* layouts */
+  HEAD(tpu_pjrt_layout_tiled, PJRT_Buffer_MemoryLayout_Tiled);
+  SAME(tpu_pjrt_layout_tiled, minor_to_major, PJRT_Buffer_MemoryLayout_Tiled, minor_to_major);
+  SAME(tpu_pjrt_layout_tiled, minor_to_major_size, PJRT_Buffer_MemoryLayout_Tiled, minor_to_major_size);
+  SAME(tpu_pjrt_layout_tiled, tile_dims, PJRT_Buffer_MemoryLayout_Tiled, tile_dims);
+  SAME(tpu_pjrt_layout_tiled, tile_dim_sizes, PJRT_Buffer_MemoryLayout_Tiled, tile_dim_sizes);
+  SAME(tpu_pjrt_layout_tiled, num_tiles, PJRT_Buffer_MemoryLayout_Tiled, num_tiles);
+  SIZE(tpu_pjrt_layout_tiled, num_tiles, PJRT_Buffer_MemoryLayout_Tiled);
+  HEAD(tpu_pjrt_layout_strides, PJRT_Buffer_MemoryLayout_Strides);
+  SAME(tpu_pjrt_layout_strides, byte_strides, PJRT_Buffer_MemoryLayout_Strides, byte_strides);
+  SAME(tpu_pjrt_layout_strides, num_byte_strides, PJRT_Buffer_MemoryLayout_Strides, num_byte_strides);
+  SIZE(tpu_pjrt_layout_strides, num_byte_strides, PJRT_Buffer_MemoryLayout_Strides);
+  HEAD(tpu_pjrt_layout, PJRT_Buffer_MemoryLayout);
+  SAME(tpu_pjrt_layout, tiled, PJRT_Buffer_MemoryLayout, tiled);
+  SAME(tpu_pjrt_layout, strides, PJRT_Buffer_MemoryLayout, strides);
+  SAME(tpu_pjrt_layout, type, PJRT_Buffer_MemoryLayout, type);
+  SIZE(tpu_pjrt_layout, type, PJRT_Buffer_MemoryLayout);
+  ENUM(TPU_PJRT_LAYOUT_TILED, PJRT_Buffer_MemoryLayout_Type_Tiled);
+  ENUM(TPU_PJRT_LAYOUT_STRIDES, PJRT_Buffer_MemoryLayout_Type_Strides);
+
+  /* error codes */
+  ENUM(TPU_PJRT_INVALID_ARGUMENT, PJRT_Error_Code_INVALID_ARGUMENT);
+  ENUM(TPU_PJRT_RESOURCE_EXHAUSTED, PJRT_Error_Code_RESOURCE_EXHAUSTED);
+  ENUM(TPU_PJRT_UNIMPLEMENTED, PJRT_Error_Code_UNIMPLEMENTED);
+
   HEAD(tpu_pjrt_to_host_args, PJRT_Buffer_ToHostBuffer_Args);
   SAME(tpu_pjrt_to_host_args, src, PJRT_Buffer_ToHostBuffer_Args, src);
   SAME(tpu_pjrt_to_host_args, host_layout, PJRT_Buffer_ToHostBuffer_Args, host_layout);
@@ -331,17 +378,11 @@ static void test_table(void) {
          n, sizeof(tpu_pjrt_api), (size_t)PJRT_Api_STRUCT_SIZE, PJRT_API_MAJOR, PJRT_API_MINOR);
 }
 
-/* The entries runtime.c calls: present in the plugin's table and non-NULL.
- * (Plugin_Initialize, Device_MemoryStats, Executable_Serialize and
- * Executable_DeserializeAndLoad are optional there, but the CPU plugin has
- * them.) */
-#define TPU_USED(X)                                                                                                \
-  X(Error_Destroy) X(Error_Message) X(Plugin_Initialize) X(Event_Destroy) X(Event_Await) X(Client_Create)          \
-  X(Client_Destroy) X(Client_PlatformName) X(Client_PlatformVersion) X(Client_AddressableDevices) X(Client_Compile) \
-  X(Client_BufferFromHostBuffer) X(DeviceDescription_Kind) X(Device_GetDescription) X(Device_MemoryStats)          \
-  X(Executable_Destroy) X(Executable_NumOutputs) X(Executable_Serialize) X(LoadedExecutable_Destroy)               \
-  X(LoadedExecutable_GetExecutable) X(LoadedExecutable_Execute) X(Executable_DeserializeAndLoad) X(Buffer_Destroy) \
-  X(Buffer_ToHostBuffer)
+/* The entries runtime.c calls: the required ones (TPU_PJRT_REQUIRED) and
+ * the optional ones, which the CPU plugin has too. All must be inside the
+ * plugin's table and non-NULL. */
+#define TPU_OPTIONAL(X) X(Plugin_Initialize) X(Device_MemoryStats) X(Executable_Serialize) X(Executable_DeserializeAndLoad)
+#define TPU_USED(X) TPU_PJRT_REQUIRED(X) TPU_OPTIONAL(X)
 
 static void test_plugin(const char *path) {
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
