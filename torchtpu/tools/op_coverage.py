@@ -1,0 +1,570 @@
+"""Op coverage against PyTorch's own OpInfo database.
+
+    python -m torchtpu.tools.op_coverage [--dtypes float32,bfloat16,int64,bool]
+                                         [--ops NAME,...] [--jobs N]
+                                         [--out docs/op_coverage] [--no-grad]
+
+For every entry of torch's OpInfo `op_db` and every requested dtype the op
+supports on the CPU, each sample input runs on `tpu` and on the CPU and the
+results are compared (values, dtypes, shapes); for samples that require
+gradients, the gradients of every differentiable input through
+`torch.autograd.grad` are compared too. A sample the CPU itself refuses is not
+counted. Each (op, dtype) is classified:
+
+    pass         every counted sample matched
+    wrong        a result differs from the CPU's (value, dtype or shape)
+    error        the tpu run raised something the CPU run did not
+    not_lowered  an ATen overload it needs has no tpu lowering (named)
+    crash        the worker process died (the op is named; the run goes on)
+    timeout      a sample ran past the per-op time limit
+    no_samples   the CPU refused every sample (nothing to compare)
+
+Ops run in worker processes, one op at a time, so a crash or a hang is
+recorded against the op that caused it and the run continues. The report is
+written as Markdown (a table per op and totals) and JSON.
+"""
+
+import argparse
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+import traceback
+
+DTYPES = ("float32", "bfloat16", "int64", "bool")
+
+# Ops whose values are random or uninitialised: their results are compared for
+# shape and dtype only (their statistics are tested in tests/test_random.py).
+RANDOM_OPS = {
+    "bernoulli", "normal", "normal.number_mean", "normal.in_place", "uniform",
+    "multinomial", "nn.functional.dropout", "nn.functional.dropout2d",
+    "nn.functional.dropout3d", "nn.functional.alpha_dropout",
+    "nn.functional.feature_alpha_dropout.with_train",
+    "nn.functional.feature_alpha_dropout.without_train",
+    "nn.functional.rrelu", "rand_like", "randn_like", "randint_like", "randint",
+    "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
+    "empty_permuted", "exponential", "geometric", "log_normal", "cauchy",
+    "torch.empty", "nn.functional.fractional_max_pool2d",
+    "nn.functional.fractional_max_pool3d", "randperm", "cuda_rng_state",
+}
+
+# Tolerances of the comparison, by dtype: XLA's transcendental functions and
+# reduction orders differ from the CPU kernels' by a few ulps.
+TOLERANCES = {
+    "float32": dict(rtol=1e-4, atol=1e-5),
+    "bfloat16": dict(rtol=2e-2, atol=2e-2),
+    "float64": dict(rtol=1e-7, atol=1e-7),
+}
+
+PER_OP_SECONDS = 300
+RESULT_TAG = "@@OPCOV "
+
+
+def entry_name(op):
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+# ---------------------------------------------------------------------------
+# The worker: runs one (op, dtype) at a time.
+
+class _Mismatch(Exception):
+    pass
+
+
+def _to_tpu(x):
+    import torch
+    if isinstance(x, torch.Tensor):
+        y = x.detach().to("tpu")
+        if x.requires_grad:
+            y.requires_grad_(True)
+        return y
+    return x
+
+
+def _tree_map(fn, x):
+    if isinstance(x, (list, tuple)):
+        vals = [_tree_map(fn, v) for v in x]
+        if hasattr(x, "_fields"):
+            return type(x)(*vals)
+        try:
+            return type(x)(vals)
+        except TypeError:
+            return tuple(vals)
+    if isinstance(x, dict):
+        return {k: _tree_map(fn, v) for k, v in x.items()}
+    return fn(x)
+
+
+def _leaves(x, out):
+    import torch
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            _leaves(v, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _leaves(v, out)
+    return out
+
+
+def _compare(expected, actual, dtype_name, values=True, what="output"):
+    """Raise _Mismatch naming what differs."""
+    import torch
+    el, al = _leaves(expected, []), _leaves(actual, [])
+    if not isinstance(expected, torch.Tensor) and not el:
+        if isinstance(actual, torch.Tensor):
+            actual = actual.cpu().item() if actual.numel() == 1 else actual.cpu()
+        if isinstance(expected, (int, float, bool)) and isinstance(actual, (int, float, bool)):
+            if values and expected != actual and not (expected != expected and actual != actual):
+                if abs(float(expected) - float(actual)) > 1e-4 * max(1.0, abs(float(expected))):
+                    raise _Mismatch(f"{what}: {actual!r} != {expected!r}")
+        return
+    if len(el) != len(al):
+        raise _Mismatch(f"{what}: {len(al)} tensors, expected {len(el)}")
+    for i, (e, a) in enumerate(zip(el, al)):
+        name = what if len(el) == 1 else f"{what}[{i}]"
+        if a.device.type != e.device.type and not (e.device.type == "cpu" and a.device.type == "tpu"):
+            raise _Mismatch(f"{name}: device {a.device}, expected {e.device}")
+        if a.dtype != e.dtype:
+            raise _Mismatch(f"{name}: dtype {a.dtype}, expected {e.dtype}")
+        if tuple(a.shape) != tuple(e.shape):
+            raise _Mismatch(f"{name}: shape {tuple(a.shape)}, expected {tuple(e.shape)}")
+        if not values:
+            continue
+        ac = a.detach().cpu()
+        ec = e.detach()
+        if ec.is_complex() or ec.is_floating_point():
+            tol = TOLERANCES.get(str(ec.dtype).replace("torch.", ""), dict(rtol=1e-4, atol=1e-5))
+            if ec.dtype in (torch.bfloat16, torch.float16):
+                tol = TOLERANCES["bfloat16"]
+        else:
+            tol = dict(rtol=0, atol=0)
+        try:
+            torch.testing.assert_close(ac, ec, equal_nan=True, check_stride=False, **tol)
+        except AssertionError as err:
+            msg = str(err).strip().splitlines()
+            raise _Mismatch(f"{name}: " + " ".join(m.strip() for m in msg[:4]))
+
+
+def _grad_inputs(sample):
+    import torch
+    return [t for t in _leaves([sample.input, list(sample.args), dict(sample.kwargs)], [])
+            if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _run_sample(op, sample, dtype_name, values, grad):
+    """Compare one sample; returns 'pass', 'skip' (the CPU refused it), or
+    raises (_Mismatch or the tpu error)."""
+    import torch
+    try:
+        expected = op(sample.input, *sample.args, **sample.kwargs)
+    except Exception:
+        return "skip"
+    tsample = sample.transform(_to_tpu)
+    actual = op(tsample.input, *tsample.args, **tsample.kwargs)
+    _compare(expected, actual, dtype_name, values)
+    if not grad:
+        return "pass"
+    cin, tin = _grad_inputs(sample), _grad_inputs(tsample)
+    couts = [t for t in _leaves(expected, []) if t.requires_grad and t.grad_fn is not None]
+    touts = [t for t in _leaves(actual, []) if t.requires_grad and t.grad_fn is not None]
+    if not cin or not couts:
+        return "pass"
+    if len(touts) != len(couts):
+        raise _Mismatch(f"gradient: {len(touts)} differentiable outputs, expected {len(couts)}")
+    gen = torch.Generator().manual_seed(0)
+    gos = [torch.randn(o.shape, generator=gen, dtype=o.dtype) if o.is_floating_point() else torch.ones_like(o)
+           for o in couts]
+    try:
+        cgrads = torch.autograd.grad(couts, cin, gos, allow_unused=True)
+    except Exception:
+        return "pass"
+    tgrads = torch.autograd.grad(touts, tin, [g.to("tpu") for g in gos], allow_unused=True)
+    for i, (cg, tg) in enumerate(zip(cgrads, tgrads)):
+        if cg is None and tg is None:
+            continue
+        if cg is None:
+            cg = torch.zeros_like(cin[i])
+        if tg is None:
+            tg = torch.zeros_like(tin[i])
+        _compare(cg, tg, dtype_name, values, what=f"grad[{i}]")
+    return "grad"
+
+
+def _classify(exc):
+    msg = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+    if isinstance(exc, _Mismatch):
+        return "wrong", str(exc)[:300]
+    if isinstance(exc, NotImplementedError) and "is not lowered" in str(exc):
+        overload = str(exc).split("torchtpu: ", 1)[-1].split(" is not lowered", 1)[0]
+        return "not_lowered", overload
+    return "error", msg
+
+
+def run_entry(op, dtype_name, grad=True):
+    """Run every sample of one OpInfo entry for one dtype. Returns a dict:
+    status, detail, samples counted, grad (status of the gradient check, or
+    None when the op has no gradient for this dtype)."""
+    import torch
+    dtype = getattr(torch, dtype_name)
+    name = entry_name(op)
+    values = name not in RANDOM_OPS
+    want_grad = grad and op.supports_autograd and dtype_name == "float32"
+    res = {"status": "pass", "detail": "", "samples": 0, "grad": None, "grad_detail": ""}
+    try:
+        samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))
+    except Exception as e:
+        return dict(res, status="no_samples", detail=f"sample_inputs: {type(e).__name__}: {e}"[:300])
+    for s in samples:
+        torch.manual_seed(0)
+        try:
+            r = _run_sample(op, s, dtype_name, values, grad=False)
+        except Exception as e:
+            st, detail = _classify(e)
+            return dict(res, status=st, detail=detail)
+        if r != "skip":
+            res["samples"] += 1
+    if res["samples"] == 0:
+        res["status"] = "no_samples"
+        res["detail"] = "the CPU refused every sample"
+    if not want_grad or res["status"] != "pass":
+        return res
+    res["grad"] = "pass"
+    try:
+        gsamples = list(op.sample_inputs("cpu", dtype, requires_grad=True))
+    except Exception as e:
+        res["grad"], res["grad_detail"] = "no_samples", f"sample_inputs: {e}"[:300]
+        return res
+    checked = 0
+    for s in gsamples:
+        torch.manual_seed(0)
+        try:
+            r = _run_sample(op, s, dtype_name, values, grad=True)
+        except Exception as e:
+            res["grad"], res["grad_detail"] = _classify(e)
+            return res
+        checked += r == "grad"
+    if checked == 0:
+        res["grad"] = "no_samples"
+        res["grad_detail"] = "no sample with a differentiable output"
+    return res
+
+
+def _worker():
+    """Read 'name<TAB>dtype<TAB>grad' lines, answer one tagged JSON line each."""
+    import warnings
+    warnings.filterwarnings("ignore")
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything an op prints goes to stderr, not into the answers
+    import torch  # noqa: F401
+    import torchtpu  # noqa: F401
+    from torch.testing._internal.common_methods_invocations import op_db
+    by_name = {entry_name(o): o for o in op_db}
+    out.write(RESULT_TAG + json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        name, dtype_name, grad = line.rstrip("\n").split("\t")
+        t0 = time.time()
+        try:
+            r = run_entry(by_name[name], dtype_name, grad == "1")
+        except Exception as e:  # a bug of the harness itself, reported as such
+            r = {"status": "error", "detail": "harness: " + traceback.format_exc(limit=2)[-300:],
+                 "samples": 0, "grad": None, "grad_detail": ""}
+        r["seconds"] = round(time.time() - t0, 2)
+        out.write(RESULT_TAG + json.dumps(r) + "\n")
+        out.flush()
+
+
+# ---------------------------------------------------------------------------
+# The driver.
+
+class _Worker:
+    def __init__(self, env):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torchtpu.tools.op_coverage", "--worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, env=env)
+        self.job = None
+        self.started = None
+        self.ready = False
+
+    def send(self, job):
+        self.job = job
+        self.started = time.time()
+        self.proc.stdin.write("\t".join(job) + "\n")
+        self.proc.stdin.flush()
+
+    def kill(self):
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        except Exception:
+            pass
+
+
+def _read_tagged(w):
+    """One answer line from a worker, or None at EOF."""
+    while True:
+        line = w.proc.stdout.readline()
+        if not line:
+            return None
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG):])
+
+
+def run(jobs, nworkers=1, grad=True, progress=None, per_op_seconds=PER_OP_SECONDS):
+    """Run (entry name, dtype) jobs; returns {(name, dtype): result}."""
+    env = dict(os.environ)
+    env.setdefault("TORCHTPU_CPU_FALLBACK", "0")
+    env["TORCHTPU_CPU_FALLBACK"] = "0"
+    pending = list(jobs)
+    results = {}
+    workers = []
+    total = len(pending)
+
+    def start():
+        w = _Worker(env)
+        if _read_tagged(w) is None:
+            raise RuntimeError("op_coverage: a worker could not start (does `import torchtpu` work?)")
+        return w
+
+    for _ in range(max(1, min(nworkers, len(pending)))):
+        workers.append(start())
+    idle = list(workers)
+    busy = {}
+    while pending or busy:
+        while idle and pending:
+            w = idle.pop()
+            job = pending.pop(0)
+            w.send((job[0], job[1], "1" if grad else "0"))
+            busy[w.proc.stdout.fileno()] = w
+        ready, _, _ = select.select(list(busy), [], [], 5.0)
+        for fd in ready:
+            w = busy.pop(fd)
+            r = _read_tagged(w)
+            job = (w.job[0], w.job[1])
+            if r is None:
+                code = w.proc.wait()
+                results[job] = {"status": "crash", "detail": f"worker died (exit status {code})",
+                                "samples": 0, "grad": None, "grad_detail": "",
+                                "seconds": round(time.time() - w.started, 2)}
+                w.kill()
+                w = start()
+            else:
+                results[job] = r
+            idle.append(w)
+            if progress:
+                progress(len(results), total, job, results[job])
+        now = time.time()
+        for fd, w in list(busy.items()):
+            if now - w.started > per_op_seconds:
+                busy.pop(fd)
+                job = (w.job[0], w.job[1])
+                w.kill()
+                results[job] = {"status": "timeout", "detail": f"over {per_op_seconds} s",
+                                "samples": 0, "grad": None, "grad_detail": "",
+                                "seconds": round(now - w.started, 2)}
+                idle.append(start())
+                if progress:
+                    progress(len(results), total, job, results[job])
+    for w in idle:
+        w.proc.stdin.close()
+        w.kill()
+    return results
+
+
+def all_jobs(dtypes=DTYPES, names=None):
+    import torch
+    from torch.testing._internal.common_methods_invocations import op_db
+    jobs, unsupported = [], []
+    for op in op_db:
+        name = entry_name(op)
+        if names is not None and name not in names:
+            continue
+        supported = op.supported_dtypes("cpu")
+        for d in dtypes:
+            if getattr(torch, d) in supported:
+                jobs.append((name, d))
+            else:
+                unsupported.append((name, d))
+    return jobs, unsupported
+
+
+def decomposed_ops():
+    """ATen overloads torchtpu runs through torch._decomp decompositions."""
+    try:
+        from .. import _registry
+        return sorted(getattr(_registry, "DECOMPOSED", ()))
+    except Exception:
+        return []
+
+
+def summarize(results):
+    by_dtype = {}
+    for (name, d), r in results.items():
+        s = by_dtype.setdefault(d, {"entries": 0, "status": {}, "grad_entries": 0, "grad_pass": 0,
+                                    "grad_status": {}})
+        s["entries"] += 1
+        s["status"][r["status"]] = s["status"].get(r["status"], 0) + 1
+        if r.get("grad") is not None:
+            s["grad_entries"] += 1
+            s["grad_status"][r["grad"]] = s["grad_status"].get(r["grad"], 0) + 1
+            s["grad_pass"] += r["grad"] == "pass"
+    return by_dtype
+
+
+def missing_overloads(results):
+    counts = {}
+    for r in results.values():
+        for key in ("status", "grad"):
+            if r.get(key) == "not_lowered":
+                ov = r["detail"] if key == "status" else r["grad_detail"]
+                counts[ov] = counts.get(ov, 0) + 1
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _fmt_pct(n, d):
+    return f"{100.0 * n / d:.1f}%" if d else "n/a"
+
+
+def write_report(results, out_prefix, dtypes, meta):
+    import torch
+    summary = summarize(results)
+    data = {
+        "torch": torch.__version__,
+        "meta": meta,
+        "summary": summary,
+        "decomposed": decomposed_ops(),
+        "missing_overloads": missing_overloads(results),
+        "results": {f"{n}|{d}": r for (n, d), r in sorted(results.items())},
+    }
+    os.makedirs(os.path.dirname(out_prefix) or ".", exist_ok=True)
+    with open(out_prefix + ".json", "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    lines = ["# Op coverage", "",
+             "Generated by `python -m torchtpu.tools.op_coverage` (`make coverage`): every entry of "
+             f"PyTorch's OpInfo `op_db` (torch {torch.__version__}), each sample input run on `tpu` and on "
+             "the CPU and compared (values, dtypes, shapes), and for float32 the gradients of every "
+             "differentiable input through `torch.autograd.grad`. Samples the CPU itself refuses are "
+             "not counted. Ops with random or uninitialised results (listed below) are compared for "
+             "shape and dtype only. Nothing is skipped by a list: every entry is run.", "",
+             f"Tolerances: float32 rtol {TOLERANCES['float32']['rtol']}, atol {TOLERANCES['float32']['atol']}; "
+             f"bfloat16 rtol {TOLERANCES['bfloat16']['rtol']}, atol {TOLERANCES['bfloat16']['atol']}; "
+             "integers and bool exact.", "",
+             f"Run: {meta.get('date', '')}, {meta.get('seconds', 0):.0f} s, platform {meta.get('platform', '')}.",
+             "", "## Totals", "",
+             "| dtype | entries | pass | wrong | error | not lowered | crash | timeout | no samples | forward pass rate | with gradients | gradients pass | gradient pass rate |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d in dtypes:
+        if d not in summary:
+            continue
+        s = summary[d]
+        st = s["status"]
+        counted = s["entries"] - st.get("no_samples", 0)
+        gcounted = s["grad_entries"] - s["grad_status"].get("no_samples", 0)
+        lines.append(
+            f"| {d} | {s['entries']} | {st.get('pass', 0)} | {st.get('wrong', 0)} | {st.get('error', 0)} | "
+            f"{st.get('not_lowered', 0)} | {st.get('crash', 0)} | {st.get('timeout', 0)} | "
+            f"{st.get('no_samples', 0)} | {_fmt_pct(st.get('pass', 0), counted)} | {s['grad_entries']} | "
+            f"{s['grad_pass']} | {_fmt_pct(s['grad_pass'], gcounted)} |")
+    lines += ["", "Pass rates are over entries with at least one sample the CPU accepts. A gradient is "
+              "checked only for float32 entries whose forward passes and whose OpInfo says they support "
+              "autograd.", ""]
+    dec = data["decomposed"]
+    lines += ["## Decompositions", "",
+              f"{len(dec)} ATen overloads run through `torch._decomp` decompositions in Python instead of a "
+              "C lowering: " + (", ".join(f"`{x}`" for x in dec) if dec else "none") + ".", ""]
+    miss = data["missing_overloads"]
+    lines += ["## Missing lowerings", "",
+              "ATen overloads that stopped an entry (forward or gradient), with how many (entry, dtype) pairs "
+              "each stopped:", ""]
+    lines += [", ".join(f"`{ov}` ({n})" for ov, n in miss) if miss else "none", ""]
+    lines += ["## Random and uninitialised ops (compared for shape and dtype only)", "",
+              ", ".join(f"`{x}`" for x in sorted(RANDOM_OPS)), ""]
+    lines += ["## Per op", "", "| op | " + " | ".join(dtypes) + " | gradient (float32) |",
+              "|---|" + "---|" * (len(dtypes) + 1)]
+    names = sorted({n for n, _ in results} | {n for n, _ in meta.get("unsupported", [])})
+    for n in names:
+        cells = []
+        for d in dtypes:
+            r = results.get((n, d))
+            if r is None:
+                cells.append("-")
+            elif r["status"] == "pass":
+                cells.append("pass")
+            else:
+                cells.append(f"{r['status']}: {_md(r['detail'])}")
+        r = results.get((n, "float32"))
+        g = r.get("grad") if r else None
+        gcell = "-" if g is None else ("pass" if g == "pass" else f"{g}: {_md(r.get('grad_detail', ''))}")
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {gcell} |")
+    lines += ["", "`-`: the op does not support that dtype on the CPU (or no gradient applies).", ""]
+    with open(out_prefix + ".md", "w") as f:
+        f.write("\n".join(lines))
+    return summary
+
+
+def _md(s):
+    s = s.replace("|", "\\|").replace("\n", " ")
+    return s[:160] + ("..." if len(s) > 160 else "")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m torchtpu.tools.op_coverage", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtypes", default=",".join(DTYPES))
+    p.add_argument("--ops", default=None, help="comma-separated OpInfo entry names (default: all)")
+    p.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    p.add_argument("--out", default="docs/op_coverage")
+    p.add_argument("--no-grad", action="store_true")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--quiet", action="store_true")
+    a = p.parse_args(argv)
+    if a.worker:
+        return _worker()
+    dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad:
+        p.error(f"unknown dtype(s) {bad}; choose from {DTYPES}")
+    names = set(x.strip() for x in a.ops.split(",")) if a.ops else None
+    jobs, unsupported = all_jobs(dtypes, names)
+    if names:
+        known = {n for n, _ in jobs} | {n for n, _ in unsupported}
+        unknown = names - known
+        if unknown:
+            p.error(f"no OpInfo entry named {sorted(unknown)}")
+    t0 = time.time()
+
+    def progress(done, total, job, r):
+        if a.quiet:
+            return
+        g = "" if r.get("grad") in (None,) else f" grad={r['grad']}"
+        det = "" if r["status"] == "pass" else f"  {r['detail'][:120]}"
+        gd = f"  [{r['grad_detail'][:100]}]" if r.get("grad") not in (None, "pass") else ""
+        print(f"[{done}/{total}] {job[0]} {job[1]}: {r['status']}{g} ({r.get('seconds', 0)} s){det}{gd}",
+              flush=True)
+
+    results = run(jobs, a.jobs, grad=not a.no_grad, progress=progress)
+    import torch  # noqa: F401
+    platform = ""
+    try:
+        import torchtpu
+        platform = torchtpu.runtime_info().get("platform", "")
+    except Exception:
+        pass
+    meta = {"date": time.strftime("%Y-%m-%d"), "seconds": time.time() - t0, "platform": platform,
+            "unsupported": unsupported, "dtypes": dtypes}
+    summary = write_report(results, a.out, dtypes, meta)
+    for d in dtypes:
+        if d in summary:
+            s = summary[d]
+            print(f"{d}: {s['status'].get('pass', 0)}/{s['entries']} pass {s['status']}; "
+                  f"gradients {s['grad_pass']}/{s['grad_entries']} {s['grad_status']}")
+    print(f"report: {a.out}.md, {a.out}.json ({time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
