@@ -345,6 +345,12 @@ void tpu_emit_masked_fill(tpu_lower *L) {
   tpu_hv m = tpu_lower_input(L, 1, TPU_PRED);
   tpu_hv val = L->args[2].kind == TPU_ARG_SCALAR ? tpu_lower_scalar(L, 2, dt)
                                                  : tpu_hlo_reshape(H, tpu_lower_input(L, 2, dt), 0, NULL);
+  /* out of place, self and mask broadcast together; in place, mask to self */
+  if (!(L->flags & TPU_OP_INPLACE)) {
+    tpu_hv v[2] = {x, m};
+    tpu_lower_broadcast_all(L, v, 2);
+    x = v[0], m = v[1];
+  }
   const tpu_hlo_type *xt = T(L, x);
   m = tpu_lower_broadcast_to(L, m, xt->rank, xt->dims);
   tpu_lower_out(L, tpu_hlo_select(H, m, tpu_lower_broadcast_to(L, val, xt->rank, xt->dims), x));

@@ -366,8 +366,7 @@ void tpu_lower_broadcast_all(tpu_lower *L, tpu_hv *vs, int n) {
     const tpu_hlo_type *t = tpu_hlo_typeof(L->hlo, vs[k]);
     if (t->dtype == TPU_INVALID) return;
     if (t->rank > rank) {
-      for (int i = 0; i < t->rank - rank; i++) dims[i] = 1;
-      /* shift existing dims right */
+      /* shift existing dims right, then pad with leading 1s */
       int grow = t->rank - rank;
       for (int i = rank - 1; i >= 0; i--) dims[i + grow] = dims[i];
       for (int i = 0; i < grow; i++) dims[i] = 1;
