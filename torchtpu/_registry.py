@@ -81,6 +81,42 @@ def _copy_from_and_resize(self, dst):
     return _C.copy_from(self, dst)
 
 
+def _contiguous_strides(size, memory_format):
+    cl = {torch.channels_last: (0, 2, 3, 1), torch.channels_last_3d: (0, 2, 3, 4, 1)}.get(memory_format)
+    order = cl if cl and len(cl) == len(size) else tuple(range(len(size)))
+    strides, acc = [0] * len(size), 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc *= max(int(size[d]), 1)
+    return strides
+
+
+def _resize_(self, size, memory_format=None):
+    """resize_: metadata only when the storage is big enough (as on CPU);
+    otherwise the tensor moves to a new, larger storage that keeps the old
+    elements in storage order."""
+    size = [int(s) for s in size]
+    if any(s < 0 for s in size):
+        raise RuntimeError(f"Trying to create tensor with negative dimension: {size}")
+    n = 1
+    for s in size:
+        n *= s
+    strides = _contiguous_strides(size, memory_format)
+    itemsize = self.element_size()
+    have = self.untyped_storage().nbytes() // itemsize
+    if self.storage_offset() + n <= have:
+        return self.set_(self.untyped_storage(), self.storage_offset(), size, strides)
+    new = _C.empty([n], self.dtype, None)
+    old = self.numel()
+    if old and self.is_contiguous():
+        new[:min(old, n)].copy_(self.reshape(-1)[:min(old, n)])
+    return self.set_(new.untyped_storage(), 0, size, strides)
+
+
+def _set_empty(self):
+    return self.set_(_C.empty([0], self.dtype, None).untyped_storage(), 0, [0], [1])
+
+
 def _local_scalar_dense(self):
     return _C.to_cpu(self).item()
 
@@ -177,9 +213,13 @@ def setup(device_module):
             raise RuntimeError(f"torchtpu: cannot register aten::{name}: {e}") from None
         _IMPL.impl(name, _C.kernel(op_id, spec, len(schema.returns), _REQUIRED), "PrivateUse1")
 
-    for name in ("view", "as_strided", "_reshape_alias", "alias", "_unsafe_view"):
-        opov = getattr(torch.ops.aten, name).default
+    for name in ("view", "as_strided", "_reshape_alias", "alias", "_unsafe_view", "unfold",
+                 "set_.source_Storage_storage_offset", "set_.source_Storage", "set_.source_Tensor"):
+        base, _, overload = name.partition(".")
+        opov = getattr(getattr(torch.ops.aten, base), overload or "default")
         _IMPL.impl(name, _redispatch_cpu(opov), "PrivateUse1")
+    _IMPL.impl("set_", _set_empty, "PrivateUse1")
+    _IMPL.impl("resize_", _resize_, "PrivateUse1")
     _IMPL.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
     _IMPL.impl("empty_strided", _empty_strided, "PrivateUse1")
     _IMPL.impl("_copy_from", _copy_from, "PrivateUse1")

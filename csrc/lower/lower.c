@@ -450,7 +450,7 @@ void tpu_lower_write(tpu_lower *L, int i, int item, tpu_hv v) {
 
 void tpu_lower_return_arg(tpu_lower *L, int i, int item) {
   if (L->nret >= TPU_MAX_OUTS) return;
-  L->ret[L->nret++] = (tpu_ret_plan){true, i, item};
+  L->ret[L->nret++] = (tpu_ret_plan){.is_arg = true, .index = i, .item = item};
 }
 
 /* ---- random numbers ------------------------------------------------------------------------ */
@@ -546,10 +546,11 @@ void tpu_lower_run(tpu_lower *L, const tpu_op_row *row) {
         const tpu_hlo_type *rt = tpu_hlo_typeof(L->hlo, res[k]);
         tpu_tref *t = &L->args[i].t;
         if (rt->rank != t->rank || memcmp(rt->dims, t->sizes, sizeof(int64_t) * (size_t)t->rank)) {
-          tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED,
-                         "%s: out= tensor has the wrong shape and resizing tpu out= tensors is not supported yet",
-                         L->opname);
-          return;
+          /* torch resizes an out= tensor of the wrong shape: the result is a
+           * new buffer that the binding sets into the out= tensor. */
+          int idx = tpu_lower_out(L, tpu_hlo_convert(L->hlo, res[k], t->dtype));
+          L->ret[L->nret++] = (tpu_ret_plan){.index = idx, .item = -1, .resize = true, .arg = i};
+          continue;
         }
         tpu_lower_write(L, i, -1, res[k]);
         tpu_lower_return_arg(L, i, -1);
@@ -560,6 +561,6 @@ void tpu_lower_run(tpu_lower *L, const tpu_op_row *row) {
   if (L->nret == 0) {
     int newidx = 0;
     for (int k = 0; k < L->nout; k++)
-      if (L->out[k].kind == TPU_OUT_NEW) L->ret[L->nret++] = (tpu_ret_plan){false, newidx++, -1};
+      if (L->out[k].kind == TPU_OUT_NEW) L->ret[L->nret++] = (tpu_ret_plan){.index = newidx++, .item = -1};
   }
 }

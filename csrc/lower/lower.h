@@ -106,6 +106,9 @@ typedef struct {
   bool is_arg;
   int index;            /* output index or argument index */
   int item;             /* list item for TENSORS arguments, or -1 */
+  bool resize;          /* new output `index` becomes out= argument `arg`'s
+                           contents (its shape was wrong: torch resizes out=) */
+  int arg;
 } tpu_ret_plan;
 
 struct tpu_lower {

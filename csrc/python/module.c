@@ -431,7 +431,29 @@ static PyObject *tpu_build_result(tpu_mod_state *st, tpu_engine_result *res, PyO
   int n = res->nret;
   for (int k = 0; k < n; k++) {
     tpu_ret_plan *p = &res->ret[k];
-    if (p->is_arg) {
+    if (p->resize) {
+      tpu_record *r = res->outs[p->index];
+      res->outs[p->index] = NULL;
+      PyObject *nt = r ? tpu_mint(st, r, res->types[p->index].rank, res->types[p->index].dims, NULL) : NULL;
+      PyObject *oldn = nt ? PyObject_CallMethod(params[p->arg], "numel", NULL) : NULL;
+      long long had = oldn ? PyLong_AsLongLong(oldn) : 0;
+      Py_XDECREF(oldn);
+      /* as torch does: resizing an out= tensor that held elements is deprecated */
+      if (nt && had > 0 &&
+          PyErr_WarnEx(PyExc_UserWarning,
+                       "An output with one or more elements was resized since it had the wrong shape. "
+                       "This behavior is deprecated; reuse out= tensors only when they have the right shape, "
+                       "or call resize_(0) on them first.", 1) < 0)
+        Py_CLEAR(nt);
+      PyObject *done = nt ? PyObject_CallMethod(params[p->arg], "set_", "O", nt) : NULL;
+      Py_XDECREF(nt);
+      if (done) {
+        Py_DECREF(done);
+        vals[k] = Py_NewRef(params[p->arg]);
+      } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_SystemError, "torchtpu: an output was returned twice");
+      }
+    } else if (p->is_arg) {
       if (p->item >= 0) vals[k] = PySequence_GetItem(params[p->index], p->item);
       else vals[k] = Py_NewRef(params[p->index]);
     } else {
