@@ -117,6 +117,34 @@ def _set_empty(self):
     return self.set_(_C.empty([0], self.dtype, None).untyped_storage(), 0, [0], [1])
 
 
+def _dense(t):
+    """Non-overlapping and dense: some permutation of the dims is contiguous."""
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1)
+    expect = 1
+    for st, sz in dims:
+        if st != expect:
+            return False
+        expect *= sz
+    return True
+
+
+def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    """_to_copy from a tpu tensor. torch's own version pins the host copy when
+    non_blocking is set, which a Python-registered device cannot provide; our
+    device->host copy is synchronous anyway, so non_blocking changes nothing."""
+    dtype = dtype if dtype is not None else self.dtype
+    device = torch.device(device) if device is not None else self.device
+    mf = memory_format if memory_format is not None else torch.preserve_format
+    if mf == torch.preserve_format and _dense(self):
+        out = torch.empty_strided(self.shape, self.stride(), dtype=dtype, device=device)
+    else:
+        if mf == torch.preserve_format:
+            mf = torch.contiguous_format
+        out = torch.empty(self.shape, dtype=dtype, device=device, memory_format=mf)
+    return out.copy_(self)
+
+
 def _local_scalar_dense(self):
     return _C.to_cpu(self).item()
 
@@ -214,12 +242,14 @@ def setup(device_module):
         _IMPL.impl(name, _C.kernel(op_id, spec, len(schema.returns), _REQUIRED), "PrivateUse1")
 
     for name in ("view", "as_strided", "_reshape_alias", "alias", "_unsafe_view", "unfold",
-                 "set_.source_Storage_storage_offset", "set_.source_Storage", "set_.source_Tensor"):
+                 "set_.source_Storage_storage_offset", "set_.source_Storage", "set_.source_Tensor",
+                 "view.dtype", "view_as_real", "view_as_complex"):
         base, _, overload = name.partition(".")
         opov = getattr(getattr(torch.ops.aten, base), overload or "default")
         _IMPL.impl(name, _redispatch_cpu(opov), "PrivateUse1")
     _IMPL.impl("set_", _set_empty, "PrivateUse1")
     _IMPL.impl("resize_", _resize_, "PrivateUse1")
+    _IMPL.impl("_to_copy", _to_copy, "PrivateUse1")
     _IMPL.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
     _IMPL.impl("empty_strided", _empty_strided, "PrivateUse1")
     _IMPL.impl("_copy_from", _copy_from, "PrivateUse1")

@@ -308,6 +308,7 @@ static void tpu_sig_tensor(tpu_sig *s, const tpu_tref *t) {
   tpu_sig_put(s, t->strides, sizeof(int64_t) * (size_t)t->rank);
   tpu_sig_i64(s, t->view);
   tpu_sig_i64(s, t->rec_numel);
+  tpu_sig_i64(s, t->rec_dtype);
 }
 
 static void tpu_sig_build(tpu_sig *s, int op_id, const tpu_arg *args, int nargs) {

@@ -227,11 +227,57 @@ static void tpu_lower_add_input(tpu_lower *L, tpu_in_kind k, int arg, int item) 
   L->in[L->nin++] = (tpu_in_plan){k, arg, item};
 }
 
+static tpu_dtype tpu_real_of(tpu_dtype dt) { return dt == TPU_C128 ? TPU_F64 : TPU_F32; }
+
+/* A flat buffer x of dtype `from` seen as dtype `to` with the same bytes
+ * (complex values are (real, imag) pairs in memory, bool one byte). */
+static tpu_hv tpu_lower_reinterpret(tpu_lower *L, tpu_hv x, tpu_dtype from, tpu_dtype to) {
+  tpu_hlo *H = L->hlo;
+  const tpu_hlo_type *xt = tpu_hlo_typeof(H, x);
+  if (from == to || xt->dtype == TPU_INVALID) return x;
+  int64_t n = xt->dims[0];
+  if (tpu_dtype_is_complex(from)) {
+    int64_t n1[2] = {n, 1}, n2 = 2 * n;
+    tpu_hv parts[2] = {tpu_hlo_reshape(H, tpu_hlo_unary(H, TPU_HLO_REAL, x), 2, n1),
+                       tpu_hlo_reshape(H, tpu_hlo_unary(H, TPU_HLO_IMAG, x), 2, n1)};
+    tpu_hv flat = tpu_hlo_reshape(H, tpu_hlo_concat(H, parts, 2, 1), 1, &n2);
+    return tpu_lower_reinterpret(L, flat, tpu_real_of(from), to);
+  }
+  if (tpu_dtype_is_complex(to)) {
+    tpu_dtype rt = tpu_real_of(to);
+    tpu_hv r = tpu_lower_reinterpret(L, x, from, rt);
+    int64_t m = tpu_hlo_typeof(H, r)->dims[0] / 2, m2[2] = {m, 2};
+    r = tpu_hlo_reshape(H, r, 2, m2);
+    int64_t s0[2] = {0, 0}, s1[2] = {0, 1}, l0[2] = {m, 1}, l1[2] = {m, 2}, st[2] = {1, 1};
+    tpu_hv re = tpu_hlo_reshape(H, tpu_hlo_slice(H, r, s0, l0, st), 1, &m);
+    tpu_hv im = tpu_hlo_reshape(H, tpu_hlo_slice(H, r, s1, l1, st), 1, &m);
+    return tpu_hlo_binary(H, TPU_HLO_COMPLEX, re, im);
+  }
+  if (from == TPU_PRED) return tpu_lower_reinterpret(L, tpu_hlo_convert(H, x, TPU_U8), TPU_U8, to);
+  if (to == TPU_PRED) return tpu_hlo_convert(H, tpu_lower_reinterpret(L, x, from, TPU_U8), TPU_PRED);
+  size_t sf = tpu_dtype_size(from), st = tpu_dtype_size(to);
+  if (sf == st) return tpu_hlo_bitcast_convert(H, x, to);
+  if (sf > st) { /* each element becomes k smaller ones */
+    int64_t k = (int64_t)(sf / st), d[2] = {n, k}, nk = n * k;
+    tpu_hv y = tpu_hlo_emit1(H, "stablehlo.bitcast_convert", &x, 1, NULL, tpu_hlo_type_make(to, 2, d));
+    return tpu_hlo_reshape(H, y, 1, &nk);
+  }
+  int64_t k = (int64_t)(st / sf), d[2] = {n / k, k}, m = n / k;
+  tpu_hv y = tpu_hlo_reshape(H, x, 2, d);
+  return tpu_hlo_emit1(H, "stablehlo.bitcast_convert", &y, 1, NULL, tpu_hlo_type_make(to, 1, &m));
+}
+
 static tpu_hv tpu_lower_base(tpu_lower *L, tpu_tref *t, int i, int j) {
   if (t->base != TPU_HV_NONE || !t->rec) return t->base;
   int64_t n = t->rec_numel;
   tpu_lower_add_input(L, TPU_IN_RECORD, i, j);
-  t->base = tpu_hlo_param(L->hlo, tpu_hlo_type_make(t->dtype, 1, &n));
+  if (t->rec_dtype != TPU_INVALID && t->rec_dtype != t->dtype) {
+    int64_t rn = (int64_t)((size_t)n * tpu_dtype_size(t->dtype) / tpu_dtype_size(t->rec_dtype));
+    tpu_hv raw = tpu_hlo_param(L->hlo, tpu_hlo_type_make(t->rec_dtype, 1, &rn));
+    t->base = tpu_lower_reinterpret(L, raw, t->rec_dtype, t->dtype);
+  } else {
+    t->base = tpu_hlo_param(L->hlo, tpu_hlo_type_make(t->dtype, 1, &n));
+  }
   if (t->view != TPU_VIEW_WHOLE) {
     tpu_lower_add_input(L, TPU_IN_OFFSET, i, j);
     t->offv = tpu_hlo_param(L->hlo, tpu_hlo_type_make(TPU_S64, 0, NULL));
@@ -442,6 +488,8 @@ void tpu_lower_write(tpu_lower *L, int i, int item, tpu_hv v) {
   v = tpu_lower_broadcast_to(L, v, t->rank, t->sizes);
   tpu_hv base = t->view == TPU_VIEW_WHOLE ? TPU_HV_NONE : tpu_lower_base(L, t, i, item);
   tpu_hv nb = tpu_lower_view_write(L, t, base, t->offv, v);
+  if (t->rec_dtype != TPU_INVALID && t->rec_dtype != t->dtype)
+    nb = tpu_lower_reinterpret(L, nb, t->dtype, t->rec_dtype);
   L->out[L->nout] = (tpu_out_plan){TPU_OUT_WRITE, i, item, *tpu_hlo_typeof(L->hlo, nb)};
   L->outv[L->nout++] = nb;
   /* Later reads in the same program see the new contents. */

@@ -50,7 +50,9 @@ typedef struct {
   int64_t sizes[TPU_MAX_RANK];
   int64_t strides[TPU_MAX_RANK];
   int64_t offset;
-  int64_t rec_numel;      /* elements of the record's flat buffer */
+  int64_t rec_numel;      /* elements of the record's flat buffer, in this tensor's dtype */
+  tpu_dtype rec_dtype;    /* the record's dtype when this view reinterprets its bytes
+                             (view_as_real, view(dtype)); TPU_INVALID when the same */
   bool host;              /* CPU 0-d tensor */
   bool zero_size;         /* no elements: no record is needed or looked up */
   uint8_t host_bytes[16]; /* its value, raw */

@@ -243,13 +243,18 @@ static int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const c
                  "reinterpreted with view(dtype), which is not supported yet)", opname);
     return -1;
   }
-  if (t->rec->dtype != t->dtype) {
-    PyErr_Format(PyExc_NotImplementedError, "aten::%s: tensor of dtype %s views a %s storage; "
-                 "reinterpreting tpu storage is not supported yet", opname, tpu_dtype_name(t->dtype),
-                 tpu_dtype_name(t->rec->dtype));
-    return -1;
-  }
   t->rec_numel = t->rec->numel;
+  if (t->rec->dtype != t->dtype) {
+    /* a view that reinterprets the storage's bytes (view_as_real, view(dtype)) */
+    size_t rb = (size_t)t->rec->numel * tpu_dtype_size(t->rec->dtype), ts = tpu_dtype_size(t->dtype);
+    if (rb % ts) {
+      PyErr_Format(PyExc_RuntimeError, "aten::%s: a %s view of a %s storage of %zu bytes does not cover it whole",
+                   opname, tpu_dtype_name(t->dtype), tpu_dtype_name(t->rec->dtype), rb);
+      return -1;
+    }
+    t->rec_dtype = t->rec->dtype;
+    t->rec_numel = (int64_t)(rb / ts);
+  }
   return 0;
 }
 
@@ -774,7 +779,7 @@ static PyObject *tpu_py_copy_from(PyObject *m, PyObject *args) {
     tpu_tref *dt = &a[0].t;
     bool same_shape = rank == dt->rank && memcmp(sizes, dt->sizes, sizeof(int64_t) * (size_t)rank) == 0;
     tpu_status *s = NULL;
-    if (same_shape && sdt == dt->dtype && tpu_lower_view_kind(dt) == TPU_VIEW_WHOLE) {
+    if (same_shape && sdt == dt->dtype && sdt == dt->rec->dtype && tpu_lower_view_kind(dt) == TPU_VIEW_WHOLE) {
       s = tpu_engine_upload(st->eng, dt->rec, (const void *)(uintptr_t)ptr, sdt, rank, sizes);
       Py_DECREF(c);
       if (s) return tpu_raise(s);
