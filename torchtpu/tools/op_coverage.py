@@ -78,13 +78,24 @@ class _Mismatch(Exception):
 
 
 def _to_tpu(x):
+    """The tpu twin of a sample tensor, with the same layout: a view or a
+    non-contiguous tensor becomes the same view (sizes, strides, storage
+    offset) of a tpu copy of its whole storage, so that ops see what they
+    would see on the CPU."""
     import torch
-    if isinstance(x, torch.Tensor):
+    if not isinstance(x, torch.Tensor):
+        return x
+    plain = (x.layout != torch.strided or x.is_conj() or x.is_neg() or x.numel() == 0
+             or (x.is_contiguous() and x.storage_offset() == 0 and x._base is None))
+    if plain:
         y = x.detach().to("tpu")
-        if x.requires_grad:
-            y.requires_grad_(True)
-        return y
-    return x
+    else:
+        n = x.untyped_storage().nbytes() // x.element_size()
+        flat = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), 0, [n], [1])
+        y = flat.detach().to("tpu").as_strided(x.size(), x.stride(), x.storage_offset()).detach()
+    if x.requires_grad:
+        y.requires_grad_(True)
+    return y
 
 
 def _tree_map(fn, x):
