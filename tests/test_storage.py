@@ -1,0 +1,120 @@
+"""Storage-level behaviour on tpu against CPU PyTorch: resize_, set_, out=
+tensors of the wrong shape, views that reinterpret storage (view_as_real,
+view_as_complex, view(dtype)), and .to() with non_blocking."""
+import warnings
+
+import pytest
+import torch
+
+import torchtpu  # noqa: F401
+
+
+def test_resize_grows_and_keeps_elements():
+    for dev in ("cpu", "tpu"):
+        t = torch.arange(4.0, device=dev)
+        t.resize_(2, 3)
+        assert t.shape == (2, 3) and t.stride() == (3, 1)
+        assert t.reshape(-1)[:4].cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    t = torch.arange(6.0, device="tpu").resize_(2, 2)
+    assert t.cpu().tolist() == [[0.0, 1.0], [2.0, 3.0]]  # shrinking keeps the storage
+
+
+def test_resize_channels_last_and_errors():
+    c = torch.empty(0).resize_(2, 3, 4, 5, memory_format=torch.channels_last)
+    t = torch.empty(0, device="tpu").resize_(2, 3, 4, 5, memory_format=torch.channels_last)
+    assert t.stride() == c.stride()
+    with pytest.raises(RuntimeError):
+        torch.empty(0, device="tpu").resize_(-1)
+
+
+def test_set_shares_storage():
+    a = torch.arange(6.0).to("tpu")
+    b = torch.empty(0, device="tpu")
+    b.set_(a.untyped_storage(), 2, (2, 2), (2, 1))
+    assert b.cpu().tolist() == [[2.0, 3.0], [4.0, 5.0]]
+    b.add_(10)
+    assert a.cpu().tolist() == [0.0, 1.0, 12.0, 13.0, 14.0, 15.0]
+    c = torch.empty(0, device="tpu").set_(a)
+    assert c.shape == a.shape and c.data_ptr() == a.data_ptr()
+
+
+def test_out_of_wrong_shape_is_resized():
+    x = torch.randn(3, 4)
+    out = torch.empty(0, device="tpu")
+    r = torch.add(x.to("tpu"), 1, out=out)
+    assert r is out and out.shape == (3, 4)
+    torch.testing.assert_close(out.cpu(), x + 1)
+    out = torch.empty(5, device="tpu")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        torch.mul(x.to("tpu"), 2, out=out)
+    assert any("resized" in str(m.message) for m in w)
+    torch.testing.assert_close(out.cpu(), x * 2)
+    out64 = torch.empty(0, device="tpu", dtype=torch.float64)
+    torch.add(x.to("tpu"), 1, out=out64)
+    assert out64.dtype == torch.float64
+    torch.testing.assert_close(out64.cpu(), (x + 1).double())
+
+
+def test_view_as_real_reads_and_writes_through():
+    z = torch.randn(3, 2, dtype=torch.complex64)
+    t = z.to("tpu")
+    r = torch.view_as_real(t)
+    torch.testing.assert_close(r.cpu(), torch.view_as_real(z))
+    r[1, 0, 1] = 7.0
+    z2 = z.clone()
+    torch.view_as_real(z2)[1, 0, 1] = 7.0
+    torch.testing.assert_close(t.cpu(), z2)
+    torch.testing.assert_close(t.real.cpu(), z2.real)
+    torch.testing.assert_close(t.imag.cpu(), z2.imag)
+
+
+def test_view_as_complex_and_grad():
+    x = torch.randn(4, 2, requires_grad=True)
+    xt = x.detach().to("tpu").requires_grad_()
+    c, ct = torch.view_as_complex(x), torch.view_as_complex(xt)
+    torch.testing.assert_close(ct.cpu(), c.detach())
+    (g,) = torch.autograd.grad((c.real * 2 + c.imag * 3).sum(), x)
+    (gt,) = torch.autograd.grad((ct.real * 2 + ct.imag * 3).sum(), xt)
+    torch.testing.assert_close(gt.cpu(), g)
+
+
+@pytest.mark.parametrize("src,dst", [(torch.float32, torch.int32), (torch.float32, torch.uint8),
+                                     (torch.uint8, torch.int32), (torch.bfloat16, torch.float32),
+                                     (torch.int64, torch.float64), (torch.bool, torch.uint8)])
+def test_view_dtype(src, dst):
+    x = (torch.arange(8) * 3 + 1).to(src) if src != torch.bool else torch.arange(8) % 3 == 0
+    t = x.to("tpu").view(dst)
+    assert t.dtype == dst
+    assert torch.equal(t.cpu(), x.view(dst))
+    # a write through the reinterpreted view lands in the original storage
+    if dst.is_floating_point:
+        return
+    base = x.to("tpu")
+    v = base.view(dst)
+    v[0] = 0
+    x2 = x.clone()
+    x2.view(dst)[0] = 0
+    assert torch.equal(base.cpu(), x2)
+
+
+def test_to_non_blocking_and_formats():
+    x = torch.randn(2, 3, 4, 5)
+    t = x.to("tpu")
+    y = t.to("cpu", non_blocking=True)
+    torch.testing.assert_close(y, x)
+    y = t.to(torch.float64)
+    assert y.device.type == "tpu" and y.dtype == torch.float64
+    y = t.to("cpu", memory_format=torch.channels_last)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(y, x)
+    tt = t.transpose(0, 3).to("cpu")  # preserve_format keeps dense strides
+    assert tt.stride() == x.transpose(0, 3).stride()
+
+
+def test_complex_and_polar():
+    a, b = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(torch.complex(a.to("tpu"), b.to("tpu")).cpu(), torch.complex(a, b))
+    torch.testing.assert_close(torch.polar(a.abs().to("tpu"), b.to("tpu")).cpu(), torch.polar(a.abs(), b))
+    with pytest.raises(RuntimeError):
+        torch.complex(a.to("tpu"), b.to("tpu").double())
