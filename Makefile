@@ -11,7 +11,7 @@ CORE    := csrc/core.c
 RT      := csrc/runtime/runtime.c
 HLO     := csrc/hlo/hlo.c
 
-.PHONY: setup build test check pytest clean
+.PHONY: setup build test check pytest coverage clean
 
 setup:
 	$(PY) -m venv $(VENV)
@@ -49,6 +49,11 @@ pytest:
 	$(VPY) -m pytest -q tests
 
 test: build check pytest
+
+# The full OpInfo coverage run (all of op_db, four dtypes, gradients): writes
+# docs/op_coverage.md and docs/op_coverage.json. Not part of `make test`.
+coverage: build
+	$(VPY) -m torchtpu.tools.op_coverage --dtypes float32,bfloat16,int64,bool --out docs/op_coverage
 
 clean:
 	rm -rf build *.egg-info torchtpu/_C*.so

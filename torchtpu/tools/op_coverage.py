@@ -27,6 +27,7 @@ written as Markdown (a table per op and totals) and JSON.
 import argparse
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -218,9 +219,17 @@ def _classify(exc):
     msg = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
     if isinstance(exc, _Mismatch):
         return "wrong", str(exc)[:300]
-    if isinstance(exc, NotImplementedError) and "is not lowered" in str(exc):
-        overload = str(exc).split("torchtpu: ", 1)[-1].split(" is not lowered", 1)[0]
+    text = str(exc)
+    if isinstance(exc, NotImplementedError) and "is not lowered" in text:
+        overload = text.split("torchtpu: ", 1)[-1].split(" is not lowered", 1)[0]
         return "not_lowered", overload
+    # torch's own dispatcher: no kernel for the tpu key (a sparse layout, or an
+    # op torch routes to an "_overrideable" hook for out-of-tree devices)
+    if isinstance(exc, NotImplementedError):
+        m = re.search(r"Could not run '(aten::[\w.]+)'", text) or re.search(r"^(\w+_overrideable) not implemented", text)
+        if m:
+            name = m.group(1)
+            return "not_lowered", name if name.startswith("aten::") else "aten::" + name
     return "error", msg
 
 
