@@ -66,9 +66,14 @@ void tpu_emit_div(tpu_lower *L) {
     tpu_lower_out(L, tpu_lower_binary(L, TPU_HLO_DIV, tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)));
     return;
   }
+  /* half types divide and round in f32, then round once to the result type */
+  tpu_dtype out_dt = dt;
+  dt = tpu_acc_type(dt);
   tpu_hv a = tpu_lower_input(L, 0, dt), b = tpu_lower_input(L, 1, dt);
   tpu_hv q = tpu_lower_binary(L, TPU_HLO_DIV, a, b);
   if (strcmp(mode, "trunc") == 0) {
+    /* torch's CPU kernel rounds the quotient to the half type before truncating */
+    q = tpu_hlo_convert(H, tpu_hlo_convert(H, q, out_dt), dt);
     if (tpu_dtype_is_float(dt)) {
       tpu_hv neg = tpu_hlo_compare(H, TPU_HLO_LT, q, tpu_lower_full_like(L, q, 0));
       q = tpu_hlo_select(H, neg, tpu_hlo_unary(H, TPU_HLO_CEIL, q), tpu_hlo_unary(H, TPU_HLO_FLOOR, q));
@@ -92,7 +97,7 @@ void tpu_emit_div(tpu_lower *L) {
     tpu_lower_fail(L, TPU_ERR_VALUE,
                    "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '%s'", mode);
   }
-  tpu_lower_out(L, q);
+  tpu_lower_out(L, tpu_hlo_convert(H, q, out_dt));
 }
 
 /* remainder: Python semantics (sign of the divisor). */
