@@ -16,6 +16,9 @@ static inline tpu_hv tpu_mul(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_
 static inline tpu_hv tpu_add(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_ADD, a, b); }
 static inline tpu_hv tpu_sub(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_SUB, a, b); }
 
+/* div of arguments 0 and 1 with rounding mode NULL, "trunc" or "floor" (emit_core.c). */
+void tpu_emit_div_rounding(tpu_lower *L, const char *mode);
+
 /* Half types compute in f32, as torch's CPU kernels do. */
 static inline tpu_dtype tpu_acc_type(tpu_dtype dt) { return (dt == TPU_F16 || dt == TPU_BF16) ? TPU_F32 : dt; }
 

@@ -58,9 +58,12 @@ void tpu_emit_rsub(tpu_lower *L) {
 
 /* div(self, other, *, rounding_mode=None|"trunc"|"floor") */
 void tpu_emit_div(tpu_lower *L) {
+  tpu_emit_div_rounding(L, (L->nargs > 2 && L->args[2].kind == TPU_ARG_STR) ? L->args[2].str : NULL);
+}
+
+void tpu_emit_div_rounding(tpu_lower *L, const char *mode) {
   int idx[2] = {0, 1};
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
-  const char *mode = (L->nargs > 2 && L->args[2].kind == TPU_ARG_STR) ? L->args[2].str : NULL;
   if (!mode) {
     dt = tpu_lower_float_type(dt);
     tpu_lower_out(L, tpu_lower_binary(L, TPU_HLO_DIV, tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)));
