@@ -8,7 +8,7 @@
 /* ---- reductions ---------------------------------------------------------------------- */
 
 /* Dims to reduce from an optional int list argument (None or [] = all). */
-static int tpu_red_dims(tpu_lower *L, int arg, int rank, int64_t *dims, bool *mask) {
+int tpu_red_dims(tpu_lower *L, int arg, int rank, int64_t *dims, bool *mask) {
   memset(mask, 0, sizeof(bool) * TPU_MAX_RANK);
   int n = 0;
   bool all = arg >= L->nargs || L->args[arg].kind == TPU_ARG_NONE ||
@@ -32,16 +32,16 @@ static int tpu_red_dims(tpu_lower *L, int arg, int rank, int64_t *dims, bool *ma
   return rank == 0 ? 0 : n;
 }
 
-static tpu_hv tpu_keepdim(tpu_lower *L, tpu_hv r, const tpu_hlo_type *in, const bool *mask, bool keep) {
+tpu_hv tpu_keepdim(tpu_lower *L, tpu_hv r, const tpu_hlo_type *in, const bool *mask, bool keep) {
   if (!keep) return r;
   int64_t dims[TPU_MAX_RANK];
   for (int i = 0; i < in->rank; i++) dims[i] = mask[i] ? 1 : in->dims[i];
   return tpu_hlo_reshape(H, r, in->rank, dims);
 }
 
-static bool tpu_arg_bool(tpu_lower *L, int i) { return i < L->nargs && L->args[i].kind == TPU_ARG_BOOL && L->args[i].i; }
+bool tpu_arg_bool(tpu_lower *L, int i) { return i < L->nargs && L->args[i].kind == TPU_ARG_BOOL && L->args[i].i; }
 
-static tpu_hv tpu_reduce_sum(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
+tpu_hv tpu_reduce_sum(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
   tpu_dtype dt = T(L, x)->dtype;
   tpu_hlo_op op = dt == TPU_PRED ? TPU_HLO_OR : TPU_HLO_ADD;
   return tpu_hlo_reduce(H, x, tpu_lower_full(L, tpu_hlo_type_make(dt, 0, NULL), 0), dims, n, op);
@@ -118,7 +118,7 @@ static double tpu_highest(tpu_dtype dt) {
   }
 }
 
-static tpu_hv tpu_init_value(tpu_lower *L, tpu_dtype dt, bool is_max) {
+tpu_hv tpu_init_value(tpu_lower *L, tpu_dtype dt, bool is_max) {
   tpu_hlo_type s = tpu_hlo_type_make(dt, 0, NULL);
   if (dt == TPU_S64) return tpu_hlo_constant_int(H, dt, is_max ? INT64_MIN : INT64_MAX);
   if (dt == TPU_U64) return tpu_hlo_constant_int(H, dt, is_max ? 0 : -1);
@@ -126,10 +126,15 @@ static tpu_hv tpu_init_value(tpu_lower *L, tpu_dtype dt, bool is_max) {
 }
 
 /* max/min with NaN propagation for floats (torch propagates NaN). */
-static tpu_hv tpu_reduce_extreme(tpu_lower *L, tpu_hv x, const int64_t *dims, int n, bool is_max) {
+tpu_hv tpu_reduce_extreme(tpu_lower *L, tpu_hv x, const int64_t *dims, int n, bool is_max) {
   tpu_dtype dt = T(L, x)->dtype;
   tpu_hlo_op op = dt == TPU_PRED ? (is_max ? TPU_HLO_OR : TPU_HLO_AND) : (is_max ? TPU_HLO_MAX : TPU_HLO_MIN);
-  return tpu_hlo_reduce(H, x, tpu_init_value(L, dt, is_max), dims, n, op);
+  tpu_hv r = tpu_hlo_reduce(H, x, tpu_init_value(L, dt, is_max), dims, n, op);
+  if (!tpu_dtype_is_float(dt)) return r;
+  /* XLA's max/min may drop NaNs; torch propagates them */
+  tpu_hv nan = tpu_hlo_reduce(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), tpu_hlo_constant_int(H, TPU_PRED, 0), dims, n,
+                              TPU_HLO_OR);
+  return tpu_hlo_select(H, nan, tpu_k(L, r, NAN), r);
 }
 
 static void tpu_emit_amaxmin(tpu_lower *L, bool is_max) {
@@ -168,7 +173,7 @@ void tpu_emit_min_all(tpu_lower *L) { tpu_emit_maxmin_all(L, false); }
 
 /* (values, indices) along one dim: a variadic reduce keeping the first
  * index of the extreme; NaN counts as the extreme (torch's rule). */
-static void tpu_arg_extreme(tpu_lower *L, tpu_hv x, int64_t dim, bool is_max, tpu_hv *vals, tpu_hv *idx) {
+void tpu_arg_extreme(tpu_lower *L, tpu_hv x, int64_t dim, bool is_max, tpu_hv *vals, tpu_hv *idx) {
   const tpu_hlo_type xt = *T(L, x);
   tpu_dtype dt = xt.dtype;
   tpu_hv iota = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, xt.rank, xt.dims), (int)dim);

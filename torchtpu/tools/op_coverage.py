@@ -55,6 +55,64 @@ RANDOM_OPS = {
 # those samples are compared for shape and dtype only, the others in full.
 RANDOM_IN_TRAINING = {"nn.functional.multi_head_attention_forward"}
 
+# Ops whose returned indices are not specified when values tie (torch's CPU
+# sorts are not stable by default; topk/kthvalue/median pick any of equal
+# elements). Values are compared exactly; the indices are checked to point at
+# elements equal to the ones the CPU's indices point at (unless the sample
+# asks for a stable sort, then they must match exactly).
+def _arg(sample, pos, name, default):
+    if name in sample.kwargs:
+        return sample.kwargs[name]
+    return sample.args[pos] if len(sample.args) > pos else default
+
+
+TIE_INDEX_OPS = {
+    # entry: (sample -> dim or None, sample -> keepdim, index of the indices output or None if it is the output)
+    "sort": (lambda s: _arg(s, 0, "dim", -1), lambda s: True, 1),
+    "argsort": (lambda s: _arg(s, 0, "dim", -1), lambda s: True, None),
+    "topk": (lambda s: _arg(s, 1, "dim", -1), lambda s: True, 1),
+    "kthvalue": (lambda s: _arg(s, 1, "dim", -1), lambda s: _arg(s, 2, "keepdim", False), 1),
+    "median": (lambda s: _arg(s, 0, "dim", None), lambda s: _arg(s, 1, "keepdim", False), 1),
+    "nanmedian": (lambda s: _arg(s, 0, "dim", None), lambda s: _arg(s, 1, "keepdim", False), 1),
+    "mode": (lambda s: _arg(s, 0, "dim", -1), lambda s: _arg(s, 1, "keepdim", False), 1),
+}
+
+
+def _check_tie_indices(name, sample, expected, actual, dtype_name):
+    """Compare an op's outputs where tied indices may differ; raises _Mismatch."""
+    import torch
+    dim_of, keep_of, pos = TIE_INDEX_OPS[name]
+    dim = dim_of(sample)
+    if pos is not None and not isinstance(expected, (tuple, list)):  # no indices returned
+        _compare(expected, actual, dtype_name)
+        return
+    exp_i = expected if pos is None else expected[pos]
+    act_i = actual if pos is None else actual[pos]
+    if pos is not None:  # every other output exactly
+        _compare([e for i, e in enumerate(expected) if i != pos], [a for i, a in enumerate(actual) if i != pos],
+                 dtype_name)
+    if not isinstance(exp_i, torch.Tensor) or dim is None or (name == "sort" and sample.kwargs.get("stable")) \
+            or (name == "argsort" and sample.kwargs.get("stable")):
+        _compare(exp_i, act_i, dtype_name, what="indices")
+        return
+    _compare(exp_i, act_i, dtype_name, values=False, what="indices")
+    inp = sample.input
+    if inp.dim() == 0:
+        _compare(exp_i, act_i, dtype_name, what="indices")
+        return
+    e, a = exp_i, act_i.cpu()
+    if not keep_of(sample) and e.dim() < inp.dim():
+        e, a = e.unsqueeze(dim), a.unsqueeze(dim)
+    if a.numel() and (a.min() < 0 or a.max() >= inp.shape[dim]):
+        raise _Mismatch("indices: out of range")
+    ge, ga = torch.gather(inp, dim, e), torch.gather(inp, dim, a)
+    if not torch.equal(ge.isnan(), ga.isnan()) if ge.is_floating_point() else False:
+        raise _Mismatch("indices: point at different elements")
+    if not torch.equal(torch.nan_to_num(ge) if ge.is_floating_point() else ge,
+                       torch.nan_to_num(ga) if ga.is_floating_point() else ga):
+        raise _Mismatch("indices: point at elements that differ from the CPU's")
+
+
 # Tolerances of the comparison, by dtype: XLA's transcendental functions and
 # reduction orders differ from the CPU kernels' by a few ulps.
 TOLERANCES = {
@@ -190,7 +248,11 @@ def _run_sample(op, sample, dtype_name, values, grad):
             targs[i] = sample.args[i]
     tsample.args = tuple(targs)
     actual = op(tsample.input, *tsample.args, **tsample.kwargs)
-    _compare(expected, actual, dtype_name, values)
+    name = entry_name(op)
+    if name in TIE_INDEX_OPS and values:
+        _check_tie_indices(name, sample, expected, actual, dtype_name)
+    else:
+        _compare(expected, actual, dtype_name, values)
     if not grad:
         return "pass"
     cin, tin = _grad_inputs(sample), _grad_inputs(tsample)
@@ -524,6 +586,10 @@ def write_report(results, out_prefix, dtypes, meta):
     lines += [", ".join(f"`{ov}` ({n})" for ov, n in miss) if miss else "none", ""]
     lines += ["## Random and uninitialised ops (compared for shape and dtype only)", "",
               ", ".join(f"`{x}`" for x in sorted(RANDOM_OPS)),
+              "", "Indices of equal elements are unspecified for "
+              + ", ".join(f"`{x}`" for x in sorted(TIE_INDEX_OPS))
+              + ": their values are compared exactly, and their indices must point at elements equal to those "
+              "the CPU's indices point at (exactly equal indices when the sample asks for a stable sort).",
               "", "Compared in full except for their samples in training mode (dropout inside): "
               + ", ".join(f"`{x}`" for x in sorted(RANDOM_IN_TRAINING)) + ".", ""]
     lines += ["## Per op", "", "| op | " + " | ".join(dtypes) + " | gradient (float32) |",

@@ -1,0 +1,641 @@
+/* emit_reduce.c: reductions beyond the first op set, scans, sorting and
+ * searching. Emitters index their arguments from the front, so the
+ * functional and .out overloads (whose out= tensors trail) share them.
+ * Scans are reduce_window over the whole prefix (XLA turns them into
+ * efficient loops); sorts are stablehlo.sort with a comparator that orders
+ * NaN as torch does (largest), stable so that ties keep their order. */
+#include <math.h>
+#include <string.h>
+
+#include "emit.h"
+
+/* ---- helpers --------------------------------------------------------------------------- */
+
+static bool tpu_has(tpu_lower *L, int i, tpu_argkind k) { return i < L->nargs && L->args[i].kind == k; }
+
+static tpu_dtype tpu_sum_dtype(tpu_lower *L, int dt_arg) {
+  if (tpu_has(L, dt_arg, TPU_ARG_DTYPE)) return L->args[dt_arg].dtype;
+  tpu_dtype dt = L->args[0].t.dtype;
+  return (dt == TPU_PRED || tpu_dtype_is_int(dt)) ? TPU_S64 : dt;
+}
+
+static int64_t tpu_numel_of(const tpu_hlo_type *t, const int64_t *dims, int n) {
+  int64_t c = 1;
+  for (int i = 0; i < n; i++) c *= t->dims[dims[i]];
+  return c;
+}
+
+/* A region (a, b) -> op(a, b) on scalars of dt. */
+static int tpu_binop_region(tpu_lower *L, tpu_dtype dt, tpu_hlo_op op) {
+  tpu_hlo_type st[2] = {tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(dt, 0, NULL)};
+  tpu_hv a[2];
+  tpu_hlo_region_begin(H, st, 2, a);
+  tpu_hv r = tpu_hlo_binary(H, op, a[0], a[1]);
+  return tpu_hlo_region_end(H, &r, 1);
+}
+
+/* A scan along dim that combines nothing (a single element). */
+static bool tpu_scan_trivial(tpu_lower *L, tpu_hv x, int64_t dim) {
+  const tpu_hlo_type *t = T(L, x);
+  return t->rank == 0 || t->dims[dim] <= 1;
+}
+
+/* Inclusive prefix scan of xs[0..n) along dim with a region over 2n scalars
+ * (callers skip trivial scans: a region must be used once built). */
+static void tpu_scan(tpu_lower *L, const tpu_hv *xs, const tpu_hv *inits, int n, int64_t dim, int region, tpu_hv *outs) {
+  const tpu_hlo_type *t = T(L, xs[0]);
+  int64_t win[TPU_MAX_RANK], pad[2 * TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) {
+    win[i] = i == dim ? t->dims[i] : 1;
+    pad[2 * i] = i == dim ? t->dims[i] - 1 : 0;
+    pad[2 * i + 1] = 0;
+  }
+  tpu_hlo_reduce_window(H, xs, inits, n, win, NULL, NULL, NULL, pad, region, outs);
+}
+
+/* ---- sums, products, means --------------------------------------------------------------------- */
+
+/* sum.IntList_out / nansum (self, dim, keepdim, *, dtype) */
+static void tpu_emit_sum_impl(tpu_lower *L, bool nan_zero) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_dtype dt = tpu_sum_dtype(L, 3), acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_input(L, 0, acc);
+  if (nan_zero && tpu_dtype_is_float(acc)) x = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), tpu_k(L, x, 0), x);
+  int64_t dims[TPU_MAX_RANK];
+  bool mask[TPU_MAX_RANK];
+  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
+  tpu_hlo_type in = *T(L, x);
+  tpu_hv r = tpu_reduce_sum(L, x, dims, n);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2)), dt));
+}
+void tpu_emit_sum_dims(tpu_lower *L) { tpu_emit_sum_impl(L, false); }
+void tpu_emit_nansum(tpu_lower *L) { tpu_emit_sum_impl(L, true); }
+
+/* mean.out(self, dim, keepdim, *, dtype) */
+void tpu_emit_mean_dims(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_dtype dt = tpu_has(L, 3, TPU_ARG_DTYPE) ? L->args[3].dtype : t->dtype;
+  if (!tpu_dtype_is_float(dt) && !tpu_dtype_is_complex(dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "mean(): could not infer output dtype. Input dtype must be either a floating "
+                   "point or complex dtype. Got: %s", tpu_dtype_name(dt));
+    return;
+  }
+  tpu_dtype acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_input(L, 0, acc);
+  int64_t dims[TPU_MAX_RANK];
+  bool mask[TPU_MAX_RANK];
+  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
+  tpu_hlo_type in = *T(L, x);
+  tpu_hv r = tpu_reduce_sum(L, x, dims, n);
+  r = tpu_hlo_binary(H, TPU_HLO_DIV, r, tpu_k(L, r, (double)tpu_numel_of(&in, dims, n)));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2)), dt));
+}
+
+static tpu_hv tpu_reduce_prod(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
+  tpu_dtype dt = T(L, x)->dtype;
+  tpu_hlo_op op = dt == TPU_PRED ? TPU_HLO_AND : TPU_HLO_MUL;
+  return tpu_hlo_reduce(H, x, tpu_lower_full(L, tpu_hlo_type_make(dt, 0, NULL), 1), dims, n, op);
+}
+
+/* prod(self, *, dtype) */
+void tpu_emit_prod_all(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_dtype dt = tpu_sum_dtype(L, 1), acc = tpu_acc_type(dt);
+  int64_t dims[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) dims[i] = i;
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_prod(L, tpu_lower_input(L, 0, acc), dims, t->rank), dt));
+}
+
+/* prod.int_out(self, dim, keepdim, *, dtype) */
+void tpu_emit_prod_dim(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_dtype dt = tpu_sum_dtype(L, 3), acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_input(L, 0, acc);
+  int64_t dims[TPU_MAX_RANK];
+  bool mask[TPU_MAX_RANK];
+  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
+  tpu_hlo_type in = *T(L, x);
+  tpu_hv r = tpu_reduce_prod(L, x, dims, n);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2)), dt));
+}
+
+/* ---- variance and standard deviation ------------------------------------------------------------ */
+
+/* var/std/var_mean/std_mean.correction(self, dim=None, *, correction=None, keepdim=False) */
+static void tpu_emit_moments(tpu_lower *L, bool sqrt_it, bool with_mean) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_dtype dt = t->dtype;
+  if (!tpu_dtype_is_float(dt) && !tpu_dtype_is_complex(dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "std and var only support floating point and complex dtypes");
+    return;
+  }
+  tpu_dtype acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_input(L, 0, acc);
+  int64_t dims[TPU_MAX_RANK];
+  bool mask[TPU_MAX_RANK];
+  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
+  tpu_hlo_type in = *T(L, x);
+  bool keep = tpu_arg_bool(L, 3);
+  double count = (double)tpu_numel_of(&in, dims, n);
+  tpu_hv sum = tpu_reduce_sum(L, x, dims, n);
+  tpu_hv mean = tpu_hlo_binary(H, TPU_HLO_DIV, sum, tpu_k(L, sum, count));
+  tpu_hv meank = tpu_keepdim(L, mean, &in, mask, true);
+  tpu_hv d = tpu_sub(L, x, tpu_lower_broadcast_to(L, meank, in.rank, in.dims));
+  tpu_hv ss = tpu_reduce_sum(L, tpu_mul(L, d, d), dims, n);
+  tpu_hv c = tpu_lower_is_none(L, 2) ? tpu_k(L, ss, 1.0) : tpu_lower_scalar(L, 2, acc);
+  if (!tpu_lower_is_none(L, 2)) c = tpu_lower_broadcast_to(L, c, T(L, ss)->rank, T(L, ss)->dims);
+  tpu_hv div = tpu_hlo_binary(H, TPU_HLO_MAX, tpu_sub(L, tpu_k(L, ss, count), c), tpu_k(L, ss, 0));
+  tpu_hv v = tpu_hlo_binary(H, TPU_HLO_DIV, ss, div);
+  if (sqrt_it) v = tpu_hlo_unary(H, TPU_HLO_SQRT, v);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, v, &in, mask, keep), dt));
+  if (with_mean) tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, mean, &in, mask, keep), dt));
+}
+void tpu_emit_var(tpu_lower *L) { tpu_emit_moments(L, false, false); }
+void tpu_emit_std(tpu_lower *L) { tpu_emit_moments(L, true, false); }
+void tpu_emit_var_mean(tpu_lower *L) { tpu_emit_moments(L, false, true); }
+void tpu_emit_std_mean(tpu_lower *L) { tpu_emit_moments(L, true, true); }
+
+/* ---- norms ---------------------------------------------------------------------------------------- */
+
+static double tpu_scalar_value(const tpu_arg *a, double dflt) {
+  if (a->kind == TPU_ARG_NONE) return dflt;
+  if (a->kind == TPU_ARG_SCALAR) return a->skind == TPU_SCALAR_INT || a->skind == TPU_SCALAR_BOOL ? (double)a->i : a->f;
+  if (a->kind == TPU_ARG_FLOAT) return a->f;
+  if (a->kind == TPU_ARG_INT) return (double)a->i;
+  return dflt;
+}
+
+/* linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None) and
+ * norm.out / norm.dtype_out (self, p, dim, keepdim[, dtype]): the same layout.
+ * The order shapes the program (rows flagged TPU_OP_SCALAR_ATTRS). */
+void tpu_emit_vector_norm(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  double p = tpu_scalar_value(&L->args[1], 2.0);
+  tpu_dtype dt = tpu_has(L, 4, TPU_ARG_DTYPE) ? L->args[4].dtype : t->dtype;
+  if (tpu_dtype_is_complex(dt)) dt = dt == TPU_C128 ? TPU_F64 : TPU_F32;
+  if (!tpu_dtype_is_float(dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.vector_norm: Expected a floating point or complex tensor as input. "
+                   "Got %s", tpu_dtype_name(t->dtype));
+    return;
+  }
+  tpu_dtype acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (tpu_dtype_is_complex(T(L, x)->dtype)) x = tpu_hlo_unary(H, TPU_HLO_ABS, x);
+  x = tpu_hlo_unary(H, TPU_HLO_ABS, tpu_hlo_convert(H, x, acc));
+  int64_t dims[TPU_MAX_RANK];
+  bool mask[TPU_MAX_RANK];
+  int n = tpu_red_dims(L, 2, t->rank, dims, mask);
+  tpu_hlo_type in = *T(L, x);
+  if (tpu_numel_of(&in, dims, n) == 0 && p < 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.vector_norm cannot compute the %g norm on an empty tensor because the "
+                   "operation does not have an identity", p);
+    return;
+  }
+  tpu_hv r;
+  if (isinf(p)) {
+    r = tpu_reduce_extreme(L, x, dims, n, p > 0);
+  } else if (p == 0) {
+    r = tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_NE, x, tpu_k(L, x, 0)), acc), dims, n);
+  } else if (p == 1) {
+    r = tpu_reduce_sum(L, x, dims, n);
+  } else if (p == 2) {
+    r = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_reduce_sum(L, tpu_mul(L, x, x), dims, n));
+  } else {
+    tpu_hv s = tpu_reduce_sum(L, tpu_hlo_binary(H, TPU_HLO_POW, x, tpu_k(L, x, p)), dims, n);
+    r = tpu_hlo_binary(H, TPU_HLO_POW, s, tpu_k(L, s, 1.0 / p));
+  }
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 3)), dt));
+}
+
+/* ---- small reductions ------------------------------------------------------------------------------ */
+
+/* count_nonzero.dim_IntList(self, dim) */
+void tpu_emit_count_nonzero(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hv nz = tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_NE, x, tpu_k(L, x, 0)), TPU_S64);
+  int64_t dims[TPU_MAX_RANK];
+  bool mask[TPU_MAX_RANK];
+  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
+  tpu_lower_out(L, tpu_reduce_sum(L, nz, dims, n));
+}
+
+/* aminmax(self, *, dim=None, keepdim=False) -> (min, max) */
+void tpu_emit_aminmax(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  int64_t dims[TPU_MAX_RANK];
+  bool mask[TPU_MAX_RANK];
+  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
+  if (tpu_numel_of(T(L, x), dims, n) == 0 && t->rank > 0) {
+    tpu_lower_fail(L, TPU_ERR_INDEX, "aminmax(): Expected reduction dim to have non-zero size.");
+    return;
+  }
+  tpu_hlo_type in = *T(L, x);
+  bool keep = tpu_arg_bool(L, 2);
+  tpu_lower_out(L, tpu_keepdim(L, tpu_reduce_extreme(L, x, dims, n, false), &in, mask, keep));
+  tpu_lower_out(L, tpu_keepdim(L, tpu_reduce_extreme(L, x, dims, n, true), &in, mask, keep));
+}
+
+/* any.all_out / all.all_out (self) */
+static void tpu_emit_anyall_full(tpu_lower *L, bool any) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_input(L, 0, TPU_PRED);
+  int64_t dims[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) dims[i] = i;
+  tpu_hv r = tpu_hlo_reduce(H, x, tpu_hlo_constant_int(H, TPU_PRED, any ? 0 : 1), dims, t->rank,
+                            any ? TPU_HLO_OR : TPU_HLO_AND);
+  tpu_lower_out(L, t->dtype == TPU_U8 ? tpu_hlo_convert(H, r, TPU_U8) : r);
+}
+void tpu_emit_any_full(tpu_lower *L) { tpu_emit_anyall_full(L, true); }
+void tpu_emit_all_full(tpu_lower *L) { tpu_emit_anyall_full(L, false); }
+
+/* trace(self): sum of the main diagonal of a matrix */
+void tpu_emit_trace(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->rank != 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "trace: expected a matrix, but got tensor with dim %d", t->rank);
+    return;
+  }
+  tpu_dtype dt = tpu_sum_dtype(L, 99);
+  tpu_hv x = tpu_lower_input(L, 0, dt);
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, 2, t->sizes);
+  tpu_hv diag = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, it, 0), tpu_hlo_iota(H, it, 1));
+  x = tpu_hlo_select(H, diag, x, tpu_k(L, x, 0));
+  int64_t dims[2] = {0, 1};
+  tpu_lower_out(L, tpu_reduce_sum(L, x, dims, 2));
+}
+
+/* ---- scans ----------------------------------------------------------------------------------------- */
+
+/* cumsum.out / cumprod.out (self, dim, *, dtype) */
+static void tpu_emit_cum(tpu_lower *L, tpu_hlo_op op) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_dtype dt = tpu_sum_dtype(L, 2), acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_input(L, 0, acc);
+  if (t->rank == 0) {
+    tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  if (acc == TPU_PRED) op = op == TPU_HLO_ADD ? TPU_HLO_OR : TPU_HLO_AND;
+  tpu_hv init = tpu_lower_full(L, tpu_hlo_type_make(acc, 0, NULL), op == TPU_HLO_MUL || op == TPU_HLO_AND ? 1 : 0);
+  tpu_hv out = x;
+  if (!tpu_scan_trivial(L, x, d)) tpu_scan(L, &x, &init, 1, d, tpu_binop_region(L, acc, op), &out);
+  tpu_lower_out(L, tpu_hlo_convert(H, out, dt));
+}
+void tpu_emit_cumsum(tpu_lower *L) { tpu_emit_cum(L, TPU_HLO_ADD); }
+void tpu_emit_cumprod(tpu_lower *L) { tpu_emit_cum(L, TPU_HLO_MUL); }
+
+/* _logcumsumexp(self, dim) */
+void tpu_emit_logcumsumexp(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_input(L, 0, acc);
+  if (t->rank == 0) {
+    tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  if (tpu_scan_trivial(L, x, d)) {
+    tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
+    return;
+  }
+  tpu_hlo_type st[2] = {tpu_hlo_type_make(acc, 0, NULL), tpu_hlo_type_make(acc, 0, NULL)};
+  tpu_hv a[2];
+  tpu_hlo_region_begin(H, st, 2, a);
+  tpu_hv m = tpu_hlo_binary(H, TPU_HLO_MAX, a[0], a[1]);
+  tpu_hv mn = tpu_hlo_binary(H, TPU_HLO_MIN, a[0], a[1]);
+  tpu_hv r = tpu_add(L, m, tpu_hlo_unary(H, TPU_HLO_LOG1P, tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, mn, m))));
+  /* equal infinities (and -inf, -inf) combine to themselves */
+  tpu_hv same = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_EQ, a[0], a[1]),
+                               tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_unary(H, TPU_HLO_ABS, a[0]),
+                                               tpu_hlo_constant(H, acc, INFINITY)));
+  r = tpu_hlo_select(H, same, a[0], r);
+  int region = tpu_hlo_region_end(H, &r, 1);
+  tpu_hv init = tpu_hlo_constant(H, acc, -INFINITY), out;
+  tpu_scan(L, &x, &init, 1, d, region, &out);
+  tpu_lower_out(L, tpu_hlo_convert(H, out, dt));
+}
+
+/* _cummax_helper / _cummin_helper(self, values, indices, dim): writes the
+ * running extreme and its (last) index into values and indices. The
+ * combiner is order-independent: NaN beats numbers, the better value wins,
+ * ties go to the later index. */
+static void tpu_emit_cumext(tpu_lower *L, bool is_max) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (t->rank == 0) {
+    tpu_lower_write(L, 1, -1, x);
+    tpu_lower_write(L, 2, -1, tpu_hlo_constant_int(H, TPU_S64, 0));
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[3].i, t->rank);
+  tpu_dtype dt = T(L, x)->dtype;
+  tpu_dtype cdt = dt == TPU_PRED ? TPU_U8 : dt;
+  x = tpu_hlo_convert(H, x, cdt);
+  tpu_hlo_type xt = *T(L, x);
+  tpu_hv iota = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, xt.rank, xt.dims), (int)d);
+  if (tpu_scan_trivial(L, x, d)) {
+    tpu_lower_write(L, 1, -1, tpu_hlo_convert(H, x, dt));
+    tpu_lower_write(L, 2, -1, iota);
+    return;
+  }
+  tpu_hlo_type st[4] = {tpu_hlo_type_make(cdt, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL),
+                        tpu_hlo_type_make(cdt, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL)};
+  tpu_hv a[4]; /* (acc value, acc index, elem value, elem index) */
+  tpu_hlo_region_begin(H, st, 4, a);
+  tpu_hv v0 = a[0], i0 = a[1], v1 = a[2], i1 = a[3];
+  tpu_hv later = tpu_hlo_compare(H, TPU_HLO_GT, i1, i0);
+  tpu_hv better = tpu_hlo_compare(H, is_max ? TPU_HLO_GT : TPU_HLO_LT, v1, v0);
+  tpu_hv eq = tpu_hlo_compare(H, TPU_HLO_EQ, v1, v0);
+  tpu_hv take;
+  if (tpu_dtype_is_float(cdt)) {
+    tpu_hv n0 = tpu_hlo_compare(H, TPU_HLO_NE, v0, v0), n1 = tpu_hlo_compare(H, TPU_HLO_NE, v1, v1);
+    tpu_hv both_nan = tpu_hlo_binary(H, TPU_HLO_AND, n0, n1);
+    tpu_hv one_nan = tpu_hlo_binary(H, TPU_HLO_XOR, n0, n1);
+    tpu_hv by_value = tpu_hlo_binary(H, TPU_HLO_OR, better, tpu_hlo_binary(H, TPU_HLO_AND, eq, later));
+    tpu_hv by_nan = n1;
+    take = tpu_hlo_select(H, one_nan, by_nan, tpu_hlo_select(H, both_nan, later, by_value));
+  } else {
+    take = tpu_hlo_binary(H, TPU_HLO_OR, better, tpu_hlo_binary(H, TPU_HLO_AND, eq, later));
+  }
+  tpu_hv rv[2] = {tpu_hlo_select(H, take, v1, v0), tpu_hlo_select(H, take, i1, i0)};
+  int region = tpu_hlo_region_end(H, rv, 2);
+  tpu_hv xs[2] = {x, iota};
+  tpu_hv inits[2] = {tpu_init_value(L, cdt, is_max), tpu_hlo_constant_int(H, TPU_S64, -1)};
+  tpu_hv outs[2] = {TPU_HV_NONE, TPU_HV_NONE};
+  tpu_scan(L, xs, inits, 2, d, region, outs);
+  tpu_lower_write(L, 1, -1, tpu_hlo_convert(H, outs[0], dt));
+  tpu_lower_write(L, 2, -1, outs[1]);
+}
+void tpu_emit_cummax_helper(tpu_lower *L) { tpu_emit_cumext(L, true); }
+void tpu_emit_cummin_helper(tpu_lower *L) { tpu_emit_cumext(L, false); }
+
+/* ---- sorting --------------------------------------------------------------------------------------- */
+
+/* Sort x along dim, returning values and int64 indices (stable; NaN largest). */
+static void tpu_sort_with_indices(tpu_lower *L, tpu_hv x, int64_t dim, bool descending, tpu_hv *vals, tpu_hv *idx) {
+  tpu_dtype dt = T(L, x)->dtype;
+  tpu_dtype cdt = dt == TPU_PRED ? TPU_U8 : dt;
+  tpu_hlo_type xt = *T(L, x);
+  if (xt.rank == 0) {
+    *vals = x;
+    *idx = tpu_hlo_constant_int(H, TPU_S64, 0);
+    return;
+  }
+  tpu_hv iota = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, xt.rank, xt.dims), (int)dim);
+  if (xt.dims[dim] <= 1) {
+    *vals = x;
+    *idx = iota;
+    return;
+  }
+  x = tpu_hlo_convert(H, x, cdt);
+  tpu_hlo_type st[4] = {tpu_hlo_type_make(cdt, 0, NULL), tpu_hlo_type_make(cdt, 0, NULL),
+                        tpu_hlo_type_make(TPU_S64, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL)};
+  tpu_hv a[4];
+  tpu_hlo_region_begin(H, st, 4, a);
+  tpu_hv lt;
+  if (descending) lt = tpu_hlo_compare(H, TPU_HLO_GT, a[0], a[1]);
+  else lt = tpu_hlo_compare(H, TPU_HLO_LT, a[0], a[1]);
+  if (tpu_dtype_is_float(cdt)) {
+    tpu_hv na = tpu_hlo_compare(H, TPU_HLO_NE, a[0], a[0]), nb = tpu_hlo_compare(H, TPU_HLO_NE, a[1], a[1]);
+    tpu_hv nan_first = descending ? tpu_hlo_binary(H, TPU_HLO_AND, na, tpu_hlo_unary(H, TPU_HLO_NOT, nb))
+                                  : tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_unary(H, TPU_HLO_NOT, na), nb);
+    lt = tpu_hlo_binary(H, TPU_HLO_OR, lt, nan_first);
+  }
+  int region = tpu_hlo_region_end(H, &lt, 1);
+  tpu_hv xs[2] = {x, iota};
+  tpu_hv outs[2] = {TPU_HV_NONE, TPU_HV_NONE};
+  tpu_hlo_sort(H, xs, 2, (int)dim, true, region, outs);
+  *vals = tpu_hlo_convert(H, outs[0], dt);
+  *idx = outs[1];
+}
+
+/* sort.values_stable(self, *, stable, dim=-1, descending=False) -> (values, indices) */
+void tpu_emit_sort(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  int64_t d = t->rank ? tpu_lower_dim(L, L->args[2].i, t->rank) : 0;
+  tpu_hv v, i;
+  tpu_sort_with_indices(L, x, d, tpu_arg_bool(L, 3), &v, &i);
+  tpu_lower_out(L, v);
+  tpu_lower_out(L, i);
+}
+
+/* Slice [start, start + len) of x along dim. */
+static tpu_hv tpu_slice_dim(tpu_lower *L, tpu_hv x, int64_t dim, int64_t start, int64_t len) {
+  const tpu_hlo_type *t = T(L, x);
+  int64_t s[TPU_MAX_RANK] = {0}, l[TPU_MAX_RANK], st[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) {
+    l[i] = t->dims[i];
+    st[i] = 1;
+  }
+  s[dim] = start;
+  l[dim] = start + len;
+  return tpu_hlo_slice(H, x, s, l, st);
+}
+
+/* topk.values(self, k, dim=-1, largest=True, sorted=True) -> (values, indices) */
+void tpu_emit_topk(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t k = L->args[1].i;
+  int64_t d = t->rank ? tpu_lower_dim(L, L->args[2].i, t->rank) : 0;
+  int64_t n = t->rank ? t->sizes[d] : 1;
+  if (k < 0 || k > n) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "selected index k out of range");
+    return;
+  }
+  tpu_hv x = tpu_lower_tensor(L, 0, -1), v, i;
+  if (t->rank == 0) {
+    tpu_lower_out(L, x);
+    tpu_lower_out(L, tpu_hlo_constant_int(H, TPU_S64, 0));
+    return;
+  }
+  tpu_sort_with_indices(L, x, d, L->args[3].kind != TPU_ARG_BOOL || L->args[3].i, &v, &i);
+  tpu_lower_out(L, tpu_slice_dim(L, v, d, 0, k));
+  tpu_lower_out(L, tpu_slice_dim(L, i, d, 0, k));
+}
+
+/* Pick, along dim of sorted values/indices, the position pos (s64, the
+ * reduced shape); keepdim as asked. */
+static void tpu_pick(tpu_lower *L, tpu_hv v, tpu_hv i, int64_t dim, tpu_hv pos, bool keep, tpu_hv *ov, tpu_hv *oi) {
+  tpu_hlo_type vt = *T(L, v);
+  tpu_hv iota = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, vt.rank, vt.dims), (int)dim);
+  int64_t bd[TPU_MAX_RANK];
+  int nb = 0;
+  for (int k = 0; k < vt.rank; k++)
+    if (k != dim) bd[nb++] = k;
+  tpu_hv posb = tpu_hlo_broadcast_in_dim(H, pos, vt.rank, vt.dims, bd);
+  tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, iota, posb);
+  tpu_dtype dt = vt.dtype;
+  tpu_hv vz = tpu_hlo_select(H, hit, tpu_hlo_convert(H, v, dt == TPU_PRED ? TPU_U8 : dt),
+                             tpu_k(L, tpu_hlo_convert(H, v, dt == TPU_PRED ? TPU_U8 : dt), 0));
+  tpu_hv iz = tpu_hlo_select(H, hit, i, tpu_k(L, i, 0));
+  bool mask[TPU_MAX_RANK] = {0};
+  mask[dim] = true;
+  *ov = tpu_keepdim(L, tpu_hlo_convert(H, tpu_reduce_sum(L, vz, &dim, 1), dt), &vt, mask, keep);
+  *oi = tpu_keepdim(L, tpu_reduce_sum(L, iz, &dim, 1), &vt, mask, keep);
+}
+
+/* kthvalue.values(self, k, dim=-1, keepdim=False) -> (values, indices) */
+void tpu_emit_kthvalue(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t k = L->args[1].i;
+  int64_t d = t->rank ? tpu_lower_dim(L, L->args[2].i, t->rank) : 0;
+  int64_t n = t->rank ? t->sizes[d] : 1;
+  if (k < 1 || k > n) {
+    tpu_lower_fail(L, TPU_ERR_INDEX, "kthvalue(): selected number k out of range for dimension %lld", (long long)d);
+    return;
+  }
+  tpu_hv x = tpu_lower_tensor(L, 0, -1), v, i;
+  if (t->rank == 0) {
+    tpu_lower_out(L, x);
+    tpu_lower_out(L, tpu_hlo_constant_int(H, TPU_S64, 0));
+    return;
+  }
+  tpu_sort_with_indices(L, x, d, false, &v, &i);
+  tpu_hlo_type vt = *T(L, v);
+  tpu_hlo_type pt = vt;
+  pt.rank = 0;
+  for (int q = 0; q < vt.rank; q++)
+    if (q != d) pt.dims[pt.rank++] = vt.dims[q];
+  pt.dtype = TPU_S64;
+  tpu_hv ov, oi;
+  tpu_pick(L, v, i, d, tpu_lower_full(L, pt, (double)(k - 1)), tpu_arg_bool(L, 3), &ov, &oi);
+  tpu_lower_out(L, ov);
+  tpu_lower_out(L, oi);
+}
+
+/* median / nanmedian along dim (or of all elements when all is set):
+ * the lower median; median gives NaN (and the first NaN's index) when a
+ * NaN is present, nanmedian ignores NaNs. */
+static void tpu_median_impl(tpu_lower *L, bool all, bool ignore_nan) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  int64_t d = 0;
+  if (all || t->rank == 0) {
+    int64_t n = 1;
+    for (int k = 0; k < t->rank; k++) n *= t->sizes[k];
+    if (n == 0 && all) {
+      tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(t->dtype, 0, NULL), NAN));
+      return;
+    }
+    x = tpu_hlo_reshape(H, x, 1, &n);
+  } else {
+    d = tpu_lower_dim(L, L->args[1].i, t->rank);
+    if (t->sizes[d] == 0) {
+      tpu_lower_fail(L, TPU_ERR_INDEX, "median() cannot compute median for a dimension of size 0 because the "
+                     "operation does not have an identity");
+      return;
+    }
+  }
+  tpu_hlo_type xt = *T(L, x);
+  int64_t n = xt.dims[d];
+  tpu_hv v, i;
+  tpu_sort_with_indices(L, x, d, false, &v, &i);
+  tpu_hv pos;
+  tpu_hlo_type rt = xt;
+  rt.rank = 0;
+  for (int k = 0; k < xt.rank; k++)
+    if (k != d) rt.dims[rt.rank++] = xt.dims[k];
+  tpu_hlo_type pt = tpu_hlo_type_make(TPU_S64, rt.rank, rt.dims);
+  if (tpu_dtype_is_float(xt.dtype)) {
+    tpu_hv nn = tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_EQ, x, x), TPU_S64), &d, 1);
+    if (ignore_nan) {
+      tpu_hv m = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_sub(L, nn, tpu_lower_full(L, pt, 1)), tpu_lower_full(L, pt, 2));
+      pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, nn, tpu_lower_full(L, pt, 0)), tpu_lower_full(L, pt, 0), m);
+    } else {
+      tpu_hv has_nan = tpu_hlo_compare(H, TPU_HLO_LT, nn, tpu_lower_full(L, pt, (double)n));
+      pos = tpu_hlo_select(H, has_nan, nn, tpu_lower_full(L, pt, (double)((n - 1) / 2)));
+    }
+  } else {
+    pos = tpu_lower_full(L, pt, (double)((n - 1) / 2));
+  }
+  tpu_hv ov, oi;
+  bool keep = !all && t->rank > 0 && tpu_arg_bool(L, 2);
+  tpu_pick(L, v, i, d, pos, keep, &ov, &oi);
+  if (all || t->rank == 0) {
+    ov = tpu_hlo_reshape(H, ov, 0, NULL);
+    oi = tpu_hlo_reshape(H, oi, 0, NULL);
+  }
+  tpu_lower_out(L, ov);
+  if (!all) tpu_lower_out(L, oi);
+}
+void tpu_emit_median_all(tpu_lower *L) { tpu_median_impl(L, true, false); }
+void tpu_emit_nanmedian_all(tpu_lower *L) { tpu_median_impl(L, true, true); }
+void tpu_emit_median_dim(tpu_lower *L) { tpu_median_impl(L, false, false); }
+void tpu_emit_nanmedian_dim(tpu_lower *L) { tpu_median_impl(L, false, true); }
+
+/* ---- searching ----------------------------------------------------------------------------------- */
+
+/* searchsorted.Tensor(sorted_sequence, self, *, out_int32, right, side, sorter):
+ * the count of boundaries below (or not above, for right) each value. */
+static void tpu_searchsorted_impl(tpu_lower *L, int seq_i, int val_i, int sorter_i, bool out32, bool right) {
+  tpu_tref *s = &L->args[seq_i].t;
+  int idx[2] = {seq_i, val_i};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  tpu_hv seq = tpu_lower_input(L, seq_i, dt), val = tpu_lower_input(L, val_i, dt);
+  tpu_hlo_type st = *T(L, seq), vt = *T(L, val);
+  if (sorter_i >= 0) { /* seq[..., j] = seq[..., sorter[..., j]]: a one-hot contraction */
+    tpu_hv so = tpu_lower_input(L, sorter_i, TPU_S64);
+    int r = st.rank;
+    int64_t m = st.dims[r - 1], dims[TPU_MAX_RANK + 1], bd[TPU_MAX_RANK + 1];
+    memcpy(dims, st.dims, sizeof(int64_t) * (size_t)r);
+    dims[r] = m; /* [..., j, k] */
+    for (int k = 0; k < r; k++) bd[k] = k;
+    tpu_hv sob = tpu_hlo_broadcast_in_dim(H, so, r + 1, dims, bd);
+    tpu_hv kk = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r + 1, dims), r);
+    for (int k = 0; k < r - 1; k++) bd[k] = k;
+    bd[r - 1] = r;
+    tpu_hv seqb = tpu_hlo_broadcast_in_dim(H, seq, r + 1, dims, bd);
+    tpu_hv pick = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, sob, kk), seqb, tpu_k(L, seqb, 0));
+    int64_t rd = r;
+    seq = tpu_hlo_reduce(H, pick, tpu_lower_full(L, tpu_hlo_type_make(dt, 0, NULL), 0), &rd, 1,
+                         dt == TPU_PRED ? TPU_HLO_OR : TPU_HLO_ADD);
+  }
+  if (vt.rank == 0) {
+    int64_t one = 1;
+    val = tpu_hlo_reshape(H, val, 1, &one);
+    vt = *T(L, val);
+  }
+  int64_t m = st.dims[st.rank - 1], nv = vt.dims[vt.rank - 1];
+  if (st.rank > 1 && (st.rank != vt.rank || memcmp(st.dims, vt.dims, sizeof(int64_t) * (size_t)(st.rank - 1)))) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 "
+                   "dimensions of boundaries tensor and input value tensor must match");
+    return;
+  }
+  /* [..., nv, m] comparisons */
+  int r = vt.rank;
+  int64_t dims[TPU_MAX_RANK + 1];
+  memcpy(dims, vt.dims, sizeof(int64_t) * (size_t)r);
+  dims[r] = m;
+  int64_t bv[TPU_MAX_RANK], bs[TPU_MAX_RANK];
+  for (int k = 0; k < r; k++) bv[k] = k;
+  tpu_hv vb = tpu_hlo_broadcast_in_dim(H, val, r + 1, dims, bv);
+  tpu_hv sb;
+  if (st.rank == 1) {
+    bs[0] = r;
+    sb = tpu_hlo_broadcast_in_dim(H, seq, r + 1, dims, bs);
+  } else {
+    for (int k = 0; k < st.rank - 1; k++) bs[k] = k;
+    bs[st.rank - 1] = r;
+    sb = tpu_hlo_broadcast_in_dim(H, seq, r + 1, dims, bs);
+  }
+  (void)nv;
+  (void)s;
+  tpu_hv below = tpu_hlo_compare(H, right ? TPU_HLO_LE : TPU_HLO_LT, sb, vb);
+  int64_t rd = r;
+  tpu_hv cnt = tpu_reduce_sum(L, tpu_hlo_convert(H, below, TPU_S64), &rd, 1);
+  if (L->args[val_i].t.rank == 0) cnt = tpu_hlo_reshape(H, cnt, 0, NULL);
+  tpu_lower_out(L, out32 ? tpu_hlo_convert(H, cnt, TPU_S32) : cnt);
+}
+
+void tpu_emit_searchsorted(tpu_lower *L) {
+  bool right = tpu_arg_bool(L, 3);
+  if (tpu_has(L, 4, TPU_ARG_STR)) right = strcmp(L->args[4].str, "right") == 0;
+  tpu_searchsorted_impl(L, 0, 1, tpu_has(L, 5, TPU_ARG_TENSOR) ? 5 : -1, tpu_arg_bool(L, 2), right);
+}
+
+/* bucketize.Tensor(self, boundaries, *, out_int32, right) */
+void tpu_emit_bucketize(tpu_lower *L) { tpu_searchsorted_impl(L, 1, 0, -1, tpu_arg_bool(L, 2), tpu_arg_bool(L, 3)); }
