@@ -14,6 +14,7 @@ _LIB = None
 _IMPL = None
 _REQUIRED = object()
 _FALLBACK_WARNED = set()
+_KERNELS = {}
 
 # ATen overloads run through torch._decomp decompositions (rare composite ops
 # only; everything else is a C lowering). The coverage report counts them.
@@ -149,6 +150,60 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     return out.copy_(self)
 
 
+# Data-dependent shapes: the size is computed on the device and read back
+# (one small device->host read), then a static-shape program builds the
+# result. The math stays in the C lowerings (count_nonzero, nonzero_static,
+# index.Tensor, _index_put_impl_).
+def _nonzero(self):
+    n = int(torch.count_nonzero(self).item())
+    return torch.nonzero_static(self, size=n)
+
+
+def _masks_to_indices(self, indices):
+    """Boolean (or uint8) mask indices become the long indices of their
+    nonzero elements; CPU index tensors move to the tpu."""
+    out = []
+    for ix in indices:
+        if ix is None:
+            out.append(None)
+            continue
+        if ix.device.type != "tpu":
+            ix = ix.to("tpu")
+        if ix.dtype in (torch.bool, torch.uint8):
+            k = len(out)
+            for j in range(ix.dim()):
+                if ix.shape[j] != self.shape[k + j]:
+                    raise IndexError(
+                        f"The shape of the mask {list(ix.shape)} at index {j} does not match the shape of the "
+                        f"indexed tensor {list(self.shape)} at index {k + j}")
+            out.extend(_nonzero(ix).unbind(1))
+        else:
+            out.append(ix)
+    return out
+
+
+def _wrap_indexing(c_index, c_index_put):
+    def index(self, indices):
+        return c_index(self, _masks_to_indices(self, indices))
+
+    def index_put_impl(self, indices, values, accumulate=False, unsafe=False):
+        return c_index_put(self, _masks_to_indices(self, indices), values, accumulate, unsafe)
+
+    return index, index_put_impl
+
+
+def _equal(self, other):
+    """torch.equal: same shape and the same elements (a bool on the host)."""
+    if self.shape != other.shape:
+        return False
+    return bool(torch.eq(self, other.to(self.device)).all().item())
+
+
+def _masked_select(self, mask):
+    a, m = torch.broadcast_tensors(self, mask.to(self.device))
+    return a[m]
+
+
 def _local_scalar_dense(self):
     return _C.to_cpu(self).item()
 
@@ -243,7 +298,17 @@ def setup(device_module):
             spec = _spec(schema)
         except NotImplementedError as e:
             raise RuntimeError(f"torchtpu: cannot register aten::{name}: {e}") from None
-        _IMPL.impl(name, _C.kernel(op_id, spec, len(schema.returns), _REQUIRED), "PrivateUse1")
+        k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED)
+        _KERNELS[name] = k
+        if name not in ("index.Tensor", "_index_put_impl_"):
+            _IMPL.impl(name, k, "PrivateUse1")
+
+    index, index_put_impl = _wrap_indexing(_KERNELS["index.Tensor"], _KERNELS["_index_put_impl_"])
+    _IMPL.impl("index.Tensor", index, "PrivateUse1")
+    _IMPL.impl("_index_put_impl_", index_put_impl, "PrivateUse1")
+    _IMPL.impl("nonzero", _nonzero, "PrivateUse1")
+    _IMPL.impl("masked_select", _masked_select, "PrivateUse1")
+    _IMPL.impl("equal", _equal, "PrivateUse1")
 
     for name in ("view", "as_strided", "_reshape_alias", "alias", "_unsafe_view", "unfold",
                  "set_.source_Storage_storage_offset", "set_.source_Storage", "set_.source_Tensor",

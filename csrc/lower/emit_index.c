@@ -1,0 +1,526 @@
+/* emit_index.c: gather/scatter along a dim, advanced indexing, flips and
+ * rolls. Element-wise gathers and scatters ("point" form) address every
+ * element with its full coordinates, built from the index tensor along the
+ * indexed dim and iotas along the others; advanced indexing moves the
+ * indexed dims to the front and gathers slices with one stablehlo.gather
+ * (or scatter, for index_put). Negative indices wrap where torch allows. */
+#include <string.h>
+
+#include "emit.h"
+
+/* ---- helpers --------------------------------------------------------------------------- */
+
+static const char *tpu_arg_str(tpu_lower *L, int i) {
+  return i < L->nargs && L->args[i].kind == TPU_ARG_STR ? L->args[i].str : NULL;
+}
+
+/* idx (integer, shape S) wrapped into [0, n) where negative. */
+static tpu_hv tpu_wrap_index(tpu_lower *L, tpu_hv idx, int64_t n) {
+  idx = tpu_hlo_convert(H, idx, TPU_S64);
+  tpu_hv neg = tpu_hlo_compare(H, TPU_HLO_LT, idx, tpu_k(L, idx, 0));
+  return tpu_hlo_select(H, neg, tpu_add(L, idx, tpu_k(L, idx, (double)n)), idx);
+}
+
+/* Coordinates [N, rank] of the elements of shape(idx): along dim the index
+ * value, elsewhere the element's own position. */
+static tpu_hv tpu_coords_along(tpu_lower *L, tpu_hv idx, int64_t dim) {
+  tpu_hlo_type it = *T(L, idx);
+  int r = it.rank;
+  int64_t n = tpu_hlo_type_numel(&it), n1[2] = {n, 1};
+  tpu_hv cols[TPU_MAX_RANK];
+  for (int k = 0; k < r; k++) {
+    tpu_hv c = k == dim ? tpu_hlo_convert(H, idx, TPU_S64) : tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, it.dims), k);
+    cols[k] = tpu_hlo_reshape(H, c, 2, n1);
+  }
+  return tpu_hlo_concat(H, cols, r, 1);
+}
+
+/* operand elements at coords [N, rank] -> [N] */
+static tpu_hv tpu_point_gather(tpu_lower *L, tpu_hv operand, tpu_hv coords) {
+  tpu_hlo_type ot = *T(L, operand);
+  int r = ot.rank;
+  tpu_hlo_gather_dims g;
+  memset(&g, 0, sizeof g);
+  int64_t slice[TPU_MAX_RANK];
+  for (int k = 0; k < r; k++) {
+    g.collapsed_slice_dims[g.n_collapsed++] = k;
+    g.start_index_map[g.n_start_index_map++] = k;
+    slice[k] = 1;
+  }
+  g.index_vector_dim = 1;
+  int64_t n = T(L, coords)->dims[0];
+  return tpu_hlo_gather(H, operand, coords, &g, slice, tpu_hlo_type_make(ot.dtype, 1, &n));
+}
+
+/* operand with updates [N] combined into the elements at coords [N, rank]
+ * by region ((old, new) -> value), or replacing them (region -1). */
+static tpu_hv tpu_point_scatter(tpu_lower *L, tpu_hv operand, tpu_hv coords, tpu_hv updates, int region) {
+  int r = T(L, operand)->rank;
+  tpu_hlo_scatter_dims d;
+  memset(&d, 0, sizeof d);
+  for (int k = 0; k < r; k++) {
+    d.inserted_window_dims[d.n_inserted++] = k;
+    d.scatter_dims_to_operand_dims[d.n_scatter_to_operand++] = k;
+  }
+  d.index_vector_dim = 1;
+  return tpu_hlo_scatter(H, operand, coords, updates, &d, region);
+}
+
+/* A region (old, new) -> op(old, new) on scalars of dt. */
+static int tpu_combine_region(tpu_lower *L, tpu_dtype dt, tpu_hlo_op op) {
+  tpu_hlo_type st[2] = {tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(dt, 0, NULL)};
+  tpu_hv a[2];
+  tpu_hlo_region_begin(H, st, 2, a);
+  if (dt == TPU_PRED) op = op == TPU_HLO_MUL ? TPU_HLO_AND : TPU_HLO_OR;
+  tpu_hv v = tpu_hlo_binary(H, op, a[0], a[1]);
+  return tpu_hlo_region_end(H, &v, 1);
+}
+
+/* x with dim moved to the front (perm returned for moving it back). */
+static tpu_hv tpu_dim_to_front(tpu_lower *L, tpu_hv x, int64_t dim, int64_t *perm, int64_t *inv) {
+  int r = T(L, x)->rank;
+  int k = 0;
+  perm[k++] = dim;
+  for (int i = 0; i < r; i++)
+    if (i != dim) perm[k++] = i;
+  for (int i = 0; i < r; i++) inv[perm[i]] = i;
+  return tpu_hlo_transpose(H, x, perm);
+}
+
+static bool tpu_check_index_dtype(tpu_lower *L, int i, const char *op) {
+  tpu_dtype dt = L->args[i].t.dtype;
+  if (tpu_dtype_is_int(dt) || tpu_dtype_is_unsigned_int(dt)) return true;
+  tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): Expected dtype int64 for index", op);
+  return false;
+}
+
+/* ---- gather / scatter along a dim -------------------------------------------------------------- */
+
+/* gather(self, dim, index, *, sparse_grad=False) */
+void tpu_emit_gather(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t, *it = &L->args[2].t;
+  if (!tpu_check_index_dtype(L, 2, "gather")) return;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (it->zero_size || t->rank == 0) {
+    tpu_hv idx0 = tpu_lower_tensor(L, 2, -1);
+    tpu_hlo_type rt = *T(L, idx0);
+    rt.dtype = t->dtype;
+    tpu_lower_out(L, it->zero_size ? tpu_lower_full(L, rt, 0) : tpu_hlo_reshape(H, x, rt.rank, rt.dims));
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  tpu_hv idx = tpu_lower_tensor(L, 2, -1);
+  tpu_hlo_type st = *T(L, idx);
+  tpu_hv coords = tpu_coords_along(L, idx, d);
+  tpu_hv v = tpu_point_gather(L, x, coords);
+  tpu_lower_out(L, tpu_hlo_reshape(H, v, st.rank, st.dims));
+}
+
+/* src (a tensor at least as large as index in every dim) cut to index's shape */
+static tpu_hv tpu_cut_to(tpu_lower *L, tpu_hv src, const tpu_hlo_type *shape) {
+  const tpu_hlo_type *s = T(L, src);
+  int64_t st[TPU_MAX_RANK] = {0}, lim[TPU_MAX_RANK], one[TPU_MAX_RANK];
+  bool same = true;
+  for (int i = 0; i < s->rank; i++) {
+    lim[i] = shape->dims[i];
+    one[i] = 1;
+    same = same && lim[i] == s->dims[i];
+  }
+  return same ? src : tpu_hlo_slice(H, src, st, lim, one);
+}
+
+/* scatter family: (self, dim, index, src|value[, reduce]) and scatter_add */
+static void tpu_emit_scatter_impl(tpu_lower *L, int mode /* 0 replace, 1 add, 2 mul */, bool from_str) {
+  tpu_tref *t = &L->args[0].t, *it = &L->args[2].t;
+  if (!tpu_check_index_dtype(L, 2, "scatter")) return;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (from_str) {
+    const char *r = tpu_arg_str(L, 4);
+    if (r && strcmp(r, "add") == 0) mode = 1;
+    else if (r && strcmp(r, "multiply") == 0) mode = 2;
+    else {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "reduce argument must be either add or multiply.");
+      return;
+    }
+  }
+  if (it->zero_size) {
+    tpu_lower_out(L, x);
+    return;
+  }
+  tpu_dtype dt = t->dtype;
+  int64_t d = t->rank ? tpu_lower_dim(L, L->args[1].i, t->rank) : 0;
+  tpu_hv idx = tpu_lower_tensor(L, 2, -1);
+  tpu_hlo_type ishape = *T(L, idx);
+  tpu_hv upd;
+  if (L->args[3].kind == TPU_ARG_TENSOR) {
+    upd = tpu_cut_to(L, tpu_hlo_convert(H, tpu_lower_tensor(L, 3, -1), dt), &ishape);
+  } else {
+    tpu_hlo_type ut = ishape;
+    ut.dtype = dt;
+    upd = tpu_lower_broadcast_to(L, tpu_lower_scalar(L, 3, dt), ut.rank, ut.dims);
+  }
+  if (t->rank == 0) { /* a 0-d self: the index can only be 0 */
+    tpu_hv u = tpu_hlo_reshape(H, upd, 0, NULL);
+    tpu_lower_out(L, mode == 0 ? u : tpu_hlo_binary(H, mode == 1 ? TPU_HLO_ADD : TPU_HLO_MUL, x, u));
+    return;
+  }
+  int64_t n = tpu_hlo_type_numel(&ishape);
+  tpu_hv coords = tpu_coords_along(L, idx, d);
+  int region = mode == 0 ? -1 : tpu_combine_region(L, dt, mode == 1 ? TPU_HLO_ADD : TPU_HLO_MUL);
+  tpu_lower_out(L, tpu_point_scatter(L, x, coords, tpu_hlo_reshape(H, upd, 1, &n), region));
+}
+void tpu_emit_scatter(tpu_lower *L) { tpu_emit_scatter_impl(L, 0, false); }
+void tpu_emit_scatter_reduce_str(tpu_lower *L) { tpu_emit_scatter_impl(L, 0, true); }
+void tpu_emit_scatter_add(tpu_lower *L) { tpu_emit_scatter_impl(L, 1, false); }
+
+/* ---- along-a-dim selections ------------------------------------------------------------------ */
+
+/* index_select(self, dim, index) */
+void tpu_emit_index_select(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_check_index_dtype(L, 2, "index_select")) return;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), TPU_S64);
+  int64_t n = tpu_hlo_type_numel(T(L, idx)), n1[2] = {n, 1};
+  if (t->rank == 0) {
+    tpu_lower_out(L, x);
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  int64_t perm[TPU_MAX_RANK], inv[TPU_MAX_RANK];
+  tpu_hv xf = tpu_dim_to_front(L, x, d, perm, inv);
+  tpu_hv g = tpu_lower_gather_rows(L, xf, tpu_hlo_reshape(H, idx, 2, n1));
+  tpu_lower_out(L, tpu_hlo_transpose(H, g, inv));
+}
+
+/* index_add(self, dim, index, source, *, alpha=1) / index_copy(self, dim, index, source) */
+static void tpu_emit_index_combine(tpu_lower *L, bool add) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_check_index_dtype(L, 2, add ? "index_add" : "index_copy")) return;
+  tpu_dtype dt = t->dtype;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 3, -1), dt);
+  tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), TPU_S64);
+  int64_t n = tpu_hlo_type_numel(T(L, idx)), n1[2] = {n, 1};
+  if (add && L->nargs > 4 && L->args[4].kind == TPU_ARG_SCALAR && !L->args[4].is_default)
+    src = tpu_mul(L, src, tpu_lower_broadcast_to(L, tpu_lower_scalar(L, 4, dt), T(L, src)->rank, T(L, src)->dims));
+  if (t->rank == 0) {
+    tpu_hv s0 = tpu_hlo_reshape(H, src, 0, NULL);
+    tpu_lower_out(L, add ? tpu_add(L, x, s0) : s0);
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  if (T(L, src)->rank == 0) src = tpu_hlo_reshape(H, src, t->rank, (int64_t[TPU_MAX_RANK]){1});
+  int64_t perm[TPU_MAX_RANK], inv[TPU_MAX_RANK];
+  tpu_hv xf = tpu_dim_to_front(L, x, d, perm, inv);
+  tpu_hv sf = tpu_hlo_transpose(H, src, perm);
+  int region = add ? tpu_combine_region(L, dt, TPU_HLO_ADD) : -1;
+  tpu_hv r = tpu_lower_scatter_rows(L, xf, tpu_hlo_reshape(H, idx, 2, n1), sf, region);
+  tpu_lower_out(L, tpu_hlo_transpose(H, r, inv));
+}
+void tpu_emit_index_add(tpu_lower *L) { tpu_emit_index_combine(L, true); }
+void tpu_emit_index_copy(tpu_lower *L) { tpu_emit_index_combine(L, false); }
+
+/* index_fill(self, dim, index, value): value in every slice named by index */
+void tpu_emit_index_fill(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_check_index_dtype(L, 2, "index_fill")) return;
+  tpu_dtype dt = t->dtype;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hv val = L->args[3].kind == TPU_ARG_TENSOR ? tpu_hlo_reshape(H, tpu_lower_input(L, 3, dt), 0, NULL)
+                                                 : tpu_lower_scalar(L, 3, dt);
+  if (t->rank == 0) {
+    tpu_lower_out(L, val);
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  int64_t sz = t->sizes[d];
+  tpu_hv idx = tpu_wrap_index(L, tpu_lower_tensor(L, 2, -1), sz);
+  int64_t n = tpu_hlo_type_numel(T(L, idx));
+  idx = tpu_hlo_reshape(H, idx, 1, &n);
+  int64_t md[2] = {sz, n}, b1[1] = {1};
+  tpu_hv pos = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, md), 0);
+  tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, pos, tpu_hlo_broadcast_in_dim(H, idx, 2, md, b1));
+  int64_t one = 1;
+  tpu_hv m = tpu_hlo_reduce(H, hit, tpu_hlo_constant_int(H, TPU_PRED, 0), &one, 1, TPU_HLO_OR); /* [sz] */
+  tpu_hv mb = tpu_hlo_broadcast_in_dim(H, m, t->rank, t->sizes, &d);
+  tpu_lower_out(L, tpu_hlo_select(H, mb, tpu_lower_broadcast_to(L, val, t->rank, t->sizes), x));
+}
+
+/* ---- flips and rolls ------------------------------------------------------------------------- */
+
+/* flip(self, dims) */
+void tpu_emit_flip(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  int64_t dims[TPU_MAX_RANK];
+  int n = 0;
+  bool seen[TPU_MAX_RANK] = {0};
+  for (int i = 0; i < L->args[1].nints; i++) {
+    int64_t d = tpu_lower_dim(L, L->args[1].ints[i], t->rank);
+    if (t->rank == 0) continue;
+    if (seen[d]) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "dim %lld appears multiple times in the list of dims", (long long)d);
+      return;
+    }
+    seen[d] = true;
+    dims[n++] = d;
+  }
+  tpu_lower_out(L, n ? tpu_hlo_reverse(H, x, dims, n) : x);
+}
+
+static tpu_hv tpu_roll1(tpu_lower *L, tpu_hv x, int64_t dim, int64_t shift) {
+  const tpu_hlo_type t = *T(L, x);
+  int64_t n = t.dims[dim];
+  if (n == 0) return x;
+  int64_t s = ((shift % n) + n) % n;
+  if (s == 0) return x;
+  int64_t st[TPU_MAX_RANK] = {0}, lim[TPU_MAX_RANK], one[TPU_MAX_RANK], st2[TPU_MAX_RANK] = {0}, lim2[TPU_MAX_RANK];
+  for (int i = 0; i < t.rank; i++) {
+    lim[i] = lim2[i] = t.dims[i];
+    one[i] = 1;
+  }
+  st[dim] = n - s; /* the tail comes first */
+  lim2[dim] = n - s;
+  tpu_hv parts[2] = {tpu_hlo_slice(H, x, st, lim, one), tpu_hlo_slice(H, x, st2, lim2, one)};
+  return tpu_hlo_concat(H, parts, 2, (int)dim);
+}
+
+/* roll(self, shifts, dims=[]) */
+void tpu_emit_roll(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  int ns = L->args[1].nints, nd = L->args[2].nints;
+  if (nd == 0) {
+    if (ns != 1) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "shifts and dimensions must align. shifts: %d, dims:0", ns);
+      return;
+    }
+    int64_t n = tpu_hlo_type_numel(T(L, x));
+    tpu_hv f = tpu_roll1(L, tpu_hlo_reshape(H, x, 1, &n), 0, L->args[1].ints[0]);
+    tpu_lower_out(L, tpu_hlo_reshape(H, f, t->rank, t->sizes));
+    return;
+  }
+  if (ns != nd) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "shifts and dimensions must align. shifts: %d, dims:%d", ns, nd);
+    return;
+  }
+  for (int i = 0; i < nd; i++) x = tpu_roll1(L, x, tpu_lower_dim(L, L->args[2].ints[i], t->rank), L->args[1].ints[i]);
+  tpu_lower_out(L, x);
+}
+
+/* ---- advanced indexing ---------------------------------------------------------------------------- */
+
+typedef struct {
+  int k;                       /* indexed dims */
+  int pos[TPU_MAX_RANK];       /* which dims, in order */
+  bool adjacent;               /* the indexed dims are consecutive */
+  int brank;                   /* rank of the broadcast index shape */
+  int64_t bdims[TPU_MAX_RANK];
+  tpu_hv stacked;              /* [B..., k] s64 */
+  int64_t perm[TPU_MAX_RANK];  /* indexed dims first, then the rest */
+  int rest;                    /* count of the other dims */
+} tpu_adv;
+
+/* Parse indices (argument ii, a Tensor?[] list) against self of rank r. */
+static bool tpu_adv_parse(tpu_lower *L, int ii, const tpu_tref *t, tpu_adv *a) {
+  memset(a, 0, sizeof *a);
+  tpu_arg *li = &L->args[ii];
+  if (li->nlist > t->rank) {
+    tpu_lower_fail(L, TPU_ERR_INDEX, "too many indices for tensor of dimension %d (got %d)", t->rank, li->nlist);
+    return false;
+  }
+  tpu_hv vals[TPU_MAX_RANK];
+  for (int j = 0; j < li->nlist; j++) {
+    tpu_tref *e = &li->list[j];
+    if (!e->rec && !e->host && !e->zero_size) continue; /* None */
+    if (e->dtype == TPU_PRED || e->dtype == TPU_U8) {
+      tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED,
+                     "%s: boolean mask indices have a data-dependent shape; index with mask.nonzero() instead",
+                     L->opname);
+      return false;
+    }
+    if (!tpu_dtype_is_int(e->dtype)) {
+      tpu_lower_fail(L, TPU_ERR_INDEX, "tensors used as indices must be long, int, byte or bool tensors");
+      return false;
+    }
+    vals[a->k] = tpu_wrap_index(L, tpu_lower_tensor(L, ii, j), t->sizes[j]);
+    a->pos[a->k++] = j;
+  }
+  if (a->k == 0) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: indexing with only None indices", L->opname);
+    return false;
+  }
+  a->adjacent = a->pos[a->k - 1] - a->pos[0] == a->k - 1;
+  tpu_lower_broadcast_all(L, vals, a->k);
+  const tpu_hlo_type *bt = T(L, vals[0]);
+  if (bt->dtype == TPU_INVALID) return false;
+  a->brank = bt->rank;
+  memcpy(a->bdims, bt->dims, sizeof(int64_t) * (size_t)bt->rank);
+  int64_t sd[TPU_MAX_RANK + 1];
+  memcpy(sd, a->bdims, sizeof(int64_t) * (size_t)a->brank);
+  sd[a->brank] = 1;
+  for (int q = 0; q < a->k; q++) vals[q] = tpu_hlo_reshape(H, vals[q], a->brank + 1, sd);
+  a->stacked = tpu_hlo_concat(H, vals, a->k, a->brank);
+  int np = 0;
+  bool used[TPU_MAX_RANK] = {0};
+  for (int q = 0; q < a->k; q++) {
+    a->perm[np++] = a->pos[q];
+    used[a->pos[q]] = true;
+  }
+  for (int d = 0; d < t->rank; d++)
+    if (!used[d]) a->perm[np++] = d;
+  a->rest = t->rank - a->k;
+  return true;
+}
+
+/* Result-layout permutation: the gather gives [B..., rest...]; torch puts B
+ * where the (adjacent) indexed dims were. out_perm maps result dims. */
+static void tpu_adv_result_perm(const tpu_adv *a, int64_t *out_perm, int *rank) {
+  int nb = a->brank, r = nb + a->rest, p = 0;
+  int before = a->adjacent ? a->pos[0] : 0;
+  for (int i = 0; i < before; i++) out_perm[p++] = nb + i;       /* rest dims before */
+  for (int i = 0; i < nb; i++) out_perm[p++] = i;                 /* the broadcast dims */
+  for (int i = before; i < a->rest; i++) out_perm[p++] = nb + i;  /* rest dims after */
+  *rank = r;
+}
+
+/* index.Tensor(self, indices) */
+void tpu_emit_index(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_adv a;
+  if (!tpu_adv_parse(L, 1, t, &a)) return;
+  tpu_hv x = tpu_hlo_transpose(H, tpu_lower_tensor(L, 0, -1), a.perm);
+  const tpu_hlo_type xt = *T(L, x);
+  tpu_hlo_gather_dims g;
+  memset(&g, 0, sizeof g);
+  int64_t slice[TPU_MAX_RANK];
+  tpu_hlo_type rt;
+  rt.dtype = xt.dtype;
+  rt.rank = a.brank + a.rest;
+  memcpy(rt.dims, a.bdims, sizeof(int64_t) * (size_t)a.brank);
+  for (int q = 0; q < xt.rank; q++) {
+    if (q < a.k) {
+      g.collapsed_slice_dims[g.n_collapsed++] = q;
+      g.start_index_map[g.n_start_index_map++] = q;
+      slice[q] = 1;
+    } else {
+      g.offset_dims[g.n_offset++] = a.brank + (q - a.k);
+      slice[q] = xt.dims[q];
+      rt.dims[a.brank + (q - a.k)] = xt.dims[q];
+    }
+  }
+  g.index_vector_dim = a.brank;
+  tpu_hv r = tpu_hlo_gather(H, x, a.stacked, &g, slice, rt);
+  int64_t op[TPU_MAX_RANK];
+  int rr;
+  tpu_adv_result_perm(&a, op, &rr);
+  tpu_lower_out(L, tpu_hlo_transpose(H, r, op));
+}
+
+/* _index_put_impl_(self, indices, values, accumulate=False, unsafe=False) */
+void tpu_emit_index_put(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_adv a;
+  if (!tpu_adv_parse(L, 1, t, &a)) return;
+  tpu_dtype dt = t->dtype;
+  tpu_hv x = tpu_hlo_transpose(H, tpu_lower_tensor(L, 0, -1), a.perm);
+  const tpu_hlo_type xt = *T(L, x);
+  /* updates in the result layout of index(), then in the gather layout */
+  int64_t op[TPU_MAX_RANK], rdims[TPU_MAX_RANK], inv[TPU_MAX_RANK];
+  int rr;
+  tpu_adv_result_perm(&a, op, &rr);
+  int64_t gdims[TPU_MAX_RANK];
+  memcpy(gdims, a.bdims, sizeof(int64_t) * (size_t)a.brank);
+  for (int q = a.k; q < xt.rank; q++) gdims[a.brank + (q - a.k)] = xt.dims[q];
+  for (int i = 0; i < rr; i++) rdims[i] = gdims[op[i]];
+  tpu_hv v = tpu_lower_broadcast_to(L, tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), dt), rr, rdims);
+  for (int i = 0; i < rr; i++) inv[op[i]] = i;
+  v = tpu_hlo_transpose(H, v, inv);
+  tpu_hlo_scatter_dims d;
+  memset(&d, 0, sizeof d);
+  for (int q = 0; q < xt.rank; q++) {
+    if (q < a.k) {
+      d.inserted_window_dims[d.n_inserted++] = q;
+      d.scatter_dims_to_operand_dims[d.n_scatter_to_operand++] = q;
+    } else {
+      d.update_window_dims[d.n_update_window++] = a.brank + (q - a.k);
+    }
+  }
+  d.index_vector_dim = a.brank;
+  int region = tpu_arg_bool(L, 3) ? tpu_combine_region(L, dt, TPU_HLO_ADD) : -1;
+  tpu_hv r = tpu_hlo_scatter(H, x, a.stacked, v, &d, region);
+  int64_t back[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) back[a.perm[i]] = i;
+  tpu_lower_out(L, tpu_hlo_transpose(H, r, back));
+}
+
+/* ---- data-dependent shapes ------------------------------------------------------------------ */
+
+/* nonzero_static(self, *, size, fill_value=-1) -> [size, rank] int64: the
+ * coordinates of the nonzero elements in order, padded with fill_value
+ * (the caller reads the count first for nonzero). Each nonzero element's
+ * row is its running count minus one; the others go out of bounds, which
+ * scatter skips. */
+void tpu_emit_nonzero_static(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t size = L->args[1].i, fill = L->nargs > 2 && L->args[2].kind == TPU_ARG_INT ? L->args[2].i : -1;
+  int r = t->rank;
+  int64_t od[2] = {size, r};
+  tpu_hv out = tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 2, od), (double)fill);
+  int64_t n = 1;
+  for (int i = 0; i < r; i++) n *= t->sizes[i];
+  if (r == 0 || n == 0 || size == 0) {
+    tpu_lower_out(L, out);
+    return;
+  }
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hv m = tpu_hlo_compare(H, TPU_HLO_NE, x, tpu_k(L, x, 0));
+  m = tpu_hlo_convert(H, tpu_hlo_reshape(H, m, 1, &n), TPU_S64);
+  tpu_hv pos = m;
+  if (n > 1) { /* running count: a prefix sum */
+    int region = tpu_combine_region(L, TPU_S64, TPU_HLO_ADD);
+    tpu_hv zero = tpu_hlo_constant_int(H, TPU_S64, 0);
+    int64_t win = n, pad[2] = {n - 1, 0};
+    tpu_hlo_reduce_window(H, &m, &zero, 1, &win, NULL, NULL, NULL, pad, region, &pos);
+  }
+  tpu_hv target = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, m, tpu_k(L, m, 0)),
+                                 tpu_sub(L, pos, tpu_k(L, pos, 1)), tpu_k(L, pos, (double)size));
+  int64_t n1[2] = {n, 1};
+  tpu_hv cols[TPU_MAX_RANK];
+  for (int k = 0; k < r; k++)
+    cols[k] = tpu_hlo_reshape(H, tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->sizes), k), 2, n1);
+  tpu_hv coords = tpu_hlo_concat(H, cols, r, 1);
+  tpu_lower_out(L, tpu_lower_scatter_rows(L, out, tpu_hlo_reshape(H, target, 2, n1), coords, -1));
+}
+
+/* masked_scatter_(self, mask, source): the elements of self where mask is
+ * true take source's elements in order (the k-th true element gets
+ * source.flatten()[k]); no data-dependent shape, a running count does it. */
+void tpu_emit_masked_scatter(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_dtype dt = t->dtype;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hv m = tpu_lower_broadcast_to(L, tpu_lower_input(L, 1, TPU_PRED), t->rank, t->sizes);
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), dt);
+  int64_t ns = tpu_hlo_type_numel(T(L, src));
+  if (n == 0 || ns == 0) {
+    tpu_lower_out(L, x);
+    return;
+  }
+  tpu_hv mf = tpu_hlo_convert(H, tpu_hlo_reshape(H, m, 1, &n), TPU_S64), pos = mf;
+  if (n > 1) {
+    int region = tpu_combine_region(L, TPU_S64, TPU_HLO_ADD);
+    tpu_hv zero = tpu_hlo_constant_int(H, TPU_S64, 0);
+    int64_t win = n, pad[2] = {n - 1, 0};
+    tpu_hlo_reduce_window(H, &mf, &zero, 1, &win, NULL, NULL, NULL, pad, region, &pos);
+  }
+  tpu_hv at = tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), tpu_sub(L, pos, tpu_k(L, pos, 1)),
+                            tpu_hlo_constant_int(H, TPU_S64, ns - 1));
+  int64_t n1[2] = {n, 1};
+  tpu_hv g = tpu_lower_gather_rows(L, tpu_hlo_reshape(H, src, 1, &ns), tpu_hlo_reshape(H, at, 2, n1));
+  g = tpu_hlo_reshape(H, g, t->rank, t->sizes);
+  tpu_lower_out(L, tpu_hlo_select(H, m, g, x));
+}
