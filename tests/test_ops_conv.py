@@ -23,7 +23,7 @@ def close(got, want, dtype=None):
     got = got.cpu()
     assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
     if want.dtype in (torch.bfloat16, torch.float16):
-        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2, equal_nan=True)
     else:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
 
@@ -88,3 +88,66 @@ def test_conv_noncontiguous_and_errors():
         F.conv2d(tpu(make((1, 3, 5, 5))), tpu(make((2, 4, 3, 3))))
     with pytest.raises(RuntimeError):
         F.conv2d(tpu(make((1, 3, 5, 5))), tpu(make((2, 3, 3, 3), torch.float64)))
+
+
+# ---- pooling ---------------------------------------------------------------------------------
+
+POOLS = [
+    (F.max_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1, return_indices=True)),
+    (F.max_pool2d, (3, 7, 8), dict(kernel_size=(2, 3), stride=(2, 1), dilation=(2, 1), ceil_mode=True,
+                                   return_indices=True)),
+    (F.max_pool1d, (2, 3, 9), dict(kernel_size=2, ceil_mode=True)),
+    (F.max_pool3d, (1, 2, 5, 6, 5), dict(kernel_size=2, stride=2, padding=1, return_indices=True)),
+    (F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
+    (F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    (F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=2, divisor_override=3)),
+    (F.avg_pool3d, (1, 2, 5, 6, 5), dict(kernel_size=3, stride=2, padding=1)),
+    (F.avg_pool1d, (2, 3, 9), dict(kernel_size=3, stride=2)),
+    (F.adaptive_avg_pool2d, (2, 3, 7, 8), dict(output_size=(3, 5))),
+    (F.adaptive_avg_pool3d, (1, 2, 5, 6, 5), dict(output_size=(2, 4, 3))),
+    (F.adaptive_max_pool2d, (2, 3, 7, 8), dict(output_size=(3, 5), return_indices=True)),
+    (F.adaptive_max_pool3d, (2, 5, 6, 5), dict(output_size=(2, 4, 3), return_indices=True)),
+    (F.adaptive_max_pool1d, (2, 3, 9), dict(output_size=4)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(POOLS)))
+def test_pool(case):
+    fn, shape, kw = POOLS[case]
+    check(fn, make(shape, seed=case), **kw)
+
+
+def test_max_pool_ties_nan_and_dtypes():
+    x = torch.tensor([[[[1.0, 1.0, 0.0], [1.0, float("nan"), 2.0], [float("nan"), 3.0, 3.0]]]])
+    for dt in (torch.float32, torch.bfloat16):
+        v, i = F.max_pool2d(tpu(x.to(dt)), 2, 1, return_indices=True)
+        wv, wi = F.max_pool2d(x.to(dt), 2, 1, return_indices=True)
+        close(v, wv)
+        assert torch.equal(i.cpu(), wi)
+    xi = make((2, 3, 6, 6), torch.int64)
+    v, i = F.max_pool2d(tpu(xi), 2, return_indices=True)
+    wv, wi = F.max_pool2d(xi, 2, return_indices=True)
+    assert torch.equal(v.cpu(), wv) and torch.equal(i.cpu(), wi)
+    close(F.avg_pool2d(tpu(xi), 2, padding=1), F.avg_pool2d(xi, 2, padding=1))
+
+
+def test_pool_noncontiguous_out_and_errors():
+    x = make((2, 8, 3, 7), seed=3).transpose(1, 2)
+    check(F.max_pool2d, x, 2)
+    check(F.avg_pool2d, x, 3, 2, 1)
+    out = torch.empty(0, device="tpu")
+    torch._C._nn.avg_pool2d(tpu(x), [2, 2], out=out)
+    close(out, F.avg_pool2d(x, 2))
+    with pytest.raises(RuntimeError):
+        F.max_pool2d(tpu(x), 2, padding=2)
+    with pytest.raises(RuntimeError):
+        F.avg_pool2d(tpu(make((1, 1, 2, 2))), 3)
+
+
+def test_max_unpool():
+    x = make((2, 3, 6, 8), seed=4)
+    v, i = F.max_pool2d(x, 2, return_indices=True)
+    close(F.max_unpool2d(tpu(v), tpu(i), 2), F.max_unpool2d(v, i, 2))
+    x = make((1, 2, 4, 4, 6), seed=5)
+    v, i = F.max_pool3d(x, 2, return_indices=True)
+    close(F.max_unpool3d(tpu(v), tpu(i), 2), F.max_unpool3d(v, i, 2))
