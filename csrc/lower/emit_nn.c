@@ -571,13 +571,20 @@ void tpu_emit_native_layer_norm(tpu_lower *L) {
   tpu_hv xc = tpu_lower_binary(L, TPU_HLO_SUB, x, mean);
   tpu_hv var = tpu_sum_keep(L, tpu_mul(L, xc, xc), dims, nn);
   var = tpu_hlo_binary(H, TPU_HLO_DIV, var, tpu_k(L, var, (double)count));
-  tpu_hv rstd = tpu_hlo_unary(H, TPU_HLO_RSQRT, tpu_add(L, var, tpu_k(L, var, L->args[4].f)));
+  /* 1/sqrt, rounded once (XLA's f32 rsqrt is approximate): torch's CPU kernel
+   * divides, and the weight gradient of a one-element norm depends on rstd's
+   * last bit */
+  tpu_hv ve = tpu_add(L, var, tpu_k(L, var, L->args[4].f));
+  tpu_hv sd = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_convert(H, ve, TPU_F64));
+  tpu_hv rstd = tpu_hlo_convert(H, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, sd, 1), sd), acc);
   tpu_hv y = tpu_lower_binary(L, TPU_HLO_MUL, xc, rstd);
   if (!tpu_lower_is_none(L, 2)) y = tpu_lower_binary(L, TPU_HLO_MUL, y, tpu_lower_input(L, 2, acc));
   if (!tpu_lower_is_none(L, 3)) y = tpu_lower_binary(L, TPU_HLO_ADD, y, tpu_lower_input(L, 3, acc));
   tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, mean, acc));
-  tpu_lower_out(L, tpu_hlo_convert(H, rstd, acc));
+  /* statistics in the input's dtype, or f32 for a half input with f32 params (torch's mixed type) */
+  tpu_dtype sdt = (acc != dt && !tpu_lower_is_none(L, 2) && L->args[2].t.dtype == acc) ? acc : dt;
+  tpu_lower_out(L, tpu_hlo_convert(H, mean, sdt));
+  tpu_lower_out(L, tpu_hlo_convert(H, rstd, sdt));
 }
 
 /* native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask) */
@@ -605,7 +612,17 @@ void tpu_emit_native_layer_norm_backward(tpu_lower *L) {
   tpu_lower_out(L, tpu_hlo_convert(H, gi, dt));
   tpu_dtype wdt = tpu_lower_is_none(L, 5) ? dt : L->args[5].t.dtype;
   tpu_dtype bdt = tpu_lower_is_none(L, 6) ? dt : L->args[6].t.dtype;
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, tpu_mul(L, g, xhat), bdims, axis), wdt));
+  /* torch's CPU kernel forms x_hat for the weight gradient as fma(x, rstd,
+   * -mean*rstd); when x - mean cancels (one normalized element) the fma's
+   * rounding is all that remains, so compute it the same way (an f64 product
+   * of two f32 values is exact). */
+  tpu_hv xw = xhat;
+  if (acc == TPU_F32) {
+    tpu_hv b = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_mul(L, mean, rstd));
+    tpu_hv p64 = tpu_lower_binary(L, TPU_HLO_MUL, tpu_hlo_convert(H, x, TPU_F64), tpu_hlo_convert(H, rstd, TPU_F64));
+    xw = tpu_hlo_convert(H, tpu_lower_binary(L, TPU_HLO_ADD, p64, tpu_hlo_convert(H, b, TPU_F64)), TPU_F32);
+  }
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, tpu_mul(L, g, xw), bdims, axis), wdt));
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, g, bdims, axis), bdt));
 }
 

@@ -1,0 +1,757 @@
+/* emit_conv.c: convolution, pooling, normalization and upsampling.
+ *
+ * Convolutions map onto stablehlo.convolution in the (batch, feature,
+ * spatial...) layout torch uses. Three building blocks serve every case: the
+ * forward convolution, its gradient with respect to the input (a convolution
+ * of the lhs-dilated gradient with the flipped, group-transposed kernel) and
+ * its gradient with respect to the weight (batch and feature roles swapped,
+ * groups as batch groups). A transposed convolution is the input gradient of
+ * a plain one, so its forward and backward are the same blocks reordered.
+ * Half types compute in f32, as torch's CPU kernels accumulate.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "emit.h"
+
+/* ---- convolution ------------------------------------------------------------------------ */
+
+typedef struct {
+  int nsp;
+  int64_t stride[TPU_MAX_RANK], pad[TPU_MAX_RANK], dil[TPU_MAX_RANK], opad[TPU_MAX_RANK];
+  int64_t groups;
+} tpu_conv_p;
+
+/* An int list argument expanded to n values (a single value repeats). */
+static bool tpu_conv_list(tpu_lower *L, int i, int n, int64_t dflt, int64_t *out) {
+  tpu_arg *a = &L->args[i];
+  for (int k = 0; k < n; k++) out[k] = dflt;
+  if (a->kind == TPU_ARG_INT) {
+    for (int k = 0; k < n; k++) out[k] = a->i;
+    return true;
+  }
+  if (a->kind != TPU_ARG_INTS || a->nints == 0) return true;
+  if (a->nints != 1 && a->nints != n) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: expected %d values in an int list argument, got %d", L->opname, n, a->nints);
+    return false;
+  }
+  for (int k = 0; k < n; k++) out[k] = a->ints[a->nints == 1 ? 0 : k];
+  return true;
+}
+
+/* Parameters from args at (stride, padding, dilation, transposed, output_padding, groups). */
+static bool tpu_conv_params(tpu_lower *L, int nsp, int first, tpu_conv_p *p) {
+  p->nsp = nsp;
+  if (!tpu_conv_list(L, first, nsp, 1, p->stride) || !tpu_conv_list(L, first + 1, nsp, 0, p->pad) ||
+      !tpu_conv_list(L, first + 2, nsp, 1, p->dil) || !tpu_conv_list(L, first + 4, nsp, 0, p->opad))
+    return false;
+  p->groups = L->args[first + 5].i;
+  for (int k = 0; k < nsp; k++) {
+    if (p->stride[k] < 1) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "non-positive stride is not supported");
+      return false;
+    }
+    if (p->pad[k] < 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "negative padding is not supported");
+      return false;
+    }
+    if (p->dil[k] < 1) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "dilation should be greater than zero");
+      return false;
+    }
+  }
+  if (p->groups < 1) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "non-positive groups is not supported");
+    return false;
+  }
+  return true;
+}
+
+static tpu_hv tpu_conv_fwd(tpu_lower *L, tpu_hv x, tpu_hv w, const tpu_conv_p *p) {
+  int64_t pad[2 * TPU_MAX_RANK];
+  for (int k = 0; k < p->nsp; k++) pad[2 * k] = pad[2 * k + 1] = p->pad[k];
+  return tpu_hlo_convolution(H, x, w, p->nsp, p->stride, pad, NULL, p->dil, p->groups, 1, TPU_HLO_PREC_HIGHEST);
+}
+
+/* Gradient of tpu_conv_fwd with respect to its input (spatial sizes isz),
+ * given g (N, C_out, o...) and w (C_out, C_in/G, k...). */
+static tpu_hv tpu_conv_dinput(tpu_lower *L, tpu_hv g, tpu_hv w, const tpu_conv_p *p, const int64_t *isz) {
+  const tpu_hlo_type wt = *T(L, w), gt = *T(L, g);
+  int nsp = p->nsp;
+  int64_t G = p->groups, co = wt.dims[0], cig = wt.dims[1];
+  /* (C_out, C_in/G, k) -> (G, C_out/G, C_in/G, k) -> (G, C_in/G, C_out/G, k) -> (C_in, C_out/G, k) */
+  int64_t d5[TPU_MAX_RANK + 1], perm[TPU_MAX_RANK + 1], d4[TPU_MAX_RANK];
+  d5[0] = G;
+  d5[1] = co / G;
+  d5[2] = cig;
+  for (int k = 0; k < nsp; k++) d5[3 + k] = wt.dims[2 + k];
+  tpu_hv k5 = tpu_hlo_reshape(H, w, nsp + 3, d5);
+  perm[0] = 0;
+  perm[1] = 2;
+  perm[2] = 1;
+  for (int k = 0; k < nsp; k++) perm[3 + k] = 3 + k;
+  k5 = tpu_hlo_transpose(H, k5, perm);
+  d4[0] = G * cig;
+  d4[1] = co / G;
+  for (int k = 0; k < nsp; k++) d4[2 + k] = wt.dims[2 + k];
+  tpu_hv kr = tpu_hlo_reshape(H, k5, nsp + 2, d4);
+  int64_t rev[TPU_MAX_RANK];
+  for (int k = 0; k < nsp; k++) rev[k] = 2 + k;
+  kr = tpu_hlo_reverse(H, kr, rev, nsp);
+  int64_t pad[2 * TPU_MAX_RANK];
+  for (int k = 0; k < nsp; k++) {
+    int64_t D = p->dil[k] * (wt.dims[2 + k] - 1);
+    pad[2 * k] = D - p->pad[k];
+    pad[2 * k + 1] = isz[k] - (gt.dims[2 + k] - 1) * p->stride[k] - 1 + p->pad[k];
+  }
+  return tpu_hlo_convolution(H, g, kr, nsp, NULL, pad, p->stride, p->dil, G, 1, TPU_HLO_PREC_HIGHEST);
+}
+
+/* Gradient of tpu_conv_fwd with respect to its weight (spatial sizes ksz),
+ * given x (N, C_in, i...) and g (N, C_out, o...). */
+static tpu_hv tpu_conv_dweight(tpu_lower *L, tpu_hv x, tpu_hv g, const tpu_conv_p *p, const int64_t *ksz) {
+  const tpu_hlo_type xt = *T(L, x), gt = *T(L, g);
+  int nsp = p->nsp;
+  int64_t perm[TPU_MAX_RANK];
+  perm[0] = 1;
+  perm[1] = 0;
+  for (int k = 0; k < nsp; k++) perm[2 + k] = 2 + k;
+  tpu_hv xs = tpu_hlo_transpose(H, x, perm); /* (C_in, N, i...) */
+  tpu_hv gs = tpu_hlo_transpose(H, g, perm); /* (C_out, N, o...) */
+  int64_t pad[2 * TPU_MAX_RANK];
+  for (int k = 0; k < nsp; k++) {
+    pad[2 * k] = p->pad[k];
+    pad[2 * k + 1] = (ksz[k] - 1) * p->dil[k] + (gt.dims[2 + k] - 1) * p->stride[k] + 1 - xt.dims[2 + k] - p->pad[k];
+  }
+  /* (C_in/G, C_out, k...) */
+  tpu_hv r = tpu_hlo_convolution(H, xs, gs, nsp, p->dil, pad, NULL, p->stride, 1, p->groups, TPU_HLO_PREC_HIGHEST);
+  return tpu_hlo_transpose(H, r, perm);
+}
+
+static bool tpu_conv_check(tpu_lower *L, tpu_tref *x, tpu_tref *w) {
+  if (x->dtype != w->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Input type (%s) and weight type (%s) should be the same",
+                   tpu_dtype_name(x->dtype), tpu_dtype_name(w->dtype));
+    return false;
+  }
+  if (x->dtype == TPU_PRED) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"slow_conv2d_cpu\" not implemented for 'Bool'");
+    return false;
+  }
+  if (x->rank < 3 || x->rank != w->rank) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected %d-dimensional input for %d-dimensional weight, but got %d-dimensional input",
+                   w->rank, w->rank, x->rank);
+    return false;
+  }
+  return true;
+}
+
+/* convolution_overrideable(input, weight, bias, stride, padding, dilation,
+ * transposed, output_padding, groups) */
+void tpu_emit_convolution(tpu_lower *L) {
+  tpu_tref *xr = &L->args[0].t, *wr = &L->args[1].t;
+  if (!tpu_conv_check(L, xr, wr)) return;
+  int nsp = xr->rank - 2;
+  tpu_conv_p p;
+  if (!tpu_conv_params(L, nsp, 3, &p)) return;
+  bool transposed = L->args[6].i != 0;
+  tpu_dtype dt = xr->dtype, acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_input(L, 0, acc), w = tpu_lower_input(L, 1, acc);
+  int64_t cin = transposed ? wr->sizes[0] : wr->sizes[1] * p.groups;
+  if (xr->sizes[1] != cin || wr->sizes[0] % p.groups) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Given groups=%lld, weight of size [%lld, %lld, ...], expected input[%lld, %lld, ...] "
+                   "to have %lld channels, but got %lld channels instead", (long long)p.groups, (long long)wr->sizes[0],
+                   (long long)wr->sizes[1], (long long)xr->sizes[0], (long long)xr->sizes[1], (long long)cin,
+                   (long long)xr->sizes[1]);
+    return;
+  }
+  tpu_hv y;
+  if (transposed) {
+    int64_t osz[TPU_MAX_RANK];
+    for (int k = 0; k < nsp; k++)
+      osz[k] = (xr->sizes[2 + k] - 1) * p.stride[k] - 2 * p.pad[k] + p.dil[k] * (wr->sizes[2 + k] - 1) + p.opad[k] + 1;
+    y = tpu_conv_dinput(L, x, w, &p, osz);
+  } else {
+    y = tpu_conv_fwd(L, x, w, &p);
+  }
+  if (!tpu_lower_is_none(L, 2)) {
+    const tpu_hlo_type *yt = T(L, y);
+    int64_t one = 1;
+    tpu_hv b = tpu_hlo_broadcast_in_dim(H, tpu_lower_input(L, 2, acc), yt->rank, yt->dims, &one);
+    y = tpu_add(L, y, b);
+  }
+  tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
+}
+
+/* convolution_backward_overrideable(grad_output, input, weight, stride, padding,
+ * dilation, transposed, output_padding, groups, output_mask) -> (gi, gw, gb) */
+void tpu_emit_convolution_backward(tpu_lower *L) {
+  tpu_tref *gr = &L->args[0].t, *xr = &L->args[1].t, *wr = &L->args[2].t;
+  if (!tpu_conv_check(L, xr, wr)) return;
+  int nsp = xr->rank - 2;
+  tpu_conv_p p;
+  if (!tpu_conv_params(L, nsp, 3, &p)) return;
+  bool transposed = L->args[6].i != 0;
+  bool mask[3] = {true, true, true};
+  for (int k = 0; k < 3 && k < L->args[9].nints; k++) mask[k] = L->args[9].ints[k] != 0;
+  tpu_dtype dt = xr->dtype, acc = tpu_acc_type(dt);
+  tpu_hv g = tpu_lower_input(L, 0, acc);
+  tpu_hv gi, gw, gb;
+  if (mask[0]) {
+    tpu_hv w = tpu_lower_input(L, 2, acc);
+    if (transposed) {
+      /* output_padding >= stride leaves input rows the forward never reached */
+      gi = tpu_conv_fwd(L, g, w, &p);
+      int64_t start[TPU_MAX_RANK] = {0}, one[TPU_MAX_RANK];
+      for (int k = 0; k < xr->rank; k++) one[k] = 1;
+      gi = tpu_hlo_slice(H, gi, start, xr->sizes, one);
+    } else {
+      gi = tpu_conv_dinput(L, g, w, &p, xr->sizes + 2);
+    }
+  } else {
+    gi = tpu_lower_full(L, tpu_hlo_type_make(acc, xr->rank, xr->sizes), 0);
+  }
+  if (mask[1]) {
+    tpu_hv x = tpu_lower_input(L, 1, acc);
+    gw = transposed ? tpu_conv_dweight(L, g, x, &p, wr->sizes + 2) : tpu_conv_dweight(L, x, g, &p, wr->sizes + 2);
+  } else {
+    gw = tpu_lower_full(L, tpu_hlo_type_make(acc, wr->rank, wr->sizes), 0);
+  }
+  int64_t cout = gr->sizes[1];
+  if (mask[2]) {
+    int64_t dims[TPU_MAX_RANK];
+    int n = 0;
+    for (int k = 0; k < gr->rank; k++)
+      if (k != 1) dims[n++] = k;
+    gb = tpu_hlo_reduce(H, g, tpu_hlo_constant(H, acc, 0), dims, n, TPU_HLO_ADD);
+  } else {
+    gb = tpu_lower_full(L, tpu_hlo_type_make(acc, 1, &cout), 0);
+  }
+  tpu_lower_out(L, tpu_hlo_convert(H, gi, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, gw, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, gb, dt));
+}
+
+/* ---- pooling ---------------------------------------------------------------------------------
+ *
+ * Every pooling window is a box, so it is described per spatial dim: output
+ * position o reads input positions idx[o*K + j] (j < K) where valid. The
+ * tables are computed here, on the host, from the static sizes. Average
+ * pooling (plain and adaptive) is then a linear map per dim: a contraction
+ * with a 0/1 matrix, divided by the per-dim counts' product; its backward is
+ * the transposed contraction. Max pooling gathers each dim's windows and
+ * reduces (value, flat index) pairs with torch's rule: the first maximum wins,
+ * and a NaN beats any number (the last NaN, as torch's scan keeps it). */
+
+#include <stdlib.h>
+
+typedef struct {
+  int64_t in, out, K;
+  int64_t *idx;    /* out*K positions, clamped into [0, in) */
+  uint8_t *valid;  /* out*K flags */
+  int64_t *cnt;    /* out divisors (avg pooling) */
+} tpu_win;
+
+typedef struct {
+  int nsp, lead;  /* spatial dims; leading (batch, channel) dims */
+  tpu_win w[3];
+} tpu_pool;
+
+static void tpu_pool_free(tpu_pool *P) {
+  for (int d = 0; d < P->nsp; d++) {
+    free(P->w[d].idx);
+    free(P->w[d].valid);
+    free(P->w[d].cnt);
+  }
+}
+
+static bool tpu_win_alloc(tpu_lower *L, tpu_win *w) {
+  w->idx = calloc((size_t)(w->out * w->K + 1), sizeof(int64_t));
+  w->valid = calloc((size_t)(w->out * w->K + 1), 1);
+  w->cnt = calloc((size_t)(w->out + 1), sizeof(int64_t));
+  if (!w->idx || !w->valid || !w->cnt) {
+    tpu_lower_fail(L, TPU_ERR_MEMORY, "%s: out of memory", L->opname);
+    return false;
+  }
+  return true;
+}
+
+/* Sliding windows: kernel k, stride s, padding p, dilation d. */
+static bool tpu_win_sliding(tpu_lower *L, tpu_win *w, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode,
+                            bool count_pad) {
+  int64_t span = d * (k - 1) + 1;
+  int64_t num = in + 2 * p - span + (ceil_mode ? s - 1 : 0);
+  int64_t out = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;
+  if (ceil_mode && (out - 1) * s >= in + p) out--;
+  w->in = in;
+  w->out = out < 0 ? 0 : out;
+  w->K = k;
+  if (!tpu_win_alloc(L, w)) return false;
+  for (int64_t o = 0; o < w->out; o++) {
+    int64_t start = o * s - p, hend = start + (k - 1) * d + 1;
+    if (hend > in + p) hend = in + p;
+    int64_t n = 0;
+    for (int64_t j = 0; j < k; j++) {
+      int64_t pos = start + j * d;
+      bool v = pos >= 0 && pos < in;
+      w->valid[o * k + j] = v;
+      w->idx[o * k + j] = pos < 0 ? 0 : pos >= in ? in - 1 : pos;
+      n += v;
+    }
+    w->cnt[o] = count_pad ? hend - start : n;
+  }
+  return true;
+}
+
+/* Adaptive windows: [floor(o*in/out), ceil((o+1)*in/out)). */
+static bool tpu_win_adaptive(tpu_lower *L, tpu_win *w, int64_t in, int64_t out) {
+  w->in = in;
+  w->out = out;
+  w->K = out > 0 ? (in + out - 1) / out + 1 : 1;
+  if (w->K > in) w->K = in > 0 ? in : 1;
+  if (!tpu_win_alloc(L, w)) return false;
+  for (int64_t o = 0; o < out; o++) {
+    int64_t a = o * in / out, b = ((o + 1) * in + out - 1) / out;
+    for (int64_t j = 0; j < w->K; j++) {
+      int64_t pos = a + j;
+      w->valid[o * w->K + j] = pos < b;
+      w->idx[o * w->K + j] = pos < b ? pos : b - 1;
+    }
+    w->cnt[o] = b - a;
+  }
+  return true;
+}
+
+/* Input rank check: (C, spatial...) or (N, C, spatial...), non-empty
+ * spatial dims. */
+static bool tpu_pool_input(tpu_lower *L, tpu_tref *t, int nsp, const char *name, tpu_pool *P) {
+  memset(P, 0, sizeof *P);
+  P->nsp = nsp;
+  if (t->rank != nsp + 1 && t->rank != nsp + 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: Expected %dD or %dD (batch mode) tensor for input with possibly 0 batch size "
+                   "and non-zero dimensions for input, but got: %dD", name, nsp + 1, nsp + 2, t->rank);
+    return false;
+  }
+  P->lead = t->rank - nsp;
+  for (int i = 1; i < t->rank; i++)
+    if (t->sizes[i] == 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: Expected input's non-batch dimensions to have positive length, but input "
+                     "has a shape of %lld at dimension %d", name, (long long)t->sizes[i], i);
+      return false;
+    }
+  return true;
+}
+
+/* kernel_size, stride, padding (and dilation) lists at args first.. */
+static bool tpu_pool_sliding(tpu_lower *L, tpu_tref *t, int nsp, int first, bool has_dil, bool ceil_mode, bool count_pad,
+                             const char *name, tpu_pool *P) {
+  if (!tpu_pool_input(L, t, nsp, name, P)) return false;
+  int64_t k[3], s[3], p[3], d[3] = {1, 1, 1};
+  tpu_arg *ka = &L->args[first], *sa = &L->args[first + 1];
+  if (ka->kind != TPU_ARG_INTS || (ka->nints != 1 && ka->nints != nsp)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: kernel_size must either be a single int, or a tuple of %d ints", name, nsp);
+    return false;
+  }
+  if (sa->kind == TPU_ARG_INTS && sa->nints != 0 && sa->nints != 1 && sa->nints != nsp) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: stride must either be omitted, a single int, or a tuple of %d ints", name, nsp);
+    return false;
+  }
+  if (!tpu_conv_list(L, first, nsp, 1, k) || !tpu_conv_list(L, first + 2, nsp, 0, p) ||
+      (has_dil && !tpu_conv_list(L, first + 3, nsp, 1, d)))
+    return false;
+  if (sa->kind == TPU_ARG_INTS && sa->nints == 0) {
+    memcpy(s, k, sizeof s);
+  } else if (!tpu_conv_list(L, first + 1, nsp, 1, s)) {
+    return false;
+  }
+  for (int i = 0; i < nsp; i++) {
+    if (k[i] <= 0 || s[i] <= 0 || d[i] <= 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, k[i] <= 0 ? "kernel size should be greater than zero, but got kH: %lld"
+                     : s[i] <= 0 ? "stride should be greater than zero, but got dH: %lld"
+                     : "dilation should be greater than zero, but got dilationH: %lld",
+                     (long long)(k[i] <= 0 ? k[i] : s[i] <= 0 ? s[i] : d[i]));
+      return false;
+    }
+    if (p[i] < 0 || p[i] > (has_dil ? (d[i] * (k[i] - 1) + 1) / 2 : k[i] / 2)) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, has_dil ? "pad should be at most half of effective kernel size, but got pad=%lld, "
+                     "kernel_size=%lld and dilation=%lld" : "pad should be at most half of kernel size, but got pad=%lld, "
+                     "kernel_size=%lld and dilation=%lld", (long long)p[i], (long long)k[i], (long long)d[i]);
+      return false;
+    }
+  }
+  for (int i = 0; i < nsp; i++) {
+    if (!tpu_win_sliding(L, &P->w[i], t->sizes[P->lead + i], k[i], s[i], p[i], d[i], ceil_mode, count_pad)) return false;
+    if (P->w[i].out < 1) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Given input size: (%lldx...). Calculated output size: (%lldx...). "
+                     "Output size is too small", (long long)t->sizes[P->lead - 1], (long long)P->w[i].out);
+      return false;
+    }
+  }
+  return true;
+}
+
+static bool tpu_pool_adaptive(tpu_lower *L, tpu_tref *t, int nsp, int osz_arg, const char *name, tpu_pool *P) {
+  if (!tpu_pool_input(L, t, nsp, name, P)) return false;
+  tpu_arg *a = &L->args[osz_arg];
+  if (a->kind != TPU_ARG_INTS || (a->nints != nsp && a->nints != 1)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: output_size must be %d", name, nsp);
+    return false;
+  }
+  for (int i = 0; i < nsp; i++) {
+    int64_t o = a->ints[a->nints == 1 ? 0 : i];
+    if (o < 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: elements of output_size must be greater than or equal to 0 but received {%lld}",
+                     name, (long long)o);
+      return false;
+    }
+    if (!tpu_win_adaptive(L, &P->w[i], t->sizes[P->lead + i], o)) return false;
+  }
+  return true;
+}
+
+/* Apply the per-dim 0/1 window matrices (transposed: back from outputs to inputs). */
+static tpu_hv tpu_pool_linear(tpu_lower *L, tpu_hv x, const tpu_pool *P, bool transposed) {
+  tpu_dtype dt = T(L, x)->dtype;
+  for (int d = 0; d < P->nsp; d++) {
+    const tpu_win *w = &P->w[d];
+    int64_t n = w->out * w->in;
+    int64_t *m = calloc((size_t)n + 1, sizeof(int64_t));
+    if (!m) {
+      tpu_lower_fail(L, TPU_ERR_MEMORY, "%s: out of memory", L->opname);
+      return TPU_HV_NONE;
+    }
+    for (int64_t o = 0; o < w->out; o++)
+      for (int64_t j = 0; j < w->K; j++)
+        if (w->valid[o * w->K + j]) m[o * w->in + w->idx[o * w->K + j]] = 1;
+    int64_t md[2] = {w->out, w->in};
+    tpu_hv mat = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, md), m);
+    free(m);
+    mat = tpu_hlo_convert(H, mat, dt);
+    int64_t lc = P->lead, rc = transposed ? 0 : 1;
+    x = tpu_hlo_dot_general(H, x, mat, 0, NULL, NULL, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, dt);
+  }
+  return x;
+}
+
+/* Divisors over the output's spatial shape (dtype dt), broadcast to `dims`. */
+static tpu_hv tpu_pool_divisor(tpu_lower *L, const tpu_pool *P, tpu_dtype dt, int rank, const int64_t *dims) {
+  tpu_hv r = TPU_HV_NONE;
+  for (int d = 0; d < P->nsp; d++) {
+    const tpu_win *w = &P->w[d];
+    tpu_hv c = tpu_hlo_convert(H, tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 1, &w->out), w->cnt), dt);
+    int64_t bd = P->lead + d;
+    c = tpu_hlo_broadcast_in_dim(H, c, rank, dims, &bd);
+    r = d == 0 ? c : tpu_mul(L, r, c);
+  }
+  return r;
+}
+
+static tpu_hv tpu_pool_avg(tpu_lower *L, int xarg, const tpu_pool *P, int div_arg) {
+  tpu_tref *t = &L->args[xarg].t;
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt);
+  tpu_hv y = tpu_pool_linear(L, tpu_lower_input(L, xarg, acc), P, false);
+  const tpu_hlo_type yt = *T(L, y);
+  tpu_hv div;
+  if (div_arg >= 0 && !tpu_lower_is_none(L, div_arg))
+    div = tpu_lower_full(L, yt, (double)L->args[div_arg].i);
+  else
+    div = tpu_pool_divisor(L, P, acc, yt.rank, yt.dims);
+  return tpu_hlo_convert(H, tpu_hlo_binary(H, TPU_HLO_DIV, y, div), dt);
+}
+
+static tpu_hv tpu_pool_avg_backward(tpu_lower *L, int garg, const tpu_pool *P, int div_arg) {
+  tpu_dtype dt = L->args[garg].t.dtype, acc = tpu_acc_type(dt);
+  tpu_hv g = tpu_lower_input(L, garg, acc);
+  const tpu_hlo_type gt = *T(L, g);
+  tpu_hv div;
+  if (div_arg >= 0 && !tpu_lower_is_none(L, div_arg))
+    div = tpu_lower_full(L, gt, (double)L->args[div_arg].i);
+  else
+    div = tpu_pool_divisor(L, P, acc, gt.rank, gt.dims);
+  g = tpu_hlo_binary(H, TPU_HLO_DIV, g, div);
+  return tpu_hlo_convert(H, tpu_pool_linear(L, g, P, true), dt);
+}
+
+/* Elements of x along dim picked by the constant positions idx[0..n). */
+static tpu_hv tpu_take(tpu_lower *L, tpu_hv x, int dim, const int64_t *idx, int64_t n) {
+  const tpu_hlo_type xt = *T(L, x);
+  int64_t nd[2] = {n, 1};
+  tpu_hv iv = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, nd), idx);
+  tpu_hlo_gather_dims g;
+  memset(&g, 0, sizeof g);
+  int64_t slice[TPU_MAX_RANK];
+  tpu_hlo_type rt = xt;
+  rt.dims[dim] = n;
+  for (int i = 0; i < xt.rank; i++) {
+    slice[i] = i == dim ? 1 : xt.dims[i];
+    if (i != dim) g.offset_dims[g.n_offset++] = i;
+  }
+  g.n_collapsed = 1;
+  g.collapsed_slice_dims[0] = dim;
+  g.n_start_index_map = 1;
+  g.start_index_map[0] = dim;
+  g.index_vector_dim = 1;
+  return tpu_hlo_gather(H, x, iv, &g, slice, rt);
+}
+
+static tpu_hv tpu_lowest_value(tpu_lower *L, tpu_dtype dt) {
+  if (tpu_dtype_is_float(dt)) return tpu_hlo_constant(H, dt, -INFINITY);
+  if (dt == TPU_PRED) return tpu_hlo_constant_int(H, dt, 0);
+  if (tpu_dtype_is_unsigned_int(dt)) return tpu_hlo_constant_int(H, dt, 0);
+  int bits = dt == TPU_S8 ? 8 : dt == TPU_S16 ? 16 : dt == TPU_S32 ? 32 : 64;
+  return tpu_hlo_constant_int(H, dt, bits == 64 ? INT64_MIN : -((int64_t)1 << (bits - 1)));
+}
+
+/* Max pooling: (values, flat indices within each plane). */
+static void tpu_pool_max(tpu_lower *L, int xarg, const tpu_pool *P, tpu_hv *vals, tpu_hv *idxs) {
+  tpu_tref *t = &L->args[xarg].t;
+  tpu_dtype dt = t->dtype;
+  int lead = P->lead, nsp = P->nsp;
+  tpu_hv x = tpu_lower_tensor(L, xarg, -1);
+  for (int d = 0; d < nsp; d++) x = tpu_take(L, x, lead + d, P->w[d].idx, P->w[d].out * P->w[d].K);
+  /* (lead..., o1, K1, o2, K2, ...) */
+  int64_t ed[TPU_MAX_RANK * 2];
+  int er = lead + 2 * nsp;
+  for (int i = 0; i < lead; i++) ed[i] = t->sizes[i];
+  for (int d = 0; d < nsp; d++) {
+    ed[lead + 2 * d] = P->w[d].out;
+    ed[lead + 2 * d + 1] = P->w[d].K;
+  }
+  if (er > TPU_MAX_RANK) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: too many dims", L->opname);
+    return;
+  }
+  x = tpu_hlo_reshape(H, x, er, ed);
+  /* flat index and validity over (o1, K1, ...), then broadcast over lead */
+  tpu_hv fi = TPU_HV_NONE, ok = TPU_HV_NONE;
+  int64_t stride = 1;
+  for (int d = nsp - 1; d >= 0; d--) {
+    const tpu_win *w = &P->w[d];
+    int64_t wd[2] = {w->out, w->K}, bd[2] = {lead + 2 * d, lead + 2 * d + 1};
+    int64_t *v = malloc(sizeof(int64_t) * (size_t)(w->out * w->K + 1));
+    if (!v) {
+      tpu_lower_fail(L, TPU_ERR_MEMORY, "%s: out of memory", L->opname);
+      return;
+    }
+    for (int64_t i = 0; i < w->out * w->K; i++) v[i] = w->idx[i] * stride;
+    tpu_hv c = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, wd), v);
+    for (int64_t i = 0; i < w->out * w->K; i++) v[i] = w->valid[i];
+    tpu_hv vc = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_PRED, 2, wd), v);
+    free(v);
+    c = tpu_hlo_broadcast_in_dim(H, c, er, ed, bd);
+    vc = tpu_hlo_broadcast_in_dim(H, vc, er, ed, bd);
+    fi = d == nsp - 1 ? c : tpu_add(L, fi, c);
+    ok = d == nsp - 1 ? vc : tpu_hlo_binary(H, TPU_HLO_AND, ok, vc);
+    stride *= w->in;
+  }
+  tpu_hv low = tpu_lowest_value(L, dt);
+  x = tpu_hlo_select(H, ok, x, tpu_hlo_broadcast_in_dim(H, low, er, ed, NULL));
+  fi = tpu_hlo_select(H, ok, fi, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, er, ed), 9.2e18));
+  tpu_hlo_type st[4] = {tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL),
+                        tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL)};
+  tpu_hv a[4];
+  tpu_hlo_region_begin(H, st, 4, a); /* (acc value, acc index, elem value, elem index) */
+  tpu_hv gt = tpu_hlo_compare(H, TPU_HLO_GT, a[2], a[0]);
+  tpu_hv eq = tpu_hlo_compare(H, TPU_HLO_EQ, a[2], a[0]);
+  tpu_hv lt_idx = tpu_hlo_compare(H, TPU_HLO_LT, a[3], a[1]);
+  tpu_hv take = tpu_hlo_binary(H, TPU_HLO_OR, gt, tpu_hlo_binary(H, TPU_HLO_AND, eq, lt_idx));
+  if (tpu_dtype_is_float(dt)) {
+    tpu_hv en = tpu_hlo_compare(H, TPU_HLO_NE, a[2], a[2]), an = tpu_hlo_compare(H, TPU_HLO_NE, a[0], a[0]);
+    tpu_hv gt_idx = tpu_hlo_compare(H, TPU_HLO_GT, a[3], a[1]);
+    /* both NaN: the later one; one NaN: it; none: the rule above */
+    tpu_hv both = tpu_hlo_binary(H, TPU_HLO_AND, en, an);
+    tpu_hv either = tpu_hlo_binary(H, TPU_HLO_OR, en, an);
+    take = tpu_hlo_select(H, both, gt_idx, tpu_hlo_select(H, either, en, take));
+  }
+  tpu_hv rv[2] = {tpu_hlo_select(H, take, a[2], a[0]), tpu_hlo_select(H, take, a[3], a[1])};
+  int region = tpu_hlo_region_end(H, rv, 2);
+  int64_t rd[3];
+  for (int d = 0; d < nsp; d++) rd[d] = lead + 2 * d + 1;
+  tpu_hv xs[2] = {x, fi};
+  tpu_hv inits[2] = {low, tpu_hlo_constant_int(H, TPU_S64, INT64_MAX)};
+  tpu_hv outs[2] = {TPU_HV_NONE, TPU_HV_NONE};
+  tpu_hlo_reduce_region(H, xs, inits, 2, rd, nsp, region, outs);
+  *vals = outs[0];
+  *idxs = outs[1];
+}
+
+/* Scatter-add g (lead..., o...) into zeros of the input's shape at the flat
+ * plane indices: the backward of max pooling. */
+static tpu_hv tpu_pool_max_backward(tpu_lower *L, int garg, int xarg, int iarg, int nsp) {
+  tpu_tref *g = &L->args[garg].t, *x = &L->args[xarg].t, *ix = &L->args[iarg].t;
+  tpu_dtype dt = g->dtype, acc = tpu_acc_type(dt);
+  int lead = x->rank - nsp;
+  int64_t planes = 1, in_n = 1, on = 1;
+  for (int i = 0; i < lead; i++) planes *= x->sizes[i];
+  for (int i = lead; i < x->rank; i++) in_n *= x->sizes[i];
+  for (int i = 0; i < ix->rank; i++) on *= ix->sizes[i];
+  if (ix->rank != g->rank || on == 0 || planes == 0) {
+    if (on != 0 && planes != 0) tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: indices and grad_output shapes differ", L->opname);
+    return tpu_hlo_convert(H, tpu_lower_full(L, tpu_hlo_type_make(acc, x->rank, x->sizes), 0), dt);
+  }
+  on /= planes;
+  int64_t pd[2] = {planes, on}, n = planes * on, n1[2] = {n, 1}, tot = planes * in_n;
+  tpu_hv idx = tpu_hlo_reshape(H, tpu_lower_input(L, iarg, TPU_S64), 2, pd);
+  tpu_hv base = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, pd), 0);
+  idx = tpu_add(L, idx, tpu_mul(L, base, tpu_k(L, base, (double)in_n)));
+  idx = tpu_hlo_reshape(H, idx, 2, n1);
+  tpu_hv upd = tpu_hlo_reshape(H, tpu_lower_input(L, garg, acc), 1, &n);
+  tpu_hlo_type st = tpu_hlo_type_make(acc, 0, NULL), sts[2] = {st, st};
+  tpu_hv a[2];
+  tpu_hlo_region_begin(H, sts, 2, a);
+  tpu_hv sum = tpu_add(L, a[0], a[1]);
+  int region = tpu_hlo_region_end(H, &sum, 1);
+  tpu_hv r = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(acc, 1, &tot), 0), idx, upd, region);
+  return tpu_hlo_convert(H, tpu_hlo_reshape(H, r, x->rank, x->sizes), dt);
+}
+
+static bool tpu_arg_flag(tpu_lower *L, int i) { return i < L->nargs && L->args[i].kind == TPU_ARG_BOOL && L->args[i].i; }
+
+/* max_pool{2,3}d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode) -> (out, indices) */
+static void tpu_emit_max_pool_nd(tpu_lower *L, int nsp) {
+  tpu_pool P;
+  const char *name = nsp == 2 ? "max_pool2d" : "max_pool3d";
+  if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, true, tpu_arg_flag(L, 5), false, name, &P)) {
+    tpu_hv v, i;
+    tpu_pool_max(L, 0, &P, &v, &i);
+    tpu_lower_out(L, v);
+    tpu_lower_out(L, i);
+  }
+  tpu_pool_free(&P);
+}
+void tpu_emit_max_pool2d(tpu_lower *L) { tpu_emit_max_pool_nd(L, 2); }
+void tpu_emit_max_pool3d(tpu_lower *L) { tpu_emit_max_pool_nd(L, 3); }
+
+/* max_pool{2,3}d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices) */
+void tpu_emit_max_pool2d_backward(tpu_lower *L) { tpu_lower_out(L, tpu_pool_max_backward(L, 0, 1, 7, 2)); }
+void tpu_emit_max_pool3d_backward(tpu_lower *L) { tpu_lower_out(L, tpu_pool_max_backward(L, 0, 1, 7, 3)); }
+
+/* adaptive_max_pool{2,3}d(self, output_size) -> (out, indices) */
+static void tpu_emit_adaptive_max_nd(tpu_lower *L, int nsp) {
+  tpu_pool P;
+  if (tpu_pool_adaptive(L, &L->args[0].t, nsp, 1, nsp == 2 ? "adaptive_max_pool2d" : "adaptive_max_pool3d", &P)) {
+    tpu_hv v, i;
+    tpu_pool_max(L, 0, &P, &v, &i);
+    tpu_lower_out(L, v);
+    tpu_lower_out(L, i);
+  }
+  tpu_pool_free(&P);
+}
+void tpu_emit_adaptive_max_pool2d(tpu_lower *L) { tpu_emit_adaptive_max_nd(L, 2); }
+void tpu_emit_adaptive_max_pool3d(tpu_lower *L) { tpu_emit_adaptive_max_nd(L, 3); }
+
+/* adaptive_max_pool{2,3}d_backward(grad_output, self, indices) */
+void tpu_emit_adaptive_max_pool2d_backward(tpu_lower *L) { tpu_lower_out(L, tpu_pool_max_backward(L, 0, 1, 2, 2)); }
+void tpu_emit_adaptive_max_pool3d_backward(tpu_lower *L) { tpu_lower_out(L, tpu_pool_max_backward(L, 0, 1, 2, 3)); }
+
+/* avg_pool{2,3}d(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override) */
+static void tpu_emit_avg_pool_nd(tpu_lower *L, int nsp) {
+  tpu_pool P;
+  if (!tpu_lower_is_none(L, 6) && L->args[6].i == 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "divisor must be not zero");
+    return;
+  }
+  if (L->args[0].t.dtype == TPU_PRED) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"avg_pool%dd\" not implemented for 'Bool'", nsp);
+    return;
+  }
+  if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, false, tpu_arg_flag(L, 4), L->args[5].kind != TPU_ARG_BOOL || L->args[5].i,
+                       nsp == 2 ? "avg_pool2d" : "avg_pool3d", &P))
+    tpu_lower_out(L, tpu_pool_avg(L, 0, &P, 6));
+  tpu_pool_free(&P);
+}
+void tpu_emit_avg_pool2d(tpu_lower *L) { tpu_emit_avg_pool_nd(L, 2); }
+void tpu_emit_avg_pool3d(tpu_lower *L) { tpu_emit_avg_pool_nd(L, 3); }
+
+/* avg_pool{2,3}d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override) */
+static void tpu_emit_avg_pool_backward_nd(tpu_lower *L, int nsp) {
+  tpu_pool P;
+  if (tpu_pool_sliding(L, &L->args[1].t, nsp, 2, false, tpu_arg_flag(L, 5), L->args[6].kind != TPU_ARG_BOOL || L->args[6].i,
+                       nsp == 2 ? "avg_pool2d_backward" : "avg_pool3d_backward", &P))
+    tpu_lower_out(L, tpu_pool_avg_backward(L, 0, &P, 7));
+  tpu_pool_free(&P);
+}
+void tpu_emit_avg_pool2d_backward(tpu_lower *L) { tpu_emit_avg_pool_backward_nd(L, 2); }
+void tpu_emit_avg_pool3d_backward(tpu_lower *L) { tpu_emit_avg_pool_backward_nd(L, 3); }
+
+/* _adaptive_avg_pool{2,3}d(self, output_size) */
+static void tpu_emit_adaptive_avg_nd(tpu_lower *L, int nsp) {
+  tpu_pool P;
+  if (tpu_pool_adaptive(L, &L->args[0].t, nsp, 1, nsp == 2 ? "adaptive_avg_pool2d" : "adaptive_avg_pool3d", &P))
+    tpu_lower_out(L, tpu_pool_avg(L, 0, &P, -1));
+  tpu_pool_free(&P);
+}
+void tpu_emit_adaptive_avg_pool2d(tpu_lower *L) { tpu_emit_adaptive_avg_nd(L, 2); }
+void tpu_emit_adaptive_avg_pool3d(tpu_lower *L) { tpu_emit_adaptive_avg_nd(L, 3); }
+
+/* _adaptive_avg_pool{2,3}d_backward(grad_output, self) */
+static void tpu_emit_adaptive_avg_backward_nd(tpu_lower *L, int nsp) {
+  tpu_pool P;
+  tpu_tref *g = &L->args[0].t;
+  if (!tpu_pool_input(L, &L->args[1].t, nsp, "adaptive_avg_pool_backward", &P)) return;
+  bool ok = true;
+  for (int i = 0; ok && i < nsp; i++)
+    ok = tpu_win_adaptive(L, &P.w[i], L->args[1].t.sizes[P.lead + i], g->sizes[g->rank - nsp + i]);
+  if (ok) tpu_lower_out(L, tpu_pool_avg_backward(L, 0, &P, -1));
+  tpu_pool_free(&P);
+}
+void tpu_emit_adaptive_avg_pool2d_backward(tpu_lower *L) { tpu_emit_adaptive_avg_backward_nd(L, 2); }
+void tpu_emit_adaptive_avg_pool3d_backward(tpu_lower *L) { tpu_emit_adaptive_avg_backward_nd(L, 3); }
+
+/* max_unpool2d(self, indices, output_size); max_unpool3d(self, indices, output_size, stride, padding):
+ * each plane's values go to their flat indices in a zero plane. */
+static void tpu_emit_max_unpool_nd(tpu_lower *L, int nsp) {
+  tpu_tref *x = &L->args[0].t, *ix = &L->args[1].t;
+  tpu_arg *os = &L->args[2];
+  if (ix->dtype != TPU_S64) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "elements in indices should be type int64 but got: %s", tpu_dtype_name(ix->dtype));
+    return;
+  }
+  if (os->kind != TPU_ARG_INTS || os->nints != nsp) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "There should be exactly %d elements but got %d elements",
+                   nsp, os->kind == TPU_ARG_INTS ? os->nints : 0);
+    return;
+  }
+  if (x->rank != nsp + 1 && x->rank != nsp + 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Input to max_unpooling%dd should be a %dd or %dd Tensor, but got a tensor with %d "
+                   "dimensions.", nsp, nsp + 1, nsp + 2, x->rank);
+    return;
+  }
+  bool same = ix->rank == x->rank;
+  for (int i = 0; same && i < x->rank; i++) same = ix->sizes[i] == x->sizes[i];
+  if (!same) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected shape of indices to be same as that of the input tensor");
+    return;
+  }
+  int lead = x->rank - nsp;
+  int64_t planes = 1, in_n = 1, out_n = 1, od[TPU_MAX_RANK];
+  for (int i = 0; i < lead; i++) {
+    planes *= x->sizes[i];
+    od[i] = x->sizes[i];
+  }
+  for (int i = 0; i < nsp; i++) {
+    in_n *= x->sizes[lead + i];
+    out_n *= os->ints[i];
+    od[lead + i] = os->ints[i];
+  }
+  tpu_dtype dt = x->dtype;
+  int64_t tot = planes * out_n;
+  if (planes * in_n == 0 || tot == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, x->rank, od), 0));
+    return;
+  }
+  int64_t pd[2] = {planes, in_n}, n = planes * in_n, n1[2] = {n, 1};
+  tpu_hv idx = tpu_hlo_reshape(H, tpu_lower_tensor(L, 1, -1), 2, pd);
+  /* out-of-range indices are dropped (torch raises; the check would need a device read) */
+  tpu_hv bad = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_LT, idx, tpu_k(L, idx, 0)),
+                              tpu_hlo_compare(H, TPU_HLO_GE, idx, tpu_k(L, idx, (double)out_n)));
+  tpu_hv base = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, pd), 0);
+  idx = tpu_add(L, idx, tpu_mul(L, base, tpu_k(L, base, (double)out_n)));
+  idx = tpu_hlo_select(H, bad, tpu_k(L, idx, (double)tot), idx);
+  idx = tpu_hlo_reshape(H, idx, 2, n1);
+  tpu_hv upd = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &n);
+  tpu_hv r = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &tot), 0), idx, upd, -1);
+  tpu_lower_out(L, tpu_hlo_reshape(H, r, x->rank, od));
+}
+void tpu_emit_max_unpool2d(tpu_lower *L) { tpu_emit_max_unpool_nd(L, 2); }
+void tpu_emit_max_unpool3d(tpu_lower *L) { tpu_emit_max_unpool_nd(L, 3); }

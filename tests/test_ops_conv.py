@@ -1,0 +1,153 @@
+"""Conv family against CPU PyTorch: convolutions (plain, transposed, grouped,
+dilated, strided), pooling, normalization and upsampling: values, dtypes,
+shapes, float32 gradients, non-contiguous inputs, out= variants and errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu  # noqa: F401
+
+
+def make(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-3, 4, shape, generator=g).to(dtype)
+
+
+def tpu(x):
+    return x.to("tpu") if isinstance(x, torch.Tensor) else x
+
+
+def close(got, want, dtype=None):
+    got = got.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
+    if want.dtype in (torch.bfloat16, torch.float16):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2, equal_nan=True)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def check(fn, *args, grad=True, **kw):
+    """fn on CPU and tpu: outputs, and float32 gradients of every float input."""
+    cpu = [a.detach().clone().requires_grad_(grad and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+           for a in args]
+    dev = [a.detach().to("tpu").requires_grad_(grad and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+           for a in args]
+    want, got = fn(*cpu, **kw), fn(*dev, **kw)
+    wants = want if isinstance(want, tuple) else (want,)
+    gots = got if isinstance(got, tuple) else (got,)
+    for w, g in zip(wants, gots):
+        close(g, w)
+    w0 = wants[0]
+    if grad and w0.is_floating_point() and w0.dtype == torch.float32:
+        go = make(w0.shape, seed=7)
+        w0.backward(go)
+        gots[0].backward(go.to("tpu"))
+        for c, d in zip(cpu, dev):
+            if isinstance(c, torch.Tensor) and c.requires_grad:
+                close(d.grad, c.grad)
+
+
+# ---- convolution ----------------------------------------------------------------------------
+
+CONVS = [
+    (F.conv1d, (2, 4, 9), (6, 4, 3), dict(stride=3)),
+    (F.conv1d, (2, 4, 9), (6, 2, 3), dict(padding=2, dilation=2, groups=2)),
+    (F.conv2d, (2, 4, 7, 8), (6, 2, 3, 3), dict(stride=2, padding=1, groups=2)),
+    (F.conv2d, (2, 4, 7, 8), (6, 4, 3, 2), dict(stride=(2, 3), padding=(0, 2), dilation=(2, 1))),
+    (F.conv2d, (2, 4, 7, 8), (6, 4, 3, 3), dict(padding="same", dilation=2)),
+    (F.conv3d, (1, 2, 5, 6, 7), (4, 1, 2, 3, 2), dict(groups=2, stride=2, padding=1)),
+    (F.conv_transpose1d, (2, 4, 5), (4, 3, 3), dict(stride=3, padding=2, output_padding=1, dilation=2)),
+    (F.conv_transpose2d, (2, 4, 5, 6), (4, 3, 3, 3), dict(stride=2, padding=1, output_padding=1, groups=2)),
+    (F.conv_transpose2d, (2, 2, 4, 4), (2, 2, 3, 3), dict(stride=1, output_padding=1, dilation=2)),
+    (F.conv_transpose3d, (1, 2, 3, 4, 3), (2, 2, 2, 3, 2), dict(stride=(1, 2, 2), padding=1)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CONVS)))
+def test_conv(case):
+    fn, xs, ws, kw = CONVS[case]
+    transposed = "transpose" in fn.__name__
+    groups = kw.get("groups", 1)
+    bias = make((ws[1] * groups if transposed else ws[0],), seed=3)
+    check(fn, make(xs, seed=1), make(ws, seed=2), bias, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int64, torch.float64])
+def test_conv_dtypes(dtype):
+    x, w = make((2, 4, 6, 6), dtype, 1), make((3, 4, 3, 3), dtype, 2)
+    close(F.conv2d(tpu(x), tpu(w), padding=1), F.conv2d(x, w, padding=1))
+
+
+def test_conv_noncontiguous_and_errors():
+    x = make((2, 6, 4, 8), seed=1).transpose(2, 3)
+    w = make((4, 6, 2, 3), seed=2)
+    check(F.conv2d, x, w, None, stride=(1, 2))
+    with pytest.raises(RuntimeError):
+        F.conv2d(tpu(make((1, 3, 5, 5))), tpu(make((2, 4, 3, 3))))
+    with pytest.raises(RuntimeError):
+        F.conv2d(tpu(make((1, 3, 5, 5))), tpu(make((2, 3, 3, 3), torch.float64)))
+
+
+# ---- pooling ---------------------------------------------------------------------------------
+
+POOLS = [
+    (F.max_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1, return_indices=True)),
+    (F.max_pool2d, (3, 7, 8), dict(kernel_size=(2, 3), stride=(2, 1), dilation=(2, 1), ceil_mode=True,
+                                   return_indices=True)),
+    (F.max_pool1d, (2, 3, 9), dict(kernel_size=2, ceil_mode=True)),
+    (F.max_pool3d, (1, 2, 5, 6, 5), dict(kernel_size=2, stride=2, padding=1, return_indices=True)),
+    (F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
+    (F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    (F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=2, divisor_override=3)),
+    (F.avg_pool3d, (1, 2, 5, 6, 5), dict(kernel_size=3, stride=2, padding=1)),
+    (F.avg_pool1d, (2, 3, 9), dict(kernel_size=3, stride=2)),
+    (F.adaptive_avg_pool2d, (2, 3, 7, 8), dict(output_size=(3, 5))),
+    (F.adaptive_avg_pool3d, (1, 2, 5, 6, 5), dict(output_size=(2, 4, 3))),
+    (F.adaptive_max_pool2d, (2, 3, 7, 8), dict(output_size=(3, 5), return_indices=True)),
+    (F.adaptive_max_pool3d, (2, 5, 6, 5), dict(output_size=(2, 4, 3), return_indices=True)),
+    (F.adaptive_max_pool1d, (2, 3, 9), dict(output_size=4)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(POOLS)))
+def test_pool(case):
+    fn, shape, kw = POOLS[case]
+    check(fn, make(shape, seed=case), **kw)
+
+
+def test_max_pool_ties_nan_and_dtypes():
+    x = torch.tensor([[[[1.0, 1.0, 0.0], [1.0, float("nan"), 2.0], [float("nan"), 3.0, 3.0]]]])
+    for dt in (torch.float32, torch.bfloat16):
+        v, i = F.max_pool2d(tpu(x.to(dt)), 2, 1, return_indices=True)
+        wv, wi = F.max_pool2d(x.to(dt), 2, 1, return_indices=True)
+        close(v, wv)
+        assert torch.equal(i.cpu(), wi)
+    xi = make((2, 3, 6, 6), torch.int64)
+    v, i = F.max_pool2d(tpu(xi), 2, return_indices=True)
+    wv, wi = F.max_pool2d(xi, 2, return_indices=True)
+    assert torch.equal(v.cpu(), wv) and torch.equal(i.cpu(), wi)
+    close(F.avg_pool2d(tpu(xi), 2, padding=1), F.avg_pool2d(xi, 2, padding=1))
+
+
+def test_pool_noncontiguous_out_and_errors():
+    x = make((2, 8, 3, 7), seed=3).transpose(1, 2)
+    check(F.max_pool2d, x, 2)
+    check(F.avg_pool2d, x, 3, 2, 1)
+    out = torch.empty(0, device="tpu")
+    torch._C._nn.avg_pool2d(tpu(x), [2, 2], out=out)
+    close(out, F.avg_pool2d(x, 2))
+    with pytest.raises(RuntimeError):
+        F.max_pool2d(tpu(x), 2, padding=2)
+    with pytest.raises(RuntimeError):
+        F.avg_pool2d(tpu(make((1, 1, 2, 2))), 3)
+
+
+def test_max_unpool():
+    x = make((2, 3, 6, 8), seed=4)
+    v, i = F.max_pool2d(x, 2, return_indices=True)
+    close(F.max_unpool2d(tpu(v), tpu(i), 2), F.max_unpool2d(v, i, 2))
+    x = make((1, 2, 4, 4, 6), seed=5)
+    v, i = F.max_pool3d(x, 2, return_indices=True)
+    close(F.max_unpool3d(tpu(v), tpu(i), 2), F.max_unpool3d(v, i, 2))
