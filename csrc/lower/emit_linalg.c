@@ -441,3 +441,465 @@ void tpu_emit_linalg_solve_triangular(tpu_lower *L) {
   if (!tpu_batch_bcast(L, &a, &b)) return;
   tpu_lower_out(L, tpu_trisolve(L, a, b, left, !upper, unit, false));
 }
+
+/* ---- LU with partial pivoting ------------------------------------------------------------------ */
+
+/* stablehlo.while over n carried values; cond and body regions take the
+ * carried types (cond returns tensor<i1>, body the carried values). */
+static bool tpu_while(tpu_lower *L, const tpu_hv *init, int n, int cond, int body, tpu_hv *outs) {
+  tpu_hlo_type ts[16];
+  for (int i = 0; i < n; i++) ts[i] = *T(L, init[i]);
+  int regions[2] = {cond, body};
+  return tpu_hlo_emit(H, "stablehlo.while", init, n, regions, 2, NULL, ts, n, outs);
+}
+
+/* A cond region for loops whose carried value 0 is a 0-d s64 counter: counter < limit. */
+static int tpu_count_cond(tpu_lower *L, const tpu_hlo_type *ts, int n, int64_t limit) {
+  tpu_hv a[16];
+  tpu_hlo_region_begin(H, ts, n, a);
+  tpu_hv c = tpu_hlo_compare(H, TPU_HLO_LT, a[0], tpu_hlo_constant_int(H, TPU_S64, limit));
+  return tpu_hlo_region_end(H, &c, 1);
+}
+
+/* 0-d s64 iota-compatible broadcast of a 0-d value to type t's shape (as s64). */
+static tpu_hv tpu_bcast0(tpu_lower *L, tpu_hv s, int rank, const int64_t *dims) {
+  int64_t none[1] = {0};
+  return tpu_hlo_broadcast_in_dim(H, s, rank, dims, none);
+}
+
+/* Sum over dim `d` of select(mask, x, 0): picks the masked element exactly. */
+static tpu_hv tpu_pick(tpu_lower *L, tpu_hv mask, tpu_hv x, int64_t d) {
+  tpu_hv z = tpu_hlo_select(H, mask, x, tpu_k(L, x, 0));
+  return tpu_hlo_reduce(H, z, tpu_hlo_constant(H, T(L, x)->dtype, 0), &d, 1, TPU_HLO_ADD);
+}
+
+/* x [..., a] -> [..., 1, a] (at = rank-1) or [..., a, 1] (at = rank). */
+static tpu_hv tpu_unsq(tpu_lower *L, tpu_hv x, int at) {
+  const tpu_hlo_type *t = T(L, x);
+  int64_t d[TPU_MAX_RANK];
+  int r = t->rank + 1;
+  for (int i = 0, k = 0; i < r; i++) d[i] = i == at ? 1 : t->dims[k++];
+  return tpu_hlo_reshape(H, x, r, d);
+}
+
+typedef struct {
+  tpu_hv lu;    /* [..., m, n] */
+  tpu_hv piv;   /* s32 [..., k], 1-based as LAPACK */
+  tpu_hv perm;  /* s32 [..., m]: row i of LU is row perm[i] of A */
+  tpu_hv info;  /* s32 [...] */
+} tpu_lu_res;
+
+/* Gaussian elimination with partial pivoting (pivot: largest |a_ik| over
+ * i >= k, the first on ties, as LAPACK's i?amax) of a [..., m, n]; without
+ * pivoting when !pivot. info is the first zero pivot (1-based), else 0. */
+static tpu_lu_res tpu_lu(tpu_lower *L, tpu_hv a, bool pivot) {
+  tpu_lu_res res = {TPU_HV_NONE, TPU_HV_NONE, TPU_HV_NONE, TPU_HV_NONE};
+  const tpu_hlo_type at = *T(L, a);
+  if (at.dtype == TPU_INVALID) return res;
+  int r = at.rank, nb = r - 2;
+  int64_t m = at.dims[r - 2], n = at.dims[r - 1], kmax = m < n ? m : n;
+  tpu_dtype dt = at.dtype;
+  int64_t pd[TPU_MAX_RANK], qd[TPU_MAX_RANK];
+  memcpy(pd, at.dims, sizeof(int64_t) * (size_t)nb);
+  memcpy(qd, at.dims, sizeof(int64_t) * (size_t)nb);
+  pd[nb] = kmax;
+  qd[nb] = m;
+  tpu_hlo_type pt = tpu_hlo_type_make(TPU_S32, nb + 1, pd), qt = tpu_hlo_type_make(TPU_S32, nb + 1, qd);
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S32, nb, at.dims);
+  tpu_hv init[5] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, tpu_lower_full(L, pt, 0), tpu_hlo_iota(H, qt, nb),
+                    tpu_lower_full(L, it, 0)};
+  if (kmax == 0 || tpu_hlo_type_numel(&at) == 0) {
+    res.lu = a;
+    res.piv = tpu_hlo_convert(H, tpu_add(L, tpu_hlo_iota(H, pt, nb), tpu_lower_full(L, pt, 1)), TPU_S32);
+    res.perm = init[3];
+    res.info = init[4];
+    return res;
+  }
+  tpu_hlo_type ts[5];
+  for (int i = 0; i < 5; i++) ts[i] = *T(L, init[i]);
+  int cond = tpu_count_cond(L, ts, 5, kmax);
+
+  tpu_hv v[5];
+  tpu_hlo_region_begin(H, ts, 5, v);
+  {
+    tpu_hv k = v[0], A = v[1], piv = v[2], perm = v[3], info = v[4];
+    tpu_hlo_type i64 = tpu_hlo_type_make(TPU_S64, r, at.dims);
+    tpu_hv row = tpu_hlo_iota(H, i64, r - 2), col = tpu_hlo_iota(H, i64, r - 1);
+    tpu_hv kA = tpu_bcast0(L, k, r, at.dims);
+    /* column k: [..., m] */
+    tpu_hv colk = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, col, kA), A, r - 1);
+    tpu_hlo_type rt = tpu_hlo_type_make(TPU_S64, nb + 1, qd);
+    tpu_hv rows = tpu_hlo_iota(H, rt, nb);
+    tpu_hv kR = tpu_bcast0(L, k, nb + 1, qd);
+    int64_t bd0[TPU_MAX_RANK];
+    for (int i = 0; i < TPU_MAX_RANK; i++) bd0[i] = i;
+    tpu_hv p; /* pivot row, s64 [...] */
+    if (pivot) {
+      tpu_hv mag = tpu_hlo_unary(H, TPU_HLO_ABS, colk);
+      tpu_hv below = tpu_hlo_compare(H, TPU_HLO_GE, rows, kR);
+      mag = tpu_hlo_select(H, below, mag, tpu_k(L, mag, -1));
+      int64_t d = nb;
+      tpu_hv mx = tpu_hlo_reduce(H, mag, tpu_hlo_constant(H, dt, -INFINITY), &d, 1, TPU_HLO_MAX);
+      tpu_hv ismx = tpu_hlo_binary(H, TPU_HLO_AND, below, tpu_hlo_compare(H, TPU_HLO_EQ, mag, tpu_hlo_broadcast_in_dim(H, mx, nb + 1, qd, bd0)));
+      tpu_hv cand = tpu_hlo_select(H, ismx, rows, tpu_lower_full(L, rt, (double)m));
+      p = tpu_hlo_reduce(H, cand, tpu_hlo_constant_int(H, TPU_S64, m), &d, 1, TPU_HLO_MIN);
+      /* all-NaN column below k: keep row k (LAPACK's amax picks the first) */
+      p = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, p, tpu_k(L, p, (double)m)), tpu_bcast0(L, k, nb, at.dims), p);
+    } else {
+      p = tpu_bcast0(L, k, nb, at.dims);
+    }
+    /* swap rows k and p */
+    int64_t bd[TPU_MAX_RANK];
+    for (int i = 0; i < nb; i++) bd[i] = i;
+    tpu_hv pA = tpu_hlo_broadcast_in_dim(H, p, r, at.dims, bd);
+    tpu_hv isk = tpu_hlo_compare(H, TPU_HLO_EQ, row, kA), isp = tpu_hlo_compare(H, TPU_HLO_EQ, row, pA);
+    tpu_hv rowk = tpu_pick(L, isk, A, r - 2), rowp = tpu_pick(L, isp, A, r - 2); /* [..., n] */
+    for (int i = 0; i <= nb; i++) bd[i] = i == nb ? r - 1 : i;
+    tpu_hv rowkA = tpu_hlo_broadcast_in_dim(H, rowk, r, at.dims, bd), rowpA = tpu_hlo_broadcast_in_dim(H, rowp, r, at.dims, bd);
+    A = tpu_hlo_select(H, isk, rowpA, tpu_hlo_select(H, isp, rowkA, A));
+    /* the same swap in perm */
+    tpu_hv pR = tpu_hlo_broadcast_in_dim(H, p, nb + 1, qd, bd);
+    tpu_hv iskR = tpu_hlo_compare(H, TPU_HLO_EQ, rows, kR), ispR = tpu_hlo_compare(H, TPU_HLO_EQ, rows, pR);
+    int64_t dn = nb;
+    tpu_hv permk = tpu_pick(L, iskR, perm, dn), permp = tpu_pick(L, ispR, perm, dn);
+    tpu_hv permkR = tpu_hlo_broadcast_in_dim(H, permk, nb + 1, qd, bd), permpR = tpu_hlo_broadcast_in_dim(H, permp, nb + 1, qd, bd);
+    perm = tpu_hlo_select(H, iskR, permpR, tpu_hlo_select(H, ispR, permkR, perm));
+    /* pivots[k] = p + 1 */
+    tpu_hlo_type kt = tpu_hlo_type_make(TPU_S64, nb + 1, pd);
+    tpu_hv pk = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, kt, nb), tpu_bcast0(L, k, nb + 1, pd));
+    tpu_hv p1 = tpu_hlo_convert(H, tpu_add(L, p, tpu_k(L, p, 1)), TPU_S32);
+    piv = tpu_hlo_select(H, pk, tpu_hlo_broadcast_in_dim(H, p1, nb + 1, pd, bd), piv);
+    /* eliminate below the pivot */
+    tpu_hv newrowk = rowp; /* the row now at k */
+    int64_t cd[TPU_MAX_RANK];
+    memcpy(cd, at.dims, sizeof(int64_t) * (size_t)nb);
+    cd[nb] = n;
+    tpu_hv colsN = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, nb + 1, cd), nb);
+    tpu_hv kN = tpu_bcast0(L, k, nb + 1, cd);
+    tpu_hv piv_v = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, colsN, kN), newrowk, nb); /* [...] */
+    tpu_hv zero = tpu_hlo_compare(H, TPU_HLO_EQ, piv_v, tpu_k(L, piv_v, 0));
+    tpu_hv infoz = tpu_hlo_compare(H, TPU_HLO_EQ, info, tpu_k(L, info, 0));
+    tpu_hv k1 = tpu_hlo_convert(H, tpu_add(L, k, tpu_hlo_constant_int(H, TPU_S64, 1)), TPU_S32);
+    info = tpu_hlo_select(H, tpu_hlo_binary(H, TPU_HLO_AND, zero, infoz), tpu_bcast0(L, k1, nb, at.dims), info);
+    /* column k after the swap, scaled by 1/pivot below the diagonal (unscaled
+     * when the pivot is zero: the column is zero there, as LAPACK leaves it) */
+    tpu_hv colk2 = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, col, kA), A, r - 1); /* [..., m] */
+    tpu_hv safe = tpu_hlo_select(H, zero, tpu_k(L, piv_v, 1), piv_v);
+    tpu_hv lcol = tpu_hlo_binary(H, TPU_HLO_DIV, colk2, tpu_hlo_broadcast_in_dim(H, safe, nb + 1, qd, bd));
+    tpu_hv belowR = tpu_hlo_compare(H, TPU_HLO_GT, rows, kR);
+    lcol = tpu_hlo_select(H, belowR, lcol, tpu_k(L, lcol, 0));
+    tpu_hv rightN = tpu_hlo_compare(H, TPU_HLO_GT, colsN, kN);
+    tpu_hv urow = tpu_hlo_select(H, rightN, newrowk, tpu_k(L, newrowk, 0));
+    for (int i = 0; i <= nb; i++) bd[i] = i;
+    tpu_hv lA = tpu_hlo_broadcast_in_dim(H, lcol, r, at.dims, bd);
+    for (int i = 0; i <= nb; i++) bd[i] = i == nb ? r - 1 : i;
+    tpu_hv uA = tpu_hlo_broadcast_in_dim(H, urow, r, at.dims, bd);
+    A = tpu_sub(L, A, tpu_mul(L, lA, uA));
+    tpu_hv setl = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_EQ, col, kA), tpu_hlo_compare(H, TPU_HLO_GT, row, kA));
+    A = tpu_hlo_select(H, setl, lA, A);
+    tpu_hv outs[5] = {tpu_add(L, k, tpu_hlo_constant_int(H, TPU_S64, 1)), A, piv, perm, info};
+    int body = tpu_hlo_region_end(H, outs, 5);
+    tpu_hv fin[5];
+    if (!tpu_while(L, init, 5, cond, body, fin)) return res;
+    res.lu = fin[1];
+    res.piv = fin[2];
+    res.perm = fin[3];
+    res.info = fin[4];
+  }
+  return res;
+}
+
+/* P [..., m, m] of dtype dt with A = P L U: P[i, j] = (perm[j] == i). */
+static tpu_hv tpu_perm_matrix(tpu_lower *L, tpu_hv perm, tpu_dtype dt) {
+  const tpu_hlo_type *t = T(L, perm);
+  if (t->dtype == TPU_INVALID) return TPU_HV_NONE;
+  int nb = t->rank - 1;
+  int64_t m = t->dims[nb], d[TPU_MAX_RANK], bd[TPU_MAX_RANK];
+  memcpy(d, t->dims, sizeof(int64_t) * (size_t)nb);
+  d[nb] = m;
+  d[nb + 1] = m;
+  for (int i = 0; i < nb; i++) bd[i] = i;
+  bd[nb] = nb + 1;
+  tpu_hv pj = tpu_hlo_broadcast_in_dim(H, perm, nb + 2, d, bd);
+  tpu_hv ri = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S32, nb + 2, d), nb);
+  return tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_EQ, pj, ri), dt);
+}
+
+/* The row permutation perm [..., m] from LAPACK pivots [..., k] (1-based
+ * sequential swaps), by a while loop over the k swaps. */
+static tpu_hv tpu_perm_from_piv(tpu_lower *L, tpu_hv piv, int64_t m) {
+  tpu_hlo_type pt = *T(L, piv);
+  if (pt.dtype == TPU_INVALID) return TPU_HV_NONE;
+  int nb = pt.rank - 1;
+  int64_t k = pt.dims[nb], qd[TPU_MAX_RANK], bd[TPU_MAX_RANK];
+  memcpy(qd, pt.dims, sizeof(int64_t) * (size_t)nb);
+  qd[nb] = m;
+  for (int i = 0; i < nb; i++) bd[i] = i;
+  tpu_hlo_type qt = tpu_hlo_type_make(TPU_S32, nb + 1, qd);
+  piv = tpu_hlo_convert(H, piv, TPU_S32);
+  tpu_hv init[3] = {tpu_hlo_constant_int(H, TPU_S64, 0), tpu_hlo_iota(H, qt, nb), piv};
+  if (k == 0 || m == 0 || tpu_hlo_type_numel(&qt) == 0) return init[1];
+  tpu_hlo_type ts[3] = {*T(L, init[0]), *T(L, init[1]), *T(L, init[2])};
+  int cond = tpu_count_cond(L, ts, 3, k);
+  tpu_hv v[3];
+  tpu_hlo_region_begin(H, ts, 3, v);
+  tpu_hv i0 = v[0], perm = v[1];
+  int64_t dn = nb;
+  tpu_hlo_type kt = tpu_hlo_type_make(TPU_S64, nb + 1, pt.dims);
+  tpu_hv pk = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, kt, nb), tpu_bcast0(L, i0, nb + 1, pt.dims)), v[2], dn);
+  tpu_hv p = tpu_hlo_convert(H, tpu_sub(L, pk, tpu_k(L, pk, 1)), TPU_S64); /* [...] 0-based */
+  tpu_hlo_type rt = tpu_hlo_type_make(TPU_S64, nb + 1, qd);
+  tpu_hv rows = tpu_hlo_iota(H, rt, nb);
+  tpu_hv isk = tpu_hlo_compare(H, TPU_HLO_EQ, rows, tpu_bcast0(L, i0, nb + 1, qd));
+  tpu_hv isp = tpu_hlo_compare(H, TPU_HLO_EQ, rows, tpu_hlo_broadcast_in_dim(H, p, nb + 1, qd, bd));
+  tpu_hv a = tpu_pick(L, isk, perm, dn), b = tpu_pick(L, isp, perm, dn);
+  perm = tpu_hlo_select(H, isk, tpu_hlo_broadcast_in_dim(H, b, nb + 1, qd, bd),
+                        tpu_hlo_select(H, isp, tpu_hlo_broadcast_in_dim(H, a, nb + 1, qd, bd), perm));
+  tpu_hv outs[3] = {tpu_add(L, i0, tpu_hlo_constant_int(H, TPU_S64, 1)), perm, v[2]};
+  int body = tpu_hlo_region_end(H, outs, 3);
+  tpu_hv fin[3];
+  if (!tpu_while(L, init, 3, cond, body, fin)) return TPU_HV_NONE;
+  return fin[1];
+}
+
+/* Unit lower L [..., m, k] and upper U [..., k, n] of a packed LU [..., m, n]. */
+static void tpu_lu_split(tpu_lower *L, tpu_hv lu, tpu_hv *lo, tpu_hv *up) {
+  const tpu_hlo_type t = *T(L, lu);
+  if (t.dtype == TPU_INVALID) return;
+  int r = t.rank;
+  int64_t m = t.dims[r - 2], n = t.dims[r - 1], k = m < n ? m : n;
+  int64_t st[TPU_MAX_RANK] = {0}, lim[TPU_MAX_RANK], one[TPU_MAX_RANK];
+  for (int i = 0; i < r; i++) {
+    lim[i] = t.dims[i];
+    one[i] = 1;
+  }
+  lim[r - 1] = k;
+  tpu_hv l = tpu_hlo_slice(H, lu, st, lim, one);
+  l = tpu_hlo_select(H, tpu_tri_mask(L, T(L, l), true, 1), l, tpu_k(L, l, 0));
+  *lo = tpu_add(L, l, tpu_eye_like(L, T(L, l)));
+  lim[r - 1] = n;
+  lim[r - 2] = k;
+  *up = tpu_tri(L, tpu_hlo_slice(H, lu, st, lim, one), false);
+}
+
+/* Solve A X = B (left) or X A = B given A's LU and perm; adjoint solves with A^T. */
+static tpu_hv tpu_lu_solve_impl(tpu_lower *L, tpu_hv lu, tpu_hv perm, tpu_hv b, bool left, bool adjoint) {
+  tpu_hv P = tpu_perm_matrix(L, perm, T(L, lu)->dtype);
+  bool tr = adjoint;
+  if (left && !tr) {         /* L U X = P^T B */
+    tpu_hv y = tpu_bmatmul(L, tpu_mT(L, P), b);
+    y = tpu_trisolve(L, lu, y, true, true, true, false);
+    return tpu_trisolve(L, lu, y, true, false, false, false);
+  }
+  if (left) {                /* U^T L^T P^T X = B: X = P L^-T U^-T B */
+    tpu_hv y = tpu_trisolve(L, lu, b, true, false, false, true);
+    y = tpu_trisolve(L, lu, y, true, true, true, true);
+    return tpu_bmatmul(L, P, y);
+  }
+  if (!tr) {                 /* X P L U = B: X = B U^-1 L^-1 P^T */
+    tpu_hv y = tpu_trisolve(L, lu, b, false, false, false, false);
+    y = tpu_trisolve(L, lu, y, false, true, true, false);
+    return tpu_bmatmul(L, y, tpu_mT(L, P));
+  }
+  /* X U^T L^T P^T = B: X = B P L^-T U^-T */
+  tpu_hv y = tpu_bmatmul(L, b, P);
+  y = tpu_trisolve(L, lu, y, false, true, true, true);
+  return tpu_trisolve(L, lu, y, false, false, false, true);
+}
+
+/* linalg_lu_factor_ex.out(A, *, pivot, check_errors, LU, pivots, info) */
+void tpu_emit_linalg_lu_factor_ex(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "torch.linalg.lu_factor_ex")) return;
+  if (!tpu_bool_arg(L, 1, true)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_factor: LU without pivoting is not implemented on the CPU");
+    return;
+  }
+  tpu_lu_res f = tpu_lu(L, tpu_lower_tensor(L, 0, -1), true);
+  tpu_lower_out(L, f.lu);
+  tpu_lower_out(L, f.piv);
+  tpu_lower_out(L, f.info);
+}
+
+/* linalg_lu.out(A, *, pivot, P, L, U) */
+void tpu_emit_linalg_lu(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "linalg.lu")) return;
+  if (!tpu_bool_arg(L, 1, true)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_factor: LU without pivoting is not implemented on the CPU");
+    return;
+  }
+  tpu_lu_res f = tpu_lu(L, tpu_lower_tensor(L, 0, -1), true);
+  tpu_hv lo = TPU_HV_NONE, up = TPU_HV_NONE;
+  tpu_lu_split(L, f.lu, &lo, &up);
+  tpu_lower_out(L, tpu_perm_matrix(L, f.perm, L->args[0].t.dtype));
+  tpu_lower_out(L, lo);
+  tpu_lower_out(L, up);
+}
+
+/* lu_unpack.out(LU_data, LU_pivots, unpack_data, unpack_pivots, *, P, L, U) */
+void tpu_emit_lu_unpack(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t, *pt = &L->args[1].t;
+  if (t->rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.lu_unpack: Expected tensor with 2 or more dimensions. Got size: [%lld] instead",
+                   (long long)(t->rank ? t->sizes[0] : 0));
+    return;
+  }
+  if (pt->dtype != TPU_S32) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.lu_unpack: LU_pivots is expected to be a contiguous tensor of torch.int32 dtype.\n"
+                   "Note: this function is intended to be used with the output produced by torch.linalg.lu_factor");
+    return;
+  }
+  bool data = tpu_bool_arg(L, 2, true), pivs = tpu_bool_arg(L, 3, true);
+  int64_t m = t->sizes[t->rank - 2];
+  int64_t z = 0;
+  tpu_hv empty = tpu_lower_full(L, tpu_hlo_type_make(t->dtype, 1, &z), 0);
+  if (pivs) {
+    tpu_hv perm = tpu_perm_from_piv(L, tpu_lower_tensor(L, 1, -1), m);
+    tpu_lower_out(L, tpu_perm_matrix(L, perm, t->dtype));
+  } else {
+    tpu_lower_out(L, empty);
+  }
+  if (data) {
+    tpu_hv lo = TPU_HV_NONE, up = TPU_HV_NONE;
+    tpu_lu_split(L, tpu_lower_tensor(L, 0, -1), &lo, &up);
+    tpu_lower_out(L, lo);
+    tpu_lower_out(L, up);
+  } else {
+    tpu_lower_out(L, empty);
+    tpu_lower_out(L, empty);
+  }
+}
+
+/* linalg_lu_solve.out(LU, pivots, B, *, left, adjoint, out) */
+void tpu_emit_linalg_lu_solve(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.lu_solve")) return;
+  tpu_tref *bt = &L->args[2].t, *at = &L->args[0].t;
+  bool left = tpu_bool_arg(L, 3, true), adjoint = tpu_bool_arg(L, 4, false);
+  if (bt->rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_solve: The input tensor B must have at least 2 dimensions.");
+    return;
+  }
+  int64_t n = at->sizes[at->rank - 1];
+  if ((left ? bt->sizes[bt->rank - 2] : bt->sizes[bt->rank - 1]) != n) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_solve: Incompatible shapes of A and B for the equation %s (%lldx%lld and %lldx%lld)",
+                   left ? "AX = B" : "XA = B", (long long)n, (long long)n, (long long)bt->sizes[bt->rank - 2],
+                   (long long)bt->sizes[bt->rank - 1]);
+    return;
+  }
+  if (bt->dtype != at->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_solve: Expected LU and B to have the same dtype, but found LU of type %s and B of type %s instead",
+                   tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
+    return;
+  }
+  tpu_hv lu = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 2, -1);
+  tpu_hv perm = tpu_perm_from_piv(L, tpu_lower_tensor(L, 1, -1), n);
+  /* broadcast the batch of LU (and perm with it) against B's */
+  if (!tpu_batch_bcast(L, &lu, &b)) return;
+  const tpu_hlo_type *lt = T(L, lu);
+  int64_t qd[TPU_MAX_RANK];
+  memcpy(qd, lt->dims, sizeof(int64_t) * (size_t)(lt->rank - 1));
+  perm = tpu_lower_broadcast_to(L, perm, lt->rank - 1, qd);
+  tpu_lower_out(L, tpu_lu_solve_impl(L, lu, perm, b, left, adjoint));
+}
+
+/* linalg_inv_ex.inverse(A, *, check_errors, inverse, info) */
+void tpu_emit_linalg_inv_ex(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.inv")) return;
+  tpu_hv a = tpu_lower_tensor(L, 0, -1);
+  tpu_lu_res f = tpu_lu(L, a, true);
+  tpu_lower_out(L, tpu_lu_solve_impl(L, f.lu, f.perm, tpu_eye_like(L, T(L, a)), true, false));
+  tpu_lower_out(L, f.info);
+}
+
+/* _linalg_solve_ex.result(A, B, *, left, check_errors, result, LU, pivots, info) */
+void tpu_emit_linalg_solve_ex(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.solve")) return;
+  tpu_tref *at = &L->args[0].t, *bt = &L->args[1].t;
+  bool left = tpu_bool_arg(L, 2, true);
+  if (at->dtype != bt->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.solve: Expected A and B to have the same dtype, but found A of type %s and B of type %s instead",
+                   tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
+    return;
+  }
+  /* B is a (batch of) vector(s) when 1-d, or when its shape is A's without the last dim */
+  bool vec = bt->rank == 1;
+  if (left && bt->rank == at->rank - 1) {
+    vec = true;
+    for (int i = 0; i < bt->rank; i++) vec = vec && bt->sizes[i] == at->sizes[i];
+  }
+  tpu_hv a = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 1, -1);
+  if (vec) b = tpu_unsq(L, b, bt->rank);
+  const tpu_hlo_type *b2 = T(L, b);
+  int64_t n = at->sizes[at->rank - 1];
+  if (b2->rank < 2 || (left ? b2->dims[b2->rank - 2] : b2->dims[b2->rank - 1]) != n) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.solve: Incompatible shapes of A and B for the equation %s", left ? "AX = B" : "XA = B");
+    return;
+  }
+  tpu_lu_res f = tpu_lu(L, a, true);
+  tpu_hv lu = f.lu, perm = f.perm;
+  if (!tpu_batch_bcast(L, &lu, &b)) return;
+  const tpu_hlo_type *lt = T(L, lu);
+  int64_t qd[TPU_MAX_RANK];
+  memcpy(qd, lt->dims, sizeof(int64_t) * (size_t)(lt->rank - 1));
+  perm = tpu_lower_broadcast_to(L, perm, lt->rank - 1, qd);
+  tpu_hv x = tpu_lu_solve_impl(L, lu, perm, b, left, false);
+  if (vec) {
+    const tpu_hlo_type *xt = T(L, x);
+    x = tpu_hlo_reshape(H, x, xt->rank - 1, xt->dims);
+  }
+  tpu_lower_out(L, x);
+  tpu_lower_out(L, f.lu);
+  tpu_lower_out(L, f.piv);
+  tpu_lower_out(L, f.info);
+}
+
+/* Diagonal [..., n] of a square stack. */
+static tpu_hv tpu_diag(tpu_lower *L, tpu_hv x) {
+  const tpu_hlo_type *t = T(L, x);
+  int r = t->rank;
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, r, t->dims);
+  tpu_hv eq = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, it, r - 2), tpu_hlo_iota(H, it, r - 1));
+  return tpu_pick(L, eq, x, r - 1);
+}
+
+/* (-1)^(number of actual swaps) of the pivots, in dt, shape [...]. */
+static tpu_hv tpu_piv_sign(tpu_lower *L, tpu_hv piv, tpu_dtype dt) {
+  const tpu_hlo_type *t = T(L, piv);
+  int nb = t->rank - 1;
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S32, t->rank, t->dims);
+  tpu_hv ones = tpu_add(L, tpu_hlo_iota(H, it, nb), tpu_lower_full(L, it, 1));
+  tpu_hv sw = tpu_hlo_compare(H, TPU_HLO_NE, piv, ones);
+  tpu_hv s = tpu_hlo_select(H, sw, tpu_lower_full(L, tpu_hlo_type_make(dt, t->rank, t->dims), -1),
+                            tpu_lower_full(L, tpu_hlo_type_make(dt, t->rank, t->dims), 1));
+  int64_t d = nb;
+  return tpu_hlo_reduce(H, s, tpu_hlo_constant(H, dt, 1), &d, 1, TPU_HLO_MUL);
+}
+
+/* _linalg_det.result(A, *, result, LU, pivots) */
+void tpu_emit_linalg_det(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.det")) return;
+  tpu_tref *at = &L->args[0].t;
+  tpu_lu_res f = tpu_lu(L, tpu_lower_tensor(L, 0, -1), true);
+  tpu_hv d = tpu_diag(L, f.lu);
+  int64_t dd = at->rank - 2;
+  tpu_hv p = tpu_hlo_reduce(H, d, tpu_hlo_constant(H, at->dtype, 1), &dd, 1, TPU_HLO_MUL);
+  tpu_lower_out(L, tpu_mul(L, p, tpu_piv_sign(L, f.piv, at->dtype)));
+  tpu_lower_out(L, f.lu);
+  tpu_lower_out(L, f.piv);
+}
+
+/* _linalg_slogdet.sign(A, *, sign, logabsdet, LU, pivots) */
+void tpu_emit_linalg_slogdet(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.slogdet")) return;
+  tpu_tref *at = &L->args[0].t;
+  tpu_lu_res f = tpu_lu(L, tpu_lower_tensor(L, 0, -1), true);
+  tpu_hv d = tpu_diag(L, f.lu);
+  int64_t dd = at->rank - 2;
+  tpu_hv sg = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_SIGN, d), tpu_hlo_constant(H, at->dtype, 1), &dd, 1, TPU_HLO_MUL);
+  sg = tpu_mul(L, sg, tpu_piv_sign(L, f.piv, at->dtype));
+  tpu_hv la = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_unary(H, TPU_HLO_ABS, d)), tpu_hlo_constant(H, at->dtype, 0),
+                             &dd, 1, TPU_HLO_ADD);
+  tpu_lower_out(L, sg);
+  tpu_lower_out(L, la);
+  tpu_lower_out(L, f.lu);
+  tpu_lower_out(L, f.piv);
+}
