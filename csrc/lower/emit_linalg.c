@@ -874,11 +874,31 @@ static tpu_hv tpu_piv_sign(tpu_lower *L, tpu_hv piv, tpu_dtype dt) {
   return tpu_hlo_reduce(H, s, tpu_hlo_constant(H, dt, 1), &d, 1, TPU_HLO_MUL);
 }
 
+/* torch's is_contiguous (row-major; size-1 dims ignored). */
+static bool tpu_is_contig(const tpu_tref *t) {
+  int64_t want = 1;
+  for (int i = t->rank - 1; i >= 0; i--) {
+    if (t->sizes[i] == 1) continue;
+    if (t->strides[i] != want) return false;
+    want *= t->sizes[i];
+  }
+  return true;
+}
+
+/* The LU that torch's det/slogdet save for their backward: of A^T when A
+ * is contiguous (torch factors the transpose to skip a copy; the backward
+ * formula relies on it), else of A. */
+static tpu_lu_res tpu_det_lu(tpu_lower *L) {
+  tpu_hv a = tpu_lower_tensor(L, 0, -1);
+  if (tpu_is_contig(&L->args[0].t)) a = tpu_mT(L, a);
+  return tpu_lu(L, a, true);
+}
+
 /* _linalg_det.result(A, *, result, LU, pivots) */
 void tpu_emit_linalg_det(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, true, "linalg.det")) return;
   tpu_tref *at = &L->args[0].t;
-  tpu_lu_res f = tpu_lu(L, tpu_lower_tensor(L, 0, -1), true);
+  tpu_lu_res f = tpu_det_lu(L);
   tpu_hv d = tpu_diag(L, f.lu);
   int64_t dd = at->rank - 2;
   tpu_hv p = tpu_hlo_reduce(H, d, tpu_hlo_constant(H, at->dtype, 1), &dd, 1, TPU_HLO_MUL);
@@ -891,7 +911,7 @@ void tpu_emit_linalg_det(tpu_lower *L) {
 void tpu_emit_linalg_slogdet(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, true, "linalg.slogdet")) return;
   tpu_tref *at = &L->args[0].t;
-  tpu_lu_res f = tpu_lu(L, tpu_lower_tensor(L, 0, -1), true);
+  tpu_lu_res f = tpu_det_lu(L);
   tpu_hv d = tpu_diag(L, f.lu);
   int64_t dd = at->rank - 2;
   tpu_hv sg = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_SIGN, d), tpu_hlo_constant(H, at->dtype, 1), &dd, 1, TPU_HLO_MUL);
