@@ -10,6 +10,7 @@
  * results, not only up to rounding of a different factorization. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "emit.h"
@@ -922,4 +923,194 @@ void tpu_emit_linalg_slogdet(tpu_lower *L) {
   tpu_lower_out(L, la);
   tpu_lower_out(L, f.lu);
   tpu_lower_out(L, f.piv);
+}
+
+/* ---- SVD: one-sided (Hestenes) Jacobi ---------------------------------------------------------- */
+
+/* Column j of x [..., m, n] (j a 0-d s64 value): [..., m]. */
+static tpu_hv tpu_col(tpu_lower *L, tpu_hv x, tpu_hv j) {
+  const tpu_hlo_type *t = T(L, x);
+  int r = t->rank;
+  tpu_hv col = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
+  return tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, col, tpu_bcast0(L, j, r, t->dims)), x, r - 1);
+}
+
+/* x with columns p and q replaced by cp and cq ([..., m]). */
+static tpu_hv tpu_set_cols(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q, tpu_hv cp, tpu_hv cq) {
+  const tpu_hlo_type *t = T(L, x);
+  int r = t->rank;
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < r - 1; i++) bd[i] = i;
+  tpu_hv col = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
+  tpu_hv isp = tpu_hlo_compare(H, TPU_HLO_EQ, col, tpu_bcast0(L, p, r, t->dims));
+  tpu_hv isq = tpu_hlo_compare(H, TPU_HLO_EQ, col, tpu_bcast0(L, q, r, t->dims));
+  tpu_hv bp = tpu_hlo_broadcast_in_dim(H, cp, r, t->dims, bd), bq = tpu_hlo_broadcast_in_dim(H, cq, r, t->dims, bd);
+  return tpu_hlo_select(H, isp, bp, tpu_hlo_select(H, isq, bq, x));
+}
+
+/* Sum over the last dim of a*b: [..., m] -> [...]. */
+static tpu_hv tpu_vdot_last(tpu_lower *L, tpu_hv a, tpu_hv b) {
+  int64_t d = T(L, a)->rank - 1;
+  return tpu_hlo_reduce(H, tpu_mul(L, a, b), tpu_hlo_constant(H, T(L, a)->dtype, 0), &d, 1, TPU_HLO_ADD);
+}
+
+/* The (p, q) index tables of the cyclic Jacobi order, n(n-1)/2 pairs. */
+static int64_t tpu_pairs(int64_t n, int64_t *ps, int64_t *qs) {
+  int64_t k = 0;
+  for (int64_t p = 0; p < n; p++)
+    for (int64_t q = p + 1; q < n; q++) {
+      ps[k] = p;
+      qs[k++] = q;
+    }
+  return k;
+}
+
+/* Entry (t mod npairs) of a constant s64 table, as a 0-d value. */
+static tpu_hv tpu_table_at(tpu_lower *L, const int64_t *tab, int64_t np, tpu_hv t) {
+  tpu_hv c = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 1, &np), tab);
+  tpu_hv i = tpu_hlo_binary(H, TPU_HLO_REM, t, tpu_hlo_constant_int(H, TPU_S64, np));
+  int64_t one = 1;
+  tpu_hv s = tpu_hlo_dynamic_slice(H, c, &i, &one);
+  return tpu_hlo_reshape(H, s, 0, NULL);
+}
+
+/* Jacobi rotation (c, s) that makes columns with squared norms alpha, beta
+ * and inner product gamma orthogonal; identity when gamma == 0. */
+static void tpu_jacobi_cs(tpu_lower *L, tpu_hv alpha, tpu_hv beta, tpu_hv gamma, tpu_hv *c, tpu_hv *s) {
+  tpu_hv zero = tpu_hlo_compare(H, TPU_HLO_EQ, gamma, tpu_k(L, gamma, 0));
+  tpu_hv g = tpu_hlo_select(H, zero, tpu_k(L, gamma, 1), gamma);
+  tpu_hv zeta = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_sub(L, beta, alpha), tpu_mul(L, tpu_k(L, g, 2), g));
+  tpu_hv sg = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, zeta, tpu_k(L, zeta, 0)), tpu_k(L, zeta, -1), tpu_k(L, zeta, 1));
+  tpu_hv az = tpu_hlo_unary(H, TPU_HLO_ABS, zeta);
+  tpu_hv t = tpu_hlo_binary(H, TPU_HLO_DIV, sg,
+                            tpu_add(L, az, tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_add(L, tpu_k(L, zeta, 1), tpu_mul(L, zeta, zeta)))));
+  /* huge zeta: zeta^2 overflows to inf and t becomes 0, as wanted */
+  t = tpu_hlo_select(H, zero, tpu_k(L, t, 0), t);
+  tpu_hv cc = tpu_hlo_unary(H, TPU_HLO_RSQRT, tpu_add(L, tpu_k(L, t, 1), tpu_mul(L, t, t)));
+  *c = cc;
+  *s = tpu_mul(L, cc, t);
+}
+
+/* Thin SVD of a [..., m, n] with m >= n by one-sided Jacobi: returns the
+ * rotated columns W = U diag(S) and V, after `sweeps` cyclic sweeps. */
+static void tpu_jacobi_svd(tpu_lower *L, tpu_hv a, int sweeps, tpu_hv *w_out, tpu_hv *v_out) {
+  const tpu_hlo_type at = *T(L, a);
+  int r = at.rank;
+  int64_t n = at.dims[r - 1];
+  int64_t vd[TPU_MAX_RANK];
+  memcpy(vd, at.dims, sizeof(int64_t) * (size_t)r);
+  vd[r - 2] = n;
+  tpu_hlo_type vt = tpu_hlo_type_make(at.dtype, r, vd);
+  tpu_hv eye = tpu_eye_like(L, &vt);
+  int64_t np = n * (n - 1) / 2;
+  if (np == 0 || tpu_hlo_type_numel(&at) == 0) {
+    *w_out = a;
+    *v_out = eye;
+    return;
+  }
+  int64_t *ps = malloc(sizeof(int64_t) * (size_t)np * 2);
+  if (!ps) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: out of memory", L->opname);
+    return;
+  }
+  int64_t *qs = ps + np;
+  tpu_pairs(n, ps, qs);
+  tpu_hv init[3] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, eye};
+  tpu_hlo_type ts[3] = {*T(L, init[0]), at, vt};
+  int cond = tpu_count_cond(L, ts, 3, np * sweeps);
+  tpu_hv v[3];
+  tpu_hlo_region_begin(H, ts, 3, v);
+  tpu_hv p = tpu_table_at(L, ps, np, v[0]), q = tpu_table_at(L, qs, np, v[0]);
+  tpu_hv ap = tpu_col(L, v[1], p), aq = tpu_col(L, v[1], q);
+  tpu_hv c, s;
+  tpu_jacobi_cs(L, tpu_vdot_last(L, ap, ap), tpu_vdot_last(L, aq, aq), tpu_vdot_last(L, ap, aq), &c, &s);
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < r - 2; i++) bd[i] = i;
+  const tpu_hlo_type *cvt = T(L, ap);
+  tpu_hv cb = tpu_hlo_broadcast_in_dim(H, c, cvt->rank, cvt->dims, bd), sb = tpu_hlo_broadcast_in_dim(H, s, cvt->rank, cvt->dims, bd);
+  tpu_hv A = tpu_set_cols(L, v[1], p, q, tpu_sub(L, tpu_mul(L, cb, ap), tpu_mul(L, sb, aq)), tpu_add(L, tpu_mul(L, sb, ap), tpu_mul(L, cb, aq)));
+  tpu_hv vp = tpu_col(L, v[2], p), vq = tpu_col(L, v[2], q);
+  const tpu_hlo_type *cvv = T(L, vp);
+  tpu_hv cv = tpu_hlo_broadcast_in_dim(H, c, cvv->rank, cvv->dims, bd), sv = tpu_hlo_broadcast_in_dim(H, s, cvv->rank, cvv->dims, bd);
+  tpu_hv V = tpu_set_cols(L, v[2], p, q, tpu_sub(L, tpu_mul(L, cv, vp), tpu_mul(L, sv, vq)), tpu_add(L, tpu_mul(L, sv, vp), tpu_mul(L, cv, vq)));
+  tpu_hv outs[3] = {tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1)), A, V};
+  int body = tpu_hlo_region_end(H, outs, 3);
+  free(ps);
+  tpu_hv fin[3];
+  if (!tpu_while(L, init, 3, cond, body, fin)) return;
+  *w_out = fin[1];
+  *v_out = fin[2];
+}
+
+/* Permutation sorting s [..., k] descending (stable): returns the sorted
+ * values and the one-hot matrix M [..., k, k] with X M = X's columns in that order. */
+static tpu_hv tpu_sort_desc(tpu_lower *L, tpu_hv s, tpu_hv *mat) {
+  const tpu_hlo_type st = *T(L, s);
+  int r = st.rank;
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S32, r, st.dims);
+  tpu_hlo_type sc[4] = {tpu_hlo_type_make(st.dtype, 0, NULL), tpu_hlo_type_make(st.dtype, 0, NULL),
+                        tpu_hlo_type_make(TPU_S32, 0, NULL), tpu_hlo_type_make(TPU_S32, 0, NULL)};
+  tpu_hv a[4];
+  tpu_hlo_region_begin(H, sc, 4, a);
+  tpu_hv gt = tpu_hlo_compare(H, TPU_HLO_GT, a[0], a[1]);
+  int region = tpu_hlo_region_end(H, &gt, 1);
+  tpu_hv xs[2] = {s, tpu_hlo_iota(H, it, r - 1)}, outs[2] = {TPU_HV_NONE, TPU_HV_NONE};
+  tpu_hlo_sort(H, xs, 2, r - 1, true, region, outs);
+  int64_t md[TPU_MAX_RANK], bd[TPU_MAX_RANK];
+  memcpy(md, st.dims, sizeof(int64_t) * (size_t)r);
+  md[r] = st.dims[r - 1];
+  for (int i = 0; i < r - 1; i++) bd[i] = i;
+  bd[r - 1] = r; /* idx[..., j] -> M[..., :, j] */
+  tpu_hv idx = tpu_hlo_broadcast_in_dim(H, outs[1], r + 1, md, bd);
+  tpu_hv rows = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S32, r + 1, md), r - 1);
+  *mat = tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, idx), st.dtype);
+  return outs[0];
+}
+
+/* U [..., m, k], S [..., k], V [..., n, k] of a [..., m, n], S descending. */
+static void tpu_svd(tpu_lower *L, tpu_hv a, tpu_hv *U, tpu_hv *S, tpu_hv *V) {
+  const tpu_hlo_type at = *T(L, a);
+  int r = at.rank;
+  bool wide = at.dims[r - 2] < at.dims[r - 1];
+  tpu_hv w = TPU_HV_NONE, v = TPU_HV_NONE;
+  tpu_jacobi_svd(L, wide ? tpu_mT(L, a) : a, 12, &w, &v);
+  if (!tpu_hlo_ok(H)) return;
+  /* singular values: column norms; U: normalised columns (0 for a zero column) */
+  tpu_hv wt = tpu_mT(L, w);
+  int64_t d = r - 1;
+  tpu_hv s2 = tpu_hlo_reduce(H, tpu_mul(L, wt, wt), tpu_hlo_constant(H, at.dtype, 0), &d, 1, TPU_HLO_ADD);
+  tpu_hv s = tpu_hlo_unary(H, TPU_HLO_SQRT, s2);
+  const tpu_hlo_type *wty = T(L, w);
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < r - 2; i++) bd[i] = i;
+  bd[r - 2] = r - 1;
+  tpu_hv sb = tpu_hlo_broadcast_in_dim(H, s, r, wty->dims, bd);
+  tpu_hv z = tpu_hlo_compare(H, TPU_HLO_EQ, sb, tpu_k(L, sb, 0));
+  tpu_hv u = tpu_hlo_select(H, z, tpu_k(L, w, 0), tpu_hlo_binary(H, TPU_HLO_DIV, w, tpu_hlo_select(H, z, tpu_k(L, sb, 1), sb)));
+  tpu_hv M = TPU_HV_NONE;
+  s = tpu_sort_desc(L, s, &M);
+  u = tpu_bmatmul(L, u, M);
+  v = tpu_bmatmul(L, v, M);
+  *S = s;
+  *U = wide ? v : u;
+  *V = wide ? u : v;
+}
+
+/* _linalg_svd.U(A, full_matrices, compute_uv, *, driver, U, S, Vh) */
+void tpu_emit_linalg_svd(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "linalg.svd")) return;
+  tpu_tref *t = &L->args[0].t;
+  bool full = tpu_bool_arg(L, 1, false), uv = tpu_bool_arg(L, 2, true);
+  int64_t m = t->sizes[t->rank - 2], n = t->sizes[t->rank - 1];
+  if (uv && full && m != n) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "linalg.svd: full_matrices=True for non-square matrices is not supported on tpu yet");
+    return;
+  }
+  tpu_hv U = TPU_HV_NONE, S = TPU_HV_NONE, V = TPU_HV_NONE;
+  tpu_svd(L, tpu_lower_tensor(L, 0, -1), &U, &S, &V);
+  int64_t z = 0;
+  tpu_hv empty = tpu_lower_full(L, tpu_hlo_type_make(t->dtype, 1, &z), 0);
+  tpu_lower_out(L, uv ? U : empty);
+  tpu_lower_out(L, S);
+  tpu_lower_out(L, uv ? tpu_mT(L, V) : empty);
 }
