@@ -1114,3 +1114,73 @@ void tpu_emit_linalg_svd(tpu_lower *L) {
   tpu_lower_out(L, S);
   tpu_lower_out(L, uv ? tpu_mT(L, V) : empty);
 }
+
+/* ---- eigh: two-sided (cyclic) Jacobi ------------------------------------------------------------- */
+
+/* Entry (p, q) of x [..., n, n]: [...]. */
+static tpu_hv tpu_entry(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q) {
+  tpu_hv c = tpu_col(L, x, q); /* [..., n] */
+  const tpu_hlo_type *t = T(L, c);
+  int r = t->rank;
+  tpu_hv row = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
+  return tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, row, tpu_bcast0(L, p, r, t->dims)), c, r - 1);
+}
+
+/* x J for the rotation J in the (p, q) plane: column update. */
+static tpu_hv tpu_rot_cols(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q, tpu_hv c, tpu_hv s) {
+  tpu_hv xp = tpu_col(L, x, p), xq = tpu_col(L, x, q);
+  const tpu_hlo_type *t = T(L, xp);
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank - 1; i++) bd[i] = i;
+  tpu_hv cb = tpu_hlo_broadcast_in_dim(H, c, t->rank, t->dims, bd), sb = tpu_hlo_broadcast_in_dim(H, s, t->rank, t->dims, bd);
+  return tpu_set_cols(L, x, p, q, tpu_sub(L, tpu_mul(L, cb, xp), tpu_mul(L, sb, xq)), tpu_add(L, tpu_mul(L, sb, xp), tpu_mul(L, cb, xq)));
+}
+
+/* _linalg_eigh.eigenvalues(A, UPLO, compute_v, *, eigenvalues, eigenvectors) */
+void tpu_emit_linalg_eigh(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.eigh")) return;
+  tpu_tref *tr = &L->args[0].t;
+  bool upper = tpu_has(L, 1, TPU_ARG_STR) && (L->args[1].str[0] == 'U' || L->args[1].str[0] == 'u');
+  bool cv = tpu_bool_arg(L, 2, true);
+  tpu_hv a = tpu_lower_tensor(L, 0, -1);
+  /* the symmetric matrix the chosen triangle describes */
+  tpu_hv tri = tpu_tri(L, a, !upper);
+  tpu_hv strict = tpu_hlo_select(H, tpu_tri_mask(L, T(L, a), !upper, 1), a, tpu_k(L, a, 0));
+  a = tpu_add(L, tri, tpu_mT(L, strict));
+  const tpu_hlo_type at = *T(L, a);
+  int r = at.rank;
+  int64_t n = at.dims[r - 1], np = n * (n - 1) / 2;
+  tpu_hv V = tpu_eye_like(L, &at);
+  if (np > 0 && tpu_hlo_type_numel(&at) > 0) {
+    int64_t *ps = malloc(sizeof(int64_t) * (size_t)np * 2);
+    if (!ps) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: out of memory", L->opname);
+      return;
+    }
+    int64_t *qs = ps + np;
+    tpu_pairs(n, ps, qs);
+    tpu_hv init[3] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, V};
+    tpu_hlo_type ts[3] = {*T(L, init[0]), at, at};
+    int cond = tpu_count_cond(L, ts, 3, np * 12);
+    tpu_hv v[3];
+    tpu_hlo_region_begin(H, ts, 3, v);
+    tpu_hv p = tpu_table_at(L, ps, np, v[0]), q = tpu_table_at(L, qs, np, v[0]);
+    tpu_hv c, s;
+    tpu_jacobi_cs(L, tpu_entry(L, v[1], p, p), tpu_entry(L, v[1], q, q), tpu_entry(L, v[1], p, q), &c, &s);
+    tpu_hv B = tpu_rot_cols(L, v[1], p, q, c, s);
+    tpu_hv A2 = tpu_mT(L, tpu_rot_cols(L, tpu_mT(L, B), p, q, c, s));
+    tpu_hv outs[3] = {tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1)), A2, tpu_rot_cols(L, v[2], p, q, c, s)};
+    int body = tpu_hlo_region_end(H, outs, 3);
+    free(ps);
+    tpu_hv fin[3];
+    if (!tpu_while(L, init, 3, cond, body, fin)) return;
+    a = fin[1];
+    V = fin[2];
+  }
+  tpu_hv w = tpu_diag(L, a), M = TPU_HV_NONE;
+  /* ascending: sort the negated values descending */
+  w = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_sort_desc(L, tpu_hlo_unary(H, TPU_HLO_NEG, w), &M));
+  tpu_lower_out(L, w);
+  int64_t z = 0;
+  tpu_lower_out(L, cv ? tpu_bmatmul(L, V, M) : tpu_lower_full(L, tpu_hlo_type_make(tr->dtype, 1, &z), 0));
+}
