@@ -91,3 +91,126 @@ def test_class_loss_errors():
         F.multi_margin_loss(tpu(rnd(3, 5)), tpu(torch.tensor([1, 2])))
     with pytest.raises(RuntimeError):
         F.nll_loss(tpu(rnd(2, 4, 3, 3)), tpu(torch.zeros(2, 3, 4, dtype=torch.long)))
+
+
+# ---- random ops: statistics (values are random; moments and ranges are not) -----------------
+
+N = 200_000
+
+
+def moments(x):
+    x = x.cpu().double()
+    return x.mean().item(), x.std().item()
+
+
+def test_continuous_distributions():
+    torch.manual_seed(0)
+    x = torch.empty(N, device="tpu")
+    m, s = moments(x.exponential_(2.0))
+    assert abs(m - 0.5) < 0.01 and abs(s - 0.5) < 0.01 and x.min().item() >= 0
+    m, s = moments(x.log_normal_(0.5, 0.25).log())
+    assert abs(m - 0.5) < 0.01 and abs(s - 0.25) < 0.01
+    med = x.cauchy_(1.0, 2.0).cpu().median().item()
+    assert abs(med - 1.0) < 0.05
+    g = x.geometric_(0.25).cpu()
+    assert g.min().item() >= 1 and (g == g.round()).all() and abs(g.mean().item() - 4.0) < 0.05
+    h = torch.empty(N, device="tpu", dtype=torch.bfloat16).exponential_()
+    assert h.dtype == torch.bfloat16 and abs(h.float().mean().item() - 1.0) < 0.03
+    with pytest.raises(RuntimeError):
+        x.exponential_(-1.0)
+    with pytest.raises(RuntimeError):
+        x.geometric_(1.5)
+
+
+def test_normal_overloads():
+    torch.manual_seed(0)
+    mean = torch.full((N,), 3.0, device="tpu")
+    std = torch.full((N,), 2.0, device="tpu")
+    for y, (em, es) in [(torch.normal(mean, std), (3, 2)), (torch.normal(mean, 0.5), (3, 0.5)),
+                        (torch.normal(-1.0, std), (-1, 2))]:
+        assert y.device.type == "tpu" and y.shape == (N,)
+        m, s = moments(y)
+        assert abs(m - em) < 0.03 and abs(s - es) < 0.03
+    out = torch.empty(N, device="tpu")
+    torch.normal(mean, std, out=out)
+    assert abs(moments(out)[0] - 3) < 0.03
+    # broadcasting mean [N, 1] with std [3]
+    y = torch.normal(torch.zeros(N // 3, 1, device="tpu"), torch.tensor([1.0, 2.0, 3.0], device="tpu"))
+    assert y.shape == (N // 3, 3)
+    assert [round(v, 1) for v in y.cpu().std(0).tolist()] == [1.0, 2.0, 3.0]
+    # two draws differ; the same seed repeats
+    torch.manual_seed(5)
+    a = torch.normal(mean[:10], 1.0).cpu()
+    torch.manual_seed(5)
+    b = torch.normal(mean[:10], 1.0).cpu()
+    assert torch.equal(a, b) and not torch.equal(a, torch.normal(mean[:10], 1.0).cpu())
+
+
+def test_bernoulli_overloads():
+    torch.manual_seed(0)
+    p = torch.full((N,), 0.3, device="tpu")
+    assert abs(torch.bernoulli(p).cpu().mean().item() - 0.3) < 0.01
+    assert abs(p.bernoulli(0.6).cpu().mean().item() - 0.6) < 0.01
+    x = torch.empty(N, device="tpu").bernoulli_(torch.linspace(0, 1, N).to("tpu"))
+    v = x.cpu()
+    assert set(v.unique().tolist()) <= {0.0, 1.0}
+    assert v[: N // 10].mean().item() < 0.1 and v[-N // 10:].mean().item() > 0.9
+    b = torch.empty(N, device="tpu", dtype=torch.bool).bernoulli_(p)
+    assert b.dtype == torch.bool and abs(b.cpu().float().mean().item() - 0.3) < 0.01
+
+
+def test_random_integers():
+    torch.manual_seed(0)
+    r = torch.empty(N, device="tpu", dtype=torch.int64).random_(3, 10).cpu()
+    assert r.min().item() == 3 and r.max().item() == 9 and abs(r.double().mean().item() - 6) < 0.05
+    r = torch.empty(N, device="tpu", dtype=torch.int32).random_(5).cpu()
+    assert r.dtype == torch.int32 and r.min().item() == 0 and r.max().item() == 4
+    r = torch.empty(N, device="tpu", dtype=torch.uint8).random_().cpu()
+    assert r.min().item() == 0 and r.max().item() == 255
+    r = torch.empty(N, device="tpu").random_().cpu()
+    assert (r == r.round()).all() and r.min() >= 0 and r.max() <= 2 ** 24
+    r = torch.empty(N, device="tpu", dtype=torch.int64).random_(-(2 ** 40), 2 ** 40).cpu()
+    assert r.min() >= -(2 ** 40) and r.max() < 2 ** 40 and r.abs().max() > 2 ** 39
+    r = torch.randint_like(torch.empty(N, device="tpu"), 2, 6).cpu()
+    assert sorted(r.unique().tolist()) == [2, 3, 4, 5]
+    with pytest.raises(RuntimeError):
+        torch.empty(3, device="tpu", dtype=torch.int64).random_(5, 2)
+
+
+def test_randperm_multinomial():
+    torch.manual_seed(0)
+    p = torch.randperm(50, device="tpu")
+    assert p.dtype == torch.int64 and sorted(p.cpu().tolist()) == list(range(50))
+    assert p.cpu().tolist() != list(range(50))
+    out = torch.empty(9, dtype=torch.int64, device="tpu")
+    torch.randperm(9, out=out)
+    assert sorted(out.cpu().tolist()) == list(range(9))
+    probs = torch.tensor([[0.1, 0.2, 0.7, 0.0], [1.0, 1.0, 1.0, 1.0]], device="tpu")
+    s = torch.multinomial(probs, 20000, replacement=True).cpu()
+    assert s.shape == (2, 20000) and s.dtype == torch.int64
+    f0 = torch.bincount(s[0], minlength=4) / 20000.0
+    assert f0[3] == 0 and abs(f0[2] - 0.7) < 0.02 and abs(f0[0] - 0.1) < 0.02
+    assert abs((torch.bincount(s[1], minlength=4) / 20000.0 - 0.25).abs().max()) < 0.02
+    w = torch.multinomial(probs[1], 4).cpu()
+    assert sorted(w.tolist()) == [0, 1, 2, 3]
+    first = torch.multinomial(probs[0, :3].expand(2000, 3), 2).cpu()
+    assert (first[:, 0] == 2).float().mean() > 0.6 and (first[:, 0] != first[:, 1]).all()
+    with pytest.raises(RuntimeError):
+        torch.multinomial(probs[0], 5)
+
+
+def test_rrelu():
+    torch.manual_seed(0)
+    a = torch.randn(N)
+    x = a.to("tpu").requires_grad_()
+    y = F.rrelu(x, 0.1, 0.3, training=True)
+    slope = (y.detach().cpu() / a)[a < 0]
+    assert slope.min() >= 0.1 and slope.max() <= 0.3 and abs(slope.mean() - 0.2) < 0.01
+    y.sum().backward()
+    g = x.grad.cpu()
+    assert torch.equal(g[a > 0], torch.ones(int((a > 0).sum())))
+    torch.testing.assert_close(g[a < 0], slope)
+    compare(F.rrelu, (a[:100],), (0,))  # eval mode: the mean slope
+    xi = a[:100].to("tpu")
+    F.rrelu_(xi, training=True)
+    assert ((xi.cpu() / a[:100])[a[:100] < 0] >= 0.125).all()
