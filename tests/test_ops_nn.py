@@ -34,7 +34,7 @@ def compare(fn, args, grad_args=(), atol=1e-5, rtol=1.3e-6, **kw):
     ta = [tpu(a).detach().requires_grad_(i in grad_args) if isinstance(a, torch.Tensor) and a.is_floating_point()
           else tpu(a) for i, a in enumerate(args)]
     wo, go = fn(*ca, **kw), fn(*ta, **tkw)
-    gw = torch.randn(wo.shape, generator=torch.Generator().manual_seed(7))
+    gw = torch.randn(wo.shape, dtype=wo.dtype, generator=torch.Generator().manual_seed(7))
     wo.backward(gw)
     go.backward(tpu(gw))
     for i in grad_args:
@@ -214,3 +214,45 @@ def test_rrelu():
     xi = a[:100].to("tpu")
     F.rrelu_(xi, training=True)
     assert ((xi.cpu() / a[:100])[a[:100] < 0] >= 0.125).all()
+
+
+# ---- FFT ------------------------------------------------------------------------------------
+
+FFTS = [
+    ("fft", lambda a: torch.fft.fft(a)),
+    ("fft_n_ortho", lambda a: torch.fft.fft(a, n=5, dim=0, norm="ortho")),
+    ("rfft", lambda a: torch.fft.rfft(a, norm="ortho")),
+    ("fft2", lambda a: torch.fft.fft2(a)),
+    ("rfftn_forward", lambda a: torch.fft.rfftn(a, norm="forward")),
+    ("ifft2_complex", lambda a: torch.fft.ifft2(torch.complex(a, a.flip(0)))),
+    ("irfft_n", lambda a: torch.fft.irfft(torch.complex(a, a * 0.5), n=7)),
+    ("irfft2_roundtrip", lambda a: torch.fft.irfft2(torch.fft.rfft2(a), s=a.shape[-2:])),
+    ("fftn_4d", lambda a: torch.fft.fftn(a.reshape(3, 2, 4, 6))),
+    ("rfft_dim0", lambda a: torch.fft.rfft(a, dim=0, norm="backward")),
+]
+
+
+@pytest.mark.parametrize("name,fn", FFTS, ids=[f[0] for f in FFTS])
+def test_fft(name, fn):
+    compare(fn, (rnd(3, 8, 6),), (0,), atol=2e-5, rtol=2e-5)
+
+
+def test_fft_noncontiguous_out_and_errors():
+    a = rnd(8, 6).t()
+    compare(lambda x: torch.fft.rfft(x), (a,), atol=2e-5, rtol=2e-5)
+    out = torch.empty(6, 5, dtype=torch.complex64, device="tpu")
+    torch.fft.rfft(tpu(a), out=out)
+    torch.testing.assert_close(out.cpu(), torch.fft.rfft(a), atol=2e-5, rtol=2e-5)
+    compare(lambda x: torch.fft.rfft(x), (torch.arange(12).reshape(2, 6),), atol=2e-5, rtol=2e-5)
+    with pytest.raises(IndexError):
+        torch.fft.fft(tpu(a), dim=3)
+    with pytest.raises(RuntimeError):
+        torch.fft.irfft(tpu(torch.fft.rfft(a)), n=0)
+
+
+@pytest.mark.xfail(reason="core: tpu ops and copies ignore the conj bit of a conj() view (and "
+                   "conj_physical.out is not lowered), so inverse real FFTs (hfft, ihfft, ifft of real "
+                   "input) read or return unconjugated values", strict=False)
+def test_fft_conj_views():
+    compare(lambda x: torch.fft.hfft(torch.complex(x, x)), (rnd(3, 8),), atol=2e-5, rtol=2e-5)
+    compare(lambda x: torch.fft.ifft(x), (rnd(3, 8),), atol=2e-5, rtol=2e-5)
