@@ -26,6 +26,11 @@ _DTYPES = [None, torch.bool, torch.int8, torch.int16, torch.int32, torch.int64,
            torch.float32, torch.float64, torch.bfloat16, torch.complex64,
            torch.complex128]
 
+# c10::ScalarType codes (schema defaults of dtype arguments come as these ints).
+_C10_SCALAR_TYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                     torch.float16, torch.float32, torch.float64, None, torch.complex64,
+                     torch.complex128, torch.bool]
+
 _IGNORED = {"device", "layout", "pin_memory", "memory_format", "generator"}
 
 
@@ -53,6 +58,8 @@ def _spec(schema):
     spec = []
     for a in schema.arguments:
         dflt = a.default_value if a.has_default_value() else _REQUIRED
+        if _kind(a) == "d" and isinstance(dflt, int) and not isinstance(dflt, bool):
+            dflt = _C10_SCALAR_TYPES[dflt]  # a schema default such as randperm's dtype=long
         spec.append((a.name, _kind(a), dflt))
     return spec
 

@@ -54,6 +54,8 @@ RANDOM_OPS = {
 # Entries whose samples are random only in training mode (dropout inside):
 # those samples are compared for shape and dtype only, the others in full.
 RANDOM_IN_TRAINING = {"nn.functional.multi_head_attention_forward"}
+# Entries whose samples are random when their dropout_p is positive.
+RANDOM_WITH_DROPOUT_P = {"nn.functional.scaled_dot_product_attention"}
 
 # Ops whose returned indices are not specified when values tie (torch's CPU
 # sorts are not stable by default; topk/kthvalue/median pick any of equal
@@ -302,6 +304,8 @@ def _classify(exc):
 def _values(name, sample, values):
     """Whether this sample's values are compared (not random)."""
     if name in RANDOM_IN_TRAINING and sample.kwargs.get("training", False):
+        return False
+    if name in RANDOM_WITH_DROPOUT_P and sample.kwargs.get("dropout_p", 0.0) > 0:
         return False
     return values
 

@@ -1,0 +1,1036 @@
+/* emit_nnx.c: the nn family beyond the first op set: pointwise losses and
+ * their backwards (mse, smooth_l1, huber, binary_cross_entropy), margin
+ * losses (multi_margin, multilabel_margin), nll_loss2d, random ops on the
+ * device generator, and FFTs.
+ *
+ * Losses compute in the accumulation type (f32 for half inputs, as torch's
+ * CPU kernels do) and reduce with torch's Reduction enum: 0 none, 1 mean,
+ * 2 sum. Backwards take the gradient of the reduced output and broadcast it
+ * back, so one helper serves every pointwise loss. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "emit.h"
+
+enum { RED_NONE = 0, RED_MEAN = 1, RED_SUM = 2 };
+
+static int64_t tpu_numel_of(const tpu_hlo_type *t) { return tpu_hlo_type_numel(t); }
+
+static tpu_hv tpu_sum_all(tpu_lower *L, tpu_hv x) {
+  const tpu_hlo_type *t = T(L, x);
+  int64_t dims[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) dims[i] = i;
+  return tpu_reduce_sum(L, x, dims, t->rank);
+}
+
+/* Reduce an elementwise loss l (acc type) and declare it as dtype dt. */
+static void tpu_loss_out(tpu_lower *L, tpu_hv l, int64_t red, tpu_dtype dt) {
+  if (red == RED_NONE) {
+    tpu_lower_out(L, tpu_hlo_convert(H, l, dt));
+    return;
+  }
+  int64_t n = tpu_numel_of(T(L, l));
+  tpu_hv s = tpu_sum_all(L, l);
+  /* mean of nothing is NaN, as 0/0 on CPU */
+  if (red == RED_MEAN) s = tpu_hlo_binary(H, TPU_HLO_DIV, s, tpu_k(L, s, (double)n));
+  tpu_lower_out(L, tpu_hlo_convert(H, s, dt));
+}
+
+/* The upstream gradient broadcast to like's shape, divided by numel for a
+ * mean reduction. */
+static tpu_hv tpu_loss_grad(tpu_lower *L, int gi, tpu_hv like, int64_t red) {
+  const tpu_hlo_type lt = *T(L, like);
+  tpu_hv g = tpu_lower_input(L, gi, lt.dtype);
+  if (red != RED_NONE) {
+    g = tpu_hlo_reshape(H, g, 0, NULL);
+    if (red == RED_MEAN) g = tpu_hlo_binary(H, TPU_HLO_DIV, g, tpu_k(L, g, (double)tpu_numel_of(&lt)));
+  }
+  return tpu_lower_broadcast_to(L, g, lt.rank, lt.dims);
+}
+
+static bool tpu_loss_check_float(tpu_lower *L, int i, const char *what) {
+  tpu_dtype dt = L->args[i].t.dtype;
+  if (!tpu_dtype_is_float(dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s\" not implemented for '%s'", what, tpu_dtype_name(dt));
+    return false;
+  }
+  return true;
+}
+
+/* self and target (args a, b) in the acc type, broadcast together. */
+static tpu_dtype tpu_loss_pair(tpu_lower *L, int a, int b, tpu_hv *x, tpu_hv *y) {
+  int idx[2] = {a, b};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2), acc = tpu_acc_type(dt);
+  tpu_hv v[2] = {tpu_lower_input(L, a, acc), tpu_lower_input(L, b, acc)};
+  tpu_lower_broadcast_all(L, v, 2);
+  *x = v[0];
+  *y = v[1];
+  return dt;
+}
+
+/* ---- pointwise losses -------------------------------------------------------------------- */
+
+/* mse_loss(self, target, reduction) */
+void tpu_emit_mse_loss(tpu_lower *L) {
+  if (!tpu_loss_check_float(L, 0, "mse_cpu")) return;
+  tpu_hv x, y;
+  tpu_dtype dt = tpu_loss_pair(L, 0, 1, &x, &y);
+  tpu_hv d = tpu_sub(L, x, y);
+  tpu_loss_out(L, tpu_mul(L, d, d), L->args[2].i, dt);
+}
+
+/* mse_loss_backward(grad_output, self, target, reduction) */
+void tpu_emit_mse_loss_backward(tpu_lower *L) {
+  tpu_hv x, y;
+  tpu_dtype dt = tpu_loss_pair(L, 1, 2, &x, &y);
+  tpu_hv d = tpu_sub(L, x, y);
+  tpu_hv g = tpu_loss_grad(L, 0, d, L->args[3].i);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_mul(L, tpu_mul(L, d, tpu_k(L, d, 2)), g), dt));
+}
+
+/* smooth_l1_loss(self, target, reduction, beta): |d| < beta ? 0.5 d^2 / beta : |d| - beta / 2 */
+void tpu_emit_smooth_l1_loss(tpu_lower *L) {
+  double beta = L->args[3].f;
+  if (beta < 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "smooth_l1_loss does not support negative values for beta.");
+    return;
+  }
+  tpu_hv x, y;
+  tpu_dtype dt = tpu_loss_pair(L, 0, 1, &x, &y);
+  tpu_hv z = tpu_hlo_unary(H, TPU_HLO_ABS, tpu_sub(L, x, y));
+  tpu_hv l = z;
+  if (beta > 0) {
+    tpu_hv quad = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_mul(L, tpu_mul(L, z, z), tpu_k(L, z, 0.5)), tpu_k(L, z, beta));
+    l = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, z, tpu_k(L, z, beta)), quad, tpu_sub(L, z, tpu_k(L, z, 0.5 * beta)));
+  }
+  tpu_loss_out(L, l, L->args[2].i, dt);
+}
+
+/* d <= -t ? -lo : d >= t ? lo : mid, torch's CPU order of tests */
+static tpu_hv tpu_piecewise_grad(tpu_lower *L, tpu_hv d, double t, tpu_hv lo, tpu_hv mid) {
+  tpu_hv r = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GE, d, tpu_k(L, d, t)), lo, mid);
+  return tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LE, d, tpu_k(L, d, -t)), tpu_hlo_unary(H, TPU_HLO_NEG, lo), r);
+}
+
+/* smooth_l1_loss_backward(grad_output, self, target, reduction, beta) */
+void tpu_emit_smooth_l1_loss_backward(tpu_lower *L) {
+  double beta = L->args[4].f;
+  tpu_hv x, y;
+  tpu_dtype dt = tpu_loss_pair(L, 1, 2, &x, &y);
+  tpu_hv d = tpu_sub(L, x, y);
+  tpu_hv g = tpu_loss_grad(L, 0, d, L->args[3].i);
+  tpu_hv mid = beta > 0 ? tpu_hlo_binary(H, TPU_HLO_DIV, tpu_mul(L, d, g), tpu_k(L, d, beta)) : tpu_k(L, d, 0);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_piecewise_grad(L, d, beta, g, mid), dt));
+}
+
+/* huber_loss(self, target, reduction, delta): |d| < delta ? 0.5 d^2 : delta (|d| - delta / 2) */
+void tpu_emit_huber_loss(tpu_lower *L) {
+  double delta = L->args[3].f;
+  if (!(delta > 0)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "huber_loss does not support non-positive values for delta.");
+    return;
+  }
+  tpu_hv x, y;
+  tpu_dtype dt = tpu_loss_pair(L, 0, 1, &x, &y);
+  tpu_hv z = tpu_hlo_unary(H, TPU_HLO_ABS, tpu_sub(L, x, y));
+  tpu_hv quad = tpu_mul(L, tpu_mul(L, z, z), tpu_k(L, z, 0.5));
+  tpu_hv lin = tpu_mul(L, tpu_k(L, z, delta), tpu_sub(L, z, tpu_k(L, z, 0.5 * delta)));
+  tpu_loss_out(L, tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, z, tpu_k(L, z, delta)), quad, lin), L->args[2].i, dt);
+}
+
+/* huber_loss_backward(grad_output, self, target, reduction, delta) */
+void tpu_emit_huber_loss_backward(tpu_lower *L) {
+  double delta = L->args[4].f;
+  tpu_hv x, y;
+  tpu_dtype dt = tpu_loss_pair(L, 1, 2, &x, &y);
+  tpu_hv d = tpu_sub(L, x, y);
+  tpu_hv g = tpu_loss_grad(L, 0, d, L->args[3].i);
+  tpu_hv r = tpu_piecewise_grad(L, d, delta, tpu_mul(L, g, tpu_k(L, g, delta)), tpu_mul(L, d, g));
+  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
+}
+
+/* binary_cross_entropy(self, target, weight, reduction):
+ * -w (y max(log x, -100) + (1 - y) max(log(1 - x), -100)) */
+void tpu_emit_binary_cross_entropy(tpu_lower *L) {
+  if (!tpu_loss_check_float(L, 0, "binary_cross_entropy")) return;
+  tpu_tref *s = &L->args[0].t, *t = &L->args[1].t;
+  if (s->rank != t->rank || memcmp(s->sizes, t->sizes, sizeof(int64_t) * (size_t)s->rank)) {
+    tpu_lower_fail(L, TPU_ERR_VALUE, "Using a target size that is different to the input size is deprecated. "
+                   "Please ensure they have the same size.");
+    return;
+  }
+  tpu_dtype dt = s->dtype, acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_input(L, 0, acc), y = tpu_lower_input(L, 1, acc);
+  tpu_hv lx = tpu_hlo_binary(H, TPU_HLO_MAX, tpu_hlo_unary(H, TPU_HLO_LOG, x), tpu_k(L, x, -100));
+  tpu_hv l1x = tpu_hlo_binary(H, TPU_HLO_MAX, tpu_hlo_unary(H, TPU_HLO_LOG1P, tpu_hlo_unary(H, TPU_HLO_NEG, x)),
+                              tpu_k(L, x, -100));
+  tpu_hv l = tpu_sub(L, tpu_mul(L, tpu_sub(L, y, tpu_k(L, y, 1)), l1x), tpu_mul(L, y, lx));
+  if (!tpu_lower_is_none(L, 2)) l = tpu_lower_binary(L, TPU_HLO_MUL, l, tpu_lower_input(L, 2, acc));
+  tpu_loss_out(L, l, L->args[3].i, dt);
+}
+
+/* binary_cross_entropy_backward(grad_output, self, target, weight, reduction):
+ * g (x - y) / max((1 - x) x, 1e-12) w */
+void tpu_emit_binary_cross_entropy_backward(tpu_lower *L) {
+  tpu_dtype dt = L->args[1].t.dtype, acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_input(L, 1, acc), y = tpu_lower_input(L, 2, acc);
+  tpu_hv g = tpu_loss_grad(L, 0, x, L->args[4].i);
+  tpu_hv den = tpu_hlo_binary(H, TPU_HLO_MAX, tpu_mul(L, tpu_sub(L, tpu_k(L, x, 1), x), x), tpu_k(L, x, 1e-12));
+  tpu_hv r = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_mul(L, g, tpu_sub(L, x, y)), den);
+  if (!tpu_lower_is_none(L, 3)) r = tpu_lower_binary(L, TPU_HLO_MUL, r, tpu_lower_input(L, 3, acc));
+  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
+}
+
+/* ---- class-indexed losses --------------------------------------------------------------- */
+
+/* target (arg ti, shape [N] or 0-d) as a one-hot [N, C] of dtype dt */
+static tpu_hv tpu_onehot_rows(tpu_lower *L, int ti, int64_t N, int64_t C, tpu_dtype dt) {
+  tpu_hv tg = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, ti, -1), TPU_S64), 1, &N);
+  int64_t nc[2] = {N, C};
+  tpu_hv tgb = tpu_hlo_broadcast_in_dim(H, tg, 2, nc, (int64_t[]){0});
+  tpu_hv cls = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nc), 1);
+  return tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_EQ, tgb, cls), dt);
+}
+
+static tpu_hv tpu_row_sum(tpu_lower *L, tpu_hv x) {
+  int64_t one = 1;
+  return tpu_reduce_sum(L, x, &one, 1);
+}
+
+static tpu_hv tpu_bcast_rows(tpu_lower *L, tpu_hv v, int64_t N, int64_t C) {
+  return tpu_hlo_broadcast_in_dim(H, v, 2, (int64_t[]){N, C}, (int64_t[]){0});
+}
+
+/* Shapes of multi_margin_loss: (N, C) from a [C] or [N, C] input. */
+static bool tpu_margin_shape(tpu_lower *L, int si, int ti, int64_t *N, int64_t *C) {
+  tpu_tref *s = &L->args[si].t, *t = &L->args[ti].t;
+  if (s->rank > 2 || (s->rank == 2 && s->sizes[1] == 0) || (s->rank == 1 && s->sizes[0] == 0)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected non-empty vector or matrix with optional 0-dim batch size, but got: [...]");
+    return false;
+  }
+  *N = s->rank == 2 ? s->sizes[0] : 1;
+  *C = s->rank == 0 ? 1 : s->sizes[s->rank - 1];
+  int64_t tn = 1;
+  for (int i = 0; i < t->rank; i++) tn *= t->sizes[i];
+  if (t->rank > 1 || tn != *N) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "inconsistent target size: [%lld] for input of size: [%lld, %lld]",
+                   (long long)tn, (long long)*N, (long long)*C);
+    return false;
+  }
+  if (tpu_dtype_is_float(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected scalar type Long but found %s", tpu_dtype_name(t->dtype));
+    return false;
+  }
+  return true;
+}
+
+/* The margin terms z[n, j] = margin - x[n, y] + x[n, j] (j != y) clamped at
+ * 0, and the per-sample class weight w[y] ([N], or NONE). */
+static void tpu_margin_terms(tpu_lower *L, int si, int ti, int mi, int wi, int64_t N, int64_t C, tpu_hv *hot,
+                             tpu_hv *z, tpu_hv *wy) {
+  tpu_dtype acc = tpu_acc_type(L->args[si].t.dtype);
+  int64_t nc[2] = {N, C};
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, si, acc), 2, nc);
+  *hot = tpu_onehot_rows(L, ti, N, C, acc);
+  tpu_hv xy = tpu_row_sum(L, tpu_mul(L, x, *hot));
+  tpu_hv m = tpu_lower_scalar(L, mi, acc);
+  tpu_hv d = tpu_add(L, tpu_sub(L, tpu_lower_broadcast_to(L, m, 2, nc), tpu_bcast_rows(L, xy, N, C)), x);
+  tpu_hv pos = tpu_hlo_compare(H, TPU_HLO_GT, d, tpu_k(L, d, 0));
+  tpu_hv nothot = tpu_hlo_compare(H, TPU_HLO_EQ, *hot, tpu_k(L, *hot, 0));
+  *z = tpu_hlo_select(H, tpu_hlo_binary(H, TPU_HLO_AND, pos, nothot), d, tpu_k(L, d, 0));
+  *wy = TPU_HV_NONE;
+  if (!tpu_lower_is_none(L, wi)) {
+    tpu_hv w = tpu_hlo_broadcast_in_dim(H, tpu_lower_input(L, wi, acc), 2, nc, (int64_t[]){1});
+    *wy = tpu_row_sum(L, tpu_mul(L, w, *hot));
+  }
+}
+
+/* p is 1 or 2 (a Python number, a program input): select between the forms */
+static tpu_hv tpu_margin_is_p2(tpu_lower *L, int pi, tpu_hv like) {
+  tpu_hv p = tpu_lower_scalar(L, pi, TPU_F64);
+  tpu_hv is2 = tpu_hlo_compare(H, TPU_HLO_EQ, p, tpu_hlo_constant(H, TPU_F64, 2));
+  const tpu_hlo_type *t = T(L, like);
+  return tpu_hlo_broadcast_in_dim(H, is2, t->rank, t->dims, NULL);
+}
+
+static bool tpu_margin_check_p(tpu_lower *L, int pi) {
+  tpu_arg *p = &L->args[pi];
+  double v = p->kind == TPU_ARG_SCALAR ? (p->skind == TPU_SCALAR_INT ? (double)p->i : p->f) : 1;
+  if (v != 1 && v != 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "only p == 1 and p == 2 supported");
+    return false;
+  }
+  return true;
+}
+
+/* multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=Mean):
+ * per sample sum_{j != y} max(0, margin - x[y] + x[j])^p w[y] / C */
+void tpu_emit_multi_margin_loss(tpu_lower *L) {
+  if (!tpu_loss_check_float(L, 0, "multi_margin_loss_cpu_kernel")) return;
+  int64_t N, C;
+  if (!tpu_margin_check_p(L, 2) || !tpu_margin_shape(L, 0, 1, &N, &C)) return;
+  tpu_tref *s = &L->args[0].t;
+  tpu_dtype dt = s->dtype;
+  tpu_hv hot, z, wy;
+  tpu_margin_terms(L, 0, 1, 3, 4, N, C, &hot, &z, &wy);
+  z = tpu_hlo_select(H, tpu_margin_is_p2(L, 2, z), tpu_mul(L, z, z), z);
+  tpu_hv l = tpu_row_sum(L, z);
+  if (wy != TPU_HV_NONE) l = tpu_mul(L, l, wy);
+  l = tpu_hlo_binary(H, TPU_HLO_DIV, l, tpu_k(L, l, (double)C));
+  int64_t red = L->args[5].i;
+  if (red == RED_NONE && L->args[1].t.rank == 0) l = tpu_hlo_reshape(H, l, 0, NULL);
+  tpu_loss_out(L, l, red, dt);
+}
+
+/* multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction) */
+void tpu_emit_multi_margin_loss_backward(tpu_lower *L) {
+  int64_t N, C;
+  if (!tpu_margin_shape(L, 1, 2, &N, &C)) return;
+  tpu_tref *s = &L->args[1].t;
+  tpu_dtype dt = s->dtype;
+  tpu_hv hot, z, wy;
+  tpu_margin_terms(L, 1, 2, 4, 5, N, C, &hot, &z, &wy);
+  tpu_hv active = tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_GT, z, tpu_k(L, z, 0)), T(L, z)->dtype);
+  /* d/dx_j of z^p: 1 (p = 1) or 2 z (p = 2) where the term is active */
+  tpu_hv dz = tpu_hlo_select(H, tpu_margin_is_p2(L, 3, z), tpu_mul(L, z, tpu_k(L, z, 2)), active);
+  int64_t red = L->args[6].i;
+  tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, 0, -1), T(L, z)->dtype);
+  if (red == RED_NONE) {
+    g = tpu_hlo_reshape(H, g, 1, &N);
+  } else {
+    g = tpu_hlo_reshape(H, g, 0, NULL);
+    if (red == RED_MEAN) g = tpu_hlo_binary(H, TPU_HLO_DIV, g, tpu_k(L, g, (double)N));
+    g = tpu_hlo_broadcast_in_dim(H, g, 1, &N, NULL);
+  }
+  g = tpu_hlo_binary(H, TPU_HLO_DIV, g, tpu_k(L, g, (double)C));
+  if (wy != TPU_HV_NONE) g = tpu_mul(L, g, wy);
+  tpu_hv gj = tpu_mul(L, dz, tpu_bcast_rows(L, g, N, C));
+  /* the target column gets minus the sum of the others */
+  tpu_hv gy = tpu_mul(L, hot, tpu_bcast_rows(L, tpu_row_sum(L, gj), N, C));
+  tpu_hv r = tpu_sub(L, gj, gy);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, r, s->rank, s->sizes), dt));
+}
+
+/* multilabel margin: shapes (N, C) from a 0-d, [C] or [N, C] input whose
+ * target has the same shape. */
+static bool tpu_mlm_shape(tpu_lower *L, int si, int ti, int64_t *N, int64_t *C) {
+  tpu_tref *s = &L->args[si].t, *t = &L->args[ti].t;
+  if (s->rank > 2 || (s->rank == 1 && s->sizes[0] == 0) || (s->rank == 2 && s->sizes[1] == 0)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected non-empty vector or matrix with optional 0-dim batch size, but got: [...]");
+    return false;
+  }
+  if (t->rank != s->rank || memcmp(t->sizes, s->sizes, sizeof(int64_t) * (size_t)s->rank)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "inconsistent target size: [...] for input of size: [...]");
+    return false;
+  }
+  if (tpu_dtype_is_float(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected scalar type Long but found %s", tpu_dtype_name(t->dtype));
+    return false;
+  }
+  *N = s->rank == 2 ? s->sizes[0] : 1;
+  *C = s->rank == 0 ? 1 : s->sizes[s->rank - 1];
+  return true;
+}
+
+/* The multilabel terms: for sample n, target slot k (before the first -1)
+ * and class c not among the targets, z = max(0, 1 - x[t_k] + x[c]).
+ * Returns z [N, K, C] (K = C), the slot one-hots hot [N, K, C] (zero for
+ * unused slots) and is_target [N, C]. */
+static void tpu_mlm_terms(tpu_lower *L, int si, int ti, int64_t N, int64_t C, tpu_hv *z, tpu_hv *hot, tpu_hv *ist) {
+  tpu_dtype acc = tpu_acc_type(L->args[si].t.dtype);
+  int64_t nc[2] = {N, C}, nkc[3] = {N, C, C};
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, si, acc), 2, nc);
+  tpu_hv tg = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, ti, -1), TPU_S64), 2, nc);
+  /* slot k is used when no -1 occurs at or before it: first -1 position */
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, 2, nc);
+  tpu_hv kio = tpu_hlo_iota(H, it, 1);
+  tpu_hv neg = tpu_hlo_compare(H, TPU_HLO_EQ, tg, tpu_lower_full(L, it, -1));
+  tpu_hv firstneg = tpu_hlo_reduce(H, tpu_hlo_select(H, neg, kio, tpu_lower_full(L, it, (double)C)),
+                                   tpu_hlo_constant_int(H, TPU_S64, C), (int64_t[]){1}, 1, TPU_HLO_MIN);
+  tpu_hv used = tpu_hlo_compare(H, TPU_HLO_LT, kio, tpu_hlo_broadcast_in_dim(H, firstneg, 2, nc, (int64_t[]){0}));
+  tpu_hlo_type it3 = tpu_hlo_type_make(TPU_S64, 3, nkc);
+  tpu_hv cls = tpu_hlo_iota(H, it3, 2);
+  tpu_hv tgb = tpu_hlo_broadcast_in_dim(H, tg, 3, nkc, (int64_t[]){0, 1});
+  tpu_hv h = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_EQ, tgb, cls),
+                            tpu_hlo_broadcast_in_dim(H, used, 3, nkc, (int64_t[]){0, 1}));
+  tpu_hv isb = tpu_hlo_reduce(H, h, tpu_hlo_constant_int(H, TPU_PRED, 0), (int64_t[]){1}, 1, TPU_HLO_OR); /* [N, C] */
+  tpu_hv hf = tpu_hlo_convert(H, h, acc);
+  tpu_hv xb = tpu_hlo_broadcast_in_dim(H, x, 3, nkc, (int64_t[]){0, 2});
+  tpu_hv xt = tpu_reduce_sum(L, tpu_mul(L, hf, xb), (int64_t[]){2}, 1); /* x[t_k], [N, K] */
+  tpu_hv d = tpu_sub(L, tpu_add(L, tpu_k(L, xb, 1), xb), tpu_hlo_broadcast_in_dim(H, xt, 3, nkc, (int64_t[]){0, 1}));
+  tpu_hv live = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_broadcast_in_dim(H, used, 3, nkc, (int64_t[]){0, 1}),
+                               tpu_hlo_unary(H, TPU_HLO_NOT, tpu_hlo_broadcast_in_dim(H, isb, 3, nkc, (int64_t[]){0, 2})));
+  live = tpu_hlo_binary(H, TPU_HLO_AND, live, tpu_hlo_compare(H, TPU_HLO_GT, d, tpu_k(L, d, 0)));
+  *z = tpu_hlo_select(H, live, d, tpu_k(L, d, 0));
+  *hot = hf;
+  *ist = isb;
+}
+
+/* multilabel_margin_loss_forward(self, target, reduction) -> (output, is_target) */
+void tpu_emit_multilabel_margin_loss_forward(tpu_lower *L) {
+  if (!tpu_loss_check_float(L, 0, "multilabel_margin_loss_forward_out_frame")) return;
+  int64_t N, C;
+  if (!tpu_mlm_shape(L, 0, 1, &N, &C)) return;
+  tpu_tref *s = &L->args[0].t;
+  tpu_dtype dt = s->dtype;
+  tpu_hv z, hot, ist;
+  tpu_mlm_terms(L, 0, 1, N, C, &z, &hot, &ist);
+  tpu_hv l = tpu_reduce_sum(L, z, (int64_t[]){1, 2}, 2);
+  l = tpu_hlo_binary(H, TPU_HLO_DIV, l, tpu_k(L, l, (double)C));
+  int64_t red = L->args[2].i;
+  if (red == RED_NONE && s->rank < 2) l = tpu_hlo_reshape(H, l, 0, NULL);
+  tpu_loss_out(L, l, red, dt);
+  tpu_lower_out(L, tpu_hlo_reshape(H, tpu_hlo_convert(H, ist, dt), s->rank, s->sizes));
+}
+
+/* multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target) */
+void tpu_emit_multilabel_margin_loss_backward(tpu_lower *L) {
+  int64_t N, C;
+  if (!tpu_mlm_shape(L, 1, 2, &N, &C)) return;
+  tpu_tref *s = &L->args[1].t;
+  tpu_dtype dt = s->dtype;
+  tpu_hv z, hot, ist;
+  tpu_mlm_terms(L, 1, 2, N, C, &z, &hot, &ist);
+  tpu_dtype acc = T(L, z)->dtype;
+  tpu_hv act = tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_GT, z, tpu_k(L, z, 0)), acc); /* [N, K, C] */
+  /* +1 for class c per active (k, c), -1 for each target t_k per active c */
+  tpu_hv gc = tpu_reduce_sum(L, act, (int64_t[]){1}, 1);                                   /* [N, C] */
+  tpu_hv cnt = tpu_reduce_sum(L, act, (int64_t[]){2}, 1);                                  /* [N, K] */
+  int64_t nkc[3] = {N, C, C};
+  tpu_hv gt = tpu_reduce_sum(L, tpu_mul(L, hot, tpu_hlo_broadcast_in_dim(H, cnt, 3, nkc, (int64_t[]){0, 1})),
+                             (int64_t[]){1}, 1);                                           /* [N, C] */
+  tpu_hv r = tpu_sub(L, gc, gt);
+  int64_t red = L->args[3].i;
+  tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, 0, -1), acc);
+  if (red == RED_NONE) {
+    g = tpu_hlo_reshape(H, g, 1, &N);
+  } else {
+    g = tpu_hlo_reshape(H, g, 0, NULL);
+    if (red == RED_MEAN) g = tpu_hlo_binary(H, TPU_HLO_DIV, g, tpu_k(L, g, (double)N));
+    g = tpu_hlo_broadcast_in_dim(H, g, 1, &N, NULL);
+  }
+  g = tpu_hlo_binary(H, TPU_HLO_DIV, g, tpu_k(L, g, (double)C));
+  r = tpu_mul(L, r, tpu_bcast_rows(L, g, N, C));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, r, s->rank, s->sizes), dt));
+}
+
+/* ---- nll_loss2d ---------------------------------------------------------------------------- */
+
+/* One-hot of target [N, H, W] over dim 1 of [N, C, H, W] and the per-pixel
+ * weight w[t] * (t != ignore_index), [N, H, W]. */
+static bool tpu_nll2d_common(tpu_lower *L, int si, int ti, int wi, int ii, tpu_hv *hot, tpu_hv *w) {
+  tpu_tref *s = &L->args[si].t, *t = &L->args[ti].t;
+  if (s->rank != 4) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "only batches of spatial inputs supported (4D tensors), but got input of dimension: %d",
+                   s->rank);
+    return false;
+  }
+  if (t->rank != 3) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "only batches of spatial targets supported (3D tensors) but got targets of dimension: %d",
+                   t->rank);
+    return false;
+  }
+  if (s->sizes[0] != t->sizes[0] || s->sizes[2] != t->sizes[1] || s->sizes[3] != t->sizes[2]) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "input and target batch or spatial sizes don't match: target [%lld, %lld, %lld], "
+                   "input [%lld, %lld, %lld, %lld]", (long long)t->sizes[0], (long long)t->sizes[1],
+                   (long long)t->sizes[2], (long long)s->sizes[0], (long long)s->sizes[1], (long long)s->sizes[2],
+                   (long long)s->sizes[3]);
+    return false;
+  }
+  if (tpu_dtype_is_float(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected scalar type Long but found %s", tpu_dtype_name(t->dtype));
+    return false;
+  }
+  tpu_dtype acc = tpu_acc_type(s->dtype);
+  int64_t C = s->sizes[1];
+  if (!tpu_lower_is_none(L, wi)) {
+    tpu_tref *wt = &L->args[wi].t;
+    int64_t wn = 1;
+    for (int i = 0; i < wt->rank; i++) wn *= wt->sizes[i];
+    if (wn != C) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "weight tensor should be defined either for all %lld classes or no classes but "
+                     "got weight tensor of shape: [%lld]", (long long)C, (long long)wn);
+      return false;
+    }
+  }
+  tpu_hv tg = tpu_hlo_convert(H, tpu_lower_tensor(L, ti, -1), TPU_S64);
+  const tpu_hlo_type tt = *T(L, tg);
+  tpu_hv h = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_broadcast_in_dim(H, tg, 4, s->sizes, (int64_t[]){0, 2, 3}),
+                             tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 4, s->sizes), 1));
+  tpu_hv hf = tpu_hlo_convert(H, h, acc);
+  tpu_hv valid = tpu_hlo_compare(H, TPU_HLO_NE, tg, tpu_lower_full(L, tt, (double)L->args[ii].i));
+  tpu_hv wn;
+  if (!tpu_lower_is_none(L, wi)) {
+    tpu_hv wv = tpu_hlo_reshape(H, tpu_lower_input(L, wi, acc), 1, &C);
+    wn = tpu_reduce_sum(L, tpu_mul(L, hf, tpu_hlo_broadcast_in_dim(H, wv, 4, s->sizes, (int64_t[]){1})), (int64_t[]){1}, 1);
+  } else {
+    wn = tpu_lower_full(L, tpu_hlo_type_make(acc, 3, tt.dims), 1);
+  }
+  *w = tpu_hlo_select(H, valid, wn, tpu_k(L, wn, 0));
+  *hot = hf;
+  return true;
+}
+
+/* nll_loss2d_forward(self, target, weight, reduction, ignore_index) -> (output, total_weight) */
+void tpu_emit_nll_loss2d_forward(tpu_lower *L) {
+  if (!tpu_loss_check_float(L, 0, "nll_loss2d_forward_out_frame")) return;
+  tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
+  tpu_hv hot, w;
+  if (!tpu_nll2d_common(L, 0, 1, 2, 4, &hot, &w)) return;
+  tpu_hv x = tpu_lower_input(L, 0, acc);
+  tpu_hv picked = tpu_reduce_sum(L, tpu_mul(L, x, hot), (int64_t[]){1}, 1);
+  /* a masked-out pixel picks nothing; keep inf * 0 out of the product */
+  tpu_hv loss = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, w, tpu_k(L, w, 0)),
+                               tpu_hlo_unary(H, TPU_HLO_NEG, tpu_mul(L, picked, w)), tpu_k(L, w, 0));
+  tpu_hv tw = tpu_sum_all(L, w);
+  int64_t red = L->args[3].i;
+  if (red == RED_NONE) {
+    tpu_lower_out(L, tpu_hlo_convert(H, loss, dt));
+  } else {
+    tpu_hv s = tpu_sum_all(L, loss);
+    tpu_lower_out(L, tpu_hlo_convert(H, red == RED_MEAN ? tpu_hlo_binary(H, TPU_HLO_DIV, s, tw) : s, dt));
+  }
+  tpu_lower_out(L, tpu_hlo_convert(H, tw, dt));
+}
+
+/* nll_loss2d_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight) */
+void tpu_emit_nll_loss2d_backward(tpu_lower *L) {
+  tpu_tref *s = &L->args[1].t;
+  tpu_dtype dt = s->dtype, acc = tpu_acc_type(dt);
+  tpu_hv hot, w;
+  if (!tpu_nll2d_common(L, 1, 2, 3, 5, &hot, &w)) return;
+  const tpu_hlo_type wt = *T(L, w);
+  tpu_hv g = tpu_lower_input(L, 0, acc);
+  int64_t red = L->args[4].i;
+  if (red != RED_NONE) {
+    g = tpu_hlo_reshape(H, g, 0, NULL);
+    if (red == RED_MEAN) g = tpu_hlo_binary(H, TPU_HLO_DIV, g, tpu_hlo_reshape(H, tpu_lower_input(L, 6, acc), 0, NULL));
+    g = tpu_hlo_broadcast_in_dim(H, g, 3, wt.dims, NULL);
+  }
+  tpu_hv coef = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_mul(L, g, w));
+  tpu_hv r = tpu_mul(L, hot, tpu_hlo_broadcast_in_dim(H, coef, 4, s->sizes, (int64_t[]){0, 2, 3}));
+  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
+}
+
+/* ---- random numbers -------------------------------------------------------------------------
+ * All draw from the device generator (tpu_lower_random_bits / _uniform), so
+ * a manual_seed makes them reproducible and successive calls differ. Float
+ * distribution parameters are attributes; values are computed in f32 (f64
+ * for f64 tensors) and written in the tensor's dtype. */
+
+static tpu_dtype tpu_rand_work(tpu_dtype dt) { return dt == TPU_F64 ? TPU_F64 : TPU_F32; }
+
+/* Uniform in (0, 1]: 1 - u, never 0 (safe under log). */
+static tpu_hv tpu_uniform_open0(tpu_lower *L, tpu_dtype w, int rank, const int64_t *dims) {
+  tpu_hv u = tpu_lower_uniform(L, w, rank, dims);
+  return tpu_sub(L, tpu_k(L, u, 1), u);
+}
+
+/* Standard normal values (Box-Muller on two uniforms). */
+static tpu_hv tpu_std_normal(tpu_lower *L, tpu_dtype w, int rank, const int64_t *dims) {
+  tpu_hv u1 = tpu_uniform_open0(L, w, rank, dims), u2 = tpu_lower_uniform(L, w, rank, dims);
+  tpu_hv r = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_mul(L, tpu_k(L, u1, -2), tpu_hlo_unary(H, TPU_HLO_LOG, u1)));
+  return tpu_mul(L, r, tpu_hlo_unary(H, TPU_HLO_COS, tpu_mul(L, u2, tpu_k(L, u2, 6.283185307179586))));
+}
+
+static bool tpu_rand_float_self(tpu_lower *L, const char *what) {
+  tpu_dtype dt = L->args[0].t.dtype;
+  if (!tpu_dtype_is_float(dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s\" not implemented for '%s'", what, tpu_dtype_name(dt));
+    return false;
+  }
+  return true;
+}
+
+static void tpu_rand_write_self(tpu_lower *L, tpu_hv v) {
+  tpu_lower_write(L, 0, -1, v);
+  tpu_lower_return_arg(L, 0, -1);
+}
+
+/* bernoulli_.Tensor(self, p, *, generator): self[i] = u < p[i] (p broadcast) */
+void tpu_emit_bernoulli_tensor(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv p = tpu_lower_input(L, 1, TPU_F64);
+  p = tpu_lower_broadcast_to(L, p, t->rank, t->sizes);
+  tpu_hv u = tpu_hlo_convert(H, tpu_lower_uniform(L, TPU_F32, t->rank, t->sizes), TPU_F64);
+  tpu_rand_write_self(L, tpu_hlo_compare(H, TPU_HLO_LT, u, p));
+}
+
+/* bernoulli(self, *, generator): a new tensor of draws with probabilities self */
+void tpu_emit_bernoulli_self(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_rand_float_self(L, "bernoulli_tensor_cpu_self_")) return;
+  tpu_hv p = tpu_lower_input(L, 0, TPU_F64);
+  tpu_hv u = tpu_hlo_convert(H, tpu_lower_uniform(L, TPU_F32, t->rank, t->sizes), TPU_F64);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_LT, u, p), t->dtype));
+}
+
+/* bernoulli.p(self, p, *, generator): a new tensor like self of draws with probability p */
+void tpu_emit_bernoulli_p(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  double p = L->args[1].f;
+  if (!(p >= 0 && p <= 1)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "bernoulli_ expects p to be in [0, 1], but got p=%g", p);
+    return;
+  }
+  tpu_hv u = tpu_lower_uniform(L, TPU_F32, t->rank, t->sizes);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_LT, u, tpu_k(L, u, p)), t->dtype));
+}
+
+/* normal.Tensor_Tensor(mean, std), normal.Tensor_float(mean, std), normal.float_Tensor(mean, std):
+ * mean + std * z over the broadcast shape, in the tensor argument's dtype */
+void tpu_emit_normal_tensor(tpu_lower *L) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  if (L->args[0].kind == TPU_ARG_FLOAT) dt = L->args[1].t.dtype;
+  if (L->args[1].kind == TPU_ARG_FLOAT) dt = L->args[0].t.dtype;
+  if (!tpu_dtype_is_float(dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"normal_kernel_cpu\" not implemented for '%s'", tpu_dtype_name(dt));
+    return;
+  }
+  if (L->args[1].kind == TPU_ARG_FLOAT && L->args[1].f < 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "normal expects std >= 0.0, but found std %g", L->args[1].f);
+    return;
+  }
+  tpu_dtype w = tpu_rand_work(dt);
+  tpu_hv v[2];
+  for (int i = 0; i < 2; i++)
+    v[i] = L->args[i].kind == TPU_ARG_FLOAT ? tpu_hlo_constant(H, w, L->args[i].f) : tpu_lower_input(L, i, w);
+  tpu_lower_broadcast_all(L, v, 2);
+  const tpu_hlo_type st = *T(L, v[0]);
+  tpu_hv z = tpu_std_normal(L, w, st.rank, st.dims);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_add(L, v[0], tpu_mul(L, v[1], z)), dt));
+}
+
+/* exponential_(self, lambd=1): -log(1 - u) / lambd */
+void tpu_emit_exponential(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  double lambd = L->args[1].f;
+  if (!tpu_rand_float_self(L, "exponential_cpu")) return;
+  if (!(lambd > 0)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "exponential_ expects lambda > 0.0, but found lambda=%g", lambd);
+    return;
+  }
+  tpu_hv u = tpu_uniform_open0(L, tpu_rand_work(t->dtype), t->rank, t->sizes);
+  tpu_hv r = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, u)), tpu_k(L, u, lambd));
+  tpu_rand_write_self(L, r);
+}
+
+/* geometric_(self, p): ceil(log(u) / log(1 - p)), u in (0, 1]; at least 1 */
+void tpu_emit_geometric(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  double p = L->args[1].f;
+  if (!(p > 0 && p < 1)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "geometric_ expects p to be in (0, 1), but got p=%g", p);
+    return;
+  }
+  tpu_dtype w = tpu_rand_work(t->dtype);
+  tpu_hv u = tpu_uniform_open0(L, w, t->rank, t->sizes);
+  tpu_hv r = tpu_hlo_unary(H, TPU_HLO_CEIL, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_LOG, u), tpu_k(L, u, log1p(-p))));
+  tpu_rand_write_self(L, tpu_hlo_binary(H, TPU_HLO_MAX, r, tpu_k(L, r, 1)));
+}
+
+/* log_normal_(self, mean=1, std=2): exp(mean + std z) */
+void tpu_emit_log_normal(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  double mean = L->args[1].f, sd = L->args[2].f;
+  if (!tpu_rand_float_self(L, "log_normal_cpu")) return;
+  if (!(sd > 0)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "log_normal_ expects std > 0.0, but found std=%g", sd);
+    return;
+  }
+  tpu_hv z = tpu_std_normal(L, tpu_rand_work(t->dtype), t->rank, t->sizes);
+  tpu_rand_write_self(L, tpu_hlo_unary(H, TPU_HLO_EXP, tpu_add(L, tpu_mul(L, z, tpu_k(L, z, sd)), tpu_k(L, z, mean))));
+}
+
+/* cauchy_(self, median=0, sigma=1): median + sigma tan(pi (u - 1/2)) */
+void tpu_emit_cauchy(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_rand_float_self(L, "cauchy_cpu")) return;
+  tpu_hv u = tpu_lower_uniform(L, tpu_rand_work(t->dtype), t->rank, t->sizes);
+  tpu_hv a = tpu_mul(L, tpu_sub(L, u, tpu_k(L, u, 0.5)), tpu_k(L, u, 3.141592653589793));
+  tpu_hv r = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_SIN, a), tpu_hlo_unary(H, TPU_HLO_COS, a));
+  tpu_rand_write_self(L, tpu_add(L, tpu_mul(L, r, tpu_k(L, r, L->args[2].f)), tpu_k(L, r, L->args[1].f)));
+}
+
+/* Integers lo + (bits mod range) as s64, for 0 < range <= 2^63 (a power
+ * of two takes the low bits; larger ranges draw two words). */
+static tpu_hv tpu_random_ints(tpu_lower *L, int rank, const int64_t *dims, int64_t lo, uint64_t range) {
+  tpu_hlo_type ut = tpu_hlo_type_make(TPU_U64, rank, dims);
+  tpu_hv b = tpu_hlo_convert(H, tpu_lower_random_bits(L, rank, dims), TPU_U64);
+  if (range > ((uint64_t)1 << 32)) {
+    tpu_hv hi = tpu_hlo_convert(H, tpu_lower_random_bits(L, rank, dims), TPU_U64);
+    tpu_hv sh = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_U64, 32), rank, dims, NULL);
+    b = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_binary(H, TPU_HLO_SHL, hi, sh), b);
+  }
+  (void)ut;
+  tpu_hv r;
+  if ((range & (range - 1)) == 0) {
+    tpu_hv m = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_U64, (int64_t)(range - 1)), rank, dims, NULL);
+    r = tpu_hlo_binary(H, TPU_HLO_AND, b, m);
+  } else {
+    tpu_hv m = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_U64, (int64_t)range), rank, dims, NULL);
+    r = tpu_hlo_binary(H, TPU_HLO_REM, b, m);
+  }
+  r = tpu_hlo_convert(H, r, TPU_S64);
+  if (lo == 0) return r;
+  return tpu_add(L, r, tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, lo), rank, dims, NULL));
+}
+
+/* The largest value random_() draws for dt (inclusive): 2^digits for
+ * floats, the type's max for integers. */
+static int64_t tpu_random_max(tpu_dtype dt) {
+  switch (dt) {
+    case TPU_PRED: return 1;
+    case TPU_S8: return 127;
+    case TPU_U8: return 255;
+    case TPU_S16: return 32767;
+    case TPU_U16: return 65535;
+    case TPU_S32: return 2147483647;
+    case TPU_U32: return 4294967295LL;
+    case TPU_F16: return 1 << 11;
+    case TPU_BF16: return 1 << 8;
+    case TPU_F32: return 1 << 24;
+    case TPU_F64: return (int64_t)1 << 53;
+    default: return INT64_MAX;
+  }
+}
+
+/* random_(self), random_.to(self, to), random_.from(self, from, to=None) */
+void tpu_emit_random(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t lo = 0, hi; /* [lo, hi) or [lo, max] when open */
+  bool inclusive = false;
+  bool from = strstr(L->opname, ".from") != NULL, to = strstr(L->opname, ".to") != NULL;
+  if (from) {
+    lo = L->args[1].i;
+    if (L->args[2].kind == TPU_ARG_INT) {
+      hi = L->args[2].i;
+    } else {
+      hi = tpu_random_max(t->dtype);
+      inclusive = true;
+    }
+  } else if (to) {
+    hi = L->args[1].i;
+  } else {
+    hi = tpu_random_max(t->dtype);
+    inclusive = true;
+  }
+  if (!inclusive && lo >= hi) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "random_ expects 'from' to be less than 'to', but got from=%lld >= to=%lld",
+                   (long long)lo, (long long)hi);
+    return;
+  }
+  if (inclusive && lo > hi) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "random_ expects 'from' casted to dtype to be less than or equal to 'to' casted "
+                   "to dtype, but got from=%lld > to=%lld", (long long)lo, (long long)hi);
+    return;
+  }
+  uint64_t range = (uint64_t)hi - (uint64_t)lo + (inclusive ? 1 : 0);
+  if (range == 0 || range > ((uint64_t)1 << 63)) range = (uint64_t)1 << 63; /* the full int64 span */
+  tpu_hv r = tpu_random_ints(L, t->rank, t->sizes, lo, range);
+  tpu_rand_write_self(L, t->dtype == TPU_PRED ? tpu_hlo_compare(H, TPU_HLO_NE, r, tpu_k(L, r, 0)) : tpu_hlo_convert(H, r, t->dtype));
+}
+
+/* Sort keys ascending carrying a second array; returns the carried one. */
+static tpu_hv tpu_sort_by_keys(tpu_lower *L, tpu_hv keys, tpu_hv carry, int64_t dim, bool descending) {
+  tpu_hlo_type kt = tpu_hlo_type_make(T(L, keys)->dtype, 0, NULL), ct = tpu_hlo_type_make(T(L, carry)->dtype, 0, NULL);
+  tpu_hlo_type rs[4] = {kt, kt, ct, ct};
+  tpu_hv a[4];
+  tpu_hlo_region_begin(H, rs, 4, a);
+  tpu_hv lt = tpu_hlo_compare(H, descending ? TPU_HLO_GT : TPU_HLO_LT, a[0], a[1]);
+  int region = tpu_hlo_region_end(H, &lt, 1);
+  tpu_hv xs[2] = {keys, carry}, outs[2] = {TPU_HV_NONE, TPU_HV_NONE};
+  tpu_hlo_sort(H, xs, 2, (int)dim, true, region, outs);
+  return outs[1];
+}
+
+/* randperm(n, *, dtype), randperm.generator_out(n, *, generator, out):
+ * iota sorted by random keys */
+void tpu_emit_randperm(tpu_lower *L) {
+  int64_t n = L->args[0].i;
+  if (n < 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "n must be non-negative, got%lld", (long long)n);
+    return;
+  }
+  tpu_dtype dt = TPU_S64;
+  for (int i = 1; i < L->nargs; i++)
+    if (L->args[i].kind == TPU_ARG_DTYPE) dt = L->args[i].dtype;
+  if (L->flags & TPU_OP_OUT) dt = L->args[L->nargs - 1].t.dtype;
+  tpu_hv keys = tpu_lower_random_bits(L, 1, &n);
+  tpu_hv io = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &n), 0);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_sort_by_keys(L, keys, io, 0, false), dt));
+}
+
+/* multinomial(self, num_samples, replacement=False, *, generator):
+ * Gumbel keys log p - log(-log u); with replacement each draw is the argmax
+ * over its own keys, without it the first num_samples of one sort. */
+void tpu_emit_multinomial(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t S = L->args[1].i;
+  bool repl = tpu_arg_bool(L, 2);
+  if (t->rank < 1 || t->rank > 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "prob_dist must be 1 or 2 dim");
+    return;
+  }
+  if (!tpu_dtype_is_float(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "multinomial only supports floating-point dtypes for input, got: %s",
+                   tpu_dtype_name(t->dtype));
+    return;
+  }
+  if (S <= 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "cannot sample n_sample <= 0 samples");
+    return;
+  }
+  int64_t C = t->sizes[t->rank - 1], N = t->rank == 2 ? t->sizes[0] : 1;
+  if (!repl && S > C) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+    return;
+  }
+  int64_t nc[2] = {N, C};
+  tpu_hv lp = tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_reshape(H, tpu_lower_input(L, 0, TPU_F32), 2, nc));
+  tpu_hv r;
+  if (repl) {
+    int64_t nsc[3] = {N, S, C};
+    tpu_hv u = tpu_uniform_open0(L, TPU_F32, 3, nsc);
+    tpu_hv g = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, u))));
+    /* log(1) = 0 for u = 1 gives -log(0) = inf: keep it finite */
+    g = tpu_hlo_clamp(H, tpu_hlo_constant(H, TPU_F32, -1e30), g, tpu_hlo_constant(H, TPU_F32, 1e30));
+    tpu_hv keys = tpu_add(L, tpu_hlo_broadcast_in_dim(H, lp, 3, nsc, (int64_t[]){0, 2}), g);
+    tpu_hv v;
+    tpu_arg_extreme(L, keys, 2, true, &v, &r);
+  } else {
+    tpu_hv u = tpu_uniform_open0(L, TPU_F32, 2, nc);
+    tpu_hv g = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, u))));
+    g = tpu_hlo_clamp(H, tpu_hlo_constant(H, TPU_F32, -1e30), g, tpu_hlo_constant(H, TPU_F32, 1e30));
+    tpu_hv io = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nc), 1);
+    tpu_hv sorted = tpu_sort_by_keys(L, tpu_add(L, lp, g), io, 1, true);
+    r = tpu_hlo_slice(H, sorted, (int64_t[]){0, 0}, (int64_t[]){N, S}, (int64_t[]){1, 1});
+  }
+  if (t->rank == 1) r = tpu_hlo_reshape(H, r, 1, &S);
+  tpu_lower_out(L, r);
+}
+
+/* rrelu_with_noise(self, noise, lower, upper, training, generator): in
+ * training negative inputs are scaled by a uniform slope in [lower, upper)
+ * recorded in noise (1 elsewhere); in eval by the mean slope. */
+void tpu_emit_rrelu_with_noise(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_rand_float_self(L, "rrelu_with_noise_out_cpu")) return;
+  tpu_dtype dt = t->dtype, w = tpu_rand_work(dt);
+  tpu_hv x = tpu_lower_input(L, 0, w);
+  tpu_hv lo = tpu_lower_broadcast_to(L, tpu_lower_scalar(L, 2, w), t->rank, t->sizes);
+  tpu_hv hi = tpu_lower_broadcast_to(L, tpu_lower_scalar(L, 3, w), t->rank, t->sizes);
+  tpu_hv neg = tpu_hlo_compare(H, TPU_HLO_LT, x, tpu_k(L, x, 0));
+  if (tpu_arg_bool(L, 4)) {
+    tpu_hv u = tpu_lower_uniform(L, w, t->rank, t->sizes);
+    tpu_hv slope = tpu_add(L, lo, tpu_mul(L, u, tpu_sub(L, hi, lo)));
+    slope = tpu_hlo_select(H, neg, slope, tpu_k(L, slope, 1));
+    tpu_lower_write(L, 1, -1, tpu_hlo_convert(H, slope, L->args[1].t.dtype));
+    tpu_lower_out(L, tpu_hlo_convert(H, tpu_mul(L, x, slope), dt));
+  } else {
+    tpu_hv slope = tpu_mul(L, tpu_add(L, lo, hi), tpu_k(L, lo, 0.5));
+    tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_select(H, neg, tpu_mul(L, x, slope), x), dt));
+  }
+}
+
+/* ---- FFT ------------------------------------------------------------------------------------
+ * stablehlo.fft transforms the trailing 1-3 dims, so the transformed dims
+ * are moved last (in the order given) and back afterwards. A real-to-complex
+ * transform is an RFFT over the last listed dim, then complex FFTs over the
+ * others; complex-to-real is the reverse. XLA's inverse transforms divide by
+ * n; torch's normalization (0 none, 1 1/sqrt(n), 2 1/n) is applied on top of
+ * the unnormalized result. */
+
+enum { FFT_FWD, FFT_INV, FFT_R2C, FFT_C2R };
+
+/* x with its dims dims[0..n) moved to the end; perm receives the permutation. */
+static tpu_hv tpu_fft_move_last(tpu_lower *L, tpu_hv x, const int64_t *dims, int n, int64_t *perm) {
+  const tpu_hlo_type *t = T(L, x);
+  bool used[TPU_MAX_RANK] = {0};
+  int k = 0;
+  for (int i = 0; i < n; i++) used[dims[i]] = true;
+  for (int i = 0; i < t->rank; i++)
+    if (!used[i]) perm[k++] = i;
+  for (int i = 0; i < n; i++) perm[k++] = dims[i];
+  return tpu_hlo_transpose(H, x, perm);
+}
+
+static tpu_hv tpu_fft_restore(tpu_lower *L, tpu_hv x, const int64_t *perm) {
+  const tpu_hlo_type *t = T(L, x);
+  int64_t inv[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) inv[perm[i]] = i;
+  return tpu_hlo_transpose(H, x, inv);
+}
+
+/* One stablehlo.fft over the trailing n (1..3) dims with the given lengths. */
+static tpu_hv tpu_fft_op(tpu_lower *L, tpu_hv x, int kind, int n, const int64_t *len) {
+  static const char *names[] = {"FFT", "IFFT", "RFFT", "IRFFT"};
+  const tpu_hlo_type *t = T(L, x);
+  tpu_hlo_type rt = *t;
+  tpu_dtype real = (t->dtype == TPU_C128 || t->dtype == TPU_F64) ? TPU_F64 : TPU_F32;
+  tpu_dtype cplx = real == TPU_F64 ? TPU_C128 : TPU_C64;
+  if (kind == FFT_R2C) {
+    rt.dtype = cplx;
+    rt.dims[rt.rank - 1] = len[n - 1] / 2 + 1;
+  } else if (kind == FFT_C2R) {
+    rt.dtype = real;
+    rt.dims[rt.rank - 1] = len[n - 1];
+  }
+  char attrs[160];
+  int o = snprintf(attrs, sizeof attrs, "fft_type = #stablehlo<fft_type %s>, fft_length = array<i64: ", names[kind]);
+  for (int i = 0; i < n; i++) o += snprintf(attrs + o, sizeof attrs - (size_t)o, "%s%lld", i ? ", " : "", (long long)len[i]);
+  snprintf(attrs + o, sizeof attrs - (size_t)o, ">");
+  return tpu_hlo_emit1(H, "stablehlo.fft", &x, 1, attrs, rt);
+}
+
+/* Complex FFTs (forward or unnormalized inverse) over the trailing n dims, in groups of at most 3. */
+static tpu_hv tpu_fft_c2c_trailing(tpu_lower *L, tpu_hv x, int n, bool forward) {
+  int done = 0;
+  while (done < n) {
+    int k = n - done > 3 ? 3 : n - done;
+    const tpu_hlo_type t = *T(L, x);
+    /* the group occupies dims [rank - n + done, +k): rotate it to the end */
+    int64_t perm[TPU_MAX_RANK], p = 0, first = t.rank - n + done;
+    for (int i = 0; i < t.rank; i++)
+      if (i < first || i >= first + k) perm[p++] = i;
+    for (int i = 0; i < k; i++) perm[p++] = first + i;
+    tpu_hv y = tpu_hlo_transpose(H, x, perm);
+    int64_t len[3], m = 1;
+    for (int i = 0; i < k; i++) {
+      len[i] = t.dims[first + i];
+      m *= len[i];
+    }
+    y = tpu_fft_op(L, y, forward ? FFT_FWD : FFT_INV, k, len);
+    if (!forward) y = tpu_mul(L, y, tpu_k(L, y, (double)m)); /* undo XLA's 1/n */
+    int64_t inv[TPU_MAX_RANK];
+    for (int i = 0; i < t.rank; i++) inv[perm[i]] = i;
+    x = tpu_hlo_transpose(H, y, inv);
+    done += k;
+  }
+  return x;
+}
+
+static tpu_hv tpu_fft_normalize(tpu_lower *L, tpu_hv x, int64_t mode, double n) {
+  if (mode == 1) return tpu_mul(L, x, tpu_k(L, x, 1.0 / sqrt(n)));
+  if (mode == 2) return tpu_mul(L, x, tpu_k(L, x, 1.0 / n));
+  return x;
+}
+
+/* dims of arg 1, wrapped; false on an error */
+static int tpu_fft_dims(tpu_lower *L, int rank, int64_t *dims) {
+  tpu_arg *a = &L->args[1];
+  int n = a->nints;
+  if (n < 1 || n > rank) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "fft: invalid number of dims (%d) for a tensor of rank %d", n, rank);
+    return 0;
+  }
+  bool seen[TPU_MAX_RANK] = {0};
+  for (int i = 0; i < n; i++) {
+    dims[i] = tpu_lower_dim(L, a->ints[i], rank);
+    if (!tpu_hlo_ok(H)) return 0;
+    if (seen[dims[i]]) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "dims must be unique");
+      return 0;
+    }
+    seen[dims[i]] = true;
+  }
+  return n;
+}
+
+/* _fft_c2c(self, dim, normalization, forward) */
+void tpu_emit_fft_c2c(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_dtype_is_complex(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "_fft_c2c expects a complex input tensor, but got %s", tpu_dtype_name(t->dtype));
+    return;
+  }
+  int64_t dims[TPU_MAX_RANK], perm[TPU_MAX_RANK];
+  int n = tpu_fft_dims(L, t->rank, dims);
+  if (!n) return;
+  double count = 1;
+  for (int i = 0; i < n; i++) count *= (double)t->sizes[dims[i]];
+  tpu_hv x = tpu_fft_move_last(L, tpu_lower_tensor(L, 0, -1), dims, n, perm);
+  x = tpu_fft_c2c_trailing(L, x, n, tpu_arg_bool(L, 3));
+  x = tpu_fft_normalize(L, x, L->args[2].i, count);
+  tpu_lower_out(L, tpu_fft_restore(L, x, perm));
+}
+
+/* _fft_r2c(self, dim, normalization, onesided) */
+void tpu_emit_fft_r2c(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->dtype != TPU_F32 && t->dtype != TPU_F64) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Unsupported dtype %s", tpu_dtype_name(t->dtype));
+    return;
+  }
+  int64_t dims[TPU_MAX_RANK], perm[TPU_MAX_RANK];
+  int n = tpu_fft_dims(L, t->rank, dims);
+  if (!n) return;
+  double count = 1;
+  for (int i = 0; i < n; i++) count *= (double)t->sizes[dims[i]];
+  tpu_hv x = tpu_fft_move_last(L, tpu_lower_tensor(L, 0, -1), dims, n, perm);
+  if (tpu_arg_bool(L, 3)) {
+    int64_t last = t->sizes[dims[n - 1]];
+    x = tpu_fft_op(L, x, FFT_R2C, 1, &last);
+    /* the other dims: complex FFTs over trailing dims [.., n-1) with the last kept aside */
+    if (n > 1) {
+      const tpu_hlo_type xt = *T(L, x);
+      int64_t rot[TPU_MAX_RANK], p = 0;
+      rot[p++] = xt.rank - 1;
+      for (int i = 0; i < xt.rank - 1; i++) rot[p++] = i;
+      /* move the halved dim to the front, transform, and move it back */
+      tpu_hv y = tpu_hlo_transpose(H, x, rot);
+      y = tpu_fft_c2c_trailing(L, y, n - 1, true);
+      int64_t inv[TPU_MAX_RANK];
+      for (int i = 0; i < xt.rank; i++) inv[rot[i]] = i;
+      x = tpu_hlo_transpose(H, y, inv);
+    }
+  } else {
+    tpu_dtype c = t->dtype == TPU_F64 ? TPU_C128 : TPU_C64;
+    x = tpu_fft_c2c_trailing(L, tpu_hlo_convert(H, x, c), n, true);
+  }
+  x = tpu_fft_normalize(L, x, L->args[2].i, count);
+  tpu_lower_out(L, tpu_fft_restore(L, x, perm));
+}
+
+/* _fft_c2r(self, dim, normalization, last_dim_size) */
+void tpu_emit_fft_c2r(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_dtype_is_complex(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "_fft_c2r expects a complex input tensor, but got %s", tpu_dtype_name(t->dtype));
+    return;
+  }
+  int64_t dims[TPU_MAX_RANK], perm[TPU_MAX_RANK];
+  int n = tpu_fft_dims(L, t->rank, dims);
+  if (!n) return;
+  int64_t last = L->args[3].i;
+  if (last < 1) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Invalid number of data points (%lld) specified", (long long)last);
+    return;
+  }
+  double count = (double)last;
+  for (int i = 0; i < n - 1; i++) count *= (double)t->sizes[dims[i]];
+  tpu_hv x = tpu_fft_move_last(L, tpu_lower_tensor(L, 0, -1), dims, n, perm);
+  if (n > 1) {
+    const tpu_hlo_type xt = *T(L, x);
+    int64_t rot[TPU_MAX_RANK], p = 0, inv[TPU_MAX_RANK];
+    rot[p++] = xt.rank - 1;
+    for (int i = 0; i < xt.rank - 1; i++) rot[p++] = i;
+    tpu_hv y = tpu_fft_c2c_trailing(L, tpu_hlo_transpose(H, x, rot), n - 1, false);
+    for (int i = 0; i < xt.rank; i++) inv[rot[i]] = i;
+    x = tpu_hlo_transpose(H, y, inv);
+  }
+  /* IRFFT reads last/2 + 1 bins: crop or zero-pad the input to that */
+  const tpu_hlo_type xt = *T(L, x);
+  int64_t want = last / 2 + 1, have = xt.dims[xt.rank - 1];
+  if (have != want) {
+    int64_t lo[TPU_MAX_RANK] = {0}, hi[TPU_MAX_RANK] = {0}, in[TPU_MAX_RANK] = {0};
+    hi[xt.rank - 1] = want - have;
+    x = tpu_hlo_pad(H, x, tpu_hlo_constant(H, xt.dtype, 0), lo, hi, in);
+  }
+  x = tpu_fft_op(L, x, FFT_C2R, 1, &last);
+  x = tpu_mul(L, x, tpu_k(L, x, (double)last)); /* undo XLA's 1/n */
+  x = tpu_fft_normalize(L, x, L->args[2].i, count);
+  tpu_lower_out(L, tpu_fft_restore(L, x, perm));
+}
