@@ -55,47 +55,7 @@ static tpu_hv tpu_sum_keep(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
   return tpu_keepdim(L, tpu_reduce_sum(L, x, dims, n), &in, mask, true);
 }
 
-/* sum.dim_IntList(self, dim, keepdim=False, *, dtype=None); sum(self, *, dtype) */
-void tpu_emit_sum(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  int dtarg = L->nargs - 1;
-  tpu_dtype dt = (L->args[dtarg].kind == TPU_ARG_DTYPE) ? L->args[dtarg].dtype
-                 : (t->dtype == TPU_PRED || tpu_dtype_is_int(t->dtype)) ? TPU_S64 : t->dtype;
-  tpu_dtype acc = tpu_acc_type(dt);
-  tpu_hv x = tpu_lower_input(L, 0, acc);
-  int64_t dims[TPU_MAX_RANK];
-  bool mask[TPU_MAX_RANK];
-  int n = tpu_red_dims(L, L->nargs >= 3 ? 1 : L->nargs, t->rank, dims, mask);
-  tpu_hlo_type in = *T(L, x);
-  tpu_hv r = tpu_reduce_sum(L, x, dims, n);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, L->nargs >= 3 && tpu_arg_bool(L, 2)), dt));
-}
-
-/* mean.dim(self, dim, keepdim=False, *, dtype=None); mean(self, *, dtype) */
-void tpu_emit_mean(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  int dtarg = L->nargs - 1;
-  tpu_dtype dt = L->args[dtarg].kind == TPU_ARG_DTYPE ? L->args[dtarg].dtype : t->dtype;
-  if (!tpu_dtype_is_float(dt) && !tpu_dtype_is_complex(dt)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                   "mean(): could not infer output dtype. Input dtype must be either a floating point or complex "
-                   "dtype. Got: %s", tpu_dtype_name(dt));
-    return;
-  }
-  tpu_dtype acc = tpu_acc_type(dt);
-  tpu_hv x = tpu_lower_input(L, 0, acc);
-  int64_t dims[TPU_MAX_RANK];
-  bool mask[TPU_MAX_RANK];
-  int n = tpu_red_dims(L, L->nargs >= 3 ? 1 : L->nargs, t->rank, dims, mask);
-  tpu_hlo_type in = *T(L, x);
-  int64_t count = 1;
-  for (int i = 0; i < n; i++) count *= in.dims[dims[i]];
-  tpu_hv r = tpu_reduce_sum(L, x, dims, n);
-  r = tpu_hlo_binary(H, TPU_HLO_DIV, r, tpu_k(L, r, (double)count));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, L->nargs >= 3 && tpu_arg_bool(L, 2)), dt));
-}
-
-static double tpu_lowest(tpu_dtype dt) {
+double tpu_lowest(tpu_dtype dt) {
   switch (dt) {
     case TPU_PRED: return 0;
     case TPU_S8: return -128;

@@ -55,69 +55,53 @@ static void tpu_scan(tpu_lower *L, const tpu_hv *xs, const tpu_hv *inits, int n,
 
 /* ---- sums, products, means --------------------------------------------------------------------- */
 
-/* sum.IntList_out / nansum (self, dim, keepdim, *, dtype) */
-static void tpu_emit_sum_impl(tpu_lower *L, bool nan_zero) {
-  tpu_tref *t = &L->args[0].t;
-  tpu_dtype dt = tpu_sum_dtype(L, 3), acc = tpu_acc_type(dt);
-  tpu_hv x = tpu_lower_input(L, 0, acc);
-  if (nan_zero && tpu_dtype_is_float(acc)) x = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), tpu_k(L, x, 0), x);
-  int64_t dims[TPU_MAX_RANK];
-  bool mask[TPU_MAX_RANK];
-  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
-  tpu_hlo_type in = *T(L, x);
-  tpu_hv r = tpu_reduce_sum(L, x, dims, n);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2)), dt));
-}
-void tpu_emit_sum_dims(tpu_lower *L) { tpu_emit_sum_impl(L, false); }
-void tpu_emit_nansum(tpu_lower *L) { tpu_emit_sum_impl(L, true); }
-
-/* mean.out(self, dim, keepdim, *, dtype) */
-void tpu_emit_mean_dims(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  tpu_dtype dt = tpu_has(L, 3, TPU_ARG_DTYPE) ? L->args[3].dtype : t->dtype;
-  if (!tpu_dtype_is_float(dt) && !tpu_dtype_is_complex(dt)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "mean(): could not infer output dtype. Input dtype must be either a floating "
-                   "point or complex dtype. Got: %s", tpu_dtype_name(dt));
-    return;
-  }
-  tpu_dtype acc = tpu_acc_type(dt);
-  tpu_hv x = tpu_lower_input(L, 0, acc);
-  int64_t dims[TPU_MAX_RANK];
-  bool mask[TPU_MAX_RANK];
-  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
-  tpu_hlo_type in = *T(L, x);
-  tpu_hv r = tpu_reduce_sum(L, x, dims, n);
-  r = tpu_hlo_binary(H, TPU_HLO_DIV, r, tpu_k(L, r, (double)tpu_numel_of(&in, dims, n)));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2)), dt));
-}
-
 static tpu_hv tpu_reduce_prod(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
   tpu_dtype dt = T(L, x)->dtype;
   tpu_hlo_op op = dt == TPU_PRED ? TPU_HLO_AND : TPU_HLO_MUL;
   return tpu_hlo_reduce(H, x, tpu_lower_full(L, tpu_hlo_type_make(dt, 0, NULL), 1), dims, n, op);
 }
 
-/* prod(self, *, dtype) */
-void tpu_emit_prod_all(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  tpu_dtype dt = tpu_sum_dtype(L, 1), acc = tpu_acc_type(dt);
-  int64_t dims[TPU_MAX_RANK];
-  for (int i = 0; i < t->rank; i++) dims[i] = i;
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_prod(L, tpu_lower_input(L, 0, acc), dims, t->rank), dt));
-}
+typedef enum { TPU_RED_SUM, TPU_RED_NANSUM, TPU_RED_MEAN, TPU_RED_PROD } tpu_red_kind;
 
-/* prod.int_out(self, dim, keepdim, *, dtype) */
-void tpu_emit_prod_dim(tpu_lower *L) {
+/* The sum family over (self, dim, keepdim, *, dtype) with the argument
+ * positions given (dim_i < 0: all dims, keep_i < 0: not kept). Ints and
+ * bool sum and multiply in int64; half types accumulate in f32. */
+static void tpu_emit_red(tpu_lower *L, tpu_red_kind kind, int dim_i, int keep_i, int dt_i) {
   tpu_tref *t = &L->args[0].t;
-  tpu_dtype dt = tpu_sum_dtype(L, 3), acc = tpu_acc_type(dt);
+  tpu_dtype dt;
+  if (kind == TPU_RED_MEAN) {
+    dt = tpu_has(L, dt_i, TPU_ARG_DTYPE) ? L->args[dt_i].dtype : t->dtype;
+    if (!tpu_dtype_is_float(dt) && !tpu_dtype_is_complex(dt)) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "mean(): could not infer output dtype. Input dtype must be either a floating "
+                     "point or complex dtype. Got: %s", tpu_dtype_name(dt));
+      return;
+    }
+  } else {
+    dt = tpu_sum_dtype(L, dt_i);
+  }
+  tpu_dtype acc = tpu_acc_type(dt);
   tpu_hv x = tpu_lower_input(L, 0, acc);
+  if (kind == TPU_RED_NANSUM && tpu_dtype_is_float(acc))
+    x = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), tpu_k(L, x, 0), x);
   int64_t dims[TPU_MAX_RANK];
   bool mask[TPU_MAX_RANK];
-  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
+  int n = tpu_red_dims(L, dim_i < 0 ? L->nargs : dim_i, t->rank, dims, mask);
   tpu_hlo_type in = *T(L, x);
-  tpu_hv r = tpu_reduce_prod(L, x, dims, n);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2)), dt));
+  tpu_hv r = kind == TPU_RED_PROD ? tpu_reduce_prod(L, x, dims, n) : tpu_reduce_sum(L, x, dims, n);
+  if (kind == TPU_RED_MEAN) r = tpu_hlo_binary(H, TPU_HLO_DIV, r, tpu_k(L, r, (double)tpu_numel_of(&in, dims, n)));
+  bool keep = keep_i >= 0 && tpu_arg_bool(L, keep_i);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, keep), dt));
 }
+
+/* sum.IntList_out / nansum / mean.out / prod.int_out (self, dim, keepdim, *, dtype) */
+void tpu_emit_sum_dims(tpu_lower *L) { tpu_emit_red(L, TPU_RED_SUM, 1, 2, 3); }
+void tpu_emit_nansum(tpu_lower *L) { tpu_emit_red(L, TPU_RED_NANSUM, 1, 2, 3); }
+void tpu_emit_mean_dims(tpu_lower *L) { tpu_emit_red(L, TPU_RED_MEAN, 1, 2, 3); }
+void tpu_emit_prod_dim(tpu_lower *L) { tpu_emit_red(L, TPU_RED_PROD, 1, 2, 3); }
+/* sum / mean / prod (self, *, dtype) */
+void tpu_emit_sum_all(tpu_lower *L) { tpu_emit_red(L, TPU_RED_SUM, -1, -1, 1); }
+void tpu_emit_mean_all(tpu_lower *L) { tpu_emit_red(L, TPU_RED_MEAN, -1, -1, 1); }
+void tpu_emit_prod_all(tpu_lower *L) { tpu_emit_red(L, TPU_RED_PROD, -1, -1, 1); }
 
 /* ---- variance and standard deviation ------------------------------------------------------------ */
 
