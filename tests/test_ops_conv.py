@@ -151,3 +151,45 @@ def test_max_unpool():
     x = make((1, 2, 4, 4, 6), seed=5)
     v, i = F.max_pool3d(x, 2, return_indices=True)
     close(F.max_unpool3d(tpu(v), tpu(i), 2), F.max_unpool3d(v, i, 2))
+
+
+# ---- normalization ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5), (2, 3, 4, 5)])
+def test_batch_norm(training, shape):
+    x, w, b = make(shape, seed=1), make((3,), seed=2), make((3,), seed=3)
+    rm, rv = make((3,), seed=4), make((3,), seed=5).abs() + 0.5
+    trm, trv = rm.to("tpu"), rv.to("tpu")
+    check(lambda x, w, b: F.batch_norm(x, rm.clone().to(x.device), rv.clone().to(x.device), w, b, training, 0.2, 1e-3), x, w, b)
+    want = F.batch_norm(x, rm, rv, w, b, training, 0.2, 1e-3)
+    got = F.batch_norm(tpu(x), trm, trv, tpu(w), tpu(b), training, 0.2, 1e-3)
+    close(got, want)
+    close(trm, rm)
+    close(trv, rv)
+
+
+def test_batch_norm_no_stats_and_bf16():
+    check(lambda x: F.batch_norm(x, None, None, training=True), make((3, 4, 5), seed=1))
+    x = make((2, 3, 4), torch.bfloat16, seed=2)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    close(F.batch_norm(tpu(x), tpu(rm), tpu(rv), training=True), F.batch_norm(x, rm.clone(), rv.clone(), training=True))
+
+
+@pytest.mark.parametrize("groups", [1, 2, 6])
+def test_group_norm(groups):
+    check(F.group_norm, make((2, 6, 3, 4), seed=1), groups, make((6,), seed=2), make((6,), seed=3))
+    check(F.group_norm, make((2, 6, 5), seed=4).transpose(1, 2).contiguous().transpose(1, 2), groups)
+
+
+def test_instance_and_layer_norm():
+    check(lambda x, w, b: F.instance_norm(x, weight=w, bias=b), make((2, 3, 4, 5), seed=1), make((3,), seed=2),
+          make((3,), seed=3))
+    check(F.layer_norm, make((1,), seed=4), (1,), make((1,), seed=5), make((1,), seed=6))
+    check(F.layer_norm, make((3, 4, 5), seed=7), (4, 5), make((4, 5), seed=8), None)
+    x = make((3, 4), torch.bfloat16, seed=9)
+    for got, want in zip(torch.native_layer_norm(tpu(x), [4], None, None, 1e-5),
+                         torch.native_layer_norm(x, [4], None, None, 1e-5)):
+        close(got, want)
+    with pytest.raises(RuntimeError):
+        F.group_norm(tpu(make((2, 6, 3))), 4)
