@@ -193,3 +193,38 @@ def test_instance_and_layer_norm():
         close(got, want)
     with pytest.raises(RuntimeError):
         F.group_norm(tpu(make((2, 6, 3))), 4)
+
+
+# ---- upsampling ------------------------------------------------------------------------------
+
+UPS = [
+    ((2, 3, 5), dict(size=8, mode="nearest")),
+    ((2, 3, 5), dict(scale_factor=1.7, mode="nearest-exact")),
+    ((2, 3, 4, 5), dict(size=(7, 3), mode="nearest")),
+    ((1, 2, 3, 4, 5), dict(scale_factor=2, mode="nearest")),
+    ((2, 3, 5), dict(size=9, mode="linear", align_corners=True)),
+    ((2, 3, 4, 5), dict(size=(7, 3), mode="bilinear")),
+    ((2, 3, 4, 5), dict(scale_factor=1.5, mode="bilinear", align_corners=True)),
+    ((2, 3, 4, 5), dict(size=(7, 9), mode="bicubic")),
+    ((2, 3, 4, 5), dict(scale_factor=0.6, mode="bicubic", align_corners=True)),
+    ((1, 2, 3, 4, 5), dict(size=(4, 3, 7), mode="trilinear")),
+    ((2, 3, 8, 9), dict(size=(3, 4), mode="bilinear", antialias=True)),
+    ((2, 3, 8, 9), dict(size=(5, 4), mode="area")),
+]
+
+
+@pytest.mark.parametrize("case", range(len(UPS)))
+def test_interpolate(case):
+    shape, kw = UPS[case]
+    check(lambda x: F.interpolate(x, **kw), make(shape, seed=case))
+
+
+def test_interpolate_dtypes_and_errors():
+    x = make((2, 3, 4, 5), torch.int64)
+    close(F.interpolate(tpu(x.to(torch.uint8)), scale_factor=2), F.interpolate(x.to(torch.uint8), scale_factor=2))
+    xb = make((2, 3, 4, 5), torch.bfloat16)
+    close(F.interpolate(tpu(xb), size=(6, 7), mode="bilinear"), F.interpolate(xb, size=(6, 7), mode="bilinear"))
+    xn = make((2, 5, 3, 4), seed=3).transpose(1, 2)
+    check(lambda x: F.interpolate(x, size=(5, 6), mode="bicubic"), xn)
+    with pytest.raises(RuntimeError):
+        torch._C._nn.upsample_bilinear2d(tpu(make((2, 3, 4))), [4, 4], False)

@@ -1004,3 +1004,255 @@ void tpu_emit_native_group_norm_backward(tpu_lower *L) {
   tpu_lower_out(L, tpu_hlo_convert(H, mask[1] ? gwt : tpu_k(L, gwt, 0), pdt));
   tpu_lower_out(L, tpu_hlo_convert(H, mask[2] ? gbt : tpu_k(L, gbt, 0), pdt));
 }
+
+/* ---- upsampling ----------------------------------------------------------------------------
+ *
+ * Every mode is separable: each spatial dim is resampled by an (out x in)
+ * matrix whose rows hold torch's taps and weights (computed here in torch's
+ * arithmetic: float for float/half inputs, double for double). The forward
+ * applies the last dim first, as torch's kernel nests its sums; the backward
+ * applies the transposed matrices. Nearest modes gather instead (exact for
+ * every dtype). */
+
+typedef enum { TPU_UP_NEAREST, TPU_UP_NEAREST_EXACT, TPU_UP_LINEAR, TPU_UP_CUBIC, TPU_UP_AA_LINEAR } tpu_up_mode;
+
+/* torch's compute_scales_value / area_pixel_compute_scale, in T */
+#define TPU_UP_DEFINE(T, SUF)                                                                              \
+  static T tpu_up_scale_##SUF(int64_t in, int64_t out, bool align, bool has_s, double s) {                 \
+    if (align) return out > 1 ? (T)(in - 1) / (T)(out - 1) : (T)0;                                          \
+    return (has_s && s > 0) ? (T)(1.0 / s) : (T)in / (T)out;                                                \
+  }                                                                                                         \
+  static T tpu_up_src_##SUF(T scale, int64_t o, bool align, bool cubic) {                                   \
+    if (align) return scale * (T)o;                                                                         \
+    T src = scale * ((T)o + (T)0.5) - (T)0.5;                                                               \
+    return (!cubic && src < 0) ? (T)0 : src;                                                                \
+  }                                                                                                         \
+  static T tpu_cc1_##SUF(T x, T A) { return ((A + 2) * x - (A + 3)) * x * x + 1; }                          \
+  static T tpu_cc2_##SUF(T x, T A) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; }                    \
+  static void tpu_up_row_##SUF(tpu_up_mode mode, int64_t in, int64_t out, int64_t o, bool align, bool has_s, \
+                               double s, double *row) {                                                     \
+    T scale = tpu_up_scale_##SUF(in, out, align, has_s, s);                                                 \
+    if (mode == TPU_UP_LINEAR) {                                                                            \
+      T real = tpu_up_src_##SUF(scale, o, align, false);                                                    \
+      int64_t i0 = (int64_t)floor((double)real);                                                            \
+      if (i0 > in - 1) i0 = in - 1;                                                                         \
+      T lam = real - (T)i0;                                                                                 \
+      lam = lam < 0 ? 0 : lam > 1 ? 1 : lam;                                                                \
+      int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);                                                              \
+      row[i0] += (double)((T)1 - lam);                                                                      \
+      row[i1] += (double)lam;                                                                               \
+    } else if (mode == TPU_UP_CUBIC) {                                                                      \
+      T real = tpu_up_src_##SUF(scale, o, align, true);                                                     \
+      int64_t i0 = (int64_t)floor((double)real);                                                            \
+      T t = real - (T)i0, A = (T)-0.75;                                                                     \
+      T w[4] = {tpu_cc2_##SUF(t + 1, A), tpu_cc1_##SUF(t, A), tpu_cc1_##SUF(1 - t, A), tpu_cc2_##SUF(2 - t, A)}; \
+      for (int j = 0; j < 4; j++) {                                                                         \
+        int64_t k = i0 - 1 + j;                                                                             \
+        k = k < 0 ? 0 : k > in - 1 ? in - 1 : k;                                                            \
+        row[k] += (double)w[j];                                                                             \
+      }                                                                                                     \
+    } else { /* antialiased linear: a triangle filter widened by the downscale */                          \
+      T support = scale >= 1 ? scale : (T)1;                                                                \
+      T center = scale * ((T)o + (T)0.5);                                                                   \
+      T inv = scale >= 1 ? (T)1 / scale : (T)1;                                                             \
+      int64_t lo = (int64_t)(center - support + (T)0.5);                                                    \
+      if (lo < 0) lo = 0;                                                                                   \
+      int64_t hi = (int64_t)(center + support + (T)0.5);                                                    \
+      if (hi > in) hi = in;                                                                                 \
+      T tot = 0, ws[4096];                                                                                  \
+      int64_t n = hi - lo > 4096 ? 4096 : hi - lo;                                                          \
+      for (int64_t j = 0; j < n; j++) {                                                                     \
+        T x = ((T)(j + lo) - center + (T)0.5) * inv;                                                        \
+        x = x < 0 ? -x : x;                                                                                 \
+        ws[j] = x < 1 ? (T)1 - x : (T)0;                                                                    \
+        tot += ws[j];                                                                                       \
+      }                                                                                                     \
+      for (int64_t j = 0; j < n; j++) row[lo + j] += (double)(tot != 0 ? ws[j] / tot : (T)0);               \
+    }                                                                                                       \
+  }
+TPU_UP_DEFINE(float, f)
+TPU_UP_DEFINE(double, d)
+
+/* torch's nearest_idx / nearest-exact source index (float arithmetic). */
+static int64_t tpu_up_nearest(bool exact, int64_t in, int64_t out, int64_t o, bool has_s, double s) {
+  if (!exact && out == in) return o;
+  if (!exact && out == 2 * in) return o >> 1;
+  float scale = tpu_up_scale_f(in, out, false, has_s, s);
+  int64_t i = (int64_t)floorf(exact ? ((float)o + 0.5f) * scale : (float)o * scale);
+  return i < in - 1 ? i : in - 1;
+}
+
+typedef struct {
+  tpu_up_mode mode;
+  int nsp;
+  bool align;
+  int64_t in[3], out[3];
+  bool has_s[3];
+  double s[3];
+} tpu_up;
+
+/* The (out x in) matrix of dim d as a constant of dtype dt (f32 or f64). */
+static tpu_hv tpu_up_matrix(tpu_lower *L, const tpu_up *U, int d, tpu_dtype dt) {
+  int64_t in = U->in[d], out = U->out[d], n = in * out;
+  double *m = calloc((size_t)n + 1, sizeof(double));
+  int64_t *bits = calloc((size_t)n + 1, sizeof(int64_t));
+  if (!m || !bits) {
+    free(m);
+    free(bits);
+    tpu_lower_fail(L, TPU_ERR_MEMORY, "%s: out of memory", L->opname);
+    return TPU_HV_NONE;
+  }
+  for (int64_t o = 0; o < out; o++) {
+    if (U->mode == TPU_UP_NEAREST || U->mode == TPU_UP_NEAREST_EXACT)
+      m[o * in + tpu_up_nearest(U->mode == TPU_UP_NEAREST_EXACT, in, out, o, U->has_s[d], U->s[d])] = 1;
+    else if (dt == TPU_F64)
+      tpu_up_row_d(U->mode, in, out, o, U->align, U->has_s[d], U->s[d], m + o * in);
+    else
+      tpu_up_row_f(U->mode, in, out, o, U->align, U->has_s[d], U->s[d], m + o * in);
+  }
+  for (int64_t i = 0; i < n; i++) {
+    if (dt == TPU_F64) {
+      memcpy(&bits[i], &m[i], 8);
+    } else {
+      float f = (float)m[i];
+      int32_t b;
+      memcpy(&b, &f, 4);
+      bits[i] = b;
+    }
+  }
+  int64_t md[2] = {out, in};
+  tpu_hv c = tpu_hlo_constant_ints(H, tpu_hlo_type_make(dt == TPU_F64 ? TPU_S64 : TPU_S32, 2, md), bits);
+  free(m);
+  free(bits);
+  return tpu_hlo_bitcast_convert(H, c, dt == TPU_F64 ? TPU_F64 : TPU_F32);
+}
+
+/* x with dim `dim` mapped through mat (contracting mat's dim `cd`). */
+static tpu_hv tpu_apply_dim(tpu_lower *L, tpu_hv x, tpu_hv mat, int dim, int cd) {
+  int rank = T(L, x)->rank;
+  int64_t lc = dim, rc = cd;
+  tpu_hv r = tpu_hlo_dot_general(H, x, mat, 0, NULL, NULL, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, T(L, x)->dtype);
+  int64_t perm[TPU_MAX_RANK];
+  for (int i = 0, k = 0; i < rank; i++) perm[i] = i == dim ? rank - 1 : k++;
+  return tpu_hlo_transpose(H, r, perm);
+}
+
+/* Reads sizes and scales: output_size at arg 1; backward: input_size at 2. */
+static bool tpu_up_setup(tpu_lower *L, tpu_up *U, tpu_up_mode mode, int nsp, bool backward, bool has_align) {
+  memset(U, 0, sizeof *U);
+  U->mode = mode;
+  U->nsp = nsp;
+  tpu_arg *os = &L->args[1];
+  if (os->kind != TPU_ARG_INTS || os->nints != nsp) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "It is expected output_size equals to %d, but got size %d", nsp,
+                   os->kind == TPU_ARG_INTS ? os->nints : 0);
+    return false;
+  }
+  int next = 2;
+  int64_t full_in[TPU_MAX_RANK];
+  int rank;
+  if (backward) {
+    tpu_arg *is = &L->args[2];
+    if (is->kind != TPU_ARG_INTS || is->nints != nsp + 2) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "It is expected input_size equals to %d, but got size %d", nsp + 2,
+                     is->kind == TPU_ARG_INTS ? is->nints : 0);
+      return false;
+    }
+    rank = nsp + 2;
+    memcpy(full_in, is->ints, sizeof(int64_t) * (size_t)rank);
+    next = 3;
+  } else {
+    tpu_tref *t = &L->args[0].t;
+    rank = t->rank;
+    if (rank != nsp + 2) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected %dD input, but got input of rank %d", nsp + 2, rank);
+      return false;
+    }
+    memcpy(full_in, t->sizes, sizeof(int64_t) * (size_t)rank);
+  }
+  if (has_align) U->align = L->args[next++].i != 0;
+  for (int d = 0; d < nsp; d++) {
+    U->in[d] = full_in[2 + d];
+    U->out[d] = os->ints[d];
+    if (U->in[d] <= 0 || U->out[d] <= 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Input and output sizes should be greater than 0, but got input (%lld) and "
+                     "output (%lld)", (long long)U->in[d], (long long)U->out[d]);
+      return false;
+    }
+    tpu_arg *sa = next + d < L->nargs ? &L->args[next + d] : NULL;
+    U->has_s[d] = sa && sa->kind == TPU_ARG_FLOAT;
+    U->s[d] = U->has_s[d] ? sa->f : 0;
+  }
+  if (backward) {
+    tpu_tref *g = &L->args[0].t;
+    bool ok = g->rank == rank && g->sizes[0] == full_in[0] && g->sizes[1] == full_in[1];
+    for (int d = 0; ok && d < nsp; d++) ok = g->sizes[2 + d] == U->out[d];
+    if (!ok) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected grad_output to have the shape of the output");
+      return false;
+    }
+  }
+  return true;
+}
+
+static void tpu_emit_upsample(tpu_lower *L, tpu_up_mode mode, int nsp, bool has_align) {
+  tpu_up U;
+  if (!tpu_up_setup(L, &U, mode, nsp, false, has_align)) return;
+  tpu_tref *t = &L->args[0].t;
+  if (mode == TPU_UP_NEAREST || mode == TPU_UP_NEAREST_EXACT) {
+    tpu_hv x = tpu_lower_tensor(L, 0, -1);
+    for (int d = 0; d < nsp; d++) {
+      int64_t *idx = malloc(sizeof(int64_t) * (size_t)(U.out[d] + 1));
+      if (!idx) {
+        tpu_lower_fail(L, TPU_ERR_MEMORY, "%s: out of memory", L->opname);
+        return;
+      }
+      for (int64_t o = 0; o < U.out[d]; o++)
+        idx[o] = tpu_up_nearest(mode == TPU_UP_NEAREST_EXACT, U.in[d], U.out[d], o, U.has_s[d], U.s[d]);
+      x = tpu_take(L, x, 2 + d, idx, U.out[d]);
+      free(idx);
+    }
+    tpu_lower_out(L, x);
+    return;
+  }
+  if (!tpu_dtype_is_float(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s\" not implemented for '%s'", L->opname, tpu_dtype_name(t->dtype));
+    return;
+  }
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_input(L, 0, acc);
+  for (int d = nsp - 1; d >= 0; d--) x = tpu_apply_dim(L, x, tpu_up_matrix(L, &U, d, acc), 2 + d, 1);
+  tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
+}
+
+static void tpu_emit_upsample_backward(tpu_lower *L, tpu_up_mode mode, int nsp, bool has_align) {
+  tpu_up U;
+  if (!tpu_up_setup(L, &U, mode, nsp, true, has_align)) return;
+  tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
+  tpu_hv g = tpu_lower_input(L, 0, acc);
+  for (int d = 0; d < nsp; d++) g = tpu_apply_dim(L, g, tpu_up_matrix(L, &U, d, acc), 2 + d, 0);
+  tpu_lower_out(L, tpu_hlo_convert(H, g, dt));
+}
+
+void tpu_emit_upsample_nearest1d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_NEAREST, 1, false); }
+void tpu_emit_upsample_nearest2d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_NEAREST, 2, false); }
+void tpu_emit_upsample_nearest3d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_NEAREST, 3, false); }
+void tpu_emit_upsample_nearest_exact1d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_NEAREST_EXACT, 1, false); }
+void tpu_emit_upsample_nearest_exact2d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_NEAREST_EXACT, 2, false); }
+void tpu_emit_upsample_nearest_exact3d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_NEAREST_EXACT, 3, false); }
+void tpu_emit_upsample_linear1d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_LINEAR, 1, true); }
+void tpu_emit_upsample_bilinear2d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_LINEAR, 2, true); }
+void tpu_emit_upsample_trilinear3d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_LINEAR, 3, true); }
+void tpu_emit_upsample_bicubic2d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_CUBIC, 2, true); }
+void tpu_emit_upsample_bilinear2d_aa(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_AA_LINEAR, 2, true); }
+void tpu_emit_upsample_nearest1d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST, 1, false); }
+void tpu_emit_upsample_nearest2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST, 2, false); }
+void tpu_emit_upsample_nearest3d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST, 3, false); }
+void tpu_emit_upsample_nearest_exact1d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST_EXACT, 1, false); }
+void tpu_emit_upsample_nearest_exact2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST_EXACT, 2, false); }
+void tpu_emit_upsample_nearest_exact3d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST_EXACT, 3, false); }
+void tpu_emit_upsample_linear1d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_LINEAR, 1, true); }
+void tpu_emit_upsample_bilinear2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_LINEAR, 2, true); }
+void tpu_emit_upsample_trilinear3d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_LINEAR, 3, true); }
+void tpu_emit_upsample_bicubic2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_CUBIC, 2, true); }
+void tpu_emit_upsample_bilinear2d_aa_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_AA_LINEAR, 2, true); }
