@@ -228,3 +228,25 @@ def test_interpolate_dtypes_and_errors():
     check(lambda x: F.interpolate(x, size=(5, 6), mode="bicubic"), xn)
     with pytest.raises(RuntimeError):
         torch._C._nn.upsample_bilinear2d(tpu(make((2, 3, 4))), [4, 4], False)
+
+
+# ---- unfold / fold, channel_shuffle ----------------------------------------------------------
+
+def test_unfold_fold():
+    x = make((2, 3, 6, 7), seed=1)
+    check(lambda x: F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)), x)
+    check(lambda x: F.unfold(x, 3), make((3, 5, 5), seed=2))
+    cols = make((2, 3 * 2 * 3, 6), seed=3)
+    check(lambda c: F.fold(c, (5, 6), (2, 3), padding=(1, 0), stride=(2, 2)), cols)
+    xi = make((1, 2, 4, 4)) > 0
+    close(F.unfold(tpu(xi), 2), F.unfold(xi, 2))
+    with pytest.raises(RuntimeError):
+        F.unfold(tpu(make((1, 1, 2, 2))), 3)
+
+
+def test_channel_shuffle():
+    x = make((2, 6, 3, 2), seed=4)
+    close(F.channel_shuffle(tpu(x), 3), F.channel_shuffle(x, 3))
+    close(F.channel_shuffle(tpu(x[:, :, 1:]), 2), F.channel_shuffle(x[:, :, 1:], 2))
+    with pytest.raises(RuntimeError):
+        F.channel_shuffle(tpu(x), 4)

@@ -1256,3 +1256,188 @@ void tpu_emit_upsample_bilinear2d_backward(tpu_lower *L) { tpu_emit_upsample_bac
 void tpu_emit_upsample_trilinear3d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_LINEAR, 3, true); }
 void tpu_emit_upsample_bicubic2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_CUBIC, 2, true); }
 void tpu_emit_upsample_bilinear2d_aa_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_AA_LINEAR, 2, true); }
+
+/* ---- im2col, col2im, channel_shuffle -------------------------------------------------------- */
+
+/* Window tables of im2col/col2im over spatial sizes sp[2]; args from `first`:
+ * kernel_size, dilation, padding, stride. */
+static bool tpu_unfold_windows(tpu_lower *L, int first, const int64_t *sp, tpu_pool *P) {
+  memset(P, 0, sizeof *P);
+  P->nsp = 2;
+  int64_t k[2], d[2], p[2], s[2];
+  if (!tpu_conv_list(L, first, 2, 1, k) || !tpu_conv_list(L, first + 1, 2, 1, d) ||
+      !tpu_conv_list(L, first + 2, 2, 0, p) || !tpu_conv_list(L, first + 3, 2, 1, s))
+    return false;
+  for (int i = 0; i < 2; i++) {
+    if (k[i] <= 0 || d[i] <= 0 || s[i] <= 0 || p[i] < 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, k[i] <= 0 ? "kernel size should be greater than zero, but got kernel_height: %lld"
+                     : d[i] <= 0 ? "dilation should be greater than zero, but got dilation_height: %lld"
+                     : s[i] <= 0 ? "stride should be greater than zero, but got stride_height: %lld"
+                     : "padding should be non-negative, but got pad_height: %lld",
+                     (long long)(k[i] <= 0 ? k[i] : d[i] <= 0 ? d[i] : s[i] <= 0 ? s[i] : p[i]));
+      return false;
+    }
+    if (!tpu_win_sliding(L, &P->w[i], sp[i], k[i], s[i], p[i], d[i], false, false)) return false;
+    if (P->w[i].out < 1) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Given input with spatial size (%lld, %lld), kernel_size=(%lld, %lld), "
+                     "dilation=(%lld, %lld), padding=(%lld, %lld), calculated shape of the array of sliding blocks as "
+                     "(%lld, %lld), but its components must be at least one.", (long long)sp[0], (long long)sp[1],
+                     (long long)k[0], (long long)k[1], (long long)d[0], (long long)d[1], (long long)p[0], (long long)p[1],
+                     (long long)P->w[0].out, (long long)P->w[1].out);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* 0/1 validity of the (o1, K1, o2, K2) window positions, broadcast to dims. */
+static tpu_hv tpu_unfold_valid(tpu_lower *L, const tpu_pool *P, int lead, int rank, const int64_t *dims) {
+  tpu_hv ok = TPU_HV_NONE;
+  for (int d = 0; d < 2; d++) {
+    const tpu_win *w = &P->w[d];
+    int64_t n = w->out * w->K, wd[2] = {w->out, w->K}, bd[2] = {lead + 2 * d, lead + 2 * d + 1};
+    int64_t *v = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!v) {
+      tpu_lower_fail(L, TPU_ERR_MEMORY, "%s: out of memory", L->opname);
+      return TPU_HV_NONE;
+    }
+    for (int64_t i = 0; i < n; i++) v[i] = w->valid[i];
+    tpu_hv c = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_PRED, 2, wd), v);
+    free(v);
+    c = tpu_hlo_broadcast_in_dim(H, c, rank, dims, bd);
+    ok = d == 0 ? c : tpu_hlo_binary(H, TPU_HLO_AND, ok, c);
+  }
+  return ok;
+}
+
+/* im2col(self, kernel_size, dilation, padding, stride): (N, C, H, W) -> (N, C*kh*kw, L) */
+void tpu_emit_im2col(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->rank != 3 && t->rank != 4) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected 3D or 4D (batch mode) tensor for input with possibly 0 batch size and "
+                   "non-zero dimensions for input, but got: %dD", t->rank);
+    return;
+  }
+  int lead = t->rank - 2;
+  tpu_pool P;
+  if (tpu_unfold_windows(L, 1, t->sizes + lead, &P)) {
+    tpu_hv x = tpu_lower_tensor(L, 0, -1);
+    for (int d = 0; d < 2; d++) x = tpu_take(L, x, lead + d, P.w[d].idx, P.w[d].out * P.w[d].K);
+    int64_t ed[6], od = P.w[0].out, ow = P.w[1].out, kh = P.w[0].K, kw = P.w[1].K;
+    for (int i = 0; i < lead; i++) ed[i] = t->sizes[i];
+    ed[lead] = od;
+    ed[lead + 1] = kh;
+    ed[lead + 2] = ow;
+    ed[lead + 3] = kw;
+    x = tpu_hlo_reshape(H, x, lead + 4, ed);
+    x = tpu_hlo_select(H, tpu_unfold_valid(L, &P, lead, lead + 4, ed), x, tpu_k(L, x, 0));
+    int64_t perm[6], rd[3];
+    for (int i = 0; i < lead; i++) perm[i] = i;
+    perm[lead] = lead + 1;
+    perm[lead + 1] = lead + 3;
+    perm[lead + 2] = lead;
+    perm[lead + 3] = lead + 2;
+    x = tpu_hlo_transpose(H, x, perm); /* (.., C, kh, kw, oh, ow) */
+    for (int i = 0; i < lead - 1; i++) rd[i] = t->sizes[i];
+    rd[lead - 1] = t->sizes[lead - 1] * kh * kw;
+    rd[lead] = od * ow;
+    tpu_lower_out(L, tpu_hlo_reshape(H, x, lead + 1, rd));
+  }
+  tpu_pool_free(&P);
+}
+
+/* col2im(self, output_size, kernel_size, dilation, padding, stride): the sum of
+ * the blocks back into (N, C, H, W), as 0/1 contractions per spatial dim. */
+void tpu_emit_col2im(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->rank != 2 && t->rank != 3) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected 2D or 3D (batch mode) tensor for input with possibly 0 batch size and "
+                   "non-zero dimensions for input, but got: %dD", t->rank);
+    return;
+  }
+  tpu_arg *os = &L->args[1];
+  if (os->kind != TPU_ARG_INTS || os->nints != 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "It is expected output_size equals to 2, but got size %d",
+                   os->kind == TPU_ARG_INTS ? os->nints : 0);
+    return;
+  }
+  tpu_pool P;
+  if (tpu_unfold_windows(L, 2, os->ints, &P)) {
+    int64_t oh = P.w[0].out, ow = P.w[1].out, kh = P.w[0].K, kw = P.w[1].K;
+    int64_t ck = t->sizes[t->rank - 2];
+    if (ck % (kh * kw) != 0 || t->sizes[t->rank - 1] != oh * ow) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected size of input's dimension 1 to be divisible by the product of "
+                     "kernel_size, but got input.size(1)=%lld and kernel_size=(%lld, %lld)", (long long)ck, (long long)kh,
+                     (long long)kw);
+      tpu_pool_free(&P);
+      return;
+    }
+    int cl = t->rank - 2; /* channel dim */
+    int64_t ed[6];
+    for (int i = 0; i < cl; i++) ed[i] = t->sizes[i];
+    ed[cl] = ck / (kh * kw);
+    ed[cl + 1] = kh;
+    ed[cl + 2] = kw;
+    ed[cl + 3] = oh;
+    ed[cl + 4] = ow;
+    tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt);
+    tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), cl + 5, ed);
+    int64_t perm[6];
+    for (int i = 0; i <= cl; i++) perm[i] = i;
+    perm[cl + 1] = cl + 3;
+    perm[cl + 2] = cl + 1;
+    perm[cl + 3] = cl + 4;
+    perm[cl + 4] = cl + 2;
+    x = tpu_hlo_transpose(H, x, perm); /* (.., C, oh, kh, ow, kw) */
+    int64_t fd[5];
+    for (int i = 0; i <= cl; i++) fd[i] = ed[i];
+    fd[cl + 1] = oh * kh;
+    fd[cl + 2] = ow * kw;
+    x = tpu_hlo_reshape(H, x, cl + 3, fd);
+    /* per dim: a (in x o*K) 0/1 matrix that drops padding positions */
+    for (int d = 0; d < 2; d++) {
+      const tpu_win *w = &P.w[d];
+      int64_t n = w->out * w->K;
+      int64_t *m = calloc((size_t)(n * w->in + 1), sizeof(int64_t));
+      if (!m) {
+        tpu_lower_fail(L, TPU_ERR_MEMORY, "%s: out of memory", L->opname);
+        break;
+      }
+      for (int64_t j = 0; j < n; j++)
+        if (w->valid[j]) m[w->idx[j] * n + j] = 1;
+      int64_t md[2] = {w->in, n};
+      tpu_hv mat = tpu_hlo_convert(H, tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, md), m), acc);
+      free(m);
+      x = tpu_apply_dim(L, x, mat, cl + 1 + d, 1);
+    }
+    tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
+  }
+  tpu_pool_free(&P);
+}
+
+/* channel_shuffle(self, groups): (N, g, C/g, *) -> (N, C/g, g, *) */
+void tpu_emit_channel_shuffle(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t g = L->args[1].i;
+  if (t->rank < 3) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "channel_shuffle expects input to have at least 3 dimensions, but got input with "
+                   "sizes [...]");
+    return;
+  }
+  if (g <= 0 || t->sizes[1] % g != 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, g <= 0 ? "Number of groups to divide channels in must be positive. Value of "
+                   "groups:%lld" : "Number of channels must be divisible by groups. Got %lld channels and %lld groups.",
+                   g <= 0 ? (long long)g : (long long)t->sizes[1], (long long)g);
+    return;
+  }
+  int64_t d[TPU_MAX_RANK + 1], perm[TPU_MAX_RANK + 1];
+  d[0] = t->sizes[0];
+  d[1] = g;
+  d[2] = t->sizes[1] / g;
+  for (int i = 2; i < t->rank; i++) d[i + 1] = t->sizes[i];
+  for (int i = 0; i <= t->rank; i++) perm[i] = i;
+  perm[1] = 2;
+  perm[2] = 1;
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), t->rank + 1, d);
+  tpu_lower_out(L, tpu_hlo_reshape(H, tpu_hlo_transpose(H, x, perm), t->rank, t->sizes));
+}
