@@ -250,3 +250,29 @@ def test_channel_shuffle():
     close(F.channel_shuffle(tpu(x[:, :, 1:]), 2), F.channel_shuffle(x[:, :, 1:], 2))
     with pytest.raises(RuntimeError):
         F.channel_shuffle(tpu(x), 4)
+
+
+# ---- grid sampling ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode,padding,align", [("bilinear", "zeros", False), ("nearest", "border", True),
+                                                ("bicubic", "reflection", False), ("bilinear", "reflection", True)])
+def test_grid_sample_2d(mode, padding, align):
+    x, g = make((2, 3, 5, 6), seed=1), make((2, 4, 3, 2), seed=2) * 0.7
+    f = lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding, align_corners=align)  # noqa: E731
+    cpu = [x.clone().requires_grad_(), g.clone().requires_grad_()]
+    dev = [x.to("tpu").requires_grad_(), g.to("tpu").requires_grad_()]
+    want, got = f(*cpu), f(*dev)
+    close(got, want)
+    go = make(want.shape, seed=3)
+    want.backward(go)
+    got.backward(go.to("tpu"))
+    close(dev[0].grad, cpu[0].grad)
+    torch.testing.assert_close(dev[1].grad.cpu(), cpu[1].grad, rtol=1e-4, atol=1e-3)
+
+
+def test_grid_sample_3d_and_errors():
+    x, g = make((1, 2, 3, 4, 5), seed=4), make((1, 2, 3, 2, 3), seed=5)
+    check(lambda x, g: F.grid_sample(x, g, padding_mode="border", align_corners=False), x, g)
+    check(lambda x, g: F.grid_sample(x, g, mode="nearest", align_corners=True), x, g)
+    with pytest.raises(RuntimeError):
+        F.grid_sample(tpu(x), tpu(g.double()), align_corners=False)

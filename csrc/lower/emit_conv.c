@@ -1441,3 +1441,318 @@ void tpu_emit_channel_shuffle(tpu_lower *L) {
   tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), t->rank + 1, d);
   tpu_lower_out(L, tpu_hlo_reshape(H, tpu_hlo_transpose(H, x, perm), t->rank, t->sizes));
 }
+
+/* ---- grid_sampler_{2,3}d ---------------------------------------------------------------------
+ *
+ * Each output point reads a few taps of its input plane: per spatial dim a
+ * tap list (bilinear: 2, nearest: 1, bicubic: 4) with positions, weights and
+ * the weights' derivatives by the coordinate; a tap of the whole grid is one
+ * choice per dim. Values are gathered as rows of (N*S, C); the input gradient
+ * scatter-adds the weighted output gradient to the same rows; the grid
+ * gradient sums value x derivative, chained through the padding mode and
+ * the unnormalization as torch does. */
+
+enum { TPU_GS_BILINEAR = 0, TPU_GS_NEAREST = 1, TPU_GS_BICUBIC = 2 };
+enum { TPU_GS_ZEROS = 0, TPU_GS_BORDER = 1, TPU_GS_REFLECTION = 2 };
+
+typedef struct {
+  int k;                     /* taps in this dim */
+  tpu_hv pos[4], w[4], dw[4]; /* (N, P) each, acc dtype; pos integral-valued */
+  tpu_hv mult;               /* d(source coordinate)/d(grid value) */
+} tpu_gs_dim;
+
+/* clip to [0, S-1] with its gradient factor */
+static tpu_hv tpu_gs_clip(tpu_lower *L, tpu_hv c, double S, tpu_hv *grad) {
+  tpu_hv lo = tpu_k(L, c, 0), hi = tpu_k(L, c, S - 1);
+  if (grad) {
+    tpu_hv inside = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GT, c, lo), tpu_hlo_compare(H, TPU_HLO_LT, c, hi));
+    *grad = tpu_mul(L, *grad, tpu_hlo_select(H, inside, tpu_k(L, c, 1), tpu_k(L, c, 0)));
+  }
+  return tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LE, c, lo), lo,
+                        tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GE, c, hi), hi, c));
+}
+
+/* torch's reflect_coordinates over [twice_low/2, twice_high/2], with its gradient factor */
+static tpu_hv tpu_gs_reflect(tpu_lower *L, tpu_hv c, double tlo, double thi, tpu_hv *grad) {
+  if (tlo == thi) {
+    if (grad) *grad = tpu_k(L, c, 0);
+    return tpu_k(L, c, 0);
+  }
+  double mn = tlo / 2, span = (thi - tlo) / 2;
+  tpu_hv in = tpu_sub(L, c, tpu_k(L, c, mn));
+  tpu_hv neg = tpu_hlo_compare(H, TPU_HLO_LT, in, tpu_k(L, in, 0));
+  in = tpu_hlo_unary(H, TPU_HLO_ABS, in);
+  tpu_hv extra = tpu_hlo_binary(H, TPU_HLO_REM, in, tpu_k(L, in, span));
+  tpu_hv flips = tpu_hlo_unary(H, TPU_HLO_FLOOR, tpu_hlo_binary(H, TPU_HLO_DIV, in, tpu_k(L, in, span)));
+  tpu_hv half = tpu_mul(L, flips, tpu_k(L, flips, 0.5));
+  tpu_hv even = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_unary(H, TPU_HLO_FLOOR, half), half);
+  tpu_hv r = tpu_hlo_select(H, even, tpu_add(L, extra, tpu_k(L, extra, mn)),
+                            tpu_add(L, tpu_sub(L, tpu_k(L, extra, span), extra), tpu_k(L, extra, mn)));
+  if (grad) {
+    tpu_hv one = tpu_k(L, c, 1), mone = tpu_k(L, c, -1);
+    tpu_hv s = tpu_hlo_select(H, neg, mone, one);
+    s = tpu_hlo_select(H, even, s, tpu_hlo_unary(H, TPU_HLO_NEG, s));
+    *grad = tpu_mul(L, *grad, s);
+  }
+  return r;
+}
+
+/* torch's compute_coordinates (padding), with its gradient factor when grad != NULL */
+static tpu_hv tpu_gs_pad(tpu_lower *L, tpu_hv c, int pad, bool align, double S, tpu_hv *grad) {
+  if (pad == TPU_GS_BORDER) return tpu_gs_clip(L, c, S, grad);
+  if (pad == TPU_GS_REFLECTION) {
+    c = align ? tpu_gs_reflect(L, c, 0, 2 * (S - 1), grad) : tpu_gs_reflect(L, c, -1, 2 * S - 1, grad);
+    return tpu_gs_clip(L, c, S, grad);
+  }
+  return c;
+}
+
+static tpu_hv tpu_gs_cc1(tpu_lower *L, tpu_hv x, double A) { /* ((A+2)x - (A+3)) x x + 1 */
+  tpu_hv r = tpu_sub(L, tpu_mul(L, tpu_k(L, x, A + 2), x), tpu_k(L, x, A + 3));
+  return tpu_add(L, tpu_mul(L, tpu_mul(L, r, x), x), tpu_k(L, x, 1));
+}
+static tpu_hv tpu_gs_cc2(tpu_lower *L, tpu_hv x, double A) { /* ((A x - 5A) x + 8A) x - 4A */
+  tpu_hv r = tpu_sub(L, tpu_mul(L, tpu_k(L, x, A), x), tpu_k(L, x, 5 * A));
+  r = tpu_add(L, tpu_mul(L, r, x), tpu_k(L, x, 8 * A));
+  return tpu_sub(L, tpu_mul(L, r, x), tpu_k(L, x, 4 * A));
+}
+/* torch's get_cubic_coefficients_grad forms (the negated derivatives) */
+static tpu_hv tpu_gs_poly(tpu_lower *L, tpu_hv x, double a, double b, double c) { /* (a x + b) x + c */
+  return tpu_add(L, tpu_mul(L, tpu_add(L, tpu_mul(L, tpu_k(L, x, a), x), tpu_k(L, x, b)), x), tpu_k(L, x, c));
+}
+static void tpu_gs_taps(tpu_lower *L, tpu_hv c, int mode, int pad, bool align, double S, bool vec, tpu_gs_dim *D) {
+  D->mult = tpu_k(L, c, align ? (S - 1) / 2 : S / 2);
+  /* unnormalize: torch's vectorized 2d kernel scales by a precomputed factor, its 3d kernel by the formula */
+  if (vec)
+    c = align ? tpu_mul(L, tpu_add(L, c, tpu_k(L, c, 1)), D->mult)
+              : tpu_sub(L, tpu_mul(L, tpu_add(L, c, tpu_k(L, c, 1)), D->mult), tpu_k(L, c, 0.5));
+  else if (align)
+    c = tpu_mul(L, tpu_mul(L, tpu_add(L, c, tpu_k(L, c, 1)), tpu_k(L, c, 0.5)), tpu_k(L, c, S - 1));
+  else
+    c = tpu_mul(L, tpu_sub(L, tpu_mul(L, tpu_add(L, c, tpu_k(L, c, 1)), tpu_k(L, c, S)), tpu_k(L, c, 1)), tpu_k(L, c, 0.5));
+  if (mode != TPU_GS_BICUBIC) c = tpu_gs_pad(L, c, pad, align, S, &D->mult);
+  if (mode == TPU_GS_NEAREST) {
+    D->k = 1;
+    D->pos[0] = tpu_hlo_unary(H, TPU_HLO_ROUND_EVEN, c);
+    D->w[0] = tpu_k(L, c, 1);
+    D->dw[0] = tpu_k(L, c, 0);
+    return;
+  }
+  tpu_hv i0 = tpu_hlo_unary(H, TPU_HLO_FLOOR, c);
+  if (mode == TPU_GS_BILINEAR) {
+    D->k = 2;
+    D->pos[0] = i0;
+    D->pos[1] = tpu_add(L, i0, tpu_k(L, i0, 1));
+    D->w[0] = tpu_sub(L, D->pos[1], c);
+    D->w[1] = tpu_sub(L, c, i0);
+    D->dw[0] = tpu_k(L, c, -1);
+    D->dw[1] = tpu_k(L, c, 1);
+    return;
+  }
+  double A = -0.75;
+  tpu_hv t = tpu_sub(L, c, i0), one = tpu_k(L, t, 1), two = tpu_k(L, t, 2);
+  D->k = 4;
+  D->w[0] = tpu_gs_cc2(L, tpu_add(L, t, one), A);
+  D->w[1] = tpu_gs_cc1(L, t, A);
+  D->w[2] = tpu_gs_cc1(L, tpu_sub(L, one, t), A);
+  D->w[3] = tpu_gs_cc2(L, tpu_sub(L, two, t), A);
+  tpu_hv g0 = tpu_gs_poly(L, tpu_sub(L, tpu_k(L, t, -1), t), -3 * A, -10 * A, -8 * A);
+  tpu_hv g1 = tpu_gs_poly(L, tpu_hlo_unary(H, TPU_HLO_NEG, t), -3 * (A + 2), -2 * (A + 3), 0);
+  tpu_hv g2 = tpu_gs_poly(L, tpu_sub(L, one, t), 3 * (A + 2), -2 * (A + 3), 0);
+  tpu_hv g3 = tpu_gs_poly(L, tpu_sub(L, two, t), 3 * A, -10 * A, 8 * A);
+  D->dw[0] = tpu_hlo_unary(H, TPU_HLO_NEG, g0);
+  D->dw[1] = tpu_hlo_unary(H, TPU_HLO_NEG, g1);
+  D->dw[2] = tpu_hlo_unary(H, TPU_HLO_NEG, g2);
+  D->dw[3] = tpu_hlo_unary(H, TPU_HLO_NEG, g3);
+  for (int k = 0; k < 4; k++) D->pos[k] = tpu_gs_pad(L, tpu_add(L, i0, tpu_k(L, i0, k - 1)), pad, align, S, NULL);
+}
+
+typedef struct {
+  int nsp, mode, pad;
+  bool align;
+  int64_t N, C, P, S, sp[3], osp[3];
+  tpu_dtype dt, acc;
+  tpu_gs_dim d[3];
+} tpu_gs;
+
+/* args: input at xi, grid at xi+1, then mode, padding, align_corners */
+static bool tpu_gs_setup(tpu_lower *L, int xi, int nsp, tpu_gs *G) {
+  tpu_tref *x = &L->args[xi].t, *g = &L->args[xi + 1].t;
+  memset(G, 0, sizeof *G);
+  G->nsp = nsp;
+  G->mode = (int)L->args[xi + 2].i;
+  G->pad = (int)L->args[xi + 3].i;
+  G->align = L->args[xi + 4].i != 0;
+  if (x->rank != nsp + 2 || g->rank != nsp + 2 || g->sizes[nsp + 1] != nsp || x->sizes[0] != g->sizes[0]) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "grid_sampler(): expected %dD input and grid with same batch size and last "
+                   "dimension %d", nsp + 2, nsp);
+    return false;
+  }
+  if (x->dtype != g->dtype || !tpu_dtype_is_float(x->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "grid_sampler(): expected input and grid to have same dtype, but input has %s and "
+                   "grid has %s", tpu_dtype_name(x->dtype), tpu_dtype_name(g->dtype));
+    return false;
+  }
+  if (G->mode < 0 || G->mode > 2 || G->pad < 0 || G->pad > 2 || (nsp == 3 && G->mode == TPU_GS_BICUBIC)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "grid_sampler(): unsupported interpolation or padding mode");
+    return false;
+  }
+  G->N = x->sizes[0];
+  G->C = x->sizes[1];
+  G->P = 1;
+  G->S = 1;
+  for (int d = 0; d < nsp; d++) {
+    G->sp[d] = x->sizes[2 + d];
+    G->osp[d] = g->sizes[1 + d];
+    G->P *= G->osp[d];
+    G->S *= G->sp[d];
+  }
+  G->dt = x->dtype;
+  G->acc = x->dtype; /* torch computes half types per op in their own precision here */
+  int64_t gd[3] = {G->N, G->P, nsp}, one[3] = {1, 1, 1}, np[2] = {G->N, G->P};
+  tpu_hv grid = tpu_hlo_reshape(H, tpu_lower_input(L, xi + 1, G->acc), 3, gd);
+  for (int d = 0; d < nsp; d++) {
+    int comp = nsp - 1 - d;
+    int64_t st[3] = {0, 0, comp}, lim[3] = {G->N, G->P, comp + 1};
+    tpu_hv c = tpu_hlo_reshape(H, tpu_hlo_slice(H, grid, st, lim, one), 2, np);
+    tpu_gs_taps(L, c, G->mode, G->pad, G->align, (double)G->sp[d], nsp == 2, &G->d[d]);
+  }
+  return tpu_hlo_ok(H);
+}
+
+/* The t-th tap (mixed radix over dims): weight, validity, global row index (N*P, 1). */
+static void tpu_gs_tap(tpu_lower *L, const tpu_gs *G, int t, tpu_hv *w, tpu_hv *ok, tpu_hv *rows, int *ks) {
+  tpu_hv flat = TPU_HV_NONE;
+  *w = TPU_HV_NONE;
+  *ok = TPU_HV_NONE;
+  int64_t stride = 1;
+  for (int d = G->nsp - 1; d >= 0; d--) {
+    const tpu_gs_dim *D = &G->d[d];
+    int k = t % D->k;
+    t /= D->k;
+    ks[d] = k;
+    tpu_hv p = D->pos[k];
+    tpu_hv v = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, p, tpu_k(L, p, 0)),
+                              tpu_hlo_compare(H, TPU_HLO_LT, p, tpu_k(L, p, (double)G->sp[d])));
+    tpu_hv pi = tpu_hlo_convert(H, tpu_hlo_clamp(H, tpu_hlo_constant(H, G->acc, 0), p,
+                                                 tpu_hlo_constant(H, G->acc, (double)(G->sp[d] - 1))), TPU_S64);
+    pi = tpu_mul(L, pi, tpu_k(L, pi, (double)stride));
+    flat = flat == TPU_HV_NONE ? pi : tpu_add(L, flat, pi);
+    *ok = *ok == TPU_HV_NONE ? v : tpu_hlo_binary(H, TPU_HLO_AND, *ok, v);
+    *w = *w == TPU_HV_NONE ? D->w[k] : tpu_mul(L, *w, D->w[k]);
+    stride *= G->sp[d];
+  }
+  int64_t np[2] = {G->N, G->P}, n1[2] = {G->N * G->P, 1};
+  tpu_hv base = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, np), 0);
+  flat = tpu_add(L, flat, tpu_mul(L, base, tpu_k(L, base, (double)G->S)));
+  *rows = tpu_hlo_reshape(H, flat, 2, n1);
+}
+
+static int tpu_gs_ntaps(const tpu_gs *G) {
+  int n = 1;
+  for (int d = 0; d < G->nsp; d++) n *= G->d[d].k;
+  return n;
+}
+
+/* input as rows (N*S, C) */
+static tpu_hv tpu_gs_rows(tpu_lower *L, int xi, const tpu_gs *G) {
+  int nsp = G->nsp;
+  int64_t perm[5] = {0}, rd[2] = {G->N * G->S, G->C};
+  for (int d = 0; d < nsp; d++) perm[1 + d] = 2 + d;
+  perm[nsp + 1] = 1;
+  tpu_hv x = tpu_hlo_transpose(H, tpu_lower_input(L, xi, G->acc), perm);
+  return tpu_hlo_reshape(H, x, 2, rd);
+}
+
+static tpu_hv tpu_gs_bcast_c(tpu_lower *L, const tpu_gs *G, tpu_hv v) { /* (N, P) -> (N, P, C) */
+  int64_t d3[3] = {G->N, G->P, G->C}, bd[2] = {0, 1};
+  return tpu_hlo_broadcast_in_dim(H, v, 3, d3, bd);
+}
+
+/* grid_sampler_{2,3}d(input, grid, interpolation_mode, padding_mode, align_corners) */
+static void tpu_emit_grid_sampler(tpu_lower *L, int nsp) {
+  tpu_gs G;
+  if (!tpu_gs_setup(L, 0, nsp, &G)) return;
+  tpu_hv xr = tpu_gs_rows(L, 0, &G), out = TPU_HV_NONE;
+  int64_t d3[3] = {G.N, G.P, G.C};
+  for (int t = 0; t < tpu_gs_ntaps(&G); t++) {
+    tpu_hv w, ok, rows;
+    int ks[3];
+    tpu_gs_tap(L, &G, t, &w, &ok, &rows, ks);
+    tpu_hv v = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, xr, rows), 3, d3);
+    tpu_hv c = tpu_mul(L, tpu_gs_bcast_c(L, &G, tpu_hlo_select(H, ok, w, tpu_k(L, w, 0))), v);
+    c = tpu_hlo_select(H, tpu_gs_bcast_c(L, &G, ok), c, tpu_k(L, c, 0));
+    out = out == TPU_HV_NONE ? c : tpu_add(L, out, c);
+  }
+  int64_t perm[3] = {0, 2, 1}, od[5] = {G.N, G.C};
+  for (int d = 0; d < nsp; d++) od[2 + d] = G.osp[d];
+  out = tpu_hlo_reshape(H, tpu_hlo_transpose(H, out, perm), nsp + 2, od);
+  tpu_lower_out(L, tpu_hlo_convert(H, out, G.dt));
+}
+void tpu_emit_grid_sampler_2d(tpu_lower *L) { tpu_emit_grid_sampler(L, 2); }
+void tpu_emit_grid_sampler_3d(tpu_lower *L) { tpu_emit_grid_sampler(L, 3); }
+
+/* grid_sampler_{2,3}d_backward(grad_output, input, grid, interpolation_mode, padding_mode,
+ * align_corners, output_mask) -> (grad_input, grad_grid) */
+static void tpu_emit_grid_sampler_backward(tpu_lower *L, int nsp) {
+  tpu_gs G;
+  if (!tpu_gs_setup(L, 1, nsp, &G)) return;
+  tpu_tref *x = &L->args[1].t, *gr = &L->args[2].t;
+  tpu_hv xr = tpu_gs_rows(L, 1, &G);
+  int64_t d3[3] = {G.N, G.P, G.C}, perm[5] = {0}, np[2] = {G.N, G.P}, two = 2;
+  for (int d = 0; d < nsp; d++) perm[1 + d] = 2 + d;
+  perm[nsp + 1] = 1;
+  tpu_hv go = tpu_hlo_reshape(H, tpu_hlo_transpose(H, tpu_lower_input(L, 0, G.acc), perm), 3, d3);
+  tpu_hv gin = tpu_lower_full(L, tpu_hlo_type_make(G.acc, 2, (int64_t[]){G.N * G.S, G.C}), 0);
+  tpu_hv gc[3] = {TPU_HV_NONE, TPU_HV_NONE, TPU_HV_NONE};
+  tpu_hlo_type st = tpu_hlo_type_make(G.acc, 0, NULL), sts[2] = {st, st};
+  for (int t = 0; t < tpu_gs_ntaps(&G); t++) {
+    tpu_hv w, ok, rows;
+    int ks[3];
+    tpu_gs_tap(L, &G, t, &w, &ok, &rows, ks);
+    tpu_hv okc = tpu_gs_bcast_c(L, &G, ok);
+    tpu_hv upd = tpu_mul(L, go, tpu_gs_bcast_c(L, &G, tpu_hlo_select(H, ok, w, tpu_k(L, w, 0))));
+    upd = tpu_hlo_select(H, okc, upd, tpu_k(L, upd, 0));
+    tpu_hv a[2];
+    tpu_hlo_region_begin(H, sts, 2, a);
+    tpu_hv s = tpu_add(L, a[0], a[1]);
+    int region = tpu_hlo_region_end(H, &s, 1);
+    gin = tpu_lower_scatter_rows(L, gin, rows, tpu_hlo_reshape(H, upd, 2, (int64_t[]){G.N * G.P, G.C}), region);
+    if (G.mode == TPU_GS_NEAREST) continue;
+    tpu_hv v = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, xr, rows), 3, d3);
+    v = tpu_hlo_select(H, okc, v, tpu_k(L, v, 0));
+    /* per channel over the taps first, then over channels: torch's order */
+    for (int d = 0; d < nsp; d++) {
+      tpu_dtype wd = G.acc == TPU_F32 ? TPU_F64 : G.acc; /* torch's f32 sum cancels; keep ours exact */
+      tpu_hv f = tpu_mul(L, tpu_hlo_convert(H, v, wd), tpu_hlo_convert(H, tpu_gs_bcast_c(L, &G, G.d[d].dw[ks[d]]), wd));
+      for (int e = nsp - 1; e >= 0; e--)
+        if (e != d) f = tpu_mul(L, f, tpu_hlo_convert(H, tpu_gs_bcast_c(L, &G, G.d[e].w[ks[e]]), wd));
+      f = tpu_mul(L, f, tpu_hlo_convert(H, go, wd));
+      gc[d] = gc[d] == TPU_HV_NONE ? f : tpu_add(L, gc[d], f);
+    }
+  }
+  for (int d = 0; d < nsp; d++)
+    if (gc[d] != TPU_HV_NONE)
+      gc[d] = tpu_hlo_convert(H, tpu_hlo_reduce(H, gc[d], tpu_hlo_constant(H, T(L, gc[d])->dtype, 0), &two, 1, TPU_HLO_ADD),
+                              G.acc);
+  /* grad_input back to (N, C, spatial...) */
+  int64_t xd[5] = {G.N}, iperm[5] = {0, 0};
+  for (int d = 0; d < nsp; d++) xd[1 + d] = G.sp[d];
+  xd[nsp + 1] = G.C;
+  iperm[1] = nsp + 1;
+  for (int d = 0; d < nsp; d++) iperm[2 + d] = 1 + d;
+  gin = tpu_hlo_transpose(H, tpu_hlo_reshape(H, gin, nsp + 2, xd), iperm);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, gin, x->rank, x->sizes), G.dt));
+  /* grad_grid: component j is spatial dim nsp-1-j */
+  tpu_hv comps[3];
+  int64_t np1[3] = {G.N, G.P, 1};
+  for (int j = 0; j < nsp; j++) {
+    int d = nsp - 1 - j;
+    tpu_hv c = gc[d] == TPU_HV_NONE ? tpu_lower_full(L, tpu_hlo_type_make(G.acc, 2, np), 0) : tpu_mul(L, gc[d], G.d[d].mult);
+    comps[j] = tpu_hlo_reshape(H, c, 3, np1);
+  }
+  tpu_hv gg = tpu_hlo_concat(H, comps, nsp, 2);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, gg, gr->rank, gr->sizes), G.dt));
+}
+void tpu_emit_grid_sampler_2d_backward(tpu_lower *L) { tpu_emit_grid_sampler_backward(L, 2); }
+void tpu_emit_grid_sampler_3d_backward(tpu_lower *L) { tpu_emit_grid_sampler_backward(L, 3); }
