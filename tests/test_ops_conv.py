@@ -151,3 +151,128 @@ def test_max_unpool():
     x = make((1, 2, 4, 4, 6), seed=5)
     v, i = F.max_pool3d(x, 2, return_indices=True)
     close(F.max_unpool3d(tpu(v), tpu(i), 2), F.max_unpool3d(v, i, 2))
+
+
+# ---- normalization ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5), (2, 3, 4, 5)])
+def test_batch_norm(training, shape):
+    x, w, b = make(shape, seed=1), make((3,), seed=2), make((3,), seed=3)
+    rm, rv = make((3,), seed=4), make((3,), seed=5).abs() + 0.5
+    trm, trv = rm.to("tpu"), rv.to("tpu")
+    check(lambda x, w, b: F.batch_norm(x, rm.clone().to(x.device), rv.clone().to(x.device), w, b, training, 0.2, 1e-3), x, w, b)
+    want = F.batch_norm(x, rm, rv, w, b, training, 0.2, 1e-3)
+    got = F.batch_norm(tpu(x), trm, trv, tpu(w), tpu(b), training, 0.2, 1e-3)
+    close(got, want)
+    close(trm, rm)
+    close(trv, rv)
+
+
+def test_batch_norm_no_stats_and_bf16():
+    check(lambda x: F.batch_norm(x, None, None, training=True), make((3, 4, 5), seed=1))
+    x = make((2, 3, 4), torch.bfloat16, seed=2)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    close(F.batch_norm(tpu(x), tpu(rm), tpu(rv), training=True), F.batch_norm(x, rm.clone(), rv.clone(), training=True))
+
+
+@pytest.mark.parametrize("groups", [1, 2, 6])
+def test_group_norm(groups):
+    check(F.group_norm, make((2, 6, 3, 4), seed=1), groups, make((6,), seed=2), make((6,), seed=3))
+    check(F.group_norm, make((2, 6, 5), seed=4).transpose(1, 2).contiguous().transpose(1, 2), groups)
+
+
+def test_instance_and_layer_norm():
+    check(lambda x, w, b: F.instance_norm(x, weight=w, bias=b), make((2, 3, 4, 5), seed=1), make((3,), seed=2),
+          make((3,), seed=3))
+    check(F.layer_norm, make((1,), seed=4), (1,), make((1,), seed=5), make((1,), seed=6))
+    check(F.layer_norm, make((3, 4, 5), seed=7), (4, 5), make((4, 5), seed=8), None)
+    x = make((3, 4), torch.bfloat16, seed=9)
+    for got, want in zip(torch.native_layer_norm(tpu(x), [4], None, None, 1e-5),
+                         torch.native_layer_norm(x, [4], None, None, 1e-5)):
+        close(got, want)
+    with pytest.raises(RuntimeError):
+        F.group_norm(tpu(make((2, 6, 3))), 4)
+
+
+# ---- upsampling ------------------------------------------------------------------------------
+
+UPS = [
+    ((2, 3, 5), dict(size=8, mode="nearest")),
+    ((2, 3, 5), dict(scale_factor=1.7, mode="nearest-exact")),
+    ((2, 3, 4, 5), dict(size=(7, 3), mode="nearest")),
+    ((1, 2, 3, 4, 5), dict(scale_factor=2, mode="nearest")),
+    ((2, 3, 5), dict(size=9, mode="linear", align_corners=True)),
+    ((2, 3, 4, 5), dict(size=(7, 3), mode="bilinear")),
+    ((2, 3, 4, 5), dict(scale_factor=1.5, mode="bilinear", align_corners=True)),
+    ((2, 3, 4, 5), dict(size=(7, 9), mode="bicubic")),
+    ((2, 3, 4, 5), dict(scale_factor=0.6, mode="bicubic", align_corners=True)),
+    ((1, 2, 3, 4, 5), dict(size=(4, 3, 7), mode="trilinear")),
+    ((2, 3, 8, 9), dict(size=(3, 4), mode="bilinear", antialias=True)),
+    ((2, 3, 8, 9), dict(size=(5, 4), mode="area")),
+]
+
+
+@pytest.mark.parametrize("case", range(len(UPS)))
+def test_interpolate(case):
+    shape, kw = UPS[case]
+    check(lambda x: F.interpolate(x, **kw), make(shape, seed=case))
+
+
+def test_interpolate_dtypes_and_errors():
+    x = make((2, 3, 4, 5), torch.int64)
+    close(F.interpolate(tpu(x.to(torch.uint8)), scale_factor=2), F.interpolate(x.to(torch.uint8), scale_factor=2))
+    xb = make((2, 3, 4, 5), torch.bfloat16)
+    close(F.interpolate(tpu(xb), size=(6, 7), mode="bilinear"), F.interpolate(xb, size=(6, 7), mode="bilinear"))
+    xn = make((2, 5, 3, 4), seed=3).transpose(1, 2)
+    check(lambda x: F.interpolate(x, size=(5, 6), mode="bicubic"), xn)
+    with pytest.raises(RuntimeError):
+        torch._C._nn.upsample_bilinear2d(tpu(make((2, 3, 4))), [4, 4], False)
+
+
+# ---- unfold / fold, channel_shuffle ----------------------------------------------------------
+
+def test_unfold_fold():
+    x = make((2, 3, 6, 7), seed=1)
+    check(lambda x: F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)), x)
+    check(lambda x: F.unfold(x, 3), make((3, 5, 5), seed=2))
+    cols = make((2, 3 * 2 * 3, 6), seed=3)
+    check(lambda c: F.fold(c, (5, 6), (2, 3), padding=(1, 0), stride=(2, 2)), cols)
+    xi = make((1, 2, 4, 4)) > 0
+    close(F.unfold(tpu(xi), 2), F.unfold(xi, 2))
+    with pytest.raises(RuntimeError):
+        F.unfold(tpu(make((1, 1, 2, 2))), 3)
+
+
+def test_channel_shuffle():
+    x = make((2, 6, 3, 2), seed=4)
+    close(F.channel_shuffle(tpu(x), 3), F.channel_shuffle(x, 3))
+    close(F.channel_shuffle(tpu(x[:, :, 1:]), 2), F.channel_shuffle(x[:, :, 1:], 2))
+    with pytest.raises(RuntimeError):
+        F.channel_shuffle(tpu(x), 4)
+
+
+# ---- grid sampling ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode,padding,align", [("bilinear", "zeros", False), ("nearest", "border", True),
+                                                ("bicubic", "reflection", False), ("bilinear", "reflection", True)])
+def test_grid_sample_2d(mode, padding, align):
+    x, g = make((2, 3, 5, 6), seed=1), make((2, 4, 3, 2), seed=2) * 0.7
+    f = lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding, align_corners=align)  # noqa: E731
+    cpu = [x.clone().requires_grad_(), g.clone().requires_grad_()]
+    dev = [x.to("tpu").requires_grad_(), g.to("tpu").requires_grad_()]
+    want, got = f(*cpu), f(*dev)
+    close(got, want)
+    go = make(want.shape, seed=3)
+    want.backward(go)
+    got.backward(go.to("tpu"))
+    close(dev[0].grad, cpu[0].grad)
+    torch.testing.assert_close(dev[1].grad.cpu(), cpu[1].grad, rtol=1e-4, atol=1e-3)
+
+
+def test_grid_sample_3d_and_errors():
+    x, g = make((1, 2, 3, 4, 5), seed=4), make((1, 2, 3, 2, 3), seed=5)
+    check(lambda x, g: F.grid_sample(x, g, padding_mode="border", align_corners=False), x, g)
+    check(lambda x, g: F.grid_sample(x, g, mode="nearest", align_corners=True), x, g)
+    with pytest.raises(RuntimeError):
+        F.grid_sample(tpu(x), tpu(g.double()), align_corners=False)

@@ -755,3 +755,1004 @@ static void tpu_emit_max_unpool_nd(tpu_lower *L, int nsp) {
 }
 void tpu_emit_max_unpool2d(tpu_lower *L) { tpu_emit_max_unpool_nd(L, 2); }
 void tpu_emit_max_unpool3d(tpu_lower *L) { tpu_emit_max_unpool_nd(L, 3); }
+
+/* ---- batch norm and group norm -------------------------------------------------------------
+ *
+ * Inputs are viewed as (N, C, S) (S: the product of the spatial dims). Batch
+ * norm reduces over (N, S) per channel, group norm over (C/G, S) per (N, G).
+ * Statistics are kept in the parameters' dtype (f32 for a half input with f32
+ * parameters, else the input's), as torch's CPU kernels do. 1/sqrt is rounded
+ * once through f64 (XLA's f32 rsqrt is approximate). */
+
+static tpu_hv tpu_inv_sqrt(tpu_lower *L, tpu_hv v, double eps) {
+  tpu_dtype dt = T(L, v)->dtype;
+  tpu_hv sd = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_convert(H, tpu_add(L, v, tpu_k(L, v, eps)), TPU_F64));
+  return tpu_hlo_convert(H, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, sd, 1), sd), dt);
+}
+
+/* The first present parameter's dtype, else the input's. */
+static tpu_dtype tpu_param_type(tpu_lower *L, const int *params, int n, tpu_dtype input) {
+  for (int k = 0; k < n; k++)
+    if (params[k] >= 0 && !tpu_lower_is_none(L, params[k])) return L->args[params[k]].t.dtype;
+  return input;
+}
+
+static void tpu_ncs(const tpu_tref *t, int64_t *ncs) {
+  ncs[0] = t->sizes[0];
+  ncs[1] = t->rank > 1 ? t->sizes[1] : 1;
+  ncs[2] = 1;
+  for (int i = 2; i < t->rank; i++) ncs[2] *= t->sizes[i];
+}
+
+/* A per-channel vector (arg i, or the constant dflt when None) broadcast over (N, C, S). */
+static tpu_hv tpu_chan(tpu_lower *L, int i, tpu_dtype acc, const int64_t *ncs, double dflt) {
+  int64_t one = 1;
+  if (i < 0 || tpu_lower_is_none(L, i)) return tpu_lower_full(L, tpu_hlo_type_make(acc, 3, ncs), dflt);
+  tpu_hv v = tpu_hlo_reshape(H, tpu_lower_input(L, i, acc), 1, &ncs[1]);
+  return tpu_hlo_broadcast_in_dim(H, v, 3, ncs, &one);
+}
+
+static tpu_hv tpu_chan_b(tpu_lower *L, tpu_hv v, const int64_t *ncs) {
+  int64_t one = 1;
+  return tpu_hlo_broadcast_in_dim(H, v, 3, ncs, &one);
+}
+
+static tpu_hv tpu_sum_ns(tpu_lower *L, tpu_hv x) {
+  int64_t dims[2] = {0, 2};
+  return tpu_hlo_reduce(H, x, tpu_hlo_constant(H, T(L, x)->dtype, 0), dims, 2, TPU_HLO_ADD);
+}
+
+static void tpu_bn_forward(tpu_lower *L, int rm_i, int rv_i, bool training, double momentum, double eps, bool reserve) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "batch_norm: expected 2D or higher input, but got %dD", t->rank);
+    return;
+  }
+  int params[4] = {1, 2, rm_i, rv_i};
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 4, dt);
+  int64_t ncs[3], C;
+  tpu_ncs(t, ncs);
+  C = ncs[1];
+  for (int k = 0; k < 4; k++) {
+    int i = params[k];
+    if (i < 0 || tpu_lower_is_none(L, i)) continue;
+    tpu_tref *p = &L->args[i].t;
+    int64_t n = 1;
+    for (int d = 0; d < p->rank; d++) n *= p->sizes[d];
+    if (n != C) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s should contain %lld elements not %lld",
+                     k == 0 ? "weight" : k == 1 ? "bias" : k == 2 ? "running_mean" : "running_var", (long long)C, (long long)n);
+      return;
+    }
+  }
+  if (!training && (rm_i < 0 || tpu_lower_is_none(L, rm_i) || tpu_lower_is_none(L, rv_i))) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "running_mean and running_var must be defined in evaluation mode");
+    return;
+  }
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 3, ncs);
+  double count = (double)(ncs[0] * ncs[2]);
+  tpu_hv mean, invstd, var = TPU_HV_NONE;
+  if (training) {
+    mean = tpu_sum_ns(L, x);
+    mean = tpu_hlo_binary(H, TPU_HLO_DIV, mean, tpu_k(L, mean, count));
+    tpu_hv xc = tpu_sub(L, x, tpu_chan_b(L, mean, ncs));
+    var = tpu_sum_ns(L, tpu_mul(L, xc, xc));
+    var = tpu_hlo_binary(H, TPU_HLO_DIV, var, tpu_k(L, var, count));
+  } else {
+    mean = tpu_hlo_reshape(H, tpu_lower_input(L, rm_i, acc), 1, &C);
+    var = tpu_hlo_reshape(H, tpu_lower_input(L, rv_i, acc), 1, &C);
+  }
+  invstd = tpu_inv_sqrt(L, var, eps);
+  /* torch's kernel normalizes with the statistics as stored (rounded to a half parameter type) */
+  mean = tpu_hlo_convert(H, tpu_hlo_convert(H, mean, pdt), acc);
+  invstd = tpu_hlo_convert(H, tpu_hlo_convert(H, invstd, pdt), acc);
+  tpu_hv y = tpu_mul(L, tpu_sub(L, x, tpu_chan_b(L, mean, ncs)), tpu_chan_b(L, invstd, ncs));
+  if (!tpu_lower_is_none(L, 1)) y = tpu_mul(L, y, tpu_chan(L, 1, acc, ncs, 1));
+  if (!tpu_lower_is_none(L, 2)) y = tpu_add(L, y, tpu_chan(L, 2, acc, ncs, 0));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, y, t->rank, t->sizes), dt));
+  if (training) {
+    tpu_lower_out(L, tpu_hlo_convert(H, mean, pdt));
+    tpu_lower_out(L, tpu_hlo_convert(H, invstd, pdt));
+  } else {
+    int64_t zero = 0;
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(pdt, 1, &zero), 0));
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(pdt, 1, &zero), 0));
+  }
+  if (reserve) {
+    int64_t zero = 0;
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_U8, 1, &zero), 0));
+  }
+  if (training && rm_i >= 0 && !tpu_lower_is_none(L, rm_i)) {
+    tpu_tref *r = &L->args[rm_i].t;
+    tpu_hv old = tpu_hlo_reshape(H, tpu_lower_input(L, rm_i, acc), 1, &C);
+    tpu_hv nv = tpu_add(L, tpu_mul(L, old, tpu_k(L, old, 1 - momentum)), tpu_mul(L, mean, tpu_k(L, mean, momentum)));
+    tpu_lower_write(L, rm_i, -1, tpu_hlo_reshape(H, nv, r->rank, r->sizes));
+  }
+  if (training && rv_i >= 0 && !tpu_lower_is_none(L, rv_i)) {
+    tpu_tref *r = &L->args[rv_i].t;
+    tpu_hv old = tpu_hlo_reshape(H, tpu_lower_input(L, rv_i, acc), 1, &C);
+    tpu_hv ub = tpu_mul(L, var, tpu_k(L, var, count / (count - 1)));
+    tpu_hv nv = tpu_add(L, tpu_mul(L, old, tpu_k(L, old, 1 - momentum)), tpu_mul(L, ub, tpu_k(L, ub, momentum)));
+    tpu_lower_write(L, rv_i, -1, tpu_hlo_reshape(H, nv, r->rank, r->sizes));
+  }
+}
+
+/* native_batch_norm / _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps) */
+void tpu_emit_native_batch_norm(tpu_lower *L) {
+  tpu_bn_forward(L, 3, 4, L->args[5].i != 0, L->args[6].f, L->args[7].f, false);
+}
+/* _native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps) */
+void tpu_emit_batch_norm_no_stats(tpu_lower *L) { tpu_bn_forward(L, -1, -1, true, L->args[4].f, L->args[5].f, false); }
+/* _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps) -> (out, mean, rstd, reserve) */
+void tpu_emit_batch_norm_with_update(tpu_lower *L) { tpu_bn_forward(L, 3, 4, true, L->args[5].f, L->args[6].f, true); }
+
+/* native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
+ * save_invstd, train, eps, output_mask); batch_norm_backward has the same
+ * leading arguments (update for train, save_var holding the invstd) and a reserve. */
+void tpu_emit_native_batch_norm_backward(tpu_lower *L) {
+  tpu_tref *t = &L->args[1].t;
+  int params[3] = {2, 3, 4};
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 3, dt);
+  bool train = L->args[7].i != 0;
+  double eps = L->args[8].f;
+  bool mask[3] = {true, true, true};
+  for (int k = 0; k < 3 && k < L->args[9].nints; k++) mask[k] = L->args[9].ints[k] != 0;
+  int64_t ncs[3], C;
+  tpu_ncs(t, ncs);
+  C = ncs[1];
+  double count = (double)(ncs[0] * ncs[2]);
+  tpu_hv mean, invstd;
+  if (train) {
+    if (tpu_lower_is_none(L, 5) || tpu_lower_is_none(L, 6)) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "batch_norm_backward: save_mean and save_invstd must be defined in training mode");
+      return;
+    }
+    mean = tpu_hlo_reshape(H, tpu_lower_input(L, 5, acc), 1, &C);
+    invstd = tpu_hlo_reshape(H, tpu_lower_input(L, 6, acc), 1, &C);
+  } else {
+    if (tpu_lower_is_none(L, 3) || tpu_lower_is_none(L, 4)) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "batch_norm_backward: running stats must be defined in evaluation mode");
+      return;
+    }
+    mean = tpu_hlo_reshape(H, tpu_lower_input(L, 3, acc), 1, &C);
+    invstd = tpu_inv_sqrt(L, tpu_hlo_reshape(H, tpu_lower_input(L, 4, acc), 1, &C), eps);
+  }
+  tpu_hv g = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 3, ncs);
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 1, acc), 3, ncs);
+  tpu_hv xhat = tpu_mul(L, tpu_sub(L, x, tpu_chan_b(L, mean, ncs)), tpu_chan_b(L, invstd, ncs));
+  tpu_hv sg = tpu_sum_ns(L, g), sgx = tpu_sum_ns(L, tpu_mul(L, g, xhat));
+  tpu_hv w = tpu_chan(L, 2, acc, ncs, 1);
+  tpu_hv gi;
+  if (train) {
+    tpu_hv a = tpu_chan_b(L, tpu_hlo_binary(H, TPU_HLO_DIV, sg, tpu_k(L, sg, count)), ncs);
+    tpu_hv b = tpu_chan_b(L, tpu_hlo_binary(H, TPU_HLO_DIV, sgx, tpu_k(L, sgx, count)), ncs);
+    gi = tpu_sub(L, tpu_sub(L, g, a), tpu_mul(L, xhat, b));
+    gi = tpu_mul(L, gi, tpu_mul(L, w, tpu_chan_b(L, invstd, ncs)));
+  } else {
+    gi = tpu_mul(L, g, tpu_mul(L, w, tpu_chan_b(L, invstd, ncs)));
+  }
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, mask[0] ? gi : tpu_k(L, gi, 0), t->rank, t->sizes), dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, mask[1] ? sgx : tpu_k(L, sgx, 0), pdt));
+  tpu_lower_out(L, tpu_hlo_convert(H, mask[2] ? sg : tpu_k(L, sg, 0), pdt));
+}
+
+/* native_group_norm(input, weight, bias, N, C, HxW, group, eps) -> (out, mean, rstd) */
+void tpu_emit_native_group_norm(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int params[2] = {1, 2};
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 2, dt);
+  int64_t N = L->args[3].i, C = L->args[4].i, S = L->args[5].i, G = L->args[6].i;
+  int64_t numel = 1;
+  for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
+  if (G <= 0 || C % G != 0 || numel != N * C * S) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected number of channels in input to be divisible by num_groups, but got input "
+                   "of shape [...] and num_groups=%lld", (long long)G);
+    return;
+  }
+  for (int k = 0; k < 2; k++)
+    if (!tpu_lower_is_none(L, params[k]) && L->args[params[k]].t.rank == 1 && L->args[params[k]].t.sizes[0] != C) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected %s to be a vector of size equal to the number of channels in input, "
+                     "but got %s of shape [%lld] and input of shape [...]", k ? "bias" : "weight", k ? "bias" : "weight",
+                     (long long)L->args[params[k]].t.sizes[0]);
+      return;
+    }
+  int64_t ngd[3] = {N, G, C / G * S}, ncs[3] = {N, C, S}, two = 2, ng[2] = {N, G}, bd[2] = {0, 1};
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 3, ngd);
+  double D = (double)(C / G * S);
+  tpu_hv mean = tpu_hlo_reduce(H, x, tpu_hlo_constant(H, acc, 0), &two, 1, TPU_HLO_ADD);
+  mean = tpu_hlo_binary(H, TPU_HLO_DIV, mean, tpu_k(L, mean, D));
+  tpu_hv xc = tpu_sub(L, x, tpu_hlo_broadcast_in_dim(H, mean, 3, ngd, bd));
+  tpu_hv var = tpu_hlo_reduce(H, tpu_mul(L, xc, xc), tpu_hlo_constant(H, acc, 0), &two, 1, TPU_HLO_ADD);
+  var = tpu_hlo_binary(H, TPU_HLO_DIV, var, tpu_k(L, var, D));
+  tpu_hv rstd = tpu_inv_sqrt(L, var, L->args[7].f);
+  tpu_hv y = tpu_hlo_reshape(H, tpu_mul(L, xc, tpu_hlo_broadcast_in_dim(H, rstd, 3, ngd, bd)), 3, ncs);
+  if (!tpu_lower_is_none(L, 1)) y = tpu_mul(L, y, tpu_chan(L, 1, acc, ncs, 1));
+  if (!tpu_lower_is_none(L, 2)) y = tpu_add(L, y, tpu_chan(L, 2, acc, ncs, 0));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, y, t->rank, t->sizes), dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, mean, 2, ng), pdt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, rstd, 2, ng), pdt));
+}
+
+/* native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask) */
+void tpu_emit_native_group_norm_backward(tpu_lower *L) {
+  tpu_tref *t = &L->args[1].t;
+  int params[1] = {4};
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 1, L->args[2].t.dtype);
+  int64_t N = L->args[5].i, C = L->args[6].i, S = L->args[7].i, G = L->args[8].i;
+  bool mask[3] = {true, true, true};
+  for (int k = 0; k < 3 && k < L->args[9].nints; k++) mask[k] = L->args[9].ints[k] != 0;
+  if (G <= 0 || C % G != 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "native_group_norm_backward: bad group count %lld", (long long)G);
+    return;
+  }
+  int64_t ngd[3] = {N, G, C / G * S}, ncs[3] = {N, C, S}, two = 2, ng[2] = {N, G}, bd[2] = {0, 1};
+  double D = (double)(C / G * S);
+  tpu_hv g = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 3, ncs);
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 1, acc), 3, ngd);
+  tpu_hv mean = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, tpu_lower_input(L, 2, acc), 2, ng), 3, ngd, bd);
+  tpu_hv rstd = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, tpu_lower_input(L, 3, acc), 2, ng), 3, ngd, bd);
+  tpu_hv xhat = tpu_mul(L, tpu_sub(L, x, mean), rstd);
+  tpu_hv gw = tpu_hlo_reshape(H, tpu_mul(L, g, tpu_chan(L, 4, acc, ncs, 1)), 3, ngd);
+  tpu_hv m1 = tpu_hlo_reduce(H, gw, tpu_hlo_constant(H, acc, 0), &two, 1, TPU_HLO_ADD);
+  tpu_hv m2 = tpu_hlo_reduce(H, tpu_mul(L, gw, xhat), tpu_hlo_constant(H, acc, 0), &two, 1, TPU_HLO_ADD);
+  m1 = tpu_hlo_broadcast_in_dim(H, tpu_hlo_binary(H, TPU_HLO_DIV, m1, tpu_k(L, m1, D)), 3, ngd, bd);
+  m2 = tpu_hlo_broadcast_in_dim(H, tpu_hlo_binary(H, TPU_HLO_DIV, m2, tpu_k(L, m2, D)), 3, ngd, bd);
+  tpu_hv gi = tpu_mul(L, tpu_sub(L, tpu_sub(L, gw, m1), tpu_mul(L, xhat, m2)), rstd);
+  tpu_hv xh = tpu_hlo_reshape(H, xhat, 3, ncs);
+  tpu_hv gwt = tpu_sum_ns(L, tpu_mul(L, g, xh)), gbt = tpu_sum_ns(L, g);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, mask[0] ? gi : tpu_k(L, gi, 0), t->rank, t->sizes), dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, mask[1] ? gwt : tpu_k(L, gwt, 0), pdt));
+  tpu_lower_out(L, tpu_hlo_convert(H, mask[2] ? gbt : tpu_k(L, gbt, 0), pdt));
+}
+
+/* ---- upsampling ----------------------------------------------------------------------------
+ *
+ * Every mode is separable: each spatial dim is resampled by an (out x in)
+ * matrix whose rows hold torch's taps and weights (computed here in torch's
+ * arithmetic: float for float/half inputs, double for double). The forward
+ * applies the last dim first, as torch's kernel nests its sums; the backward
+ * applies the transposed matrices. Nearest modes gather instead (exact for
+ * every dtype). */
+
+typedef enum { TPU_UP_NEAREST, TPU_UP_NEAREST_EXACT, TPU_UP_LINEAR, TPU_UP_CUBIC, TPU_UP_AA_LINEAR } tpu_up_mode;
+
+/* torch's compute_scales_value / area_pixel_compute_scale, in T */
+#define TPU_UP_DEFINE(T, SUF)                                                                              \
+  static T tpu_up_scale_##SUF(int64_t in, int64_t out, bool align, bool has_s, double s) {                 \
+    if (align) return out > 1 ? (T)(in - 1) / (T)(out - 1) : (T)0;                                          \
+    return (has_s && s > 0) ? (T)(1.0 / s) : (T)in / (T)out;                                                \
+  }                                                                                                         \
+  static T tpu_up_src_##SUF(T scale, int64_t o, bool align, bool cubic) {                                   \
+    if (align) return scale * (T)o;                                                                         \
+    T src = scale * ((T)o + (T)0.5) - (T)0.5;                                                               \
+    return (!cubic && src < 0) ? (T)0 : src;                                                                \
+  }                                                                                                         \
+  static T tpu_cc1_##SUF(T x, T A) { return ((A + 2) * x - (A + 3)) * x * x + 1; }                          \
+  static T tpu_cc2_##SUF(T x, T A) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; }                    \
+  static void tpu_up_row_##SUF(tpu_up_mode mode, int64_t in, int64_t out, int64_t o, bool align, bool has_s, \
+                               double s, double *row) {                                                     \
+    T scale = tpu_up_scale_##SUF(in, out, align, has_s, s);                                                 \
+    if (mode == TPU_UP_LINEAR) {                                                                            \
+      T real = tpu_up_src_##SUF(scale, o, align, false);                                                    \
+      int64_t i0 = (int64_t)floor((double)real);                                                            \
+      if (i0 > in - 1) i0 = in - 1;                                                                         \
+      T lam = real - (T)i0;                                                                                 \
+      lam = lam < 0 ? 0 : lam > 1 ? 1 : lam;                                                                \
+      int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);                                                              \
+      row[i0] += (double)((T)1 - lam);                                                                      \
+      row[i1] += (double)lam;                                                                               \
+    } else if (mode == TPU_UP_CUBIC) {                                                                      \
+      T real = tpu_up_src_##SUF(scale, o, align, true);                                                     \
+      int64_t i0 = (int64_t)floor((double)real);                                                            \
+      T t = real - (T)i0, A = (T)-0.75;                                                                     \
+      T w[4] = {tpu_cc2_##SUF(t + 1, A), tpu_cc1_##SUF(t, A), tpu_cc1_##SUF(1 - t, A), tpu_cc2_##SUF(2 - t, A)}; \
+      for (int j = 0; j < 4; j++) {                                                                         \
+        int64_t k = i0 - 1 + j;                                                                             \
+        k = k < 0 ? 0 : k > in - 1 ? in - 1 : k;                                                            \
+        row[k] += (double)w[j];                                                                             \
+      }                                                                                                     \
+    } else { /* antialiased linear: a triangle filter widened by the downscale */                          \
+      T support = scale >= 1 ? scale : (T)1;                                                                \
+      T center = scale * ((T)o + (T)0.5);                                                                   \
+      T inv = scale >= 1 ? (T)1 / scale : (T)1;                                                             \
+      int64_t lo = (int64_t)(center - support + (T)0.5);                                                    \
+      if (lo < 0) lo = 0;                                                                                   \
+      int64_t hi = (int64_t)(center + support + (T)0.5);                                                    \
+      if (hi > in) hi = in;                                                                                 \
+      T tot = 0, ws[4096];                                                                                  \
+      int64_t n = hi - lo > 4096 ? 4096 : hi - lo;                                                          \
+      for (int64_t j = 0; j < n; j++) {                                                                     \
+        T x = ((T)(j + lo) - center + (T)0.5) * inv;                                                        \
+        x = x < 0 ? -x : x;                                                                                 \
+        ws[j] = x < 1 ? (T)1 - x : (T)0;                                                                    \
+        tot += ws[j];                                                                                       \
+      }                                                                                                     \
+      for (int64_t j = 0; j < n; j++) row[lo + j] += (double)(tot != 0 ? ws[j] / tot : (T)0);               \
+    }                                                                                                       \
+  }
+TPU_UP_DEFINE(float, f)
+TPU_UP_DEFINE(double, d)
+
+/* torch's nearest_idx / nearest-exact source index (float arithmetic). */
+static int64_t tpu_up_nearest(bool exact, int64_t in, int64_t out, int64_t o, bool has_s, double s) {
+  if (!exact && out == in) return o;
+  if (!exact && out == 2 * in) return o >> 1;
+  float scale = tpu_up_scale_f(in, out, false, has_s, s);
+  int64_t i = (int64_t)floorf(exact ? ((float)o + 0.5f) * scale : (float)o * scale);
+  return i < in - 1 ? i : in - 1;
+}
+
+typedef struct {
+  tpu_up_mode mode;
+  int nsp;
+  bool align;
+  int64_t in[3], out[3];
+  bool has_s[3];
+  double s[3];
+} tpu_up;
+
+/* The (out x in) matrix of dim d as a constant of dtype dt (f32 or f64). */
+static tpu_hv tpu_up_matrix(tpu_lower *L, const tpu_up *U, int d, tpu_dtype dt) {
+  int64_t in = U->in[d], out = U->out[d], n = in * out;
+  double *m = calloc((size_t)n + 1, sizeof(double));
+  int64_t *bits = calloc((size_t)n + 1, sizeof(int64_t));
+  if (!m || !bits) {
+    free(m);
+    free(bits);
+    tpu_lower_fail(L, TPU_ERR_MEMORY, "%s: out of memory", L->opname);
+    return TPU_HV_NONE;
+  }
+  for (int64_t o = 0; o < out; o++) {
+    if (U->mode == TPU_UP_NEAREST || U->mode == TPU_UP_NEAREST_EXACT)
+      m[o * in + tpu_up_nearest(U->mode == TPU_UP_NEAREST_EXACT, in, out, o, U->has_s[d], U->s[d])] = 1;
+    else if (dt == TPU_F64)
+      tpu_up_row_d(U->mode, in, out, o, U->align, U->has_s[d], U->s[d], m + o * in);
+    else
+      tpu_up_row_f(U->mode, in, out, o, U->align, U->has_s[d], U->s[d], m + o * in);
+  }
+  for (int64_t i = 0; i < n; i++) {
+    if (dt == TPU_F64) {
+      memcpy(&bits[i], &m[i], 8);
+    } else {
+      float f = (float)m[i];
+      int32_t b;
+      memcpy(&b, &f, 4);
+      bits[i] = b;
+    }
+  }
+  int64_t md[2] = {out, in};
+  tpu_hv c = tpu_hlo_constant_ints(H, tpu_hlo_type_make(dt == TPU_F64 ? TPU_S64 : TPU_S32, 2, md), bits);
+  free(m);
+  free(bits);
+  return tpu_hlo_bitcast_convert(H, c, dt == TPU_F64 ? TPU_F64 : TPU_F32);
+}
+
+/* x with dim `dim` mapped through mat (contracting mat's dim `cd`). */
+static tpu_hv tpu_apply_dim(tpu_lower *L, tpu_hv x, tpu_hv mat, int dim, int cd) {
+  int rank = T(L, x)->rank;
+  int64_t lc = dim, rc = cd;
+  tpu_hv r = tpu_hlo_dot_general(H, x, mat, 0, NULL, NULL, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, T(L, x)->dtype);
+  int64_t perm[TPU_MAX_RANK];
+  for (int i = 0, k = 0; i < rank; i++) perm[i] = i == dim ? rank - 1 : k++;
+  return tpu_hlo_transpose(H, r, perm);
+}
+
+/* Reads sizes and scales: output_size at arg 1; backward: input_size at 2. */
+static bool tpu_up_setup(tpu_lower *L, tpu_up *U, tpu_up_mode mode, int nsp, bool backward, bool has_align) {
+  memset(U, 0, sizeof *U);
+  U->mode = mode;
+  U->nsp = nsp;
+  tpu_arg *os = &L->args[1];
+  if (os->kind != TPU_ARG_INTS || os->nints != nsp) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "It is expected output_size equals to %d, but got size %d", nsp,
+                   os->kind == TPU_ARG_INTS ? os->nints : 0);
+    return false;
+  }
+  int next = 2;
+  int64_t full_in[TPU_MAX_RANK];
+  int rank;
+  if (backward) {
+    tpu_arg *is = &L->args[2];
+    if (is->kind != TPU_ARG_INTS || is->nints != nsp + 2) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "It is expected input_size equals to %d, but got size %d", nsp + 2,
+                     is->kind == TPU_ARG_INTS ? is->nints : 0);
+      return false;
+    }
+    rank = nsp + 2;
+    memcpy(full_in, is->ints, sizeof(int64_t) * (size_t)rank);
+    next = 3;
+  } else {
+    tpu_tref *t = &L->args[0].t;
+    rank = t->rank;
+    if (rank != nsp + 2) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected %dD input, but got input of rank %d", nsp + 2, rank);
+      return false;
+    }
+    memcpy(full_in, t->sizes, sizeof(int64_t) * (size_t)rank);
+  }
+  if (has_align) U->align = L->args[next++].i != 0;
+  for (int d = 0; d < nsp; d++) {
+    U->in[d] = full_in[2 + d];
+    U->out[d] = os->ints[d];
+    if (U->in[d] <= 0 || U->out[d] <= 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Input and output sizes should be greater than 0, but got input (%lld) and "
+                     "output (%lld)", (long long)U->in[d], (long long)U->out[d]);
+      return false;
+    }
+    tpu_arg *sa = next + d < L->nargs ? &L->args[next + d] : NULL;
+    U->has_s[d] = sa && sa->kind == TPU_ARG_FLOAT;
+    U->s[d] = U->has_s[d] ? sa->f : 0;
+  }
+  if (backward) {
+    tpu_tref *g = &L->args[0].t;
+    bool ok = g->rank == rank && g->sizes[0] == full_in[0] && g->sizes[1] == full_in[1];
+    for (int d = 0; ok && d < nsp; d++) ok = g->sizes[2 + d] == U->out[d];
+    if (!ok) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected grad_output to have the shape of the output");
+      return false;
+    }
+  }
+  return true;
+}
+
+static void tpu_emit_upsample(tpu_lower *L, tpu_up_mode mode, int nsp, bool has_align) {
+  tpu_up U;
+  if (!tpu_up_setup(L, &U, mode, nsp, false, has_align)) return;
+  tpu_tref *t = &L->args[0].t;
+  if (mode == TPU_UP_NEAREST || mode == TPU_UP_NEAREST_EXACT) {
+    tpu_hv x = tpu_lower_tensor(L, 0, -1);
+    for (int d = 0; d < nsp; d++) {
+      int64_t *idx = malloc(sizeof(int64_t) * (size_t)(U.out[d] + 1));
+      if (!idx) {
+        tpu_lower_fail(L, TPU_ERR_MEMORY, "%s: out of memory", L->opname);
+        return;
+      }
+      for (int64_t o = 0; o < U.out[d]; o++)
+        idx[o] = tpu_up_nearest(mode == TPU_UP_NEAREST_EXACT, U.in[d], U.out[d], o, U.has_s[d], U.s[d]);
+      x = tpu_take(L, x, 2 + d, idx, U.out[d]);
+      free(idx);
+    }
+    tpu_lower_out(L, x);
+    return;
+  }
+  if (!tpu_dtype_is_float(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s\" not implemented for '%s'", L->opname, tpu_dtype_name(t->dtype));
+    return;
+  }
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_input(L, 0, acc);
+  for (int d = nsp - 1; d >= 0; d--) x = tpu_apply_dim(L, x, tpu_up_matrix(L, &U, d, acc), 2 + d, 1);
+  tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
+}
+
+static void tpu_emit_upsample_backward(tpu_lower *L, tpu_up_mode mode, int nsp, bool has_align) {
+  tpu_up U;
+  if (!tpu_up_setup(L, &U, mode, nsp, true, has_align)) return;
+  tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
+  tpu_hv g = tpu_lower_input(L, 0, acc);
+  for (int d = 0; d < nsp; d++) g = tpu_apply_dim(L, g, tpu_up_matrix(L, &U, d, acc), 2 + d, 0);
+  tpu_lower_out(L, tpu_hlo_convert(H, g, dt));
+}
+
+void tpu_emit_upsample_nearest1d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_NEAREST, 1, false); }
+void tpu_emit_upsample_nearest2d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_NEAREST, 2, false); }
+void tpu_emit_upsample_nearest3d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_NEAREST, 3, false); }
+void tpu_emit_upsample_nearest_exact1d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_NEAREST_EXACT, 1, false); }
+void tpu_emit_upsample_nearest_exact2d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_NEAREST_EXACT, 2, false); }
+void tpu_emit_upsample_nearest_exact3d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_NEAREST_EXACT, 3, false); }
+void tpu_emit_upsample_linear1d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_LINEAR, 1, true); }
+void tpu_emit_upsample_bilinear2d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_LINEAR, 2, true); }
+void tpu_emit_upsample_trilinear3d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_LINEAR, 3, true); }
+void tpu_emit_upsample_bicubic2d(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_CUBIC, 2, true); }
+void tpu_emit_upsample_bilinear2d_aa(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP_AA_LINEAR, 2, true); }
+void tpu_emit_upsample_nearest1d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST, 1, false); }
+void tpu_emit_upsample_nearest2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST, 2, false); }
+void tpu_emit_upsample_nearest3d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST, 3, false); }
+void tpu_emit_upsample_nearest_exact1d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST_EXACT, 1, false); }
+void tpu_emit_upsample_nearest_exact2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST_EXACT, 2, false); }
+void tpu_emit_upsample_nearest_exact3d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST_EXACT, 3, false); }
+void tpu_emit_upsample_linear1d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_LINEAR, 1, true); }
+void tpu_emit_upsample_bilinear2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_LINEAR, 2, true); }
+void tpu_emit_upsample_trilinear3d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_LINEAR, 3, true); }
+void tpu_emit_upsample_bicubic2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_CUBIC, 2, true); }
+void tpu_emit_upsample_bilinear2d_aa_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_AA_LINEAR, 2, true); }
+
+/* ---- im2col, col2im, channel_shuffle -------------------------------------------------------- */
+
+/* Window tables of im2col/col2im over spatial sizes sp[2]; args from `first`:
+ * kernel_size, dilation, padding, stride. */
+static bool tpu_unfold_windows(tpu_lower *L, int first, const int64_t *sp, tpu_pool *P) {
+  memset(P, 0, sizeof *P);
+  P->nsp = 2;
+  int64_t k[2], d[2], p[2], s[2];
+  if (!tpu_conv_list(L, first, 2, 1, k) || !tpu_conv_list(L, first + 1, 2, 1, d) ||
+      !tpu_conv_list(L, first + 2, 2, 0, p) || !tpu_conv_list(L, first + 3, 2, 1, s))
+    return false;
+  for (int i = 0; i < 2; i++) {
+    if (k[i] <= 0 || d[i] <= 0 || s[i] <= 0 || p[i] < 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, k[i] <= 0 ? "kernel size should be greater than zero, but got kernel_height: %lld"
+                     : d[i] <= 0 ? "dilation should be greater than zero, but got dilation_height: %lld"
+                     : s[i] <= 0 ? "stride should be greater than zero, but got stride_height: %lld"
+                     : "padding should be non-negative, but got pad_height: %lld",
+                     (long long)(k[i] <= 0 ? k[i] : d[i] <= 0 ? d[i] : s[i] <= 0 ? s[i] : p[i]));
+      return false;
+    }
+    if (!tpu_win_sliding(L, &P->w[i], sp[i], k[i], s[i], p[i], d[i], false, false)) return false;
+    if (P->w[i].out < 1) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Given input with spatial size (%lld, %lld), kernel_size=(%lld, %lld), "
+                     "dilation=(%lld, %lld), padding=(%lld, %lld), calculated shape of the array of sliding blocks as "
+                     "(%lld, %lld), but its components must be at least one.", (long long)sp[0], (long long)sp[1],
+                     (long long)k[0], (long long)k[1], (long long)d[0], (long long)d[1], (long long)p[0], (long long)p[1],
+                     (long long)P->w[0].out, (long long)P->w[1].out);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* 0/1 validity of the (o1, K1, o2, K2) window positions, broadcast to dims. */
+static tpu_hv tpu_unfold_valid(tpu_lower *L, const tpu_pool *P, int lead, int rank, const int64_t *dims) {
+  tpu_hv ok = TPU_HV_NONE;
+  for (int d = 0; d < 2; d++) {
+    const tpu_win *w = &P->w[d];
+    int64_t n = w->out * w->K, wd[2] = {w->out, w->K}, bd[2] = {lead + 2 * d, lead + 2 * d + 1};
+    int64_t *v = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!v) {
+      tpu_lower_fail(L, TPU_ERR_MEMORY, "%s: out of memory", L->opname);
+      return TPU_HV_NONE;
+    }
+    for (int64_t i = 0; i < n; i++) v[i] = w->valid[i];
+    tpu_hv c = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_PRED, 2, wd), v);
+    free(v);
+    c = tpu_hlo_broadcast_in_dim(H, c, rank, dims, bd);
+    ok = d == 0 ? c : tpu_hlo_binary(H, TPU_HLO_AND, ok, c);
+  }
+  return ok;
+}
+
+/* im2col(self, kernel_size, dilation, padding, stride): (N, C, H, W) -> (N, C*kh*kw, L) */
+void tpu_emit_im2col(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->rank != 3 && t->rank != 4) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected 3D or 4D (batch mode) tensor for input with possibly 0 batch size and "
+                   "non-zero dimensions for input, but got: %dD", t->rank);
+    return;
+  }
+  int lead = t->rank - 2;
+  tpu_pool P;
+  if (tpu_unfold_windows(L, 1, t->sizes + lead, &P)) {
+    tpu_hv x = tpu_lower_tensor(L, 0, -1);
+    for (int d = 0; d < 2; d++) x = tpu_take(L, x, lead + d, P.w[d].idx, P.w[d].out * P.w[d].K);
+    int64_t ed[6], od = P.w[0].out, ow = P.w[1].out, kh = P.w[0].K, kw = P.w[1].K;
+    for (int i = 0; i < lead; i++) ed[i] = t->sizes[i];
+    ed[lead] = od;
+    ed[lead + 1] = kh;
+    ed[lead + 2] = ow;
+    ed[lead + 3] = kw;
+    x = tpu_hlo_reshape(H, x, lead + 4, ed);
+    x = tpu_hlo_select(H, tpu_unfold_valid(L, &P, lead, lead + 4, ed), x, tpu_k(L, x, 0));
+    int64_t perm[6], rd[3];
+    for (int i = 0; i < lead; i++) perm[i] = i;
+    perm[lead] = lead + 1;
+    perm[lead + 1] = lead + 3;
+    perm[lead + 2] = lead;
+    perm[lead + 3] = lead + 2;
+    x = tpu_hlo_transpose(H, x, perm); /* (.., C, kh, kw, oh, ow) */
+    for (int i = 0; i < lead - 1; i++) rd[i] = t->sizes[i];
+    rd[lead - 1] = t->sizes[lead - 1] * kh * kw;
+    rd[lead] = od * ow;
+    tpu_lower_out(L, tpu_hlo_reshape(H, x, lead + 1, rd));
+  }
+  tpu_pool_free(&P);
+}
+
+/* col2im(self, output_size, kernel_size, dilation, padding, stride): the sum of
+ * the blocks back into (N, C, H, W), as 0/1 contractions per spatial dim. */
+void tpu_emit_col2im(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->rank != 2 && t->rank != 3) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected 2D or 3D (batch mode) tensor for input with possibly 0 batch size and "
+                   "non-zero dimensions for input, but got: %dD", t->rank);
+    return;
+  }
+  tpu_arg *os = &L->args[1];
+  if (os->kind != TPU_ARG_INTS || os->nints != 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "It is expected output_size equals to 2, but got size %d",
+                   os->kind == TPU_ARG_INTS ? os->nints : 0);
+    return;
+  }
+  tpu_pool P;
+  if (tpu_unfold_windows(L, 2, os->ints, &P)) {
+    int64_t oh = P.w[0].out, ow = P.w[1].out, kh = P.w[0].K, kw = P.w[1].K;
+    int64_t ck = t->sizes[t->rank - 2];
+    if (ck % (kh * kw) != 0 || t->sizes[t->rank - 1] != oh * ow) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected size of input's dimension 1 to be divisible by the product of "
+                     "kernel_size, but got input.size(1)=%lld and kernel_size=(%lld, %lld)", (long long)ck, (long long)kh,
+                     (long long)kw);
+      tpu_pool_free(&P);
+      return;
+    }
+    int cl = t->rank - 2; /* channel dim */
+    int64_t ed[6];
+    for (int i = 0; i < cl; i++) ed[i] = t->sizes[i];
+    ed[cl] = ck / (kh * kw);
+    ed[cl + 1] = kh;
+    ed[cl + 2] = kw;
+    ed[cl + 3] = oh;
+    ed[cl + 4] = ow;
+    tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt);
+    tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), cl + 5, ed);
+    int64_t perm[6];
+    for (int i = 0; i <= cl; i++) perm[i] = i;
+    perm[cl + 1] = cl + 3;
+    perm[cl + 2] = cl + 1;
+    perm[cl + 3] = cl + 4;
+    perm[cl + 4] = cl + 2;
+    x = tpu_hlo_transpose(H, x, perm); /* (.., C, oh, kh, ow, kw) */
+    int64_t fd[5];
+    for (int i = 0; i <= cl; i++) fd[i] = ed[i];
+    fd[cl + 1] = oh * kh;
+    fd[cl + 2] = ow * kw;
+    x = tpu_hlo_reshape(H, x, cl + 3, fd);
+    /* per dim: a (in x o*K) 0/1 matrix that drops padding positions */
+    for (int d = 0; d < 2; d++) {
+      const tpu_win *w = &P.w[d];
+      int64_t n = w->out * w->K;
+      int64_t *m = calloc((size_t)(n * w->in + 1), sizeof(int64_t));
+      if (!m) {
+        tpu_lower_fail(L, TPU_ERR_MEMORY, "%s: out of memory", L->opname);
+        break;
+      }
+      for (int64_t j = 0; j < n; j++)
+        if (w->valid[j]) m[w->idx[j] * n + j] = 1;
+      int64_t md[2] = {w->in, n};
+      tpu_hv mat = tpu_hlo_convert(H, tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, md), m), acc);
+      free(m);
+      x = tpu_apply_dim(L, x, mat, cl + 1 + d, 1);
+    }
+    tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
+  }
+  tpu_pool_free(&P);
+}
+
+/* channel_shuffle(self, groups): (N, g, C/g, *) -> (N, C/g, g, *) */
+void tpu_emit_channel_shuffle(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t g = L->args[1].i;
+  if (t->rank < 3) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "channel_shuffle expects input to have at least 3 dimensions, but got input with "
+                   "sizes [...]");
+    return;
+  }
+  if (g <= 0 || t->sizes[1] % g != 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, g <= 0 ? "Number of groups to divide channels in must be positive. Value of "
+                   "groups:%lld" : "Number of channels must be divisible by groups. Got %lld channels and %lld groups.",
+                   g <= 0 ? (long long)g : (long long)t->sizes[1], (long long)g);
+    return;
+  }
+  int64_t d[TPU_MAX_RANK + 1], perm[TPU_MAX_RANK + 1];
+  d[0] = t->sizes[0];
+  d[1] = g;
+  d[2] = t->sizes[1] / g;
+  for (int i = 2; i < t->rank; i++) d[i + 1] = t->sizes[i];
+  for (int i = 0; i <= t->rank; i++) perm[i] = i;
+  perm[1] = 2;
+  perm[2] = 1;
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), t->rank + 1, d);
+  tpu_lower_out(L, tpu_hlo_reshape(H, tpu_hlo_transpose(H, x, perm), t->rank, t->sizes));
+}
+
+/* ---- grid_sampler_{2,3}d ---------------------------------------------------------------------
+ *
+ * Each output point reads a few taps of its input plane: per spatial dim a
+ * tap list (bilinear: 2, nearest: 1, bicubic: 4) with positions, weights and
+ * the weights' derivatives by the coordinate; a tap of the whole grid is one
+ * choice per dim. Values are gathered as rows of (N*S, C); the input gradient
+ * scatter-adds the weighted output gradient to the same rows; the grid
+ * gradient sums value x derivative, chained through the padding mode and
+ * the unnormalization as torch does. */
+
+enum { TPU_GS_BILINEAR = 0, TPU_GS_NEAREST = 1, TPU_GS_BICUBIC = 2 };
+enum { TPU_GS_ZEROS = 0, TPU_GS_BORDER = 1, TPU_GS_REFLECTION = 2 };
+
+typedef struct {
+  int k;                     /* taps in this dim */
+  tpu_hv pos[4], w[4], dw[4]; /* (N, P) each, acc dtype; pos integral-valued */
+  tpu_hv mult;               /* d(source coordinate)/d(grid value) */
+} tpu_gs_dim;
+
+/* clip to [0, S-1] with its gradient factor */
+static tpu_hv tpu_gs_clip(tpu_lower *L, tpu_hv c, double S, tpu_hv *grad) {
+  tpu_hv lo = tpu_k(L, c, 0), hi = tpu_k(L, c, S - 1);
+  if (grad) {
+    tpu_hv inside = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GT, c, lo), tpu_hlo_compare(H, TPU_HLO_LT, c, hi));
+    *grad = tpu_mul(L, *grad, tpu_hlo_select(H, inside, tpu_k(L, c, 1), tpu_k(L, c, 0)));
+  }
+  return tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LE, c, lo), lo,
+                        tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GE, c, hi), hi, c));
+}
+
+/* torch's reflect_coordinates over [twice_low/2, twice_high/2], with its gradient factor */
+static tpu_hv tpu_gs_reflect(tpu_lower *L, tpu_hv c, double tlo, double thi, tpu_hv *grad) {
+  if (tlo == thi) {
+    if (grad) *grad = tpu_k(L, c, 0);
+    return tpu_k(L, c, 0);
+  }
+  double mn = tlo / 2, span = (thi - tlo) / 2;
+  tpu_hv in = tpu_sub(L, c, tpu_k(L, c, mn));
+  tpu_hv neg = tpu_hlo_compare(H, TPU_HLO_LT, in, tpu_k(L, in, 0));
+  in = tpu_hlo_unary(H, TPU_HLO_ABS, in);
+  tpu_hv extra = tpu_hlo_binary(H, TPU_HLO_REM, in, tpu_k(L, in, span));
+  tpu_hv flips = tpu_hlo_unary(H, TPU_HLO_FLOOR, tpu_hlo_binary(H, TPU_HLO_DIV, in, tpu_k(L, in, span)));
+  tpu_hv half = tpu_mul(L, flips, tpu_k(L, flips, 0.5));
+  tpu_hv even = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_unary(H, TPU_HLO_FLOOR, half), half);
+  tpu_hv r = tpu_hlo_select(H, even, tpu_add(L, extra, tpu_k(L, extra, mn)),
+                            tpu_add(L, tpu_sub(L, tpu_k(L, extra, span), extra), tpu_k(L, extra, mn)));
+  if (grad) {
+    tpu_hv one = tpu_k(L, c, 1), mone = tpu_k(L, c, -1);
+    tpu_hv s = tpu_hlo_select(H, neg, mone, one);
+    s = tpu_hlo_select(H, even, s, tpu_hlo_unary(H, TPU_HLO_NEG, s));
+    *grad = tpu_mul(L, *grad, s);
+  }
+  return r;
+}
+
+/* torch's compute_coordinates (padding), with its gradient factor when grad != NULL */
+static tpu_hv tpu_gs_pad(tpu_lower *L, tpu_hv c, int pad, bool align, double S, tpu_hv *grad) {
+  if (pad == TPU_GS_BORDER) return tpu_gs_clip(L, c, S, grad);
+  if (pad == TPU_GS_REFLECTION) {
+    c = align ? tpu_gs_reflect(L, c, 0, 2 * (S - 1), grad) : tpu_gs_reflect(L, c, -1, 2 * S - 1, grad);
+    return tpu_gs_clip(L, c, S, grad);
+  }
+  return c;
+}
+
+static tpu_hv tpu_gs_cc1(tpu_lower *L, tpu_hv x, double A) { /* ((A+2)x - (A+3)) x x + 1 */
+  tpu_hv r = tpu_sub(L, tpu_mul(L, tpu_k(L, x, A + 2), x), tpu_k(L, x, A + 3));
+  return tpu_add(L, tpu_mul(L, tpu_mul(L, r, x), x), tpu_k(L, x, 1));
+}
+static tpu_hv tpu_gs_cc2(tpu_lower *L, tpu_hv x, double A) { /* ((A x - 5A) x + 8A) x - 4A */
+  tpu_hv r = tpu_sub(L, tpu_mul(L, tpu_k(L, x, A), x), tpu_k(L, x, 5 * A));
+  r = tpu_add(L, tpu_mul(L, r, x), tpu_k(L, x, 8 * A));
+  return tpu_sub(L, tpu_mul(L, r, x), tpu_k(L, x, 4 * A));
+}
+/* torch's get_cubic_coefficients_grad forms (the negated derivatives) */
+static tpu_hv tpu_gs_poly(tpu_lower *L, tpu_hv x, double a, double b, double c) { /* (a x + b) x + c */
+  return tpu_add(L, tpu_mul(L, tpu_add(L, tpu_mul(L, tpu_k(L, x, a), x), tpu_k(L, x, b)), x), tpu_k(L, x, c));
+}
+static void tpu_gs_taps(tpu_lower *L, tpu_hv c, int mode, int pad, bool align, double S, bool vec, tpu_gs_dim *D) {
+  D->mult = tpu_k(L, c, align ? (S - 1) / 2 : S / 2);
+  /* unnormalize: torch's vectorized 2d kernel scales by a precomputed factor, its 3d kernel by the formula */
+  if (vec)
+    c = align ? tpu_mul(L, tpu_add(L, c, tpu_k(L, c, 1)), D->mult)
+              : tpu_sub(L, tpu_mul(L, tpu_add(L, c, tpu_k(L, c, 1)), D->mult), tpu_k(L, c, 0.5));
+  else if (align)
+    c = tpu_mul(L, tpu_mul(L, tpu_add(L, c, tpu_k(L, c, 1)), tpu_k(L, c, 0.5)), tpu_k(L, c, S - 1));
+  else
+    c = tpu_mul(L, tpu_sub(L, tpu_mul(L, tpu_add(L, c, tpu_k(L, c, 1)), tpu_k(L, c, S)), tpu_k(L, c, 1)), tpu_k(L, c, 0.5));
+  if (mode != TPU_GS_BICUBIC) c = tpu_gs_pad(L, c, pad, align, S, &D->mult);
+  if (mode == TPU_GS_NEAREST) {
+    D->k = 1;
+    D->pos[0] = tpu_hlo_unary(H, TPU_HLO_ROUND_EVEN, c);
+    D->w[0] = tpu_k(L, c, 1);
+    D->dw[0] = tpu_k(L, c, 0);
+    return;
+  }
+  tpu_hv i0 = tpu_hlo_unary(H, TPU_HLO_FLOOR, c);
+  if (mode == TPU_GS_BILINEAR) {
+    D->k = 2;
+    D->pos[0] = i0;
+    D->pos[1] = tpu_add(L, i0, tpu_k(L, i0, 1));
+    D->w[0] = tpu_sub(L, D->pos[1], c);
+    D->w[1] = tpu_sub(L, c, i0);
+    D->dw[0] = tpu_k(L, c, -1);
+    D->dw[1] = tpu_k(L, c, 1);
+    return;
+  }
+  double A = -0.75;
+  tpu_hv t = tpu_sub(L, c, i0), one = tpu_k(L, t, 1), two = tpu_k(L, t, 2);
+  D->k = 4;
+  D->w[0] = tpu_gs_cc2(L, tpu_add(L, t, one), A);
+  D->w[1] = tpu_gs_cc1(L, t, A);
+  D->w[2] = tpu_gs_cc1(L, tpu_sub(L, one, t), A);
+  D->w[3] = tpu_gs_cc2(L, tpu_sub(L, two, t), A);
+  tpu_hv g0 = tpu_gs_poly(L, tpu_sub(L, tpu_k(L, t, -1), t), -3 * A, -10 * A, -8 * A);
+  tpu_hv g1 = tpu_gs_poly(L, tpu_hlo_unary(H, TPU_HLO_NEG, t), -3 * (A + 2), -2 * (A + 3), 0);
+  tpu_hv g2 = tpu_gs_poly(L, tpu_sub(L, one, t), 3 * (A + 2), -2 * (A + 3), 0);
+  tpu_hv g3 = tpu_gs_poly(L, tpu_sub(L, two, t), 3 * A, -10 * A, 8 * A);
+  D->dw[0] = tpu_hlo_unary(H, TPU_HLO_NEG, g0);
+  D->dw[1] = tpu_hlo_unary(H, TPU_HLO_NEG, g1);
+  D->dw[2] = tpu_hlo_unary(H, TPU_HLO_NEG, g2);
+  D->dw[3] = tpu_hlo_unary(H, TPU_HLO_NEG, g3);
+  for (int k = 0; k < 4; k++) D->pos[k] = tpu_gs_pad(L, tpu_add(L, i0, tpu_k(L, i0, k - 1)), pad, align, S, NULL);
+}
+
+typedef struct {
+  int nsp, mode, pad;
+  bool align;
+  int64_t N, C, P, S, sp[3], osp[3];
+  tpu_dtype dt, acc;
+  tpu_gs_dim d[3];
+} tpu_gs;
+
+/* args: input at xi, grid at xi+1, then mode, padding, align_corners */
+static bool tpu_gs_setup(tpu_lower *L, int xi, int nsp, tpu_gs *G) {
+  tpu_tref *x = &L->args[xi].t, *g = &L->args[xi + 1].t;
+  memset(G, 0, sizeof *G);
+  G->nsp = nsp;
+  G->mode = (int)L->args[xi + 2].i;
+  G->pad = (int)L->args[xi + 3].i;
+  G->align = L->args[xi + 4].i != 0;
+  if (x->rank != nsp + 2 || g->rank != nsp + 2 || g->sizes[nsp + 1] != nsp || x->sizes[0] != g->sizes[0]) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "grid_sampler(): expected %dD input and grid with same batch size and last "
+                   "dimension %d", nsp + 2, nsp);
+    return false;
+  }
+  if (x->dtype != g->dtype || !tpu_dtype_is_float(x->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "grid_sampler(): expected input and grid to have same dtype, but input has %s and "
+                   "grid has %s", tpu_dtype_name(x->dtype), tpu_dtype_name(g->dtype));
+    return false;
+  }
+  if (G->mode < 0 || G->mode > 2 || G->pad < 0 || G->pad > 2 || (nsp == 3 && G->mode == TPU_GS_BICUBIC)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "grid_sampler(): unsupported interpolation or padding mode");
+    return false;
+  }
+  G->N = x->sizes[0];
+  G->C = x->sizes[1];
+  G->P = 1;
+  G->S = 1;
+  for (int d = 0; d < nsp; d++) {
+    G->sp[d] = x->sizes[2 + d];
+    G->osp[d] = g->sizes[1 + d];
+    G->P *= G->osp[d];
+    G->S *= G->sp[d];
+  }
+  G->dt = x->dtype;
+  G->acc = x->dtype; /* torch computes half types per op in their own precision here */
+  int64_t gd[3] = {G->N, G->P, nsp}, one[3] = {1, 1, 1}, np[2] = {G->N, G->P};
+  tpu_hv grid = tpu_hlo_reshape(H, tpu_lower_input(L, xi + 1, G->acc), 3, gd);
+  for (int d = 0; d < nsp; d++) {
+    int comp = nsp - 1 - d;
+    int64_t st[3] = {0, 0, comp}, lim[3] = {G->N, G->P, comp + 1};
+    tpu_hv c = tpu_hlo_reshape(H, tpu_hlo_slice(H, grid, st, lim, one), 2, np);
+    tpu_gs_taps(L, c, G->mode, G->pad, G->align, (double)G->sp[d], nsp == 2, &G->d[d]);
+  }
+  return tpu_hlo_ok(H);
+}
+
+/* The t-th tap (mixed radix over dims): weight, validity, global row index (N*P, 1). */
+static void tpu_gs_tap(tpu_lower *L, const tpu_gs *G, int t, tpu_hv *w, tpu_hv *ok, tpu_hv *rows, int *ks) {
+  tpu_hv flat = TPU_HV_NONE;
+  *w = TPU_HV_NONE;
+  *ok = TPU_HV_NONE;
+  int64_t stride = 1;
+  for (int d = G->nsp - 1; d >= 0; d--) {
+    const tpu_gs_dim *D = &G->d[d];
+    int k = t % D->k;
+    t /= D->k;
+    ks[d] = k;
+    tpu_hv p = D->pos[k];
+    tpu_hv v = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, p, tpu_k(L, p, 0)),
+                              tpu_hlo_compare(H, TPU_HLO_LT, p, tpu_k(L, p, (double)G->sp[d])));
+    tpu_hv pi = tpu_hlo_convert(H, tpu_hlo_clamp(H, tpu_hlo_constant(H, G->acc, 0), p,
+                                                 tpu_hlo_constant(H, G->acc, (double)(G->sp[d] - 1))), TPU_S64);
+    pi = tpu_mul(L, pi, tpu_k(L, pi, (double)stride));
+    flat = flat == TPU_HV_NONE ? pi : tpu_add(L, flat, pi);
+    *ok = *ok == TPU_HV_NONE ? v : tpu_hlo_binary(H, TPU_HLO_AND, *ok, v);
+    *w = *w == TPU_HV_NONE ? D->w[k] : tpu_mul(L, *w, D->w[k]);
+    stride *= G->sp[d];
+  }
+  int64_t np[2] = {G->N, G->P}, n1[2] = {G->N * G->P, 1};
+  tpu_hv base = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, np), 0);
+  flat = tpu_add(L, flat, tpu_mul(L, base, tpu_k(L, base, (double)G->S)));
+  *rows = tpu_hlo_reshape(H, flat, 2, n1);
+}
+
+static int tpu_gs_ntaps(const tpu_gs *G) {
+  int n = 1;
+  for (int d = 0; d < G->nsp; d++) n *= G->d[d].k;
+  return n;
+}
+
+/* input as rows (N*S, C) */
+static tpu_hv tpu_gs_rows(tpu_lower *L, int xi, const tpu_gs *G) {
+  int nsp = G->nsp;
+  int64_t perm[5] = {0}, rd[2] = {G->N * G->S, G->C};
+  for (int d = 0; d < nsp; d++) perm[1 + d] = 2 + d;
+  perm[nsp + 1] = 1;
+  tpu_hv x = tpu_hlo_transpose(H, tpu_lower_input(L, xi, G->acc), perm);
+  return tpu_hlo_reshape(H, x, 2, rd);
+}
+
+static tpu_hv tpu_gs_bcast_c(tpu_lower *L, const tpu_gs *G, tpu_hv v) { /* (N, P) -> (N, P, C) */
+  int64_t d3[3] = {G->N, G->P, G->C}, bd[2] = {0, 1};
+  return tpu_hlo_broadcast_in_dim(H, v, 3, d3, bd);
+}
+
+/* grid_sampler_{2,3}d(input, grid, interpolation_mode, padding_mode, align_corners) */
+static void tpu_emit_grid_sampler(tpu_lower *L, int nsp) {
+  tpu_gs G;
+  if (!tpu_gs_setup(L, 0, nsp, &G)) return;
+  tpu_hv xr = tpu_gs_rows(L, 0, &G), out = TPU_HV_NONE;
+  int64_t d3[3] = {G.N, G.P, G.C};
+  for (int t = 0; t < tpu_gs_ntaps(&G); t++) {
+    tpu_hv w, ok, rows;
+    int ks[3];
+    tpu_gs_tap(L, &G, t, &w, &ok, &rows, ks);
+    tpu_hv v = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, xr, rows), 3, d3);
+    tpu_hv c = tpu_mul(L, tpu_gs_bcast_c(L, &G, tpu_hlo_select(H, ok, w, tpu_k(L, w, 0))), v);
+    c = tpu_hlo_select(H, tpu_gs_bcast_c(L, &G, ok), c, tpu_k(L, c, 0));
+    out = out == TPU_HV_NONE ? c : tpu_add(L, out, c);
+  }
+  int64_t perm[3] = {0, 2, 1}, od[5] = {G.N, G.C};
+  for (int d = 0; d < nsp; d++) od[2 + d] = G.osp[d];
+  out = tpu_hlo_reshape(H, tpu_hlo_transpose(H, out, perm), nsp + 2, od);
+  tpu_lower_out(L, tpu_hlo_convert(H, out, G.dt));
+}
+void tpu_emit_grid_sampler_2d(tpu_lower *L) { tpu_emit_grid_sampler(L, 2); }
+void tpu_emit_grid_sampler_3d(tpu_lower *L) { tpu_emit_grid_sampler(L, 3); }
+
+/* grid_sampler_{2,3}d_backward(grad_output, input, grid, interpolation_mode, padding_mode,
+ * align_corners, output_mask) -> (grad_input, grad_grid) */
+static void tpu_emit_grid_sampler_backward(tpu_lower *L, int nsp) {
+  tpu_gs G;
+  if (!tpu_gs_setup(L, 1, nsp, &G)) return;
+  tpu_tref *x = &L->args[1].t, *gr = &L->args[2].t;
+  tpu_hv xr = tpu_gs_rows(L, 1, &G);
+  int64_t d3[3] = {G.N, G.P, G.C}, perm[5] = {0}, np[2] = {G.N, G.P}, two = 2;
+  for (int d = 0; d < nsp; d++) perm[1 + d] = 2 + d;
+  perm[nsp + 1] = 1;
+  tpu_hv go = tpu_hlo_reshape(H, tpu_hlo_transpose(H, tpu_lower_input(L, 0, G.acc), perm), 3, d3);
+  tpu_hv gin = tpu_lower_full(L, tpu_hlo_type_make(G.acc, 2, (int64_t[]){G.N * G.S, G.C}), 0);
+  tpu_hv gc[3] = {TPU_HV_NONE, TPU_HV_NONE, TPU_HV_NONE};
+  tpu_hlo_type st = tpu_hlo_type_make(G.acc, 0, NULL), sts[2] = {st, st};
+  for (int t = 0; t < tpu_gs_ntaps(&G); t++) {
+    tpu_hv w, ok, rows;
+    int ks[3];
+    tpu_gs_tap(L, &G, t, &w, &ok, &rows, ks);
+    tpu_hv okc = tpu_gs_bcast_c(L, &G, ok);
+    tpu_hv upd = tpu_mul(L, go, tpu_gs_bcast_c(L, &G, tpu_hlo_select(H, ok, w, tpu_k(L, w, 0))));
+    upd = tpu_hlo_select(H, okc, upd, tpu_k(L, upd, 0));
+    tpu_hv a[2];
+    tpu_hlo_region_begin(H, sts, 2, a);
+    tpu_hv s = tpu_add(L, a[0], a[1]);
+    int region = tpu_hlo_region_end(H, &s, 1);
+    gin = tpu_lower_scatter_rows(L, gin, rows, tpu_hlo_reshape(H, upd, 2, (int64_t[]){G.N * G.P, G.C}), region);
+    if (G.mode == TPU_GS_NEAREST) continue;
+    tpu_hv v = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, xr, rows), 3, d3);
+    v = tpu_hlo_select(H, okc, v, tpu_k(L, v, 0));
+    /* per channel over the taps first, then over channels: torch's order */
+    for (int d = 0; d < nsp; d++) {
+      tpu_dtype wd = G.acc == TPU_F32 ? TPU_F64 : G.acc; /* torch's f32 sum cancels; keep ours exact */
+      tpu_hv f = tpu_mul(L, tpu_hlo_convert(H, v, wd), tpu_hlo_convert(H, tpu_gs_bcast_c(L, &G, G.d[d].dw[ks[d]]), wd));
+      for (int e = nsp - 1; e >= 0; e--)
+        if (e != d) f = tpu_mul(L, f, tpu_hlo_convert(H, tpu_gs_bcast_c(L, &G, G.d[e].w[ks[e]]), wd));
+      f = tpu_mul(L, f, tpu_hlo_convert(H, go, wd));
+      gc[d] = gc[d] == TPU_HV_NONE ? f : tpu_add(L, gc[d], f);
+    }
+  }
+  for (int d = 0; d < nsp; d++)
+    if (gc[d] != TPU_HV_NONE)
+      gc[d] = tpu_hlo_convert(H, tpu_hlo_reduce(H, gc[d], tpu_hlo_constant(H, T(L, gc[d])->dtype, 0), &two, 1, TPU_HLO_ADD),
+                              G.acc);
+  /* grad_input back to (N, C, spatial...) */
+  int64_t xd[5] = {G.N}, iperm[5] = {0, 0};
+  for (int d = 0; d < nsp; d++) xd[1 + d] = G.sp[d];
+  xd[nsp + 1] = G.C;
+  iperm[1] = nsp + 1;
+  for (int d = 0; d < nsp; d++) iperm[2 + d] = 1 + d;
+  gin = tpu_hlo_transpose(H, tpu_hlo_reshape(H, gin, nsp + 2, xd), iperm);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, gin, x->rank, x->sizes), G.dt));
+  /* grad_grid: component j is spatial dim nsp-1-j */
+  tpu_hv comps[3];
+  int64_t np1[3] = {G.N, G.P, 1};
+  for (int j = 0; j < nsp; j++) {
+    int d = nsp - 1 - j;
+    tpu_hv c = gc[d] == TPU_HV_NONE ? tpu_lower_full(L, tpu_hlo_type_make(G.acc, 2, np), 0) : tpu_mul(L, gc[d], G.d[d].mult);
+    comps[j] = tpu_hlo_reshape(H, c, 3, np1);
+  }
+  tpu_hv gg = tpu_hlo_concat(H, comps, nsp, 2);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, gg, gr->rank, gr->sizes), G.dt));
+}
+void tpu_emit_grid_sampler_2d_backward(tpu_lower *L) { tpu_emit_grid_sampler_backward(L, 2); }
+void tpu_emit_grid_sampler_3d_backward(tpu_lower *L) { tpu_emit_grid_sampler_backward(L, 3); }
