@@ -1184,3 +1184,194 @@ void tpu_emit_linalg_eigh(tpu_lower *L) {
   int64_t z = 0;
   tpu_lower_out(L, cv ? tpu_bmatmul(L, V, M) : tpu_lower_full(L, tpu_hlo_type_make(tr->dtype, 1, &z), 0));
 }
+
+/* ---- QR: Householder reflections as LAPACK's geqrf makes them ---------------------------------- */
+
+/* The Householder vector of column k of a packed [..., m, n]: 1 at row k,
+ * the stored entries below it, 0 above. [..., m] */
+static tpu_hv tpu_hh_vec(tpu_lower *L, tpu_hv packed, tpu_hv k) {
+  tpu_hv c = tpu_col(L, packed, k);
+  const tpu_hlo_type *t = T(L, c);
+  int r = t->rank;
+  tpu_hv rows = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
+  tpu_hv kb = tpu_bcast0(L, k, r, t->dims);
+  tpu_hv v = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GT, rows, kb), c, tpu_k(L, c, 0));
+  return tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, kb), tpu_k(L, c, 1), v);
+}
+
+/* Entry k of x [..., K] (k 0-d s64): [...]. */
+static tpu_hv tpu_at_last(tpu_lower *L, tpu_hv x, tpu_hv k) {
+  const tpu_hlo_type *t = T(L, x);
+  int r = t->rank;
+  tpu_hv i = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
+  return tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, i, tpu_bcast0(L, k, r, t->dims)), x, r - 1);
+}
+
+/* x - tau v (v^T x) restricted to columns selected by colmask (or all when
+ * NONE): applies H = I - tau v v^T from the left. x [..., m, n], v [..., m], tau [...]. */
+static tpu_hv tpu_hh_left(tpu_lower *L, tpu_hv x, tpu_hv v, tpu_hv tau, tpu_hv colmask) {
+  const tpu_hlo_type *t = T(L, x);
+  int r = t->rank;
+  int64_t bd[TPU_MAX_RANK], d = r - 2;
+  for (int i = 0; i < r - 1; i++) bd[i] = i;
+  tpu_hv vb = tpu_hlo_broadcast_in_dim(H, v, r, t->dims, bd); /* v along rows */
+  tpu_hv w = tpu_hlo_reduce(H, tpu_mul(L, vb, x), tpu_hlo_constant(H, t->dtype, 0), &d, 1, TPU_HLO_ADD); /* [..., n] */
+  for (int i = 0; i < r - 2; i++) bd[i] = i;
+  bd[r - 2] = r - 1;
+  tpu_hv wb = tpu_hlo_broadcast_in_dim(H, w, r, t->dims, bd);
+  tpu_hv tb = tpu_hlo_broadcast_in_dim(H, tau, r, t->dims, bd);
+  tpu_hv nx = tpu_sub(L, x, tpu_mul(L, tb, tpu_mul(L, vb, wb)));
+  return colmask == TPU_HV_NONE ? nx : tpu_hlo_select(H, colmask, nx, x);
+}
+
+/* geqrf of a [..., m, n]: packed reflectors and R, and taus [..., min(m, n)]. */
+static void tpu_geqrf(tpu_lower *L, tpu_hv a, tpu_hv *packed, tpu_hv *taus) {
+  const tpu_hlo_type at = *T(L, a);
+  int r = at.rank, nb = r - 2;
+  int64_t m = at.dims[r - 2], n = at.dims[r - 1], kmax = m < n ? m : n;
+  int64_t td[TPU_MAX_RANK];
+  memcpy(td, at.dims, sizeof(int64_t) * (size_t)nb);
+  td[nb] = kmax;
+  tpu_hlo_type tt = tpu_hlo_type_make(at.dtype, nb + 1, td);
+  tpu_hv init[3] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, tpu_lower_full(L, tt, 0)};
+  if (kmax == 0 || tpu_hlo_type_numel(&at) == 0) {
+    *packed = a;
+    *taus = init[2];
+    return;
+  }
+  tpu_hlo_type ts[3] = {*T(L, init[0]), at, tt};
+  int cond = tpu_count_cond(L, ts, 3, kmax);
+  tpu_hv v[3];
+  tpu_hlo_region_begin(H, ts, 3, v);
+  tpu_hv k = v[0], A = v[1];
+  tpu_hv c = tpu_col(L, A, k); /* [..., m] */
+  const tpu_hlo_type *ct = T(L, c);
+  tpu_hv rows = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, nb + 1, ct->dims), nb);
+  tpu_hv kb = tpu_bcast0(L, k, nb + 1, ct->dims);
+  tpu_hv below = tpu_hlo_compare(H, TPU_HLO_GT, rows, kb);
+  tpu_hv x = tpu_hlo_select(H, below, c, tpu_k(L, c, 0));
+  tpu_hv alpha = tpu_at_last(L, c, k);
+  int64_t dn = nb;
+  tpu_hv xn2 = tpu_hlo_reduce(H, tpu_mul(L, x, x), tpu_hlo_constant(H, at.dtype, 0), &dn, 1, TPU_HLO_ADD);
+  tpu_hv nz = tpu_hlo_compare(H, TPU_HLO_EQ, xn2, tpu_k(L, xn2, 0));
+  tpu_hv nrm = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_add(L, tpu_mul(L, alpha, alpha), xn2));
+  /* beta = -sign(alpha) * norm, with sign(0) = + as Fortran's SIGN */
+  tpu_hv neg = tpu_hlo_compare(H, TPU_HLO_LT, alpha, tpu_k(L, alpha, 0));
+  tpu_hv beta = tpu_hlo_select(H, neg, nrm, tpu_hlo_unary(H, TPU_HLO_NEG, nrm));
+  beta = tpu_hlo_select(H, nz, alpha, beta);
+  tpu_hv safe = tpu_hlo_select(H, nz, tpu_k(L, beta, 1), beta);
+  tpu_hv tau = tpu_hlo_select(H, nz, tpu_k(L, beta, 0), tpu_hlo_binary(H, TPU_HLO_DIV, tpu_sub(L, beta, alpha), safe));
+  tpu_hv den = tpu_hlo_select(H, nz, tpu_k(L, alpha, 1), tpu_sub(L, alpha, beta));
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < nb; i++) bd[i] = i;
+  tpu_hv vv = tpu_hlo_binary(H, TPU_HLO_DIV, x, tpu_hlo_broadcast_in_dim(H, den, nb + 1, ct->dims, bd));
+  tpu_hv hv = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, kb), tpu_k(L, vv, 1), vv);
+  /* apply H to the columns right of k */
+  tpu_hv cols = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, at.dims), r - 1);
+  tpu_hv right = tpu_hlo_compare(H, TPU_HLO_GT, cols, tpu_bcast0(L, k, r, at.dims));
+  A = tpu_hh_left(L, A, hv, tau, right);
+  /* column k: beta on the diagonal, v below, the rows above unchanged */
+  tpu_hv newc = tpu_hlo_select(H, below, vv, c);
+  newc = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, kb), tpu_hlo_broadcast_in_dim(H, beta, nb + 1, ct->dims, bd), newc);
+  A = tpu_set_cols(L, A, k, k, newc, newc);
+  tpu_hv tix = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, nb + 1, td), nb);
+  tpu_hv T2 = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, tix, tpu_bcast0(L, k, nb + 1, td)),
+                             tpu_hlo_broadcast_in_dim(H, tau, nb + 1, td, bd), v[2]);
+  tpu_hv outs[3] = {tpu_add(L, k, tpu_hlo_constant_int(H, TPU_S64, 1)), A, T2};
+  int body = tpu_hlo_region_end(H, outs, 3);
+  tpu_hv fin[3];
+  if (!tpu_while(L, init, 3, cond, body, fin)) return;
+  *packed = fin[1];
+  *taus = fin[2];
+}
+
+/* H_0 H_1 ... H_{k-1} applied to the first `ncols` columns of the m x m
+ * identity, from packed reflectors [..., m, n] and taus [..., k]:
+ * accumulated right to left (Q = H_0 (H_1 (... I))), as LAPACK's orgqr. */
+static tpu_hv tpu_hh_product(tpu_lower *L, tpu_hv packed, tpu_hv taus, int64_t ncols) {
+  const tpu_hlo_type pt = *T(L, packed);
+  int r = pt.rank, nb = r - 2;
+  int64_t m = pt.dims[r - 2], k = T(L, taus)->dims[nb];
+  int64_t qd[TPU_MAX_RANK];
+  memcpy(qd, pt.dims, sizeof(int64_t) * (size_t)r);
+  qd[r - 1] = ncols;
+  tpu_hlo_type qt = tpu_hlo_type_make(pt.dtype, r, qd);
+  tpu_hv q0 = tpu_eye_like(L, &qt);
+  if (k == 0 || tpu_hlo_type_numel(&qt) == 0 || m == 0) return q0;
+  tpu_hv init[4] = {tpu_hlo_constant_int(H, TPU_S64, 0), q0, packed, taus};
+  tpu_hlo_type ts[4] = {*T(L, init[0]), qt, pt, *T(L, taus)};
+  int cond = tpu_count_cond(L, ts, 4, k);
+  tpu_hv v[4];
+  tpu_hlo_region_begin(H, ts, 4, v);
+  tpu_hv j = tpu_sub(L, tpu_hlo_constant_int(H, TPU_S64, k - 1), v[0]); /* reflectors from the last */
+  tpu_hv hv = tpu_hh_vec(L, v[2], j);
+  tpu_hv Q = tpu_hh_left(L, v[1], hv, tpu_at_last(L, v[3], j), TPU_HV_NONE);
+  tpu_hv outs[4] = {tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1)), Q, v[2], v[3]};
+  int body = tpu_hlo_region_end(H, outs, 4);
+  tpu_hv fin[4];
+  if (!tpu_while(L, init, 4, cond, body, fin)) return TPU_HV_NONE;
+  return fin[1];
+}
+
+/* geqrf.a(self, *, a, tau) */
+void tpu_emit_geqrf(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "geqrf")) return;
+  tpu_hv p = TPU_HV_NONE, t = TPU_HV_NONE;
+  tpu_geqrf(L, tpu_lower_tensor(L, 0, -1), &p, &t);
+  tpu_lower_out(L, p);
+  tpu_lower_out(L, t);
+}
+
+/* linalg_qr.out(A, mode="reduced", *, Q, R) */
+void tpu_emit_linalg_qr(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "linalg.qr")) return;
+  tpu_tref *t = &L->args[0].t;
+  const char *mode = tpu_has(L, 1, TPU_ARG_STR) ? L->args[1].str : "reduced";
+  bool complete = strcmp(mode, "complete") == 0, ronly = strcmp(mode, "r") == 0;
+  if (!complete && !ronly && strcmp(mode, "reduced") != 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "qr received unrecognized mode '%s' but expected one of 'reduced' (default), 'r', or 'complete'", mode);
+    return;
+  }
+  int r = t->rank;
+  int64_t m = t->sizes[r - 2], n = t->sizes[r - 1], k = m < n ? m : n;
+  tpu_hv p = TPU_HV_NONE, taus = TPU_HV_NONE;
+  tpu_geqrf(L, tpu_lower_tensor(L, 0, -1), &p, &taus);
+  if (!tpu_hlo_ok(H)) return;
+  int64_t rows = complete ? m : k;
+  int64_t st[TPU_MAX_RANK] = {0}, lim[TPU_MAX_RANK], one[TPU_MAX_RANK];
+  for (int i = 0; i < r; i++) {
+    lim[i] = t->sizes[i];
+    one[i] = 1;
+  }
+  lim[r - 2] = rows;
+  tpu_hv R = tpu_tri(L, tpu_hlo_slice(H, p, st, lim, one), false);
+  int64_t z = 0;
+  if (ronly) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(t->dtype, 1, &z), 0));
+  } else {
+    tpu_lower_out(L, tpu_hh_product(L, p, taus, complete ? m : k));
+  }
+  tpu_lower_out(L, R);
+}
+
+/* linalg_householder_product(input [..., m, n], tau [..., k]): the first n
+ * columns of H_0 ... H_{k-1}. */
+void tpu_emit_householder_product(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "torch.linalg.householder_product")) return;
+  tpu_tref *t = &L->args[0].t, *tt = &L->args[1].t;
+  int64_t m = t->sizes[t->rank - 2], n = t->sizes[t->rank - 1];
+  if (m < n) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.householder_product: input.shape[-2] must be greater than or equal to input.shape[-1]");
+    return;
+  }
+  if (tt->rank != t->rank - 1 || tt->sizes[tt->rank - 1] > n) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.householder_product: input.shape[-1] must be greater than or equal to tau.shape[-1]");
+    return;
+  }
+  if (tt->dtype != t->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.householder_product: tau dtype %s does not match input dtype %s",
+                   tpu_dtype_name(tt->dtype), tpu_dtype_name(t->dtype));
+    return;
+  }
+  tpu_lower_out(L, tpu_hh_product(L, tpu_lower_tensor(L, 0, -1), tpu_lower_tensor(L, 1, -1), n));
+}
