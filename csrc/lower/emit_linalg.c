@@ -1285,25 +1285,21 @@ static void tpu_geqrf(tpu_lower *L, tpu_hv a, tpu_hv *packed, tpu_hv *taus) {
   *taus = fin[2];
 }
 
-/* H_0 H_1 ... H_{k-1} applied to the first `ncols` columns of the m x m
- * identity, from packed reflectors [..., m, n] and taus [..., k]:
- * accumulated right to left (Q = H_0 (H_1 (... I))), as LAPACK's orgqr. */
-static tpu_hv tpu_hh_product(tpu_lower *L, tpu_hv packed, tpu_hv taus, int64_t ncols) {
-  const tpu_hlo_type pt = *T(L, packed);
+/* Q c or Q^T c (transpose) for Q = H_0 H_1 ... H_{k-1}, from packed
+ * reflectors [..., m, n] and taus [..., k]; c [..., m, N]. Q c applies the
+ * reflectors from the last (as LAPACK's orgqr/ormqr), Q^T c from the first. */
+static tpu_hv tpu_hh_apply(tpu_lower *L, tpu_hv packed, tpu_hv taus, tpu_hv c, bool transpose) {
+  const tpu_hlo_type pt = *T(L, packed), qt = *T(L, c);
+  if (pt.dtype == TPU_INVALID || qt.dtype == TPU_INVALID) return TPU_HV_NONE;
   int r = pt.rank, nb = r - 2;
   int64_t m = pt.dims[r - 2], k = T(L, taus)->dims[nb];
-  int64_t qd[TPU_MAX_RANK];
-  memcpy(qd, pt.dims, sizeof(int64_t) * (size_t)r);
-  qd[r - 1] = ncols;
-  tpu_hlo_type qt = tpu_hlo_type_make(pt.dtype, r, qd);
-  tpu_hv q0 = tpu_eye_like(L, &qt);
-  if (k == 0 || tpu_hlo_type_numel(&qt) == 0 || m == 0) return q0;
-  tpu_hv init[4] = {tpu_hlo_constant_int(H, TPU_S64, 0), q0, packed, taus};
+  if (k == 0 || tpu_hlo_type_numel(&qt) == 0 || m == 0) return c;
+  tpu_hv init[4] = {tpu_hlo_constant_int(H, TPU_S64, 0), c, packed, taus};
   tpu_hlo_type ts[4] = {*T(L, init[0]), qt, pt, *T(L, taus)};
   int cond = tpu_count_cond(L, ts, 4, k);
   tpu_hv v[4];
   tpu_hlo_region_begin(H, ts, 4, v);
-  tpu_hv j = tpu_sub(L, tpu_hlo_constant_int(H, TPU_S64, k - 1), v[0]); /* reflectors from the last */
+  tpu_hv j = transpose ? v[0] : tpu_sub(L, tpu_hlo_constant_int(H, TPU_S64, k - 1), v[0]);
   tpu_hv hv = tpu_hh_vec(L, v[2], j);
   tpu_hv Q = tpu_hh_left(L, v[1], hv, tpu_at_last(L, v[3], j), TPU_HV_NONE);
   tpu_hv outs[4] = {tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1)), Q, v[2], v[3]};
@@ -1311,6 +1307,38 @@ static tpu_hv tpu_hh_product(tpu_lower *L, tpu_hv packed, tpu_hv taus, int64_t n
   tpu_hv fin[4];
   if (!tpu_while(L, init, 4, cond, body, fin)) return TPU_HV_NONE;
   return fin[1];
+}
+
+/* The first `ncols` columns of Q = H_0 ... H_{k-1}. */
+static tpu_hv tpu_hh_product(tpu_lower *L, tpu_hv packed, tpu_hv taus, int64_t ncols) {
+  const tpu_hlo_type pt = *T(L, packed);
+  if (pt.dtype == TPU_INVALID) return TPU_HV_NONE;
+  int64_t qd[TPU_MAX_RANK];
+  memcpy(qd, pt.dims, sizeof(int64_t) * (size_t)pt.rank);
+  qd[pt.rank - 1] = ncols;
+  tpu_hlo_type qt = tpu_hlo_type_make(pt.dtype, pt.rank, qd);
+  return tpu_hh_apply(L, packed, taus, tpu_eye_like(L, &qt), false);
+}
+
+/* ormqr(self=packed, input2=tau, input3=C, left=True, transpose=False):
+ * op(Q) C (left) or C op(Q). */
+void tpu_emit_ormqr(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "torch.ormqr")) return;
+  tpu_tref *a = &L->args[0].t, *tt = &L->args[1].t, *ct = &L->args[2].t;
+  bool left = tpu_bool_arg(L, 3, true), tr = tpu_bool_arg(L, 4, false);
+  int64_t m = a->sizes[a->rank - 2];
+  if (ct->rank != a->rank || tt->rank != a->rank - 1 || (left ? ct->sizes[ct->rank - 2] : ct->sizes[ct->rank - 1]) != m) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.ormqr: input.shape[-2] must be equal to other.shape[%d]", left ? -2 : -1);
+    return;
+  }
+  if (tt->dtype != a->dtype || ct->dtype != a->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.ormqr: expected input, tau and other to have the same dtype");
+    return;
+  }
+  tpu_hv p = tpu_lower_tensor(L, 0, -1), t = tpu_lower_tensor(L, 1, -1), c = tpu_lower_tensor(L, 2, -1);
+  /* C Q = (Q^T C^T)^T and C Q^T = (Q C^T)^T */
+  if (left) tpu_lower_out(L, tpu_hh_apply(L, p, t, c, tr));
+  else tpu_lower_out(L, tpu_mT(L, tpu_hh_apply(L, p, t, tpu_mT(L, c), !tr)));
 }
 
 /* geqrf.a(self, *, a, tau) */
