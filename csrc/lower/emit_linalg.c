@@ -1600,3 +1600,64 @@ void tpu_emit_pdist_backward(tpu_lower *L) {
   d = tpu_add(L, d, tpu_mT(L, d));
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_pnorm_grad(L, g, tpu_pair_diff(L, x, x), d, p), dt));
 }
+
+/* ---- matrix_exp: scaling and squaring --------------------------------------------------------------- */
+
+/* linalg_matrix_exp(self): A / 2^s has 1-norm <= theta_18 = 3.01 (s per
+ * matrix, at run time: the same count of squarings as torch, whose rounding
+ * errors they amplify), a degree-22 Taylor polynomial (Horner) approximates
+ * its exponential below float32 rounding, and s squarings (a while loop over the largest
+ * s; each matrix squares only while its own count lasts) undo the scaling. */
+void tpu_emit_matrix_exp(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.matrix_exp")) return;
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv a = tpu_lower_tensor(L, 0, -1);
+  const tpu_hlo_type at = *T(L, a);
+  int r = at.rank, nb = r - 2;
+  tpu_dtype dt = at.dtype;
+  if (tpu_hlo_type_numel(&at) == 0) {
+    tpu_lower_out(L, a);
+    return;
+  }
+  (void)t;
+  /* 1-norm: max column sum of |a| */
+  int64_t d = r - 2, dl = nb;
+  tpu_hv cs = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_ABS, a), tpu_hlo_constant(H, dt, 0), &d, 1, TPU_HLO_ADD);
+  tpu_hv nrm = tpu_hlo_reduce(H, cs, tpu_hlo_constant(H, dt, 0), &dl, 1, TPU_HLO_MAX); /* [...] */
+  /* s = max(0, ceil(log2(norm / theta))) as s64 [...]; NaN/inf norms: s = 0 (the result is NaN anyway) */
+  tpu_hv lg = tpu_hlo_unary(H, TPU_HLO_CEIL, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_mul(L, nrm, tpu_k(L, nrm, 1.0 / 3.010066362817634))),
+                                                           tpu_k(L, nrm, log(2.0))));
+  tpu_hv fin = tpu_hlo_unary(H, TPU_HLO_IS_FINITE, lg);
+  lg = tpu_hlo_select(H, fin, lg, tpu_k(L, lg, 0));
+  lg = tpu_hlo_binary(H, TPU_HLO_MAX, lg, tpu_k(L, lg, 0));
+  lg = tpu_hlo_binary(H, TPU_HLO_MIN, lg, tpu_k(L, lg, 1000));
+  tpu_hv s = tpu_hlo_convert(H, lg, TPU_S64);
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < nb; i++) bd[i] = i;
+  tpu_hv scale = tpu_hlo_binary(H, TPU_HLO_POW, tpu_k(L, lg, 2), lg);
+  tpu_hv as = tpu_hlo_binary(H, TPU_HLO_DIV, a, tpu_hlo_broadcast_in_dim(H, scale, r, at.dims, bd));
+  tpu_hv id = tpu_eye_like(L, &at);
+  /* Horner: I + A/1 (I + A/2 (I + ... (I + A/22))) */
+  tpu_hv p = id;
+  for (int k = 22; k >= 1; k--) p = tpu_add(L, id, tpu_mul(L, tpu_bmatmul(L, as, p), tpu_k(L, p, 1.0 / k)));
+  /* squarings */
+  int64_t sd = nb;
+  tpu_hv smax = nb ? tpu_hlo_reduce(H, s, tpu_hlo_constant_int(H, TPU_S64, 0), bd, nb, TPU_HLO_MAX) : s;
+  (void)sd;
+  tpu_hv init[4] = {tpu_hlo_constant_int(H, TPU_S64, 0), p, s, smax};
+  tpu_hlo_type ts[4] = {*T(L, init[0]), at, *T(L, s), *T(L, smax)};
+  tpu_hv cv[4];
+  tpu_hlo_region_begin(H, ts, 4, cv);
+  tpu_hv c = tpu_hlo_compare(H, TPU_HLO_LT, cv[0], cv[3]);
+  int cond = tpu_hlo_region_end(H, &c, 1);
+  tpu_hv v[4];
+  tpu_hlo_region_begin(H, ts, 4, v);
+  tpu_hv sq = tpu_bmatmul(L, v[1], v[1]);
+  tpu_hv go = tpu_hlo_compare(H, TPU_HLO_LT, tpu_bcast0(L, v[0], nb, at.dims), v[2]);
+  tpu_hv P = tpu_hlo_select(H, tpu_hlo_broadcast_in_dim(H, go, r, at.dims, bd), sq, v[1]);
+  tpu_hv outs[4] = {tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1)), P, v[2], v[3]};
+  int body = tpu_hlo_region_end(H, outs, 4);
+  tpu_hv res[4];
+  if (!tpu_while(L, init, 4, cond, body, res)) return;
+  tpu_lower_out(L, res[1]);
+}
