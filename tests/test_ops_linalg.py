@@ -206,3 +206,41 @@ def test_inverse_out_and_errors():
         torch.linalg.inv(make((3, 4)).to("tpu"))
     with pytest.raises(RuntimeError):
         torch.linalg.det(make((4, 4), torch.int64).to("tpu"))
+
+
+# ---- SVD, eigh, QR, distances ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(5, 5), (2, 6, 4), (3, 5)])
+def test_svd_values_and_reconstruction(shape):
+    a = make(shape)
+    u, s, vh = torch.linalg.svd(a.to("tpu"), full_matrices=False)
+    close(s, torch.linalg.svdvals(a))
+    close(u.cpu() @ torch.diag_embed(s.cpu()) @ vh.cpu(), a)
+    check(torch.linalg.svdvals, a)
+    check(torch.linalg.pinv, a)
+
+
+def test_eigh_values_and_reconstruction():
+    a = make((2, 5, 5))
+    a = a + a.mT
+    w, v = torch.linalg.eigh(a.to("tpu"))
+    close(w, torch.linalg.eigvalsh(a))
+    close(v.cpu() @ torch.diag_embed(w.cpu()) @ v.cpu().mT, a)
+    check(torch.linalg.eigvalsh, a)
+    check(lambda x: torch.linalg.eigvalsh(x, UPLO="U"), make((4, 4), seed=3))
+
+
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+def test_qr_matches_lapack(mode):
+    for shape in [(5, 5), (2, 6, 4), (3, 5)]:
+        check(lambda x: torch.linalg.qr(x, mode=mode), make(shape), grad=mode == "reduced")
+    check(torch.geqrf, make((5, 3)), grad=False)
+    a, tau = torch.geqrf(make((5, 3)))
+    check(torch.linalg.householder_product, a, tau)
+    check(lambda a, t, c: torch.ormqr(a, t, c, left=False, transpose=True), a, tau, make((2, 5), seed=4))
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 1.5, float("inf")])
+def test_cdist_pdist(p):
+    check(lambda a, b: torch.cdist(a, b, p=p), make((2, 4, 3)), make((5, 3), seed=1))
+    check(lambda a: torch.pdist(a, p=p), make((5, 3), seed=2))

@@ -1184,3 +1184,480 @@ void tpu_emit_linalg_eigh(tpu_lower *L) {
   int64_t z = 0;
   tpu_lower_out(L, cv ? tpu_bmatmul(L, V, M) : tpu_lower_full(L, tpu_hlo_type_make(tr->dtype, 1, &z), 0));
 }
+
+/* ---- QR: Householder reflections as LAPACK's geqrf makes them ---------------------------------- */
+
+/* The Householder vector of column k of a packed [..., m, n]: 1 at row k,
+ * the stored entries below it, 0 above. [..., m] */
+static tpu_hv tpu_hh_vec(tpu_lower *L, tpu_hv packed, tpu_hv k) {
+  tpu_hv c = tpu_col(L, packed, k);
+  const tpu_hlo_type *t = T(L, c);
+  int r = t->rank;
+  tpu_hv rows = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
+  tpu_hv kb = tpu_bcast0(L, k, r, t->dims);
+  tpu_hv v = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GT, rows, kb), c, tpu_k(L, c, 0));
+  return tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, kb), tpu_k(L, c, 1), v);
+}
+
+/* Entry k of x [..., K] (k 0-d s64): [...]. */
+static tpu_hv tpu_at_last(tpu_lower *L, tpu_hv x, tpu_hv k) {
+  const tpu_hlo_type *t = T(L, x);
+  int r = t->rank;
+  tpu_hv i = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
+  return tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, i, tpu_bcast0(L, k, r, t->dims)), x, r - 1);
+}
+
+/* x - tau v (v^T x) restricted to columns selected by colmask (or all when
+ * NONE): applies H = I - tau v v^T from the left. x [..., m, n], v [..., m], tau [...]. */
+static tpu_hv tpu_hh_left(tpu_lower *L, tpu_hv x, tpu_hv v, tpu_hv tau, tpu_hv colmask) {
+  const tpu_hlo_type *t = T(L, x);
+  int r = t->rank;
+  int64_t bd[TPU_MAX_RANK], d = r - 2;
+  for (int i = 0; i < r - 1; i++) bd[i] = i;
+  tpu_hv vb = tpu_hlo_broadcast_in_dim(H, v, r, t->dims, bd); /* v along rows */
+  tpu_hv w = tpu_hlo_reduce(H, tpu_mul(L, vb, x), tpu_hlo_constant(H, t->dtype, 0), &d, 1, TPU_HLO_ADD); /* [..., n] */
+  for (int i = 0; i < r - 2; i++) bd[i] = i;
+  bd[r - 2] = r - 1;
+  tpu_hv wb = tpu_hlo_broadcast_in_dim(H, w, r, t->dims, bd);
+  tpu_hv tb = tpu_hlo_broadcast_in_dim(H, tau, r, t->dims, bd);
+  tpu_hv nx = tpu_sub(L, x, tpu_mul(L, tb, tpu_mul(L, vb, wb)));
+  return colmask == TPU_HV_NONE ? nx : tpu_hlo_select(H, colmask, nx, x);
+}
+
+/* geqrf of a [..., m, n]: packed reflectors and R, and taus [..., min(m, n)]. */
+static void tpu_geqrf(tpu_lower *L, tpu_hv a, tpu_hv *packed, tpu_hv *taus) {
+  const tpu_hlo_type at = *T(L, a);
+  int r = at.rank, nb = r - 2;
+  int64_t m = at.dims[r - 2], n = at.dims[r - 1], kmax = m < n ? m : n;
+  int64_t td[TPU_MAX_RANK];
+  memcpy(td, at.dims, sizeof(int64_t) * (size_t)nb);
+  td[nb] = kmax;
+  tpu_hlo_type tt = tpu_hlo_type_make(at.dtype, nb + 1, td);
+  tpu_hv init[3] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, tpu_lower_full(L, tt, 0)};
+  if (kmax == 0 || tpu_hlo_type_numel(&at) == 0) {
+    *packed = a;
+    *taus = init[2];
+    return;
+  }
+  tpu_hlo_type ts[3] = {*T(L, init[0]), at, tt};
+  int cond = tpu_count_cond(L, ts, 3, kmax);
+  tpu_hv v[3];
+  tpu_hlo_region_begin(H, ts, 3, v);
+  tpu_hv k = v[0], A = v[1];
+  tpu_hv c = tpu_col(L, A, k); /* [..., m] */
+  const tpu_hlo_type *ct = T(L, c);
+  tpu_hv rows = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, nb + 1, ct->dims), nb);
+  tpu_hv kb = tpu_bcast0(L, k, nb + 1, ct->dims);
+  tpu_hv below = tpu_hlo_compare(H, TPU_HLO_GT, rows, kb);
+  tpu_hv x = tpu_hlo_select(H, below, c, tpu_k(L, c, 0));
+  tpu_hv alpha = tpu_at_last(L, c, k);
+  int64_t dn = nb;
+  tpu_hv xn2 = tpu_hlo_reduce(H, tpu_mul(L, x, x), tpu_hlo_constant(H, at.dtype, 0), &dn, 1, TPU_HLO_ADD);
+  tpu_hv nz = tpu_hlo_compare(H, TPU_HLO_EQ, xn2, tpu_k(L, xn2, 0));
+  tpu_hv nrm = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_add(L, tpu_mul(L, alpha, alpha), xn2));
+  /* beta = -sign(alpha) * norm, with sign(0) = + as Fortran's SIGN */
+  tpu_hv neg = tpu_hlo_compare(H, TPU_HLO_LT, alpha, tpu_k(L, alpha, 0));
+  tpu_hv beta = tpu_hlo_select(H, neg, nrm, tpu_hlo_unary(H, TPU_HLO_NEG, nrm));
+  beta = tpu_hlo_select(H, nz, alpha, beta);
+  tpu_hv safe = tpu_hlo_select(H, nz, tpu_k(L, beta, 1), beta);
+  tpu_hv tau = tpu_hlo_select(H, nz, tpu_k(L, beta, 0), tpu_hlo_binary(H, TPU_HLO_DIV, tpu_sub(L, beta, alpha), safe));
+  tpu_hv den = tpu_hlo_select(H, nz, tpu_k(L, alpha, 1), tpu_sub(L, alpha, beta));
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < nb; i++) bd[i] = i;
+  tpu_hv vv = tpu_hlo_binary(H, TPU_HLO_DIV, x, tpu_hlo_broadcast_in_dim(H, den, nb + 1, ct->dims, bd));
+  tpu_hv hv = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, kb), tpu_k(L, vv, 1), vv);
+  /* apply H to the columns right of k */
+  tpu_hv cols = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, at.dims), r - 1);
+  tpu_hv right = tpu_hlo_compare(H, TPU_HLO_GT, cols, tpu_bcast0(L, k, r, at.dims));
+  A = tpu_hh_left(L, A, hv, tau, right);
+  /* column k: beta on the diagonal, v below, the rows above unchanged */
+  tpu_hv newc = tpu_hlo_select(H, below, vv, c);
+  newc = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, kb), tpu_hlo_broadcast_in_dim(H, beta, nb + 1, ct->dims, bd), newc);
+  A = tpu_set_cols(L, A, k, k, newc, newc);
+  tpu_hv tix = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, nb + 1, td), nb);
+  tpu_hv T2 = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, tix, tpu_bcast0(L, k, nb + 1, td)),
+                             tpu_hlo_broadcast_in_dim(H, tau, nb + 1, td, bd), v[2]);
+  tpu_hv outs[3] = {tpu_add(L, k, tpu_hlo_constant_int(H, TPU_S64, 1)), A, T2};
+  int body = tpu_hlo_region_end(H, outs, 3);
+  tpu_hv fin[3];
+  if (!tpu_while(L, init, 3, cond, body, fin)) return;
+  *packed = fin[1];
+  *taus = fin[2];
+}
+
+/* Q c or Q^T c (transpose) for Q = H_0 H_1 ... H_{k-1}, from packed
+ * reflectors [..., m, n] and taus [..., k]; c [..., m, N]. Q c applies the
+ * reflectors from the last (as LAPACK's orgqr/ormqr), Q^T c from the first. */
+static tpu_hv tpu_hh_apply(tpu_lower *L, tpu_hv packed, tpu_hv taus, tpu_hv c, bool transpose) {
+  const tpu_hlo_type pt = *T(L, packed), qt = *T(L, c);
+  if (pt.dtype == TPU_INVALID || qt.dtype == TPU_INVALID) return TPU_HV_NONE;
+  int r = pt.rank, nb = r - 2;
+  int64_t m = pt.dims[r - 2], k = T(L, taus)->dims[nb];
+  if (k == 0 || tpu_hlo_type_numel(&qt) == 0 || m == 0) return c;
+  tpu_hv init[4] = {tpu_hlo_constant_int(H, TPU_S64, 0), c, packed, taus};
+  tpu_hlo_type ts[4] = {*T(L, init[0]), qt, pt, *T(L, taus)};
+  int cond = tpu_count_cond(L, ts, 4, k);
+  tpu_hv v[4];
+  tpu_hlo_region_begin(H, ts, 4, v);
+  tpu_hv j = transpose ? v[0] : tpu_sub(L, tpu_hlo_constant_int(H, TPU_S64, k - 1), v[0]);
+  tpu_hv hv = tpu_hh_vec(L, v[2], j);
+  tpu_hv Q = tpu_hh_left(L, v[1], hv, tpu_at_last(L, v[3], j), TPU_HV_NONE);
+  tpu_hv outs[4] = {tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1)), Q, v[2], v[3]};
+  int body = tpu_hlo_region_end(H, outs, 4);
+  tpu_hv fin[4];
+  if (!tpu_while(L, init, 4, cond, body, fin)) return TPU_HV_NONE;
+  return fin[1];
+}
+
+/* The first `ncols` columns of Q = H_0 ... H_{k-1}. */
+static tpu_hv tpu_hh_product(tpu_lower *L, tpu_hv packed, tpu_hv taus, int64_t ncols) {
+  const tpu_hlo_type pt = *T(L, packed);
+  if (pt.dtype == TPU_INVALID) return TPU_HV_NONE;
+  int64_t qd[TPU_MAX_RANK];
+  memcpy(qd, pt.dims, sizeof(int64_t) * (size_t)pt.rank);
+  qd[pt.rank - 1] = ncols;
+  tpu_hlo_type qt = tpu_hlo_type_make(pt.dtype, pt.rank, qd);
+  return tpu_hh_apply(L, packed, taus, tpu_eye_like(L, &qt), false);
+}
+
+/* ormqr(self=packed, input2=tau, input3=C, left=True, transpose=False):
+ * op(Q) C (left) or C op(Q). */
+void tpu_emit_ormqr(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "torch.ormqr")) return;
+  tpu_tref *a = &L->args[0].t, *tt = &L->args[1].t, *ct = &L->args[2].t;
+  bool left = tpu_bool_arg(L, 3, true), tr = tpu_bool_arg(L, 4, false);
+  int64_t m = a->sizes[a->rank - 2];
+  if (ct->rank != a->rank || tt->rank != a->rank - 1 || (left ? ct->sizes[ct->rank - 2] : ct->sizes[ct->rank - 1]) != m) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.ormqr: input.shape[-2] must be equal to other.shape[%d]", left ? -2 : -1);
+    return;
+  }
+  if (tt->dtype != a->dtype || ct->dtype != a->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.ormqr: expected input, tau and other to have the same dtype");
+    return;
+  }
+  tpu_hv p = tpu_lower_tensor(L, 0, -1), t = tpu_lower_tensor(L, 1, -1), c = tpu_lower_tensor(L, 2, -1);
+  /* C Q = (Q^T C^T)^T and C Q^T = (Q C^T)^T */
+  if (left) tpu_lower_out(L, tpu_hh_apply(L, p, t, c, tr));
+  else tpu_lower_out(L, tpu_mT(L, tpu_hh_apply(L, p, t, tpu_mT(L, c), !tr)));
+}
+
+/* geqrf.a(self, *, a, tau) */
+void tpu_emit_geqrf(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "geqrf")) return;
+  tpu_hv p = TPU_HV_NONE, t = TPU_HV_NONE;
+  tpu_geqrf(L, tpu_lower_tensor(L, 0, -1), &p, &t);
+  tpu_lower_out(L, p);
+  tpu_lower_out(L, t);
+}
+
+/* linalg_qr.out(A, mode="reduced", *, Q, R) */
+void tpu_emit_linalg_qr(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "linalg.qr")) return;
+  tpu_tref *t = &L->args[0].t;
+  const char *mode = tpu_has(L, 1, TPU_ARG_STR) ? L->args[1].str : "reduced";
+  bool complete = strcmp(mode, "complete") == 0, ronly = strcmp(mode, "r") == 0;
+  if (!complete && !ronly && strcmp(mode, "reduced") != 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "qr received unrecognized mode '%s' but expected one of 'reduced' (default), 'r', or 'complete'", mode);
+    return;
+  }
+  int r = t->rank;
+  int64_t m = t->sizes[r - 2], n = t->sizes[r - 1], k = m < n ? m : n;
+  tpu_hv p = TPU_HV_NONE, taus = TPU_HV_NONE;
+  tpu_geqrf(L, tpu_lower_tensor(L, 0, -1), &p, &taus);
+  if (!tpu_hlo_ok(H)) return;
+  int64_t rows = complete ? m : k;
+  int64_t st[TPU_MAX_RANK] = {0}, lim[TPU_MAX_RANK], one[TPU_MAX_RANK];
+  for (int i = 0; i < r; i++) {
+    lim[i] = t->sizes[i];
+    one[i] = 1;
+  }
+  lim[r - 2] = rows;
+  tpu_hv R = tpu_tri(L, tpu_hlo_slice(H, p, st, lim, one), false);
+  int64_t z = 0;
+  if (ronly) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(t->dtype, 1, &z), 0));
+  } else {
+    tpu_lower_out(L, tpu_hh_product(L, p, taus, complete ? m : k));
+  }
+  tpu_lower_out(L, R);
+}
+
+/* linalg_householder_product(input [..., m, n], tau [..., k]): the first n
+ * columns of H_0 ... H_{k-1}. */
+void tpu_emit_householder_product(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "torch.linalg.householder_product")) return;
+  tpu_tref *t = &L->args[0].t, *tt = &L->args[1].t;
+  int64_t m = t->sizes[t->rank - 2], n = t->sizes[t->rank - 1];
+  if (m < n) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.householder_product: input.shape[-2] must be greater than or equal to input.shape[-1]");
+    return;
+  }
+  if (tt->rank != t->rank - 1 || tt->sizes[tt->rank - 1] > n) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.householder_product: input.shape[-1] must be greater than or equal to tau.shape[-1]");
+    return;
+  }
+  if (tt->dtype != t->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.householder_product: tau dtype %s does not match input dtype %s",
+                   tpu_dtype_name(tt->dtype), tpu_dtype_name(t->dtype));
+    return;
+  }
+  tpu_lower_out(L, tpu_hh_product(L, tpu_lower_tensor(L, 0, -1), tpu_lower_tensor(L, 1, -1), n));
+}
+
+/* ---- cdist / pdist ----------------------------------------------------------------------------- */
+
+/* Pairwise differences x1[..., P, 1, M] - x2[..., 1, R, M]: [..., P, R, M]. */
+static tpu_hv tpu_pair_diff(tpu_lower *L, tpu_hv x1, tpu_hv x2) {
+  const tpu_hlo_type *a = T(L, x1), *b = T(L, x2);
+  int r = a->rank;
+  int64_t d[TPU_MAX_RANK], b1[TPU_MAX_RANK], b2[TPU_MAX_RANK];
+  for (int i = 0; i < r - 2; i++) {
+    d[i] = a->dims[i];
+    b1[i] = b2[i] = i;
+  }
+  d[r - 2] = a->dims[r - 2];
+  d[r - 1] = b->dims[r - 2];
+  d[r] = a->dims[r - 1];
+  b1[r - 2] = r - 2;
+  b1[r - 1] = r;
+  b2[r - 2] = r - 1;
+  b2[r - 1] = r;
+  return tpu_sub(L, tpu_hlo_broadcast_in_dim(H, x1, r + 1, d, b1), tpu_hlo_broadcast_in_dim(H, x2, r + 1, d, b2));
+}
+
+/* p-norm over the last dim of diff, torch's special cases for p = 0, 1, 2, inf. */
+static tpu_hv tpu_pnorm_last(tpu_lower *L, tpu_hv diff, double p) {
+  const tpu_hlo_type *t = T(L, diff);
+  int64_t d = t->rank - 1;
+  tpu_dtype dt = t->dtype;
+  tpu_hv a = tpu_hlo_unary(H, TPU_HLO_ABS, diff);
+  tpu_hv zero = tpu_hlo_constant(H, dt, 0);
+  if (p == 0) {
+    tpu_hv nz = tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_NE, diff, tpu_k(L, diff, 0)), dt);
+    return tpu_hlo_reduce(H, nz, zero, &d, 1, TPU_HLO_ADD);
+  }
+  if (isinf(p)) return tpu_hlo_reduce(H, a, zero, &d, 1, TPU_HLO_MAX);
+  if (p == 1) return tpu_hlo_reduce(H, a, zero, &d, 1, TPU_HLO_ADD);
+  if (p == 2) return tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_reduce(H, tpu_mul(L, diff, diff), zero, &d, 1, TPU_HLO_ADD));
+  tpu_hv s = tpu_hlo_reduce(H, tpu_hlo_binary(H, TPU_HLO_POW, a, tpu_k(L, a, p)), zero, &d, 1, TPU_HLO_ADD);
+  return tpu_hlo_binary(H, TPU_HLO_POW, s, tpu_k(L, s, 1.0 / p));
+}
+
+/* d dist / d x1 contracted with g: sum_R g * f(diff, dist), [..., P, M]. */
+static tpu_hv tpu_pnorm_grad(tpu_lower *L, tpu_hv g, tpu_hv diff, tpu_hv dist, double p) {
+  const tpu_hlo_type *t = T(L, diff);
+  int r = t->rank;
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < r - 1; i++) bd[i] = i;
+  tpu_hv gb = tpu_hlo_broadcast_in_dim(H, g, r, t->dims, bd);
+  tpu_hv db = tpu_hlo_broadcast_in_dim(H, dist, r, t->dims, bd);
+  tpu_hv zero = tpu_k(L, diff, 0);
+  tpu_hv sg = tpu_hlo_unary(H, TPU_HLO_SIGN, diff);
+  tpu_hv a = tpu_hlo_unary(H, TPU_HLO_ABS, diff);
+  tpu_hv dz = tpu_hlo_compare(H, TPU_HLO_EQ, db, zero);
+  tpu_hv f;
+  if (p == 0) {
+    f = zero;
+  } else if (p == 1) {
+    f = sg;
+  } else if (isinf(p)) {
+    f = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, a, db), sg, zero);
+  } else if (p == 2) {
+    f = tpu_hlo_select(H, dz, zero, tpu_hlo_binary(H, TPU_HLO_DIV, diff, tpu_hlo_select(H, dz, tpu_k(L, db, 1), db)));
+  } else {
+    tpu_hv num = tpu_mul(L, sg, tpu_hlo_binary(H, TPU_HLO_POW, a, tpu_k(L, a, p - 1)));
+    tpu_hv den = tpu_hlo_binary(H, TPU_HLO_POW, tpu_hlo_select(H, dz, tpu_k(L, db, 1), db), tpu_k(L, db, p - 1));
+    tpu_hv bad = dz;
+    if (p < 1) bad = tpu_hlo_binary(H, TPU_HLO_OR, bad, tpu_hlo_compare(H, TPU_HLO_EQ, diff, zero));
+    f = tpu_hlo_select(H, bad, zero, tpu_hlo_binary(H, TPU_HLO_DIV, num, den));
+  }
+  int64_t d = r - 2;
+  return tpu_hlo_reduce(H, tpu_mul(L, gb, f), tpu_hlo_constant(H, t->dtype, 0), &d, 1, TPU_HLO_ADD);
+}
+
+static bool tpu_check_p(tpu_lower *L, double p, const char *fn) {
+  if (!(p >= 0)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s only supports non-negative p values", fn);
+    return false;
+  }
+  return true;
+}
+
+/* _cdist_forward(x1, x2, p, compute_mode) */
+void tpu_emit_cdist_forward(tpu_lower *L) {
+  tpu_tref *a = &L->args[0].t, *b = &L->args[1].t;
+  double p = L->args[2].f;
+  if (!tpu_check_p(L, p, "cdist")) return;
+  if (a->rank < 2 || b->rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "cdist only supports at least 2D tensors, X%d got: %dD", a->rank < 2 ? 1 : 2, a->rank < 2 ? a->rank : b->rank);
+    return;
+  }
+  if (a->sizes[a->rank - 1] != b->sizes[b->rank - 1]) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "X1 and X2 must have the same number of columns. X1: %lld X2: %lld",
+                   (long long)a->sizes[a->rank - 1], (long long)b->sizes[b->rank - 1]);
+    return;
+  }
+  if (!tpu_dtype_is_float(a->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "cdist only supports floating-point dtypes, X1 got: %s", tpu_dtype_name(a->dtype));
+    return;
+  }
+  tpu_dtype dt = a->dtype, acc = tpu_acc_type(dt);
+  tpu_hv x1 = tpu_lower_input(L, 0, acc), x2 = tpu_lower_input(L, 1, acc);
+  if (!tpu_batch_bcast(L, &x1, &x2)) return;
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_pnorm_last(L, tpu_pair_diff(L, x1, x2), p), dt));
+}
+
+/* _cdist_backward(grad, x1, x2, p, cdist): the gradient for x1 (summed back
+ * to x1's batch shape when it was broadcast). */
+void tpu_emit_cdist_backward(tpu_lower *L) {
+  double p = L->args[3].f;
+  tpu_tref *a = &L->args[1].t;
+  tpu_dtype dt = a->dtype, acc = tpu_acc_type(dt);
+  tpu_hv x1 = tpu_lower_input(L, 1, acc), x2 = tpu_lower_input(L, 2, acc);
+  if (!tpu_batch_bcast(L, &x1, &x2)) return;
+  const tpu_hlo_type *bt = T(L, x1);
+  int r = bt->rank;
+  int64_t gd[TPU_MAX_RANK];
+  memcpy(gd, bt->dims, sizeof(int64_t) * (size_t)r);
+  gd[r - 1] = T(L, x2)->dims[r - 2];
+  tpu_hv g = tpu_lower_broadcast_to(L, tpu_lower_input(L, 0, acc), r, gd);
+  tpu_hv d = tpu_lower_broadcast_to(L, tpu_lower_input(L, 4, acc), r, gd);
+  tpu_hv gx = tpu_pnorm_grad(L, g, tpu_pair_diff(L, x1, x2), d, p);
+  /* sum the broadcast batch dims back */
+  const tpu_hlo_type *gt = T(L, gx);
+  int extra = gt->rank - a->rank;
+  int64_t red[TPU_MAX_RANK];
+  int nr = 0;
+  for (int i = 0; i < gt->rank - 2; i++)
+    if (i < extra || (a->sizes[i - extra] == 1 && gt->dims[i] != 1)) red[nr++] = i;
+  if (nr) {
+    gx = tpu_hlo_reduce(H, gx, tpu_hlo_constant(H, acc, 0), red, nr, TPU_HLO_ADD);
+    gx = tpu_hlo_reshape(H, gx, a->rank, a->sizes);
+  }
+  tpu_lower_out(L, tpu_hlo_convert(H, gx, dt));
+}
+
+/* Flat indices i * n + j of the pairs i < j, row-major: s64 [n(n-1)/2, 1]. */
+static tpu_hv tpu_upper_pairs(tpu_lower *L, int64_t n, int64_t *count) {
+  int64_t np = n * (n - 1) / 2;
+  *count = np;
+  int64_t *ix = malloc(sizeof(int64_t) * (size_t)(np ? np : 1));
+  if (!ix) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: out of memory", L->opname);
+    return TPU_HV_NONE;
+  }
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = i + 1; j < n; j++) ix[k++] = i * n + j;
+  int64_t d[2] = {np, 1};
+  tpu_hv v = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, d), ix);
+  free(ix);
+  return v;
+}
+
+/* _pdist_forward(self [N, M], p): distances of the pairs i < j. */
+void tpu_emit_pdist_forward(tpu_lower *L) {
+  tpu_tref *a = &L->args[0].t;
+  double p = L->args[1].f;
+  if (!tpu_check_p(L, p, "pdist")) return;
+  if (a->rank != 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "pdist only supports 2D tensors, got: %dD", a->rank);
+    return;
+  }
+  tpu_dtype dt = a->dtype, acc = tpu_acc_type(dt);
+  int64_t n = a->sizes[0], np;
+  tpu_hv x = tpu_lower_input(L, 0, acc);
+  if (n < 2) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &(int64_t){0}), 0));
+    return;
+  }
+  tpu_hv idx = tpu_upper_pairs(L, n, &np);
+  tpu_hv D = tpu_pnorm_last(L, tpu_pair_diff(L, x, x), p);
+  int64_t nn = n * n;
+  tpu_hv flat = tpu_hlo_reshape(H, D, 1, &nn);
+  tpu_hv r = tpu_lower_gather_rows(L, flat, idx);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, r, 1, &np), dt));
+}
+
+/* _pdist_backward(grad, self, p, pdist) */
+void tpu_emit_pdist_backward(tpu_lower *L) {
+  tpu_tref *a = &L->args[1].t;
+  double p = L->args[2].f;
+  tpu_dtype dt = a->dtype, acc = tpu_acc_type(dt);
+  int64_t n = a->sizes[0], np;
+  tpu_hv x = tpu_lower_input(L, 1, acc);
+  if (n < 2) {
+    tpu_lower_out(L, tpu_hlo_convert(H, tpu_k(L, x, 0), dt));
+    return;
+  }
+  tpu_hv idx = tpu_upper_pairs(L, n, &np);
+  int64_t nn = n * n, sq[2] = {n, n};
+  tpu_hlo_type ft = tpu_hlo_type_make(acc, 1, &nn);
+  /* the pair values spread into symmetric n x n matrices */
+  tpu_hv g = tpu_hlo_reshape(H, tpu_lower_scatter_rows(L, tpu_lower_full(L, ft, 0), idx, tpu_lower_input(L, 0, acc), -1), 2, sq);
+  tpu_hv d = tpu_hlo_reshape(H, tpu_lower_scatter_rows(L, tpu_lower_full(L, ft, 0), idx, tpu_lower_input(L, 3, acc), -1), 2, sq);
+  g = tpu_add(L, g, tpu_mT(L, g));
+  d = tpu_add(L, d, tpu_mT(L, d));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_pnorm_grad(L, g, tpu_pair_diff(L, x, x), d, p), dt));
+}
+
+/* ---- matrix_exp: scaling and squaring --------------------------------------------------------------- */
+
+/* linalg_matrix_exp(self): A / 2^s has 1-norm <= theta_18 = 3.01 (s per
+ * matrix, at run time: the same count of squarings as torch, whose rounding
+ * errors they amplify), a degree-22 Taylor polynomial (Horner) approximates
+ * its exponential below float32 rounding, and s squarings (a while loop over the largest
+ * s; each matrix squares only while its own count lasts) undo the scaling. */
+void tpu_emit_matrix_exp(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.matrix_exp")) return;
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv a = tpu_lower_tensor(L, 0, -1);
+  const tpu_hlo_type at = *T(L, a);
+  int r = at.rank, nb = r - 2;
+  tpu_dtype dt = at.dtype;
+  if (tpu_hlo_type_numel(&at) == 0) {
+    tpu_lower_out(L, a);
+    return;
+  }
+  (void)t;
+  /* 1-norm: max column sum of |a| */
+  int64_t d = r - 2, dl = nb;
+  tpu_hv cs = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_ABS, a), tpu_hlo_constant(H, dt, 0), &d, 1, TPU_HLO_ADD);
+  tpu_hv nrm = tpu_hlo_reduce(H, cs, tpu_hlo_constant(H, dt, 0), &dl, 1, TPU_HLO_MAX); /* [...] */
+  /* s = max(0, ceil(log2(norm / theta))) as s64 [...]; NaN/inf norms: s = 0 (the result is NaN anyway) */
+  tpu_hv lg = tpu_hlo_unary(H, TPU_HLO_CEIL, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_mul(L, nrm, tpu_k(L, nrm, 1.0 / 3.010066362817634))),
+                                                           tpu_k(L, nrm, log(2.0))));
+  tpu_hv fin = tpu_hlo_unary(H, TPU_HLO_IS_FINITE, lg);
+  lg = tpu_hlo_select(H, fin, lg, tpu_k(L, lg, 0));
+  lg = tpu_hlo_binary(H, TPU_HLO_MAX, lg, tpu_k(L, lg, 0));
+  lg = tpu_hlo_binary(H, TPU_HLO_MIN, lg, tpu_k(L, lg, 1000));
+  tpu_hv s = tpu_hlo_convert(H, lg, TPU_S64);
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < nb; i++) bd[i] = i;
+  tpu_hv scale = tpu_hlo_binary(H, TPU_HLO_POW, tpu_k(L, lg, 2), lg);
+  tpu_hv as = tpu_hlo_binary(H, TPU_HLO_DIV, a, tpu_hlo_broadcast_in_dim(H, scale, r, at.dims, bd));
+  tpu_hv id = tpu_eye_like(L, &at);
+  /* Horner: I + A/1 (I + A/2 (I + ... (I + A/22))) */
+  tpu_hv p = id;
+  for (int k = 22; k >= 1; k--) p = tpu_add(L, id, tpu_mul(L, tpu_bmatmul(L, as, p), tpu_k(L, p, 1.0 / k)));
+  /* squarings */
+  int64_t sd = nb;
+  tpu_hv smax = nb ? tpu_hlo_reduce(H, s, tpu_hlo_constant_int(H, TPU_S64, 0), bd, nb, TPU_HLO_MAX) : s;
+  (void)sd;
+  tpu_hv init[4] = {tpu_hlo_constant_int(H, TPU_S64, 0), p, s, smax};
+  tpu_hlo_type ts[4] = {*T(L, init[0]), at, *T(L, s), *T(L, smax)};
+  tpu_hv cv[4];
+  tpu_hlo_region_begin(H, ts, 4, cv);
+  tpu_hv c = tpu_hlo_compare(H, TPU_HLO_LT, cv[0], cv[3]);
+  int cond = tpu_hlo_region_end(H, &c, 1);
+  tpu_hv v[4];
+  tpu_hlo_region_begin(H, ts, 4, v);
+  tpu_hv sq = tpu_bmatmul(L, v[1], v[1]);
+  tpu_hv go = tpu_hlo_compare(H, TPU_HLO_LT, tpu_bcast0(L, v[0], nb, at.dims), v[2]);
+  tpu_hv P = tpu_hlo_select(H, tpu_hlo_broadcast_in_dim(H, go, r, at.dims, bd), sq, v[1]);
+  tpu_hv outs[4] = {tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1)), P, v[2], v[3]};
+  int body = tpu_hlo_region_end(H, outs, 4);
+  tpu_hv res[4];
+  if (!tpu_while(L, init, 4, cond, body, res)) return;
+  tpu_lower_out(L, res[1]);
+}
