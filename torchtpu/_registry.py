@@ -83,7 +83,22 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     return _C.empty(size, dtype or torch.get_default_dtype(), stride)
 
 
+def _resolve_bits(t):
+    """The values a lazily conjugated or negated tensor stands for, as a
+    plain tensor: the core copies storage, which holds the unconjugated,
+    unnegated values."""
+    if t.device.type != "tpu":
+        return t.resolve_conj().resolve_neg()
+    if t.is_conj():
+        t = torch.conj_physical(t.conj())  # t.conj() clears the bit: a view of the stored values
+    if t.is_neg():
+        t = torch.neg(t._neg_view())
+    return t
+
+
 def _copy_from(self, dst, non_blocking=False):
+    if self.is_conj() or self.is_neg():
+        self = _resolve_bits(self)
     return _C.copy_from(self, dst)
 
 
@@ -147,6 +162,8 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     device->host copy is synchronous anyway, so non_blocking changes nothing."""
     dtype = dtype if dtype is not None else self.dtype
     device = torch.device(device) if device is not None else self.device
+    if self.is_conj() or self.is_neg():
+        self = _resolve_bits(self)
     mf = memory_format if memory_format is not None else torch.preserve_format
     if mf == torch.preserve_format and _dense(self):
         out = torch.empty_strided(self.shape, self.stride(), dtype=dtype, device=device)
@@ -307,8 +324,18 @@ def setup(device_module):
             raise RuntimeError(f"torchtpu: cannot register aten::{name}: {e}") from None
         k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED)
         _KERNELS[name] = k
-        if name not in ("index.Tensor", "_index_put_impl_"):
+        if name not in ("index.Tensor", "_index_put_impl_", "clone"):
             _IMPL.impl(name, k, "PrivateUse1")
+
+    c_clone = _KERNELS["clone"]
+
+    def clone(self, memory_format=None):
+        # torch materialises lazily conjugated/negated inputs with clone
+        if self.is_conj() or self.is_neg():
+            return _resolve_bits(self)
+        return c_clone(self, memory_format=memory_format)
+
+    _IMPL.impl("clone", clone, "PrivateUse1")
 
     index, index_put_impl = _wrap_indexing(_KERNELS["index.Tensor"], _KERNELS["_index_put_impl_"])
     _IMPL.impl("index.Tensor", index, "PrivateUse1")

@@ -654,3 +654,15 @@ void tpu_emit_logit_backward(tpu_lower *L) {
   }
   tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
 }
+
+/* conj_physical(self): the conjugate, materialised (torch resolves lazily
+ * conjugated tensors through it before they reach other kernels) */
+void tpu_emit_conj_physical(tpu_lower *L) {
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (!tpu_dtype_is_complex(T(L, x)->dtype)) {
+    tpu_lower_out(L, x);
+    return;
+  }
+  tpu_hv re = tpu_un(L, TPU_HLO_REAL, x), im = tpu_un(L, TPU_HLO_IMAG, x);
+  tpu_lower_out(L, tpu_hlo_binary(H, TPU_HLO_COMPLEX, re, tpu_un(L, TPU_HLO_NEG, im)));
+}

@@ -1,0 +1,1186 @@
+/* emit_linalg.c: the linalg family beyond the first matmuls.
+ *
+ * Products (baddbmm, addbmm, addmv, vdot, cross) are dot_general with f32
+ * accumulation for half types, as torch's CPU kernels compute them.
+ * Factorizations work on batches of matrices [..., m, n]: Cholesky and
+ * triangular solves are the StableHLO ops of the same names; LU is a
+ * partial-pivoting elimination written as a stablehlo.while over columns that
+ * picks the pivot LAPACK picks (largest magnitude, first on ties), so LU,
+ * pivots, solutions, inverses and determinants agree with PyTorch's CPU
+ * results, not only up to rounding of a different factorization. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emit.h"
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static bool tpu_has(tpu_lower *L, int i, tpu_argkind k) { return i < L->nargs && L->args[i].kind == k; }
+
+static bool tpu_bool_arg(tpu_lower *L, int i, bool dflt) {
+  if (tpu_has(L, i, TPU_ARG_BOOL)) return L->args[i].i != 0;
+  return dflt;
+}
+
+/* Elements [i, i+1) of x along dim, that dim dropped. */
+static tpu_hv tpu_take1(tpu_lower *L, tpu_hv x, int dim, int64_t i) {
+  const tpu_hlo_type *t = T(L, x);
+  int64_t st[TPU_MAX_RANK], lim[TPU_MAX_RANK], one[TPU_MAX_RANK], dims[TPU_MAX_RANK];
+  int r = t->rank, k = 0;
+  for (int d = 0; d < r; d++) {
+    st[d] = d == dim ? i : 0;
+    lim[d] = d == dim ? i + 1 : t->dims[d];
+    one[d] = 1;
+    if (d != dim) dims[k++] = t->dims[d];
+  }
+  return tpu_hlo_reshape(H, tpu_hlo_slice(H, x, st, lim, one), k, dims);
+}
+
+/* beta * self + alpha * prod with torch's rule that beta == 0 ignores self
+ * (NaN in self does not propagate). Scalars are program inputs. */
+static tpu_hv tpu_scaled_sum(tpu_lower *L, int self_arg, tpu_hv prod, int beta_arg, int alpha_arg, tpu_dtype dt) {
+  const tpu_hlo_type *pt = T(L, prod);
+  int rank = pt->rank;
+  int64_t dims[TPU_MAX_RANK];
+  memcpy(dims, pt->dims, sizeof(int64_t) * (size_t)rank);
+  tpu_hv p = prod;
+  if (tpu_has(L, alpha_arg, TPU_ARG_SCALAR) && !L->args[alpha_arg].is_default)
+    p = tpu_lower_binary(L, TPU_HLO_MUL, p, tpu_lower_scalar(L, alpha_arg, dt));
+  tpu_hv s = tpu_lower_broadcast_to(L, tpu_lower_input(L, self_arg, dt), rank, dims);
+  if (tpu_has(L, beta_arg, TPU_ARG_SCALAR) && !L->args[beta_arg].is_default) {
+    tpu_hv b = tpu_lower_scalar(L, beta_arg, dt);
+    tpu_hv bs = tpu_lower_binary(L, TPU_HLO_MUL, s, b);
+    tpu_hv z = tpu_hlo_compare(H, TPU_HLO_EQ, b, tpu_hlo_constant(H, dt, 0));
+    s = tpu_hlo_select(H, tpu_lower_broadcast_to(L, z, rank, dims), tpu_k(L, bs, 0), bs);
+  }
+  return tpu_hlo_binary(H, TPU_HLO_ADD, s, p);
+}
+
+static bool tpu_same_dtype(tpu_lower *L, int a, int b, const char *what) {
+  if (L->args[a].t.dtype != L->args[b].t.dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: expected %s to have the same dtype, but got: %s != %s", L->opname, what,
+                   tpu_dtype_name(L->args[a].t.dtype), tpu_dtype_name(L->args[b].t.dtype));
+    return false;
+  }
+  return true;
+}
+
+/* ---- products ---------------------------------------------------------------------------- */
+
+/* baddbmm(self, batch1, batch2, *, beta, alpha) and addbmm (sum over the batch). */
+static void tpu_emit_bmm_add(tpu_lower *L, bool reduce_batch) {
+  if (!tpu_same_dtype(L, 1, 2, "batch1 and batch2")) return;
+  tpu_tref *a = &L->args[1].t, *b = &L->args[2].t;
+  if (a->rank != 3 || b->rank != 3) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "batch1 must be a 3D tensor");
+    return;
+  }
+  if (a->sizes[0] != b->sizes[0] || a->sizes[2] != b->sizes[1]) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected size for first two dimensions of batch2 tensor to be: [%lld, %lld] but got: [%lld, %lld].",
+                   (long long)a->sizes[0], (long long)a->sizes[2], (long long)b->sizes[0], (long long)b->sizes[1]);
+    return;
+  }
+  tpu_dtype dt = a->dtype, acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_tensor(L, 1, -1), y = tpu_lower_tensor(L, 2, -1);
+  tpu_hv p;
+  if (reduce_batch) {
+    int64_t lc[2] = {0, 2}, rc[2] = {0, 1};
+    p = tpu_hlo_dot_general(H, x, y, 0, NULL, NULL, 2, lc, rc, TPU_HLO_PREC_HIGHEST, acc);
+  } else {
+    int64_t z = 0, lc = 2, rc = 1;
+    p = tpu_hlo_dot_general(H, x, y, 1, &z, &z, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, acc);
+  }
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_scaled_sum(L, 0, p, 3, 4, acc), dt));
+}
+void tpu_emit_baddbmm(tpu_lower *L) { tpu_emit_bmm_add(L, false); }
+void tpu_emit_addbmm(tpu_lower *L) { tpu_emit_bmm_add(L, true); }
+
+/* addmv(self, mat, vec, *, beta, alpha) */
+void tpu_emit_addmv(tpu_lower *L) {
+  if (!tpu_same_dtype(L, 1, 2, "mat and vec")) return;
+  tpu_tref *m = &L->args[1].t, *v = &L->args[2].t;
+  if (m->rank != 2 || v->rank != 1 || m->sizes[1] != v->sizes[0]) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "size mismatch, got input (%lld), mat (%lldx%lld), vec (%lld)",
+                   (long long)(L->args[0].t.rank ? L->args[0].t.sizes[0] : 1), (long long)(m->rank > 0 ? m->sizes[0] : 0),
+                   (long long)(m->rank > 1 ? m->sizes[1] : 0), (long long)(v->rank > 0 ? v->sizes[0] : 0));
+    return;
+  }
+  tpu_dtype dt = m->dtype, acc = tpu_acc_type(dt);
+  int64_t lc = 1, rc = 0;
+  tpu_hv p = tpu_hlo_dot_general(H, tpu_lower_tensor(L, 1, -1), tpu_lower_tensor(L, 2, -1), 0, NULL, NULL, 1, &lc, &rc,
+                                 TPU_HLO_PREC_HIGHEST, acc);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_scaled_sum(L, 0, p, 3, 4, acc), dt));
+}
+
+/* vdot(self, other): dot of 1-d tensors (real dtypes: no conjugation to do). */
+void tpu_emit_vdot(tpu_lower *L) {
+  tpu_tref *a = &L->args[0].t, *b = &L->args[1].t;
+  if (a->rank != 1 || b->rank != 1) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "1D tensors expected, but got %dD and %dD tensors", a->rank, b->rank);
+    return;
+  }
+  if (a->dtype != b->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected both vectors to have same dtype, but found %s and %s",
+                   tpu_dtype_name(a->dtype), tpu_dtype_name(b->dtype));
+    return;
+  }
+  if (a->sizes[0] != b->sizes[0]) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "inconsistent tensor size, expected tensor [%lld] and src [%lld] to have the same number of elements, but got %lld and %lld elements respectively",
+                   (long long)a->sizes[0], (long long)b->sizes[0], (long long)a->sizes[0], (long long)b->sizes[0]);
+    return;
+  }
+  if (tpu_dtype_is_complex(a->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "vdot: complex tensors are not supported on tpu yet");
+    return;
+  }
+  tpu_dtype dt = a->dtype, acc = tpu_acc_type(dt);
+  int64_t lc = 0, rc = 0;
+  tpu_hv r = tpu_hlo_dot_general(H, tpu_lower_tensor(L, 0, -1), tpu_lower_tensor(L, 1, -1), 0, NULL, NULL, 1, &lc, &rc,
+                                 TPU_HLO_PREC_HIGHEST, acc);
+  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
+}
+
+/* linalg_cross(self, other, *, dim=-1): broadcast, then the 3-vector cross product along dim. */
+void tpu_emit_linalg_cross(tpu_lower *L) {
+  tpu_tref *a = &L->args[0].t, *b = &L->args[1].t;
+  if (a->rank != b->rank) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.cross: inputs must have the same number of dimensions.");
+    return;
+  }
+  if (a->dtype != b->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.cross: expected input and other to have the same dtype, but got %s and %s",
+                   tpu_dtype_name(a->dtype), tpu_dtype_name(b->dtype));
+    return;
+  }
+  int64_t dim = tpu_lower_dim(L, tpu_has(L, 2, TPU_ARG_INT) ? L->args[2].i : -1, a->rank);
+  if (!tpu_hlo_ok(H)) return;
+  if (a->sizes[dim] != 3 || b->sizes[dim] != 3) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.cross: inputs dimension %lld must have length 3. Got %lld and %lld",
+                   (long long)dim, (long long)a->sizes[dim], (long long)b->sizes[dim]);
+    return;
+  }
+  tpu_dtype dt = a->dtype;
+  tpu_hv v[2] = {tpu_lower_tensor(L, 0, -1), tpu_lower_tensor(L, 1, -1)};
+  tpu_lower_broadcast_all(L, v, 2);
+  tpu_hv x[3], y[3], z[3];
+  for (int i = 0; i < 3; i++) {
+    x[i] = tpu_take1(L, v[0], (int)dim, i);
+    y[i] = tpu_take1(L, v[1], (int)dim, i);
+  }
+  for (int i = 0; i < 3; i++) {
+    int j = (i + 1) % 3, k = (i + 2) % 3;
+    z[i] = tpu_sub(L, tpu_mul(L, x[j], y[k]), tpu_mul(L, x[k], y[j]));
+  }
+  /* put dim back: stack the three components along it */
+  const tpu_hlo_type *ct = T(L, z[0]);
+  int64_t dims[TPU_MAX_RANK];
+  int r = ct->rank + 1;
+  for (int d = 0, k = 0; d < r; d++) dims[d] = d == dim ? 1 : ct->dims[k++];
+  for (int i = 0; i < 3; i++) z[i] = tpu_hlo_reshape(H, z[i], r, dims);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_concat(H, z, 3, (int)dim), dt));
+}
+
+/* eye.out(n, *, out), eye.m_out(n, m, *, out): the identity in out's dtype. */
+void tpu_emit_eye_out(tpu_lower *L) {
+  int64_t n = L->args[0].i, m = tpu_has(L, 1, TPU_ARG_INT) ? L->args[1].i : n;
+  if (n < 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "n must be greater or equal to 0, got %lld", (long long)n);
+    return;
+  }
+  if (m < 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "m must be greater or equal to 0, got %lld", (long long)m);
+    return;
+  }
+  tpu_dtype dt = L->args[L->nargs - 1].t.dtype;
+  int64_t dims[2] = {n, m};
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, 2, dims);
+  tpu_hv eq = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, it, 0), tpu_hlo_iota(H, it, 1));
+  tpu_lower_out(L, tpu_hlo_convert(H, eq, dt));
+}
+
+/* ---- matrix helpers ------------------------------------------------------------------------ */
+
+/* x with its last two dims swapped. */
+static tpu_hv tpu_mT(tpu_lower *L, tpu_hv x) {
+  const tpu_hlo_type *t = T(L, x);
+  int64_t perm[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) perm[i] = i;
+  if (t->rank < 2) return x;
+  perm[t->rank - 2] = t->rank - 1;
+  perm[t->rank - 1] = t->rank - 2;
+  return tpu_hlo_transpose(H, x, perm);
+}
+
+/* [..., m, k] @ [..., k, n] with equal batch dims. */
+static tpu_hv tpu_bmatmul(tpu_lower *L, tpu_hv a, tpu_hv b) {
+  const tpu_hlo_type *t = T(L, a);
+  int r = t->rank;
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < r - 2; i++) bd[i] = i;
+  int64_t lc = r - 1, rc = r - 2;
+  tpu_dtype dt = t->dtype;
+  tpu_hv p = tpu_hlo_dot_general(H, a, b, r - 2, bd, bd, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, tpu_acc_type(dt));
+  return tpu_hlo_convert(H, p, dt);
+}
+
+/* Mask of the lower (row >= col + k) or upper (row <= col - k... i.e. col >= row + k)
+ * triangle of shape t's last two dims, broadcast to t. */
+static tpu_hv tpu_tri_mask(tpu_lower *L, const tpu_hlo_type *t, bool lower, int64_t k) {
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, t->rank, t->dims);
+  tpu_hv row = tpu_hlo_iota(H, it, t->rank - 2), col = tpu_hlo_iota(H, it, t->rank - 1);
+  tpu_hv kk = tpu_lower_full(L, it, (double)k);
+  return lower ? tpu_hlo_compare(H, TPU_HLO_GE, row, tpu_add(L, col, kk))
+               : tpu_hlo_compare(H, TPU_HLO_GE, col, tpu_add(L, row, kk));
+}
+
+/* x with everything outside the triangle set to zero (diag included). */
+static tpu_hv tpu_tri(tpu_lower *L, tpu_hv x, bool lower) {
+  return tpu_hlo_select(H, tpu_tri_mask(L, T(L, x), lower, 0), x, tpu_k(L, x, 0));
+}
+
+/* The identity of x's type (last two dims), broadcast over its batch. */
+static tpu_hv tpu_eye_like(tpu_lower *L, const tpu_hlo_type *t) {
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, t->rank, t->dims);
+  tpu_hv eq = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, it, t->rank - 2), tpu_hlo_iota(H, it, t->rank - 1));
+  return tpu_hlo_convert(H, eq, t->dtype);
+}
+
+static int64_t tpu_numel_t(const tpu_hlo_type *t) { return tpu_hlo_type_numel(t); }
+
+/* Broadcast the batch dims (all but the last two) of a and b to their common shape. */
+static bool tpu_batch_bcast(tpu_lower *L, tpu_hv *a, tpu_hv *b) {
+  const tpu_hlo_type *at = T(L, *a), *bt = T(L, *b);
+  if (at->dtype == TPU_INVALID || bt->dtype == TPU_INVALID) return false;
+  int na = at->rank - 2, nb = bt->rank - 2, n = na > nb ? na : nb;
+  int64_t d[TPU_MAX_RANK];
+  for (int i = 0; i < n; i++) {
+    int ia = i - (n - na), ib = i - (n - nb);
+    int64_t x = ia >= 0 ? at->dims[ia] : 1, y = ib >= 0 ? bt->dims[ib] : 1;
+    if (x != y && x != 1 && y != 1) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: the batch dimensions of the inputs are not broadcastable", L->opname);
+      return false;
+    }
+    d[i] = x == 1 ? y : x;
+  }
+  int64_t da[TPU_MAX_RANK], db[TPU_MAX_RANK];
+  memcpy(da, d, sizeof(int64_t) * (size_t)n);
+  memcpy(db, d, sizeof(int64_t) * (size_t)n);
+  da[n] = at->dims[na];
+  da[n + 1] = at->dims[na + 1];
+  db[n] = bt->dims[nb];
+  db[n + 1] = bt->dims[nb + 1];
+  *a = tpu_lower_broadcast_to(L, *a, n + 2, da);
+  *b = tpu_lower_broadcast_to(L, *b, n + 2, db);
+  return tpu_hlo_ok(H);
+}
+
+/* stablehlo.triangular_solve: op(a) x = b (left) or x op(a) = b, with
+ * op = transpose when trans; a and b share batch dims. */
+static tpu_hv tpu_trisolve(tpu_lower *L, tpu_hv a, tpu_hv b, bool left, bool lower, bool unit, bool trans) {
+  const tpu_hlo_type *bt = T(L, b);
+  if (bt->dtype == TPU_INVALID) return TPU_HV_NONE;
+  tpu_hlo_type rt = *bt;
+  if (tpu_numel_t(&rt) == 0 || tpu_numel_t(T(L, a)) == 0) return tpu_lower_full(L, rt, 0);
+  char attrs[256];
+  snprintf(attrs, sizeof attrs,
+           "left_side = %s, lower = %s, unit_diagonal = %s, transpose_a = #stablehlo<transpose %s>",
+           left ? "true" : "false", lower ? "true" : "false", unit ? "true" : "false", trans ? "TRANSPOSE" : "NO_TRANSPOSE");
+  tpu_hv ops[2] = {a, b};
+  return tpu_hlo_emit1(H, "stablehlo.triangular_solve", ops, 2, attrs, rt);
+}
+
+/* Lower Cholesky factor of the (lower triangle of) a; NaNs where a is not positive definite. */
+static tpu_hv tpu_chol_lower(tpu_lower *L, tpu_hv a) {
+  const tpu_hlo_type *t = T(L, a);
+  if (t->dtype == TPU_INVALID) return TPU_HV_NONE;
+  if (tpu_numel_t(t) == 0) return a;
+  tpu_hv c = tpu_hlo_emit1(H, "stablehlo.cholesky", &a, 1, "lower = true", *t);
+  return tpu_tri(L, c, true);
+}
+
+/* A float matrix stack argument (rank >= 2, square when asked). */
+static bool tpu_check_matrix(tpu_lower *L, int i, bool square, const char *fn) {
+  tpu_tref *t = &L->args[i].t;
+  if (t->rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: The input tensor %s must have at least 2 dimensions.", fn, i == 0 ? "A" : "B");
+    return false;
+  }
+  if (square && t->sizes[t->rank - 1] != t->sizes[t->rank - 2]) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: A must be batches of square matrices, but they are %lld by %lld matrices", fn,
+                   (long long)t->sizes[t->rank - 2], (long long)t->sizes[t->rank - 1]);
+    return false;
+  }
+  if (t->dtype != TPU_F32 && t->dtype != TPU_F64) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: Expected a floating point or complex tensor as input. Got %s", fn,
+                   tpu_dtype_name(t->dtype));
+    return false;
+  }
+  return true;
+}
+
+/* ---- Cholesky and triangular solves ----------------------------------------------------------- */
+
+/* info: 0, or the 1-based order of the first leading minor that is not
+ * positive definite (the first NaN or non-positive diagonal entry of the
+ * factor: XLA's factor turns NaN from there on). Int32 of the batch shape. */
+static tpu_hv tpu_chol_info(tpu_lower *L, tpu_hv c) {
+  const tpu_hlo_type *t = T(L, c);
+  if (t->dtype == TPU_INVALID) return TPU_HV_NONE;
+  int r = t->rank;
+  int64_t n = t->dims[r - 1];
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, r, t->dims);
+  tpu_hv row = tpu_hlo_iota(H, it, r - 2), col = tpu_hlo_iota(H, it, r - 1);
+  tpu_hv diag = tpu_hlo_compare(H, TPU_HLO_EQ, row, col);
+  tpu_hv notpos = tpu_hlo_unary(H, TPU_HLO_NOT, tpu_hlo_compare(H, TPU_HLO_GT, c, tpu_k(L, c, 0)));
+  tpu_hv bad = tpu_hlo_binary(H, TPU_HLO_AND, diag, notpos);
+  tpu_hv big = tpu_lower_full(L, it, (double)(n + 1));
+  tpu_hv idx = tpu_hlo_select(H, bad, tpu_add(L, col, tpu_lower_full(L, it, 1)), big);
+  int64_t rd[2] = {r - 2, r - 1};
+  tpu_hv m = tpu_hlo_reduce(H, idx, tpu_hlo_constant_int(H, TPU_S64, n + 1), rd, 2, TPU_HLO_MIN);
+  tpu_hv none = tpu_hlo_compare(H, TPU_HLO_EQ, m, tpu_k(L, m, (double)(n + 1)));
+  m = tpu_hlo_select(H, none, tpu_k(L, m, 0), m);
+  return tpu_hlo_convert(H, m, TPU_S32);
+}
+
+/* linalg_cholesky_ex.L(self, *, upper, check_errors, L, info) */
+void tpu_emit_linalg_cholesky_ex(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.cholesky")) return;
+  bool upper = tpu_bool_arg(L, 1, false);
+  tpu_hv a = tpu_lower_tensor(L, 0, -1);
+  tpu_hv c = tpu_chol_lower(L, a);
+  tpu_hv info = tpu_chol_info(L, c);
+  tpu_lower_out(L, upper ? tpu_mT(L, c) : c);
+  tpu_lower_out(L, info);
+}
+
+/* cholesky(self, upper=False): the factor (upper: U with A = U^T U) */
+void tpu_emit_cholesky(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "cholesky")) return;
+  bool upper = tpu_bool_arg(L, 1, false);
+  tpu_hv c = tpu_chol_lower(L, tpu_lower_tensor(L, 0, -1));
+  tpu_lower_out(L, upper ? tpu_mT(L, c) : c);
+}
+
+/* _cholesky_solve_helper(self=B, A=factor, upper): solve (F F^T) X = B with F
+ * lower (or F^T F with F upper). Batch dims are broadcast by the caller. */
+void tpu_emit_cholesky_solve_helper(tpu_lower *L) {
+  bool upper = tpu_bool_arg(L, 2, false);
+  tpu_hv b = tpu_lower_tensor(L, 0, -1), f = tpu_lower_tensor(L, 1, -1);
+  if (!tpu_batch_bcast(L, &f, &b)) return;
+  tpu_hv y, x;
+  if (!upper) {
+    y = tpu_trisolve(L, f, b, true, true, false, false);
+    x = tpu_trisolve(L, f, y, true, true, false, true);
+  } else {
+    y = tpu_trisolve(L, f, b, true, false, false, true);
+    x = tpu_trisolve(L, f, y, true, false, false, false);
+  }
+  tpu_lower_out(L, x);
+}
+
+/* cholesky_inverse(self=factor, upper): (F F^T)^-1 */
+void tpu_emit_cholesky_inverse(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "cholesky_inverse")) return;
+  bool upper = tpu_bool_arg(L, 1, false);
+  tpu_hv f = tpu_lower_tensor(L, 0, -1);
+  tpu_hv id = tpu_eye_like(L, T(L, f));
+  tpu_hv fi = tpu_trisolve(L, f, id, true, !upper, false, false); /* F^-1 */
+  /* lower: (F F^T)^-1 = F^-T F^-1; upper: (F^T F)^-1 = F^-1 F^-T */
+  tpu_lower_out(L, upper ? tpu_bmatmul(L, fi, tpu_mT(L, fi)) : tpu_bmatmul(L, tpu_mT(L, fi), fi));
+}
+
+/* triangular_solve.X(self=B, A, upper, transpose, unitriangular, *, X, M) */
+void tpu_emit_triangular_solve(tpu_lower *L) {
+  tpu_tref *bt = &L->args[0].t, *at = &L->args[1].t;
+  if (bt->rank < 2 || at->rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.triangular_solve: Expected b to have at least 2 dimensions, but it has %d dimensions instead", bt->rank);
+    return;
+  }
+  if (!tpu_check_matrix(L, 1, true, "torch.triangular_solve")) return;
+  if (bt->dtype != at->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected b and A to have the same dtype, but found b of type %s and A of type %s instead.",
+                   tpu_dtype_name(bt->dtype), tpu_dtype_name(at->dtype));
+    return;
+  }
+  if (bt->sizes[bt->rank - 2] != at->sizes[at->rank - 1]) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Incompatible matrix sizes for triangular_solve: each A matrix is %lld by %lld but each b matrix is %lld by %lld",
+                   (long long)at->sizes[at->rank - 2], (long long)at->sizes[at->rank - 1],
+                   (long long)bt->sizes[bt->rank - 2], (long long)bt->sizes[bt->rank - 1]);
+    return;
+  }
+  bool upper = tpu_bool_arg(L, 2, true), trans = tpu_bool_arg(L, 3, false), unit = tpu_bool_arg(L, 4, false);
+  tpu_hv b = tpu_lower_tensor(L, 0, -1), a = tpu_lower_tensor(L, 1, -1);
+  if (!tpu_batch_bcast(L, &a, &b)) return;
+  tpu_lower_out(L, tpu_trisolve(L, a, b, true, !upper, unit, trans));
+  tpu_lower_out(L, a);
+}
+
+/* linalg_solve_triangular(self=A, B, *, upper, left=True, unitriangular=False) */
+void tpu_emit_linalg_solve_triangular(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.solve_triangular")) return;
+  tpu_tref *at = &L->args[0].t, *bt = &L->args[1].t;
+  if (bt->rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.solve_triangular: The input tensor B must have at least 2 dimensions.");
+    return;
+  }
+  if (bt->dtype != at->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.solve_triangular: Expected A and B to have the same dtype, but found A of type %s and B of type %s instead",
+                   tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
+    return;
+  }
+  bool upper = tpu_bool_arg(L, 2, false), left = tpu_bool_arg(L, 3, true), unit = tpu_bool_arg(L, 4, false);
+  int64_t n = at->sizes[at->rank - 1], k = left ? bt->sizes[bt->rank - 2] : bt->sizes[bt->rank - 1];
+  if (n != k) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.solve_triangular: Incompatible shapes of A and B for the equation %s (%lldx%lld and %lldx%lld)",
+                   left ? "AX = B" : "XA = B", (long long)at->sizes[at->rank - 2], (long long)n,
+                   (long long)bt->sizes[bt->rank - 2], (long long)bt->sizes[bt->rank - 1]);
+    return;
+  }
+  tpu_hv a = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 1, -1);
+  if (!tpu_batch_bcast(L, &a, &b)) return;
+  tpu_lower_out(L, tpu_trisolve(L, a, b, left, !upper, unit, false));
+}
+
+/* ---- LU with partial pivoting ------------------------------------------------------------------ */
+
+/* stablehlo.while over n carried values; cond and body regions take the
+ * carried types (cond returns tensor<i1>, body the carried values). */
+static bool tpu_while(tpu_lower *L, const tpu_hv *init, int n, int cond, int body, tpu_hv *outs) {
+  tpu_hlo_type ts[16];
+  for (int i = 0; i < n; i++) ts[i] = *T(L, init[i]);
+  int regions[2] = {cond, body};
+  return tpu_hlo_emit(H, "stablehlo.while", init, n, regions, 2, NULL, ts, n, outs);
+}
+
+/* A cond region for loops whose carried value 0 is a 0-d s64 counter: counter < limit. */
+static int tpu_count_cond(tpu_lower *L, const tpu_hlo_type *ts, int n, int64_t limit) {
+  tpu_hv a[16];
+  tpu_hlo_region_begin(H, ts, n, a);
+  tpu_hv c = tpu_hlo_compare(H, TPU_HLO_LT, a[0], tpu_hlo_constant_int(H, TPU_S64, limit));
+  return tpu_hlo_region_end(H, &c, 1);
+}
+
+/* 0-d s64 iota-compatible broadcast of a 0-d value to type t's shape (as s64). */
+static tpu_hv tpu_bcast0(tpu_lower *L, tpu_hv s, int rank, const int64_t *dims) {
+  int64_t none[1] = {0};
+  return tpu_hlo_broadcast_in_dim(H, s, rank, dims, none);
+}
+
+/* Sum over dim `d` of select(mask, x, 0): picks the masked element exactly. */
+static tpu_hv tpu_pick(tpu_lower *L, tpu_hv mask, tpu_hv x, int64_t d) {
+  tpu_hv z = tpu_hlo_select(H, mask, x, tpu_k(L, x, 0));
+  return tpu_hlo_reduce(H, z, tpu_hlo_constant(H, T(L, x)->dtype, 0), &d, 1, TPU_HLO_ADD);
+}
+
+/* x [..., a] -> [..., 1, a] (at = rank-1) or [..., a, 1] (at = rank). */
+static tpu_hv tpu_unsq(tpu_lower *L, tpu_hv x, int at) {
+  const tpu_hlo_type *t = T(L, x);
+  int64_t d[TPU_MAX_RANK];
+  int r = t->rank + 1;
+  for (int i = 0, k = 0; i < r; i++) d[i] = i == at ? 1 : t->dims[k++];
+  return tpu_hlo_reshape(H, x, r, d);
+}
+
+typedef struct {
+  tpu_hv lu;    /* [..., m, n] */
+  tpu_hv piv;   /* s32 [..., k], 1-based as LAPACK */
+  tpu_hv perm;  /* s32 [..., m]: row i of LU is row perm[i] of A */
+  tpu_hv info;  /* s32 [...] */
+} tpu_lu_res;
+
+/* Gaussian elimination with partial pivoting (pivot: largest |a_ik| over
+ * i >= k, the first on ties, as LAPACK's i?amax) of a [..., m, n]; without
+ * pivoting when !pivot. info is the first zero pivot (1-based), else 0. */
+static tpu_lu_res tpu_lu(tpu_lower *L, tpu_hv a, bool pivot) {
+  tpu_lu_res res = {TPU_HV_NONE, TPU_HV_NONE, TPU_HV_NONE, TPU_HV_NONE};
+  const tpu_hlo_type at = *T(L, a);
+  if (at.dtype == TPU_INVALID) return res;
+  int r = at.rank, nb = r - 2;
+  int64_t m = at.dims[r - 2], n = at.dims[r - 1], kmax = m < n ? m : n;
+  tpu_dtype dt = at.dtype;
+  int64_t pd[TPU_MAX_RANK], qd[TPU_MAX_RANK];
+  memcpy(pd, at.dims, sizeof(int64_t) * (size_t)nb);
+  memcpy(qd, at.dims, sizeof(int64_t) * (size_t)nb);
+  pd[nb] = kmax;
+  qd[nb] = m;
+  tpu_hlo_type pt = tpu_hlo_type_make(TPU_S32, nb + 1, pd), qt = tpu_hlo_type_make(TPU_S32, nb + 1, qd);
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S32, nb, at.dims);
+  tpu_hv init[5] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, tpu_lower_full(L, pt, 0), tpu_hlo_iota(H, qt, nb),
+                    tpu_lower_full(L, it, 0)};
+  if (kmax == 0 || tpu_hlo_type_numel(&at) == 0) {
+    res.lu = a;
+    res.piv = tpu_hlo_convert(H, tpu_add(L, tpu_hlo_iota(H, pt, nb), tpu_lower_full(L, pt, 1)), TPU_S32);
+    res.perm = init[3];
+    res.info = init[4];
+    return res;
+  }
+  tpu_hlo_type ts[5];
+  for (int i = 0; i < 5; i++) ts[i] = *T(L, init[i]);
+  int cond = tpu_count_cond(L, ts, 5, kmax);
+
+  tpu_hv v[5];
+  tpu_hlo_region_begin(H, ts, 5, v);
+  {
+    tpu_hv k = v[0], A = v[1], piv = v[2], perm = v[3], info = v[4];
+    tpu_hlo_type i64 = tpu_hlo_type_make(TPU_S64, r, at.dims);
+    tpu_hv row = tpu_hlo_iota(H, i64, r - 2), col = tpu_hlo_iota(H, i64, r - 1);
+    tpu_hv kA = tpu_bcast0(L, k, r, at.dims);
+    /* column k: [..., m] */
+    tpu_hv colk = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, col, kA), A, r - 1);
+    tpu_hlo_type rt = tpu_hlo_type_make(TPU_S64, nb + 1, qd);
+    tpu_hv rows = tpu_hlo_iota(H, rt, nb);
+    tpu_hv kR = tpu_bcast0(L, k, nb + 1, qd);
+    int64_t bd0[TPU_MAX_RANK];
+    for (int i = 0; i < TPU_MAX_RANK; i++) bd0[i] = i;
+    tpu_hv p; /* pivot row, s64 [...] */
+    if (pivot) {
+      tpu_hv mag = tpu_hlo_unary(H, TPU_HLO_ABS, colk);
+      tpu_hv below = tpu_hlo_compare(H, TPU_HLO_GE, rows, kR);
+      mag = tpu_hlo_select(H, below, mag, tpu_k(L, mag, -1));
+      int64_t d = nb;
+      tpu_hv mx = tpu_hlo_reduce(H, mag, tpu_hlo_constant(H, dt, -INFINITY), &d, 1, TPU_HLO_MAX);
+      tpu_hv ismx = tpu_hlo_binary(H, TPU_HLO_AND, below, tpu_hlo_compare(H, TPU_HLO_EQ, mag, tpu_hlo_broadcast_in_dim(H, mx, nb + 1, qd, bd0)));
+      tpu_hv cand = tpu_hlo_select(H, ismx, rows, tpu_lower_full(L, rt, (double)m));
+      p = tpu_hlo_reduce(H, cand, tpu_hlo_constant_int(H, TPU_S64, m), &d, 1, TPU_HLO_MIN);
+      /* all-NaN column below k: keep row k (LAPACK's amax picks the first) */
+      p = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, p, tpu_k(L, p, (double)m)), tpu_bcast0(L, k, nb, at.dims), p);
+    } else {
+      p = tpu_bcast0(L, k, nb, at.dims);
+    }
+    /* swap rows k and p */
+    int64_t bd[TPU_MAX_RANK];
+    for (int i = 0; i < nb; i++) bd[i] = i;
+    tpu_hv pA = tpu_hlo_broadcast_in_dim(H, p, r, at.dims, bd);
+    tpu_hv isk = tpu_hlo_compare(H, TPU_HLO_EQ, row, kA), isp = tpu_hlo_compare(H, TPU_HLO_EQ, row, pA);
+    tpu_hv rowk = tpu_pick(L, isk, A, r - 2), rowp = tpu_pick(L, isp, A, r - 2); /* [..., n] */
+    for (int i = 0; i <= nb; i++) bd[i] = i == nb ? r - 1 : i;
+    tpu_hv rowkA = tpu_hlo_broadcast_in_dim(H, rowk, r, at.dims, bd), rowpA = tpu_hlo_broadcast_in_dim(H, rowp, r, at.dims, bd);
+    A = tpu_hlo_select(H, isk, rowpA, tpu_hlo_select(H, isp, rowkA, A));
+    /* the same swap in perm */
+    tpu_hv pR = tpu_hlo_broadcast_in_dim(H, p, nb + 1, qd, bd);
+    tpu_hv iskR = tpu_hlo_compare(H, TPU_HLO_EQ, rows, kR), ispR = tpu_hlo_compare(H, TPU_HLO_EQ, rows, pR);
+    int64_t dn = nb;
+    tpu_hv permk = tpu_pick(L, iskR, perm, dn), permp = tpu_pick(L, ispR, perm, dn);
+    tpu_hv permkR = tpu_hlo_broadcast_in_dim(H, permk, nb + 1, qd, bd), permpR = tpu_hlo_broadcast_in_dim(H, permp, nb + 1, qd, bd);
+    perm = tpu_hlo_select(H, iskR, permpR, tpu_hlo_select(H, ispR, permkR, perm));
+    /* pivots[k] = p + 1 */
+    tpu_hlo_type kt = tpu_hlo_type_make(TPU_S64, nb + 1, pd);
+    tpu_hv pk = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, kt, nb), tpu_bcast0(L, k, nb + 1, pd));
+    tpu_hv p1 = tpu_hlo_convert(H, tpu_add(L, p, tpu_k(L, p, 1)), TPU_S32);
+    piv = tpu_hlo_select(H, pk, tpu_hlo_broadcast_in_dim(H, p1, nb + 1, pd, bd), piv);
+    /* eliminate below the pivot */
+    tpu_hv newrowk = rowp; /* the row now at k */
+    int64_t cd[TPU_MAX_RANK];
+    memcpy(cd, at.dims, sizeof(int64_t) * (size_t)nb);
+    cd[nb] = n;
+    tpu_hv colsN = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, nb + 1, cd), nb);
+    tpu_hv kN = tpu_bcast0(L, k, nb + 1, cd);
+    tpu_hv piv_v = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, colsN, kN), newrowk, nb); /* [...] */
+    tpu_hv zero = tpu_hlo_compare(H, TPU_HLO_EQ, piv_v, tpu_k(L, piv_v, 0));
+    tpu_hv infoz = tpu_hlo_compare(H, TPU_HLO_EQ, info, tpu_k(L, info, 0));
+    tpu_hv k1 = tpu_hlo_convert(H, tpu_add(L, k, tpu_hlo_constant_int(H, TPU_S64, 1)), TPU_S32);
+    info = tpu_hlo_select(H, tpu_hlo_binary(H, TPU_HLO_AND, zero, infoz), tpu_bcast0(L, k1, nb, at.dims), info);
+    /* column k after the swap, scaled by 1/pivot below the diagonal (unscaled
+     * when the pivot is zero: the column is zero there, as LAPACK leaves it) */
+    tpu_hv colk2 = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, col, kA), A, r - 1); /* [..., m] */
+    tpu_hv safe = tpu_hlo_select(H, zero, tpu_k(L, piv_v, 1), piv_v);
+    tpu_hv lcol = tpu_hlo_binary(H, TPU_HLO_DIV, colk2, tpu_hlo_broadcast_in_dim(H, safe, nb + 1, qd, bd));
+    tpu_hv belowR = tpu_hlo_compare(H, TPU_HLO_GT, rows, kR);
+    lcol = tpu_hlo_select(H, belowR, lcol, tpu_k(L, lcol, 0));
+    tpu_hv rightN = tpu_hlo_compare(H, TPU_HLO_GT, colsN, kN);
+    tpu_hv urow = tpu_hlo_select(H, rightN, newrowk, tpu_k(L, newrowk, 0));
+    for (int i = 0; i <= nb; i++) bd[i] = i;
+    tpu_hv lA = tpu_hlo_broadcast_in_dim(H, lcol, r, at.dims, bd);
+    for (int i = 0; i <= nb; i++) bd[i] = i == nb ? r - 1 : i;
+    tpu_hv uA = tpu_hlo_broadcast_in_dim(H, urow, r, at.dims, bd);
+    A = tpu_sub(L, A, tpu_mul(L, lA, uA));
+    tpu_hv setl = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_EQ, col, kA), tpu_hlo_compare(H, TPU_HLO_GT, row, kA));
+    A = tpu_hlo_select(H, setl, lA, A);
+    tpu_hv outs[5] = {tpu_add(L, k, tpu_hlo_constant_int(H, TPU_S64, 1)), A, piv, perm, info};
+    int body = tpu_hlo_region_end(H, outs, 5);
+    tpu_hv fin[5];
+    if (!tpu_while(L, init, 5, cond, body, fin)) return res;
+    res.lu = fin[1];
+    res.piv = fin[2];
+    res.perm = fin[3];
+    res.info = fin[4];
+  }
+  return res;
+}
+
+/* P [..., m, m] of dtype dt with A = P L U: P[i, j] = (perm[j] == i). */
+static tpu_hv tpu_perm_matrix(tpu_lower *L, tpu_hv perm, tpu_dtype dt) {
+  const tpu_hlo_type *t = T(L, perm);
+  if (t->dtype == TPU_INVALID) return TPU_HV_NONE;
+  int nb = t->rank - 1;
+  int64_t m = t->dims[nb], d[TPU_MAX_RANK], bd[TPU_MAX_RANK];
+  memcpy(d, t->dims, sizeof(int64_t) * (size_t)nb);
+  d[nb] = m;
+  d[nb + 1] = m;
+  for (int i = 0; i < nb; i++) bd[i] = i;
+  bd[nb] = nb + 1;
+  tpu_hv pj = tpu_hlo_broadcast_in_dim(H, perm, nb + 2, d, bd);
+  tpu_hv ri = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S32, nb + 2, d), nb);
+  return tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_EQ, pj, ri), dt);
+}
+
+/* The row permutation perm [..., m] from LAPACK pivots [..., k] (1-based
+ * sequential swaps), by a while loop over the k swaps. */
+static tpu_hv tpu_perm_from_piv(tpu_lower *L, tpu_hv piv, int64_t m) {
+  tpu_hlo_type pt = *T(L, piv);
+  if (pt.dtype == TPU_INVALID) return TPU_HV_NONE;
+  int nb = pt.rank - 1;
+  int64_t k = pt.dims[nb], qd[TPU_MAX_RANK], bd[TPU_MAX_RANK];
+  memcpy(qd, pt.dims, sizeof(int64_t) * (size_t)nb);
+  qd[nb] = m;
+  for (int i = 0; i < nb; i++) bd[i] = i;
+  tpu_hlo_type qt = tpu_hlo_type_make(TPU_S32, nb + 1, qd);
+  piv = tpu_hlo_convert(H, piv, TPU_S32);
+  tpu_hv init[3] = {tpu_hlo_constant_int(H, TPU_S64, 0), tpu_hlo_iota(H, qt, nb), piv};
+  if (k == 0 || m == 0 || tpu_hlo_type_numel(&qt) == 0) return init[1];
+  tpu_hlo_type ts[3] = {*T(L, init[0]), *T(L, init[1]), *T(L, init[2])};
+  int cond = tpu_count_cond(L, ts, 3, k);
+  tpu_hv v[3];
+  tpu_hlo_region_begin(H, ts, 3, v);
+  tpu_hv i0 = v[0], perm = v[1];
+  int64_t dn = nb;
+  tpu_hlo_type kt = tpu_hlo_type_make(TPU_S64, nb + 1, pt.dims);
+  tpu_hv pk = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, kt, nb), tpu_bcast0(L, i0, nb + 1, pt.dims)), v[2], dn);
+  tpu_hv p = tpu_hlo_convert(H, tpu_sub(L, pk, tpu_k(L, pk, 1)), TPU_S64); /* [...] 0-based */
+  tpu_hlo_type rt = tpu_hlo_type_make(TPU_S64, nb + 1, qd);
+  tpu_hv rows = tpu_hlo_iota(H, rt, nb);
+  tpu_hv isk = tpu_hlo_compare(H, TPU_HLO_EQ, rows, tpu_bcast0(L, i0, nb + 1, qd));
+  tpu_hv isp = tpu_hlo_compare(H, TPU_HLO_EQ, rows, tpu_hlo_broadcast_in_dim(H, p, nb + 1, qd, bd));
+  tpu_hv a = tpu_pick(L, isk, perm, dn), b = tpu_pick(L, isp, perm, dn);
+  perm = tpu_hlo_select(H, isk, tpu_hlo_broadcast_in_dim(H, b, nb + 1, qd, bd),
+                        tpu_hlo_select(H, isp, tpu_hlo_broadcast_in_dim(H, a, nb + 1, qd, bd), perm));
+  tpu_hv outs[3] = {tpu_add(L, i0, tpu_hlo_constant_int(H, TPU_S64, 1)), perm, v[2]};
+  int body = tpu_hlo_region_end(H, outs, 3);
+  tpu_hv fin[3];
+  if (!tpu_while(L, init, 3, cond, body, fin)) return TPU_HV_NONE;
+  return fin[1];
+}
+
+/* Unit lower L [..., m, k] and upper U [..., k, n] of a packed LU [..., m, n]. */
+static void tpu_lu_split(tpu_lower *L, tpu_hv lu, tpu_hv *lo, tpu_hv *up) {
+  const tpu_hlo_type t = *T(L, lu);
+  if (t.dtype == TPU_INVALID) return;
+  int r = t.rank;
+  int64_t m = t.dims[r - 2], n = t.dims[r - 1], k = m < n ? m : n;
+  int64_t st[TPU_MAX_RANK] = {0}, lim[TPU_MAX_RANK], one[TPU_MAX_RANK];
+  for (int i = 0; i < r; i++) {
+    lim[i] = t.dims[i];
+    one[i] = 1;
+  }
+  lim[r - 1] = k;
+  tpu_hv l = tpu_hlo_slice(H, lu, st, lim, one);
+  l = tpu_hlo_select(H, tpu_tri_mask(L, T(L, l), true, 1), l, tpu_k(L, l, 0));
+  *lo = tpu_add(L, l, tpu_eye_like(L, T(L, l)));
+  lim[r - 1] = n;
+  lim[r - 2] = k;
+  *up = tpu_tri(L, tpu_hlo_slice(H, lu, st, lim, one), false);
+}
+
+/* Solve A X = B (left) or X A = B given A's LU and perm; adjoint solves with A^T. */
+static tpu_hv tpu_lu_solve_impl(tpu_lower *L, tpu_hv lu, tpu_hv perm, tpu_hv b, bool left, bool adjoint) {
+  tpu_hv P = tpu_perm_matrix(L, perm, T(L, lu)->dtype);
+  bool tr = adjoint;
+  if (left && !tr) {         /* L U X = P^T B */
+    tpu_hv y = tpu_bmatmul(L, tpu_mT(L, P), b);
+    y = tpu_trisolve(L, lu, y, true, true, true, false);
+    return tpu_trisolve(L, lu, y, true, false, false, false);
+  }
+  if (left) {                /* U^T L^T P^T X = B: X = P L^-T U^-T B */
+    tpu_hv y = tpu_trisolve(L, lu, b, true, false, false, true);
+    y = tpu_trisolve(L, lu, y, true, true, true, true);
+    return tpu_bmatmul(L, P, y);
+  }
+  if (!tr) {                 /* X P L U = B: X = B U^-1 L^-1 P^T */
+    tpu_hv y = tpu_trisolve(L, lu, b, false, false, false, false);
+    y = tpu_trisolve(L, lu, y, false, true, true, false);
+    return tpu_bmatmul(L, y, tpu_mT(L, P));
+  }
+  /* X U^T L^T P^T = B: X = B P L^-T U^-T */
+  tpu_hv y = tpu_bmatmul(L, b, P);
+  y = tpu_trisolve(L, lu, y, false, true, true, true);
+  return tpu_trisolve(L, lu, y, false, false, false, true);
+}
+
+/* linalg_lu_factor_ex.out(A, *, pivot, check_errors, LU, pivots, info) */
+void tpu_emit_linalg_lu_factor_ex(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "torch.linalg.lu_factor_ex")) return;
+  if (!tpu_bool_arg(L, 1, true)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_factor: LU without pivoting is not implemented on the CPU");
+    return;
+  }
+  tpu_lu_res f = tpu_lu(L, tpu_lower_tensor(L, 0, -1), true);
+  tpu_lower_out(L, f.lu);
+  tpu_lower_out(L, f.piv);
+  tpu_lower_out(L, f.info);
+}
+
+/* linalg_lu.out(A, *, pivot, P, L, U) */
+void tpu_emit_linalg_lu(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "linalg.lu")) return;
+  if (!tpu_bool_arg(L, 1, true)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_factor: LU without pivoting is not implemented on the CPU");
+    return;
+  }
+  tpu_lu_res f = tpu_lu(L, tpu_lower_tensor(L, 0, -1), true);
+  tpu_hv lo = TPU_HV_NONE, up = TPU_HV_NONE;
+  tpu_lu_split(L, f.lu, &lo, &up);
+  tpu_lower_out(L, tpu_perm_matrix(L, f.perm, L->args[0].t.dtype));
+  tpu_lower_out(L, lo);
+  tpu_lower_out(L, up);
+}
+
+/* lu_unpack.out(LU_data, LU_pivots, unpack_data, unpack_pivots, *, P, L, U) */
+void tpu_emit_lu_unpack(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t, *pt = &L->args[1].t;
+  if (t->rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.lu_unpack: Expected tensor with 2 or more dimensions. Got size: [%lld] instead",
+                   (long long)(t->rank ? t->sizes[0] : 0));
+    return;
+  }
+  if (pt->dtype != TPU_S32) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.lu_unpack: LU_pivots is expected to be a contiguous tensor of torch.int32 dtype.\n"
+                   "Note: this function is intended to be used with the output produced by torch.linalg.lu_factor");
+    return;
+  }
+  bool data = tpu_bool_arg(L, 2, true), pivs = tpu_bool_arg(L, 3, true);
+  int64_t m = t->sizes[t->rank - 2];
+  int64_t z = 0;
+  tpu_hv empty = tpu_lower_full(L, tpu_hlo_type_make(t->dtype, 1, &z), 0);
+  if (pivs) {
+    tpu_hv perm = tpu_perm_from_piv(L, tpu_lower_tensor(L, 1, -1), m);
+    tpu_lower_out(L, tpu_perm_matrix(L, perm, t->dtype));
+  } else {
+    tpu_lower_out(L, empty);
+  }
+  if (data) {
+    tpu_hv lo = TPU_HV_NONE, up = TPU_HV_NONE;
+    tpu_lu_split(L, tpu_lower_tensor(L, 0, -1), &lo, &up);
+    tpu_lower_out(L, lo);
+    tpu_lower_out(L, up);
+  } else {
+    tpu_lower_out(L, empty);
+    tpu_lower_out(L, empty);
+  }
+}
+
+/* linalg_lu_solve.out(LU, pivots, B, *, left, adjoint, out) */
+void tpu_emit_linalg_lu_solve(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.lu_solve")) return;
+  tpu_tref *bt = &L->args[2].t, *at = &L->args[0].t;
+  bool left = tpu_bool_arg(L, 3, true), adjoint = tpu_bool_arg(L, 4, false);
+  if (bt->rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_solve: The input tensor B must have at least 2 dimensions.");
+    return;
+  }
+  int64_t n = at->sizes[at->rank - 1];
+  if ((left ? bt->sizes[bt->rank - 2] : bt->sizes[bt->rank - 1]) != n) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_solve: Incompatible shapes of A and B for the equation %s (%lldx%lld and %lldx%lld)",
+                   left ? "AX = B" : "XA = B", (long long)n, (long long)n, (long long)bt->sizes[bt->rank - 2],
+                   (long long)bt->sizes[bt->rank - 1]);
+    return;
+  }
+  if (bt->dtype != at->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_solve: Expected LU and B to have the same dtype, but found LU of type %s and B of type %s instead",
+                   tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
+    return;
+  }
+  tpu_hv lu = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 2, -1);
+  tpu_hv perm = tpu_perm_from_piv(L, tpu_lower_tensor(L, 1, -1), n);
+  /* broadcast the batch of LU (and perm with it) against B's */
+  if (!tpu_batch_bcast(L, &lu, &b)) return;
+  const tpu_hlo_type *lt = T(L, lu);
+  int64_t qd[TPU_MAX_RANK];
+  memcpy(qd, lt->dims, sizeof(int64_t) * (size_t)(lt->rank - 1));
+  perm = tpu_lower_broadcast_to(L, perm, lt->rank - 1, qd);
+  tpu_lower_out(L, tpu_lu_solve_impl(L, lu, perm, b, left, adjoint));
+}
+
+/* linalg_inv_ex.inverse(A, *, check_errors, inverse, info) */
+void tpu_emit_linalg_inv_ex(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.inv")) return;
+  tpu_hv a = tpu_lower_tensor(L, 0, -1);
+  tpu_lu_res f = tpu_lu(L, a, true);
+  tpu_lower_out(L, tpu_lu_solve_impl(L, f.lu, f.perm, tpu_eye_like(L, T(L, a)), true, false));
+  tpu_lower_out(L, f.info);
+}
+
+/* _linalg_solve_ex.result(A, B, *, left, check_errors, result, LU, pivots, info) */
+void tpu_emit_linalg_solve_ex(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.solve")) return;
+  tpu_tref *at = &L->args[0].t, *bt = &L->args[1].t;
+  bool left = tpu_bool_arg(L, 2, true);
+  if (at->dtype != bt->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.solve: Expected A and B to have the same dtype, but found A of type %s and B of type %s instead",
+                   tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
+    return;
+  }
+  /* B is a (batch of) vector(s) when 1-d, or when its shape is A's without the last dim */
+  bool vec = bt->rank == 1;
+  if (left && bt->rank == at->rank - 1) {
+    vec = true;
+    for (int i = 0; i < bt->rank; i++) vec = vec && bt->sizes[i] == at->sizes[i];
+  }
+  tpu_hv a = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 1, -1);
+  if (vec) b = tpu_unsq(L, b, bt->rank);
+  const tpu_hlo_type *b2 = T(L, b);
+  int64_t n = at->sizes[at->rank - 1];
+  if (b2->rank < 2 || (left ? b2->dims[b2->rank - 2] : b2->dims[b2->rank - 1]) != n) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.solve: Incompatible shapes of A and B for the equation %s", left ? "AX = B" : "XA = B");
+    return;
+  }
+  tpu_lu_res f = tpu_lu(L, a, true);
+  tpu_hv lu = f.lu, perm = f.perm;
+  if (!tpu_batch_bcast(L, &lu, &b)) return;
+  const tpu_hlo_type *lt = T(L, lu);
+  int64_t qd[TPU_MAX_RANK];
+  memcpy(qd, lt->dims, sizeof(int64_t) * (size_t)(lt->rank - 1));
+  perm = tpu_lower_broadcast_to(L, perm, lt->rank - 1, qd);
+  tpu_hv x = tpu_lu_solve_impl(L, lu, perm, b, left, false);
+  if (vec) {
+    const tpu_hlo_type *xt = T(L, x);
+    x = tpu_hlo_reshape(H, x, xt->rank - 1, xt->dims);
+  }
+  tpu_lower_out(L, x);
+  tpu_lower_out(L, f.lu);
+  tpu_lower_out(L, f.piv);
+  tpu_lower_out(L, f.info);
+}
+
+/* Diagonal [..., n] of a square stack. */
+static tpu_hv tpu_diag(tpu_lower *L, tpu_hv x) {
+  const tpu_hlo_type *t = T(L, x);
+  int r = t->rank;
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, r, t->dims);
+  tpu_hv eq = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, it, r - 2), tpu_hlo_iota(H, it, r - 1));
+  return tpu_pick(L, eq, x, r - 1);
+}
+
+/* (-1)^(number of actual swaps) of the pivots, in dt, shape [...]. */
+static tpu_hv tpu_piv_sign(tpu_lower *L, tpu_hv piv, tpu_dtype dt) {
+  const tpu_hlo_type *t = T(L, piv);
+  int nb = t->rank - 1;
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S32, t->rank, t->dims);
+  tpu_hv ones = tpu_add(L, tpu_hlo_iota(H, it, nb), tpu_lower_full(L, it, 1));
+  tpu_hv sw = tpu_hlo_compare(H, TPU_HLO_NE, piv, ones);
+  tpu_hv s = tpu_hlo_select(H, sw, tpu_lower_full(L, tpu_hlo_type_make(dt, t->rank, t->dims), -1),
+                            tpu_lower_full(L, tpu_hlo_type_make(dt, t->rank, t->dims), 1));
+  int64_t d = nb;
+  return tpu_hlo_reduce(H, s, tpu_hlo_constant(H, dt, 1), &d, 1, TPU_HLO_MUL);
+}
+
+/* torch's is_contiguous (row-major; size-1 dims ignored). */
+static bool tpu_is_contig(const tpu_tref *t) {
+  int64_t want = 1;
+  for (int i = t->rank - 1; i >= 0; i--) {
+    if (t->sizes[i] == 1) continue;
+    if (t->strides[i] != want) return false;
+    want *= t->sizes[i];
+  }
+  return true;
+}
+
+/* The LU that torch's det/slogdet save for their backward: of A^T when A
+ * is contiguous (torch factors the transpose to skip a copy; the backward
+ * formula relies on it), else of A. */
+static tpu_lu_res tpu_det_lu(tpu_lower *L) {
+  tpu_hv a = tpu_lower_tensor(L, 0, -1);
+  if (tpu_is_contig(&L->args[0].t)) a = tpu_mT(L, a);
+  return tpu_lu(L, a, true);
+}
+
+/* _linalg_det.result(A, *, result, LU, pivots) */
+void tpu_emit_linalg_det(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.det")) return;
+  tpu_tref *at = &L->args[0].t;
+  tpu_lu_res f = tpu_det_lu(L);
+  tpu_hv d = tpu_diag(L, f.lu);
+  int64_t dd = at->rank - 2;
+  tpu_hv p = tpu_hlo_reduce(H, d, tpu_hlo_constant(H, at->dtype, 1), &dd, 1, TPU_HLO_MUL);
+  tpu_lower_out(L, tpu_mul(L, p, tpu_piv_sign(L, f.piv, at->dtype)));
+  tpu_lower_out(L, f.lu);
+  tpu_lower_out(L, f.piv);
+}
+
+/* _linalg_slogdet.sign(A, *, sign, logabsdet, LU, pivots) */
+void tpu_emit_linalg_slogdet(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.slogdet")) return;
+  tpu_tref *at = &L->args[0].t;
+  tpu_lu_res f = tpu_det_lu(L);
+  tpu_hv d = tpu_diag(L, f.lu);
+  int64_t dd = at->rank - 2;
+  tpu_hv sg = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_SIGN, d), tpu_hlo_constant(H, at->dtype, 1), &dd, 1, TPU_HLO_MUL);
+  sg = tpu_mul(L, sg, tpu_piv_sign(L, f.piv, at->dtype));
+  tpu_hv la = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_unary(H, TPU_HLO_ABS, d)), tpu_hlo_constant(H, at->dtype, 0),
+                             &dd, 1, TPU_HLO_ADD);
+  tpu_lower_out(L, sg);
+  tpu_lower_out(L, la);
+  tpu_lower_out(L, f.lu);
+  tpu_lower_out(L, f.piv);
+}
+
+/* ---- SVD: one-sided (Hestenes) Jacobi ---------------------------------------------------------- */
+
+/* Column j of x [..., m, n] (j a 0-d s64 value): [..., m]. */
+static tpu_hv tpu_col(tpu_lower *L, tpu_hv x, tpu_hv j) {
+  const tpu_hlo_type *t = T(L, x);
+  int r = t->rank;
+  tpu_hv col = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
+  return tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, col, tpu_bcast0(L, j, r, t->dims)), x, r - 1);
+}
+
+/* x with columns p and q replaced by cp and cq ([..., m]). */
+static tpu_hv tpu_set_cols(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q, tpu_hv cp, tpu_hv cq) {
+  const tpu_hlo_type *t = T(L, x);
+  int r = t->rank;
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < r - 1; i++) bd[i] = i;
+  tpu_hv col = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
+  tpu_hv isp = tpu_hlo_compare(H, TPU_HLO_EQ, col, tpu_bcast0(L, p, r, t->dims));
+  tpu_hv isq = tpu_hlo_compare(H, TPU_HLO_EQ, col, tpu_bcast0(L, q, r, t->dims));
+  tpu_hv bp = tpu_hlo_broadcast_in_dim(H, cp, r, t->dims, bd), bq = tpu_hlo_broadcast_in_dim(H, cq, r, t->dims, bd);
+  return tpu_hlo_select(H, isp, bp, tpu_hlo_select(H, isq, bq, x));
+}
+
+/* Sum over the last dim of a*b: [..., m] -> [...]. */
+static tpu_hv tpu_vdot_last(tpu_lower *L, tpu_hv a, tpu_hv b) {
+  int64_t d = T(L, a)->rank - 1;
+  return tpu_hlo_reduce(H, tpu_mul(L, a, b), tpu_hlo_constant(H, T(L, a)->dtype, 0), &d, 1, TPU_HLO_ADD);
+}
+
+/* The (p, q) index tables of the cyclic Jacobi order, n(n-1)/2 pairs. */
+static int64_t tpu_pairs(int64_t n, int64_t *ps, int64_t *qs) {
+  int64_t k = 0;
+  for (int64_t p = 0; p < n; p++)
+    for (int64_t q = p + 1; q < n; q++) {
+      ps[k] = p;
+      qs[k++] = q;
+    }
+  return k;
+}
+
+/* Entry (t mod npairs) of a constant s64 table, as a 0-d value. */
+static tpu_hv tpu_table_at(tpu_lower *L, const int64_t *tab, int64_t np, tpu_hv t) {
+  tpu_hv c = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 1, &np), tab);
+  tpu_hv i = tpu_hlo_binary(H, TPU_HLO_REM, t, tpu_hlo_constant_int(H, TPU_S64, np));
+  int64_t one = 1;
+  tpu_hv s = tpu_hlo_dynamic_slice(H, c, &i, &one);
+  return tpu_hlo_reshape(H, s, 0, NULL);
+}
+
+/* Jacobi rotation (c, s) that makes columns with squared norms alpha, beta
+ * and inner product gamma orthogonal; identity when gamma == 0. */
+static void tpu_jacobi_cs(tpu_lower *L, tpu_hv alpha, tpu_hv beta, tpu_hv gamma, tpu_hv *c, tpu_hv *s) {
+  tpu_hv zero = tpu_hlo_compare(H, TPU_HLO_EQ, gamma, tpu_k(L, gamma, 0));
+  tpu_hv g = tpu_hlo_select(H, zero, tpu_k(L, gamma, 1), gamma);
+  tpu_hv zeta = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_sub(L, beta, alpha), tpu_mul(L, tpu_k(L, g, 2), g));
+  tpu_hv sg = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, zeta, tpu_k(L, zeta, 0)), tpu_k(L, zeta, -1), tpu_k(L, zeta, 1));
+  tpu_hv az = tpu_hlo_unary(H, TPU_HLO_ABS, zeta);
+  tpu_hv t = tpu_hlo_binary(H, TPU_HLO_DIV, sg,
+                            tpu_add(L, az, tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_add(L, tpu_k(L, zeta, 1), tpu_mul(L, zeta, zeta)))));
+  /* huge zeta: zeta^2 overflows to inf and t becomes 0, as wanted */
+  t = tpu_hlo_select(H, zero, tpu_k(L, t, 0), t);
+  tpu_hv cc = tpu_hlo_unary(H, TPU_HLO_RSQRT, tpu_add(L, tpu_k(L, t, 1), tpu_mul(L, t, t)));
+  *c = cc;
+  *s = tpu_mul(L, cc, t);
+}
+
+/* Thin SVD of a [..., m, n] with m >= n by one-sided Jacobi: returns the
+ * rotated columns W = U diag(S) and V, after `sweeps` cyclic sweeps. */
+static void tpu_jacobi_svd(tpu_lower *L, tpu_hv a, int sweeps, tpu_hv *w_out, tpu_hv *v_out) {
+  const tpu_hlo_type at = *T(L, a);
+  int r = at.rank;
+  int64_t n = at.dims[r - 1];
+  int64_t vd[TPU_MAX_RANK];
+  memcpy(vd, at.dims, sizeof(int64_t) * (size_t)r);
+  vd[r - 2] = n;
+  tpu_hlo_type vt = tpu_hlo_type_make(at.dtype, r, vd);
+  tpu_hv eye = tpu_eye_like(L, &vt);
+  int64_t np = n * (n - 1) / 2;
+  if (np == 0 || tpu_hlo_type_numel(&at) == 0) {
+    *w_out = a;
+    *v_out = eye;
+    return;
+  }
+  int64_t *ps = malloc(sizeof(int64_t) * (size_t)np * 2);
+  if (!ps) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: out of memory", L->opname);
+    return;
+  }
+  int64_t *qs = ps + np;
+  tpu_pairs(n, ps, qs);
+  tpu_hv init[3] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, eye};
+  tpu_hlo_type ts[3] = {*T(L, init[0]), at, vt};
+  int cond = tpu_count_cond(L, ts, 3, np * sweeps);
+  tpu_hv v[3];
+  tpu_hlo_region_begin(H, ts, 3, v);
+  tpu_hv p = tpu_table_at(L, ps, np, v[0]), q = tpu_table_at(L, qs, np, v[0]);
+  tpu_hv ap = tpu_col(L, v[1], p), aq = tpu_col(L, v[1], q);
+  tpu_hv c, s;
+  tpu_jacobi_cs(L, tpu_vdot_last(L, ap, ap), tpu_vdot_last(L, aq, aq), tpu_vdot_last(L, ap, aq), &c, &s);
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < r - 2; i++) bd[i] = i;
+  const tpu_hlo_type *cvt = T(L, ap);
+  tpu_hv cb = tpu_hlo_broadcast_in_dim(H, c, cvt->rank, cvt->dims, bd), sb = tpu_hlo_broadcast_in_dim(H, s, cvt->rank, cvt->dims, bd);
+  tpu_hv A = tpu_set_cols(L, v[1], p, q, tpu_sub(L, tpu_mul(L, cb, ap), tpu_mul(L, sb, aq)), tpu_add(L, tpu_mul(L, sb, ap), tpu_mul(L, cb, aq)));
+  tpu_hv vp = tpu_col(L, v[2], p), vq = tpu_col(L, v[2], q);
+  const tpu_hlo_type *cvv = T(L, vp);
+  tpu_hv cv = tpu_hlo_broadcast_in_dim(H, c, cvv->rank, cvv->dims, bd), sv = tpu_hlo_broadcast_in_dim(H, s, cvv->rank, cvv->dims, bd);
+  tpu_hv V = tpu_set_cols(L, v[2], p, q, tpu_sub(L, tpu_mul(L, cv, vp), tpu_mul(L, sv, vq)), tpu_add(L, tpu_mul(L, sv, vp), tpu_mul(L, cv, vq)));
+  tpu_hv outs[3] = {tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1)), A, V};
+  int body = tpu_hlo_region_end(H, outs, 3);
+  free(ps);
+  tpu_hv fin[3];
+  if (!tpu_while(L, init, 3, cond, body, fin)) return;
+  *w_out = fin[1];
+  *v_out = fin[2];
+}
+
+/* Permutation sorting s [..., k] descending (stable): returns the sorted
+ * values and the one-hot matrix M [..., k, k] with X M = X's columns in that order. */
+static tpu_hv tpu_sort_desc(tpu_lower *L, tpu_hv s, tpu_hv *mat) {
+  const tpu_hlo_type st = *T(L, s);
+  int r = st.rank;
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S32, r, st.dims);
+  tpu_hlo_type sc[4] = {tpu_hlo_type_make(st.dtype, 0, NULL), tpu_hlo_type_make(st.dtype, 0, NULL),
+                        tpu_hlo_type_make(TPU_S32, 0, NULL), tpu_hlo_type_make(TPU_S32, 0, NULL)};
+  tpu_hv a[4];
+  tpu_hlo_region_begin(H, sc, 4, a);
+  tpu_hv gt = tpu_hlo_compare(H, TPU_HLO_GT, a[0], a[1]);
+  int region = tpu_hlo_region_end(H, &gt, 1);
+  tpu_hv xs[2] = {s, tpu_hlo_iota(H, it, r - 1)}, outs[2] = {TPU_HV_NONE, TPU_HV_NONE};
+  tpu_hlo_sort(H, xs, 2, r - 1, true, region, outs);
+  int64_t md[TPU_MAX_RANK], bd[TPU_MAX_RANK];
+  memcpy(md, st.dims, sizeof(int64_t) * (size_t)r);
+  md[r] = st.dims[r - 1];
+  for (int i = 0; i < r - 1; i++) bd[i] = i;
+  bd[r - 1] = r; /* idx[..., j] -> M[..., :, j] */
+  tpu_hv idx = tpu_hlo_broadcast_in_dim(H, outs[1], r + 1, md, bd);
+  tpu_hv rows = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S32, r + 1, md), r - 1);
+  *mat = tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, idx), st.dtype);
+  return outs[0];
+}
+
+/* U [..., m, k], S [..., k], V [..., n, k] of a [..., m, n], S descending. */
+static void tpu_svd(tpu_lower *L, tpu_hv a, tpu_hv *U, tpu_hv *S, tpu_hv *V) {
+  const tpu_hlo_type at = *T(L, a);
+  int r = at.rank;
+  bool wide = at.dims[r - 2] < at.dims[r - 1];
+  tpu_hv w = TPU_HV_NONE, v = TPU_HV_NONE;
+  tpu_jacobi_svd(L, wide ? tpu_mT(L, a) : a, 12, &w, &v);
+  if (!tpu_hlo_ok(H)) return;
+  /* singular values: column norms; U: normalised columns (0 for a zero column) */
+  tpu_hv wt = tpu_mT(L, w);
+  int64_t d = r - 1;
+  tpu_hv s2 = tpu_hlo_reduce(H, tpu_mul(L, wt, wt), tpu_hlo_constant(H, at.dtype, 0), &d, 1, TPU_HLO_ADD);
+  tpu_hv s = tpu_hlo_unary(H, TPU_HLO_SQRT, s2);
+  const tpu_hlo_type *wty = T(L, w);
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < r - 2; i++) bd[i] = i;
+  bd[r - 2] = r - 1;
+  tpu_hv sb = tpu_hlo_broadcast_in_dim(H, s, r, wty->dims, bd);
+  tpu_hv z = tpu_hlo_compare(H, TPU_HLO_EQ, sb, tpu_k(L, sb, 0));
+  tpu_hv u = tpu_hlo_select(H, z, tpu_k(L, w, 0), tpu_hlo_binary(H, TPU_HLO_DIV, w, tpu_hlo_select(H, z, tpu_k(L, sb, 1), sb)));
+  tpu_hv M = TPU_HV_NONE;
+  s = tpu_sort_desc(L, s, &M);
+  u = tpu_bmatmul(L, u, M);
+  v = tpu_bmatmul(L, v, M);
+  *S = s;
+  *U = wide ? v : u;
+  *V = wide ? u : v;
+}
+
+/* _linalg_svd.U(A, full_matrices, compute_uv, *, driver, U, S, Vh) */
+void tpu_emit_linalg_svd(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "linalg.svd")) return;
+  tpu_tref *t = &L->args[0].t;
+  bool full = tpu_bool_arg(L, 1, false), uv = tpu_bool_arg(L, 2, true);
+  int64_t m = t->sizes[t->rank - 2], n = t->sizes[t->rank - 1];
+  if (uv && full && m != n) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "linalg.svd: full_matrices=True for non-square matrices is not supported on tpu yet");
+    return;
+  }
+  tpu_hv U = TPU_HV_NONE, S = TPU_HV_NONE, V = TPU_HV_NONE;
+  tpu_svd(L, tpu_lower_tensor(L, 0, -1), &U, &S, &V);
+  int64_t z = 0;
+  tpu_hv empty = tpu_lower_full(L, tpu_hlo_type_make(t->dtype, 1, &z), 0);
+  tpu_lower_out(L, uv ? U : empty);
+  tpu_lower_out(L, S);
+  tpu_lower_out(L, uv ? tpu_mT(L, V) : empty);
+}
+
+/* ---- eigh: two-sided (cyclic) Jacobi ------------------------------------------------------------- */
+
+/* Entry (p, q) of x [..., n, n]: [...]. */
+static tpu_hv tpu_entry(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q) {
+  tpu_hv c = tpu_col(L, x, q); /* [..., n] */
+  const tpu_hlo_type *t = T(L, c);
+  int r = t->rank;
+  tpu_hv row = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
+  return tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, row, tpu_bcast0(L, p, r, t->dims)), c, r - 1);
+}
+
+/* x J for the rotation J in the (p, q) plane: column update. */
+static tpu_hv tpu_rot_cols(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q, tpu_hv c, tpu_hv s) {
+  tpu_hv xp = tpu_col(L, x, p), xq = tpu_col(L, x, q);
+  const tpu_hlo_type *t = T(L, xp);
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank - 1; i++) bd[i] = i;
+  tpu_hv cb = tpu_hlo_broadcast_in_dim(H, c, t->rank, t->dims, bd), sb = tpu_hlo_broadcast_in_dim(H, s, t->rank, t->dims, bd);
+  return tpu_set_cols(L, x, p, q, tpu_sub(L, tpu_mul(L, cb, xp), tpu_mul(L, sb, xq)), tpu_add(L, tpu_mul(L, sb, xp), tpu_mul(L, cb, xq)));
+}
+
+/* _linalg_eigh.eigenvalues(A, UPLO, compute_v, *, eigenvalues, eigenvectors) */
+void tpu_emit_linalg_eigh(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "linalg.eigh")) return;
+  tpu_tref *tr = &L->args[0].t;
+  bool upper = tpu_has(L, 1, TPU_ARG_STR) && (L->args[1].str[0] == 'U' || L->args[1].str[0] == 'u');
+  bool cv = tpu_bool_arg(L, 2, true);
+  tpu_hv a = tpu_lower_tensor(L, 0, -1);
+  /* the symmetric matrix the chosen triangle describes */
+  tpu_hv tri = tpu_tri(L, a, !upper);
+  tpu_hv strict = tpu_hlo_select(H, tpu_tri_mask(L, T(L, a), !upper, 1), a, tpu_k(L, a, 0));
+  a = tpu_add(L, tri, tpu_mT(L, strict));
+  const tpu_hlo_type at = *T(L, a);
+  int r = at.rank;
+  int64_t n = at.dims[r - 1], np = n * (n - 1) / 2;
+  tpu_hv V = tpu_eye_like(L, &at);
+  if (np > 0 && tpu_hlo_type_numel(&at) > 0) {
+    int64_t *ps = malloc(sizeof(int64_t) * (size_t)np * 2);
+    if (!ps) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: out of memory", L->opname);
+      return;
+    }
+    int64_t *qs = ps + np;
+    tpu_pairs(n, ps, qs);
+    tpu_hv init[3] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, V};
+    tpu_hlo_type ts[3] = {*T(L, init[0]), at, at};
+    int cond = tpu_count_cond(L, ts, 3, np * 12);
+    tpu_hv v[3];
+    tpu_hlo_region_begin(H, ts, 3, v);
+    tpu_hv p = tpu_table_at(L, ps, np, v[0]), q = tpu_table_at(L, qs, np, v[0]);
+    tpu_hv c, s;
+    tpu_jacobi_cs(L, tpu_entry(L, v[1], p, p), tpu_entry(L, v[1], q, q), tpu_entry(L, v[1], p, q), &c, &s);
+    tpu_hv B = tpu_rot_cols(L, v[1], p, q, c, s);
+    tpu_hv A2 = tpu_mT(L, tpu_rot_cols(L, tpu_mT(L, B), p, q, c, s));
+    tpu_hv outs[3] = {tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1)), A2, tpu_rot_cols(L, v[2], p, q, c, s)};
+    int body = tpu_hlo_region_end(H, outs, 3);
+    free(ps);
+    tpu_hv fin[3];
+    if (!tpu_while(L, init, 3, cond, body, fin)) return;
+    a = fin[1];
+    V = fin[2];
+  }
+  tpu_hv w = tpu_diag(L, a), M = TPU_HV_NONE;
+  /* ascending: sort the negated values descending */
+  w = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_sort_desc(L, tpu_hlo_unary(H, TPU_HLO_NEG, w), &M));
+  tpu_lower_out(L, w);
+  int64_t z = 0;
+  tpu_lower_out(L, cv ? tpu_bmatmul(L, V, M) : tpu_lower_full(L, tpu_hlo_type_make(tr->dtype, 1, &z), 0));
+}

@@ -1,0 +1,208 @@
+"""Linalg family against CPU PyTorch: products (baddbmm, addbmm, addmv,
+vdot, cross, eye), Cholesky and triangular solves, LU (factor, unpack,
+solve, inverse, solve, det, slogdet): values, dtypes, shapes, pivots,
+float32 gradients, non-contiguous inputs, out= variants and errors."""
+import pytest
+import torch
+
+import torchtpu  # noqa: F401
+
+
+def make(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-3, 4, shape, generator=g).to(dtype)
+
+
+def spd(n, batch=(), seed=0):
+    a = make(batch + (n, n), seed=seed)
+    return a @ a.mT + n * torch.eye(n)
+
+
+def close(got, want, tol=1e-4):
+    got = got.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
+    if want.dtype in (torch.bfloat16, torch.float16):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2, equal_nan=True)
+    elif want.dtype.is_floating_point:
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True)
+    else:
+        assert torch.equal(got, want)
+
+
+def check(fn, *args, grad=True, tol=1e-4, **kw):
+    """fn on CPU and tpu: outputs, and float32 gradients of every float input."""
+    cpu = [a.detach().clone().requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
+           for a in args]
+    dev = [a.detach().to("tpu").requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
+           for a in args]
+    want, got = fn(*cpu, **kw), fn(*dev, **kw)
+    wants = tuple(want) if isinstance(want, (tuple, list)) else (want,)
+    gots = tuple(got) if isinstance(got, (tuple, list)) else (got,)
+    for w, g in zip(wants, gots):
+        close(g, w, tol)
+    if not grad:
+        return
+    outs = [(w, g) for w, g in zip(wants, gots) if w.requires_grad]
+    if not outs:
+        return
+    sw = sum((w * torch.linspace(0.5, 1.5, w.numel()).reshape(w.shape)).sum() for w, _ in outs)
+    sg = sum((g * torch.linspace(0.5, 1.5, g.numel()).reshape(g.shape).to("tpu")).sum() for _, g in outs)
+    sw.backward()
+    sg.backward()
+    for c, d in zip(cpu, dev):
+        if isinstance(c, torch.Tensor) and c.requires_grad:
+            close(d.grad, c.grad, tol * 10)
+
+
+# ---- products ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_baddbmm_addbmm_addmv(dtype):
+    s, a, b = make((3, 4, 5), dtype), make((3, 4, 6), dtype, 1), make((3, 6, 5), dtype, 2)
+    g = dtype == torch.float32
+    check(torch.baddbmm, s, a, b, grad=g)
+    check(lambda s, a, b: torch.baddbmm(s, a, b, beta=2, alpha=3), s, a, b, grad=g)
+    check(torch.addbmm, s[0], a, b, grad=g)
+    check(torch.addmv, make((4,), dtype), a[0], make((6,), dtype, 3), grad=g)
+    check(lambda s, m, v: torch.addmv(s, m, v, beta=0.5 if g else 2, alpha=2), make((4,), dtype), a[0], make((6,), dtype, 3), grad=g)
+
+
+def test_beta_zero_ignores_nan():
+    s = torch.full((4, 5), float("nan"))
+    a, b = make((3, 4, 6)), make((3, 6, 5), seed=1)
+    close(torch.addbmm(s.to("tpu"), a.to("tpu"), b.to("tpu"), beta=0), torch.addbmm(s, a, b, beta=0))
+
+
+def test_out_and_inplace():
+    a, b = make((4, 6)), make((6, 5), seed=1)
+    out = torch.empty(4, 5, device="tpu")
+    torch.mm(a.to("tpu"), b.to("tpu"), out=out)
+    close(out, a @ b)
+    s = make((4, 5), seed=2)
+    t = s.to("tpu")
+    t.addmm_(a.to("tpu"), b.to("tpu"), alpha=2)
+    close(t, s.addmm(a, b, alpha=2))
+    ba, bb = make((2, 4, 6)), make((2, 6, 5), seed=1)
+    out = torch.empty(0, device="tpu")
+    torch.bmm(ba.to("tpu"), bb.to("tpu"), out=out)
+    close(out, torch.bmm(ba, bb))
+
+
+def test_noncontiguous_products():
+    a = make((6, 4)).t()
+    v = make((12,))[::2]
+    check(torch.mv, a, v)
+    check(torch.addmv, make((4,)), a, v)
+    check(torch.vdot, v, make((6,), seed=3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_cross(dtype):
+    a, b = make((4, 3, 2), dtype), make((1, 3, 2), dtype, 1)
+    check(torch.linalg.cross, a, b, dim=1, grad=dtype == torch.float32)
+    check(torch.cross, make((5, 3), dtype), make((5, 3), dtype, 2), grad=dtype == torch.float32)
+    with pytest.raises(RuntimeError, match="length 3"):
+        torch.linalg.cross(a.to("tpu"), b.to("tpu"), dim=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_eye(dtype):
+    close(torch.eye(3, 5, dtype=dtype, device="tpu"), torch.eye(3, 5, dtype=dtype))
+    close(torch.eye(4, dtype=dtype, device="tpu"), torch.eye(4, dtype=dtype))
+    check(lambda a: torch.linalg.matrix_power(a, 0), make((3, 3)), grad=False)
+
+
+def test_vdot_errors():
+    with pytest.raises(RuntimeError, match="1D tensors expected"):
+        torch.vdot(make((2, 2)).to("tpu"), make((4,)).to("tpu"))
+
+
+# ---- Cholesky and triangular solves ------------------------------------------------------------
+
+def test_cholesky():
+    a = spd(4, (2,))
+    check(torch.linalg.cholesky, a)
+    check(lambda x: torch.linalg.cholesky(x, upper=True), a)
+    check(torch.cholesky, a[0])
+    L, info = torch.linalg.cholesky_ex(a.to("tpu"))
+    assert info.cpu().tolist() == [0, 0] and info.dtype == torch.int32
+    f = torch.linalg.cholesky(a)
+    b = make((2, 4, 3))
+    check(torch.cholesky_solve, b, f)
+    check(lambda b, f: torch.cholesky_solve(b, f.mT, upper=True), b, f)
+    check(torch.cholesky_inverse, f[0])
+    check(lambda f: torch.cholesky_inverse(f, upper=True), f[1].mT)
+
+
+def test_cholesky_not_pd():
+    a = torch.tensor([[1.0, 2.0], [2.0, 1.0]])
+    _, info = torch.linalg.cholesky_ex(a.to("tpu"))
+    assert info.item() != 0
+
+
+def test_triangular_solves():
+    a = make((2, 4, 4)) + 4 * torch.eye(4)
+    b = make((2, 4, 3), seed=1)
+    for upper in (True, False):
+        check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=upper), a, b)
+        check(lambda a, b: torch.linalg.solve_triangular(a, b.mT, upper=upper, left=False), a, b)
+        check(lambda b, a: torch.triangular_solve(b, a, upper=upper, transpose=True), b, a)
+    check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=True, unitriangular=True), a, b[0])
+    with pytest.raises(RuntimeError):
+        torch.linalg.solve_triangular(a.to("tpu"), make((2, 5, 3)).to("tpu"), upper=True)
+
+
+# ---- LU -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(4, 4), (2, 5, 5), (3, 5), (5, 3)])
+def test_lu_factor_matches_lapack(shape):
+    a = make(shape)
+    lu, piv = torch.linalg.lu_factor(a.to("tpu"))
+    wlu, wpiv = torch.linalg.lu_factor(a)
+    close(lu, wlu)
+    assert torch.equal(piv.cpu(), wpiv)
+    check(torch.linalg.lu, a)
+    check(lambda x: torch.lu_unpack(*torch.linalg.lu_factor(x)), a)
+
+
+def test_lu_ties_and_singular():
+    a = torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.0, 1.0], [1.0, 5.0, 2.0]])  # tie in column 0: first row wins
+    lu, piv, info = torch.linalg.lu_factor_ex(a.to("tpu"))
+    wlu, wpiv, winfo = torch.linalg.lu_factor_ex(a)
+    close(lu, wlu)
+    assert torch.equal(piv.cpu(), wpiv)
+    s = torch.zeros(3, 3)
+    s[0, 1] = 1
+    _, piv, info = torch.linalg.lu_factor_ex(s.to("tpu"))
+    assert info.item() == torch.linalg.lu_factor_ex(s)[2].item()
+
+
+def test_solves_inverse_det():
+    a = make((3, 4, 4)) + 2 * torch.eye(4)
+    b = make((3, 4, 2), seed=1)
+    check(torch.linalg.inv, a)
+    check(torch.linalg.solve, a, b)
+    check(torch.linalg.solve, a, make((3, 4), seed=2))
+    check(lambda a, b: torch.linalg.solve(a, b, left=False), a, b.mT)
+    check(torch.linalg.det, a)
+    check(torch.linalg.det, a.mT)  # not contiguous: factors A itself
+    check(lambda x: torch.linalg.slogdet(x), a)
+    check(torch.logdet, spd(3))
+    lu, piv = torch.linalg.lu_factor(a)
+    for left in (True, False):
+        for adjoint in (True, False):
+            bb = b if left else b.mT
+            check(lambda l, p, x: torch.linalg.lu_solve(l, p, x, left=left, adjoint=adjoint), lu, piv, bb, grad=False)
+
+
+def test_inverse_out_and_errors():
+    a = make((4, 4)) + 2 * torch.eye(4)
+    out = torch.empty(4, 4, device="tpu")
+    torch.linalg.inv(a.to("tpu"), out=out)
+    close(out, torch.linalg.inv(a))
+    with pytest.raises(RuntimeError, match="square"):
+        torch.linalg.inv(make((3, 4)).to("tpu"))
+    with pytest.raises(RuntimeError):
+        torch.linalg.det(make((4, 4), torch.int64).to("tpu"))
