@@ -9,6 +9,7 @@
  * back, so one helper serves every pointwise loss. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "emit.h"
@@ -1033,4 +1034,318 @@ void tpu_emit_fft_c2r(tpu_lower *L) {
   x = tpu_mul(L, x, tpu_k(L, x, (double)last)); /* undo XLA's 1/n */
   x = tpu_fft_normalize(L, x, L->args[2].i, count);
   tpu_lower_out(L, tpu_fft_restore(L, x, perm));
+}
+
+/* ---- CTC loss -------------------------------------------------------------------------------
+ * The alpha (and, for the gradient, beta) recursions over time are
+ * stablehlo.while loops (unrolled steps made XLA's compile time grow with T);
+ * the lengths are int lists (attributes) and enter the loop as constants. Work is in log space over the
+ * extended label sequence l' (blanks around each target), S' = 2 max(L) + 1
+ * per sample; steps past a sample's input length keep its state. */
+
+typedef struct {
+  int64_t T, N, C, S; /* S: extended length 2 * max target length + 1 */
+  int64_t in_len[TPU_MAX_LIST], tg_len[TPU_MAX_LIST];
+  tpu_dtype dt;
+  tpu_hv lpe;   /* [T, N, S] log-probs of each extended label */
+  tpu_hv ext;   /* [N, S] extended labels (s64) */
+  tpu_hv skip;  /* [N, S] pred: the s-2 -> s transition is allowed */
+  tpu_hv neginf; /* [N, S] of -inf */
+} tpu_ctc;
+
+static tpu_hv tpu_lse(tpu_lower *L, const tpu_hv *v, int n) {
+  tpu_hv m = v[0];
+  for (int i = 1; i < n; i++) m = tpu_hlo_binary(H, TPU_HLO_MAX, m, v[i]);
+  tpu_hv fin = tpu_hlo_unary(H, TPU_HLO_IS_FINITE, m);
+  tpu_hv ms = tpu_hlo_select(H, fin, m, tpu_k(L, m, 0));
+  tpu_hv s = tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, v[0], ms));
+  for (int i = 1; i < n; i++) s = tpu_add(L, s, tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, v[i], ms)));
+  return tpu_hlo_select(H, fin, tpu_add(L, ms, tpu_hlo_unary(H, TPU_HLO_LOG, s)), m);
+}
+
+/* x [N, S] shifted along S by k (positive: towards higher s), filled with fill */
+static tpu_hv tpu_ctc_shift(tpu_lower *L, tpu_hv x, int64_t k, tpu_hv fill) {
+  int64_t lo[2] = {0, k}, hi[2] = {0, -k}, in[2] = {0, 0};
+  return tpu_hlo_pad(H, x, fill, lo, hi, in);
+}
+
+/* A [N] mask constant (per-sample condition) broadcast to [N, S]. */
+static tpu_hv tpu_ctc_rows(tpu_lower *L, tpu_ctc *c, const bool *rows) {
+  int64_t v[TPU_MAX_LIST];
+  for (int64_t n = 0; n < c->N; n++) v[n] = rows[n];
+  tpu_hv m = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_PRED, 1, &c->N), v);
+  return tpu_hlo_broadcast_in_dim(H, m, 2, (int64_t[]){c->N, c->S}, (int64_t[]){0});
+}
+
+static bool tpu_ctc_setup(tpu_lower *L, tpu_ctc *c, int lpi, int tgi, int ili, int tli, int blank_i) {
+  tpu_tref *lp = &L->args[lpi].t, *tg = &L->args[tgi].t;
+  if (lp->rank != 3) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "ctc_loss: expected log_probs to be 3-D (T, N, C), got %d-D", lp->rank);
+    return false;
+  }
+  if (!tpu_dtype_is_float(lp->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"ctc_loss_cpu\" not implemented for '%s'", tpu_dtype_name(lp->dtype));
+    return false;
+  }
+  c->T = lp->sizes[0];
+  c->N = lp->sizes[1];
+  c->C = lp->sizes[2];
+  c->dt = tpu_acc_type(lp->dtype);
+  int64_t blank = L->args[blank_i].i;
+  if (blank < 0 || blank >= c->C) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "blank must be in label range");
+    return false;
+  }
+  tpu_arg *il = &L->args[ili], *tl = &L->args[tli];
+  if (il->nints != c->N || tl->nints != c->N) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "input_lengths and target_lengths must have batch_size (%lld) entries",
+                   (long long)c->N);
+    return false;
+  }
+  int64_t maxl = 0, total = 0;
+  for (int64_t n = 0; n < c->N; n++) {
+    c->in_len[n] = il->ints[n];
+    c->tg_len[n] = tl->ints[n];
+    if (c->in_len[n] < 0 || c->in_len[n] > c->T) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected input_lengths to have value at most %lld, but got value %lld "
+                     "(while checking arguments for ctc_loss_cpu)", (long long)c->T, (long long)c->in_len[n]);
+      return false;
+    }
+    if (c->tg_len[n] < 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "target lengths must be non-negative");
+      return false;
+    }
+    if (c->tg_len[n] > maxl) maxl = c->tg_len[n];
+    total += c->tg_len[n];
+  }
+  c->S = 2 * maxl + 1;
+  int64_t NS = c->N * c->S, M = 1;
+  for (int i = 0; i < tg->rank; i++) M *= tg->sizes[i];
+  if (tg->rank == 2 && tg->sizes[1] < maxl) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected tensor to have size at least %lld at dimension 1, but got size %lld "
+                   "for argument #2 'targets' (while checking arguments for ctc_loss_cpu)", (long long)maxl,
+                   (long long)tg->sizes[1]);
+    return false;
+  }
+  if (tg->rank == 1 && M < total) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "targets has %lld elements, expected at least the sum of target_lengths (%lld)",
+                   (long long)M, (long long)total);
+    return false;
+  }
+  if (tg->rank != 1 && tg->rank != 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "targets must be 1-D (concatenated) or 2-D (padded)");
+    return false;
+  }
+  /* where each odd extended position reads its target (flat index into targets) */
+  int64_t *idx = malloc(sizeof(int64_t) * (size_t)(NS ? NS : 1));
+  int64_t *useb = malloc(sizeof(int64_t) * (size_t)(NS ? NS : 1));
+  if (!idx || !useb) {
+    free(idx);
+    free(useb);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "ctc_loss: out of memory");
+    return false;
+  }
+  int64_t off = 0;
+  for (int64_t n = 0; n < c->N; n++) {
+    for (int64_t s = 0; s < c->S; s++) {
+      int64_t k = (s - 1) / 2;
+      bool lab = (s & 1) && k < c->tg_len[n];
+      int64_t base = tg->rank == 2 ? n * tg->sizes[1] : off;
+      idx[n * c->S + s] = lab ? base + k : 0;
+      useb[n * c->S + s] = !lab;
+    }
+    off += c->tg_len[n];
+  }
+  tpu_hv ix = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, (int64_t[]){NS, 1}), idx);
+  tpu_hv isb = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_PRED, 2, (int64_t[]){c->N, c->S}), useb);
+  free(idx);
+  free(useb);
+  int64_t ns[2] = {c->N, c->S};
+  tpu_hv flat = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, tgi, -1), TPU_S64), 2, (int64_t[]){M, 1});
+  tpu_hv lab = M ? tpu_hlo_reshape(H, tpu_lower_gather_rows(L, flat, ix), 2, ns)
+                 : tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 2, ns), (double)blank);
+  tpu_hv bl = tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 2, ns), (double)blank);
+  c->ext = tpu_hlo_select(H, isb, bl, lab);
+  /* s-2 -> s allowed when l'_s is a label different from l'_{s-2} */
+  tpu_hv prev2 = tpu_ctc_shift(L, c->ext, 2, tpu_hlo_constant_int(H, TPU_S64, blank));
+  c->skip = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, c->ext, bl),
+                           tpu_hlo_compare(H, TPU_HLO_NE, c->ext, prev2));
+  /* lpe[t, n, s] = log_probs[t, n, l'_s] */
+  int64_t tnsc[4] = {c->T, c->N, c->S, c->C};
+  tpu_hv hot = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_broadcast_in_dim(H, c->ext, 4, tnsc, (int64_t[]){1, 2}),
+                               tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 4, tnsc), 3));
+  tpu_hv lpb = tpu_hlo_broadcast_in_dim(H, tpu_lower_input(L, lpi, c->dt), 4, tnsc, (int64_t[]){0, 1, 3});
+  c->lpe = tpu_reduce_sum(L, tpu_hlo_select(H, hot, lpb, tpu_k(L, lpb, 0)), (int64_t[]){3}, 1);
+  c->neginf = tpu_lower_full(L, tpu_hlo_type_make(c->dt, 2, ns), -INFINITY);
+  return tpu_hlo_ok(H);
+}
+
+/* A stablehlo.while over t carrying (t, state [N, S], history [T, N, S],
+ * lpe, skip, lengths): step t runs one recursion of alpha (forward, t up
+ * from 0) or beta (backward, t down from T - 1) and stores it in the
+ * history. Everything the body reads is carried, so the loop body uses only
+ * its own arguments. */
+static tpu_hv tpu_ctc_scan(tpu_lower *L, tpu_ctc *c, bool forward, tpu_hv state0, tpu_hv skip, tpu_hv endm) {
+  int64_t ns[2] = {c->N, c->S}, tns[3] = {c->T, c->N, c->S}, n1s[3] = {1, c->N, c->S};
+  int64_t lens[TPU_MAX_LIST];
+  for (int64_t n = 0; n < c->N; n++) lens[n] = c->in_len[n];
+  tpu_hv len = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 1, &c->N), lens);
+  tpu_hv hist0 = tpu_lower_full(L, tpu_hlo_type_make(c->dt, 3, tns), -INFINITY);
+  tpu_hv t0 = tpu_hlo_constant_int(H, TPU_S64, forward ? 0 : c->T - 1);
+  tpu_hv init[7] = {t0, state0, hist0, c->lpe, skip, endm, len};
+  tpu_hlo_type ty[7];
+  for (int i = 0; i < 7; i++) ty[i] = *T(L, init[i]);
+  tpu_hv a[7];
+  tpu_hlo_region_begin(H, ty, 7, a);
+  tpu_hv cont = forward ? tpu_hlo_compare(H, TPU_HLO_LT, a[0], tpu_hlo_constant_int(H, TPU_S64, c->T))
+                        : tpu_hlo_compare(H, TPU_HLO_GE, a[0], tpu_hlo_constant_int(H, TPU_S64, 0));
+  int cond = tpu_hlo_region_end(H, &cont, 1);
+  tpu_hlo_region_begin(H, ty, 7, a);
+  tpu_hv zero = tpu_hlo_constant_int(H, TPU_S64, 0);
+  tpu_hv st[3] = {a[0], zero, zero};
+  tpu_hv lp = tpu_hlo_reshape(H, tpu_hlo_dynamic_slice(H, a[3], st, n1s), 2, ns);
+  tpu_hv ninf = tpu_hlo_constant(H, c->dt, -INFINITY);
+  tpu_hv neg = tpu_lower_full(L, tpu_hlo_type_make(c->dt, 2, ns), -INFINITY);
+  tpu_hv p = a[1];
+  int64_t d = forward ? 1 : -1;
+  tpu_hv v[3] = {p, tpu_ctc_shift(L, p, d, ninf), tpu_hlo_select(H, a[4], tpu_ctc_shift(L, p, 2 * d, ninf), neg)};
+  tpu_hv rec = tpu_add(L, tpu_lse(L, v, 3), lp);
+  tpu_hv tb = tpu_hlo_broadcast_in_dim(H, a[0], 1, &c->N, NULL);
+  tpu_hv one = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, 1), 1, &c->N, NULL);
+  tpu_hv r;
+  if (forward) {
+    /* samples past their input length keep their state */
+    tpu_hv act = tpu_hlo_broadcast_in_dim(H, tpu_hlo_compare(H, TPU_HLO_LT, tb, a[6]), 2, ns, (int64_t[]){0});
+    r = tpu_hlo_select(H, act, rec, p);
+  } else {
+    /* beta starts at t = T_n - 1 on the last two positions */
+    tpu_hv last = tpu_sub(L, a[6], one);
+    tpu_hv at_end = tpu_hlo_broadcast_in_dim(H, tpu_hlo_compare(H, TPU_HLO_EQ, tb, last), 2, ns, (int64_t[]){0});
+    tpu_hv act = tpu_hlo_broadcast_in_dim(H, tpu_hlo_compare(H, TPU_HLO_LT, tb, last), 2, ns, (int64_t[]){0});
+    r = tpu_hlo_select(H, act, rec, neg);
+    r = tpu_hlo_select(H, at_end, tpu_hlo_select(H, a[5], lp, neg), r);
+  }
+  tpu_hv hist = tpu_hlo_dynamic_update_slice(H, a[2], tpu_hlo_reshape(H, r, 3, n1s), st);
+  tpu_hv nt = tpu_hlo_binary(H, forward ? TPU_HLO_ADD : TPU_HLO_SUB, a[0], tpu_hlo_constant_int(H, TPU_S64, 1));
+  tpu_hv res[7] = {nt, r, hist, a[3], a[4], a[5], a[6]};
+  int body = tpu_hlo_region_end(H, res, 7);
+  int regions[2] = {cond, body};
+  tpu_hv outs[7];
+  for (int i = 0; i < 7; i++) outs[i] = TPU_HV_NONE;
+  tpu_hlo_emit(H, "stablehlo.while", init, 7, regions, 2, NULL, ty, 7, outs);
+  return outs[2];
+}
+
+/* alphas [T, N, S] (alpha[t] for t >= T_n repeats alpha[T_n - 1]) */
+static tpu_hv tpu_ctc_alphas(tpu_lower *L, tpu_ctc *c) {
+  /* alpha before t = 0: 0 at s = 0, so that step 0 gives lp on s = 0, 1 */
+  tpu_hv sio = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, (int64_t[]){c->N, c->S}), 1);
+  tpu_hv s0 = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, sio, tpu_k(L, sio, 0)), tpu_k(L, c->neginf, 0), c->neginf);
+  tpu_hv nomask = tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 2, (int64_t[]){c->N, c->S}), 0);
+  return tpu_ctc_scan(L, c, true, s0, c->skip, nomask);
+}
+
+/* per-sample -log p: -lse(alpha[T_n-1][2L], alpha[T_n-1][2L-1]) ([N]) */
+static tpu_hv tpu_ctc_nll(tpu_lower *L, tpu_ctc *c, tpu_hv la) {
+  int64_t ns[2] = {c->N, c->S};
+  int64_t *e1 = malloc(sizeof(int64_t) * (size_t)(c->N * c->S)), *e2 = malloc(sizeof(int64_t) * (size_t)(c->N * c->S));
+  if (!e1 || !e2) {
+    free(e1);
+    free(e2);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "ctc_loss: out of memory");
+    return TPU_HV_NONE;
+  }
+  for (int64_t n = 0; n < c->N; n++)
+    for (int64_t s = 0; s < c->S; s++) {
+      e1[n * c->S + s] = s == 2 * c->tg_len[n];
+      e2[n * c->S + s] = c->tg_len[n] > 0 && s == 2 * c->tg_len[n] - 1;
+    }
+  tpu_hv m1 = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_PRED, 2, ns), e1);
+  tpu_hv m2 = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_PRED, 2, ns), e2);
+  free(e1);
+  free(e2);
+  /* the last alpha holds each sample's final state (later steps kept it) */
+  tpu_hv last = c->neginf;
+  if (c->T)
+    last = tpu_hlo_reshape(H, tpu_hlo_slice(H, la, (int64_t[]){c->T - 1, 0, 0}, (int64_t[]){c->T, c->N, c->S},
+                                            (int64_t[]){1, 1, 1}), 2, ns);
+  bool rows[TPU_MAX_LIST];
+  for (int64_t n = 0; n < c->N; n++) rows[n] = c->in_len[n] > 0;
+  last = tpu_hlo_select(H, tpu_ctc_rows(L, c, rows), last, c->neginf);
+  tpu_hv ninf0 = tpu_hlo_constant(H, c->dt, -INFINITY);
+  int64_t one = 1;
+  tpu_hv a1 = tpu_hlo_reduce(H, tpu_hlo_select(H, m1, last, c->neginf), ninf0, &one, 1, TPU_HLO_MAX);
+  tpu_hv a2 = tpu_hlo_reduce(H, tpu_hlo_select(H, m2, last, c->neginf), ninf0, &one, 1, TPU_HLO_MAX);
+  tpu_hv v[2] = {a1, a2};
+  return tpu_hlo_unary(H, TPU_HLO_NEG, tpu_lse(L, v, 2));
+}
+
+/* _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False)
+ * -> (neg_log_likelihood [N], log_alpha [N, T, S']) */
+void tpu_emit_ctc_loss(tpu_lower *L) {
+  tpu_ctc c;
+  if (!tpu_ctc_setup(L, &c, 0, 1, 2, 3, 4)) return;
+  tpu_hv la = tpu_ctc_alphas(L, &c); /* [T, N, S] */
+  /* infinite losses stay: ctc_loss zeroes them after this op under
+   * zero_infinity, and the backward recognises them by their value */
+  tpu_hv nll = tpu_ctc_nll(L, &c, la);
+  tpu_dtype dt = L->args[0].t.dtype;
+  tpu_lower_out(L, tpu_hlo_convert(H, nll, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_transpose(H, la, (int64_t[]){1, 0, 2}), dt));
+}
+
+/* _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood,
+ *                    log_alpha, blank, zero_infinity):
+ * grad[t, n, c] = g[n] (exp(lp) - exp(lse_{s: l'_s = c}(alpha + beta) + nll - lp)) for t < T_n */
+void tpu_emit_ctc_loss_backward(tpu_lower *L) {
+  tpu_ctc c;
+  if (!tpu_ctc_setup(L, &c, 1, 2, 3, 4, 7)) return;
+  int64_t ns[2] = {c.N, c.S}, NS = c.N * c.S;
+  int64_t tnsc[4] = {c.T, c.N, c.S, c.C}, tnc[3] = {c.T, c.N, c.C};
+  /* beta's start at t = T_n - 1: positions 2L and 2L - 1 */
+  int64_t *e = malloc(sizeof(int64_t) * (size_t)(NS ? NS : 1));
+  if (!e) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "ctc_loss: out of memory");
+    return;
+  }
+  for (int64_t n = 0; n < c.N; n++)
+    for (int64_t s = 0; s < c.S; s++) e[n * c.S + s] = s == 2 * c.tg_len[n] || (c.tg_len[n] > 0 && s == 2 * c.tg_len[n] - 1);
+  tpu_hv endm = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_PRED, 2, ns), e);
+  free(e);
+  /* the s -> s+2 transition of beta is allowed when skip[s + 2] */
+  tpu_hv skip_next = tpu_ctc_shift(L, c.skip, -2, tpu_hlo_constant_int(H, TPU_PRED, 0));
+  tpu_hv beta = tpu_ctc_scan(L, &c, false, c.neginf, skip_next, endm); /* [T, N, S] */
+  tpu_hv alpha = tpu_hlo_transpose(H, tpu_hlo_convert(H, tpu_lower_tensor(L, 6, -1), c.dt), (int64_t[]){1, 0, 2});
+  tpu_hv ab = tpu_add(L, alpha, beta);
+  tpu_hv hot = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_broadcast_in_dim(H, c.ext, 4, tnsc, (int64_t[]){1, 2}),
+                               tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 4, tnsc), 3));
+  tpu_hv abb = tpu_hlo_select(H, hot, tpu_hlo_broadcast_in_dim(H, ab, 4, tnsc, (int64_t[]){0, 1, 2}),
+                              tpu_lower_full(L, tpu_hlo_type_make(c.dt, 4, tnsc), -INFINITY));
+  /* logsumexp over s */
+  tpu_hv m = tpu_hlo_reduce(H, abb, tpu_hlo_constant(H, c.dt, -INFINITY), (int64_t[]){2}, 1, TPU_HLO_MAX);
+  tpu_hv fin = tpu_hlo_unary(H, TPU_HLO_IS_FINITE, m);
+  tpu_hv ms = tpu_hlo_select(H, fin, m, tpu_k(L, m, 0));
+  tpu_hv sum = tpu_reduce_sum(L, tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, abb, tpu_hlo_broadcast_in_dim(H, ms, 4, tnsc, (int64_t[]){0, 1, 3}))),
+                              (int64_t[]){2}, 1);
+  tpu_hv lcab = tpu_hlo_select(H, fin, tpu_add(L, ms, tpu_hlo_unary(H, TPU_HLO_LOG, sum)), m); /* [T, N, C] */
+  tpu_hv lp = tpu_lower_input(L, 1, c.dt);
+  tpu_hv nll = tpu_hlo_broadcast_in_dim(H, tpu_lower_input(L, 5, c.dt), 3, tnc, (int64_t[]){1});
+  tpu_hv g = tpu_hlo_broadcast_in_dim(H, tpu_lower_input(L, 0, c.dt), 3, tnc, (int64_t[]){1});
+  tpu_hv r = tpu_sub(L, tpu_hlo_unary(H, TPU_HLO_EXP, lp), tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, tpu_add(L, lcab, nll), lp)));
+  r = tpu_mul(L, r, g);
+  /* steps past each input length, and infinite losses under zero_infinity, get 0 */
+  int64_t *mk = malloc(sizeof(int64_t) * (size_t)(c.T * c.N > 0 ? c.T * c.N : 1));
+  if (!mk) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "ctc_loss: out of memory");
+    return;
+  }
+  for (int64_t t = 0; t < c.T; t++)
+    for (int64_t n = 0; n < c.N; n++) mk[t * c.N + n] = t < c.in_len[n];
+  tpu_hv keep = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_PRED, 2, (int64_t[]){c.T, c.N}), mk);
+  free(mk);
+  keep = tpu_hlo_broadcast_in_dim(H, keep, 3, tnc, (int64_t[]){0, 1});
+  if (tpu_arg_bool(L, 8))
+    keep = tpu_hlo_binary(H, TPU_HLO_AND, keep, tpu_hlo_compare(H, TPU_HLO_NE, nll, tpu_k(L, nll, INFINITY)));
+  r = tpu_hlo_select(H, keep, r, tpu_k(L, r, 0));
+  tpu_lower_out(L, tpu_hlo_convert(H, r, L->args[1].t.dtype));
 }
