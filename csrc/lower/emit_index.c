@@ -4,6 +4,7 @@
  * indexed dim and iotas along the others; advanced indexing moves the
  * indexed dims to the front and gathers slices with one stablehlo.gather
  * (or scatter, for index_put). Negative indices wrap where torch allows. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "emit.h"
@@ -524,3 +525,332 @@ void tpu_emit_masked_scatter(tpu_lower *L) {
   g = tpu_hlo_reshape(H, g, t->rank, t->sizes);
   tpu_lower_out(L, tpu_hlo_select(H, m, g, x));
 }
+
+/* ---- reductions into indexed positions ------------------------------------------------------- */
+
+enum { TPU_RED_SUM, TPU_RED_PROD, TPU_RED_MEAN, TPU_RED_AMAX, TPU_RED_AMIN };
+
+static int tpu_reduce_kind(tpu_lower *L, int i, bool allow_sum) {
+  const char *r = tpu_arg_str(L, i);
+  static const char *names[] = {"sum", "prod", "mean", "amax", "amin"};
+  for (int k = allow_sum ? 0 : 1; r && k < 5; k++)
+    if (strcmp(r, names[k]) == 0) return k;
+  tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: reduce argument must be one of %s prod, mean, amax or amin, got %s",
+                 L->opname, allow_sum ? "sum," : "", r ? r : "None");
+  return -1;
+}
+
+/* A region (old, new) -> reduce(old, new); max/min propagate NaN as torch does. */
+static int tpu_reduce_region(tpu_lower *L, tpu_dtype dt, int kind) {
+  tpu_hlo_type st[2] = {tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(dt, 0, NULL)};
+  tpu_hv a[2], v;
+  tpu_hlo_region_begin(H, st, 2, a);
+  bool is_max = kind == TPU_RED_AMAX, ext = is_max || kind == TPU_RED_AMIN;
+  if (dt == TPU_PRED) {
+    v = tpu_hlo_binary(H, kind == TPU_RED_PROD || kind == TPU_RED_AMIN ? TPU_HLO_AND : TPU_HLO_OR, a[0], a[1]);
+  } else if (ext) {
+    v = tpu_hlo_binary(H, is_max ? TPU_HLO_MAX : TPU_HLO_MIN, a[0], a[1]);
+    if (tpu_dtype_is_float(dt)) {
+      v = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, a[1], a[1]), a[1], v);
+      v = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, a[0], a[0]), a[0], v);
+    }
+  } else {
+    v = tpu_hlo_binary(H, kind == TPU_RED_PROD ? TPU_HLO_MUL : TPU_HLO_ADD, a[0], a[1]);
+  }
+  return tpu_hlo_region_end(H, &v, 1);
+}
+
+/* The identity of a reduction (what include_self=False starts from). */
+static tpu_hv tpu_reduce_identity(tpu_lower *L, tpu_dtype dt, int kind) {
+  if (kind == TPU_RED_AMAX || kind == TPU_RED_AMIN) return tpu_init_value(L, dt, kind == TPU_RED_AMAX);
+  return tpu_lower_full(L, tpu_hlo_type_make(dt, 0, NULL), kind == TPU_RED_PROD ? 1 : 0);
+}
+
+/* sum / count with count 0 read as 1; integers divide with floor as torch. */
+static tpu_hv tpu_mean_div(tpu_lower *L, tpu_hv sum, tpu_hv cnt) {
+  cnt = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, cnt, tpu_k(L, cnt, 0)), tpu_k(L, cnt, 1), cnt);
+  tpu_dtype dt = T(L, sum)->dtype;
+  if (tpu_dtype_is_float(dt)) {
+    tpu_dtype at = tpu_acc_type(dt);
+    return tpu_hlo_convert(H, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_convert(H, sum, at), tpu_hlo_convert(H, cnt, at)), dt);
+  }
+  tpu_hv q = tpu_hlo_binary(H, TPU_HLO_DIV, sum, cnt), rem = tpu_hlo_binary(H, TPU_HLO_REM, sum, cnt);
+  tpu_hv adj = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, rem, tpu_k(L, rem, 0)),
+                              tpu_hlo_compare(H, TPU_HLO_LT, sum, tpu_k(L, sum, 0)));
+  return tpu_hlo_select(H, adj, tpu_sub(L, q, tpu_k(L, q, 1)), q);
+}
+
+/* scatter_reduce.two(self, dim, index, src, reduce, *, include_self=True) */
+void tpu_emit_scatter_reduce_two(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t, *it = &L->args[2].t;
+  if (!tpu_check_index_dtype(L, 2, "scatter_reduce")) return;
+  int kind = tpu_reduce_kind(L, 4, true);
+  if (kind < 0) return;
+  bool incl = L->args[5].kind != TPU_ARG_BOOL || L->args[5].i;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (it->zero_size) {
+    tpu_lower_out(L, x);
+    return;
+  }
+  tpu_dtype dt = t->dtype;
+  int64_t one = 1;
+  bool r0 = t->rank == 0;
+  if (r0) x = tpu_hlo_reshape(H, x, 1, &one);
+  int64_t d = r0 ? 0 : tpu_lower_dim(L, L->args[1].i, t->rank);
+  tpu_hv idx = tpu_lower_tensor(L, 2, -1);
+  if (r0) idx = tpu_hlo_reshape(H, idx, 1, &one);
+  tpu_hlo_type ishape = *T(L, idx);
+  tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 3, -1), dt);
+  if (r0 || T(L, src)->rank == 0) src = tpu_hlo_reshape(H, src, ishape.rank, (int64_t[TPU_MAX_RANK]){1});
+  int64_t n = tpu_hlo_type_numel(&ishape);
+  tpu_hv upd = tpu_hlo_reshape(H, tpu_cut_to(L, src, &ishape), 1, &n);
+  tpu_hv coords = tpu_coords_along(L, idx, d);
+  if (!incl)
+    x = tpu_point_scatter(L, x, coords, tpu_lower_broadcast_to(L, tpu_reduce_identity(L, dt, kind), 1, &n), -1);
+  tpu_hv r = tpu_point_scatter(L, x, coords, upd, tpu_reduce_region(L, dt, kind));
+  if (kind == TPU_RED_MEAN) {
+    tpu_hv cnt = tpu_lower_full(L, *T(L, x), incl ? 1 : 0);
+    cnt = tpu_point_scatter(L, cnt, coords, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &n), 1),
+                            tpu_reduce_region(L, dt, TPU_RED_SUM));
+    r = tpu_mean_div(L, r, cnt);
+  }
+  tpu_lower_out(L, r0 ? tpu_hlo_reshape(H, r, 0, NULL) : r);
+}
+
+/* index_reduce(self, dim, index, source, reduce, *, include_self=True):
+ * slices of source combined into the slices of self named by index. */
+void tpu_emit_index_reduce(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_check_index_dtype(L, 2, "index_reduce")) return;
+  int kind = tpu_reduce_kind(L, 4, false);
+  if (kind < 0) return;
+  bool incl = L->args[5].kind != TPU_ARG_BOOL || L->args[5].i;
+  tpu_dtype dt = t->dtype;
+  int64_t one = 1;
+  bool r0 = t->rank == 0;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (r0) x = tpu_hlo_reshape(H, x, 1, &one);
+  int rank = r0 ? 1 : t->rank;
+  tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 3, -1), dt);
+  if (T(L, src)->rank == 0) src = tpu_hlo_reshape(H, src, rank, (int64_t[TPU_MAX_RANK]){1});
+  tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), TPU_S64);
+  int64_t n = tpu_hlo_type_numel(T(L, idx)), n1[2] = {n, 1};
+  int64_t d = r0 ? 0 : tpu_lower_dim(L, L->args[1].i, t->rank);
+  if (n == 0) {
+    tpu_lower_out(L, r0 ? tpu_hlo_reshape(H, x, 0, NULL) : x);
+    return;
+  }
+  int64_t perm[TPU_MAX_RANK], inv[TPU_MAX_RANK];
+  tpu_hv xf = tpu_dim_to_front(L, x, d, perm, inv);
+  tpu_hv sf = tpu_hlo_transpose(H, src, perm);
+  idx = tpu_hlo_reshape(H, idx, 2, n1);
+  if (!incl) {
+    tpu_hlo_type ut = *T(L, sf);
+    xf = tpu_lower_scatter_rows(L, xf, idx, tpu_lower_broadcast_to(L, tpu_reduce_identity(L, dt, kind), ut.rank, ut.dims), -1);
+  }
+  tpu_hv r = tpu_lower_scatter_rows(L, xf, idx, sf, tpu_reduce_region(L, dt, kind));
+  if (kind == TPU_RED_MEAN) {
+    tpu_hlo_type rt = *T(L, r);
+    tpu_hv cnt = tpu_lower_full(L, tpu_hlo_type_make(dt, 1, rt.dims), incl ? 1 : 0);
+    cnt = tpu_lower_scatter_rows(L, cnt, idx, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &n), 1),
+                                 tpu_reduce_region(L, dt, TPU_RED_SUM));
+    int64_t z = 0;
+    r = tpu_mean_div(L, r, tpu_hlo_broadcast_in_dim(H, cnt, rt.rank, rt.dims, &z));
+  }
+  r = tpu_hlo_transpose(H, r, inv);
+  tpu_lower_out(L, r0 ? tpu_hlo_reshape(H, r, 0, NULL) : r);
+}
+
+/* ---- flat indexing ------------------------------------------------------------------------------ */
+
+/* take(self, index): self.flatten()[index], negative indices wrap */
+void tpu_emit_take(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_check_index_dtype(L, 1, "take")) return;
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  tpu_hv idx = tpu_lower_tensor(L, 1, -1);
+  tpu_hlo_type it = *T(L, idx);
+  int64_t m = tpu_hlo_type_numel(&it), m1[2] = {m, 1};
+  it.dtype = t->dtype;
+  if (m == 0 || n == 0) {
+    if (m != 0) tpu_lower_fail(L, TPU_ERR_INDEX, "take(): tried to take from an empty tensor");
+    tpu_lower_out(L, tpu_lower_full(L, it, 0));
+    return;
+  }
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &n);
+  tpu_hv w = tpu_hlo_reshape(H, tpu_wrap_index(L, idx, n), 2, m1);
+  tpu_lower_out(L, tpu_hlo_reshape(H, tpu_lower_gather_rows(L, x, w), it.rank, it.dims));
+}
+
+/* put_(self, index, source, accumulate=False): self.flatten()[index] = source */
+void tpu_emit_put(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_check_index_dtype(L, 1, "put_")) return;
+  tpu_dtype dt = t->dtype;
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hv idx = tpu_lower_tensor(L, 1, -1);
+  tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), dt);
+  int64_t m = tpu_hlo_type_numel(T(L, idx)), m1[2] = {m, 1};
+  if (tpu_hlo_type_numel(T(L, src)) != m) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "put_(): Expected source and index to have the same number of elements");
+    return;
+  }
+  if (m == 0 || n == 0) {
+    tpu_lower_out(L, x);
+    return;
+  }
+  tpu_hv xf = tpu_hlo_reshape(H, x, 1, &n);
+  tpu_hv w = tpu_hlo_reshape(H, tpu_wrap_index(L, idx, n), 2, m1);
+  int region = tpu_arg_bool(L, 3) ? tpu_reduce_region(L, dt, TPU_RED_SUM) : -1;
+  tpu_hv r = tpu_lower_scatter_rows(L, xf, w, tpu_hlo_reshape(H, src, 1, &m), region);
+  tpu_lower_out(L, tpu_hlo_reshape(H, r, t->rank, t->sizes));
+}
+
+/* ---- membership ----------------------------------------------------------------------------------- */
+
+/* isin(elements, test_elements, *, assume_unique=False, invert=False); either
+ * side may be a Scalar. Every element is compared with every test element. */
+void tpu_emit_isin(tpu_lower *L) {
+  int idx2[2] = {0, 1};
+  tpu_dtype ct = tpu_lower_result_type(L, idx2, 2);
+  tpu_hv e = tpu_lower_input(L, 0, ct), s = tpu_lower_input(L, 1, ct);
+  tpu_hlo_type et = *T(L, e);
+  int64_t ne = tpu_hlo_type_numel(&et), ns = tpu_hlo_type_numel(T(L, s));
+  bool inv = tpu_arg_bool(L, 3);
+  tpu_hlo_type rt = et;
+  rt.dtype = TPU_PRED;
+  if (ne == 0 || ns == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, rt, inv ? 1 : 0));
+    return;
+  }
+  int64_t md[2] = {ne, ns}, b0 = 0, b1 = 1;
+  tpu_hv eb = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, e, 1, &ne), 2, md, &b0);
+  tpu_hv sb = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, s, 1, &ns), 2, md, &b1);
+  tpu_hv hit = tpu_hlo_reduce(H, tpu_hlo_compare(H, TPU_HLO_EQ, eb, sb), tpu_hlo_constant_int(H, TPU_PRED, 0), &b1, 1,
+                              TPU_HLO_OR);
+  if (inv) hit = tpu_hlo_unary(H, TPU_HLO_NOT, hit);
+  tpu_lower_out(L, tpu_hlo_reshape(H, hit, rt.rank, rt.dims));
+}
+
+/* ---- unfold's gradient ------------------------------------------------------------------------------- */
+
+/* unfold_backward(grad_in, input_sizes, dim, size, step): grad_in [..., n, ..., size]
+ * summed back into the windows' positions (i*step + k along dim). */
+void tpu_emit_unfold_backward(tpu_lower *L) {
+  tpu_hv g = tpu_lower_tensor(L, 0, -1);
+  tpu_hlo_type gt = *T(L, g);
+  int r = L->args[1].nints;
+  int64_t sizes[TPU_MAX_RANK];
+  for (int i = 0; i < r; i++) sizes[i] = L->args[1].ints[i];
+  tpu_hlo_type ot = tpu_hlo_type_make(gt.dtype, r, sizes);
+  tpu_hv out = tpu_lower_full(L, ot, 0);
+  int64_t n = tpu_hlo_type_numel(&gt), n1[2] = {n, 1};
+  if (n == 0 || r == 0) {
+    tpu_lower_out(L, r == 0 ? tpu_hlo_reshape(H, g, 0, NULL) : out);
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[2].i, r), step = L->args[4].i;
+  tpu_hlo_type ct = gt;
+  ct.dtype = TPU_S64;
+  tpu_hv cols[TPU_MAX_RANK];
+  for (int k = 0; k < r; k++) {
+    tpu_hv c = tpu_hlo_iota(H, ct, k);
+    if (k == d) c = tpu_add(L, tpu_mul(L, c, tpu_k(L, c, (double)step)), tpu_hlo_iota(H, ct, r));
+    cols[k] = tpu_hlo_reshape(H, c, 2, n1);
+  }
+  tpu_hv coords = tpu_hlo_concat(H, cols, r, 1);
+  tpu_lower_out(L, tpu_point_scatter(L, out, coords, tpu_hlo_reshape(H, g, 1, &n),
+                                     tpu_reduce_region(L, gt.dtype, TPU_RED_SUM)));
+}
+
+/* ---- reflection and replication padding ---------------------------------------------------------- */
+
+/* x's positions along dim picked by the static map [m] (a gather of rows). */
+static tpu_hv tpu_take_map(tpu_lower *L, tpu_hv x, int64_t dim, const int64_t *map, int64_t m) {
+  int64_t perm[TPU_MAX_RANK], inv[TPU_MAX_RANK], m1[2] = {m, 1};
+  tpu_hv xf = tpu_dim_to_front(L, x, dim, perm, inv);
+  tpu_hv idx = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, m1), map);
+  return tpu_hlo_transpose(H, tpu_lower_gather_rows(L, xf, idx), inv);
+}
+
+/* The transpose of tpu_take_map: g's positions along dim summed into n slots. */
+static tpu_hv tpu_add_map(tpu_lower *L, tpu_hv g, int64_t dim, const int64_t *map, int64_t m, int64_t n) {
+  int64_t perm[TPU_MAX_RANK], inv[TPU_MAX_RANK], m1[2] = {m, 1};
+  tpu_hv gf = tpu_dim_to_front(L, g, dim, perm, inv);
+  tpu_hlo_type zt = *T(L, gf);
+  zt.dims[0] = n;
+  tpu_hv idx = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, m1), map);
+  tpu_hv r = tpu_lower_scatter_rows(L, tpu_lower_full(L, zt, 0), idx, gf, tpu_reduce_region(L, zt.dtype, TPU_RED_SUM));
+  return tpu_hlo_transpose(H, r, inv);
+}
+
+/* reflection/replication pad{1,2,3}d and their backwards: every padded
+ * dim is a static gather of the input's positions (its backward the
+ * matching scatter-add), one dim at a time. */
+static void tpu_emit_pad_impl(tpu_lower *L, int k, bool reflect, bool backward) {
+  int xi = backward ? 1 : 0;
+  tpu_tref *t = &L->args[xi].t;
+  const char *name = reflect ? "reflection_pad" : "replication_pad";
+  if (t->rank != k + 1 && t->rank != k + 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s%dd: Expected %dD or %dD (batch mode) tensor with possibly 0 batch size "
+                   "and other non-zero dimensions for input", name, k, k + 1, k + 2);
+    return;
+  }
+  tpu_arg *pa = &L->args[xi + 1];
+  if (pa->nints != 2 * k) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "padding size is expected to be %d", 2 * k);
+    return;
+  }
+  int64_t outd[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) outd[i] = t->sizes[i];
+  for (int q = 0; q < k; q++) {
+    int64_t d = t->rank - 1 - q, n = t->sizes[d], lo = pa->ints[2 * q], hi = pa->ints[2 * q + 1];
+    if (reflect && (lo >= n || hi >= n)) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Argument #4: Padding size should be less than the corresponding input "
+                     "dimension, but got: padding (%lld, %lld) at dimension %lld of input %d",
+                     (long long)lo, (long long)hi, (long long)d, t->rank);
+      return;
+    }
+    outd[d] = n + lo + hi;
+    if (outd[d] < 1 || n < 1) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s%dd: input (%lld) or output (%lld) size along dim %lld is too small", name,
+                     k, (long long)n, (long long)outd[d], (long long)d);
+      return;
+    }
+  }
+  tpu_hv v = tpu_lower_tensor(L, 0, -1);
+  for (int q = 0; q < k; q++) {
+    int64_t d = t->rank - 1 - q, n = t->sizes[d], lo = pa->ints[2 * q], m = outd[d];
+    int64_t *map = malloc(sizeof(int64_t) * (size_t)m);
+    if (!map) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "out of memory");
+      return;
+    }
+    for (int64_t j = 0; j < m; j++) {
+      int64_t i = j - lo;
+      if (reflect) {
+        if (i < 0) i = -i;
+        if (i >= n) i = 2 * (n - 1) - i;
+      }
+      map[j] = i < 0 ? 0 : i >= n ? n - 1 : i;
+    }
+    v = backward ? tpu_add_map(L, v, d, map, m, n) : tpu_take_map(L, v, d, map, m);
+    free(map);
+  }
+  tpu_lower_out(L, v);
+}
+void tpu_emit_reflection_pad1d(tpu_lower *L) { tpu_emit_pad_impl(L, 1, true, false); }
+void tpu_emit_reflection_pad2d(tpu_lower *L) { tpu_emit_pad_impl(L, 2, true, false); }
+void tpu_emit_reflection_pad3d(tpu_lower *L) { tpu_emit_pad_impl(L, 3, true, false); }
+void tpu_emit_replication_pad1d(tpu_lower *L) { tpu_emit_pad_impl(L, 1, false, false); }
+void tpu_emit_replication_pad2d(tpu_lower *L) { tpu_emit_pad_impl(L, 2, false, false); }
+void tpu_emit_replication_pad3d(tpu_lower *L) { tpu_emit_pad_impl(L, 3, false, false); }
+void tpu_emit_reflection_pad1d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 1, true, true); }
+void tpu_emit_reflection_pad2d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 2, true, true); }
+void tpu_emit_reflection_pad3d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 3, true, true); }
+void tpu_emit_replication_pad1d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 1, false, true); }
+void tpu_emit_replication_pad2d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 2, false, true); }
+void tpu_emit_replication_pad3d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 3, false, true); }
