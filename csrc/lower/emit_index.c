@@ -854,3 +854,133 @@ void tpu_emit_reflection_pad3d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 3, 
 void tpu_emit_replication_pad1d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 1, false, true); }
 void tpu_emit_replication_pad2d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 2, false, true); }
 void tpu_emit_replication_pad3d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 3, false, true); }
+
+/* ---- data-dependent shapes, static part ------------------------------------------------------------- */
+
+/* Inclusive prefix sum of a 1-D s64 value. */
+static tpu_hv tpu_prefix_sum(tpu_lower *L, tpu_hv v) {
+  int64_t n = T(L, v)->dims[0];
+  if (n <= 1) return v;
+  tpu_hv out = v, zero = tpu_hlo_constant_int(H, TPU_S64, 0);
+  int64_t win = n, pad[2] = {n - 1, 0};
+  tpu_hlo_reduce_window(H, &v, &zero, 1, &win, NULL, NULL, NULL, pad, tpu_reduce_region(L, TPU_S64, TPU_RED_SUM), &out);
+  return out;
+}
+
+/* Stable ascending sort of the 1-D x with its positions; NaNs last as torch. */
+static void tpu_sort_with_pos(tpu_lower *L, tpu_hv x, tpu_hv *sorted, tpu_hv *pos) {
+  tpu_hlo_type xt = *T(L, x);
+  tpu_hv key = xt.dtype == TPU_PRED ? tpu_hlo_convert(H, x, TPU_S32) : x;
+  tpu_dtype kt = T(L, key)->dtype;
+  tpu_hlo_type st[4] = {tpu_hlo_type_make(kt, 0, NULL), tpu_hlo_type_make(kt, 0, NULL),
+                        tpu_hlo_type_make(TPU_S64, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL)};
+  tpu_hv a[4];
+  tpu_hlo_region_begin(H, st, 4, a);
+  tpu_hv lt = tpu_hlo_compare(H, TPU_HLO_LT, a[0], a[1]);
+  if (tpu_dtype_is_float(kt)) {
+    tpu_hv an = tpu_hlo_compare(H, TPU_HLO_NE, a[0], a[0]), bn = tpu_hlo_compare(H, TPU_HLO_NE, a[1], a[1]);
+    lt = tpu_hlo_binary(H, TPU_HLO_OR, lt, tpu_hlo_binary(H, TPU_HLO_AND, bn, tpu_hlo_unary(H, TPU_HLO_NOT, an)));
+  }
+  int region = tpu_hlo_region_end(H, &lt, 1);
+  tpu_hv ins[2] = {key, tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, xt.dims), 0)}, outs[2];
+  if (!tpu_hlo_sort(H, ins, 2, 0, true, region, outs)) {
+    *sorted = *pos = TPU_HV_NONE;
+    return;
+  }
+  *sorted = tpu_hlo_convert(H, outs[0], xt.dtype);
+  *pos = outs[1];
+}
+
+/* _unique2.out(self, sorted, return_inverse, return_counts, *, out0, out1, out2),
+ * unique_consecutive.out(self, return_inverse, return_counts, dim, *, out0..2)
+ * and _unique.out(self, sorted, return_inverse, *, out0, out1). The number of
+ * unique values is the size of out0, read on the host beforehand (the
+ * caller counts them); group ids are running counts of value changes. */
+static void tpu_emit_unique_impl(tpu_lower *L, bool consecutive, int inv_arg, int cnt_arg, int out0) {
+  tpu_tref *t = &L->args[0].t;
+  if (consecutive && L->args[3].kind != TPU_ARG_NONE) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: the dim argument is not supported on the tpu device", L->opname);
+    return;
+  }
+  bool want_inv = tpu_arg_bool(L, inv_arg), want_cnt = cnt_arg >= 0 && tpu_arg_bool(L, cnt_arg);
+  int64_t u = L->args[out0].t.rank == 1 ? L->args[out0].t.sizes[0] : 0, z = 0;
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  tpu_dtype dt = t->dtype;
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, want_inv ? t->rank : 1, want_inv ? t->sizes : &z);
+  if (n == 0 || u == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &u), 0));
+    tpu_lower_out(L, tpu_lower_full(L, it, 0));
+    if (cnt_arg >= 0) tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, want_cnt ? &u : &z), 0));
+    return;
+  }
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &n), s, pos;
+  if (consecutive) {
+    s = x;
+    pos = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &n), 0);
+  } else {
+    tpu_sort_with_pos(L, x, &s, &pos);
+  }
+  /* start[i]: s[i] differs from s[i-1] (the first element starts a group) */
+  tpu_hv start;
+  if (n > 1) {
+    int64_t a0 = 0, a1 = 1, e0 = n - 1, e1 = n, one = 1;
+    tpu_hv ne = tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_slice(H, s, &a1, &e1, &one), tpu_hlo_slice(H, s, &a0, &e0, &one));
+    tpu_hv first = tpu_hlo_reshape(H, tpu_hlo_constant_int(H, TPU_PRED, 1), 1, &one);
+    tpu_hv parts[2] = {first, ne};
+    start = tpu_hlo_concat(H, parts, 2, 0);
+  } else {
+    start = tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 1, &n), 1);
+  }
+  tpu_hv grp = tpu_prefix_sum(L, tpu_hlo_convert(H, start, TPU_S64));
+  grp = tpu_sub(L, grp, tpu_k(L, grp, 1));
+  int64_t n1[2] = {n, 1};
+  tpu_hv g1 = tpu_hlo_reshape(H, grp, 2, n1);
+  tpu_lower_out(L, tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &u), 0), g1, s, -1));
+  if (want_inv) {
+    tpu_hv inv = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 0),
+                                        tpu_hlo_reshape(H, pos, 2, n1), grp, -1);
+    tpu_lower_out(L, tpu_hlo_reshape(H, inv, it.rank, it.dims));
+  } else {
+    tpu_lower_out(L, tpu_lower_full(L, it, 0));
+  }
+  if (cnt_arg < 0) return;
+  if (want_cnt)
+    tpu_lower_out(L, tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &u), 0), g1,
+                                            tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
+                                            tpu_reduce_region(L, TPU_S64, TPU_RED_SUM)));
+  else
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &z), 0));
+}
+void tpu_emit_unique2(tpu_lower *L) { tpu_emit_unique_impl(L, false, 2, 3, 4); }
+void tpu_emit_unique_consecutive(tpu_lower *L) { tpu_emit_unique_impl(L, true, 1, 2, 4); }
+void tpu_emit_unique1(tpu_lower *L) { tpu_emit_unique_impl(L, false, 2, -1, 3); }
+
+/* repeat_interleave.Tensor(repeats, *, output_size): i repeated repeats[i]
+ * times. output_size is required here (the caller reads repeats.sum()):
+ * a 1 is added at each cumulative end, and a running count of them is the
+ * source position of every output element. */
+void tpu_emit_repeat_interleave(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->rank > 1 || !(tpu_dtype_is_int(t->dtype))) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "repeat_interleave: repeats must be 0-dim or 1-dim tensor of integers");
+    return;
+  }
+  if (L->args[1].kind != TPU_ARG_INT) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "repeat_interleave: output_size is required on the tpu device");
+    return;
+  }
+  int64_t m = L->args[1].i, n = t->rank ? t->sizes[0] : 1, m1[2] = {m, 1}, n1[2] = {n, 1};
+  tpu_hlo_type ot = tpu_hlo_type_make(TPU_S64, 1, &m);
+  if (m == 0 || n == 0) {
+    ot.dtype = t->dtype;
+    tpu_lower_out(L, tpu_lower_full(L, ot, 0));
+    return;
+  }
+  tpu_hv r = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, 0, -1), TPU_S64), 1, &n);
+  tpu_hv ends = tpu_hlo_reshape(H, tpu_prefix_sum(L, r), 2, n1);
+  tpu_hv marks = tpu_lower_scatter_rows(L, tpu_lower_full(L, ot, 0), ends, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
+                                        tpu_reduce_region(L, TPU_S64, TPU_RED_SUM));
+  (void)m1;
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_prefix_sum(L, marks), t->dtype));
+}
