@@ -4,6 +4,7 @@
  * indexed dim and iotas along the others; advanced indexing moves the
  * indexed dims to the front and gathers slices with one stablehlo.gather
  * (or scatter, for index_put). Negative indices wrap where torch allows. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -983,4 +984,231 @@ void tpu_emit_repeat_interleave(tpu_lower *L) {
                                         tpu_reduce_region(L, TPU_S64, TPU_RED_SUM));
   (void)m1;
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_prefix_sum(L, marks), t->dtype));
+}
+
+/* ---- embedding bags -------------------------------------------------------------------------------- */
+
+/* Bag of every index element [N] s64: the count of bag starts at or before
+ * it, minus one; elements after the closing offset (include_last_offset)
+ * get bag B, out of bounds, which scatters skip. */
+static tpu_hv tpu_bag_ids(tpu_lower *L, tpu_hv offsets, int64_t n, int64_t nb, bool last, bool into_last) {
+  int64_t md[2] = {n, nb + (last ? 1 : 0)}, b1 = 1, b0 = 0;
+  tpu_hv off = tpu_hlo_convert(H, offsets, TPU_S64);
+  tpu_hv pos = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, md), 0);
+  tpu_hv le = tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_LE, tpu_hlo_broadcast_in_dim(H, off, 2, md, &b1), pos), TPU_S64);
+  tpu_hv cnt = tpu_hlo_reduce(H, le, tpu_hlo_constant_int(H, TPU_S64, 0), &b1, 1, TPU_HLO_ADD);
+  (void)b0;
+  cnt = tpu_sub(L, cnt, tpu_k(L, cnt, 1));
+  /* torch's max mode keeps the elements after the closing offset in the last bag */
+  double cap = into_last ? (double)(nb - 1) : (double)nb;
+  return last ? tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GE, cnt, tpu_k(L, cnt, cap)), tpu_k(L, cnt, cap), cnt) : cnt;
+}
+
+/* _embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse,
+ * per_sample_weights, include_last_offset, padding_idx) -> (out [B, D],
+ * offset2bag [N], bag_size [B], max_indices [B, D] or [B]); mode 0 sum,
+ * 1 mean, 2 max. Rows of weight are gathered and scattered into their bags. */
+void tpu_emit_embedding_bag(tpu_lower *L) {
+  tpu_tref *w = &L->args[0].t, *it = &L->args[1].t, *ot = &L->args[2].t;
+  int64_t mode = L->args[4].i, pad = L->args[8].kind == TPU_ARG_INT ? L->args[8].i : -1;
+  bool last = tpu_arg_bool(L, 7), psw = L->args[6].kind == TPU_ARG_TENSOR;
+  if (w->rank != 2 || it->rank != 1 || ot->rank != 1) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "embedding_bag: expected 2-D weight, 1-D indices and 1-D offsets");
+    return;
+  }
+  if (psw && mode != 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "embedding_bag: per_sample_weights was not None. per_sample_weights is only "
+                   "supported for mode='sum' (got mode='%s'). Please open a feature request on GitHub.",
+                   mode == 1 ? "mean" : "max");
+    return;
+  }
+  if (!tpu_check_index_dtype(L, 1, "embedding_bag")) return;
+  tpu_dtype dt = w->dtype;
+  int64_t n = it->sizes[0], nb = ot->sizes[0] - (last ? 1 : 0), dd = w->sizes[1], nw = w->sizes[0];
+  if (nb < 0) nb = 0;
+  int64_t od[2] = {nb, dd}, n1[2] = {n, 1}, nd[2] = {n, dd};
+  tpu_hlo_type out_t = tpu_hlo_type_make(dt, 2, od), bt = tpu_hlo_type_make(TPU_S64, 1, &nb);
+  tpu_hlo_type mt = mode == 2 ? tpu_hlo_type_make(TPU_S64, 2, od) : bt;
+  if (n == 0 || nb == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, out_t, 0));
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 0));
+    tpu_lower_out(L, tpu_lower_full(L, bt, 0));
+    tpu_lower_out(L, tpu_lower_full(L, mt, 0));
+    return;
+  }
+  tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 1, -1), TPU_S64);
+  /* As torch's CPU kernel: with include_last_offset, elements after the
+   * closing offset belong to the last bag in offset2bag and bag_size (so
+   * gradients reach them) in mean and max modes, and to the max, but sums
+   * leave them out. */
+  tpu_hv off = tpu_lower_tensor(L, 2, -1);
+  tpu_hv bag = tpu_bag_ids(L, off, n, nb, last, mode != 0);
+  tpu_hv keep = tpu_hlo_compare(H, TPU_HLO_NE, idx, tpu_k(L, idx, (double)pad));
+  tpu_hv tb = tpu_hlo_select(H, keep, bag, tpu_k(L, bag, (double)nb)); /* bags that take the element */
+  tpu_hv tb1 = tpu_hlo_reshape(H, tb, 2, n1);
+  tpu_hv sb1 = tb1;
+  if (last && mode != 2)
+    sb1 = tpu_hlo_reshape(H, tpu_hlo_select(H, keep, tpu_bag_ids(L, off, n, nb, true, false), tpu_k(L, bag, (double)nb)), 2, n1);
+  tpu_hv rows = tpu_lower_gather_rows(L, tpu_lower_tensor(L, 0, -1), tpu_hlo_reshape(H, idx, 2, n1)); /* [N, D] */
+  tpu_dtype at = tpu_acc_type(dt);
+  rows = tpu_hlo_convert(H, rows, at);
+  if (psw) {
+    int64_t z = 0;
+    tpu_hv p = tpu_hlo_convert(H, tpu_lower_tensor(L, 6, -1), at);
+    rows = tpu_mul(L, rows, tpu_hlo_broadcast_in_dim(H, p, 2, nd, &z));
+  }
+  tpu_hv size = tpu_lower_scatter_rows(L, tpu_lower_full(L, bt, 0), tb1, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
+                                       tpu_reduce_region(L, TPU_S64, TPU_RED_SUM));
+  tpu_hv out, maxi;
+  int64_t z = 0;
+  tpu_hv sizeb = tpu_hlo_broadcast_in_dim(H, size, 2, od, &z);
+  tpu_hv empty = tpu_hlo_compare(H, TPU_HLO_EQ, sizeb, tpu_k(L, sizeb, 0));
+  tpu_hlo_type oat = out_t;
+  oat.dtype = at;
+  if (mode == 2) {
+    out = tpu_lower_scatter_rows(L, tpu_lower_broadcast_to(L, tpu_init_value(L, at, true), 2, od), tb1, rows,
+                                 tpu_reduce_region(L, at, TPU_RED_AMAX));
+    out = tpu_hlo_select(H, empty, tpu_lower_full(L, oat, 0), out);
+    /* the first element reaching each column's maximum */
+    tpu_hv best = tpu_lower_gather_rows(L, out, tpu_hlo_reshape(H, tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), tb,
+                                                                             tpu_hlo_constant_int(H, TPU_S64, nb - 1)), 2, n1));
+    tpu_hv posn = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nd), 0);
+    tpu_hv cand = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, best), posn, tpu_k(L, posn, (double)n));
+    tpu_hv first = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 2, od), (double)n), tb1, cand,
+                                          tpu_reduce_region(L, TPU_S64, TPU_RED_AMIN));
+    int64_t nod = nb * dd, nod1[2] = {nod, 1};
+    tpu_hv fi = tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), tpu_hlo_reshape(H, first, 2, nod1),
+                              tpu_hlo_constant_int(H, TPU_S64, n - 1));
+    maxi = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, idx, fi), 2, od);
+    maxi = tpu_hlo_select(H, empty, tpu_k(L, maxi, 0), maxi);
+  } else {
+    out = tpu_lower_scatter_rows(L, tpu_lower_full(L, oat, 0), sb1, rows, tpu_reduce_region(L, at, TPU_RED_SUM));
+    if (mode == 1) out = tpu_mean_div(L, out, tpu_hlo_convert(H, sizeb, at));
+    maxi = size;
+  }
+  (void)nw;
+  tpu_lower_out(L, tpu_hlo_convert(H, out, dt));
+  tpu_lower_out(L, bag);
+  tpu_lower_out(L, size);
+  tpu_lower_out(L, maxi);
+}
+
+/* _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size,
+ * maximum_indices, num_weights, scale_grad_by_freq, mode, sparse,
+ * per_sample_weights, padding_idx) -> grad_weight [num_weights, D] */
+void tpu_emit_embedding_bag_backward(tpu_lower *L) {
+  if (tpu_arg_bool(L, 9)) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "embedding_bag: sparse gradients are not supported on the tpu device");
+    return;
+  }
+  tpu_hv g = tpu_lower_tensor(L, 0, -1);
+  tpu_hlo_type gt = *T(L, g);
+  int64_t nw = L->args[6].i, mode = L->args[8].i, pad = L->args[11].kind == TPU_ARG_INT ? L->args[11].i : -1;
+  int64_t nb = gt.dims[0], dd = gt.dims[1], n = L->args[1].t.rank ? L->args[1].t.sizes[0] : 0;
+  int64_t wd[2] = {nw, dd}, z = 0;
+  tpu_dtype dt = gt.dtype, at = tpu_acc_type(dt);
+  tpu_hlo_type wt = tpu_hlo_type_make(at, 2, wd);
+  if (n == 0 || nb == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 2, wd), 0));
+    return;
+  }
+  g = tpu_hlo_convert(H, g, at);
+  tpu_hv size = tpu_lower_tensor(L, 4, -1);
+  if (mode == 2) {
+    int64_t nod = nb * dd, od[2] = {nb, dd};
+    tpu_hv mi = tpu_lower_tensor(L, 5, -1);
+    tpu_hv sizeb = tpu_hlo_broadcast_in_dim(H, size, 2, od, &z);
+    mi = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, sizeb, tpu_k(L, sizeb, 0)), tpu_k(L, mi, (double)nw), mi);
+    tpu_hv cols[2] = {tpu_hlo_reshape(H, mi, 2, (int64_t[2]){nod, 1}),
+                      tpu_hlo_reshape(H, tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, od), 1), 2, (int64_t[2]){nod, 1})};
+    tpu_hv r = tpu_point_scatter(L, tpu_lower_full(L, wt, 0), tpu_hlo_concat(H, cols, 2, 1), tpu_hlo_reshape(H, g, 1, &nod),
+                                 tpu_reduce_region(L, at, TPU_RED_SUM));
+    tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
+    return;
+  }
+  int64_t n1[2] = {n, 1}, nd[2] = {n, dd};
+  tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 1, -1), TPU_S64);
+  tpu_hv bag = tpu_lower_tensor(L, 3, -1);
+  tpu_hv keep = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, idx, tpu_k(L, idx, (double)pad)),
+                               tpu_hlo_compare(H, TPU_HLO_LT, bag, tpu_k(L, bag, (double)nb)));
+  tpu_hv bc = tpu_hlo_reshape(H, tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), bag, tpu_hlo_constant_int(H, TPU_S64, nb - 1)), 2, n1);
+  tpu_hv rows = tpu_lower_gather_rows(L, g, bc); /* [N, D] */
+  tpu_hv scale = tpu_hlo_convert(H, keep, at);
+  if (L->args[10].kind == TPU_ARG_TENSOR) scale = tpu_mul(L, scale, tpu_hlo_convert(H, tpu_lower_tensor(L, 10, -1), at));
+  if (mode == 1) {
+    tpu_hv s = tpu_hlo_convert(H, tpu_hlo_reshape(H, tpu_lower_gather_rows(L, size, bc), 1, &n), at);
+    s = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, s, tpu_k(L, s, 0)), tpu_k(L, s, 1), s);
+    scale = tpu_hlo_binary(H, TPU_HLO_DIV, scale, s);
+  }
+  tpu_hv i1 = tpu_hlo_reshape(H, idx, 2, n1);
+  if (tpu_arg_bool(L, 7)) { /* scale_grad_by_freq: by each index's count in the batch */
+    tpu_hv f = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(at, 1, &nw), 0), i1,
+                                      tpu_lower_full(L, tpu_hlo_type_make(at, 1, &n), 1), tpu_reduce_region(L, at, TPU_RED_SUM));
+    f = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, f, i1), 1, &n);
+    scale = tpu_hlo_binary(H, TPU_HLO_DIV, scale, f);
+  }
+  rows = tpu_mul(L, rows, tpu_hlo_broadcast_in_dim(H, scale, 2, nd, &z));
+  tpu_hv r = tpu_lower_scatter_rows(L, tpu_lower_full(L, wt, 0), i1, rows, tpu_reduce_region(L, at, TPU_RED_SUM));
+  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
+}
+
+/* _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets,
+ * offset2bag, mode, padding_idx) -> [N]: grad[bag] . weight[index] */
+void tpu_emit_embedding_bag_psw_backward(tpu_lower *L) {
+  tpu_hv g = tpu_lower_tensor(L, 0, -1);
+  tpu_dtype dt = T(L, g)->dtype, at = tpu_acc_type(dt);
+  int64_t nb = T(L, g)->dims[0], n = L->args[2].t.rank ? L->args[2].t.sizes[0] : 0, n1[2] = {n, 1};
+  int64_t pad = L->args[6].kind == TPU_ARG_INT ? L->args[6].i : -1, one = 1;
+  if (n == 0 || nb == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &n), 0));
+    return;
+  }
+  tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), TPU_S64);
+  tpu_hv bag = tpu_lower_tensor(L, 4, -1);
+  tpu_hv keep = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, idx, tpu_k(L, idx, (double)pad)),
+                               tpu_hlo_compare(H, TPU_HLO_LT, bag, tpu_k(L, bag, (double)nb)));
+  tpu_hv bc = tpu_hlo_reshape(H, tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), bag, tpu_hlo_constant_int(H, TPU_S64, nb - 1)), 2, n1);
+  tpu_hv gr = tpu_hlo_convert(H, tpu_lower_gather_rows(L, g, bc), at);
+  tpu_hv wr = tpu_hlo_convert(H, tpu_lower_gather_rows(L, tpu_lower_tensor(L, 1, -1), tpu_hlo_reshape(H, idx, 2, n1)), at);
+  tpu_hv dot = tpu_hlo_reduce(H, tpu_mul(L, gr, wr), tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD);
+  dot = tpu_hlo_select(H, keep, dot, tpu_k(L, dot, 0));
+  tpu_lower_out(L, tpu_hlo_convert(H, dot, dt));
+}
+
+/* embedding_renorm_(self, indices, max_norm, norm_type): the rows named by
+ * indices whose norm exceeds max_norm are scaled to max_norm / (norm + 1e-7). */
+void tpu_emit_embedding_renorm(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->rank != 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "embedding_renorm_: self must be 2-D");
+    return;
+  }
+  tpu_dtype dt = t->dtype, at = tpu_acc_type(dt);
+  double maxn = L->args[2].f, p = L->args[3].f;
+  int64_t nw = t->sizes[0], one = 1, z = 0;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 1, -1), TPU_S64);
+  int64_t n = tpu_hlo_type_numel(T(L, idx)), n1[2] = {n, 1};
+  if (n == 0 || nw == 0) {
+    tpu_lower_out(L, x);
+    return;
+  }
+  tpu_hv a = tpu_hlo_unary(H, TPU_HLO_ABS, tpu_hlo_convert(H, x, at)), norm;
+  if (p == INFINITY) {
+    norm = tpu_hlo_reduce(H, a, tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_MAX);
+  } else if (p == 1) {
+    norm = tpu_hlo_reduce(H, a, tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD);
+  } else if (p == 2) {
+    norm = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_reduce(H, tpu_mul(L, a, a), tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD));
+  } else {
+    tpu_hv s = tpu_hlo_reduce(H, tpu_hlo_binary(H, TPU_HLO_POW, a, tpu_k(L, a, p)), tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD);
+    norm = tpu_hlo_binary(H, TPU_HLO_POW, s, tpu_k(L, s, 1.0 / p));
+  }
+  tpu_hv hit = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 1, &nw), 0), tpu_hlo_reshape(H, idx, 2, n1),
+                                      tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 1, &n), 1), -1);
+  tpu_hv big = tpu_hlo_binary(H, TPU_HLO_AND, hit, tpu_hlo_compare(H, TPU_HLO_GT, norm, tpu_k(L, norm, maxn)));
+  tpu_hv scale = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, norm, maxn), tpu_add(L, norm, tpu_k(L, norm, 1e-7)));
+  scale = tpu_hlo_select(H, big, scale, tpu_k(L, scale, 1));
+  tpu_hv r = tpu_mul(L, tpu_hlo_convert(H, x, at), tpu_hlo_broadcast_in_dim(H, scale, 2, t->sizes, &z));
+  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
 }
