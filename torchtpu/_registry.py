@@ -228,6 +228,49 @@ def _masked_select(self, mask):
     return a[m]
 
 
+def _unique_count(self, consecutive):
+    """Distinct values (or runs, when consecutive) of self: counted on the
+    device, read back once."""
+    f = self.reshape(-1)
+    if f.numel() == 0:
+        return 0
+    if not consecutive:
+        f = torch.sort(f).values
+    return int((f[1:] != f[:-1]).sum().item()) + 1
+
+
+def _wrap_unique():
+    """unique and friends: the size is read first, then the C lowering of
+    the .out overload builds the results (it reads the size from out0)."""
+    def outs(self, n, inverse, counts):
+        long = dict(dtype=torch.long, device=self.device)
+        return (torch.empty(n, dtype=self.dtype, device=self.device),
+                torch.empty(self.shape if inverse else (0,), **long), torch.empty(n if counts else 0, **long))
+
+    def unique2(self, sorted=True, return_inverse=False, return_counts=False):
+        o = outs(self, _unique_count(self, False), return_inverse, return_counts)
+        return _KERNELS["_unique2.out"](self, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2])
+
+    def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+        if dim is not None:
+            return _fallback(torch.ops.aten.unique_consecutive.default, self, return_inverse, return_counts, dim)
+        o = outs(self, _unique_count(self, True), return_inverse, return_counts)
+        return _KERNELS["unique_consecutive.out"](self, return_inverse, return_counts, None,
+                                                  out0=o[0], out1=o[1], out2=o[2])
+
+    def unique1(self, sorted=True, return_inverse=False):
+        o = outs(self, _unique_count(self, False), return_inverse, False)
+        return _KERNELS["_unique.out"](self, sorted, return_inverse, out0=o[0], out1=o[1])
+
+    def repeat_interleave(repeats, output_size=None):
+        if output_size is None:
+            output_size = int(repeats.sum().item()) if repeats.numel() else 0
+        return _KERNELS["repeat_interleave.Tensor"](repeats, output_size=output_size)
+
+    return {"_unique2": unique2, "unique_consecutive": unique_consecutive, "_unique": unique1,
+            "repeat_interleave.Tensor": repeat_interleave}
+
+
 def _local_scalar_dense(self):
     return _C.to_cpu(self).item()
 
@@ -324,7 +367,7 @@ def setup(device_module):
             raise RuntimeError(f"torchtpu: cannot register aten::{name}: {e}") from None
         k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED)
         _KERNELS[name] = k
-        if name not in ("index.Tensor", "_index_put_impl_", "clone"):
+        if name not in ("index.Tensor", "_index_put_impl_", "clone", "repeat_interleave.Tensor"):
             _IMPL.impl(name, k, "PrivateUse1")
 
     c_clone = _KERNELS["clone"]
@@ -343,6 +386,8 @@ def setup(device_module):
     _IMPL.impl("nonzero", _nonzero, "PrivateUse1")
     _IMPL.impl("masked_select", _masked_select, "PrivateUse1")
     _IMPL.impl("equal", _equal, "PrivateUse1")
+    for name, fn in _wrap_unique().items():
+        _IMPL.impl(name, fn, "PrivateUse1")
 
     for name in ("view", "as_strided", "_reshape_alias", "alias", "_unsafe_view", "unfold",
                  "set_.source_Storage_storage_offset", "set_.source_Storage", "set_.source_Tensor",

@@ -4,6 +4,8 @@
  * indexed dim and iotas along the others; advanced indexing moves the
  * indexed dims to the front and gathers slices with one stablehlo.gather
  * (or scatter, for index_put). Negative indices wrap where torch allows. */
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "emit.h"
@@ -523,4 +525,690 @@ void tpu_emit_masked_scatter(tpu_lower *L) {
   tpu_hv g = tpu_lower_gather_rows(L, tpu_hlo_reshape(H, src, 1, &ns), tpu_hlo_reshape(H, at, 2, n1));
   g = tpu_hlo_reshape(H, g, t->rank, t->sizes);
   tpu_lower_out(L, tpu_hlo_select(H, m, g, x));
+}
+
+/* ---- reductions into indexed positions ------------------------------------------------------- */
+
+enum { TPU_RED_SUM, TPU_RED_PROD, TPU_RED_MEAN, TPU_RED_AMAX, TPU_RED_AMIN };
+
+static int tpu_reduce_kind(tpu_lower *L, int i, bool allow_sum) {
+  const char *r = tpu_arg_str(L, i);
+  static const char *names[] = {"sum", "prod", "mean", "amax", "amin"};
+  for (int k = allow_sum ? 0 : 1; r && k < 5; k++)
+    if (strcmp(r, names[k]) == 0) return k;
+  tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: reduce argument must be one of %s prod, mean, amax or amin, got %s",
+                 L->opname, allow_sum ? "sum," : "", r ? r : "None");
+  return -1;
+}
+
+/* A region (old, new) -> reduce(old, new); max/min propagate NaN as torch does. */
+static int tpu_reduce_region(tpu_lower *L, tpu_dtype dt, int kind) {
+  tpu_hlo_type st[2] = {tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(dt, 0, NULL)};
+  tpu_hv a[2], v;
+  tpu_hlo_region_begin(H, st, 2, a);
+  bool is_max = kind == TPU_RED_AMAX, ext = is_max || kind == TPU_RED_AMIN;
+  if (dt == TPU_PRED) {
+    v = tpu_hlo_binary(H, kind == TPU_RED_PROD || kind == TPU_RED_AMIN ? TPU_HLO_AND : TPU_HLO_OR, a[0], a[1]);
+  } else if (ext) {
+    v = tpu_hlo_binary(H, is_max ? TPU_HLO_MAX : TPU_HLO_MIN, a[0], a[1]);
+    if (tpu_dtype_is_float(dt)) {
+      v = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, a[1], a[1]), a[1], v);
+      v = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, a[0], a[0]), a[0], v);
+    }
+  } else {
+    v = tpu_hlo_binary(H, kind == TPU_RED_PROD ? TPU_HLO_MUL : TPU_HLO_ADD, a[0], a[1]);
+  }
+  return tpu_hlo_region_end(H, &v, 1);
+}
+
+/* The identity of a reduction (what include_self=False starts from). */
+static tpu_hv tpu_reduce_identity(tpu_lower *L, tpu_dtype dt, int kind) {
+  if (kind == TPU_RED_AMAX || kind == TPU_RED_AMIN) return tpu_init_value(L, dt, kind == TPU_RED_AMAX);
+  return tpu_lower_full(L, tpu_hlo_type_make(dt, 0, NULL), kind == TPU_RED_PROD ? 1 : 0);
+}
+
+/* sum / count with count 0 read as 1; integers divide with floor as torch. */
+static tpu_hv tpu_mean_div(tpu_lower *L, tpu_hv sum, tpu_hv cnt) {
+  cnt = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, cnt, tpu_k(L, cnt, 0)), tpu_k(L, cnt, 1), cnt);
+  tpu_dtype dt = T(L, sum)->dtype;
+  if (tpu_dtype_is_float(dt)) {
+    tpu_dtype at = tpu_acc_type(dt);
+    return tpu_hlo_convert(H, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_convert(H, sum, at), tpu_hlo_convert(H, cnt, at)), dt);
+  }
+  tpu_hv q = tpu_hlo_binary(H, TPU_HLO_DIV, sum, cnt), rem = tpu_hlo_binary(H, TPU_HLO_REM, sum, cnt);
+  tpu_hv adj = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, rem, tpu_k(L, rem, 0)),
+                              tpu_hlo_compare(H, TPU_HLO_LT, sum, tpu_k(L, sum, 0)));
+  return tpu_hlo_select(H, adj, tpu_sub(L, q, tpu_k(L, q, 1)), q);
+}
+
+/* scatter_reduce.two(self, dim, index, src, reduce, *, include_self=True) */
+void tpu_emit_scatter_reduce_two(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t, *it = &L->args[2].t;
+  if (!tpu_check_index_dtype(L, 2, "scatter_reduce")) return;
+  int kind = tpu_reduce_kind(L, 4, true);
+  if (kind < 0) return;
+  bool incl = L->args[5].kind != TPU_ARG_BOOL || L->args[5].i;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (it->zero_size) {
+    tpu_lower_out(L, x);
+    return;
+  }
+  tpu_dtype dt = t->dtype;
+  int64_t one = 1;
+  bool r0 = t->rank == 0;
+  if (r0) x = tpu_hlo_reshape(H, x, 1, &one);
+  int64_t d = r0 ? 0 : tpu_lower_dim(L, L->args[1].i, t->rank);
+  tpu_hv idx = tpu_lower_tensor(L, 2, -1);
+  if (r0) idx = tpu_hlo_reshape(H, idx, 1, &one);
+  tpu_hlo_type ishape = *T(L, idx);
+  tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 3, -1), dt);
+  if (r0 || T(L, src)->rank == 0) src = tpu_hlo_reshape(H, src, ishape.rank, (int64_t[TPU_MAX_RANK]){1});
+  int64_t n = tpu_hlo_type_numel(&ishape);
+  tpu_hv upd = tpu_hlo_reshape(H, tpu_cut_to(L, src, &ishape), 1, &n);
+  tpu_hv coords = tpu_coords_along(L, idx, d);
+  if (!incl)
+    x = tpu_point_scatter(L, x, coords, tpu_lower_broadcast_to(L, tpu_reduce_identity(L, dt, kind), 1, &n), -1);
+  tpu_hv r = tpu_point_scatter(L, x, coords, upd, tpu_reduce_region(L, dt, kind));
+  if (kind == TPU_RED_MEAN) {
+    tpu_hv cnt = tpu_lower_full(L, *T(L, x), incl ? 1 : 0);
+    cnt = tpu_point_scatter(L, cnt, coords, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &n), 1),
+                            tpu_reduce_region(L, dt, TPU_RED_SUM));
+    r = tpu_mean_div(L, r, cnt);
+  }
+  tpu_lower_out(L, r0 ? tpu_hlo_reshape(H, r, 0, NULL) : r);
+}
+
+/* index_reduce(self, dim, index, source, reduce, *, include_self=True):
+ * slices of source combined into the slices of self named by index. */
+void tpu_emit_index_reduce(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_check_index_dtype(L, 2, "index_reduce")) return;
+  int kind = tpu_reduce_kind(L, 4, false);
+  if (kind < 0) return;
+  bool incl = L->args[5].kind != TPU_ARG_BOOL || L->args[5].i;
+  tpu_dtype dt = t->dtype;
+  int64_t one = 1;
+  bool r0 = t->rank == 0;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (r0) x = tpu_hlo_reshape(H, x, 1, &one);
+  int rank = r0 ? 1 : t->rank;
+  tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 3, -1), dt);
+  if (T(L, src)->rank == 0) src = tpu_hlo_reshape(H, src, rank, (int64_t[TPU_MAX_RANK]){1});
+  tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), TPU_S64);
+  int64_t n = tpu_hlo_type_numel(T(L, idx)), n1[2] = {n, 1};
+  int64_t d = r0 ? 0 : tpu_lower_dim(L, L->args[1].i, t->rank);
+  if (n == 0) {
+    tpu_lower_out(L, r0 ? tpu_hlo_reshape(H, x, 0, NULL) : x);
+    return;
+  }
+  int64_t perm[TPU_MAX_RANK], inv[TPU_MAX_RANK];
+  tpu_hv xf = tpu_dim_to_front(L, x, d, perm, inv);
+  tpu_hv sf = tpu_hlo_transpose(H, src, perm);
+  idx = tpu_hlo_reshape(H, idx, 2, n1);
+  if (!incl) {
+    tpu_hlo_type ut = *T(L, sf);
+    xf = tpu_lower_scatter_rows(L, xf, idx, tpu_lower_broadcast_to(L, tpu_reduce_identity(L, dt, kind), ut.rank, ut.dims), -1);
+  }
+  tpu_hv r = tpu_lower_scatter_rows(L, xf, idx, sf, tpu_reduce_region(L, dt, kind));
+  if (kind == TPU_RED_MEAN) {
+    tpu_hlo_type rt = *T(L, r);
+    tpu_hv cnt = tpu_lower_full(L, tpu_hlo_type_make(dt, 1, rt.dims), incl ? 1 : 0);
+    cnt = tpu_lower_scatter_rows(L, cnt, idx, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &n), 1),
+                                 tpu_reduce_region(L, dt, TPU_RED_SUM));
+    int64_t z = 0;
+    r = tpu_mean_div(L, r, tpu_hlo_broadcast_in_dim(H, cnt, rt.rank, rt.dims, &z));
+  }
+  r = tpu_hlo_transpose(H, r, inv);
+  tpu_lower_out(L, r0 ? tpu_hlo_reshape(H, r, 0, NULL) : r);
+}
+
+/* ---- flat indexing ------------------------------------------------------------------------------ */
+
+/* take(self, index): self.flatten()[index], negative indices wrap */
+void tpu_emit_take(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_check_index_dtype(L, 1, "take")) return;
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  tpu_hv idx = tpu_lower_tensor(L, 1, -1);
+  tpu_hlo_type it = *T(L, idx);
+  int64_t m = tpu_hlo_type_numel(&it), m1[2] = {m, 1};
+  it.dtype = t->dtype;
+  if (m == 0 || n == 0) {
+    if (m != 0) tpu_lower_fail(L, TPU_ERR_INDEX, "take(): tried to take from an empty tensor");
+    tpu_lower_out(L, tpu_lower_full(L, it, 0));
+    return;
+  }
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &n);
+  tpu_hv w = tpu_hlo_reshape(H, tpu_wrap_index(L, idx, n), 2, m1);
+  tpu_lower_out(L, tpu_hlo_reshape(H, tpu_lower_gather_rows(L, x, w), it.rank, it.dims));
+}
+
+/* put_(self, index, source, accumulate=False): self.flatten()[index] = source */
+void tpu_emit_put(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (!tpu_check_index_dtype(L, 1, "put_")) return;
+  tpu_dtype dt = t->dtype;
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hv idx = tpu_lower_tensor(L, 1, -1);
+  tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), dt);
+  int64_t m = tpu_hlo_type_numel(T(L, idx)), m1[2] = {m, 1};
+  if (tpu_hlo_type_numel(T(L, src)) != m) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "put_(): Expected source and index to have the same number of elements");
+    return;
+  }
+  if (m == 0 || n == 0) {
+    tpu_lower_out(L, x);
+    return;
+  }
+  tpu_hv xf = tpu_hlo_reshape(H, x, 1, &n);
+  tpu_hv w = tpu_hlo_reshape(H, tpu_wrap_index(L, idx, n), 2, m1);
+  int region = tpu_arg_bool(L, 3) ? tpu_reduce_region(L, dt, TPU_RED_SUM) : -1;
+  tpu_hv r = tpu_lower_scatter_rows(L, xf, w, tpu_hlo_reshape(H, src, 1, &m), region);
+  tpu_lower_out(L, tpu_hlo_reshape(H, r, t->rank, t->sizes));
+}
+
+/* ---- membership ----------------------------------------------------------------------------------- */
+
+/* isin(elements, test_elements, *, assume_unique=False, invert=False); either
+ * side may be a Scalar. Every element is compared with every test element. */
+void tpu_emit_isin(tpu_lower *L) {
+  int idx2[2] = {0, 1};
+  tpu_dtype ct = tpu_lower_result_type(L, idx2, 2);
+  tpu_hv e = tpu_lower_input(L, 0, ct), s = tpu_lower_input(L, 1, ct);
+  tpu_hlo_type et = *T(L, e);
+  int64_t ne = tpu_hlo_type_numel(&et), ns = tpu_hlo_type_numel(T(L, s));
+  bool inv = tpu_arg_bool(L, 3);
+  tpu_hlo_type rt = et;
+  rt.dtype = TPU_PRED;
+  if (ne == 0 || ns == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, rt, inv ? 1 : 0));
+    return;
+  }
+  int64_t md[2] = {ne, ns}, b0 = 0, b1 = 1;
+  tpu_hv eb = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, e, 1, &ne), 2, md, &b0);
+  tpu_hv sb = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, s, 1, &ns), 2, md, &b1);
+  tpu_hv hit = tpu_hlo_reduce(H, tpu_hlo_compare(H, TPU_HLO_EQ, eb, sb), tpu_hlo_constant_int(H, TPU_PRED, 0), &b1, 1,
+                              TPU_HLO_OR);
+  if (inv) hit = tpu_hlo_unary(H, TPU_HLO_NOT, hit);
+  tpu_lower_out(L, tpu_hlo_reshape(H, hit, rt.rank, rt.dims));
+}
+
+/* ---- unfold's gradient ------------------------------------------------------------------------------- */
+
+/* unfold_backward(grad_in, input_sizes, dim, size, step): grad_in [..., n, ..., size]
+ * summed back into the windows' positions (i*step + k along dim). */
+void tpu_emit_unfold_backward(tpu_lower *L) {
+  tpu_hv g = tpu_lower_tensor(L, 0, -1);
+  tpu_hlo_type gt = *T(L, g);
+  int r = L->args[1].nints;
+  int64_t sizes[TPU_MAX_RANK];
+  for (int i = 0; i < r; i++) sizes[i] = L->args[1].ints[i];
+  tpu_hlo_type ot = tpu_hlo_type_make(gt.dtype, r, sizes);
+  tpu_hv out = tpu_lower_full(L, ot, 0);
+  int64_t n = tpu_hlo_type_numel(&gt), n1[2] = {n, 1};
+  if (n == 0 || r == 0) {
+    tpu_lower_out(L, r == 0 ? tpu_hlo_reshape(H, g, 0, NULL) : out);
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[2].i, r), step = L->args[4].i;
+  tpu_hlo_type ct = gt;
+  ct.dtype = TPU_S64;
+  tpu_hv cols[TPU_MAX_RANK];
+  for (int k = 0; k < r; k++) {
+    tpu_hv c = tpu_hlo_iota(H, ct, k);
+    if (k == d) c = tpu_add(L, tpu_mul(L, c, tpu_k(L, c, (double)step)), tpu_hlo_iota(H, ct, r));
+    cols[k] = tpu_hlo_reshape(H, c, 2, n1);
+  }
+  tpu_hv coords = tpu_hlo_concat(H, cols, r, 1);
+  tpu_lower_out(L, tpu_point_scatter(L, out, coords, tpu_hlo_reshape(H, g, 1, &n),
+                                     tpu_reduce_region(L, gt.dtype, TPU_RED_SUM)));
+}
+
+/* ---- reflection and replication padding ---------------------------------------------------------- */
+
+/* x's positions along dim picked by the static map [m] (a gather of rows). */
+static tpu_hv tpu_take_map(tpu_lower *L, tpu_hv x, int64_t dim, const int64_t *map, int64_t m) {
+  int64_t perm[TPU_MAX_RANK], inv[TPU_MAX_RANK], m1[2] = {m, 1};
+  tpu_hv xf = tpu_dim_to_front(L, x, dim, perm, inv);
+  tpu_hv idx = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, m1), map);
+  return tpu_hlo_transpose(H, tpu_lower_gather_rows(L, xf, idx), inv);
+}
+
+/* The transpose of tpu_take_map: g's positions along dim summed into n slots. */
+static tpu_hv tpu_add_map(tpu_lower *L, tpu_hv g, int64_t dim, const int64_t *map, int64_t m, int64_t n) {
+  int64_t perm[TPU_MAX_RANK], inv[TPU_MAX_RANK], m1[2] = {m, 1};
+  tpu_hv gf = tpu_dim_to_front(L, g, dim, perm, inv);
+  tpu_hlo_type zt = *T(L, gf);
+  zt.dims[0] = n;
+  tpu_hv idx = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, m1), map);
+  tpu_hv r = tpu_lower_scatter_rows(L, tpu_lower_full(L, zt, 0), idx, gf, tpu_reduce_region(L, zt.dtype, TPU_RED_SUM));
+  return tpu_hlo_transpose(H, r, inv);
+}
+
+/* reflection/replication pad{1,2,3}d and their backwards: every padded
+ * dim is a static gather of the input's positions (its backward the
+ * matching scatter-add), one dim at a time. */
+static void tpu_emit_pad_impl(tpu_lower *L, int k, bool reflect, bool backward) {
+  int xi = backward ? 1 : 0;
+  tpu_tref *t = &L->args[xi].t;
+  const char *name = reflect ? "reflection_pad" : "replication_pad";
+  if (t->rank != k + 1 && t->rank != k + 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s%dd: Expected %dD or %dD (batch mode) tensor with possibly 0 batch size "
+                   "and other non-zero dimensions for input", name, k, k + 1, k + 2);
+    return;
+  }
+  tpu_arg *pa = &L->args[xi + 1];
+  if (pa->nints != 2 * k) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "padding size is expected to be %d", 2 * k);
+    return;
+  }
+  int64_t outd[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) outd[i] = t->sizes[i];
+  for (int q = 0; q < k; q++) {
+    int64_t d = t->rank - 1 - q, n = t->sizes[d], lo = pa->ints[2 * q], hi = pa->ints[2 * q + 1];
+    if (reflect && (lo >= n || hi >= n)) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Argument #4: Padding size should be less than the corresponding input "
+                     "dimension, but got: padding (%lld, %lld) at dimension %lld of input %d",
+                     (long long)lo, (long long)hi, (long long)d, t->rank);
+      return;
+    }
+    outd[d] = n + lo + hi;
+    if (outd[d] < 1 || n < 1) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s%dd: input (%lld) or output (%lld) size along dim %lld is too small", name,
+                     k, (long long)n, (long long)outd[d], (long long)d);
+      return;
+    }
+  }
+  tpu_hv v = tpu_lower_tensor(L, 0, -1);
+  for (int q = 0; q < k; q++) {
+    int64_t d = t->rank - 1 - q, n = t->sizes[d], lo = pa->ints[2 * q], m = outd[d];
+    int64_t *map = malloc(sizeof(int64_t) * (size_t)m);
+    if (!map) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "out of memory");
+      return;
+    }
+    for (int64_t j = 0; j < m; j++) {
+      int64_t i = j - lo;
+      if (reflect) {
+        if (i < 0) i = -i;
+        if (i >= n) i = 2 * (n - 1) - i;
+      }
+      map[j] = i < 0 ? 0 : i >= n ? n - 1 : i;
+    }
+    v = backward ? tpu_add_map(L, v, d, map, m, n) : tpu_take_map(L, v, d, map, m);
+    free(map);
+  }
+  tpu_lower_out(L, v);
+}
+void tpu_emit_reflection_pad1d(tpu_lower *L) { tpu_emit_pad_impl(L, 1, true, false); }
+void tpu_emit_reflection_pad2d(tpu_lower *L) { tpu_emit_pad_impl(L, 2, true, false); }
+void tpu_emit_reflection_pad3d(tpu_lower *L) { tpu_emit_pad_impl(L, 3, true, false); }
+void tpu_emit_replication_pad1d(tpu_lower *L) { tpu_emit_pad_impl(L, 1, false, false); }
+void tpu_emit_replication_pad2d(tpu_lower *L) { tpu_emit_pad_impl(L, 2, false, false); }
+void tpu_emit_replication_pad3d(tpu_lower *L) { tpu_emit_pad_impl(L, 3, false, false); }
+void tpu_emit_reflection_pad1d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 1, true, true); }
+void tpu_emit_reflection_pad2d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 2, true, true); }
+void tpu_emit_reflection_pad3d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 3, true, true); }
+void tpu_emit_replication_pad1d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 1, false, true); }
+void tpu_emit_replication_pad2d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 2, false, true); }
+void tpu_emit_replication_pad3d_backward(tpu_lower *L) { tpu_emit_pad_impl(L, 3, false, true); }
+
+/* ---- data-dependent shapes, static part ------------------------------------------------------------- */
+
+/* Inclusive prefix sum of a 1-D s64 value. */
+static tpu_hv tpu_prefix_sum(tpu_lower *L, tpu_hv v) {
+  int64_t n = T(L, v)->dims[0];
+  if (n <= 1) return v;
+  tpu_hv out = v, zero = tpu_hlo_constant_int(H, TPU_S64, 0);
+  int64_t win = n, pad[2] = {n - 1, 0};
+  tpu_hlo_reduce_window(H, &v, &zero, 1, &win, NULL, NULL, NULL, pad, tpu_reduce_region(L, TPU_S64, TPU_RED_SUM), &out);
+  return out;
+}
+
+/* Stable ascending sort of the 1-D x with its positions; NaNs last as torch. */
+static void tpu_sort_with_pos(tpu_lower *L, tpu_hv x, tpu_hv *sorted, tpu_hv *pos) {
+  tpu_hlo_type xt = *T(L, x);
+  tpu_hv key = xt.dtype == TPU_PRED ? tpu_hlo_convert(H, x, TPU_S32) : x;
+  tpu_dtype kt = T(L, key)->dtype;
+  tpu_hlo_type st[4] = {tpu_hlo_type_make(kt, 0, NULL), tpu_hlo_type_make(kt, 0, NULL),
+                        tpu_hlo_type_make(TPU_S64, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL)};
+  tpu_hv a[4];
+  tpu_hlo_region_begin(H, st, 4, a);
+  tpu_hv lt = tpu_hlo_compare(H, TPU_HLO_LT, a[0], a[1]);
+  if (tpu_dtype_is_float(kt)) {
+    tpu_hv an = tpu_hlo_compare(H, TPU_HLO_NE, a[0], a[0]), bn = tpu_hlo_compare(H, TPU_HLO_NE, a[1], a[1]);
+    lt = tpu_hlo_binary(H, TPU_HLO_OR, lt, tpu_hlo_binary(H, TPU_HLO_AND, bn, tpu_hlo_unary(H, TPU_HLO_NOT, an)));
+  }
+  int region = tpu_hlo_region_end(H, &lt, 1);
+  tpu_hv ins[2] = {key, tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, xt.dims), 0)}, outs[2];
+  if (!tpu_hlo_sort(H, ins, 2, 0, true, region, outs)) {
+    *sorted = *pos = TPU_HV_NONE;
+    return;
+  }
+  *sorted = tpu_hlo_convert(H, outs[0], xt.dtype);
+  *pos = outs[1];
+}
+
+/* _unique2.out(self, sorted, return_inverse, return_counts, *, out0, out1, out2),
+ * unique_consecutive.out(self, return_inverse, return_counts, dim, *, out0..2)
+ * and _unique.out(self, sorted, return_inverse, *, out0, out1). The number of
+ * unique values is the size of out0, read on the host beforehand (the
+ * caller counts them); group ids are running counts of value changes. */
+static void tpu_emit_unique_impl(tpu_lower *L, bool consecutive, int inv_arg, int cnt_arg, int out0) {
+  tpu_tref *t = &L->args[0].t;
+  if (consecutive && L->args[3].kind != TPU_ARG_NONE) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: the dim argument is not supported on the tpu device", L->opname);
+    return;
+  }
+  bool want_inv = tpu_arg_bool(L, inv_arg), want_cnt = cnt_arg >= 0 && tpu_arg_bool(L, cnt_arg);
+  int64_t u = L->args[out0].t.rank == 1 ? L->args[out0].t.sizes[0] : 0, z = 0;
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  tpu_dtype dt = t->dtype;
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, want_inv ? t->rank : 1, want_inv ? t->sizes : &z);
+  if (n == 0 || u == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &u), 0));
+    tpu_lower_out(L, tpu_lower_full(L, it, 0));
+    if (cnt_arg >= 0) tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, want_cnt ? &u : &z), 0));
+    return;
+  }
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &n), s, pos;
+  if (consecutive) {
+    s = x;
+    pos = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &n), 0);
+  } else {
+    tpu_sort_with_pos(L, x, &s, &pos);
+  }
+  /* start[i]: s[i] differs from s[i-1] (the first element starts a group) */
+  tpu_hv start;
+  if (n > 1) {
+    int64_t a0 = 0, a1 = 1, e0 = n - 1, e1 = n, one = 1;
+    tpu_hv ne = tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_slice(H, s, &a1, &e1, &one), tpu_hlo_slice(H, s, &a0, &e0, &one));
+    tpu_hv first = tpu_hlo_reshape(H, tpu_hlo_constant_int(H, TPU_PRED, 1), 1, &one);
+    tpu_hv parts[2] = {first, ne};
+    start = tpu_hlo_concat(H, parts, 2, 0);
+  } else {
+    start = tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 1, &n), 1);
+  }
+  tpu_hv grp = tpu_prefix_sum(L, tpu_hlo_convert(H, start, TPU_S64));
+  grp = tpu_sub(L, grp, tpu_k(L, grp, 1));
+  int64_t n1[2] = {n, 1};
+  tpu_hv g1 = tpu_hlo_reshape(H, grp, 2, n1);
+  tpu_lower_out(L, tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &u), 0), g1, s, -1));
+  if (want_inv) {
+    tpu_hv inv = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 0),
+                                        tpu_hlo_reshape(H, pos, 2, n1), grp, -1);
+    tpu_lower_out(L, tpu_hlo_reshape(H, inv, it.rank, it.dims));
+  } else {
+    tpu_lower_out(L, tpu_lower_full(L, it, 0));
+  }
+  if (cnt_arg < 0) return;
+  if (want_cnt)
+    tpu_lower_out(L, tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &u), 0), g1,
+                                            tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
+                                            tpu_reduce_region(L, TPU_S64, TPU_RED_SUM)));
+  else
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &z), 0));
+}
+void tpu_emit_unique2(tpu_lower *L) { tpu_emit_unique_impl(L, false, 2, 3, 4); }
+void tpu_emit_unique_consecutive(tpu_lower *L) { tpu_emit_unique_impl(L, true, 1, 2, 4); }
+void tpu_emit_unique1(tpu_lower *L) { tpu_emit_unique_impl(L, false, 2, -1, 3); }
+
+/* repeat_interleave.Tensor(repeats, *, output_size): i repeated repeats[i]
+ * times. output_size is required here (the caller reads repeats.sum()):
+ * a 1 is added at each cumulative end, and a running count of them is the
+ * source position of every output element. */
+void tpu_emit_repeat_interleave(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->rank > 1 || !(tpu_dtype_is_int(t->dtype))) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "repeat_interleave: repeats must be 0-dim or 1-dim tensor of integers");
+    return;
+  }
+  if (L->args[1].kind != TPU_ARG_INT) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "repeat_interleave: output_size is required on the tpu device");
+    return;
+  }
+  int64_t m = L->args[1].i, n = t->rank ? t->sizes[0] : 1, m1[2] = {m, 1}, n1[2] = {n, 1};
+  tpu_hlo_type ot = tpu_hlo_type_make(TPU_S64, 1, &m);
+  if (m == 0 || n == 0) {
+    ot.dtype = t->dtype;
+    tpu_lower_out(L, tpu_lower_full(L, ot, 0));
+    return;
+  }
+  tpu_hv r = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, 0, -1), TPU_S64), 1, &n);
+  tpu_hv ends = tpu_hlo_reshape(H, tpu_prefix_sum(L, r), 2, n1);
+  tpu_hv marks = tpu_lower_scatter_rows(L, tpu_lower_full(L, ot, 0), ends, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
+                                        tpu_reduce_region(L, TPU_S64, TPU_RED_SUM));
+  (void)m1;
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_prefix_sum(L, marks), t->dtype));
+}
+
+/* ---- embedding bags -------------------------------------------------------------------------------- */
+
+/* Bag of every index element [N] s64: the count of bag starts at or before
+ * it, minus one; elements after the closing offset (include_last_offset)
+ * get bag B, out of bounds, which scatters skip. */
+static tpu_hv tpu_bag_ids(tpu_lower *L, tpu_hv offsets, int64_t n, int64_t nb, bool last, bool into_last) {
+  int64_t md[2] = {n, nb + (last ? 1 : 0)}, b1 = 1, b0 = 0;
+  tpu_hv off = tpu_hlo_convert(H, offsets, TPU_S64);
+  tpu_hv pos = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, md), 0);
+  tpu_hv le = tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_LE, tpu_hlo_broadcast_in_dim(H, off, 2, md, &b1), pos), TPU_S64);
+  tpu_hv cnt = tpu_hlo_reduce(H, le, tpu_hlo_constant_int(H, TPU_S64, 0), &b1, 1, TPU_HLO_ADD);
+  (void)b0;
+  cnt = tpu_sub(L, cnt, tpu_k(L, cnt, 1));
+  /* torch's max mode keeps the elements after the closing offset in the last bag */
+  double cap = into_last ? (double)(nb - 1) : (double)nb;
+  return last ? tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GE, cnt, tpu_k(L, cnt, cap)), tpu_k(L, cnt, cap), cnt) : cnt;
+}
+
+/* _embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse,
+ * per_sample_weights, include_last_offset, padding_idx) -> (out [B, D],
+ * offset2bag [N], bag_size [B], max_indices [B, D] or [B]); mode 0 sum,
+ * 1 mean, 2 max. Rows of weight are gathered and scattered into their bags. */
+void tpu_emit_embedding_bag(tpu_lower *L) {
+  tpu_tref *w = &L->args[0].t, *it = &L->args[1].t, *ot = &L->args[2].t;
+  int64_t mode = L->args[4].i, pad = L->args[8].kind == TPU_ARG_INT ? L->args[8].i : -1;
+  bool last = tpu_arg_bool(L, 7), psw = L->args[6].kind == TPU_ARG_TENSOR;
+  if (w->rank != 2 || it->rank != 1 || ot->rank != 1) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "embedding_bag: expected 2-D weight, 1-D indices and 1-D offsets");
+    return;
+  }
+  if (psw && mode != 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "embedding_bag: per_sample_weights was not None. per_sample_weights is only "
+                   "supported for mode='sum' (got mode='%s'). Please open a feature request on GitHub.",
+                   mode == 1 ? "mean" : "max");
+    return;
+  }
+  if (!tpu_check_index_dtype(L, 1, "embedding_bag")) return;
+  tpu_dtype dt = w->dtype;
+  int64_t n = it->sizes[0], nb = ot->sizes[0] - (last ? 1 : 0), dd = w->sizes[1], nw = w->sizes[0];
+  if (nb < 0) nb = 0;
+  int64_t od[2] = {nb, dd}, n1[2] = {n, 1}, nd[2] = {n, dd};
+  tpu_hlo_type out_t = tpu_hlo_type_make(dt, 2, od), bt = tpu_hlo_type_make(TPU_S64, 1, &nb);
+  tpu_hlo_type mt = mode == 2 ? tpu_hlo_type_make(TPU_S64, 2, od) : bt;
+  if (n == 0 || nb == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, out_t, 0));
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 0));
+    tpu_lower_out(L, tpu_lower_full(L, bt, 0));
+    tpu_lower_out(L, tpu_lower_full(L, mt, 0));
+    return;
+  }
+  tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 1, -1), TPU_S64);
+  /* As torch's CPU kernel: with include_last_offset, elements after the
+   * closing offset belong to the last bag in offset2bag and bag_size (so
+   * gradients reach them) in mean and max modes, and to the max, but sums
+   * leave them out. */
+  tpu_hv off = tpu_lower_tensor(L, 2, -1);
+  tpu_hv bag = tpu_bag_ids(L, off, n, nb, last, mode != 0);
+  tpu_hv keep = tpu_hlo_compare(H, TPU_HLO_NE, idx, tpu_k(L, idx, (double)pad));
+  tpu_hv tb = tpu_hlo_select(H, keep, bag, tpu_k(L, bag, (double)nb)); /* bags that take the element */
+  tpu_hv tb1 = tpu_hlo_reshape(H, tb, 2, n1);
+  tpu_hv sb1 = tb1;
+  if (last && mode != 2)
+    sb1 = tpu_hlo_reshape(H, tpu_hlo_select(H, keep, tpu_bag_ids(L, off, n, nb, true, false), tpu_k(L, bag, (double)nb)), 2, n1);
+  tpu_hv rows = tpu_lower_gather_rows(L, tpu_lower_tensor(L, 0, -1), tpu_hlo_reshape(H, idx, 2, n1)); /* [N, D] */
+  tpu_dtype at = tpu_acc_type(dt);
+  rows = tpu_hlo_convert(H, rows, at);
+  if (psw) {
+    int64_t z = 0;
+    tpu_hv p = tpu_hlo_convert(H, tpu_lower_tensor(L, 6, -1), at);
+    rows = tpu_mul(L, rows, tpu_hlo_broadcast_in_dim(H, p, 2, nd, &z));
+  }
+  tpu_hv size = tpu_lower_scatter_rows(L, tpu_lower_full(L, bt, 0), tb1, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
+                                       tpu_reduce_region(L, TPU_S64, TPU_RED_SUM));
+  tpu_hv out, maxi;
+  int64_t z = 0;
+  tpu_hv sizeb = tpu_hlo_broadcast_in_dim(H, size, 2, od, &z);
+  tpu_hv empty = tpu_hlo_compare(H, TPU_HLO_EQ, sizeb, tpu_k(L, sizeb, 0));
+  tpu_hlo_type oat = out_t;
+  oat.dtype = at;
+  if (mode == 2) {
+    out = tpu_lower_scatter_rows(L, tpu_lower_broadcast_to(L, tpu_init_value(L, at, true), 2, od), tb1, rows,
+                                 tpu_reduce_region(L, at, TPU_RED_AMAX));
+    out = tpu_hlo_select(H, empty, tpu_lower_full(L, oat, 0), out);
+    /* the first element reaching each column's maximum */
+    tpu_hv best = tpu_lower_gather_rows(L, out, tpu_hlo_reshape(H, tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), tb,
+                                                                             tpu_hlo_constant_int(H, TPU_S64, nb - 1)), 2, n1));
+    tpu_hv posn = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nd), 0);
+    tpu_hv cand = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, best), posn, tpu_k(L, posn, (double)n));
+    tpu_hv first = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 2, od), (double)n), tb1, cand,
+                                          tpu_reduce_region(L, TPU_S64, TPU_RED_AMIN));
+    int64_t nod = nb * dd, nod1[2] = {nod, 1};
+    tpu_hv fi = tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), tpu_hlo_reshape(H, first, 2, nod1),
+                              tpu_hlo_constant_int(H, TPU_S64, n - 1));
+    maxi = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, idx, fi), 2, od);
+    maxi = tpu_hlo_select(H, empty, tpu_k(L, maxi, 0), maxi);
+  } else {
+    out = tpu_lower_scatter_rows(L, tpu_lower_full(L, oat, 0), sb1, rows, tpu_reduce_region(L, at, TPU_RED_SUM));
+    if (mode == 1) out = tpu_mean_div(L, out, tpu_hlo_convert(H, sizeb, at));
+    maxi = size;
+  }
+  (void)nw;
+  tpu_lower_out(L, tpu_hlo_convert(H, out, dt));
+  tpu_lower_out(L, bag);
+  tpu_lower_out(L, size);
+  tpu_lower_out(L, maxi);
+}
+
+/* _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size,
+ * maximum_indices, num_weights, scale_grad_by_freq, mode, sparse,
+ * per_sample_weights, padding_idx) -> grad_weight [num_weights, D] */
+void tpu_emit_embedding_bag_backward(tpu_lower *L) {
+  if (tpu_arg_bool(L, 9)) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "embedding_bag: sparse gradients are not supported on the tpu device");
+    return;
+  }
+  tpu_hv g = tpu_lower_tensor(L, 0, -1);
+  tpu_hlo_type gt = *T(L, g);
+  int64_t nw = L->args[6].i, mode = L->args[8].i, pad = L->args[11].kind == TPU_ARG_INT ? L->args[11].i : -1;
+  int64_t nb = gt.dims[0], dd = gt.dims[1], n = L->args[1].t.rank ? L->args[1].t.sizes[0] : 0;
+  int64_t wd[2] = {nw, dd}, z = 0;
+  tpu_dtype dt = gt.dtype, at = tpu_acc_type(dt);
+  tpu_hlo_type wt = tpu_hlo_type_make(at, 2, wd);
+  if (n == 0 || nb == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 2, wd), 0));
+    return;
+  }
+  g = tpu_hlo_convert(H, g, at);
+  tpu_hv size = tpu_lower_tensor(L, 4, -1);
+  if (mode == 2) {
+    int64_t nod = nb * dd, od[2] = {nb, dd};
+    tpu_hv mi = tpu_lower_tensor(L, 5, -1);
+    tpu_hv sizeb = tpu_hlo_broadcast_in_dim(H, size, 2, od, &z);
+    mi = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, sizeb, tpu_k(L, sizeb, 0)), tpu_k(L, mi, (double)nw), mi);
+    tpu_hv cols[2] = {tpu_hlo_reshape(H, mi, 2, (int64_t[2]){nod, 1}),
+                      tpu_hlo_reshape(H, tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, od), 1), 2, (int64_t[2]){nod, 1})};
+    tpu_hv r = tpu_point_scatter(L, tpu_lower_full(L, wt, 0), tpu_hlo_concat(H, cols, 2, 1), tpu_hlo_reshape(H, g, 1, &nod),
+                                 tpu_reduce_region(L, at, TPU_RED_SUM));
+    tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
+    return;
+  }
+  int64_t n1[2] = {n, 1}, nd[2] = {n, dd};
+  tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 1, -1), TPU_S64);
+  tpu_hv bag = tpu_lower_tensor(L, 3, -1);
+  tpu_hv keep = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, idx, tpu_k(L, idx, (double)pad)),
+                               tpu_hlo_compare(H, TPU_HLO_LT, bag, tpu_k(L, bag, (double)nb)));
+  tpu_hv bc = tpu_hlo_reshape(H, tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), bag, tpu_hlo_constant_int(H, TPU_S64, nb - 1)), 2, n1);
+  tpu_hv rows = tpu_lower_gather_rows(L, g, bc); /* [N, D] */
+  tpu_hv scale = tpu_hlo_convert(H, keep, at);
+  if (L->args[10].kind == TPU_ARG_TENSOR) scale = tpu_mul(L, scale, tpu_hlo_convert(H, tpu_lower_tensor(L, 10, -1), at));
+  if (mode == 1) {
+    tpu_hv s = tpu_hlo_convert(H, tpu_hlo_reshape(H, tpu_lower_gather_rows(L, size, bc), 1, &n), at);
+    s = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, s, tpu_k(L, s, 0)), tpu_k(L, s, 1), s);
+    scale = tpu_hlo_binary(H, TPU_HLO_DIV, scale, s);
+  }
+  tpu_hv i1 = tpu_hlo_reshape(H, idx, 2, n1);
+  if (tpu_arg_bool(L, 7)) { /* scale_grad_by_freq: by each index's count in the batch */
+    tpu_hv f = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(at, 1, &nw), 0), i1,
+                                      tpu_lower_full(L, tpu_hlo_type_make(at, 1, &n), 1), tpu_reduce_region(L, at, TPU_RED_SUM));
+    f = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, f, i1), 1, &n);
+    scale = tpu_hlo_binary(H, TPU_HLO_DIV, scale, f);
+  }
+  rows = tpu_mul(L, rows, tpu_hlo_broadcast_in_dim(H, scale, 2, nd, &z));
+  tpu_hv r = tpu_lower_scatter_rows(L, tpu_lower_full(L, wt, 0), i1, rows, tpu_reduce_region(L, at, TPU_RED_SUM));
+  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
+}
+
+/* _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets,
+ * offset2bag, mode, padding_idx) -> [N]: grad[bag] . weight[index] */
+void tpu_emit_embedding_bag_psw_backward(tpu_lower *L) {
+  tpu_hv g = tpu_lower_tensor(L, 0, -1);
+  tpu_dtype dt = T(L, g)->dtype, at = tpu_acc_type(dt);
+  int64_t nb = T(L, g)->dims[0], n = L->args[2].t.rank ? L->args[2].t.sizes[0] : 0, n1[2] = {n, 1};
+  int64_t pad = L->args[6].kind == TPU_ARG_INT ? L->args[6].i : -1, one = 1;
+  if (n == 0 || nb == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &n), 0));
+    return;
+  }
+  tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), TPU_S64);
+  tpu_hv bag = tpu_lower_tensor(L, 4, -1);
+  tpu_hv keep = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, idx, tpu_k(L, idx, (double)pad)),
+                               tpu_hlo_compare(H, TPU_HLO_LT, bag, tpu_k(L, bag, (double)nb)));
+  tpu_hv bc = tpu_hlo_reshape(H, tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), bag, tpu_hlo_constant_int(H, TPU_S64, nb - 1)), 2, n1);
+  tpu_hv gr = tpu_hlo_convert(H, tpu_lower_gather_rows(L, g, bc), at);
+  tpu_hv wr = tpu_hlo_convert(H, tpu_lower_gather_rows(L, tpu_lower_tensor(L, 1, -1), tpu_hlo_reshape(H, idx, 2, n1)), at);
+  tpu_hv dot = tpu_hlo_reduce(H, tpu_mul(L, gr, wr), tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD);
+  dot = tpu_hlo_select(H, keep, dot, tpu_k(L, dot, 0));
+  tpu_lower_out(L, tpu_hlo_convert(H, dot, dt));
+}
+
+/* embedding_renorm_(self, indices, max_norm, norm_type): the rows named by
+ * indices whose norm exceeds max_norm are scaled to max_norm / (norm + 1e-7). */
+void tpu_emit_embedding_renorm(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->rank != 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "embedding_renorm_: self must be 2-D");
+    return;
+  }
+  tpu_dtype dt = t->dtype, at = tpu_acc_type(dt);
+  double maxn = L->args[2].f, p = L->args[3].f;
+  int64_t nw = t->sizes[0], one = 1, z = 0;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 1, -1), TPU_S64);
+  int64_t n = tpu_hlo_type_numel(T(L, idx)), n1[2] = {n, 1};
+  if (n == 0 || nw == 0) {
+    tpu_lower_out(L, x);
+    return;
+  }
+  tpu_hv a = tpu_hlo_unary(H, TPU_HLO_ABS, tpu_hlo_convert(H, x, at)), norm;
+  if (p == INFINITY) {
+    norm = tpu_hlo_reduce(H, a, tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_MAX);
+  } else if (p == 1) {
+    norm = tpu_hlo_reduce(H, a, tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD);
+  } else if (p == 2) {
+    norm = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_reduce(H, tpu_mul(L, a, a), tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD));
+  } else {
+    tpu_hv s = tpu_hlo_reduce(H, tpu_hlo_binary(H, TPU_HLO_POW, a, tpu_k(L, a, p)), tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD);
+    norm = tpu_hlo_binary(H, TPU_HLO_POW, s, tpu_k(L, s, 1.0 / p));
+  }
+  tpu_hv hit = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 1, &nw), 0), tpu_hlo_reshape(H, idx, 2, n1),
+                                      tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 1, &n), 1), -1);
+  tpu_hv big = tpu_hlo_binary(H, TPU_HLO_AND, hit, tpu_hlo_compare(H, TPU_HLO_GT, norm, tpu_k(L, norm, maxn)));
+  tpu_hv scale = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, norm, maxn), tpu_add(L, norm, tpu_k(L, norm, 1e-7)));
+  scale = tpu_hlo_select(H, big, scale, tpu_k(L, scale, 1));
+  tpu_hv r = tpu_mul(L, tpu_hlo_convert(H, x, at), tpu_hlo_broadcast_in_dim(H, scale, 2, t->sizes, &z));
+  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
 }
