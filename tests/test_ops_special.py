@@ -127,3 +127,20 @@ def test_grads(fn):
     fn(a).sum().backward()
     fn(b).sum().backward()
     close(b.grad, a.grad)
+
+
+POLYS = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
+         "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+         "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he",
+         "laguerre_polynomial_l", "legendre_polynomial_p"]
+
+
+@pytest.mark.parametrize("name", POLYS)
+def test_polynomials(name):
+    fn = getattr(S, name)
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.rand(60, generator=g) * 18 - 9, torch.tensor([1.0, -1.0, 0.0, 0.5, 1.0, -1.0, 0.0, 0.3])])
+    n = torch.cat([torch.randint(-9, 10, (60,), generator=g).float(), torch.tensor([7.0, 8.0, 9.0, 12.0, 3.0, 5.0, 13.0, 20.5])])
+    close(fn(x.to("tpu"), n.to("tpu")), fn(x, n))
+    xi, ni = torch.randint(-4, 5, (3, 4), generator=g), torch.randint(-2, 7, (4,), generator=g)
+    close(fn(xi.to("tpu"), ni.to("tpu")), fn(xi, ni))

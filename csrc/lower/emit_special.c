@@ -322,3 +322,150 @@ static tpu_hv sp_ndtri(tpu_lower *L, tpu_hv p) {
   return sp_sel(L, sp_or(L, bad, sp_isnan(L, p)), tpu_k(L, p, NAN), r);
 }
 void tpu_emit_special_ndtri(tpu_lower *L) { sp_unary_at(L, 0, sp_ndtri); }
+
+/* ---- orthogonal polynomials ------------------------------------------------------------ */
+
+/* p_n(x) for a tensor of degrees n (truncated to integers, as torch casts
+ * them). Every family is a three-term recurrence q_k = f(k, x, q_{k-1},
+ * q_{k-2}), run by one stablehlo.while up to the largest degree, each element
+ * keeping its own result once k passes its n. Closed forms and torch's
+ * special cases (n < 0, |x| = 1, large n inside (-1, 1)) are selected after. */
+typedef enum { SP_CHEB_T, SP_CHEB_U, SP_CHEB_V, SP_CHEB_W, SP_HERM_H, SP_HERM_HE, SP_LAGUERRE, SP_LEGENDRE } sp_poly_kind;
+
+/* q_k from (k, x, q_{k-1} = q, q_{k-2} = p) */
+static tpu_hv sp_poly_step(tpu_lower *L, sp_poly_kind kind, tpu_hv k, tpu_hv x, tpu_hv p, tpu_hv q) {
+  tpu_hv km1 = sp_addk(L, k, -1);
+  switch (kind) {
+    case SP_HERM_H: /* 2x q - 2(k-1) p */
+      return tpu_sub(L, tpu_mul(L, tpu_add(L, x, x), q), tpu_mul(L, tpu_add(L, km1, km1), p));
+    case SP_HERM_HE: /* x q - (k-1) p */
+      return tpu_sub(L, tpu_mul(L, x, q), tpu_mul(L, km1, p));
+    case SP_LAGUERRE: /* ((2(k-1) + 1 - x) q - (k-1) p) / k */
+      return sp_div(L, tpu_sub(L, tpu_mul(L, tpu_sub(L, sp_addk(L, tpu_add(L, km1, km1), 1), x), q), tpu_mul(L, km1, p)), k);
+    case SP_LEGENDRE: /* ((2(k-1) + 1) x q - (k-1) p) / k */
+      return sp_div(L, tpu_sub(L, tpu_mul(L, tpu_mul(L, sp_addk(L, tpu_add(L, km1, km1), 1), x), q), tpu_mul(L, km1, p)), k);
+    default: /* Chebyshev: 2x q - p */
+      return tpu_sub(L, tpu_mul(L, tpu_add(L, x, x), q), p);
+  }
+}
+
+/* q_1 of each family */
+static tpu_hv sp_poly_first(tpu_lower *L, sp_poly_kind kind, tpu_hv x) {
+  switch (kind) {
+    case SP_CHEB_U: case SP_HERM_H: return tpu_add(L, x, x);
+    case SP_CHEB_V: return sp_addk(L, tpu_add(L, x, x), -1);
+    case SP_CHEB_W: return sp_addk(L, tpu_add(L, x, x), 1);
+    case SP_LAGUERRE: return tpu_sub(L, tpu_k(L, x, 1), x);
+    default: return x;
+  }
+}
+
+static tpu_hv sp_poly_run(tpu_lower *L, sp_poly_kind kind, tpu_hv x, tpu_hv n) {
+  const tpu_hlo_type *xt = T(L, x);
+  tpu_hlo_type st = tpu_hlo_type_make(xt->dtype, 0, NULL);
+  int64_t all[TPU_MAX_RANK];
+  for (int i = 0; i < xt->rank; i++) all[i] = i;
+  tpu_hv nmax = tpu_hlo_reduce(H, n, tpu_hlo_constant(H, xt->dtype, -INFINITY), all, xt->rank, TPU_HLO_MAX);
+  tpu_hlo_type types[6] = {st, st, *xt, *xt, *xt, *xt};
+  tpu_hv init[6] = {tpu_hlo_constant(H, xt->dtype, 2.0), nmax, x, n, tpu_k(L, x, 1), sp_poly_first(L, kind, x)};
+  tpu_hv a[6];
+  tpu_hlo_region_begin(H, types, 6, a); /* (k, nmax, x, n, q_{k-2}, q_{k-1}) */
+  tpu_hv c = sp_cmp(L, TPU_HLO_LE, a[0], a[1]);
+  int cond = tpu_hlo_region_end(H, &c, 1);
+  tpu_hlo_region_begin(H, types, 6, a);
+  tpu_hv kb = tpu_lower_broadcast_to(L, a[0], xt->rank, xt->dims);
+  tpu_hv r = sp_poly_step(L, kind, kb, a[2], a[4], a[5]);
+  tpu_hv live = sp_cmp(L, TPU_HLO_LE, kb, a[3]);
+  tpu_hv next[6] = {sp_addk(L, a[0], 1), a[1], a[2], a[3], sp_sel(L, live, a[5], a[4]), sp_sel(L, live, r, a[5])};
+  int body = tpu_hlo_region_end(H, next, 6);
+  tpu_hv outs[6];
+  int regions[2] = {cond, body};
+  if (!tpu_hlo_emit(H, "stablehlo.while", init, 6, regions, 2, NULL, types, 6, outs)) return TPU_HV_NONE;
+  tpu_hv q = outs[5];
+  q = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, n, 0), tpu_k(L, x, 1), q);
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_LT, n, 0), tpu_k(L, x, 0), q);
+}
+
+/* (-1)^n as a value: 1 for even n, -1 for odd */
+static tpu_hv sp_parity(tpu_lower *L, tpu_hv n) {
+  tpu_hv half = sp_mulk(L, n, 0.5);
+  tpu_hv even = sp_cmp(L, TPU_HLO_EQ, half, sp_un(L, TPU_HLO_FLOOR, half));
+  return sp_sel(L, even, tpu_k(L, n, 1), tpu_k(L, n, -1));
+}
+
+static tpu_hv sp_polynomial(tpu_lower *L, sp_poly_kind kind, tpu_hv x, tpu_hv n) {
+  tpu_hv r = sp_poly_run(L, kind, x, n);
+  tpu_hv one = tpu_k(L, x, 1), ax = sp_un(L, TPU_HLO_ABS, x), sg = sp_parity(L, n);
+  tpu_hv pos = sp_cmpk(L, TPU_HLO_GT, x, 0);
+  tpu_hv edge = sp_cmpk(L, TPU_HLO_EQ, ax, 1);
+  tpu_hv inside = sp_cmpk(L, TPU_HLO_LT, ax, 1);
+  tpu_hv np1 = sp_addk(L, n, 1), n2p1 = sp_addk(L, tpu_add(L, n, n), 1);
+  tpu_hv th = sp_chlo(L, "chlo.acos", &x, 1);
+  switch (kind) {
+    case SP_CHEB_T: {
+      tpu_hv cf = sp_un(L, TPU_HLO_COS, tpu_mul(L, n, th));
+      r = sp_sel(L, sp_and(L, inside, sp_cmpk(L, TPU_HLO_GT, n, 6)), cf, r);
+      r = sp_sel(L, edge, sp_sel(L, pos, one, sg), r);
+      break;
+    }
+    case SP_CHEB_U: {
+      tpu_hv s = sp_un(L, TPU_HLO_SIN, th);
+      tpu_hv cf = sp_div(L, sp_un(L, TPU_HLO_SIN, tpu_mul(L, np1, th)), s);
+      tpu_hv cf0 = tpu_mul(L, tpu_mul(L, np1, sp_un(L, TPU_HLO_COS, tpu_mul(L, np1, th))), x);
+      cf = sp_sel(L, sp_cmpk(L, TPU_HLO_NE, s, 0), cf, cf0);
+      r = sp_sel(L, sp_and(L, inside, sp_cmpk(L, TPU_HLO_GT, n, 8)), cf, r);
+      r = sp_sel(L, edge, sp_sel(L, pos, np1, tpu_mul(L, sg, np1)), r);
+      break;
+    }
+    case SP_CHEB_V: {
+      tpu_hv h = sp_mulk(L, th, 0.5);
+      tpu_hv cf = sp_div(L, sp_un(L, TPU_HLO_COS, tpu_mul(L, sp_addk(L, n, 0.5), th)), sp_un(L, TPU_HLO_COS, h));
+      cf = sp_sel(L, sp_cmpk(L, TPU_HLO_NE, sp_un(L, TPU_HLO_SIN, h), 1), cf, tpu_mul(L, sg, n2p1));
+      r = sp_sel(L, sp_and(L, inside, sp_cmpk(L, TPU_HLO_GT, n, 8)), cf, r);
+      r = sp_sel(L, edge, sp_sel(L, pos, one, tpu_mul(L, sg, n2p1)), r);
+      break;
+    }
+    case SP_CHEB_W: {
+      tpu_hv h = sp_mulk(L, th, 0.5);
+      tpu_hv cf = sp_div(L, sp_un(L, TPU_HLO_SIN, tpu_mul(L, sp_addk(L, n, 0.5), th)), sp_un(L, TPU_HLO_SIN, h));
+      cf = sp_sel(L, sp_cmpk(L, TPU_HLO_NE, sp_un(L, TPU_HLO_COS, h), 1), cf, sp_sel(L, pos, n2p1, sg));
+      r = sp_sel(L, sp_and(L, inside, sp_cmpk(L, TPU_HLO_GT, n, 8)), cf, r);
+      r = sp_sel(L, edge, sp_sel(L, pos, n2p1, sg), r);
+      break;
+    }
+    case SP_LEGENDRE:
+      r = sp_sel(L, edge, sp_sel(L, pos, one, sg), r);
+      break;
+    case SP_LAGUERRE:
+      r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), one, r);
+      break;
+    default:
+      break;
+  }
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_LT, n, 0), tpu_k(L, x, 0), r);
+}
+
+/* (x, n) promoted to a float type, n truncated, both broadcast */
+static void sp_emit_polynomial(tpu_lower *L, sp_poly_kind kind, bool shifted) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_float_type(tpu_lower_result_type(L, idx, 2)), acc = tpu_acc_type(dt);
+  tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
+  tpu_lower_broadcast_all(L, v, 2);
+  tpu_hv x = tpu_hlo_convert(H, v[0], acc), n = tpu_hlo_convert(H, v[1], acc);
+  n = sp_sel(L, sp_cmpk(L, TPU_HLO_LT, n, 0), sp_un(L, TPU_HLO_CEIL, n), sp_un(L, TPU_HLO_FLOOR, n));
+  if (shifted) x = sp_addk(L, tpu_add(L, x, x), -1);
+  tpu_lower_out(L, tpu_hlo_convert(H, sp_polynomial(L, kind, x, n), dt));
+}
+
+void tpu_emit_special_chebyshev_polynomial_t(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_T, false); }
+void tpu_emit_special_chebyshev_polynomial_u(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_U, false); }
+void tpu_emit_special_chebyshev_polynomial_v(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_V, false); }
+void tpu_emit_special_chebyshev_polynomial_w(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_W, false); }
+void tpu_emit_special_shifted_chebyshev_polynomial_t(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_T, true); }
+void tpu_emit_special_shifted_chebyshev_polynomial_u(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_U, true); }
+void tpu_emit_special_shifted_chebyshev_polynomial_v(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_V, true); }
+void tpu_emit_special_shifted_chebyshev_polynomial_w(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_W, true); }
+void tpu_emit_special_hermite_polynomial_h(tpu_lower *L) { sp_emit_polynomial(L, SP_HERM_H, false); }
+void tpu_emit_special_hermite_polynomial_he(tpu_lower *L) { sp_emit_polynomial(L, SP_HERM_HE, false); }
+void tpu_emit_special_laguerre_polynomial_l(tpu_lower *L) { sp_emit_polynomial(L, SP_LAGUERRE, false); }
+void tpu_emit_special_legendre_polynomial_p(tpu_lower *L) { sp_emit_polynomial(L, SP_LEGENDRE, false); }
