@@ -63,7 +63,7 @@ TPU_CHLO_UNARY(tan, "stablehlo.tan")
 TPU_CHLO_UNARY(erfc, "chlo.erfc")
 TPU_CHLO_UNARY(erfinv, "chlo.erf_inv")
 TPU_CHLO_UNARY(lgamma, "chlo.lgamma")
-TPU_CHLO_UNARY(digamma, "chlo.digamma")
+/* digamma: emit_special.c (torch's poles) */
 
 static tpu_hv tpu_f_exp2(tpu_lower *L, tpu_hv x) { return tpu_hlo_binary(H, TPU_HLO_POW, tpu_k(L, x, 2.0), x); }
 static tpu_hv tpu_f_log2(tpu_lower *L, tpu_hv x) { return tpu_mul(L, tpu_un(L, TPU_HLO_LOG, x), tpu_k(L, x, 1.0 / TPU_LN2)); }

@@ -1,0 +1,471 @@
+/* emit_special.c: special functions (torch.special and friends).
+ *
+ * Where CHLO has the function (polygamma, zeta, bessel_i1e) XLA's own
+ * expansion is used. The rest are built here from a few primitives with
+ * textbook methods chosen to stay accurate in f32 without table lookups:
+ * convergent power series where all terms are positive (I0, I1), asymptotic
+ * expansions for large arguments, continued fractions (erfcx, incomplete
+ * gamma), and Newton refinement in log space (ndtri). Series are unrolled to
+ * a fixed depth, enough for f32 over the whole range they are selected for.
+ * Inputs are promoted to a float type; half types compute in f32 and round
+ * once, as torch's CPU kernels do. */
+#include <math.h>
+#include <string.h>
+
+#include "emit.h"
+
+#define SP_PI 3.14159265358979323846
+#define SP_SQRT2 1.41421356237309504880
+#define SP_SQRTPI 1.77245385090551602730
+
+/* ---- helpers --------------------------------------------------------------------------- */
+
+static tpu_hv sp_sel(tpu_lower *L, tpu_hv p, tpu_hv a, tpu_hv b) { return tpu_hlo_select(H, p, a, b); }
+static tpu_hv sp_cmp(tpu_lower *L, tpu_hlo_cmp d, tpu_hv a, tpu_hv b) { return tpu_hlo_compare(H, d, a, b); }
+static tpu_hv sp_cmpk(tpu_lower *L, tpu_hlo_cmp d, tpu_hv a, double k) { return sp_cmp(L, d, a, tpu_k(L, a, k)); }
+static tpu_hv sp_div(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_DIV, a, b); }
+static tpu_hv sp_un(tpu_lower *L, tpu_hlo_op op, tpu_hv x) { return tpu_hlo_unary(H, op, x); }
+static tpu_hv sp_mulk(tpu_lower *L, tpu_hv x, double k) { return tpu_mul(L, x, tpu_k(L, x, k)); }
+static tpu_hv sp_addk(tpu_lower *L, tpu_hv x, double k) { return tpu_add(L, x, tpu_k(L, x, k)); }
+static tpu_hv sp_isnan(tpu_lower *L, tpu_hv x) { return sp_cmp(L, TPU_HLO_NE, x, x); }
+static tpu_hv sp_and(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_AND, a, b); }
+static tpu_hv sp_or(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_OR, a, b); }
+
+static tpu_hv sp_chlo(tpu_lower *L, const char *name, const tpu_hv *xs, int n) {
+  tpu_hlo_type t = *T(L, xs[0]);
+  return tpu_hlo_emit1(H, name, xs, n, NULL, t);
+}
+
+static tpu_dtype sp_arg_dtype(tpu_lower *L, int i) {
+  return L->args[i].kind == TPU_ARG_TENSOR ? L->args[i].t.dtype : TPU_F32;
+}
+
+/* A float unary f computed in the accumulation type and rounded once. */
+typedef tpu_hv (*sp_ufn)(tpu_lower *L, tpu_hv x);
+
+static void sp_unary_at(tpu_lower *L, int arg, sp_ufn f) {
+  tpu_dtype dt = tpu_lower_float_type(sp_arg_dtype(L, arg));
+  tpu_hv x = tpu_lower_input(L, arg, dt);
+  tpu_lower_out(L, tpu_hlo_convert(H, f(L, tpu_hlo_convert(H, x, tpu_acc_type(dt))), dt));
+}
+
+/* Binary float op: arguments 0 and 1 promoted together, broadcast, computed
+ * in the accumulation type. */
+typedef tpu_hv (*sp_bfn)(tpu_lower *L, tpu_hv a, tpu_hv b);
+
+static void sp_binary(tpu_lower *L, sp_bfn f) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_float_type(tpu_lower_result_type(L, idx, 2));
+  tpu_dtype acc = tpu_acc_type(dt);
+  tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
+  tpu_lower_broadcast_all(L, v, 2);
+  tpu_hv r = f(L, tpu_hlo_convert(H, v[0], acc), tpu_hlo_convert(H, v[1], acc));
+  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
+}
+
+/* Polynomial c[0] + c[1] t + ... + c[n-1] t^(n-1) by Horner's rule. */
+static tpu_hv sp_poly(tpu_lower *L, tpu_hv t, const double *c, int n) {
+  tpu_hv r = tpu_k(L, t, c[n - 1]);
+  for (int i = n - 2; i >= 0; i--) r = sp_addk(L, tpu_mul(L, r, t), c[i]);
+  return r;
+}
+
+/* ---- gamma family ---------------------------------------------------------------------- */
+
+/* digamma with torch's poles: -inf at +0, +inf at -0, NaN at negative
+ * integers (CHLO's expansion gives NaN at zero). */
+static tpu_hv sp_digamma(tpu_lower *L, tpu_hv x) {
+  tpu_hv r = sp_chlo(L, "chlo.digamma", &x, 1);
+  tpu_hv zero = sp_cmpk(L, TPU_HLO_EQ, x, 0);
+  tpu_dtype it = tpu_dtype_size(T(L, x)->dtype) == 8 ? TPU_S64 : TPU_S32;
+  tpu_hv bits = tpu_hlo_bitcast_convert(H, x, it);
+  tpu_hv neg = sp_cmp(L, TPU_HLO_LT, bits, tpu_k(L, bits, 0));
+  tpu_hv pole = sp_sel(L, neg, tpu_k(L, x, INFINITY), tpu_k(L, x, -INFINITY));
+  tpu_hv negint = sp_and(L, sp_cmpk(L, TPU_HLO_LT, x, 0), sp_cmp(L, TPU_HLO_EQ, x, sp_un(L, TPU_HLO_FLOOR, x)));
+  r = sp_sel(L, negint, tpu_k(L, x, NAN), r);
+  return sp_sel(L, zero, pole, r);
+}
+void tpu_emit_digamma(tpu_lower *L) { sp_unary_at(L, 0, sp_digamma); }
+
+/* t^e for an integer e >= 1, by squaring */
+static tpu_hv sp_ipow(tpu_lower *L, tpu_hv t, int64_t e) {
+  tpu_hv r = TPU_HV_NONE, b = t;
+  while (e > 0) {
+    if (e & 1) r = (r == TPU_HV_NONE) ? b : tpu_mul(L, r, b);
+    e >>= 1;
+    if (e) b = tpu_mul(L, b, b);
+  }
+  return r;
+}
+
+/* polygamma(n >= 1, x) by CHLO's expansion, which wants x > 0: negative x
+ * is first shifted up by m = ceil(-x) (up to 32) with the recurrence
+ * psi_n(x) = psi_n(x + 1) - (-1)^n n! / x^(n+1). */
+#define SP_PG_SHIFT 32
+static tpu_hv sp_polygamma_pos(tpu_lower *L, int64_t n, tpu_hv x) {
+  tpu_hv m = tpu_hlo_clamp(H, tpu_k(L, x, 0), sp_un(L, TPU_HLO_CEIL, sp_un(L, TPU_HLO_NEG, x)), tpu_k(L, x, SP_PG_SHIFT));
+  m = sp_sel(L, sp_isnan(L, m), tpu_k(L, x, 0), m);
+  tpu_hv xs[2] = {tpu_k(L, x, (double)n), tpu_add(L, x, m)};
+  tpu_hv r = sp_chlo(L, "chlo.polygamma", xs, 2);
+  double fact = 1.0;
+  for (int64_t i = 2; i <= n; i++) fact *= (double)i;
+  tpu_hv acc = tpu_k(L, x, 0);
+  for (int j = 0; j < SP_PG_SHIFT; j++) {
+    tpu_hv t = sp_div(L, tpu_k(L, x, 1), sp_addk(L, x, j));
+    tpu_hv term = sp_ipow(L, t, n + 1);
+    acc = tpu_add(L, acc, sp_sel(L, sp_cmpk(L, TPU_HLO_GT, m, j), term, tpu_k(L, x, 0)));
+  }
+  return tpu_sub(L, r, sp_mulk(L, acc, (n % 2 ? -1.0 : 1.0) * fact));
+}
+
+/* polygamma(n, self): digamma for n == 0, CHLO's zeta-based expansion above */
+void tpu_emit_polygamma(tpu_lower *L) {
+  int64_t n = L->args[0].i;
+  if (n < 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "polygamma(n, x) does not support negative n.");
+    return;
+  }
+  tpu_dtype dt = tpu_lower_float_type(sp_arg_dtype(L, 1));
+  tpu_hv x = tpu_hlo_convert(H, tpu_lower_input(L, 1, dt), tpu_acc_type(dt));
+  tpu_hv r;
+  if (n == 0) {
+    r = sp_digamma(L, x);
+  } else {
+    r = sp_polygamma_pos(L, n, x);
+    /* poles (zeta(n + 1, q) at q = 0, -1, ...) are infinite with the sign of
+     * (-1)^(n+1) n!, and so is -inf for n >= 2, as in torch */
+    double sgn = (n % 2) ? 1.0 : -1.0;
+    tpu_hv pole = sp_and(L, sp_cmpk(L, TPU_HLO_LE, x, 0), sp_cmp(L, TPU_HLO_EQ, x, sp_un(L, TPU_HLO_FLOOR, x)));
+    if (n == 1) pole = sp_and(L, pole, sp_cmpk(L, TPU_HLO_NE, x, -INFINITY));
+    r = sp_sel(L, pole, tpu_k(L, x, sgn * INFINITY), r);
+    tpu_hv pinf = sp_cmpk(L, TPU_HLO_EQ, x, INFINITY);
+    r = sp_sel(L, pinf, tpu_k(L, x, n == 1 ? 0.0 : NAN), r);
+    if (n == 1) r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, -INFINITY), tpu_k(L, x, NAN), r);
+  }
+  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
+}
+
+/* zeta(x, q): Hurwitz zeta, CHLO's expansion */
+static tpu_hv sp_zeta(tpu_lower *L, tpu_hv x, tpu_hv q) {
+  tpu_hv xs[2] = {x, q};
+  tpu_hv r = sp_chlo(L, "chlo.zeta", xs, 2);
+  /* poles at q = 0, -1, ... are +inf for every x > 1, and x = 1 is +inf for
+   * every q, as in torch */
+  tpu_hv pole = sp_and(L, sp_cmpk(L, TPU_HLO_LE, q, 0), sp_cmp(L, TPU_HLO_EQ, q, sp_un(L, TPU_HLO_FLOOR, q)));
+  pole = sp_and(L, pole, sp_cmpk(L, TPU_HLO_GT, x, 1));
+  pole = sp_or(L, pole, sp_cmpk(L, TPU_HLO_EQ, x, 1));
+  r = sp_sel(L, pole, tpu_k(L, x, INFINITY), r);
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_LT, x, 1), tpu_k(L, x, NAN), r);
+}
+void tpu_emit_special_zeta(tpu_lower *L) { sp_binary(L, sp_zeta); }
+
+/* ---- elementary compositions ------------------------------------------------------------- */
+
+/* sinc(x) = sin(pi x) / (pi x), 1 at 0 */
+static tpu_hv sp_sinc(tpu_lower *L, tpu_hv x) {
+  tpu_hv p = sp_mulk(L, x, SP_PI);
+  tpu_hv r = sp_div(L, sp_un(L, TPU_HLO_SIN, p), p);
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), tpu_k(L, x, 1), r);
+}
+void tpu_emit_sinc(tpu_lower *L) { sp_unary_at(L, 0, sp_sinc); }
+
+/* spherical_bessel_j0(x) = sin(x) / x, by its series near 0 */
+static tpu_hv sp_sph_j0(tpu_lower *L, tpu_hv x) {
+  tpu_hv r = sp_div(L, sp_un(L, TPU_HLO_SIN, x), x);
+  tpu_hv x2 = tpu_mul(L, x, x);
+  static const double c[] = {1.0, -1.0 / 6, 1.0 / 120, -1.0 / 5040, 1.0 / 362880, -1.0 / 39916800};
+  tpu_hv s = sp_poly(L, x2, c, 6);
+  tpu_hv small = sp_cmpk(L, TPU_HLO_LT, sp_un(L, TPU_HLO_ABS, x), 0.5);
+  r = sp_sel(L, small, s, r);
+  /* sin(x)/x -> 0 at infinity */
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, sp_un(L, TPU_HLO_ABS, x), INFINITY), tpu_k(L, x, 0), r);
+}
+void tpu_emit_special_spherical_bessel_j0(tpu_lower *L) { sp_unary_at(L, 0, sp_sph_j0); }
+
+/* entr(x) = -x log x; 0 at 0, -inf below */
+static tpu_hv sp_entr(tpu_lower *L, tpu_hv x) {
+  tpu_hv r = tpu_mul(L, sp_un(L, TPU_HLO_NEG, x), sp_un(L, TPU_HLO_LOG, x));
+  r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), tpu_k(L, x, 0), r);
+  r = sp_sel(L, sp_cmpk(L, TPU_HLO_LT, x, 0), tpu_k(L, x, -INFINITY), r);
+  return sp_sel(L, sp_isnan(L, x), x, r);
+}
+void tpu_emit_special_entr(tpu_lower *L) { sp_unary_at(L, 0, sp_entr); }
+
+/* xlog1py(x, y) = x log1p(y), 0 where x == 0 unless y is NaN */
+static tpu_hv sp_xlog1py(tpu_lower *L, tpu_hv x, tpu_hv y) {
+  tpu_hv r = tpu_mul(L, x, sp_un(L, TPU_HLO_LOG1P, y));
+  r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), tpu_k(L, x, 0), r);
+  return sp_sel(L, sp_isnan(L, y), y, r);
+}
+void tpu_emit_special_xlog1py(tpu_lower *L) { sp_binary(L, sp_xlog1py); }
+
+/* heaviside(x, values): values where x == 0, else x > 0; same dtypes only */
+void tpu_emit_heaviside(tpu_lower *L) {
+  tpu_dtype a = sp_arg_dtype(L, 0), b = sp_arg_dtype(L, 1);
+  if (a != b) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "heaviside is not yet implemented for tensors with different dtypes");
+    return;
+  }
+  tpu_hv v[2] = {tpu_lower_tensor(L, 0, -1), tpu_lower_tensor(L, 1, -1)};
+  tpu_lower_broadcast_all(L, v, 2);
+  tpu_hv x = v[0];
+  tpu_hv pos = tpu_hlo_convert(H, sp_cmp(L, TPU_HLO_GT, x, tpu_k(L, x, 0)), a);
+  tpu_lower_out(L, sp_sel(L, sp_cmp(L, TPU_HLO_EQ, x, tpu_k(L, x, 0)), v[1], pos));
+}
+
+/* ---- modified Bessel functions of the first kind ----------------------------------------- */
+
+/* e^-|x| I_nu(|x|) for nu = 0, 1. Small |x|: the power series
+ * sum (x/2)^(2k+nu) / (k! (k+nu)!), all terms positive. Large |x|: the
+ * asymptotic expansion 1/sqrt(2 pi x) sum (-1)^k a_k(nu) / x^k with
+ * a_k = prod_{j<=k} (4nu^2 - (2j-1)^2) / (k! 8^k). */
+#define SP_I_SWITCH 15.0
+static tpu_hv sp_ie(tpu_lower *L, tpu_hv x, int nu) {
+  tpu_hv ax = sp_un(L, TPU_HLO_ABS, x);
+  /* series, on |x| clamped into its range */
+  tpu_hv xs = tpu_hlo_binary(H, TPU_HLO_MIN, ax, tpu_k(L, ax, SP_I_SWITCH));
+  tpu_hv h = sp_mulk(L, xs, 0.5), q = tpu_mul(L, h, h);
+  /* nested (Horner) form: a running product of terms would overflow
+   * before its factorials catch up if the compiler reassociated it */
+  tpu_hv sum = tpu_k(L, x, 1);
+  for (int k = 40; k >= 1; k--)
+    sum = sp_addk(L, tpu_mul(L, sum, sp_mulk(L, q, 1.0 / ((double)k * (double)(k + nu)))), 1.0);
+  if (nu) sum = tpu_mul(L, sum, h);
+  tpu_hv ser = tpu_mul(L, sum, sp_un(L, TPU_HLO_EXP, sp_un(L, TPU_HLO_NEG, xs)));
+  /* asymptotic, on |x| clamped from below */
+  tpu_hv xl = tpu_hlo_binary(H, TPU_HLO_MAX, ax, tpu_k(L, ax, SP_I_SWITCH));
+  tpu_hv inv = sp_div(L, tpu_k(L, xl, 1), xl);
+  double mu = 4.0 * nu * nu, a = 1.0;
+  double c[16];
+  c[0] = 1.0;
+  for (int k = 1; k < 16; k++) {
+    double f = 2.0 * k - 1.0;
+    a *= -(mu - f * f) / (8.0 * k);
+    c[k] = a;
+  }
+  tpu_hv asy = sp_poly(L, inv, c, 16);
+  asy = tpu_mul(L, asy, sp_un(L, TPU_HLO_RSQRT, sp_mulk(L, xl, 2 * SP_PI)));
+  tpu_hv r = sp_sel(L, sp_cmpk(L, TPU_HLO_LT, ax, SP_I_SWITCH), ser, asy);
+  if (nu) r = sp_sel(L, sp_cmpk(L, TPU_HLO_LT, x, 0), sp_un(L, TPU_HLO_NEG, r), r);
+  return r;
+}
+
+static tpu_hv sp_i0e(tpu_lower *L, tpu_hv x) { return sp_ie(L, x, 0); }
+static tpu_hv sp_i1e(tpu_lower *L, tpu_hv x) { return sp_ie(L, x, 1); }
+static tpu_hv sp_i0(tpu_lower *L, tpu_hv x) {
+  return tpu_mul(L, sp_ie(L, x, 0), sp_un(L, TPU_HLO_EXP, sp_un(L, TPU_HLO_ABS, x)));
+}
+static tpu_hv sp_i1(tpu_lower *L, tpu_hv x) {
+  return tpu_mul(L, sp_ie(L, x, 1), sp_un(L, TPU_HLO_EXP, sp_un(L, TPU_HLO_ABS, x)));
+}
+void tpu_emit_i0(tpu_lower *L) { sp_unary_at(L, 0, sp_i0); }
+void tpu_emit_special_i0e(tpu_lower *L) { sp_unary_at(L, 0, sp_i0e); }
+void tpu_emit_special_i1(tpu_lower *L) { sp_unary_at(L, 0, sp_i1); }
+void tpu_emit_special_i1e(tpu_lower *L) { sp_unary_at(L, 0, sp_i1e); }
+
+/* ---- error-function family ------------------------------------------------------------- */
+
+/* erfcx(x) = exp(x^2) erfc(x). For x < 2 directly (erfc is accurate and
+ * exp(x^2) only overflows where the result does); for x >= 2 Laplace's
+ * continued fraction 1/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...)))),
+ * evaluated bottom-up. */
+static tpu_hv sp_erfcx(tpu_lower *L, tpu_hv x) {
+  tpu_hv direct = tpu_mul(L, sp_un(L, TPU_HLO_EXP, tpu_mul(L, x, x)), sp_chlo(L, "chlo.erfc", &x, 1));
+  tpu_hv xl = tpu_hlo_binary(H, TPU_HLO_MAX, x, tpu_k(L, x, 2.0));
+  tpu_hv d = xl;
+  for (int k = 60; k >= 1; k--) d = tpu_add(L, xl, sp_div(L, tpu_k(L, xl, 0.5 * k), d));
+  tpu_hv cf = sp_div(L, tpu_k(L, xl, 1.0 / SP_SQRTPI), d);
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_LT, x, 2.0), direct, cf);
+}
+void tpu_emit_special_erfcx(tpu_lower *L) { sp_unary_at(L, 0, sp_erfcx); }
+
+/* log_ndtr(x) = log(Phi(x)): log1p(-erfc(x/sqrt2)/2) above 0, below
+ * log(erfcx(-x/sqrt2)/2) - x^2/2, which stays finite far into the tail. */
+static tpu_hv sp_log_ndtr(tpu_lower *L, tpu_hv x) {
+  tpu_hv t = sp_mulk(L, x, 1.0 / SP_SQRT2);
+  tpu_hv up = sp_un(L, TPU_HLO_LOG1P, sp_mulk(L, sp_chlo(L, "chlo.erfc", &t, 1), -0.5));
+  tpu_hv xn = tpu_hlo_binary(H, TPU_HLO_MIN, x, tpu_k(L, x, 0));
+  tpu_hv lo = sp_un(L, TPU_HLO_LOG, sp_mulk(L, sp_erfcx(L, sp_mulk(L, xn, -1.0 / SP_SQRT2)), 0.5));
+  lo = tpu_sub(L, lo, sp_mulk(L, tpu_mul(L, xn, xn), 0.5));
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_GT, x, 0), up, lo);
+}
+void tpu_emit_special_log_ndtr(tpu_lower *L) { sp_unary_at(L, 0, sp_log_ndtr); }
+
+/* ndtri(p): the inverse of Phi. Above 1/2, sqrt2 erfinv(2p - 1) (2p - 1 is
+ * exact there). Below, by symmetry from a first guess refined with Newton
+ * steps on log_ndtr(x) = log p, whose slope sqrt(2/pi) / erfcx(-x/sqrt2)
+ * keeps the steps well scaled deep in the tail. */
+static tpu_hv sp_ndtri(tpu_lower *L, tpu_hv p) {
+  tpu_hv two_p_1 = sp_addk(L, sp_mulk(L, p, 2.0), -1.0);
+  tpu_hv central = sp_mulk(L, sp_chlo(L, "chlo.erf_inv", &two_p_1, 1), SP_SQRT2);
+  /* lower half: p clamped into (0, 1/2] */
+  tpu_hv pl = tpu_hlo_clamp(H, tpu_k(L, p, 1e-300), p, tpu_k(L, p, 0.5));
+  if (T(L, p)->dtype == TPU_F32) pl = tpu_hlo_clamp(H, tpu_k(L, p, 1e-37), p, tpu_k(L, p, 0.5));
+  tpu_hv lp = sp_un(L, TPU_HLO_LOG, pl);
+  /* tail guess: x = -sqrt(-2 log p - log(-2 log p) - log(2 pi)) */
+  tpu_hv m2l = sp_mulk(L, lp, -2.0);
+  tpu_hv g = tpu_sub(L, m2l, sp_un(L, TPU_HLO_LOG, m2l));
+  g = sp_addk(L, g, -log(2 * SP_PI));
+  g = sp_un(L, TPU_HLO_NEG, sp_un(L, TPU_HLO_SQRT, tpu_hlo_binary(H, TPU_HLO_MAX, g, tpu_k(L, g, 0))));
+  tpu_hv pl21 = sp_addk(L, sp_mulk(L, pl, 2.0), -1.0);
+  tpu_hv gc = sp_mulk(L, sp_chlo(L, "chlo.erf_inv", &pl21, 1), SP_SQRT2);
+  tpu_hv x = sp_sel(L, sp_cmpk(L, TPU_HLO_GT, pl, 1e-3), gc, g);
+  for (int i = 0; i < 4; i++) {
+    tpu_hv f = tpu_sub(L, sp_log_ndtr(L, x), lp);
+    tpu_hv slope_inv = sp_mulk(L, sp_erfcx(L, sp_mulk(L, x, -1.0 / SP_SQRT2)), 1.0 / sqrt(2.0 / SP_PI));
+    x = tpu_sub(L, x, tpu_mul(L, f, slope_inv));
+  }
+  tpu_hv r = sp_sel(L, sp_cmpk(L, TPU_HLO_LT, p, 0.5), x, central);
+  r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, p, 0), tpu_k(L, p, -INFINITY), r);
+  r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, p, 1), tpu_k(L, p, INFINITY), r);
+  tpu_hv bad = sp_or(L, sp_cmpk(L, TPU_HLO_LT, p, 0), sp_cmpk(L, TPU_HLO_GT, p, 1));
+  return sp_sel(L, sp_or(L, bad, sp_isnan(L, p)), tpu_k(L, p, NAN), r);
+}
+void tpu_emit_special_ndtri(tpu_lower *L) { sp_unary_at(L, 0, sp_ndtri); }
+
+/* ---- orthogonal polynomials ------------------------------------------------------------ */
+
+/* p_n(x) for a tensor of degrees n (truncated to integers, as torch casts
+ * them). Every family is a three-term recurrence q_k = f(k, x, q_{k-1},
+ * q_{k-2}), run by one stablehlo.while up to the largest degree, each element
+ * keeping its own result once k passes its n. Closed forms and torch's
+ * special cases (n < 0, |x| = 1, large n inside (-1, 1)) are selected after. */
+typedef enum { SP_CHEB_T, SP_CHEB_U, SP_CHEB_V, SP_CHEB_W, SP_HERM_H, SP_HERM_HE, SP_LAGUERRE, SP_LEGENDRE } sp_poly_kind;
+
+/* q_k from (k, x, q_{k-1} = q, q_{k-2} = p) */
+static tpu_hv sp_poly_step(tpu_lower *L, sp_poly_kind kind, tpu_hv k, tpu_hv x, tpu_hv p, tpu_hv q) {
+  tpu_hv km1 = sp_addk(L, k, -1);
+  switch (kind) {
+    case SP_HERM_H: /* 2x q - 2(k-1) p */
+      return tpu_sub(L, tpu_mul(L, tpu_add(L, x, x), q), tpu_mul(L, tpu_add(L, km1, km1), p));
+    case SP_HERM_HE: /* x q - (k-1) p */
+      return tpu_sub(L, tpu_mul(L, x, q), tpu_mul(L, km1, p));
+    case SP_LAGUERRE: /* ((2(k-1) + 1 - x) q - (k-1) p) / k */
+      return sp_div(L, tpu_sub(L, tpu_mul(L, tpu_sub(L, sp_addk(L, tpu_add(L, km1, km1), 1), x), q), tpu_mul(L, km1, p)), k);
+    case SP_LEGENDRE: /* ((2(k-1) + 1) x q - (k-1) p) / k */
+      return sp_div(L, tpu_sub(L, tpu_mul(L, tpu_mul(L, sp_addk(L, tpu_add(L, km1, km1), 1), x), q), tpu_mul(L, km1, p)), k);
+    default: /* Chebyshev: 2x q - p */
+      return tpu_sub(L, tpu_mul(L, tpu_add(L, x, x), q), p);
+  }
+}
+
+/* q_1 of each family */
+static tpu_hv sp_poly_first(tpu_lower *L, sp_poly_kind kind, tpu_hv x) {
+  switch (kind) {
+    case SP_CHEB_U: case SP_HERM_H: return tpu_add(L, x, x);
+    case SP_CHEB_V: return sp_addk(L, tpu_add(L, x, x), -1);
+    case SP_CHEB_W: return sp_addk(L, tpu_add(L, x, x), 1);
+    case SP_LAGUERRE: return tpu_sub(L, tpu_k(L, x, 1), x);
+    default: return x;
+  }
+}
+
+static tpu_hv sp_poly_run(tpu_lower *L, sp_poly_kind kind, tpu_hv x, tpu_hv n) {
+  const tpu_hlo_type *xt = T(L, x);
+  tpu_hlo_type st = tpu_hlo_type_make(xt->dtype, 0, NULL);
+  int64_t all[TPU_MAX_RANK];
+  for (int i = 0; i < xt->rank; i++) all[i] = i;
+  tpu_hv nmax = tpu_hlo_reduce(H, n, tpu_hlo_constant(H, xt->dtype, -INFINITY), all, xt->rank, TPU_HLO_MAX);
+  tpu_hlo_type types[6] = {st, st, *xt, *xt, *xt, *xt};
+  tpu_hv init[6] = {tpu_hlo_constant(H, xt->dtype, 2.0), nmax, x, n, tpu_k(L, x, 1), sp_poly_first(L, kind, x)};
+  tpu_hv a[6];
+  tpu_hlo_region_begin(H, types, 6, a); /* (k, nmax, x, n, q_{k-2}, q_{k-1}) */
+  tpu_hv c = sp_cmp(L, TPU_HLO_LE, a[0], a[1]);
+  int cond = tpu_hlo_region_end(H, &c, 1);
+  tpu_hlo_region_begin(H, types, 6, a);
+  tpu_hv kb = tpu_lower_broadcast_to(L, a[0], xt->rank, xt->dims);
+  tpu_hv r = sp_poly_step(L, kind, kb, a[2], a[4], a[5]);
+  tpu_hv live = sp_cmp(L, TPU_HLO_LE, kb, a[3]);
+  tpu_hv next[6] = {sp_addk(L, a[0], 1), a[1], a[2], a[3], sp_sel(L, live, a[5], a[4]), sp_sel(L, live, r, a[5])};
+  int body = tpu_hlo_region_end(H, next, 6);
+  tpu_hv outs[6];
+  int regions[2] = {cond, body};
+  if (!tpu_hlo_emit(H, "stablehlo.while", init, 6, regions, 2, NULL, types, 6, outs)) return TPU_HV_NONE;
+  tpu_hv q = outs[5];
+  q = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, n, 0), tpu_k(L, x, 1), q);
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_LT, n, 0), tpu_k(L, x, 0), q);
+}
+
+/* (-1)^n as a value: 1 for even n, -1 for odd */
+static tpu_hv sp_parity(tpu_lower *L, tpu_hv n) {
+  tpu_hv half = sp_mulk(L, n, 0.5);
+  tpu_hv even = sp_cmp(L, TPU_HLO_EQ, half, sp_un(L, TPU_HLO_FLOOR, half));
+  return sp_sel(L, even, tpu_k(L, n, 1), tpu_k(L, n, -1));
+}
+
+static tpu_hv sp_polynomial(tpu_lower *L, sp_poly_kind kind, tpu_hv x, tpu_hv n) {
+  tpu_hv r = sp_poly_run(L, kind, x, n);
+  tpu_hv one = tpu_k(L, x, 1), ax = sp_un(L, TPU_HLO_ABS, x), sg = sp_parity(L, n);
+  tpu_hv pos = sp_cmpk(L, TPU_HLO_GT, x, 0);
+  tpu_hv edge = sp_cmpk(L, TPU_HLO_EQ, ax, 1);
+  tpu_hv inside = sp_cmpk(L, TPU_HLO_LT, ax, 1);
+  tpu_hv np1 = sp_addk(L, n, 1), n2p1 = sp_addk(L, tpu_add(L, n, n), 1);
+  tpu_hv th = sp_chlo(L, "chlo.acos", &x, 1);
+  switch (kind) {
+    case SP_CHEB_T: {
+      tpu_hv cf = sp_un(L, TPU_HLO_COS, tpu_mul(L, n, th));
+      r = sp_sel(L, sp_and(L, inside, sp_cmpk(L, TPU_HLO_GT, n, 6)), cf, r);
+      r = sp_sel(L, edge, sp_sel(L, pos, one, sg), r);
+      break;
+    }
+    case SP_CHEB_U: {
+      tpu_hv s = sp_un(L, TPU_HLO_SIN, th);
+      tpu_hv cf = sp_div(L, sp_un(L, TPU_HLO_SIN, tpu_mul(L, np1, th)), s);
+      tpu_hv cf0 = tpu_mul(L, tpu_mul(L, np1, sp_un(L, TPU_HLO_COS, tpu_mul(L, np1, th))), x);
+      cf = sp_sel(L, sp_cmpk(L, TPU_HLO_NE, s, 0), cf, cf0);
+      r = sp_sel(L, sp_and(L, inside, sp_cmpk(L, TPU_HLO_GT, n, 8)), cf, r);
+      r = sp_sel(L, edge, sp_sel(L, pos, np1, tpu_mul(L, sg, np1)), r);
+      break;
+    }
+    case SP_CHEB_V: {
+      tpu_hv h = sp_mulk(L, th, 0.5);
+      tpu_hv cf = sp_div(L, sp_un(L, TPU_HLO_COS, tpu_mul(L, sp_addk(L, n, 0.5), th)), sp_un(L, TPU_HLO_COS, h));
+      cf = sp_sel(L, sp_cmpk(L, TPU_HLO_NE, sp_un(L, TPU_HLO_SIN, h), 1), cf, tpu_mul(L, sg, n2p1));
+      r = sp_sel(L, sp_and(L, inside, sp_cmpk(L, TPU_HLO_GT, n, 8)), cf, r);
+      r = sp_sel(L, edge, sp_sel(L, pos, one, tpu_mul(L, sg, n2p1)), r);
+      break;
+    }
+    case SP_CHEB_W: {
+      tpu_hv h = sp_mulk(L, th, 0.5);
+      tpu_hv cf = sp_div(L, sp_un(L, TPU_HLO_SIN, tpu_mul(L, sp_addk(L, n, 0.5), th)), sp_un(L, TPU_HLO_SIN, h));
+      cf = sp_sel(L, sp_cmpk(L, TPU_HLO_NE, sp_un(L, TPU_HLO_COS, h), 1), cf, sp_sel(L, pos, n2p1, sg));
+      r = sp_sel(L, sp_and(L, inside, sp_cmpk(L, TPU_HLO_GT, n, 8)), cf, r);
+      r = sp_sel(L, edge, sp_sel(L, pos, n2p1, sg), r);
+      break;
+    }
+    case SP_LEGENDRE:
+      r = sp_sel(L, edge, sp_sel(L, pos, one, sg), r);
+      break;
+    case SP_LAGUERRE:
+      r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), one, r);
+      break;
+    default:
+      break;
+  }
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_LT, n, 0), tpu_k(L, x, 0), r);
+}
+
+/* (x, n) promoted to a float type, n truncated, both broadcast */
+static void sp_emit_polynomial(tpu_lower *L, sp_poly_kind kind, bool shifted) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_float_type(tpu_lower_result_type(L, idx, 2)), acc = tpu_acc_type(dt);
+  tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
+  tpu_lower_broadcast_all(L, v, 2);
+  tpu_hv x = tpu_hlo_convert(H, v[0], acc), n = tpu_hlo_convert(H, v[1], acc);
+  n = sp_sel(L, sp_cmpk(L, TPU_HLO_LT, n, 0), sp_un(L, TPU_HLO_CEIL, n), sp_un(L, TPU_HLO_FLOOR, n));
+  if (shifted) x = sp_addk(L, tpu_add(L, x, x), -1);
+  tpu_lower_out(L, tpu_hlo_convert(H, sp_polynomial(L, kind, x, n), dt));
+}
+
+void tpu_emit_special_chebyshev_polynomial_t(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_T, false); }
+void tpu_emit_special_chebyshev_polynomial_u(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_U, false); }
+void tpu_emit_special_chebyshev_polynomial_v(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_V, false); }
+void tpu_emit_special_chebyshev_polynomial_w(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_W, false); }
+void tpu_emit_special_shifted_chebyshev_polynomial_t(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_T, true); }
+void tpu_emit_special_shifted_chebyshev_polynomial_u(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_U, true); }
+void tpu_emit_special_shifted_chebyshev_polynomial_v(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_V, true); }
+void tpu_emit_special_shifted_chebyshev_polynomial_w(tpu_lower *L) { sp_emit_polynomial(L, SP_CHEB_W, true); }
+void tpu_emit_special_hermite_polynomial_h(tpu_lower *L) { sp_emit_polynomial(L, SP_HERM_H, false); }
+void tpu_emit_special_hermite_polynomial_he(tpu_lower *L) { sp_emit_polynomial(L, SP_HERM_HE, false); }
+void tpu_emit_special_laguerre_polynomial_l(tpu_lower *L) { sp_emit_polynomial(L, SP_LAGUERRE, false); }
+void tpu_emit_special_legendre_polynomial_p(tpu_lower *L) { sp_emit_polynomial(L, SP_LEGENDRE, false); }
