@@ -56,7 +56,10 @@ def test_unary_dtypes(name, dtype):
     try:
         want = fn(x)
     except (RuntimeError, NotImplementedError):
-        pytest.skip("CPU has no kernel for this dtype")
+        # the CPU has no kernel for this dtype (bfloat16 special functions); the tpu computes
+        # in float32 and rounds once, so the reference is the float32 result, rounded
+        assert dtype == torch.bfloat16
+        want = fn(x.float()).to(dtype)
     close(fn(x.to("tpu")), want)
 
 
