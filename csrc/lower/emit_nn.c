@@ -266,16 +266,29 @@ void tpu_emit_mm(tpu_lower *L) {
   tpu_lower_out(L, tpu_matmul2(L, tpu_lower_tensor(L, 0, -1), tpu_lower_tensor(L, 1, -1)));
 }
 
-/* addmm(self, mat1, mat2, *, beta=1, alpha=1) = beta*self + alpha*(mat1@mat2) */
+/* addmm(self, mat1, mat2, *, beta=1, alpha=1) = beta*self + alpha*(mat1@mat2),
+ * accumulated in f32 for half types and rounded once, as torch's CPU kernel */
 void tpu_emit_addmm(tpu_lower *L) {
   tpu_check_mm_dtypes(L, 1, 2);
-  tpu_dtype dt = L->args[1].t.dtype;
-  tpu_hv p = tpu_matmul2(L, tpu_lower_tensor(L, 1, -1), tpu_lower_tensor(L, 2, -1));
-  if (!L->args[4].is_default) p = tpu_lower_binary(L, TPU_HLO_MUL, p, tpu_lower_scalar(L, 4, dt));
-  tpu_hv s = tpu_lower_input(L, 0, dt);
-  if (!L->args[3].is_default) s = tpu_lower_binary(L, TPU_HLO_MUL, s, tpu_lower_scalar(L, 3, dt));
+  tpu_dtype dt = L->args[1].t.dtype, acc = tpu_acc_type(dt);
+  tpu_hv a = tpu_lower_tensor(L, 1, -1), b = tpu_lower_tensor(L, 2, -1);
+  if (T(L, a)->rank != 2 || T(L, b)->rank != 2 || T(L, a)->dims[1] != T(L, b)->dims[0]) {
+    tpu_matmul2(L, a, b); /* reports the shape error */
+    return;
+  }
+  int64_t lc = 1, rc = 0;
+  tpu_hv p = tpu_hlo_dot_general(H, a, b, 0, NULL, NULL, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, acc);
+  if (!L->args[4].is_default) p = tpu_lower_binary(L, TPU_HLO_MUL, p, tpu_lower_scalar(L, 4, acc));
+  tpu_hv s = tpu_lower_input(L, 0, acc);
+  if (!L->args[3].is_default) {
+    tpu_hv beta = tpu_lower_scalar(L, 3, acc);
+    s = tpu_lower_binary(L, TPU_HLO_MUL, s, beta); /* beta == 0 ignores self, NaNs included */
+    s = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, tpu_lower_broadcast_to(L, beta, T(L, s)->rank, T(L, s)->dims),
+                                          tpu_k(L, s, 0)), tpu_k(L, s, 0), s);
+  }
   const tpu_hlo_type *pt = T(L, p);
-  tpu_lower_out(L, tpu_hlo_binary(H, TPU_HLO_ADD, tpu_lower_broadcast_to(L, s, pt->rank, pt->dims), p));
+  tpu_hv r = tpu_hlo_binary(H, TPU_HLO_ADD, tpu_lower_broadcast_to(L, s, pt->rank, pt->dims), p);
+  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
 }
 
 void tpu_emit_bmm(tpu_lower *L) {
