@@ -469,3 +469,104 @@ void tpu_emit_special_hermite_polynomial_h(tpu_lower *L) { sp_emit_polynomial(L,
 void tpu_emit_special_hermite_polynomial_he(tpu_lower *L) { sp_emit_polynomial(L, SP_HERM_HE, false); }
 void tpu_emit_special_laguerre_polynomial_l(tpu_lower *L) { sp_emit_polynomial(L, SP_LAGUERRE, false); }
 void tpu_emit_special_legendre_polynomial_p(tpu_lower *L) { sp_emit_polynomial(L, SP_LEGENDRE, false); }
+
+/* ---- integer and bit-level ops --------------------------------------------------------- */
+
+/* gcd of |a| and |b| by Euclid's algorithm, in one while loop that runs
+ * until every remainder is zero. */
+static tpu_hv sp_gcd(tpu_lower *L, tpu_hv a, tpu_hv b) {
+  const tpu_hlo_type *t = T(L, a);
+  tpu_hlo_type types[2] = {*t, *t};
+  int64_t all[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) all[i] = i;
+  tpu_hv init[2] = {sp_un(L, TPU_HLO_ABS, a), sp_un(L, TPU_HLO_ABS, b)};
+  tpu_hv s[2];
+  tpu_hlo_region_begin(H, types, 2, s);
+  tpu_hv nz = tpu_hlo_convert(H, sp_cmpk(L, TPU_HLO_NE, s[1], 0), TPU_S32);
+  tpu_hv any = tpu_hlo_reduce(H, nz, tpu_hlo_constant_int(H, TPU_S32, 0), all, t->rank, TPU_HLO_MAX);
+  tpu_hv c = sp_cmp(L, TPU_HLO_GT, any, tpu_hlo_constant_int(H, TPU_S32, 0));
+  int cond = tpu_hlo_region_end(H, &c, 1);
+  tpu_hlo_region_begin(H, types, 2, s);
+  tpu_hv live = sp_cmpk(L, TPU_HLO_NE, s[1], 0);
+  tpu_hv safe = sp_sel(L, live, s[1], tpu_k(L, s[1], 1));
+  tpu_hv rem = tpu_hlo_binary(H, TPU_HLO_REM, s[0], safe);
+  tpu_hv next[2] = {sp_sel(L, live, s[1], s[0]), sp_sel(L, live, rem, s[1])};
+  int body = tpu_hlo_region_end(H, next, 2);
+  tpu_hv outs[2];
+  int regions[2] = {cond, body};
+  if (!tpu_hlo_emit(H, "stablehlo.while", init, 2, regions, 2, NULL, types, 2, outs)) return TPU_HV_NONE;
+  return outs[0];
+}
+
+static bool sp_int_binary(tpu_lower *L, const char *name, tpu_hv *v) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  if (!tpu_dtype_is_int(dt) || dt == TPU_PRED) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s_cpu\" not implemented for '%s'", name, tpu_dtype_name(dt));
+    return false;
+  }
+  v[0] = tpu_lower_input(L, 0, dt);
+  v[1] = tpu_lower_input(L, 1, dt);
+  tpu_lower_broadcast_all(L, v, 2);
+  return true;
+}
+
+void tpu_emit_gcd(tpu_lower *L) {
+  tpu_hv v[2];
+  if (sp_int_binary(L, "gcd", v)) tpu_lower_out(L, sp_gcd(L, v[0], v[1]));
+}
+
+/* lcm = |a / gcd * b|, 0 when gcd is 0 */
+void tpu_emit_lcm(tpu_lower *L) {
+  tpu_hv v[2];
+  if (!sp_int_binary(L, "lcm", v)) return;
+  tpu_hv g = sp_gcd(L, v[0], v[1]);
+  tpu_hv z = sp_cmpk(L, TPU_HLO_EQ, g, 0);
+  tpu_hv q = tpu_hlo_binary(H, TPU_HLO_DIV, v[0], sp_sel(L, z, tpu_k(L, g, 1), g));
+  tpu_hv r = sp_un(L, TPU_HLO_ABS, tpu_mul(L, q, v[1]));
+  tpu_lower_out(L, sp_sel(L, z, tpu_k(L, g, 0), r));
+}
+
+/* frexp(x) = (mantissa in [0.5, 1) with x's sign, int32 exponent), read
+ * from the bits with integer ops only (the CPU compiler flushes subnormal
+ * floats to zero in arithmetic); subnormals are normalised with clz; 0, inf
+ * and NaN give (x, 0). */
+void tpu_emit_frexp(tpu_lower *L) {
+  tpu_dtype dt = sp_arg_dtype(L, 0);
+  if (!tpu_dtype_is_float(dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.frexp() only supports floating-point dtypes");
+    return;
+  }
+  bool wide = dt == TPU_F64;
+  tpu_dtype ft = wide ? TPU_F64 : TPU_F32, it = wide ? TPU_S64 : TPU_S32;
+  int nbits = wide ? 64 : 32, mbits = wide ? 52 : 23;
+  int64_t emask = wide ? 0x7ff : 0xff, half = wide ? 1022 : 126;
+  tpu_hv x = tpu_hlo_convert(H, tpu_lower_tensor(L, 0, -1), ft);
+  tpu_hv bits = tpu_hlo_bitcast_convert(H, x, it);
+  const tpu_hlo_type *bt = T(L, bits);
+  tpu_hv sh = tpu_k(L, bits, mbits);
+  tpu_hv mfield_mask = tpu_lower_broadcast_to(L, tpu_hlo_constant_int(H, it, ((int64_t)1 << mbits) - 1), bt->rank, bt->dims);
+  tpu_hv sign_mask = tpu_lower_broadcast_to(L, tpu_hlo_constant_int(H, it, (int64_t)((uint64_t)1 << (nbits - 1))), bt->rank, bt->dims);
+  tpu_hv bexp = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_binary(H, TPU_HLO_SHR_L, bits, sh), tpu_k(L, bits, (double)emask));
+  tpu_hv frac = tpu_hlo_binary(H, TPU_HLO_AND, bits, mfield_mask);
+  tpu_hv sign = tpu_hlo_binary(H, TPU_HLO_AND, bits, sign_mask);
+  /* subnormal: leading bit at p = nbits - 1 - clz(frac); value 2^(p - bias - mbits + 1) */
+  tpu_hv p = tpu_sub(L, tpu_k(L, bits, nbits - 1), sp_un(L, TPU_HLO_CLZ, frac));
+  tpu_hv sub_e = sp_addk(L, p, -(double)(half + mbits - 1));
+  tpu_hv shift = tpu_sub(L, tpu_k(L, bits, mbits), p);
+  tpu_hv sub_frac = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_binary(H, TPU_HLO_SHL, frac, shift), mfield_mask);
+  tpu_hv is_sub = sp_cmpk(L, TPU_HLO_EQ, bexp, 0);
+  tpu_hv e = sp_sel(L, is_sub, sub_e, tpu_sub(L, bexp, tpu_k(L, bits, (double)half)));
+  frac = sp_sel(L, is_sub, sub_frac, frac);
+  tpu_hv mb = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_binary(H, TPU_HLO_OR, sign, frac),
+                             tpu_hlo_binary(H, TPU_HLO_SHL, tpu_k(L, bits, (double)half), sh));
+  tpu_hv m = tpu_hlo_bitcast_convert(H, mb, ft);
+  /* zero from the fields: a masked-bits compare can be turned back into a
+   * float compare, which would count subnormals as zero */
+  tpu_hv zero = sp_and(L, is_sub, sp_cmpk(L, TPU_HLO_EQ, tpu_hlo_binary(H, TPU_HLO_AND, bits, mfield_mask), 0));
+  tpu_hv special = sp_or(L, zero, sp_cmpk(L, TPU_HLO_EQ, bexp, (double)emask));
+  m = sp_sel(L, special, x, m);
+  e = sp_sel(L, special, tpu_k(L, e, 0), e);
+  tpu_lower_out(L, tpu_hlo_convert(H, m, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, e, TPU_S32));
+}
