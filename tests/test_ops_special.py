@@ -170,3 +170,20 @@ def test_frexp(dtype):
     assert torch.equal(e2.cpu(), e)
     with pytest.raises(RuntimeError, match="floating-point"):
         torch.frexp(torch.ones(2, dtype=torch.int64, device="tpu"))
+
+
+@pytest.mark.parametrize("fn", [torch.igamma, torch.igammac])
+def test_igamma(fn):
+    g = torch.Generator().manual_seed(2)
+    a = torch.cat([torch.rand(200, generator=g) * 20,
+                   torch.tensor([0.0, 0.0, 1.0, float("inf"), float("inf"), -1.0, 2.0, 100.0, 0.01, 500.0])])
+    x = torch.cat([torch.rand(200, generator=g) * 20,
+                   torch.tensor([1.0, 0.0, 0.0, 1.0, float("inf"), 1.0, float("inf"), 101.0, 0.001, 480.0])])
+    close(fn(a.to("tpu"), x.to("tpu")), fn(a, x))
+    close(fn(a[:20].bfloat16().to("tpu"), x[:20].bfloat16().to("tpu")), fn(a[:20].bfloat16(), x[:20].bfloat16()))
+    xg = (torch.rand(8, generator=g) * 5 + 0.1)
+    ag = torch.rand(8, generator=g) * 5 + 0.1
+    c, d = xg.clone().requires_grad_(), xg.clone().to("tpu").requires_grad_()
+    fn(ag, c).sum().backward()
+    fn(ag.to("tpu"), d).sum().backward()
+    close(d.grad, c.grad)
