@@ -37,6 +37,10 @@ UNARY = {
     "erfcx": (S.erfcx, WIDE),
     "log_ndtr": (S.log_ndtr, WIDE),
     "ndtri": (S.ndtri, PROB),
+    "modified_bessel_k0": (S.modified_bessel_k0, WIDE),
+    "modified_bessel_k1": (S.modified_bessel_k1, WIDE),
+    "scaled_modified_bessel_k0": (S.scaled_modified_bessel_k0, WIDE),
+    "scaled_modified_bessel_k1": (S.scaled_modified_bessel_k1, WIDE),
 }
 
 

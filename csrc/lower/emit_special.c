@@ -636,3 +636,72 @@ static tpu_hv sp_igamma_lower(tpu_lower *L, tpu_hv a, tpu_hv x) { return sp_igam
 static tpu_hv sp_igamma_upper(tpu_lower *L, tpu_hv a, tpu_hv x) { return sp_igamma(L, a, x, true); }
 void tpu_emit_igamma(tpu_lower *L) { sp_binary(L, sp_igamma_lower); }
 void tpu_emit_igammac(tpu_lower *L) { sp_binary(L, sp_igamma_upper); }
+
+/* ---- modified Bessel functions of the second kind ---------------------------------------- */
+
+/* e^x K_nu(x), nu = 0, 1, x > 0. Up to x = 2 the series (A&S 9.6.13, 9.6.11)
+ *   K0 = -(log(x/2) + gamma) I0(x) + sum H_k (x^2/4)^k / (k!)^2
+ *   K1 = 1/x + log(x/2) I1(x) - x/4 sum (psi(k+1) + psi(k+2)) (x^2/4)^k / (k! (k+1)!)
+ * lose at most a digit to cancellation. Above, the trapezoid rule on
+ * e^x K_nu(x) = int_0^inf exp(-x (cosh t - 1)) cosh(nu t) dt, which converges
+ * geometrically for this analytic, doubly-exponentially decaying integrand:
+ * a sum of exponentials with constant rates. */
+#define SP_EULER 0.57721566490153286061
+static tpu_hv sp_ke(tpu_lower *L, tpu_hv x, int nu) {
+  /* series on x clamped into (0, 2] */
+  tpu_hv xs = tpu_hlo_clamp(H, tpu_k(L, x, 1e-30), x, tpu_k(L, x, 2.0));
+  tpu_hv q = sp_mulk(L, tpu_mul(L, xs, xs), 0.25);
+  tpu_hv lg = sp_un(L, TPU_HLO_LOG, sp_mulk(L, xs, 0.5));
+  double c[20];
+  double fk = 1.0, hk = 0.0; /* k!, H_k */
+  for (int k = 0; k < 20; k++) {
+    if (k) {
+      fk *= k;
+      hk += 1.0 / k;
+    }
+    if (nu == 0) {
+      c[k] = (hk - SP_EULER) / (fk * fk);
+    } else {
+      double psi1 = hk - SP_EULER, psi2 = hk + 1.0 / (k + 1) - SP_EULER;
+      c[k] = (psi1 + psi2) / (fk * fk * (k + 1));
+    }
+  }
+  tpu_hv sum = sp_poly(L, q, c, 20);
+  tpu_hv ser;
+  tpu_hv ix = tpu_mul(L, sp_ie(L, xs, nu), sp_un(L, TPU_HLO_EXP, xs));
+  if (nu == 0) {
+    ser = tpu_add(L, tpu_mul(L, sp_un(L, TPU_HLO_NEG, lg), ix), sum);
+  } else {
+    ser = tpu_add(L, sp_div(L, tpu_k(L, xs, 1), xs), tpu_mul(L, lg, ix));
+    ser = tpu_sub(L, ser, tpu_mul(L, sp_mulk(L, xs, 0.25), sum));
+  }
+  ser = tpu_mul(L, ser, sp_un(L, TPU_HLO_EXP, xs));
+  /* quadrature on x clamped from below */
+  tpu_hv xl = tpu_hlo_binary(H, TPU_HLO_MAX, x, tpu_k(L, x, 2.0));
+  tpu_hv nxl = sp_un(L, TPU_HLO_NEG, xl);
+  const double h = 0.125;
+  tpu_hv acc = tpu_k(L, x, 0);
+  for (int j = 0; j <= 56; j++) {
+    double t = j * h, s = sinh(t / 2);
+    double rate = 2 * s * s, w = h * (j ? 1.0 : 0.5) * (nu ? cosh(t) : 1.0);
+    acc = tpu_add(L, acc, sp_mulk(L, sp_un(L, TPU_HLO_EXP, sp_mulk(L, nxl, rate)), w));
+  }
+  tpu_hv r = sp_sel(L, sp_cmpk(L, TPU_HLO_LE, x, 2.0), ser, acc);
+  r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), tpu_k(L, x, INFINITY), r);
+  r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, INFINITY), tpu_k(L, x, 0), r);
+  return sp_sel(L, sp_or(L, sp_cmpk(L, TPU_HLO_LT, x, 0), sp_isnan(L, x)), tpu_k(L, x, NAN), r);
+}
+static tpu_hv sp_k0e(tpu_lower *L, tpu_hv x) { return sp_ke(L, x, 0); }
+static tpu_hv sp_k1e(tpu_lower *L, tpu_hv x) { return sp_ke(L, x, 1); }
+static tpu_hv sp_k0(tpu_lower *L, tpu_hv x) {
+  tpu_hv r = tpu_mul(L, sp_ke(L, x, 0), sp_un(L, TPU_HLO_EXP, sp_un(L, TPU_HLO_NEG, x)));
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), tpu_k(L, x, INFINITY), r);
+}
+static tpu_hv sp_k1(tpu_lower *L, tpu_hv x) {
+  tpu_hv r = tpu_mul(L, sp_ke(L, x, 1), sp_un(L, TPU_HLO_EXP, sp_un(L, TPU_HLO_NEG, x)));
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), tpu_k(L, x, INFINITY), r);
+}
+void tpu_emit_special_modified_bessel_k0(tpu_lower *L) { sp_unary_at(L, 0, sp_k0); }
+void tpu_emit_special_modified_bessel_k1(tpu_lower *L) { sp_unary_at(L, 0, sp_k1); }
+void tpu_emit_special_scaled_modified_bessel_k0(tpu_lower *L) { sp_unary_at(L, 0, sp_k0e); }
+void tpu_emit_special_scaled_modified_bessel_k1(tpu_lower *L) { sp_unary_at(L, 0, sp_k1e); }
