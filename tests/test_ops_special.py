@@ -41,6 +41,8 @@ UNARY = {
     "modified_bessel_k1": (S.modified_bessel_k1, WIDE),
     "scaled_modified_bessel_k0": (S.scaled_modified_bessel_k0, WIDE),
     "scaled_modified_bessel_k1": (S.scaled_modified_bessel_k1, WIDE),
+    "bessel_j0": (S.bessel_j0, torch.cat([WIDE, torch.linspace(-60, 60, 241)])),
+    "bessel_j1": (S.bessel_j1, torch.cat([WIDE, torch.linspace(-60, 60, 241)])),
 }
 
 

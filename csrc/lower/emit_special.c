@@ -705,3 +705,42 @@ void tpu_emit_special_modified_bessel_k0(tpu_lower *L) { sp_unary_at(L, 0, sp_k0
 void tpu_emit_special_modified_bessel_k1(tpu_lower *L) { sp_unary_at(L, 0, sp_k1); }
 void tpu_emit_special_scaled_modified_bessel_k0(tpu_lower *L) { sp_unary_at(L, 0, sp_k0e); }
 void tpu_emit_special_scaled_modified_bessel_k1(tpu_lower *L) { sp_unary_at(L, 0, sp_k1e); }
+
+/* ---- Bessel functions of the first kind ----------------------------------------------- */
+
+/* J_n(x), n = 0, 1. Up to |x| = 40 Bessel's integral
+ * J_n(x) = 1/(2 pi) int_0^{2 pi} cos(n t - x sin t) dt by the trapezoid rule
+ * on 64 nodes: the integrand is periodic and entire, so the error is of the
+ * order of J_64(x), below f32 rounding there. Above, Hankel's asymptotic
+ * expansion J_n ~ sqrt(2/(pi x)) (P cos chi - Q sin chi), chi = x - (n/2 + 1/4) pi. */
+#define SP_J_SWITCH 40.0
+#define SP_J_NODES 64
+static tpu_hv sp_jn(tpu_lower *L, tpu_hv x, int nu) {
+  tpu_hv xs = tpu_hlo_clamp(H, tpu_k(L, x, -SP_J_SWITCH), x, tpu_k(L, x, SP_J_SWITCH));
+  tpu_hv acc = tpu_k(L, x, 0);
+  for (int j = 0; j < SP_J_NODES; j++) {
+    double t = 2 * SP_PI * j / SP_J_NODES;
+    tpu_hv arg = sp_addk(L, sp_mulk(L, xs, -sin(t)), nu * t);
+    acc = tpu_add(L, acc, sp_un(L, TPU_HLO_COS, arg));
+  }
+  tpu_hv quad = sp_mulk(L, acc, 1.0 / SP_J_NODES);
+  /* asymptotic on |x| clamped from below; J_1 is odd */
+  tpu_hv ax = sp_un(L, TPU_HLO_ABS, x);
+  tpu_hv xl = tpu_hlo_binary(H, TPU_HLO_MAX, ax, tpu_k(L, ax, SP_J_SWITCH));
+  tpu_hv inv = sp_div(L, tpu_k(L, xl, 1), xl), inv2 = tpu_mul(L, inv, inv);
+  double mu = 4.0 * nu * nu;
+  double p[3] = {1.0, -(mu - 1) * (mu - 9) / (2.0 * 64), (mu - 1) * (mu - 9) * (mu - 25) * (mu - 49) / (24.0 * 4096)};
+  double q[3] = {(mu - 1) / 8.0, -(mu - 1) * (mu - 9) * (mu - 25) / (6.0 * 512),
+                 (mu - 1) * (mu - 9) * (mu - 25) * (mu - 49) * (mu - 81) / (120.0 * 32768)};
+  tpu_hv P = sp_poly(L, inv2, p, 3), Q = tpu_mul(L, sp_poly(L, inv2, q, 3), inv);
+  tpu_hv chi = sp_addk(L, xl, -(nu * 0.5 + 0.25) * SP_PI);
+  tpu_hv asy = tpu_sub(L, tpu_mul(L, P, sp_un(L, TPU_HLO_COS, chi)), tpu_mul(L, Q, sp_un(L, TPU_HLO_SIN, chi)));
+  asy = tpu_mul(L, asy, sp_un(L, TPU_HLO_SQRT, sp_mulk(L, inv, 2.0 / SP_PI)));
+  if (nu) asy = sp_sel(L, sp_cmpk(L, TPU_HLO_LT, x, 0), sp_un(L, TPU_HLO_NEG, asy), asy);
+  /* +-inf: NaN from cos(inf), as torch */
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_LE, ax, SP_J_SWITCH), quad, asy);
+}
+static tpu_hv sp_j0(tpu_lower *L, tpu_hv x) { return sp_jn(L, x, 0); }
+static tpu_hv sp_j1(tpu_lower *L, tpu_hv x) { return sp_jn(L, x, 1); }
+void tpu_emit_special_bessel_j0(tpu_lower *L) { sp_unary_at(L, 0, sp_j0); }
+void tpu_emit_special_bessel_j1(tpu_lower *L) { sp_unary_at(L, 0, sp_j1); }
