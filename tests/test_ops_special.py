@@ -37,6 +37,12 @@ UNARY = {
     "erfcx": (S.erfcx, WIDE),
     "log_ndtr": (S.log_ndtr, WIDE),
     "ndtri": (S.ndtri, PROB),
+    "modified_bessel_k0": (S.modified_bessel_k0, WIDE),
+    "modified_bessel_k1": (S.modified_bessel_k1, WIDE),
+    "scaled_modified_bessel_k0": (S.scaled_modified_bessel_k0, WIDE),
+    "scaled_modified_bessel_k1": (S.scaled_modified_bessel_k1, WIDE),
+    "bessel_j0": (S.bessel_j0, torch.cat([WIDE, torch.linspace(-60, 60, 241)])),
+    "bessel_j1": (S.bessel_j1, torch.cat([WIDE, torch.linspace(-60, 60, 241)])),
 }
 
 
@@ -147,3 +153,46 @@ def test_polynomials(name):
     close(fn(x.to("tpu"), n.to("tpu")), fn(x, n))
     xi, ni = torch.randint(-4, 5, (3, 4), generator=g), torch.randint(-2, 7, (4,), generator=g)
     close(fn(xi.to("tpu"), ni.to("tpu")), fn(xi, ni))
+
+
+def test_gcd_lcm():
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randint(-30, 30, (6, 7), generator=g), torch.randint(-30, 30, (7,), generator=g)
+    a[0, 0] = 0
+    b[0] = 0
+    assert torch.equal(torch.gcd(a.to("tpu"), b.to("tpu")).cpu(), torch.gcd(a, b))
+    assert torch.equal(torch.lcm(a.to("tpu"), b.to("tpu")).cpu(), torch.lcm(a, b))
+    c = a.clone().to("tpu")
+    c.gcd_(b.to("tpu"))
+    assert torch.equal(c.cpu(), torch.gcd(a, b))
+    with pytest.raises(RuntimeError, match="not implemented"):
+        torch.gcd(torch.ones(2, device="tpu"), torch.ones(2, device="tpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_frexp(dtype):
+    x = torch.tensor([0.0, -0.0, 1.0, -3.5, 1e-40, -2e-45, 3e38, float("inf"), float("nan"), 0.75, 1e-20]).to(dtype)
+    m, e = torch.frexp(x)
+    m2, e2 = torch.frexp(x.to("tpu"))
+    assert e2.dtype == torch.int32 and m2.dtype == dtype
+    torch.testing.assert_close(m2.cpu(), m, equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(e2.cpu(), e)
+    with pytest.raises(RuntimeError, match="floating-point"):
+        torch.frexp(torch.ones(2, dtype=torch.int64, device="tpu"))
+
+
+@pytest.mark.parametrize("fn", [torch.igamma, torch.igammac])
+def test_igamma(fn):
+    g = torch.Generator().manual_seed(2)
+    a = torch.cat([torch.rand(200, generator=g) * 20,
+                   torch.tensor([0.0, 0.0, 1.0, float("inf"), float("inf"), -1.0, 2.0, 100.0, 0.01, 500.0])])
+    x = torch.cat([torch.rand(200, generator=g) * 20,
+                   torch.tensor([1.0, 0.0, 0.0, 1.0, float("inf"), 1.0, float("inf"), 101.0, 0.001, 480.0])])
+    close(fn(a.to("tpu"), x.to("tpu")), fn(a, x))
+    close(fn(a[:20].bfloat16().to("tpu"), x[:20].bfloat16().to("tpu")), fn(a[:20].bfloat16(), x[:20].bfloat16()))
+    xg = (torch.rand(8, generator=g) * 5 + 0.1)
+    ag = torch.rand(8, generator=g) * 5 + 0.1
+    c, d = xg.clone().requires_grad_(), xg.clone().to("tpu").requires_grad_()
+    fn(ag, c).sum().backward()
+    fn(ag.to("tpu"), d).sum().backward()
+    close(d.grad, c.grad)

@@ -644,7 +644,17 @@ static void tpu_put_float(tpu_hlo *m, tpu_buf *b, tpu_dtype dt, double v) {
    * f32 (hence f16/bf16) value, 17 any f64. */
   char tmp[64];
   snprintf(tmp, sizeof tmp, dt == TPU_F64 ? "%.17g" : "%.9g", v);
-  if (!strpbrk(tmp, ".eEn")) strcat(tmp, ".0");
+  if (!strpbrk(tmp, ".n")) {
+    /* MLIR wants a '.' in a float literal: "1e-30" -> "1.0e-30" */
+    char *e = strpbrk(tmp, "eE");
+    if (e) {
+      memmove(e + 2, e, strlen(e) + 1);
+      e[0] = '.';
+      e[1] = '0';
+    } else {
+      strcat(tmp, ".0");
+    }
+  }
   tpu_buf_put(m, b, tmp, strlen(tmp));
 }
 

@@ -469,3 +469,278 @@ void tpu_emit_special_hermite_polynomial_h(tpu_lower *L) { sp_emit_polynomial(L,
 void tpu_emit_special_hermite_polynomial_he(tpu_lower *L) { sp_emit_polynomial(L, SP_HERM_HE, false); }
 void tpu_emit_special_laguerre_polynomial_l(tpu_lower *L) { sp_emit_polynomial(L, SP_LAGUERRE, false); }
 void tpu_emit_special_legendre_polynomial_p(tpu_lower *L) { sp_emit_polynomial(L, SP_LEGENDRE, false); }
+
+/* ---- integer and bit-level ops --------------------------------------------------------- */
+
+/* gcd of |a| and |b| by Euclid's algorithm, in one while loop that runs
+ * until every remainder is zero. */
+static tpu_hv sp_gcd(tpu_lower *L, tpu_hv a, tpu_hv b) {
+  const tpu_hlo_type *t = T(L, a);
+  tpu_hlo_type types[2] = {*t, *t};
+  int64_t all[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) all[i] = i;
+  tpu_hv init[2] = {sp_un(L, TPU_HLO_ABS, a), sp_un(L, TPU_HLO_ABS, b)};
+  tpu_hv s[2];
+  tpu_hlo_region_begin(H, types, 2, s);
+  tpu_hv nz = tpu_hlo_convert(H, sp_cmpk(L, TPU_HLO_NE, s[1], 0), TPU_S32);
+  tpu_hv any = tpu_hlo_reduce(H, nz, tpu_hlo_constant_int(H, TPU_S32, 0), all, t->rank, TPU_HLO_MAX);
+  tpu_hv c = sp_cmp(L, TPU_HLO_GT, any, tpu_hlo_constant_int(H, TPU_S32, 0));
+  int cond = tpu_hlo_region_end(H, &c, 1);
+  tpu_hlo_region_begin(H, types, 2, s);
+  tpu_hv live = sp_cmpk(L, TPU_HLO_NE, s[1], 0);
+  tpu_hv safe = sp_sel(L, live, s[1], tpu_k(L, s[1], 1));
+  tpu_hv rem = tpu_hlo_binary(H, TPU_HLO_REM, s[0], safe);
+  tpu_hv next[2] = {sp_sel(L, live, s[1], s[0]), sp_sel(L, live, rem, s[1])};
+  int body = tpu_hlo_region_end(H, next, 2);
+  tpu_hv outs[2];
+  int regions[2] = {cond, body};
+  if (!tpu_hlo_emit(H, "stablehlo.while", init, 2, regions, 2, NULL, types, 2, outs)) return TPU_HV_NONE;
+  return outs[0];
+}
+
+static bool sp_int_binary(tpu_lower *L, const char *name, tpu_hv *v) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  if (!tpu_dtype_is_int(dt) || dt == TPU_PRED) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s_cpu\" not implemented for '%s'", name, tpu_dtype_name(dt));
+    return false;
+  }
+  v[0] = tpu_lower_input(L, 0, dt);
+  v[1] = tpu_lower_input(L, 1, dt);
+  tpu_lower_broadcast_all(L, v, 2);
+  return true;
+}
+
+void tpu_emit_gcd(tpu_lower *L) {
+  tpu_hv v[2];
+  if (sp_int_binary(L, "gcd", v)) tpu_lower_out(L, sp_gcd(L, v[0], v[1]));
+}
+
+/* lcm = |a / gcd * b|, 0 when gcd is 0 */
+void tpu_emit_lcm(tpu_lower *L) {
+  tpu_hv v[2];
+  if (!sp_int_binary(L, "lcm", v)) return;
+  tpu_hv g = sp_gcd(L, v[0], v[1]);
+  tpu_hv z = sp_cmpk(L, TPU_HLO_EQ, g, 0);
+  tpu_hv q = tpu_hlo_binary(H, TPU_HLO_DIV, v[0], sp_sel(L, z, tpu_k(L, g, 1), g));
+  tpu_hv r = sp_un(L, TPU_HLO_ABS, tpu_mul(L, q, v[1]));
+  tpu_lower_out(L, sp_sel(L, z, tpu_k(L, g, 0), r));
+}
+
+/* frexp(x) = (mantissa in [0.5, 1) with x's sign, int32 exponent), read
+ * from the bits with integer ops only (the CPU compiler flushes subnormal
+ * floats to zero in arithmetic); subnormals are normalised with clz; 0, inf
+ * and NaN give (x, 0). */
+void tpu_emit_frexp(tpu_lower *L) {
+  tpu_dtype dt = sp_arg_dtype(L, 0);
+  if (!tpu_dtype_is_float(dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.frexp() only supports floating-point dtypes");
+    return;
+  }
+  bool wide = dt == TPU_F64;
+  tpu_dtype ft = wide ? TPU_F64 : TPU_F32, it = wide ? TPU_S64 : TPU_S32;
+  int nbits = wide ? 64 : 32, mbits = wide ? 52 : 23;
+  int64_t emask = wide ? 0x7ff : 0xff, half = wide ? 1022 : 126;
+  tpu_hv x = tpu_hlo_convert(H, tpu_lower_tensor(L, 0, -1), ft);
+  tpu_hv bits = tpu_hlo_bitcast_convert(H, x, it);
+  const tpu_hlo_type *bt = T(L, bits);
+  tpu_hv sh = tpu_k(L, bits, mbits);
+  tpu_hv mfield_mask = tpu_lower_broadcast_to(L, tpu_hlo_constant_int(H, it, ((int64_t)1 << mbits) - 1), bt->rank, bt->dims);
+  tpu_hv sign_mask = tpu_lower_broadcast_to(L, tpu_hlo_constant_int(H, it, (int64_t)((uint64_t)1 << (nbits - 1))), bt->rank, bt->dims);
+  tpu_hv bexp = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_binary(H, TPU_HLO_SHR_L, bits, sh), tpu_k(L, bits, (double)emask));
+  tpu_hv frac = tpu_hlo_binary(H, TPU_HLO_AND, bits, mfield_mask);
+  tpu_hv sign = tpu_hlo_binary(H, TPU_HLO_AND, bits, sign_mask);
+  /* subnormal: leading bit at p = nbits - 1 - clz(frac); value 2^(p - bias - mbits + 1) */
+  tpu_hv p = tpu_sub(L, tpu_k(L, bits, nbits - 1), sp_un(L, TPU_HLO_CLZ, frac));
+  tpu_hv sub_e = sp_addk(L, p, -(double)(half + mbits - 1));
+  tpu_hv shift = tpu_sub(L, tpu_k(L, bits, mbits), p);
+  tpu_hv sub_frac = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_binary(H, TPU_HLO_SHL, frac, shift), mfield_mask);
+  tpu_hv is_sub = sp_cmpk(L, TPU_HLO_EQ, bexp, 0);
+  tpu_hv e = sp_sel(L, is_sub, sub_e, tpu_sub(L, bexp, tpu_k(L, bits, (double)half)));
+  frac = sp_sel(L, is_sub, sub_frac, frac);
+  tpu_hv mb = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_binary(H, TPU_HLO_OR, sign, frac),
+                             tpu_hlo_binary(H, TPU_HLO_SHL, tpu_k(L, bits, (double)half), sh));
+  tpu_hv m = tpu_hlo_bitcast_convert(H, mb, ft);
+  /* zero from the fields: a masked-bits compare can be turned back into a
+   * float compare, which would count subnormals as zero */
+  tpu_hv zero = sp_and(L, is_sub, sp_cmpk(L, TPU_HLO_EQ, tpu_hlo_binary(H, TPU_HLO_AND, bits, mfield_mask), 0));
+  tpu_hv special = sp_or(L, zero, sp_cmpk(L, TPU_HLO_EQ, bexp, (double)emask));
+  m = sp_sel(L, special, x, m);
+  e = sp_sel(L, special, tpu_k(L, e, 0), e);
+  tpu_lower_out(L, tpu_hlo_convert(H, m, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, e, TPU_S32));
+}
+
+/* ---- regularized incomplete gamma ------------------------------------------------------ */
+
+/* P(a, x) (lower, upper = false) or Q(a, x). Below x < a + 1 the series
+ * P = x^a e^-x / Gamma(a + 1) * sum_k x^k / ((a+1)...(a+k)); above, the
+ * continued fraction for Q by the modified Lentz method. Both run in one
+ * stablehlo.while of SP_IG_ITERS steps (enough for f32 for a up to about
+ * 1e3), each element taking the branch it needs; Q = 1 - P or P = 1 - Q for
+ * the other half. torch's edge cases (a or x negative, zero or infinite)
+ * are selected after. */
+#define SP_IG_ITERS 200
+static tpu_hv sp_igamma(tpu_lower *L, tpu_hv a, tpu_hv x, bool upper) {
+  const tpu_hlo_type *t = T(L, a);
+  tpu_hlo_type st = tpu_hlo_type_make(t->dtype, 0, NULL);
+  double tiny = t->dtype == TPU_F64 ? 1e-300 : 1e-30;
+  tpu_hv b0 = tpu_sub(L, sp_addk(L, x, 1), a);
+  /* state: i, a, x, sum, term, b, c, d, h */
+  tpu_hlo_type types[9] = {st, *t, *t, *t, *t, *t, *t, *t, *t};
+  tpu_hv d0 = sp_div(L, tpu_k(L, x, 1), b0);
+  tpu_hv init[9] = {tpu_hlo_constant(H, t->dtype, 1.0), a, x, tpu_k(L, x, 1), tpu_k(L, x, 1), b0, tpu_k(L, x, 1.0 / tiny), d0, d0};
+  tpu_hv s[9];
+  tpu_hlo_region_begin(H, types, 9, s);
+  tpu_hv c = sp_cmpk(L, TPU_HLO_LE, s[0], SP_IG_ITERS);
+  int cond = tpu_hlo_region_end(H, &c, 1);
+  tpu_hlo_region_begin(H, types, 9, s);
+  tpu_hv i = tpu_lower_broadcast_to(L, s[0], t->rank, t->dims);
+  tpu_hv sa = s[1], sx = s[2];
+  tpu_hv term = tpu_mul(L, s[4], sp_div(L, sx, tpu_add(L, sa, i)));
+  tpu_hv sum = tpu_add(L, s[3], term);
+  tpu_hv an = tpu_mul(L, sp_un(L, TPU_HLO_NEG, i), tpu_sub(L, i, sa));
+  tpu_hv b = sp_addk(L, s[5], 2);
+  tpu_hv d = tpu_add(L, tpu_mul(L, an, s[7]), b);
+  d = sp_sel(L, sp_cmpk(L, TPU_HLO_LT, sp_un(L, TPU_HLO_ABS, d), tiny), tpu_k(L, d, tiny), d);
+  tpu_hv cc = tpu_add(L, b, sp_div(L, an, s[6]));
+  cc = sp_sel(L, sp_cmpk(L, TPU_HLO_LT, sp_un(L, TPU_HLO_ABS, cc), tiny), tpu_k(L, cc, tiny), cc);
+  d = sp_div(L, tpu_k(L, d, 1), d);
+  tpu_hv h = tpu_mul(L, s[8], tpu_mul(L, d, cc));
+  tpu_hv next[9] = {tpu_add(L, s[0], tpu_hlo_constant(H, t->dtype, 1.0)), sa, sx, sum, term, b, cc, d, h};
+  int body = tpu_hlo_region_end(H, next, 9);
+  tpu_hv outs[9];
+  int regions[2] = {cond, body};
+  if (!tpu_hlo_emit(H, "stablehlo.while", init, 9, regions, 2, NULL, types, 9, outs)) return TPU_HV_NONE;
+  tpu_hv alogx_x = tpu_sub(L, tpu_mul(L, a, sp_un(L, TPU_HLO_LOG, x)), x);
+  tpu_hv lga = sp_chlo(L, "chlo.lgamma", &a, 1);
+  tpu_hv a1 = sp_addk(L, a, 1);
+  tpu_hv lga1 = sp_chlo(L, "chlo.lgamma", &a1, 1);
+  tpu_hv p_ser = tpu_mul(L, sp_un(L, TPU_HLO_EXP, tpu_sub(L, alogx_x, lga1)), outs[3]);
+  tpu_hv q_cf = tpu_mul(L, sp_un(L, TPU_HLO_EXP, tpu_sub(L, alogx_x, lga)), outs[8]);
+  tpu_hv use_ser = sp_cmp(L, TPU_HLO_LT, x, a1);
+  tpu_hv one = tpu_k(L, x, 1), zero = tpu_k(L, x, 0), nan = tpu_k(L, x, NAN);
+  tpu_hv r = upper ? sp_sel(L, use_ser, tpu_sub(L, one, p_ser), q_cf) : sp_sel(L, use_ser, p_ser, tpu_sub(L, one, q_cf));
+  /* edge cases, lowest priority first */
+  tpu_hv x_inf = sp_cmpk(L, TPU_HLO_EQ, x, INFINITY), a_inf = sp_cmpk(L, TPU_HLO_EQ, a, INFINITY);
+  tpu_hv x0 = sp_cmpk(L, TPU_HLO_EQ, x, 0), a0 = sp_cmpk(L, TPU_HLO_EQ, a, 0);
+  r = sp_sel(L, x_inf, upper ? zero : one, r);
+  r = sp_sel(L, a_inf, sp_sel(L, x_inf, nan, upper ? one : zero), r);
+  r = sp_sel(L, x0, upper ? one : zero, r);
+  r = sp_sel(L, a0, sp_sel(L, sp_cmpk(L, TPU_HLO_GT, x, 0), upper ? zero : one, nan), r);
+  tpu_hv bad = sp_or(L, sp_cmpk(L, TPU_HLO_LT, a, 0), sp_cmpk(L, TPU_HLO_LT, x, 0));
+  bad = sp_or(L, bad, sp_or(L, sp_isnan(L, a), sp_isnan(L, x)));
+  return sp_sel(L, bad, nan, r);
+}
+static tpu_hv sp_igamma_lower(tpu_lower *L, tpu_hv a, tpu_hv x) { return sp_igamma(L, a, x, false); }
+static tpu_hv sp_igamma_upper(tpu_lower *L, tpu_hv a, tpu_hv x) { return sp_igamma(L, a, x, true); }
+void tpu_emit_igamma(tpu_lower *L) { sp_binary(L, sp_igamma_lower); }
+void tpu_emit_igammac(tpu_lower *L) { sp_binary(L, sp_igamma_upper); }
+
+/* ---- modified Bessel functions of the second kind ---------------------------------------- */
+
+/* e^x K_nu(x), nu = 0, 1, x > 0. Up to x = 2 the series (A&S 9.6.13, 9.6.11)
+ *   K0 = -(log(x/2) + gamma) I0(x) + sum H_k (x^2/4)^k / (k!)^2
+ *   K1 = 1/x + log(x/2) I1(x) - x/4 sum (psi(k+1) + psi(k+2)) (x^2/4)^k / (k! (k+1)!)
+ * lose at most a digit to cancellation. Above, the trapezoid rule on
+ * e^x K_nu(x) = int_0^inf exp(-x (cosh t - 1)) cosh(nu t) dt, which converges
+ * geometrically for this analytic, doubly-exponentially decaying integrand:
+ * a sum of exponentials with constant rates. */
+#define SP_EULER 0.57721566490153286061
+static tpu_hv sp_ke(tpu_lower *L, tpu_hv x, int nu) {
+  /* series on x clamped into (0, 2] */
+  tpu_hv xs = tpu_hlo_clamp(H, tpu_k(L, x, 1e-30), x, tpu_k(L, x, 2.0));
+  tpu_hv q = sp_mulk(L, tpu_mul(L, xs, xs), 0.25);
+  tpu_hv lg = sp_un(L, TPU_HLO_LOG, sp_mulk(L, xs, 0.5));
+  double c[20];
+  double fk = 1.0, hk = 0.0; /* k!, H_k */
+  for (int k = 0; k < 20; k++) {
+    if (k) {
+      fk *= k;
+      hk += 1.0 / k;
+    }
+    if (nu == 0) {
+      c[k] = (hk - SP_EULER) / (fk * fk);
+    } else {
+      double psi1 = hk - SP_EULER, psi2 = hk + 1.0 / (k + 1) - SP_EULER;
+      c[k] = (psi1 + psi2) / (fk * fk * (k + 1));
+    }
+  }
+  tpu_hv sum = sp_poly(L, q, c, 20);
+  tpu_hv ser;
+  tpu_hv ix = tpu_mul(L, sp_ie(L, xs, nu), sp_un(L, TPU_HLO_EXP, xs));
+  if (nu == 0) {
+    ser = tpu_add(L, tpu_mul(L, sp_un(L, TPU_HLO_NEG, lg), ix), sum);
+  } else {
+    ser = tpu_add(L, sp_div(L, tpu_k(L, xs, 1), xs), tpu_mul(L, lg, ix));
+    ser = tpu_sub(L, ser, tpu_mul(L, sp_mulk(L, xs, 0.25), sum));
+  }
+  ser = tpu_mul(L, ser, sp_un(L, TPU_HLO_EXP, xs));
+  /* quadrature on x clamped from below */
+  tpu_hv xl = tpu_hlo_binary(H, TPU_HLO_MAX, x, tpu_k(L, x, 2.0));
+  tpu_hv nxl = sp_un(L, TPU_HLO_NEG, xl);
+  const double h = 0.125;
+  tpu_hv acc = tpu_k(L, x, 0);
+  for (int j = 0; j <= 56; j++) {
+    double t = j * h, s = sinh(t / 2);
+    double rate = 2 * s * s, w = h * (j ? 1.0 : 0.5) * (nu ? cosh(t) : 1.0);
+    acc = tpu_add(L, acc, sp_mulk(L, sp_un(L, TPU_HLO_EXP, sp_mulk(L, nxl, rate)), w));
+  }
+  tpu_hv r = sp_sel(L, sp_cmpk(L, TPU_HLO_LE, x, 2.0), ser, acc);
+  r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), tpu_k(L, x, INFINITY), r);
+  r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, INFINITY), tpu_k(L, x, 0), r);
+  return sp_sel(L, sp_or(L, sp_cmpk(L, TPU_HLO_LT, x, 0), sp_isnan(L, x)), tpu_k(L, x, NAN), r);
+}
+static tpu_hv sp_k0e(tpu_lower *L, tpu_hv x) { return sp_ke(L, x, 0); }
+static tpu_hv sp_k1e(tpu_lower *L, tpu_hv x) { return sp_ke(L, x, 1); }
+static tpu_hv sp_k0(tpu_lower *L, tpu_hv x) {
+  tpu_hv r = tpu_mul(L, sp_ke(L, x, 0), sp_un(L, TPU_HLO_EXP, sp_un(L, TPU_HLO_NEG, x)));
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), tpu_k(L, x, INFINITY), r);
+}
+static tpu_hv sp_k1(tpu_lower *L, tpu_hv x) {
+  tpu_hv r = tpu_mul(L, sp_ke(L, x, 1), sp_un(L, TPU_HLO_EXP, sp_un(L, TPU_HLO_NEG, x)));
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), tpu_k(L, x, INFINITY), r);
+}
+void tpu_emit_special_modified_bessel_k0(tpu_lower *L) { sp_unary_at(L, 0, sp_k0); }
+void tpu_emit_special_modified_bessel_k1(tpu_lower *L) { sp_unary_at(L, 0, sp_k1); }
+void tpu_emit_special_scaled_modified_bessel_k0(tpu_lower *L) { sp_unary_at(L, 0, sp_k0e); }
+void tpu_emit_special_scaled_modified_bessel_k1(tpu_lower *L) { sp_unary_at(L, 0, sp_k1e); }
+
+/* ---- Bessel functions of the first kind ----------------------------------------------- */
+
+/* J_n(x), n = 0, 1. Up to |x| = 40 Bessel's integral
+ * J_n(x) = 1/(2 pi) int_0^{2 pi} cos(n t - x sin t) dt by the trapezoid rule
+ * on 64 nodes: the integrand is periodic and entire, so the error is of the
+ * order of J_64(x), below f32 rounding there. Above, Hankel's asymptotic
+ * expansion J_n ~ sqrt(2/(pi x)) (P cos chi - Q sin chi), chi = x - (n/2 + 1/4) pi. */
+#define SP_J_SWITCH 40.0
+#define SP_J_NODES 64
+static tpu_hv sp_jn(tpu_lower *L, tpu_hv x, int nu) {
+  tpu_hv xs = tpu_hlo_clamp(H, tpu_k(L, x, -SP_J_SWITCH), x, tpu_k(L, x, SP_J_SWITCH));
+  tpu_hv acc = tpu_k(L, x, 0);
+  for (int j = 0; j < SP_J_NODES; j++) {
+    double t = 2 * SP_PI * j / SP_J_NODES;
+    tpu_hv arg = sp_addk(L, sp_mulk(L, xs, -sin(t)), nu * t);
+    acc = tpu_add(L, acc, sp_un(L, TPU_HLO_COS, arg));
+  }
+  tpu_hv quad = sp_mulk(L, acc, 1.0 / SP_J_NODES);
+  /* asymptotic on |x| clamped from below; J_1 is odd */
+  tpu_hv ax = sp_un(L, TPU_HLO_ABS, x);
+  tpu_hv xl = tpu_hlo_binary(H, TPU_HLO_MAX, ax, tpu_k(L, ax, SP_J_SWITCH));
+  tpu_hv inv = sp_div(L, tpu_k(L, xl, 1), xl), inv2 = tpu_mul(L, inv, inv);
+  double mu = 4.0 * nu * nu;
+  double p[3] = {1.0, -(mu - 1) * (mu - 9) / (2.0 * 64), (mu - 1) * (mu - 9) * (mu - 25) * (mu - 49) / (24.0 * 4096)};
+  double q[3] = {(mu - 1) / 8.0, -(mu - 1) * (mu - 9) * (mu - 25) / (6.0 * 512),
+                 (mu - 1) * (mu - 9) * (mu - 25) * (mu - 49) * (mu - 81) / (120.0 * 32768)};
+  tpu_hv P = sp_poly(L, inv2, p, 3), Q = tpu_mul(L, sp_poly(L, inv2, q, 3), inv);
+  tpu_hv chi = sp_addk(L, xl, -(nu * 0.5 + 0.25) * SP_PI);
+  tpu_hv asy = tpu_sub(L, tpu_mul(L, P, sp_un(L, TPU_HLO_COS, chi)), tpu_mul(L, Q, sp_un(L, TPU_HLO_SIN, chi)));
+  asy = tpu_mul(L, asy, sp_un(L, TPU_HLO_SQRT, sp_mulk(L, inv, 2.0 / SP_PI)));
+  if (nu) asy = sp_sel(L, sp_cmpk(L, TPU_HLO_LT, x, 0), sp_un(L, TPU_HLO_NEG, asy), asy);
+  /* +-inf: NaN from cos(inf), as torch */
+  return sp_sel(L, sp_cmpk(L, TPU_HLO_LE, ax, SP_J_SWITCH), quad, asy);
+}
+static tpu_hv sp_j0(tpu_lower *L, tpu_hv x) { return sp_jn(L, x, 0); }
+static tpu_hv sp_j1(tpu_lower *L, tpu_hv x) { return sp_jn(L, x, 1); }
+void tpu_emit_special_bessel_j0(tpu_lower *L) { sp_unary_at(L, 0, sp_j0); }
+void tpu_emit_special_bessel_j1(tpu_lower *L) { sp_unary_at(L, 0, sp_j1); }

@@ -750,6 +750,7 @@ static void test_float_rounding(void) {
       tpu_hlo_constant(m, TPU_F32, 3.4028235e38),          /* FLT_MAX itself */
       tpu_hlo_constant(m, TPU_S32, 1e30),                  /* saturates, then wraps like a cast */
       tpu_hlo_constant(m, TPU_U64, 1.8e19),
+      tpu_hlo_constant(m, TPU_F32, 1e-30),                 /* MLIR needs the '.': 1.0e-30 */
   };
   enum { N = sizeof c / sizeof c[0] };
   char *text = finish(m, c, N, "rounding");
@@ -764,6 +765,7 @@ static void test_float_rounding(void) {
       KONST(6, "3.40282347e+38", "f32"),
       KONST(7, "-1", "i32"),
       KONST(8, "18000000000000000000", "ui64"),
+      KONST(9, "1.0e-30", "f32"),
   };
   for (int i = 0; i < N; i++) CHECK(strstr(text, want[i]) != NULL, "rounding: missing %s in\n%s", want[i], text);
   free(text);
