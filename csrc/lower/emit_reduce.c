@@ -25,6 +25,14 @@ static int64_t tpu_numel_of(const tpu_hlo_type *t, const int64_t *dims, int n) {
   return c;
 }
 
+/* The accumulator of torch's CPU scans (at::acc_type<T, false>): double for
+ * float, float for half types; scans round only their outputs. */
+static tpu_dtype tpu_scan_acc(tpu_dtype dt) {
+  if (dt == TPU_F32) return TPU_F64;
+  if (dt == TPU_C64) return TPU_C128;
+  return tpu_acc_type(dt);
+}
+
 /* A region (a, b) -> op(a, b) on scalars of dt. */
 static int tpu_binop_region(tpu_lower *L, tpu_dtype dt, tpu_hlo_op op) {
   tpu_hlo_type st[2] = {tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(dt, 0, NULL)};
@@ -270,8 +278,8 @@ void tpu_emit_trace(tpu_lower *L) {
 /* cumsum.out / cumprod.out (self, dim, *, dtype) */
 static void tpu_emit_cum(tpu_lower *L, tpu_hlo_op op) {
   tpu_tref *t = &L->args[0].t;
-  tpu_dtype dt = tpu_sum_dtype(L, 2), acc = tpu_acc_type(dt);
-  tpu_hv x = tpu_lower_input(L, 0, acc);
+  tpu_dtype dt = tpu_sum_dtype(L, 2), acc = tpu_scan_acc(dt);
+  tpu_hv x = tpu_hlo_convert(H, tpu_lower_input(L, 0, dt), acc);
   if (t->rank == 0) {
     tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
     return;
@@ -289,7 +297,7 @@ void tpu_emit_cumprod(tpu_lower *L) { tpu_emit_cum(L, TPU_HLO_MUL); }
 /* _logcumsumexp(self, dim) */
 void tpu_emit_logcumsumexp(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt);
+  tpu_dtype dt = t->dtype, acc = tpu_scan_acc(dt);
   tpu_hv x = tpu_lower_input(L, 0, acc);
   if (t->rank == 0) {
     tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
