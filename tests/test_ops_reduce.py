@@ -196,6 +196,12 @@ def test_histc_equal():
     for args in [(10, 0, 0), (7, -1, 1), (3, 2, 5)]:
         close(torch.histc(x.to("tpu"), *args), torch.histc(x, *args))
     close(torch.histc(torch.full((3,), 2.0).to("tpu"), 4), torch.histc(torch.full((3,), 2.0), 4))
+    w = make((20,), seed=4).abs()
+    for kw in [dict(bins=5), dict(bins=7, range=(-1.0, 1.0)), dict(bins=4, weight=w, density=True)]:
+        want = torch.histogram(x, **kw)
+        got = torch.histogram(x.to("tpu"), **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+        close(got.hist, want.hist)
+        close(got.bin_edges, want.bin_edges)
     assert torch.equal(x.to("tpu"), x.clone().to("tpu"))
     assert not torch.equal(x.to("tpu"), (x + 1).to("tpu"))
     with pytest.raises(RuntimeError):
