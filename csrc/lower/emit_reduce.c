@@ -802,6 +802,50 @@ void tpu_emit_mode(tpu_lower *L) {
   tpu_lower_out(L, tpu_keepdim(L, idx, &xt, mask, keep));
 }
 
+/* The histogram of x ([N], type dt) over the ascending edges ([bins + 1]):
+ * an element's bin is the number of edges <= it, less one (the last edge
+ * belongs to the last bin); elements outside the edges count nowhere.
+ * Weighted by argument w_arg when has_w; density divides by the total and
+ * the bin widths. */
+static tpu_hv tpu_hist_count(tpu_lower *L, tpu_hv x, int64_t N, tpu_hv edges, int64_t bins, bool has_w, int w_arg,
+                             bool density) {
+  tpu_dtype dt = T(L, x)->dtype;
+  int64_t b0 = 0, ne = bins + 1;
+  tpu_hlo_type ht = tpu_hlo_type_make(dt, 1, &bins);
+  tpu_hv hist;
+  if (N == 0) {
+    hist = tpu_lower_full(L, ht, 0);
+  } else {
+    int64_t b1 = 1, nn[2] = {N, ne};
+    tpu_hv xb = tpu_hlo_broadcast_in_dim(H, x, 2, nn, &b0), eb = tpu_hlo_broadcast_in_dim(H, edges, 2, nn, &b1);
+    tpu_hv pos = tpu_sub(L, tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_GE, xb, eb), TPU_S64), &b1, 1),
+                         tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, 1), 1, &N, NULL));
+    int64_t zero = 0, last = bins;
+    tpu_hv e0 = tpu_hlo_reshape(H, tpu_hlo_slice(H, edges, &zero, (int64_t[]){1}, (int64_t[]){1}), 0, NULL);
+    tpu_hv eN = tpu_hlo_reshape(H, tpu_hlo_slice(H, edges, &last, &ne, (int64_t[]){1}), 0, NULL);
+    tpu_hv in = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, x, tpu_hlo_broadcast_in_dim(H, e0, 1, &N, NULL)),
+                               tpu_hlo_compare(H, TPU_HLO_LE, x, tpu_hlo_broadcast_in_dim(H, eN, 1, &N, NULL)));
+    pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GE, pos, tpu_k(L, pos, (double)bins)), tpu_k(L, pos, (double)(bins - 1)), pos);
+    pos = tpu_hlo_select(H, in, pos, tpu_k(L, pos, -1));
+    int64_t nb[2] = {N, bins};
+    tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_broadcast_in_dim(H, pos, 2, nb, &b0),
+                                 tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nb), 1));
+    tpu_dtype acc = tpu_acc_type(dt);
+    tpu_hv w = has_w ? tpu_hlo_convert(H, tpu_hlo_reshape(H, tpu_lower_tensor(L, w_arg, -1), 1, &N), acc)
+                     : tpu_lower_full(L, tpu_hlo_type_make(acc, 1, &N), 1);
+    tpu_hv wb = tpu_hlo_broadcast_in_dim(H, w, 2, nb, &b0);
+    hist = tpu_hlo_convert(H, tpu_reduce_sum(L, tpu_hlo_select(H, hit, wb, tpu_k(L, wb, 0)), &b0, 1), dt);
+  }
+  if (density) {
+    tpu_hv s = tpu_reduce_sum(L, hist, &b0, 1);
+    hist = tpu_hlo_binary(H, TPU_HLO_DIV, hist, tpu_hlo_broadcast_in_dim(H, s, 1, &bins, NULL));
+    int64_t one = 1, z = 0, s1 = 1;
+    tpu_hv width = tpu_sub(L, tpu_hlo_slice(H, edges, &one, &ne, &s1), tpu_hlo_slice(H, edges, &z, &bins, &s1));
+    hist = tpu_hlo_binary(H, TPU_HLO_DIV, hist, width);
+  }
+  return hist;
+}
+
 /* histogram.bin_ct(self, bins=100, *, range=None, weight=None, density=False)
  * -> (hist, bin_edges). The edges are torch's linspace of the range (the
  * data's when none is given), built from both ends as torch's kernel does;
@@ -851,11 +895,11 @@ void tpu_emit_histogram_bin_ct(tpu_lower *L) {
     hi = tpu_reduce_extreme(L, x, &b0, 1, true);
   }
   tpu_hv same = tpu_hlo_compare(H, TPU_HLO_EQ, lo, hi);
-  lo = tpu_hlo_select(H, same, tpu_sub(L, lo, tpu_lower_full(L, st, 1)), lo);
-  hi = tpu_hlo_select(H, same, tpu_add(L, hi, tpu_lower_full(L, st, 1)), hi);
+  /* a single point widens by half a unit each way (histc widens by one) */
+  lo = tpu_hlo_select(H, same, tpu_sub(L, lo, tpu_lower_full(L, st, 0.5)), lo);
+  hi = tpu_hlo_select(H, same, tpu_add(L, hi, tpu_lower_full(L, st, 0.5)), hi);
   /* edges: lo + step * i for the first half, hi - step * (bins - i) after */
   int64_t ne = bins + 1;
-  tpu_hlo_type et = tpu_hlo_type_make(dt, 1, &ne);
   tpu_hv step = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_sub(L, hi, lo), tpu_lower_full(L, st, (double)bins));
   tpu_hv ii = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &ne), 0);
   tpu_hv fi = tpu_hlo_convert(H, ii, dt), fr = tpu_hlo_convert(H, tpu_sub(L, tpu_k(L, ii, (double)bins), ii), dt);
@@ -863,39 +907,33 @@ void tpu_emit_histogram_bin_ct(tpu_lower *L) {
   tpu_hv first = tpu_add(L, tpu_hlo_broadcast_in_dim(H, lo, 1, &ne, NULL), tpu_mul(L, stepb, fi));
   tpu_hv second = tpu_sub(L, tpu_hlo_broadcast_in_dim(H, hi, 1, &ne, NULL), tpu_mul(L, stepb, fr));
   tpu_hv edges = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, ii, tpu_k(L, ii, (double)(ne / 2))), first, second);
-  tpu_hlo_type ht = tpu_hlo_type_make(dt, 1, &bins);
-  (void)et;
-  tpu_hv hist;
-  if (N == 0) {
-    hist = tpu_lower_full(L, ht, 0);
+  tpu_lower_out(L, tpu_hist_count(L, x, N, edges, bins, has_w, 3, density));
+  tpu_lower_out(L, edges);
+}
+
+/* histogram.bins_tensor(self, bins, *, weight=None, density=False) -> (hist, bin_edges) */
+void tpu_emit_histogram_bins_tensor(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t, *e = &L->args[1].t;
+  tpu_dtype dt = t->dtype;
+  if (!tpu_dtype_is_float(dt) || e->dtype != dt || e->rank != 1 || e->sizes[0] < 1) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogram(): bins tensor should have one dimension and the same dtype "
+                   "as the floating point input, got %s bins for %s input", tpu_dtype_name(e->dtype), tpu_dtype_name(dt));
+    return;
+  }
+  bool has_w = tpu_has(L, 2, TPU_ARG_TENSOR);
+  if (has_w && L->args[2].t.dtype != dt) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogram: if weight tensor is provided, it should have the same shape "
+                   "and dtype as the input tensor");
+    return;
+  }
+  int64_t N = 1, bins = e->sizes[0] - 1;
+  for (int k = 0; k < t->rank; k++) N *= t->sizes[k];
+  tpu_hv edges = tpu_lower_tensor(L, 1, -1);
+  if (bins == 0 || N == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &bins), 0));
   } else {
-    int64_t b1 = 1, nn[2] = {N, ne};
-    tpu_hv xb = tpu_hlo_broadcast_in_dim(H, x, 2, nn, &b0), eb = tpu_hlo_broadcast_in_dim(H, edges, 2, nn, &b1);
-    tpu_hv pos = tpu_sub(L, tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_GE, xb, eb), TPU_S64), &b1, 1),
-                         tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, 1), 1, &N, NULL));
-    int64_t zero = 0, last = bins;
-    tpu_hv e0 = tpu_hlo_reshape(H, tpu_hlo_slice(H, edges, &zero, (int64_t[]){1}, (int64_t[]){1}), 0, NULL);
-    tpu_hv eN = tpu_hlo_reshape(H, tpu_hlo_slice(H, edges, &last, &ne, (int64_t[]){1}), 0, NULL);
-    tpu_hv in = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, x, tpu_hlo_broadcast_in_dim(H, e0, 1, &N, NULL)),
-                               tpu_hlo_compare(H, TPU_HLO_LE, x, tpu_hlo_broadcast_in_dim(H, eN, 1, &N, NULL)));
-    pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GE, pos, tpu_k(L, pos, (double)bins)), tpu_k(L, pos, (double)(bins - 1)), pos);
-    pos = tpu_hlo_select(H, in, pos, tpu_k(L, pos, -1));
-    int64_t nb[2] = {N, bins};
-    tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_broadcast_in_dim(H, pos, 2, nb, &b0),
-                                 tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nb), 1));
-    tpu_dtype acc = tpu_acc_type(dt);
-    tpu_hv w = has_w ? tpu_hlo_convert(H, tpu_hlo_reshape(H, tpu_lower_tensor(L, 3, -1), 1, &N), acc)
-                     : tpu_lower_full(L, tpu_hlo_type_make(acc, 1, &N), 1);
-    tpu_hv wb = tpu_hlo_broadcast_in_dim(H, w, 2, nb, &b0);
-    hist = tpu_hlo_convert(H, tpu_reduce_sum(L, tpu_hlo_select(H, hit, wb, tpu_k(L, wb, 0)), &b0, 1), dt);
+    tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &N);
+    tpu_lower_out(L, tpu_hist_count(L, x, N, edges, bins, has_w, 2, tpu_arg_bool(L, 3)));
   }
-  if (density) {
-    tpu_hv s = tpu_reduce_sum(L, hist, &b0, 1);
-    hist = tpu_hlo_binary(H, TPU_HLO_DIV, hist, tpu_hlo_broadcast_in_dim(H, s, 1, &bins, NULL));
-    int64_t one = 1, z = 0, s1 = 1;
-    tpu_hv width = tpu_sub(L, tpu_hlo_slice(H, edges, &one, &ne, &s1), tpu_hlo_slice(H, edges, &z, &bins, &s1));
-    hist = tpu_hlo_binary(H, TPU_HLO_DIV, hist, width);
-  }
-  tpu_lower_out(L, hist);
   tpu_lower_out(L, edges);
 }
