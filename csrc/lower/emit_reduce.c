@@ -25,6 +25,14 @@ static int64_t tpu_numel_of(const tpu_hlo_type *t, const int64_t *dims, int n) {
   return c;
 }
 
+/* The accumulator of torch's CPU scans (at::acc_type<T, false>): double for
+ * float, float for half types; scans round only their outputs. */
+static tpu_dtype tpu_scan_acc(tpu_dtype dt) {
+  if (dt == TPU_F32) return TPU_F64;
+  if (dt == TPU_C64) return TPU_C128;
+  return tpu_acc_type(dt);
+}
+
 /* A region (a, b) -> op(a, b) on scalars of dt. */
 static int tpu_binop_region(tpu_lower *L, tpu_dtype dt, tpu_hlo_op op) {
   tpu_hlo_type st[2] = {tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(dt, 0, NULL)};
@@ -149,6 +157,17 @@ static double tpu_scalar_value(const tpu_arg *a, double dflt) {
   return dflt;
 }
 
+/* The p-norm over dims of x, which holds absolute values in a float type. */
+static tpu_hv tpu_pnorm(tpu_lower *L, tpu_hv x, double p, const int64_t *dims, int n) {
+  tpu_dtype acc = T(L, x)->dtype;
+  if (isinf(p)) return tpu_reduce_extreme(L, x, dims, n, p > 0);
+  if (p == 0) return tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_NE, x, tpu_k(L, x, 0)), acc), dims, n);
+  if (p == 1) return tpu_reduce_sum(L, x, dims, n);
+  if (p == 2) return tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_reduce_sum(L, tpu_mul(L, x, x), dims, n));
+  tpu_hv s = tpu_reduce_sum(L, tpu_hlo_binary(H, TPU_HLO_POW, x, tpu_k(L, x, p)), dims, n);
+  return tpu_hlo_binary(H, TPU_HLO_POW, s, tpu_k(L, s, 1.0 / p));
+}
+
 /* linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None) and
  * norm.out / norm.dtype_out (self, p, dim, keepdim[, dtype]): the same layout.
  * The order shapes the program (rows flagged TPU_OP_SCALAR_ATTRS). */
@@ -175,19 +194,7 @@ void tpu_emit_vector_norm(tpu_lower *L) {
                    "operation does not have an identity", p);
     return;
   }
-  tpu_hv r;
-  if (isinf(p)) {
-    r = tpu_reduce_extreme(L, x, dims, n, p > 0);
-  } else if (p == 0) {
-    r = tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_NE, x, tpu_k(L, x, 0)), acc), dims, n);
-  } else if (p == 1) {
-    r = tpu_reduce_sum(L, x, dims, n);
-  } else if (p == 2) {
-    r = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_reduce_sum(L, tpu_mul(L, x, x), dims, n));
-  } else {
-    tpu_hv s = tpu_reduce_sum(L, tpu_hlo_binary(H, TPU_HLO_POW, x, tpu_k(L, x, p)), dims, n);
-    r = tpu_hlo_binary(H, TPU_HLO_POW, s, tpu_k(L, s, 1.0 / p));
-  }
+  tpu_hv r = tpu_pnorm(L, x, p, dims, n);
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 3)), dt));
 }
 
@@ -255,8 +262,8 @@ void tpu_emit_trace(tpu_lower *L) {
 /* cumsum.out / cumprod.out (self, dim, *, dtype) */
 static void tpu_emit_cum(tpu_lower *L, tpu_hlo_op op) {
   tpu_tref *t = &L->args[0].t;
-  tpu_dtype dt = tpu_sum_dtype(L, 2), acc = tpu_acc_type(dt);
-  tpu_hv x = tpu_lower_input(L, 0, acc);
+  tpu_dtype dt = tpu_sum_dtype(L, 2), acc = tpu_scan_acc(dt);
+  tpu_hv x = tpu_hlo_convert(H, tpu_lower_input(L, 0, dt), acc);
   if (t->rank == 0) {
     tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
     return;
@@ -274,7 +281,7 @@ void tpu_emit_cumprod(tpu_lower *L) { tpu_emit_cum(L, TPU_HLO_MUL); }
 /* _logcumsumexp(self, dim) */
 void tpu_emit_logcumsumexp(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt);
+  tpu_dtype dt = t->dtype, acc = tpu_scan_acc(dt);
   tpu_hv x = tpu_lower_input(L, 0, acc);
   if (t->rank == 0) {
     tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
@@ -623,3 +630,294 @@ void tpu_emit_searchsorted(tpu_lower *L) {
 
 /* bucketize.Tensor(self, boundaries, *, out_int32, right) */
 void tpu_emit_bucketize(tpu_lower *L) { tpu_searchsorted_impl(L, 1, 0, -1, tpu_arg_bool(L, 2), tpu_arg_bool(L, 3)); }
+
+/* ---- renorm, histc, mode --------------------------------------------------------------------------- */
+
+/* renorm.out(self, p, dim, maxnorm): each slice along dim whose p-norm (over
+ * the other dims) exceeds maxnorm is scaled by maxnorm / (norm + 1e-7). p and
+ * maxnorm are attributes (p shapes the program). The factor is rounded to
+ * the input's type before the product, as torch's kernel does. */
+void tpu_emit_renorm(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  double p = tpu_scalar_value(&L->args[1], 2.0), maxnorm = tpu_scalar_value(&L->args[3], 0.0);
+  if (!tpu_dtype_is_float(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "renorm: expected a floating point input, got %s", tpu_dtype_name(t->dtype));
+    return;
+  }
+  if (t->rank <= 1) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "renorm: input needs at least 2 dimensions, got %d dimensions", t->rank);
+    return;
+  }
+  if (!(p > 0)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "renorm: non-positive-norm not supported");
+    return;
+  }
+  if (!(maxnorm >= 0)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "renorm: expected maxnorm to be >= 0 but got %g", maxnorm);
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[2].i, t->rank);
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt);
+  tpu_hv x = tpu_lower_input(L, 0, acc);
+  tpu_hlo_type xt = *T(L, x);
+  int64_t dims[TPU_MAX_RANK];
+  int n = 0;
+  for (int k = 0; k < xt.rank; k++)
+    if (k != d) dims[n++] = k;
+  tpu_hv norm = tpu_pnorm(L, tpu_hlo_unary(H, TPU_HLO_ABS, x), p, dims, n);
+  tpu_hv mx = tpu_k(L, norm, maxnorm);
+  tpu_hv f = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GT, norm, mx),
+                            tpu_hlo_binary(H, TPU_HLO_DIV, mx, tpu_add(L, norm, tpu_k(L, norm, 1e-7))), tpu_k(L, norm, 1));
+  f = tpu_hlo_convert(H, tpu_hlo_convert(H, f, dt), acc);
+  tpu_hv fb = tpu_hlo_broadcast_in_dim(H, f, xt.rank, xt.dims, &d);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_mul(L, x, fb), dt));
+}
+
+/* histc(self, bins=100, min=0, max=0): counts of the elements in [min, max]
+ * over bins equal bins; min == max takes the data's range (widened by 1
+ * each way when that is a single point). The bin of an element is
+ * trunc((x - lo) * bins / (hi - lo)), the last edge going to the last bin,
+ * in the input's type as torch's kernel computes it. Counted with a one-hot
+ * compare against the bin numbers and a sum (min/max are attributes). */
+void tpu_emit_histc(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t bins = L->args[1].i;
+  double lo = tpu_scalar_value(&L->args[2], 0.0), hi = tpu_scalar_value(&L->args[3], 0.0);
+  if (!tpu_dtype_is_float(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"histogram_cpu\" not implemented for '%s'", tpu_dtype_name(t->dtype));
+    return;
+  }
+  if (bins <= 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histc(): bins must be > 0, but got %lld for dim 0", (long long)bins);
+    return;
+  }
+  if (lo > hi) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histc: max must be larger than min");
+    return;
+  }
+  if (!isfinite(lo) || !isfinite(hi)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histc: range of [%g, %g] is not finite", lo, hi);
+    return;
+  }
+  tpu_dtype dt = t->dtype;
+  int64_t N = 1;
+  for (int k = 0; k < t->rank; k++) N *= t->sizes[k];
+  tpu_hlo_type ht = tpu_hlo_type_make(dt, 1, &bins);
+  if (N == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, ht, 0));
+    return;
+  }
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &N);
+  tpu_hlo_type st = tpu_hlo_type_make(dt, 0, NULL);
+  tpu_hv vlo, vhi;
+  if (lo == hi) {
+    int64_t d0 = 0;
+    vlo = tpu_reduce_extreme(L, x, &d0, 1, false);
+    vhi = tpu_reduce_extreme(L, x, &d0, 1, true);
+    tpu_hv same = tpu_hlo_compare(H, TPU_HLO_EQ, vlo, vhi);
+    vlo = tpu_hlo_select(H, same, tpu_sub(L, vlo, tpu_lower_full(L, st, 1)), vlo);
+    vhi = tpu_hlo_select(H, same, tpu_add(L, vhi, tpu_lower_full(L, st, 1)), vhi);
+  } else {
+    vlo = tpu_lower_full(L, st, lo);
+    vhi = tpu_lower_full(L, st, hi);
+  }
+  int64_t b0 = 0;
+  tpu_hv blo = tpu_hlo_broadcast_in_dim(H, vlo, 1, &N, &b0), bhi = tpu_hlo_broadcast_in_dim(H, vhi, 1, &N, &b0);
+  tpu_hv in = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, x, blo), tpu_hlo_compare(H, TPU_HLO_LE, x, bhi));
+  tpu_hv q = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_mul(L, tpu_sub(L, x, blo), tpu_k(L, x, (double)bins)), tpu_sub(L, bhi, blo));
+  tpu_hv pos = tpu_hlo_convert(H, tpu_hlo_select(H, in, q, tpu_k(L, x, -1)), TPU_S64);
+  pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, pos, tpu_k(L, pos, (double)bins)), tpu_k(L, pos, (double)(bins - 1)), pos);
+  int64_t nb[2] = {N, bins};
+  tpu_hv posb = tpu_hlo_broadcast_in_dim(H, pos, 2, nb, &b0);
+  tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, posb, tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nb), 1));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, tpu_hlo_convert(H, hit, TPU_S64), &b0, 1), dt));
+}
+
+/* mode(self, dim=-1, keepdim=False) -> (values, indices): the most frequent
+ * value along dim (the smallest among equally frequent ones, as torch's
+ * sorted scan finds) and the last index holding it. Frequencies come from an
+ * n x n equality table along dim, which suits the short dims mode is used on. */
+void tpu_emit_mode(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (t->rank == 0) {
+    tpu_lower_out(L, x);
+    tpu_lower_out(L, tpu_hlo_constant_int(H, TPU_S64, 0));
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  if (t->sizes[d] == 0) {
+    tpu_lower_fail(L, TPU_ERR_INDEX, "mode(): Expected reduction dim %lld to have non-zero size.", (long long)d);
+    return;
+  }
+  tpu_dtype dt = t->dtype, cdt = dt == TPU_PRED ? TPU_U8 : dt;
+  x = tpu_hlo_convert(H, x, cdt);
+  tpu_hlo_type xt = *T(L, x);
+  /* the table: dims of x with a second copy of dim d inserted after it */
+  int64_t td[TPU_MAX_RANK + 1], bi[TPU_MAX_RANK], bj[TPU_MAX_RANK];
+  int r = xt.rank;
+  for (int k = 0, o = 0; k < r; k++) {
+    td[o] = xt.dims[k];
+    bi[k] = o;
+    bj[k] = k == d ? o + 1 : o;
+    o++;
+    if (k == d) td[o++] = xt.dims[k];
+  }
+  for (int k = (int)d + 1; k < r; k++) bj[k] = bi[k];
+  tpu_hv xi = tpu_hlo_broadcast_in_dim(H, x, r + 1, td, bi);
+  tpu_hv xj = tpu_hlo_broadcast_in_dim(H, x, r + 1, td, bj);
+  int64_t jd = d + 1;
+  tpu_hv cnt = tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_EQ, xi, xj), TPU_S64), &jd, 1);
+  tpu_hv maxc = tpu_reduce_extreme(L, cnt, &d, 1, true);
+  int64_t bd[TPU_MAX_RANK];
+  int nb = 0;
+  for (int k = 0; k < r; k++)
+    if (k != d) bd[nb++] = k;
+  tpu_hv cand = tpu_hlo_compare(H, TPU_HLO_EQ, cnt, tpu_hlo_broadcast_in_dim(H, maxc, r, xt.dims, bd));
+  tpu_hv big = tpu_hlo_broadcast_in_dim(H, tpu_init_value(L, cdt, false), r, xt.dims, NULL);
+  tpu_hv val = tpu_reduce_extreme(L, tpu_hlo_select(H, cand, x, big), &d, 1, false);
+  tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, x, tpu_hlo_broadcast_in_dim(H, val, r, xt.dims, bd));
+  tpu_hv iota = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, xt.dims), (int)d);
+  tpu_hv idx = tpu_reduce_extreme(L, tpu_hlo_select(H, hit, iota, tpu_k(L, iota, -1)), &d, 1, true);
+  bool mask[TPU_MAX_RANK] = {0};
+  mask[d] = true;
+  bool keep = tpu_arg_bool(L, 2);
+  tpu_lower_out(L, tpu_keepdim(L, tpu_hlo_convert(H, val, dt), &xt, mask, keep));
+  tpu_lower_out(L, tpu_keepdim(L, idx, &xt, mask, keep));
+}
+
+/* The histogram of x ([N], type dt) over the ascending edges ([bins + 1]):
+ * an element's bin is the number of edges <= it, less one (the last edge
+ * belongs to the last bin); elements outside the edges count nowhere.
+ * Weighted by argument w_arg when has_w; density divides by the total and
+ * the bin widths. */
+static tpu_hv tpu_hist_count(tpu_lower *L, tpu_hv x, int64_t N, tpu_hv edges, int64_t bins, bool has_w, int w_arg,
+                             bool density) {
+  tpu_dtype dt = T(L, x)->dtype;
+  int64_t b0 = 0, ne = bins + 1;
+  tpu_hlo_type ht = tpu_hlo_type_make(dt, 1, &bins);
+  tpu_hv hist;
+  if (N == 0) {
+    hist = tpu_lower_full(L, ht, 0);
+  } else {
+    int64_t b1 = 1, nn[2] = {N, ne};
+    tpu_hv xb = tpu_hlo_broadcast_in_dim(H, x, 2, nn, &b0), eb = tpu_hlo_broadcast_in_dim(H, edges, 2, nn, &b1);
+    tpu_hv pos = tpu_sub(L, tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_GE, xb, eb), TPU_S64), &b1, 1),
+                         tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, 1), 1, &N, NULL));
+    int64_t zero = 0, last = bins;
+    tpu_hv e0 = tpu_hlo_reshape(H, tpu_hlo_slice(H, edges, &zero, (int64_t[]){1}, (int64_t[]){1}), 0, NULL);
+    tpu_hv eN = tpu_hlo_reshape(H, tpu_hlo_slice(H, edges, &last, &ne, (int64_t[]){1}), 0, NULL);
+    tpu_hv in = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, x, tpu_hlo_broadcast_in_dim(H, e0, 1, &N, NULL)),
+                               tpu_hlo_compare(H, TPU_HLO_LE, x, tpu_hlo_broadcast_in_dim(H, eN, 1, &N, NULL)));
+    pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GE, pos, tpu_k(L, pos, (double)bins)), tpu_k(L, pos, (double)(bins - 1)), pos);
+    pos = tpu_hlo_select(H, in, pos, tpu_k(L, pos, -1));
+    int64_t nb[2] = {N, bins};
+    tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_broadcast_in_dim(H, pos, 2, nb, &b0),
+                                 tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nb), 1));
+    tpu_dtype acc = tpu_acc_type(dt);
+    tpu_hv w = has_w ? tpu_hlo_convert(H, tpu_hlo_reshape(H, tpu_lower_tensor(L, w_arg, -1), 1, &N), acc)
+                     : tpu_lower_full(L, tpu_hlo_type_make(acc, 1, &N), 1);
+    tpu_hv wb = tpu_hlo_broadcast_in_dim(H, w, 2, nb, &b0);
+    hist = tpu_hlo_convert(H, tpu_reduce_sum(L, tpu_hlo_select(H, hit, wb, tpu_k(L, wb, 0)), &b0, 1), dt);
+  }
+  if (density) {
+    tpu_hv s = tpu_reduce_sum(L, hist, &b0, 1);
+    hist = tpu_hlo_binary(H, TPU_HLO_DIV, hist, tpu_hlo_broadcast_in_dim(H, s, 1, &bins, NULL));
+    int64_t one = 1, z = 0, s1 = 1;
+    tpu_hv width = tpu_sub(L, tpu_hlo_slice(H, edges, &one, &ne, &s1), tpu_hlo_slice(H, edges, &z, &bins, &s1));
+    hist = tpu_hlo_binary(H, TPU_HLO_DIV, hist, width);
+  }
+  return hist;
+}
+
+/* histogram.bin_ct(self, bins=100, *, range=None, weight=None, density=False)
+ * -> (hist, bin_edges). The edges are torch's linspace of the range (the
+ * data's when none is given), built from both ends as torch's kernel does;
+ * an element's bin is the number of edges <= it, less one (the last edge
+ * belongs to the last bin), elements outside the edges count nowhere. */
+void tpu_emit_histogram_bin_ct(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t bins = L->args[1].i;
+  bool has_range = tpu_has(L, 2, TPU_ARG_FLOATS), has_w = tpu_has(L, 3, TPU_ARG_TENSOR), density = tpu_arg_bool(L, 4);
+  tpu_dtype dt = t->dtype;
+  if (!tpu_dtype_is_float(dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"histogram_cpu\" not implemented for '%s'", tpu_dtype_name(dt));
+    return;
+  }
+  if (bins <= 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogram(): bins must be > 0, but got %lld for dim 0", (long long)bins);
+    return;
+  }
+  if (has_range && (L->args[2].nints != 2 || !(L->args[2].floats[0] <= L->args[2].floats[1]))) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogram(): min should not exceed max, or range has the wrong length");
+    return;
+  }
+  int64_t N = 1;
+  for (int k = 0; k < t->rank; k++) N *= t->sizes[k];
+  if (has_w) {
+    tpu_tref *w = &L->args[3].t;
+    bool same = w->rank == t->rank && w->dtype == dt;
+    for (int k = 0; same && k < t->rank; k++) same = w->sizes[k] == t->sizes[k];
+    if (!same) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogram: if weight tensor is provided, it should have the same shape "
+                     "and dtype as the input tensor");
+      return;
+    }
+  }
+  tpu_hlo_type st = tpu_hlo_type_make(dt, 0, NULL);
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &N);
+  tpu_hv lo, hi;
+  int64_t b0 = 0;
+  if (has_range) {
+    lo = tpu_lower_full(L, st, L->args[2].floats[0]);
+    hi = tpu_lower_full(L, st, L->args[2].floats[1]);
+  } else if (N == 0) {
+    lo = tpu_lower_full(L, st, 0);
+    hi = tpu_lower_full(L, st, 1);
+  } else {
+    lo = tpu_reduce_extreme(L, x, &b0, 1, false);
+    hi = tpu_reduce_extreme(L, x, &b0, 1, true);
+  }
+  tpu_hv same = tpu_hlo_compare(H, TPU_HLO_EQ, lo, hi);
+  /* a single point widens by half a unit each way (histc widens by one) */
+  lo = tpu_hlo_select(H, same, tpu_sub(L, lo, tpu_lower_full(L, st, 0.5)), lo);
+  hi = tpu_hlo_select(H, same, tpu_add(L, hi, tpu_lower_full(L, st, 0.5)), hi);
+  /* edges: lo + step * i for the first half, hi - step * (bins - i) after */
+  int64_t ne = bins + 1;
+  tpu_hv step = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_sub(L, hi, lo), tpu_lower_full(L, st, (double)bins));
+  tpu_hv ii = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &ne), 0);
+  tpu_hv fi = tpu_hlo_convert(H, ii, dt), fr = tpu_hlo_convert(H, tpu_sub(L, tpu_k(L, ii, (double)bins), ii), dt);
+  tpu_hv stepb = tpu_hlo_broadcast_in_dim(H, step, 1, &ne, NULL);
+  tpu_hv first = tpu_add(L, tpu_hlo_broadcast_in_dim(H, lo, 1, &ne, NULL), tpu_mul(L, stepb, fi));
+  tpu_hv second = tpu_sub(L, tpu_hlo_broadcast_in_dim(H, hi, 1, &ne, NULL), tpu_mul(L, stepb, fr));
+  tpu_hv edges = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, ii, tpu_k(L, ii, (double)(ne / 2))), first, second);
+  tpu_lower_out(L, tpu_hist_count(L, x, N, edges, bins, has_w, 3, density));
+  tpu_lower_out(L, edges);
+}
+
+/* histogram.bins_tensor(self, bins, *, weight=None, density=False) -> (hist, bin_edges) */
+void tpu_emit_histogram_bins_tensor(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t, *e = &L->args[1].t;
+  tpu_dtype dt = t->dtype;
+  if (!tpu_dtype_is_float(dt) || e->dtype != dt || e->rank != 1 || e->sizes[0] < 1) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogram(): bins tensor should have one dimension and the same dtype "
+                   "as the floating point input, got %s bins for %s input", tpu_dtype_name(e->dtype), tpu_dtype_name(dt));
+    return;
+  }
+  bool has_w = tpu_has(L, 2, TPU_ARG_TENSOR);
+  if (has_w && L->args[2].t.dtype != dt) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogram: if weight tensor is provided, it should have the same shape "
+                   "and dtype as the input tensor");
+    return;
+  }
+  int64_t N = 1, bins = e->sizes[0] - 1;
+  for (int k = 0; k < t->rank; k++) N *= t->sizes[k];
+  tpu_hv edges = tpu_lower_tensor(L, 1, -1);
+  if (bins == 0 || N == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &bins), 0));
+  } else {
+    tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &N);
+    tpu_lower_out(L, tpu_hist_count(L, x, N, edges, bins, has_w, 2, tpu_arg_bool(L, 3)));
+  }
+  tpu_lower_out(L, edges);
+}

@@ -1,0 +1,216 @@
+"""Reduce family against CPU PyTorch: sums/products/means, var/std, norms,
+scans, sorting, selection (topk/kthvalue/median/mode), searching, histc,
+renorm: values, dtypes, shapes, float32 gradients, non-contiguous inputs,
+out= variants and errors."""
+import pytest
+import torch
+
+import torchtpu  # noqa: F401
+
+
+def make(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    return torch.randint(-3, 4, shape, generator=g).to(dtype)
+
+
+def close(got, want):
+    got = got.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
+    if want.dtype in (torch.bfloat16, torch.float16):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2, equal_nan=True)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def check(fn, *args, grad=True, **kw):
+    """fn on CPU and tpu: outputs, and float32 gradients of every float input."""
+    cpu = [a.detach().clone().requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
+           for a in args]
+    dev = [a.detach().to("tpu").requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor)
+           else a for a in args]
+    want, got = fn(*cpu, **kw), fn(*dev, **kw)
+    wants = want if isinstance(want, tuple) else (want,)
+    gots = got if isinstance(got, tuple) else (got,)
+    for w, g in zip(wants, gots):
+        close(g, w)
+    w, g = wants[0], gots[0]
+    if grad and w.requires_grad:
+        gw = make(w.shape, seed=7)
+        w.backward(gw)
+        g.backward(gw.to("tpu"))
+        for a, b in zip(cpu, dev):
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                close(b.grad, a.grad)
+
+
+DT = [torch.float32, torch.bfloat16, torch.int64]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_sum_prod_out(dtype):
+    x = make((3, 4, 5), dtype)
+    check(lambda a: torch.sum(a, (0, 2), keepdim=True), x)
+    check(lambda a: torch.prod(a, 1), x)
+    check(torch.prod, x if dtype != torch.bfloat16 else x * 0.5)
+    out = torch.empty(0, dtype=torch.int64 if dtype in (torch.int64, torch.bool) else dtype)
+    want = torch.sum(x, 1, out=out.clone())
+    close(torch.sum(x.to("tpu"), 1, out=out.to("tpu")), want)
+
+
+def test_nansum_nanmean_noncontiguous():
+    x = make((4, 6))
+    x[1, 2] = float("nan")
+    check(lambda a: torch.nansum(a.t(), 0), x)
+    check(lambda a: torch.nanmean(a, 1), x)
+    check(lambda a: torch.mean(a[:, ::2], 0), x)
+
+
+@pytest.mark.parametrize("fn", [torch.var, torch.std, torch.var_mean, torch.std_mean])
+def test_moments(fn):
+    x = make((4, 5, 3))
+    check(lambda a: fn(a, 1, correction=0, keepdim=True), x)
+    check(lambda a: fn(a), x)
+    check(lambda a: fn(a, (0, 2), correction=2), x)
+
+
+@pytest.mark.parametrize("ord", [2, 0, 3.5, -float("inf")])
+def test_vector_norm(ord):
+    x = make((4, 5))
+    check(lambda a: torch.linalg.vector_norm(a, ord, dim=1), x, grad=ord != 0)
+    check(lambda a: torch.linalg.vector_norm(a, ord), x.bfloat16(), grad=False)
+
+
+def test_norm_dist_renorm():
+    x, y = make((3, 4)), make((3, 4), seed=1)
+    check(lambda a: torch.norm(a, p="fro"), x)
+    check(torch.dist, x, y)
+    check(lambda a: torch.renorm(a, 2, 0, 1.0), make((3, 4, 2)))
+    check(lambda a: torch.renorm(a, 1, 1, 0.5), make((3, 4)))
+    with pytest.raises(RuntimeError):
+        torch.renorm(make((3,)).to("tpu"), 2, 0, 1.0)
+
+
+def test_linalg_vector_norm_int_error():
+    with pytest.raises(RuntimeError, match="floating point"):
+        torch.linalg.vector_norm(make((3,), torch.int64).to("tpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
+def test_small_reductions(dtype):
+    x = make((3, 5), dtype)
+    check(lambda a: torch.count_nonzero(a, 1), x, grad=False)
+    check(lambda a: torch.aminmax(a, dim=0), x, grad=False)
+    check(lambda a: torch.any(a), x)
+    check(lambda a: torch.all(a, 1), x)
+    if dtype != torch.bool:
+        check(torch.trace, x)
+
+
+def test_max_min_nan():
+    x = make((3, 4))
+    x[1, 1] = float("nan")
+    check(torch.amax, x, grad=False)
+    check(lambda a: torch.amin(a, 1), x, grad=False)
+    check(lambda a: torch.max(a, 1)[0], x, grad=False)
+    check(lambda a: torch.max(a, 1), make((3, 4)))
+    check(torch.min, make((3, 4)))
+
+
+@pytest.mark.parametrize("dtype", DT)
+def test_scans(dtype):
+    x = make((4, 5), dtype)
+    check(lambda a: torch.cumsum(a, 1), x)
+    check(lambda a: torch.cumprod(a, 0), x)
+    check(lambda a: torch.cummax(a, 1), x)
+    check(lambda a: torch.cummin(a, 0), x)
+    if dtype.is_floating_point:
+        check(lambda a: torch.logcumsumexp(a, 1), x)
+    out = torch.empty(4, 5, dtype=dtype).to("tpu")
+    torch.cumsum(x.to("tpu"), 0, out=out)
+    close(out, torch.cumsum(x, 0))
+
+
+@pytest.mark.parametrize("dtype", DT)
+def test_sort_family(dtype):
+    x = make((4, 7), dtype)
+    if dtype.is_floating_point:
+        x[0, 3] = float("nan")
+    check(lambda a: torch.sort(a, dim=1, stable=True), x, grad=False)
+    check(lambda a: torch.sort(a, dim=0, descending=True, stable=True), x, grad=False)
+    check(lambda a: torch.argsort(a, dim=1, stable=True), x, grad=False)
+    check(torch.msort, x, grad=False)
+    if dtype != torch.bool:
+        y = make((4, 7), dtype, seed=3)
+        check(lambda a: torch.sort(a, dim=1, stable=True)[0], y)
+
+
+def test_selection():
+    x = make((5, 6))
+    check(lambda a: torch.topk(a, 3, 1), x)
+    check(lambda a: torch.topk(a, 2, 0, largest=False), x)
+    check(lambda a: torch.kthvalue(a, 2, 1, keepdim=True), x)
+    check(lambda a: torch.median(a, 0), x)
+    check(torch.median, x)
+    xn = x.clone()
+    xn[2, 1] = float("nan")
+    check(torch.nanmedian, xn, grad=False)
+    check(lambda a: torch.nanmedian(a, 1)[0], xn, grad=False)
+    with pytest.raises(RuntimeError):
+        torch.topk(x.to("tpu"), 9, 1)
+
+
+def test_mode():
+    x = torch.randint(0, 3, (4, 7, 5))
+    for d in range(3):
+        want, got = torch.mode(x, d), torch.mode(x.to("tpu"), d)
+        close(got.values, want.values)
+        assert torch.equal(x.gather(d, got.indices.cpu().unsqueeze(d)).squeeze(d), want.values)
+    check(lambda a: torch.mode(a, 1)[0], x.float())
+    close(torch.mode(x.to("tpu"), 2, keepdim=True).values, torch.mode(x, 2, keepdim=True).values)
+
+
+def test_quantile():
+    x = make((4, 6))
+    q = torch.tensor([0.1, 0.5, 0.9])
+    check(lambda a, qq: torch.quantile(a, qq, dim=1), x, q)
+    check(lambda a: torch.quantile(a, 0.3, interpolation="lower"), x)
+    x[1, 2] = float("nan")
+    check(lambda a: torch.nanquantile(a, 0.5, dim=0), x, grad=False)
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_search(right):
+    seq = torch.sort(make((3, 6)), 1)[0]
+    v = make((3, 4), seed=2)
+    check(lambda s, a: torch.searchsorted(s, a, right=right), seq, v, grad=False)
+    b = torch.tensor([-1.0, 0.0, 0.5, 1.0])
+    check(lambda a, bb: torch.bucketize(a, bb, right=right, out_int32=True), v, b, grad=False)
+
+
+def test_histc_equal():
+    x = make((20,))
+    for args in [(10, 0, 0), (7, -1, 1), (3, 2, 5)]:
+        close(torch.histc(x.to("tpu"), *args), torch.histc(x, *args))
+    close(torch.histc(torch.full((3,), 2.0).to("tpu"), 4), torch.histc(torch.full((3,), 2.0), 4))
+    w = make((20,), seed=4).abs()
+    for kw in [dict(bins=5), dict(bins=7, range=(-1.0, 1.0)), dict(bins=4, weight=w, density=True)]:
+        want = torch.histogram(x, **kw)
+        got = torch.histogram(x.to("tpu"), **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+        close(got.hist, want.hist)
+        close(got.bin_edges, want.bin_edges)
+    assert torch.equal(x.to("tpu"), x.clone().to("tpu"))
+    assert not torch.equal(x.to("tpu"), (x + 1).to("tpu"))
+    with pytest.raises(RuntimeError):
+        torch.histc(x.to("tpu"), 4, 2, 1)
+
+
+def test_logsumexp_isclose():
+    x = make((3, 5))
+    check(lambda a: torch.logsumexp(a, 1), x)
+    y = x + 1e-7
+    close(torch.isclose(x.to("tpu"), y.to("tpu")), torch.isclose(x, y))
+    assert torch.allclose(x.to("tpu"), y.to("tpu"))
