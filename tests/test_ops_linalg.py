@@ -244,3 +244,9 @@ def test_qr_matches_lapack(mode):
 def test_cdist_pdist(p):
     check(lambda a, b: torch.cdist(a, b, p=p), make((2, 4, 3)), make((5, 3), seed=1))
     check(lambda a: torch.pdist(a, p=p), make((5, 3), seed=2))
+
+
+@pytest.mark.parametrize("driver", ["gels", "gelsy", "gelsd"])
+def test_lstsq(driver):
+    check(lambda a, b: torch.linalg.lstsq(a, b, driver=driver), make((5, 3)), make((5, 2), seed=1))
+    check(lambda a, b: torch.linalg.lstsq(a, b, driver=driver).solution, make((2, 3)), make((2, 2), seed=1))

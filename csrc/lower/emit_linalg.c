@@ -1661,3 +1661,102 @@ void tpu_emit_matrix_exp(tpu_lower *L) {
   if (!tpu_while(L, init, 4, cond, body, res)) return;
   tpu_lower_out(L, res[1]);
 }
+
+/* ---- least squares ------------------------------------------------------------------------------- */
+
+/* linalg_lstsq.out(self=A, b, rcond, *, driver, solution, residuals, rank, singular_values):
+ * the minimum-norm least-squares solution through the SVD (what every
+ * LAPACK driver returns for the ranks it detects), with the side outputs
+ * each driver fills: residuals (m > n, not gelsy), rank (not gels),
+ * singular values (gelsd, gelss); the others are empty. */
+void tpu_emit_linalg_lstsq(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, false, "torch.linalg.lstsq")) return;
+  tpu_tref *at = &L->args[0].t, *bt = &L->args[1].t;
+  const char *driver = tpu_has(L, 3, TPU_ARG_STR) ? L->args[3].str : "gelsy";
+  bool gels = strcmp(driver, "gels") == 0, gelsy = strcmp(driver, "gelsy") == 0;
+  bool with_sv = strcmp(driver, "gelsd") == 0 || strcmp(driver, "gelss") == 0;
+  if (!gels && !gelsy && !with_sv) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)");
+    return;
+  }
+  if (bt->dtype != at->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.lstsq: Expected input and other to have the same dtype, but got input's dtype %s and other's dtype %s",
+                   tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
+    return;
+  }
+  int r = at->rank;
+  int64_t m = at->sizes[r - 2], n = at->sizes[r - 1], k = m < n ? m : n;
+  bool vec = bt->rank == 1;
+  if (bt->rank == r - 1) {
+    vec = true;
+    for (int i = 0; i < bt->rank; i++) vec = vec && bt->sizes[i] == at->sizes[i];
+  }
+  tpu_hv a = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 1, -1);
+  if (vec) b = tpu_unsq(L, b, bt->rank);
+  const tpu_hlo_type *b2 = T(L, b);
+  if (b2->rank < 2 || b2->dims[b2->rank - 2] != m) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.lstsq: input.size(-2) should match other.size(-2)");
+    return;
+  }
+  if (!tpu_batch_bcast(L, &a, &b)) return;
+  tpu_dtype dt = at->dtype;
+  tpu_hv U = TPU_HV_NONE, S = TPU_HV_NONE, V = TPU_HV_NONE;
+  tpu_svd(L, a, &U, &S, &V);
+  if (!tpu_hlo_ok(H)) return;
+  const tpu_hlo_type st = *T(L, S);
+  int sr = st.rank;
+  double eps = dt == TPU_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-07;
+  double rc = tpu_has(L, 2, TPU_ARG_FLOAT) ? L->args[2].f : eps * (double)(m > n ? m : n);
+  if (gels) rc = 0;
+  /* sigma_max (the first, values are sorted) times rcond */
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < sr - 1; i++) bd[i] = i;
+  tpu_hv smax;
+  if (k > 0) {
+    int64_t st0[TPU_MAX_RANK] = {0}, lim[TPU_MAX_RANK], one[TPU_MAX_RANK];
+    for (int i = 0; i < sr; i++) {
+      lim[i] = st.dims[i];
+      one[i] = 1;
+    }
+    lim[sr - 1] = 1;
+    smax = tpu_hlo_reshape(H, tpu_hlo_slice(H, S, st0, lim, one), sr - 1, st.dims);
+  } else {
+    smax = tpu_lower_full(L, tpu_hlo_type_make(dt, sr - 1, st.dims), 0);
+  }
+  tpu_hv thr = tpu_hlo_broadcast_in_dim(H, tpu_mul(L, smax, tpu_k(L, smax, rc)), sr, st.dims, bd);
+  tpu_hv keep = tpu_hlo_compare(H, TPU_HLO_GT, S, thr);
+  tpu_hv sinv = tpu_hlo_select(H, keep, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, S, 1), tpu_hlo_select(H, keep, S, tpu_k(L, S, 1))), tpu_k(L, S, 0));
+  /* x = V diag(sinv) U^T b */
+  tpu_hv y = tpu_bmatmul(L, tpu_mT(L, U), b); /* [..., k, nrhs] */
+  const tpu_hlo_type *yt = T(L, y);
+  for (int i = 0; i < sr; i++) bd[i] = i;
+  y = tpu_mul(L, y, tpu_hlo_broadcast_in_dim(H, sinv, yt->rank, yt->dims, bd));
+  tpu_hv x = tpu_bmatmul(L, V, y);
+  tpu_hv res;
+  int64_t z = 0;
+  tpu_hv empty = tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &z), 0);
+  if (m > n && !gelsy) {
+    tpu_hv e = tpu_sub(L, b, tpu_bmatmul(L, a, x));
+    int64_t d = T(L, e)->rank - 2;
+    res = tpu_hlo_reduce(H, tpu_mul(L, e, e), tpu_hlo_constant(H, dt, 0), &d, 1, TPU_HLO_ADD);
+    if (vec) {
+      const tpu_hlo_type *rt = T(L, res);
+      res = tpu_hlo_reshape(H, res, rt->rank - 1, rt->dims);
+    }
+  } else {
+    res = empty;
+  }
+  if (vec) {
+    const tpu_hlo_type *xt = T(L, x);
+    x = tpu_hlo_reshape(H, x, xt->rank - 1, xt->dims);
+  }
+  tpu_lower_out(L, x);
+  tpu_lower_out(L, res);
+  if (gels) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &z), 0));
+  } else {
+    int64_t d = sr - 1;
+    tpu_lower_out(L, tpu_hlo_reduce(H, tpu_hlo_convert(H, keep, TPU_S64), tpu_hlo_constant_int(H, TPU_S64, 0), &d, 1, TPU_HLO_ADD));
+  }
+  tpu_lower_out(L, with_sv ? S : empty);
+}
