@@ -177,3 +177,11 @@ def test_embedding_max_norm():
     torch.embedding_renorm_(a, idx, 1.5, 1.0)
     torch.embedding_renorm_(b, idx.to("tpu"), 1.5, 1.0)
     close(b, a)
+
+
+def test_unique_dim():
+    x = torch.tensor([[3, 1, 2, 1], [1, 5, 3, 5], [3, 1, 2, 1]])
+    for dim in (0, 1):
+        check(lambda a: torch.unique(a, dim=dim, return_inverse=True, return_counts=True), x, grad=False)
+        check(lambda a: torch.unique_consecutive(a, dim=dim, return_counts=True), x.float(), grad=False)
+    check(lambda a: torch.unique(a, dim=2), torch.randint(0, 2, (6, 2, 3)), grad=False)

@@ -899,10 +899,6 @@ static void tpu_sort_with_pos(tpu_lower *L, tpu_hv x, tpu_hv *sorted, tpu_hv *po
  * caller counts them); group ids are running counts of value changes. */
 static void tpu_emit_unique_impl(tpu_lower *L, bool consecutive, int inv_arg, int cnt_arg, int out0) {
   tpu_tref *t = &L->args[0].t;
-  if (consecutive && L->args[3].kind != TPU_ARG_NONE) {
-    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: the dim argument is not supported on the tpu device", L->opname);
-    return;
-  }
   bool want_inv = tpu_arg_bool(L, inv_arg), want_cnt = cnt_arg >= 0 && tpu_arg_bool(L, cnt_arg);
   int64_t u = L->args[out0].t.rank == 1 ? L->args[out0].t.sizes[0] : 0, z = 0;
   int64_t n = 1;
@@ -954,7 +950,11 @@ static void tpu_emit_unique_impl(tpu_lower *L, bool consecutive, int inv_arg, in
     tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &z), 0));
 }
 void tpu_emit_unique2(tpu_lower *L) { tpu_emit_unique_impl(L, false, 2, 3, 4); }
-void tpu_emit_unique_consecutive(tpu_lower *L) { tpu_emit_unique_impl(L, true, 1, 2, 4); }
+void tpu_emit_unique_consecutive_dim(tpu_lower *L);
+void tpu_emit_unique_consecutive(tpu_lower *L) {
+  if (L->args[3].kind != TPU_ARG_NONE) tpu_emit_unique_consecutive_dim(L);
+  else tpu_emit_unique_impl(L, true, 1, 2, 4);
+}
 void tpu_emit_unique1(tpu_lower *L) { tpu_emit_unique_impl(L, false, 2, -1, 3); }
 
 /* repeat_interleave.Tensor(repeats, *, output_size): i repeated repeats[i]
@@ -1212,3 +1212,77 @@ void tpu_emit_embedding_renorm(tpu_lower *L) {
   tpu_hv r = tpu_mul(L, tpu_hlo_convert(H, x, at), tpu_hlo_broadcast_in_dim(H, scale, 2, t->sizes, &z));
   tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
 }
+
+/* unique_dim.out(self, dim, sorted, return_inverse, return_counts, *, out0..2)
+ * and unique_consecutive.out with a dim: unique slices along dim. The slices
+ * are rows [n, k]; they are sorted lexicographically (k stable sorts, the
+ * last column first). out0 has room for all n slices: the caller reads
+ * the count (the largest inverse + 1) and narrows the results. */
+static void tpu_emit_unique_dim_impl(tpu_lower *L, bool consecutive, int dim_arg, int inv_arg, int cnt_arg) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->rank == 0) {
+    tpu_lower_fail(L, TPU_ERR_INDEX, "%s: dim out of range for a 0-d tensor", L->opname);
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[dim_arg].i, t->rank), n = t->sizes[d], k = 1, z = 0;
+  for (int i = 0; i < t->rank; i++)
+    if (i != d) k *= t->sizes[i];
+  if (k > 256 || (k == 0 && n > 0)) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: slices of %lld elements are not supported on the tpu device",
+                   L->opname, (long long)k);
+    return;
+  }
+  bool want_inv = tpu_arg_bool(L, inv_arg), want_cnt = tpu_arg_bool(L, cnt_arg);
+  tpu_dtype dt = t->dtype;
+  int64_t perm[TPU_MAX_RANK], inv[TPU_MAX_RANK], fd[TPU_MAX_RANK];
+  tpu_hv x = tpu_dim_to_front(L, tpu_lower_tensor(L, 0, -1), d, perm, inv);
+  for (int i = 0; i < t->rank; i++) fd[i] = t->sizes[perm[i]];
+  if (n == 0) {
+    tpu_lower_out(L, tpu_hlo_transpose(H, x, inv));
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, want_inv ? &n : &z), 0));
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, want_cnt ? &n : &z), 0));
+    return;
+  }
+  int64_t nk[2] = {n, k}, n1[2] = {n, 1};
+  tpu_hv rows = tpu_hlo_reshape(H, x, 2, nk), s, pos;
+  if (consecutive) {
+    s = rows;
+    pos = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &n), 0);
+  } else {
+    /* least significant column first: stable sorts of the positions */
+    pos = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &n), 0);
+    for (int64_t q = k - 1; q >= 0; q--) {
+      int64_t a0[2] = {0, q}, e0[2] = {n, q + 1}, one[2] = {1, 1};
+      tpu_hv col = tpu_hlo_slice(H, rows, a0, e0, one); /* [n, 1] */
+      tpu_hv key = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, col, tpu_hlo_reshape(H, pos, 2, n1)), 1, &n);
+      tpu_hv ks, kp;
+      tpu_sort_with_pos(L, key, &ks, &kp);
+      pos = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, pos, tpu_hlo_reshape(H, kp, 2, n1)), 1, &n);
+    }
+    s = tpu_lower_gather_rows(L, rows, tpu_hlo_reshape(H, pos, 2, n1));
+  }
+  tpu_hv start;
+  if (n > 1) {
+    int64_t a0[2] = {0, 0}, a1[2] = {1, 0}, e0[2] = {n - 1, k}, e1[2] = {n, k}, one[2] = {1, 1}, o1 = 1, b1 = 1;
+    tpu_hv ne = tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_slice(H, s, a1, e1, one), tpu_hlo_slice(H, s, a0, e0, one));
+    ne = tpu_hlo_reduce(H, ne, tpu_hlo_constant_int(H, TPU_PRED, 0), &b1, 1, TPU_HLO_OR);
+    tpu_hv parts[2] = {tpu_hlo_reshape(H, tpu_hlo_constant_int(H, TPU_PRED, 1), 1, &o1), ne};
+    start = tpu_hlo_concat(H, parts, 2, 0);
+  } else {
+    start = tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 1, &n), 1);
+  }
+  tpu_hv grp = tpu_prefix_sum(L, tpu_hlo_convert(H, start, TPU_S64));
+  grp = tpu_sub(L, grp, tpu_k(L, grp, 1));
+  tpu_hv g1 = tpu_hlo_reshape(H, grp, 2, n1);
+  tpu_hv vals = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 2, nk), 0), g1, s, -1);
+  tpu_lower_out(L, tpu_hlo_transpose(H, tpu_hlo_reshape(H, vals, t->rank, fd), inv));
+  /* the inverse always comes back: the caller reads the count from it */
+  tpu_lower_out(L, tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 0),
+                                          tpu_hlo_reshape(H, pos, 2, n1), grp, -1));
+  tpu_lower_out(L, tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 0), g1,
+                                          tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
+                                          tpu_reduce_region(L, TPU_S64, TPU_RED_SUM)));
+  (void)want_cnt;
+}
+void tpu_emit_unique_dim(tpu_lower *L) { tpu_emit_unique_dim_impl(L, false, 1, 3, 4); }
+void tpu_emit_unique_consecutive_dim(tpu_lower *L) { tpu_emit_unique_dim_impl(L, true, 3, 1, 2); }
