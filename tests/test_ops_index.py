@@ -185,3 +185,15 @@ def test_unique_dim():
         check(lambda a: torch.unique(a, dim=dim, return_inverse=True, return_counts=True), x, grad=False)
         check(lambda a: torch.unique_consecutive(a, dim=dim, return_counts=True), x.float(), grad=False)
     check(lambda a: torch.unique(a, dim=2), torch.randint(0, 2, (6, 2, 3)), grad=False)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+def test_segment_reduce(reduce):
+    x = make((5, 5, 3))
+    x[1, 2, 0] = 0
+    lengths = torch.tensor([[2, 0, 3, 0], [0, 1, 2, 2], [3, 0, 2, 0], [1, 1, 1, 2], [0, 1, 2, 2]])
+    check(lambda a: torch.segment_reduce(a, reduce, lengths=lengths.to(a.device), axis=1, initial=2), x)
+    offsets = torch.tensor([0, 1, 3, 3, 5])
+    check(lambda a: torch.segment_reduce(a, reduce, offsets=offsets.to(a.device), axis=0), x)
+    with pytest.raises(RuntimeError):
+        torch.segment_reduce(x.to("tpu"), reduce)
