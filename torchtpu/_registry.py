@@ -247,13 +247,29 @@ def _wrap_unique():
         return (torch.empty(n, dtype=self.dtype, device=self.device),
                 torch.empty(self.shape if inverse else (0,), **long), torch.empty(n if counts else 0, **long))
 
+    def slices(self, dim, inverse, counts, run):
+        """Unique slices along dim: the C lowering fills results with room for
+        every slice; the count is the largest inverse + 1, read back once."""
+        n = self.shape[dim]
+        long = dict(dtype=torch.long, device=self.device)
+        v, i, c = run((torch.empty(self.shape, dtype=self.dtype, device=self.device),
+                       torch.empty(n, **long), torch.empty(n, **long)))
+        u = int(i.max().item()) + 1 if n else 0
+        none = torch.empty(0, **long)
+        return v.narrow(dim, 0, u).clone(), i if inverse else none, c[:u].clone() if counts else none
+
+    def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
+        return slices(self, dim, return_inverse, return_counts, lambda o: _KERNELS["unique_dim.out"](
+            self, dim, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2]))
+
     def unique2(self, sorted=True, return_inverse=False, return_counts=False):
         o = outs(self, _unique_count(self, False), return_inverse, return_counts)
         return _KERNELS["_unique2.out"](self, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2])
 
     def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
         if dim is not None:
-            return _fallback(torch.ops.aten.unique_consecutive.default, self, return_inverse, return_counts, dim)
+            return slices(self, dim, return_inverse, return_counts, lambda o: _KERNELS["unique_consecutive.out"](
+                self, return_inverse, return_counts, dim, out0=o[0], out1=o[1], out2=o[2]))
         o = outs(self, _unique_count(self, True), return_inverse, return_counts)
         return _KERNELS["unique_consecutive.out"](self, return_inverse, return_counts, None,
                                                   out0=o[0], out1=o[1], out2=o[2])
@@ -267,7 +283,7 @@ def _wrap_unique():
             output_size = int(repeats.sum().item()) if repeats.numel() else 0
         return _KERNELS["repeat_interleave.Tensor"](repeats, output_size=output_size)
 
-    return {"_unique2": unique2, "unique_consecutive": unique_consecutive, "_unique": unique1,
+    return {"_unique2": unique2, "unique_consecutive": unique_consecutive, "_unique": unique1, "unique_dim": unique_dim,
             "repeat_interleave.Tensor": repeat_interleave}
 
 

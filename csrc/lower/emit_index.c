@@ -899,10 +899,6 @@ static void tpu_sort_with_pos(tpu_lower *L, tpu_hv x, tpu_hv *sorted, tpu_hv *po
  * caller counts them); group ids are running counts of value changes. */
 static void tpu_emit_unique_impl(tpu_lower *L, bool consecutive, int inv_arg, int cnt_arg, int out0) {
   tpu_tref *t = &L->args[0].t;
-  if (consecutive && L->args[3].kind != TPU_ARG_NONE) {
-    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: the dim argument is not supported on the tpu device", L->opname);
-    return;
-  }
   bool want_inv = tpu_arg_bool(L, inv_arg), want_cnt = cnt_arg >= 0 && tpu_arg_bool(L, cnt_arg);
   int64_t u = L->args[out0].t.rank == 1 ? L->args[out0].t.sizes[0] : 0, z = 0;
   int64_t n = 1;
@@ -954,7 +950,11 @@ static void tpu_emit_unique_impl(tpu_lower *L, bool consecutive, int inv_arg, in
     tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &z), 0));
 }
 void tpu_emit_unique2(tpu_lower *L) { tpu_emit_unique_impl(L, false, 2, 3, 4); }
-void tpu_emit_unique_consecutive(tpu_lower *L) { tpu_emit_unique_impl(L, true, 1, 2, 4); }
+void tpu_emit_unique_consecutive_dim(tpu_lower *L);
+void tpu_emit_unique_consecutive(tpu_lower *L) {
+  if (L->args[3].kind != TPU_ARG_NONE) tpu_emit_unique_consecutive_dim(L);
+  else tpu_emit_unique_impl(L, true, 1, 2, 4);
+}
 void tpu_emit_unique1(tpu_lower *L) { tpu_emit_unique_impl(L, false, 2, -1, 3); }
 
 /* repeat_interleave.Tensor(repeats, *, output_size): i repeated repeats[i]
@@ -1211,4 +1211,278 @@ void tpu_emit_embedding_renorm(tpu_lower *L) {
   scale = tpu_hlo_select(H, big, scale, tpu_k(L, scale, 1));
   tpu_hv r = tpu_mul(L, tpu_hlo_convert(H, x, at), tpu_hlo_broadcast_in_dim(H, scale, 2, t->sizes, &z));
   tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
+}
+
+/* unique_dim.out(self, dim, sorted, return_inverse, return_counts, *, out0..2)
+ * and unique_consecutive.out with a dim: unique slices along dim. The slices
+ * are rows [n, k]; they are sorted lexicographically (k stable sorts, the
+ * last column first). out0 has room for all n slices: the caller reads
+ * the count (the largest inverse + 1) and narrows the results. */
+static void tpu_emit_unique_dim_impl(tpu_lower *L, bool consecutive, int dim_arg, int inv_arg, int cnt_arg) {
+  tpu_tref *t = &L->args[0].t;
+  if (t->rank == 0) {
+    tpu_lower_fail(L, TPU_ERR_INDEX, "%s: dim out of range for a 0-d tensor", L->opname);
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[dim_arg].i, t->rank), n = t->sizes[d], k = 1, z = 0;
+  for (int i = 0; i < t->rank; i++)
+    if (i != d) k *= t->sizes[i];
+  if (k > 256 || (k == 0 && n > 0)) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: slices of %lld elements are not supported on the tpu device",
+                   L->opname, (long long)k);
+    return;
+  }
+  bool want_inv = tpu_arg_bool(L, inv_arg), want_cnt = tpu_arg_bool(L, cnt_arg);
+  tpu_dtype dt = t->dtype;
+  int64_t perm[TPU_MAX_RANK], inv[TPU_MAX_RANK], fd[TPU_MAX_RANK];
+  tpu_hv x = tpu_dim_to_front(L, tpu_lower_tensor(L, 0, -1), d, perm, inv);
+  for (int i = 0; i < t->rank; i++) fd[i] = t->sizes[perm[i]];
+  if (n == 0) {
+    tpu_lower_out(L, tpu_hlo_transpose(H, x, inv));
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, want_inv ? &n : &z), 0));
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, want_cnt ? &n : &z), 0));
+    return;
+  }
+  int64_t nk[2] = {n, k}, n1[2] = {n, 1};
+  tpu_hv rows = tpu_hlo_reshape(H, x, 2, nk), s, pos;
+  if (consecutive) {
+    s = rows;
+    pos = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &n), 0);
+  } else {
+    /* least significant column first: stable sorts of the positions */
+    pos = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &n), 0);
+    for (int64_t q = k - 1; q >= 0; q--) {
+      int64_t a0[2] = {0, q}, e0[2] = {n, q + 1}, one[2] = {1, 1};
+      tpu_hv col = tpu_hlo_slice(H, rows, a0, e0, one); /* [n, 1] */
+      tpu_hv key = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, col, tpu_hlo_reshape(H, pos, 2, n1)), 1, &n);
+      tpu_hv ks, kp;
+      tpu_sort_with_pos(L, key, &ks, &kp);
+      pos = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, pos, tpu_hlo_reshape(H, kp, 2, n1)), 1, &n);
+    }
+    s = tpu_lower_gather_rows(L, rows, tpu_hlo_reshape(H, pos, 2, n1));
+  }
+  tpu_hv start;
+  if (n > 1) {
+    int64_t a0[2] = {0, 0}, a1[2] = {1, 0}, e0[2] = {n - 1, k}, e1[2] = {n, k}, one[2] = {1, 1}, o1 = 1, b1 = 1;
+    tpu_hv ne = tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_slice(H, s, a1, e1, one), tpu_hlo_slice(H, s, a0, e0, one));
+    ne = tpu_hlo_reduce(H, ne, tpu_hlo_constant_int(H, TPU_PRED, 0), &b1, 1, TPU_HLO_OR);
+    tpu_hv parts[2] = {tpu_hlo_reshape(H, tpu_hlo_constant_int(H, TPU_PRED, 1), 1, &o1), ne};
+    start = tpu_hlo_concat(H, parts, 2, 0);
+  } else {
+    start = tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 1, &n), 1);
+  }
+  tpu_hv grp = tpu_prefix_sum(L, tpu_hlo_convert(H, start, TPU_S64));
+  grp = tpu_sub(L, grp, tpu_k(L, grp, 1));
+  tpu_hv g1 = tpu_hlo_reshape(H, grp, 2, n1);
+  tpu_hv vals = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 2, nk), 0), g1, s, -1);
+  tpu_lower_out(L, tpu_hlo_transpose(H, tpu_hlo_reshape(H, vals, t->rank, fd), inv));
+  /* the inverse always comes back: the caller reads the count from it */
+  tpu_lower_out(L, tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 0),
+                                          tpu_hlo_reshape(H, pos, 2, n1), grp, -1));
+  tpu_lower_out(L, tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 0), g1,
+                                          tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
+                                          tpu_reduce_region(L, TPU_S64, TPU_RED_SUM)));
+  (void)want_cnt;
+}
+void tpu_emit_unique_dim(tpu_lower *L) { tpu_emit_unique_dim_impl(L, false, 1, 3, 4); }
+void tpu_emit_unique_consecutive_dim(tpu_lower *L) { tpu_emit_unique_dim_impl(L, true, 3, 1, 2); }
+
+/* ---- segment reductions ------------------------------------------------------------------------------- */
+
+/* Inclusive prefix sum along the last dim. */
+static tpu_hv tpu_prefix_sum_last(tpu_lower *L, tpu_hv v) {
+  tpu_hlo_type t = *T(L, v);
+  int64_t n = t.dims[t.rank - 1];
+  if (n <= 1) return v;
+  int64_t win[TPU_MAX_RANK], pad[2 * TPU_MAX_RANK] = {0};
+  for (int i = 0; i < t.rank; i++) win[i] = 1;
+  win[t.rank - 1] = n;
+  pad[2 * (t.rank - 1)] = n - 1;
+  tpu_hv out = v, zero = tpu_lower_full(L, tpu_hlo_type_make(t.dtype, 0, NULL), 0);
+  tpu_hlo_reduce_window(H, &v, &zero, 1, win, NULL, NULL, NULL, pad, tpu_reduce_region(L, t.dtype, TPU_RED_SUM), &out);
+  return out;
+}
+
+typedef struct {
+  int64_t a, S;                /* the axis, the segment count */
+  int64_t od[TPU_MAX_RANK];    /* output dims [lead..., S, rest...] */
+  int64_t sm[TPU_MAX_RANK];    /* 0..a: how [lead..., S] values broadcast to od */
+  tpu_hv coords;               /* [numel, rank]: each data element's output position */
+  tpu_hv valid;                /* data-shaped: the element lies in a segment */
+  tpu_hv len;                  /* [lead..., S] s64 segment lengths */
+} tpu_segs;
+
+static int tpu_seg_kind(tpu_lower *L, int i) {
+  const char *rs = tpu_arg_str(L, i);
+  int kind = !rs ? -1 : strcmp(rs, "sum") == 0 ? TPU_RED_SUM : strcmp(rs, "prod") == 0 ? TPU_RED_PROD
+           : strcmp(rs, "mean") == 0 ? TPU_RED_MEAN : strcmp(rs, "max") == 0 ? TPU_RED_AMAX
+           : strcmp(rs, "min") == 0 ? TPU_RED_AMIN : -1;
+  if (kind < 0) tpu_lower_fail(L, TPU_ERR_RUNTIME, "segment_reduce: unsupported reduction %s", rs ? rs : "None");
+  return kind;
+}
+
+/* Segments of data (argument di) along axis (argument ai), from lengths
+ * (argument li) or offsets (oi): every position is compared with the
+ * segment bounds to find its segment (S when none). */
+static bool tpu_segments(tpu_lower *L, int di, int li, int oi, int ai, tpu_segs *g) {
+  tpu_tref *t = &L->args[di].t;
+  bool by_len = L->args[li].kind == TPU_ARG_TENSOR;
+  if (!by_len && L->args[oi].kind != TPU_ARG_TENSOR) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "segment_reduce(): Either lengths or offsets must be defined");
+    return false;
+  }
+  if (t->rank == 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "segment_reduce(): data must have at least one dimension");
+    return false;
+  }
+  int r = t->rank;
+  int64_t a = tpu_lower_dim(L, L->args[ai].i, r), n = t->sizes[a];
+  tpu_tref *st = &L->args[by_len ? li : oi].t;
+  if (st->rank != a + 1) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "segment_reduce(): Expected %s to have %lld dims", by_len ? "lengths" : "offsets",
+                   (long long)(a + 1));
+    return false;
+  }
+  int64_t S = st->sizes[a] - (by_len ? 0 : 1);
+  tpu_hv bounds = tpu_hlo_convert(H, tpu_lower_tensor(L, by_len ? li : oi, -1), TPU_S64), starts, ends;
+  int64_t lo[TPU_MAX_RANK] = {0}, hi[TPU_MAX_RANK], one[TPU_MAX_RANK];
+  for (int i = 0; i <= a; i++) {
+    hi[i] = st->sizes[i];
+    one[i] = 1;
+  }
+  if (by_len) {
+    ends = tpu_prefix_sum_last(L, bounds);
+    starts = tpu_sub(L, ends, bounds);
+  } else {
+    hi[a] = S;
+    starts = tpu_hlo_slice(H, bounds, lo, hi, one);
+    lo[a] = 1;
+    hi[a] = S + 1;
+    ends = tpu_hlo_slice(H, bounds, lo, hi, one);
+  }
+  int64_t cd[TPU_MAX_RANK], bmap[TPU_MAX_RANK];
+  for (int i = 0; i < a; i++) {
+    cd[i] = t->sizes[i];
+    bmap[i] = i;
+  }
+  cd[a] = n;
+  cd[a + 1] = S;
+  bmap[a] = a + 1;
+  tpu_hlo_type ct = tpu_hlo_type_make(TPU_S64, (int)a + 2, cd);
+  tpu_hv pos = tpu_hlo_iota(H, ct, (int)a), sid = tpu_hlo_iota(H, ct, (int)a + 1);
+  tpu_hv sb = tpu_hlo_broadcast_in_dim(H, starts, (int)a + 2, cd, bmap), eb = tpu_hlo_broadcast_in_dim(H, ends, (int)a + 2, cd, bmap);
+  tpu_hv hit = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_LE, sb, pos), tpu_hlo_compare(H, TPU_HLO_LT, pos, eb));
+  int64_t last = a + 1;
+  tpu_hv seg = tpu_hlo_reduce(H, tpu_hlo_select(H, hit, sid, tpu_k(L, sid, 0)), tpu_hlo_constant_int(H, TPU_S64, 0), &last, 1,
+                              TPU_HLO_ADD);
+  tpu_hv any = tpu_hlo_reduce(H, hit, tpu_hlo_constant_int(H, TPU_PRED, 0), &last, 1, TPU_HLO_OR);
+  seg = tpu_hlo_select(H, any, seg, tpu_k(L, seg, (double)S));
+  int64_t numel = 1, n1[2];
+  for (int i = 0; i < r; i++) {
+    numel *= t->sizes[i];
+    g->od[i] = i == a ? S : t->sizes[i];
+  }
+  n1[0] = numel;
+  n1[1] = 1;
+  for (int i = 0; i <= a; i++) g->sm[i] = i;
+  tpu_hlo_type xt = tpu_hlo_type_make(TPU_S64, r, t->sizes);
+  tpu_hv cols[TPU_MAX_RANK];
+  for (int i = 0; i < r; i++) {
+    tpu_hv c = i == a ? tpu_hlo_broadcast_in_dim(H, seg, r, t->sizes, g->sm) : tpu_hlo_iota(H, xt, i);
+    cols[i] = tpu_hlo_reshape(H, c, 2, n1);
+  }
+  g->coords = tpu_hlo_concat(H, cols, r, 1);
+  g->valid = tpu_hlo_broadcast_in_dim(H, any, r, t->sizes, g->sm);
+  g->len = tpu_sub(L, ends, starts);
+  g->a = a;
+  g->S = S;
+  return true;
+}
+
+/* segment_reduce(data, reduce, *, lengths, indices, offsets, axis=0,
+ * unsafe=False, initial=None): segments along axis, given per leading
+ * batch by lengths [..., S] or offsets [..., S+1]; every element is
+ * scattered into its segment, reductions starting from initial (or the
+ * identity). */
+void tpu_emit_segment_reduce(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int kind = tpu_seg_kind(L, 1);
+  tpu_segs g;
+  if (kind < 0 || !tpu_segments(L, 0, 2, 4, 5, &g)) return;
+  int r = t->rank;
+  tpu_dtype dt = t->dtype;
+  int64_t numel = 1;
+  for (int i = 0; i < r; i++) numel *= t->sizes[i];
+  tpu_hlo_type ot = tpu_hlo_type_make(dt, r, g.od);
+  bool has_init = L->args[7].kind == TPU_ARG_SCALAR;
+  tpu_hv init = has_init ? tpu_lower_scalar(L, 7, dt) : tpu_reduce_identity(L, dt, kind);
+  tpu_hv out = tpu_lower_broadcast_to(L, init, r, g.od);
+  if (numel > 0)
+    out = tpu_point_scatter(L, out, g.coords, tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &numel),
+                            tpu_reduce_region(L, dt, kind));
+  if (kind == TPU_RED_MEAN) {
+    tpu_hv cnt = tpu_hlo_convert(H, tpu_hlo_broadcast_in_dim(H, g.len, r, g.od, g.sm), dt);
+    tpu_hv empty = tpu_hlo_compare(H, TPU_HLO_EQ, cnt, tpu_k(L, cnt, 0));
+    tpu_hv m = tpu_hlo_binary(H, TPU_HLO_DIV, out, tpu_hlo_select(H, empty, tpu_k(L, cnt, 1), cnt));
+    tpu_hv fill = has_init ? tpu_lower_broadcast_to(L, init, r, g.od) : tpu_lower_full(L, ot, NAN);
+    out = tpu_hlo_select(H, empty, fill, m);
+  }
+  tpu_lower_out(L, out);
+}
+
+/* _segment_reduce_backward(grad, output, data, reduce, *, lengths, offsets,
+ * axis, initial): each element gets its segment's gradient: divided by the
+ * length (mean), shared among the elements equal to the extreme (max/min),
+ * times the product of the others (prod). */
+void tpu_emit_segment_reduce_backward(tpu_lower *L) {
+  tpu_tref *t = &L->args[2].t;
+  int kind = tpu_seg_kind(L, 3);
+  tpu_segs g;
+  if (kind < 0 || !tpu_segments(L, 2, 4, 5, 6, &g)) return;
+  int r = t->rank;
+  tpu_dtype dt = t->dtype;
+  int64_t numel = 1;
+  for (int i = 0; i < r; i++) numel *= t->sizes[i];
+  tpu_hlo_type xt = tpu_hlo_type_make(dt, r, t->sizes);
+  if (numel == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, xt, 0));
+    return;
+  }
+  tpu_hv x = tpu_lower_tensor(L, 2, -1);
+  /* output-space values at each element (clamped where out of every segment) */
+#define AT(v) tpu_hlo_reshape(H, tpu_point_gather(L, (v), g.coords), r, t->sizes)
+  tpu_hv gr = AT(tpu_lower_tensor(L, 0, -1)), res;
+  tpu_hv ones = tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &numel), 1);
+  tpu_hv zo = tpu_lower_full(L, tpu_hlo_type_make(dt, r, g.od), 0);
+  if (kind == TPU_RED_SUM) {
+    res = gr;
+  } else if (kind == TPU_RED_MEAN) {
+    tpu_hv cnt = tpu_hlo_convert(H, tpu_hlo_broadcast_in_dim(H, g.len, r, g.od, g.sm), dt);
+    cnt = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, cnt, tpu_k(L, cnt, 0)), tpu_k(L, cnt, 1), cnt);
+    res = tpu_hlo_binary(H, TPU_HLO_DIV, gr, AT(cnt));
+  } else if (kind == TPU_RED_AMAX || kind == TPU_RED_AMIN) {
+    tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, x, AT(tpu_lower_tensor(L, 1, -1)));
+    tpu_hv hf = tpu_hlo_convert(H, hit, dt);
+    tpu_hv ties = tpu_point_scatter(L, zo, g.coords, tpu_hlo_reshape(H, hf, 1, &numel), tpu_reduce_region(L, dt, TPU_RED_SUM));
+    ties = AT(ties);
+    ties = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, ties, tpu_k(L, ties, 0)), tpu_k(L, ties, 1), ties);
+    res = tpu_hlo_select(H, hit, tpu_hlo_binary(H, TPU_HLO_DIV, gr, ties), tpu_k(L, gr, 0));
+  } else { /* prod */
+    tpu_hv zero = tpu_hlo_compare(H, TPU_HLO_EQ, x, tpu_k(L, x, 0));
+    tpu_hv nz = tpu_hlo_select(H, zero, tpu_k(L, x, 1), x);
+    tpu_hv init = L->args[7].kind == TPU_ARG_SCALAR ? tpu_lower_scalar(L, 7, dt) : tpu_hlo_constant(H, dt, 1);
+    tpu_hv pnz = tpu_point_scatter(L, tpu_lower_broadcast_to(L, init, r, g.od), g.coords, tpu_hlo_reshape(H, nz, 1, &numel),
+                                   tpu_reduce_region(L, dt, TPU_RED_PROD));
+    tpu_hv nzc = tpu_point_scatter(L, zo, g.coords, tpu_hlo_reshape(H, tpu_hlo_convert(H, zero, dt), 1, &numel),
+                                   tpu_reduce_region(L, dt, TPU_RED_SUM));
+    tpu_hv p = AT(pnz), zc = AT(nzc);
+    /* a zero element: the product of the others if it is the only zero; others: all / self */
+    tpu_hv at_zero = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, zc, tpu_k(L, zc, 1)), p, tpu_k(L, p, 0));
+    tpu_hv other = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, zc, tpu_k(L, zc, 0)), tpu_hlo_binary(H, TPU_HLO_DIV, p, nz),
+                                  tpu_k(L, p, 0));
+    res = tpu_mul(L, gr, tpu_hlo_select(H, zero, at_zero, other));
+  }
+#undef AT
+  (void)ones;
+  tpu_lower_out(L, tpu_hlo_select(H, g.valid, res, tpu_k(L, res, 0)));
 }
