@@ -10,11 +10,28 @@ from torchtpu.tools import op_coverage as cov
 
 # One or more entries per op family; all four dtypes where the op has them.
 SUBSET = [
-    "add", "mul", "sub", "div.no_rounding_mode", "rsub", "__rmod__", "where",
-    "exp", "sin", "sigmoid", "clamp", "sum", "mean", "amax", "argmax", "softmax",
-    "matmul", "mm", "bmm", "transpose", "permute", "narrow", "as_strided.partial_views",
-    "repeat", "tile", "tensor_split", "view_as_complex", "complex", "cfloat", "to",
-    "resize_", "contiguous",
+    # core: broadcasting, views, storage, dtypes
+    "add", "mul", "sub", "div.no_rounding_mode", "div.floor_rounding", "rsub", "__rmod__", "where",
+    "masked_fill", "transpose", "permute", "narrow", "as_strided.partial_views", "tile",
+    "unfold", "tensor_split", "view_as_complex", "complex", "cfloat", "to", "resize_", "contiguous",
+    # elementwise and activations
+    "abs", "exp", "sin", "acos", "erfinv", "lgamma", "sigmoid", "clamp", "fmod", "lerp",
+    "nn.functional.elu", "nn.functional.hardswish", "nn.functional.softplus", "nn.functional.glu",
+    "special.i0e", "polygamma.polygamma_n_1",
+    # reductions, scans, sorting
+    "sum", "mean", "amax", "argmax", "var", "cumsum", "cummax", "sort", "topk",
+    "median", "softmax",
+    # linear algebra
+    "matmul", "mm", "bmm", "baddbmm", "linalg.cholesky", "linalg.solve", "linalg.det",
+    # convolution, pooling, normalisation, upsampling
+    "nn.functional.conv2d", "nn.functional.avg_pool2d", "nn.functional.batch_norm", "nn.functional.layer_norm",
+    "nn.functional.group_norm", "nn.functional.interpolate.bilinear",
+    # indexing and data-dependent shapes
+    "gather", "scatter_add", "index_put", "__getitem__", "index_select", "flip", "roll",
+    "nonzero", "masked_select", "unique", "nn.functional.embedding", "nn.functional.pad.reflect",
+    # losses, FFT
+    "nn.functional.cross_entropy", "nn.functional.mse_loss", "nn.functional.binary_cross_entropy",
+    "fft.rfft", "fft.ifft",
 ]
 
 _ENTRIES = None

@@ -127,7 +127,7 @@ TOLERANCES = {
 # entry name -> positions in sample.args that stay where the sample made them.
 HOST_ARGS = {"tensor_split": (0,)}
 
-PER_OP_SECONDS = 300
+PER_OP_SECONDS = 900
 RESULT_TAG = "@@OPCOV "
 
 
