@@ -112,6 +112,32 @@ static char *tpu_strndup(const char *s, size_t n) {
   return r;
 }
 
+/* XLA's CPU plugin registers the unwind tables of the code it compiles with
+ * libgcc (__register_frame) and can unmap such code while the registration
+ * stays: the next C++ exception anywhere in the process (torch raises one for
+ * every Python error that crosses its dispatcher) then walks the dangling
+ * table and the process dies with SIGSEGV in _Unwind_Find_FDE. No exception
+ * ever unwinds through code that XLA compiled, so those registrations serve
+ * nothing: the core defines both functions as no-ops (counted) and makes its
+ * own symbols global before the plugin is loaded, so the plugin binds to them
+ * instead of libgcc's. Only libraries loaded after the core see them. */
+static atomic_llong tpu_frames_ignored;
+__attribute__((visibility("default"))) void __register_frame(void *begin);
+__attribute__((visibility("default"))) void __deregister_frame(void *begin);
+void __register_frame(void *begin) {
+  (void)begin;
+  atomic_fetch_add(&tpu_frames_ignored, 1);
+}
+void __deregister_frame(void *begin) { (void)begin; }
+int64_t tpu_rt_unwind_tables_ignored(void) { return atomic_load(&tpu_frames_ignored); }
+
+static void tpu_rt_export_unwind_stubs(void) {
+  Dl_info self;
+  if (!dladdr((void *)&tpu_rt_export_unwind_stubs, &self) || !self.dli_fname) return;
+  void *h = dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);
+  (void)h; /* kept open: the core is never unloaded */
+}
+
 /* The CompileOptionsProto: executable_build_options (field 3) holding
  * num_replicas = 1 (field 4) and num_partitions = 1 (field 5). An empty
  * proto means zero replicas, which aborts XLA. */
@@ -123,6 +149,7 @@ tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out) {
   const char *path = opts->plugin_path;
   if (access(path, R_OK) != 0)
     return tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s: no such file (install xla-cpu-pjrt, libtpu or jax-cuda13-pjrt)", path);
+  tpu_rt_export_unwind_stubs();
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) return tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s could not be loaded: %s", path, dlerror());
   tpu_pjrt_get_api_fn get = (tpu_pjrt_get_api_fn)dlsym(h, "GetPjrtApi");

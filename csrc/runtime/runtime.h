@@ -85,6 +85,9 @@ void tpu_rt_buffer_free(tpu_rt_buffer *b);
 /* Live buffer and executable counts (for leak tests and metrics). */
 int64_t tpu_rt_live_buffers(const tpu_rt *rt);
 int64_t tpu_rt_live_execs(const tpu_rt *rt);
+/* How many unwind-table registrations of the plugin's compiled code were
+ * ignored (see runtime.c); > 0 shows the plugin bound to the core's stubs. */
+int64_t tpu_rt_unwind_tables_ignored(void);
 
 /* Device memory in use, where the plugin reports it; TPU_ERR_UNIMPLEMENTED
  * otherwise (the CPU plugin does not). */
