@@ -224,3 +224,23 @@ def test_errors_after_many_compiles_do_not_crash():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])
+
+
+def test_program_cache_is_bounded():
+    """Past TORCHTPU_PROGRAM_CACHE_SIZE programs the cache is emptied, so the
+    plugin's memory mappings stay bounded and results stay right."""
+    code = (
+        "import torch, torchtpu\n"
+        "def maps(): return sum(1 for _ in open('/proc/self/maps'))\n"
+        "seen = []\n"
+        "for n in range(1, 121):\n"
+        "    x = torch.arange(n, device='tpu', dtype=torch.float32)\n"
+        "    assert torch.equal((x * 3 - n).cpu(), torch.arange(n, dtype=torch.float32) * 3 - n)\n"
+        "    if n in (60, 120): seen.append(maps())\n"
+        "assert torchtpu.metrics()['cache_entries'] <= 20\n"
+        "assert seen[1] <= seen[0] + 20, seen\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, TORCHTPU_PROGRAM_CACHE_SIZE="20")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])

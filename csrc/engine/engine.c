@@ -363,7 +363,27 @@ static tpu_cache_entry *tpu_cache_find(tpu_engine *e, const tpu_sig *s, uint64_t
   return NULL;
 }
 
+/* Each compiled program holds a few memory mappings of the plugin's JIT; a
+ * process may have only so many (vm.max_map_count), and past that XLA fails
+ * with "Cannot allocate memory". When the cache holds TORCHTPU_PROGRAM_CACHE_SIZE
+ * programs (default 4096) it is emptied: executions finish inside their call,
+ * so no program is in use between calls, and the next call recompiles. */
+static void tpu_cache_bound(tpu_engine *e) {
+  static long limit = 0;
+  if (!limit) {
+    const char *v = getenv("TORCHTPU_PROGRAM_CACHE_SIZE");
+    limit = v && atol(v) > 0 ? atol(v) : 4096;
+  }
+  if ((long)e->cache_n < limit) return;
+  for (size_t i = 0; i < e->cache_cap; i++) {
+    tpu_cache_entry_free(e->cache[i]);
+    e->cache[i] = NULL;
+  }
+  e->cache_n = 0;
+}
+
 static bool tpu_cache_insert(tpu_engine *e, tpu_cache_entry *c) {
+  tpu_cache_bound(e);
   if ((e->cache_n + 1) * 2 > e->cache_cap) {
     size_t cap = e->cache_cap * 2;
     tpu_cache_entry **n = calloc(cap, sizeof *n);
