@@ -6,29 +6,12 @@ import pytest
 import torch
 
 import torchtpu  # noqa: F401
-
-
-def make(shape, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    return torch.randint(-3, 4, shape, generator=g).to(dtype)
+from _helpers import close, make
 
 
 def spd(n, batch=(), seed=0):
     a = make(batch + (n, n), seed=seed)
     return a @ a.mT + n * torch.eye(n)
-
-
-def close(got, want, tol=1e-4):
-    got = got.cpu()
-    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
-    if want.dtype in (torch.bfloat16, torch.float16):
-        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2, equal_nan=True)
-    elif want.dtype.is_floating_point:
-        torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True)
-    else:
-        assert torch.equal(got, want)
 
 
 def check(fn, *args, grad=True, tol=1e-4, **kw):

@@ -6,24 +6,7 @@ import pytest
 import torch
 
 import torchtpu  # noqa: F401
-
-
-def make(shape, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    return torch.randint(-3, 4, shape, generator=g).to(dtype)
-
-
-def close(got, want):
-    got = got.cpu()
-    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
-    if want.dtype in (torch.bfloat16, torch.float16):
-        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2, equal_nan=True)
-    else:
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+from _helpers import close, make
 
 
 def check(fn, *args, grad=True, **kw):

@@ -363,23 +363,55 @@ static tpu_cache_entry *tpu_cache_find(tpu_engine *e, const tpu_sig *s, uint64_t
   return NULL;
 }
 
-/* Each compiled program holds a few memory mappings of the plugin's JIT; a
- * process may have only so many (vm.max_map_count), and past that XLA fails
- * with "Cannot allocate memory". When the cache holds TORCHTPU_PROGRAM_CACHE_SIZE
- * programs (default 4096) it is emptied: executions finish inside their call,
- * so no program is in use between calls, and the next call recompiles. */
+/* Each compiled program holds memory mappings of the plugin's JIT (about
+ * three per kernel, and a program may have dozens of kernels); a process may
+ * have only vm.max_map_count of them, and past that XLA fails with "Cannot
+ * allocate memory" or aborts. Before each insertion the cache is emptied when
+ * it holds TORCHTPU_PROGRAM_CACHE_SIZE programs (default 4096) or when the
+ * process uses more than half of its mapping limit (counted from
+ * /proc/self/maps every 16 compiles; a compile costs far more than the read).
+ * Executions finish inside their call, so no program is in use between
+ * calls; the next call of an evicted program recompiles it. */
+static long tpu_count_lines(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  char buf[65536];
+  long n = 0;
+  size_t k;
+  while ((k = fread(buf, 1, sizeof buf, f)) > 0)
+    for (size_t i = 0; i < k; i++) n += buf[i] == '\n';
+  fclose(f);
+  return n;
+}
+
+static bool tpu_maps_near_limit(void) {
+  static long limit = -2, calls = 0;
+  if (limit == -2) {
+    FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+    limit = -1;
+    if (f) {
+      if (fscanf(f, "%ld", &limit) != 1) limit = -1;
+      fclose(f);
+    }
+  }
+  if (limit <= 0 || calls++ % 16) return false;
+  long n = tpu_count_lines("/proc/self/maps");
+  return n > limit / 2;
+}
+
 static void tpu_cache_bound(tpu_engine *e) {
   static long limit = 0;
   if (!limit) {
     const char *v = getenv("TORCHTPU_PROGRAM_CACHE_SIZE");
     limit = v && atol(v) > 0 ? atol(v) : 4096;
   }
-  if ((long)e->cache_n < limit) return;
+  if ((long)e->cache_n < limit && !tpu_maps_near_limit()) return;
   for (size_t i = 0; i < e->cache_cap; i++) {
     tpu_cache_entry_free(e->cache[i]);
     e->cache[i] = NULL;
   }
   e->cache_n = 0;
+  atomic_fetch_add(&e->metrics.cache_evictions, 1);
 }
 
 static bool tpu_cache_insert(tpu_engine *e, tpu_cache_entry *c) {

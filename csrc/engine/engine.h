@@ -44,6 +44,7 @@ typedef struct {
   atomic_llong d2h_bytes;
   atomic_llong records_live;
   atomic_llong fallback_ops;
+  atomic_llong cache_evictions; /* times the program cache was emptied */
 } tpu_metrics;
 
 tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out);

@@ -851,14 +851,15 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
   if (!tpu_need_engine(st)) return NULL;
   tpu_metrics *x = tpu_engine_metrics(st->eng);
   tpu_rt *rt = tpu_engine_rt(st->eng);
-  return Py_BuildValue("{sLsLsLsLsdsdsLsLsLsLsLsLsL}", "ops_dispatched", (long long)x->ops_dispatched,
+  return Py_BuildValue("{sLsLsLsLsdsdsLsLsLsLsLsLsLsL}", "ops_dispatched", (long long)x->ops_dispatched,
                        "programs_compiled", (long long)x->programs_compiled, "cache_hits", (long long)x->cache_hits,
                        "cache_misses", (long long)x->cache_misses, "compile_seconds", (double)x->compile_ns * 1e-9,
                        "execute_seconds", (double)x->execute_ns * 1e-9, "h2d_bytes", (long long)x->h2d_bytes,
                        "d2h_bytes", (long long)x->d2h_bytes, "live_records", (long long)x->records_live,
                        "live_buffers", (long long)tpu_rt_live_buffers(rt), "cache_entries",
                        (long long)tpu_engine_cache_size(st->eng), "fallback_ops", (long long)x->fallback_ops,
-                       "unwind_tables_ignored", (long long)tpu_rt_unwind_tables_ignored());
+                       "unwind_tables_ignored", (long long)tpu_rt_unwind_tables_ignored(),
+                       "cache_evictions", (long long)x->cache_evictions);
 }
 
 static PyObject *tpu_py_count_fallback(PyObject *m, PyObject *noargs) {
