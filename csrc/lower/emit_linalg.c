@@ -991,55 +991,78 @@ static void tpu_jacobi_cs(tpu_lower *L, tpu_hv alpha, tpu_hv beta, tpu_hv gamma,
   *s = tpu_mul(L, cc, t);
 }
 
+/* Entry (p, q) of x [..., n, n]: [...]. */
+static tpu_hv tpu_entry(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q) {
+  tpu_hv c = tpu_col(L, x, q); /* [..., n] */
+  const tpu_hlo_type *t = T(L, c);
+  int r = t->rank;
+  tpu_hv row = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
+  return tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, row, tpu_bcast0(L, p, r, t->dims)), c, r - 1);
+}
+
+/* x J for the rotation J in the (p, q) plane: column update. */
+static tpu_hv tpu_rot_cols(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q, tpu_hv c, tpu_hv s) {
+  tpu_hv xp = tpu_col(L, x, p), xq = tpu_col(L, x, q);
+  const tpu_hlo_type *t = T(L, xp);
+  int64_t bd[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank - 1; i++) bd[i] = i;
+  tpu_hv cb = tpu_hlo_broadcast_in_dim(H, c, t->rank, t->dims, bd), sb = tpu_hlo_broadcast_in_dim(H, s, t->rank, t->dims, bd);
+  return tpu_set_cols(L, x, p, q, tpu_sub(L, tpu_mul(L, cb, xp), tpu_mul(L, sb, xq)), tpu_add(L, tpu_mul(L, sb, xp), tpu_mul(L, cb, xq)));
+}
+
+/* `sweeps` cyclic Jacobi sweeps over the column pairs of *a [..., m, n],
+ * accumulating the rotations into *v [..., k, n]. Two-sided (symmetric *a,
+ * eigh): each rotation zeroes a[p, q] and is applied to rows and columns.
+ * One-sided (SVD): each rotation makes columns p and q orthogonal. An empty
+ * or 1-column *a is left as it is. */
+static bool tpu_jacobi_sweeps(tpu_lower *L, bool two_sided, int sweeps, tpu_hv *a, tpu_hv *v) {
+  const tpu_hlo_type at = *T(L, *a);
+  int64_t n = at.dims[at.rank - 1], np = n * (n - 1) / 2;
+  if (np == 0 || tpu_hlo_type_numel(&at) == 0) return true;
+  int64_t *ps = malloc(sizeof(int64_t) * (size_t)np * 2);
+  if (!ps) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: out of memory", L->opname);
+    return false;
+  }
+  int64_t *qs = ps + np;
+  tpu_pairs(n, ps, qs);
+  tpu_hv init[3] = {tpu_hlo_constant_int(H, TPU_S64, 0), *a, *v};
+  tpu_hlo_type ts[3] = {*T(L, init[0]), at, *T(L, *v)};
+  int cond = tpu_count_cond(L, ts, 3, np * sweeps);
+  tpu_hv x[3];
+  tpu_hlo_region_begin(H, ts, 3, x);
+  tpu_hv p = tpu_table_at(L, ps, np, x[0]), q = tpu_table_at(L, qs, np, x[0]), c, s, A;
+  if (two_sided) {
+    tpu_jacobi_cs(L, tpu_entry(L, x[1], p, p), tpu_entry(L, x[1], q, q), tpu_entry(L, x[1], p, q), &c, &s);
+    A = tpu_mT(L, tpu_rot_cols(L, tpu_mT(L, tpu_rot_cols(L, x[1], p, q, c, s)), p, q, c, s));
+  } else {
+    tpu_hv ap = tpu_col(L, x[1], p), aq = tpu_col(L, x[1], q);
+    tpu_jacobi_cs(L, tpu_vdot_last(L, ap, ap), tpu_vdot_last(L, aq, aq), tpu_vdot_last(L, ap, aq), &c, &s);
+    A = tpu_rot_cols(L, x[1], p, q, c, s);
+  }
+  tpu_hv outs[3] = {tpu_add(L, x[0], tpu_hlo_constant_int(H, TPU_S64, 1)), A, tpu_rot_cols(L, x[2], p, q, c, s)};
+  int body = tpu_hlo_region_end(H, outs, 3);
+  free(ps);
+  tpu_hv fin[3];
+  if (!tpu_while(L, init, 3, cond, body, fin)) return false;
+  *a = fin[1];
+  *v = fin[2];
+  return true;
+}
+
 /* Thin SVD of a [..., m, n] with m >= n by one-sided Jacobi: returns the
  * rotated columns W = U diag(S) and V, after `sweeps` cyclic sweeps. */
 static void tpu_jacobi_svd(tpu_lower *L, tpu_hv a, int sweeps, tpu_hv *w_out, tpu_hv *v_out) {
   const tpu_hlo_type at = *T(L, a);
   int r = at.rank;
-  int64_t n = at.dims[r - 1];
   int64_t vd[TPU_MAX_RANK];
   memcpy(vd, at.dims, sizeof(int64_t) * (size_t)r);
-  vd[r - 2] = n;
+  vd[r - 2] = at.dims[r - 1];
   tpu_hlo_type vt = tpu_hlo_type_make(at.dtype, r, vd);
-  tpu_hv eye = tpu_eye_like(L, &vt);
-  int64_t np = n * (n - 1) / 2;
-  if (np == 0 || tpu_hlo_type_numel(&at) == 0) {
-    *w_out = a;
-    *v_out = eye;
-    return;
-  }
-  int64_t *ps = malloc(sizeof(int64_t) * (size_t)np * 2);
-  if (!ps) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: out of memory", L->opname);
-    return;
-  }
-  int64_t *qs = ps + np;
-  tpu_pairs(n, ps, qs);
-  tpu_hv init[3] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, eye};
-  tpu_hlo_type ts[3] = {*T(L, init[0]), at, vt};
-  int cond = tpu_count_cond(L, ts, 3, np * sweeps);
-  tpu_hv v[3];
-  tpu_hlo_region_begin(H, ts, 3, v);
-  tpu_hv p = tpu_table_at(L, ps, np, v[0]), q = tpu_table_at(L, qs, np, v[0]);
-  tpu_hv ap = tpu_col(L, v[1], p), aq = tpu_col(L, v[1], q);
-  tpu_hv c, s;
-  tpu_jacobi_cs(L, tpu_vdot_last(L, ap, ap), tpu_vdot_last(L, aq, aq), tpu_vdot_last(L, ap, aq), &c, &s);
-  int64_t bd[TPU_MAX_RANK];
-  for (int i = 0; i < r - 2; i++) bd[i] = i;
-  const tpu_hlo_type *cvt = T(L, ap);
-  tpu_hv cb = tpu_hlo_broadcast_in_dim(H, c, cvt->rank, cvt->dims, bd), sb = tpu_hlo_broadcast_in_dim(H, s, cvt->rank, cvt->dims, bd);
-  tpu_hv A = tpu_set_cols(L, v[1], p, q, tpu_sub(L, tpu_mul(L, cb, ap), tpu_mul(L, sb, aq)), tpu_add(L, tpu_mul(L, sb, ap), tpu_mul(L, cb, aq)));
-  tpu_hv vp = tpu_col(L, v[2], p), vq = tpu_col(L, v[2], q);
-  const tpu_hlo_type *cvv = T(L, vp);
-  tpu_hv cv = tpu_hlo_broadcast_in_dim(H, c, cvv->rank, cvv->dims, bd), sv = tpu_hlo_broadcast_in_dim(H, s, cvv->rank, cvv->dims, bd);
-  tpu_hv V = tpu_set_cols(L, v[2], p, q, tpu_sub(L, tpu_mul(L, cv, vp), tpu_mul(L, sv, vq)), tpu_add(L, tpu_mul(L, sv, vp), tpu_mul(L, cv, vq)));
-  tpu_hv outs[3] = {tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1)), A, V};
-  int body = tpu_hlo_region_end(H, outs, 3);
-  free(ps);
-  tpu_hv fin[3];
-  if (!tpu_while(L, init, 3, cond, body, fin)) return;
-  *w_out = fin[1];
-  *v_out = fin[2];
+  tpu_hv v = tpu_eye_like(L, &vt);
+  if (!tpu_jacobi_sweeps(L, false, sweeps, &a, &v)) return;
+  *w_out = a;
+  *v_out = v;
 }
 
 /* Permutation sorting s [..., k] descending (stable): returns the sorted
@@ -1117,25 +1140,6 @@ void tpu_emit_linalg_svd(tpu_lower *L) {
 
 /* ---- eigh: two-sided (cyclic) Jacobi ------------------------------------------------------------- */
 
-/* Entry (p, q) of x [..., n, n]: [...]. */
-static tpu_hv tpu_entry(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q) {
-  tpu_hv c = tpu_col(L, x, q); /* [..., n] */
-  const tpu_hlo_type *t = T(L, c);
-  int r = t->rank;
-  tpu_hv row = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
-  return tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, row, tpu_bcast0(L, p, r, t->dims)), c, r - 1);
-}
-
-/* x J for the rotation J in the (p, q) plane: column update. */
-static tpu_hv tpu_rot_cols(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q, tpu_hv c, tpu_hv s) {
-  tpu_hv xp = tpu_col(L, x, p), xq = tpu_col(L, x, q);
-  const tpu_hlo_type *t = T(L, xp);
-  int64_t bd[TPU_MAX_RANK];
-  for (int i = 0; i < t->rank - 1; i++) bd[i] = i;
-  tpu_hv cb = tpu_hlo_broadcast_in_dim(H, c, t->rank, t->dims, bd), sb = tpu_hlo_broadcast_in_dim(H, s, t->rank, t->dims, bd);
-  return tpu_set_cols(L, x, p, q, tpu_sub(L, tpu_mul(L, cb, xp), tpu_mul(L, sb, xq)), tpu_add(L, tpu_mul(L, sb, xp), tpu_mul(L, cb, xq)));
-}
-
 /* _linalg_eigh.eigenvalues(A, UPLO, compute_v, *, eigenvalues, eigenvectors) */
 void tpu_emit_linalg_eigh(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, true, "linalg.eigh")) return;
@@ -1148,35 +1152,8 @@ void tpu_emit_linalg_eigh(tpu_lower *L) {
   tpu_hv strict = tpu_hlo_select(H, tpu_tri_mask(L, T(L, a), !upper, 1), a, tpu_k(L, a, 0));
   a = tpu_add(L, tri, tpu_mT(L, strict));
   const tpu_hlo_type at = *T(L, a);
-  int r = at.rank;
-  int64_t n = at.dims[r - 1], np = n * (n - 1) / 2;
   tpu_hv V = tpu_eye_like(L, &at);
-  if (np > 0 && tpu_hlo_type_numel(&at) > 0) {
-    int64_t *ps = malloc(sizeof(int64_t) * (size_t)np * 2);
-    if (!ps) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: out of memory", L->opname);
-      return;
-    }
-    int64_t *qs = ps + np;
-    tpu_pairs(n, ps, qs);
-    tpu_hv init[3] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, V};
-    tpu_hlo_type ts[3] = {*T(L, init[0]), at, at};
-    int cond = tpu_count_cond(L, ts, 3, np * 12);
-    tpu_hv v[3];
-    tpu_hlo_region_begin(H, ts, 3, v);
-    tpu_hv p = tpu_table_at(L, ps, np, v[0]), q = tpu_table_at(L, qs, np, v[0]);
-    tpu_hv c, s;
-    tpu_jacobi_cs(L, tpu_entry(L, v[1], p, p), tpu_entry(L, v[1], q, q), tpu_entry(L, v[1], p, q), &c, &s);
-    tpu_hv B = tpu_rot_cols(L, v[1], p, q, c, s);
-    tpu_hv A2 = tpu_mT(L, tpu_rot_cols(L, tpu_mT(L, B), p, q, c, s));
-    tpu_hv outs[3] = {tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1)), A2, tpu_rot_cols(L, v[2], p, q, c, s)};
-    int body = tpu_hlo_region_end(H, outs, 3);
-    free(ps);
-    tpu_hv fin[3];
-    if (!tpu_while(L, init, 3, cond, body, fin)) return;
-    a = fin[1];
-    V = fin[2];
-  }
+  if (!tpu_jacobi_sweeps(L, true, 12, &a, &V)) return;
   tpu_hv w = tpu_diag(L, a), M = TPU_HV_NONE;
   /* ascending: sort the negated values descending */
   w = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_sort_desc(L, tpu_hlo_unary(H, TPU_HLO_NEG, w), &M));
