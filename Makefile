@@ -16,7 +16,7 @@ HLO     := csrc/hlo/hlo.c
 setup:
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet "torch==2.13.0" numpy pytest expecttest xla-cpu-pjrt
+	$(VPY) -m pip install --quiet "torch==2.13.0" numpy pytest expecttest xla-cpu-pjrt "transformers==5.25.0" "accelerate==1.16.0"
 	$(MAKE) build
 
 build:
