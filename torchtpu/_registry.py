@@ -359,6 +359,89 @@ def _patch_printing():
     ts._tensor_str = tensor_str
 
 
+def _pin_memory(self, device=None):
+    """pin_memory() of a CPU tensor. torchtpu has no page-locked host
+    allocator (a Python-registered device cannot provide one, and host->tpu
+    copies are synchronous, so pinning would buy nothing): the tensor comes
+    back as an ordinary copy (is_pinned() stays False), with one warning, so
+    DataLoader(pin_memory=True) and .pin_memory() keep working."""
+    if device is not None and torch.device(device).type != "tpu":
+        raise RuntimeError(f"pin_memory(device={device}): this process runs the tpu device (torchtpu), "
+                           "which is the only accelerator it can pin memory for")
+    if "pin_memory" not in _FALLBACK_WARNED:
+        _FALLBACK_WARNED.add("pin_memory")
+        warnings.warn("torchtpu: pinned host memory is not supported; pin_memory() returns an ordinary "
+                      "copy (host to tpu copies are synchronous, so nothing is lost)", stacklevel=3)
+    return self.clone()
+
+
+def _patch_storage_constructor():
+    """torch.UntypedStorage(n, device="tpu") would ask PyTorch's allocator
+    registry, which a Python-registered device leaves empty (a crash in
+    C++): such storages are made from tpu tensors instead. torch.load's
+    restore path builds storages this way."""
+    cls = torch.UntypedStorage
+    orig = cls.__new__
+
+    def new(klass, *args, device=None, **kwargs):
+        if device is not None and torch.device(device).type == "tpu":
+            if kwargs or len(args) > 1:
+                raise TypeError("torch.UntypedStorage(..., device='tpu') takes a size or a sequence of bytes")
+            if not args or isinstance(args[0], int):
+                n = int(args[0]) if args else 0
+                return torch.empty(n, dtype=torch.uint8, device="tpu").untyped_storage()
+            return torch.tensor(list(args[0]), dtype=torch.uint8).to("tpu").untyped_storage()
+        if device is not None:
+            kwargs["device"] = device
+        return orig(klass, *args, **kwargs)
+
+    cls.__new__ = new
+
+
+def _crosses_tpu(module, device):
+    """Whether moving module to device takes a tensor onto or off the tpu."""
+    if device is None:
+        return False
+    if torch.device(device).type == "tpu":
+        return True
+    return any(t.device.type == "tpu" for t in module.parameters())
+
+
+def _patch_module_moves():
+    """module.to("tpu"), .tpu() and .cpu() keep each Parameter object, as
+    they do for CUDA. PyTorch keeps them by assigning `param.data`, which it
+    allows only between its built-in dense backends; for any other device it
+    makes new Parameters, which unties tied weights (an embedding shared with
+    the output layer) and leaves an optimizer made before the move holding
+    the old ones. Across the tpu boundary the move swaps the tensors instead
+    (torch.utils.swap_tensors, PyTorch's own mechanism for this), so identity,
+    and with it every tie, is kept. A parameter that cannot be swapped (one
+    with a weak reference) falls back to PyTorch's default behaviour."""
+    Module = torch.nn.Module
+    fut = torch.__future__
+
+    def moving(orig, device_of):
+        def move(self, *args, **kwargs):
+            if fut.get_swap_module_params_on_conversion() or not _crosses_tpu(self, device_of(*args, **kwargs)):
+                return orig(self, *args, **kwargs)
+            fut.set_swap_module_params_on_conversion(True)
+            try:
+                return orig(self, *args, **kwargs)
+            except RuntimeError as e:
+                if "Couldn't swap" not in str(e):
+                    raise
+            finally:
+                fut.set_swap_module_params_on_conversion(False)
+            return orig(self, *args, **kwargs)
+
+        move.__name__, move.__doc__ = orig.__name__, orig.__doc__
+        return move
+
+    Module.to = moving(Module.to, lambda *a, **k: torch._C._nn._parse_to(*a, **k)[0])
+    Module.tpu = moving(Module.tpu, lambda device=None: torch.device("tpu"))
+    Module.cpu = moving(Module.cpu, lambda: torch.device("cpu"))
+
+
 def setup(device_module):
     global _LIB, _IMPL
     path, platform = _plugin.find()
@@ -420,7 +503,10 @@ def setup(device_module):
     _IMPL.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     _IMPL.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
 
+    _IMPL.impl("_pin_memory", _pin_memory, "CPU")
     _patch_printing()
+    _patch_storage_constructor()
+    _patch_module_moves()
     _LIB = torch.library.Library("_", "IMPL")
     _LIB.fallback(_fallback, dispatch_key="PrivateUse1")
 

@@ -862,6 +862,28 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
                        "cache_evictions", (long long)x->cache_evictions);
 }
 
+/* memory(reset_peak=False) -> dict. allocated/peak: bytes of the live
+ * device buffers as counted by the runtime (every plugin); device_in_use,
+ * device_peak, device_limit: the plugin's own statistics, -1 where it
+ * reports none (XLA's CPU plugin). */
+static PyObject *tpu_py_memory(PyObject *m, PyObject *args) {
+  int reset = 0;
+  if (!PyArg_ParseTuple(args, "|p", &reset)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_rt *rt = tpu_engine_rt(st->eng);
+  if (reset) tpu_rt_reset_peak_bytes(rt);
+  int64_t in_use = -1, peak = -1, limit = -1;
+  tpu_status *s = tpu_rt_device_memory(rt, &in_use, &peak, &limit);
+  if (s) {
+    in_use = -1;
+    tpu_status_free(s);
+  }
+  return Py_BuildValue("{sLsLsLsLsL}", "allocated", (long long)tpu_rt_live_bytes(rt), "peak",
+                       (long long)tpu_rt_peak_bytes(rt), "device_in_use", (long long)in_use, "device_peak",
+                       (long long)peak, "device_limit", (long long)limit);
+}
+
 static PyObject *tpu_py_count_fallback(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
@@ -901,6 +923,7 @@ static PyMethodDef tpu_methods[] = {
     {"to_cpu", tpu_py_to_cpu, METH_O, "to_cpu(t) -> contiguous CPU tensor"},
     {"info", tpu_py_info, METH_NOARGS, "Runtime facts: platform, versions, devices."},
     {"metrics", tpu_py_metrics, METH_NOARGS, "Counters."},
+    {"memory", tpu_py_memory, METH_VARARGS, "memory(reset_peak=False) -> byte counts"},
     {"count_fallback", tpu_py_count_fallback, METH_NOARGS, "Count one CPU-fallback op."},
     {"manual_seed", tpu_py_manual_seed, METH_O, "Seed the device generator."},
     {"rng_state", tpu_py_rng_state, METH_VARARGS, "rng_state() -> (seed, offset); rng_state(seed, offset)"},

@@ -27,6 +27,7 @@ struct tpu_rt {
   char *path, *platform, *version; /* owned */
   char **kinds;                    /* owned, ndevices entries */
   atomic_llong live_buffers, live_execs;
+  atomic_llong live_bytes, peak_bytes; /* dense sizes of live buffers */
 };
 
 /* The shape is tracked here (from the upload's arguments, or asked of the
@@ -258,6 +259,9 @@ const char *tpu_rt_device_kind(const tpu_rt *rt, int i) {
   return (i >= 0 && i < rt->ndevices && rt->kinds[i]) ? rt->kinds[i] : "";
 }
 int64_t tpu_rt_live_buffers(const tpu_rt *rt) { return rt->live_buffers; }
+int64_t tpu_rt_live_bytes(const tpu_rt *rt) { return rt->live_bytes; }
+int64_t tpu_rt_peak_bytes(const tpu_rt *rt) { return rt->peak_bytes; }
+void tpu_rt_reset_peak_bytes(tpu_rt *rt) { atomic_store(&rt->peak_bytes, atomic_load(&rt->live_bytes)); }
 int64_t tpu_rt_live_execs(const tpu_rt *rt) { return rt->live_execs; }
 
 /* ---- executables ----------------------------------------------------------------- */
@@ -384,6 +388,10 @@ static tpu_status *tpu_rt_buffer_wrap(tpu_rt *rt, tpu_pjrt_buffer *b, tpu_dtype 
   if (rank) memcpy(w->dims, dims, (size_t)rank * sizeof *dims);
   w->nbytes = tpu_rt_dense_nbytes(dt, rank, dims);
   atomic_fetch_add(&rt->live_buffers, 1);
+  long long now = atomic_fetch_add(&rt->live_bytes, (long long)w->nbytes) + (long long)w->nbytes;
+  long long peak = atomic_load(&rt->peak_bytes);
+  while (now > peak && !atomic_compare_exchange_weak(&rt->peak_bytes, &peak, now)) {
+  }
   *out = w;
   return NULL;
 }
@@ -530,11 +538,13 @@ void tpu_rt_buffer_free(tpu_rt_buffer *b) {
   if (!b) return;
   tpu_rt_pjrt_buffer_destroy(b->rt->api, b->buf);
   atomic_fetch_sub(&b->rt->live_buffers, 1);
+  atomic_fetch_sub(&b->rt->live_bytes, (long long)b->nbytes);
   free(b);
 }
 
-tpu_status *tpu_rt_memory_in_use(tpu_rt *rt, int64_t *bytes) {
-  *bytes = 0;
+tpu_status *tpu_rt_device_memory(tpu_rt *rt, int64_t *in_use, int64_t *peak, int64_t *limit) {
+  *in_use = 0;
+  *peak = *limit = -1;
   if (!TPU_HAS(rt->api, Device_MemoryStats))
     return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "this PJRT plugin reports no memory statistics");
   tpu_pjrt_memory_stats_args a;
@@ -544,6 +554,13 @@ tpu_status *tpu_rt_memory_in_use(tpu_rt *rt, int64_t *bytes) {
   /* The CPU plugin answers UNIMPLEMENTED, which maps to TPU_ERR_UNIMPLEMENTED. */
   tpu_status *s = TPU_CALL(rt->api, Device_MemoryStats, &a);
   if (s) return s;
-  *bytes = a.bytes_in_use;
+  *in_use = a.bytes_in_use;
+  if (a.peak_bytes_in_use_is_set) *peak = a.peak_bytes_in_use;
+  if (a.bytes_limit_is_set) *limit = a.bytes_limit;
   return NULL;
+}
+
+tpu_status *tpu_rt_memory_in_use(tpu_rt *rt, int64_t *bytes) {
+  int64_t peak, limit;
+  return tpu_rt_device_memory(rt, bytes, &peak, &limit);
 }

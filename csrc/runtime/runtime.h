@@ -92,5 +92,13 @@ int64_t tpu_rt_unwind_tables_ignored(void);
 /* Device memory in use, where the plugin reports it; TPU_ERR_UNIMPLEMENTED
  * otherwise (the CPU plugin does not). */
 tpu_status *tpu_rt_memory_in_use(tpu_rt *rt, int64_t *bytes);
+/* The plugin's statistics: bytes in use, and the peak and the limit where it
+ * reports them (-1 where not). */
+tpu_status *tpu_rt_device_memory(tpu_rt *rt, int64_t *in_use, int64_t *peak, int64_t *limit);
+/* Bytes held by this runtime's live buffers (dense sizes), counted here for
+ * every plugin, and their peak since start or the last reset. */
+int64_t tpu_rt_live_bytes(const tpu_rt *rt);
+int64_t tpu_rt_peak_bytes(const tpu_rt *rt);
+void tpu_rt_reset_peak_bytes(tpu_rt *rt);
 
 #endif
