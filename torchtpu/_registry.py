@@ -287,6 +287,34 @@ def _wrap_unique():
             "repeat_interleave.Tensor": repeat_interleave}
 
 
+# Fused Adam/AdamW: one C program (tpu::fused_adam) per group of parameters.
+# A group is bounded by what one call may write (4 tensors per parameter).
+_FUSED_GROUP = 24
+
+
+def _fused_adam_kernels(op_id):
+    def spec(lr_kind):
+        lists = [(n, "L", _REQUIRED) for n in ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs",
+                                                "state_steps")]
+        nums = [(n, "S", _REQUIRED) for n in ("beta1", "beta2", "weight_decay", "eps")]
+        flags = [(n, "b", _REQUIRED) for n in ("amsgrad", "maximize", "adamw")]
+        return lists + [("lr", lr_kind, _REQUIRED)] + nums + flags + [("grad_scale", "t", None), ("found_inf", "t", None)]
+
+    return _C.kernel(op_id, spec("S"), 0, _REQUIRED), _C.kernel(op_id, spec("T"), 0, _REQUIRED)
+
+
+def _wrap_fused_adam(kernel, adamw):
+    def fused(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
+              weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+        g = _FUSED_GROUP
+        for k in range(0, len(self), g):
+            kernel(self[k:k + g], grads[k:k + g], exp_avgs[k:k + g], exp_avg_sqs[k:k + g],
+                   max_exp_avg_sqs[k:k + g] if amsgrad else [], state_steps[k:k + g], lr, beta1, beta2,
+                   weight_decay, eps, amsgrad, maximize, adamw, grad_scale, found_inf)
+
+    return fused
+
+
 def _local_scalar_dense(self):
     return _C.to_cpu(self).item()
 
@@ -453,8 +481,10 @@ def setup(device_module):
 
     warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
     _IMPL = torch.library.Library("aten", "IMPL")
+    internal = {}
     for name, op_id, flags in _C.ops():
         if name.startswith("tpu::"):
+            internal[name] = op_id
             continue
         base, _, overload = name.partition(".")
         op = getattr(torch.ops.aten, base)
@@ -503,6 +533,11 @@ def setup(device_module):
     _IMPL.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     _IMPL.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
 
+    adam_float, adam_tensor = _fused_adam_kernels(internal["tpu::fused_adam"])
+    for adamw in (False, True):
+        name = "_fused_adamw_" if adamw else "_fused_adam_"
+        _IMPL.impl(name, _wrap_fused_adam(adam_float, adamw), "PrivateUse1")
+        _IMPL.impl(name + ".tensor_lr", _wrap_fused_adam(adam_tensor, adamw), "PrivateUse1")
     _IMPL.impl("_pin_memory", _pin_memory, "CPU")
     _patch_printing()
     _patch_storage_constructor()

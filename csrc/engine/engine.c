@@ -27,9 +27,9 @@ typedef struct {
   tpu_rt_exec *exec; /* owned */
   tpu_in_plan *in;   /* owned, nin entries */
   int nin;
-  tpu_out_plan out[TPU_MAX_OUTS];
+  tpu_out_plan *out; /* owned, nout entries */
   int nout;
-  tpu_ret_plan ret[TPU_MAX_OUTS];
+  tpu_ret_plan *ret; /* owned, nret entries */
   int nret;
   int64_t rng_words;
 } tpu_cache_entry;
@@ -111,6 +111,8 @@ static void tpu_cache_entry_free(tpu_cache_entry *c) {
   if (!c) return;
   free(c->key);
   free(c->in);
+  free(c->out);
+  free(c->ret);
   tpu_rt_exec_free(c->exec);
   free(c);
 }
@@ -498,9 +500,15 @@ static tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row,
   c->keylen = sig->n;
   c->hash = h;
   c->nout = L.nout;
-  memcpy(c->out, L.out, sizeof L.out);
   c->nret = L.nret;
-  memcpy(c->ret, L.ret, sizeof L.ret);
+  c->out = malloc(sizeof(tpu_out_plan) * (size_t)(L.nout ? L.nout : 1));
+  c->ret = malloc(sizeof(tpu_ret_plan) * (size_t)(L.nret ? L.nret : 1));
+  if (!c->out || !c->ret) {
+    tpu_cache_entry_free(c);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  memcpy(c->out, L.out, sizeof(tpu_out_plan) * (size_t)L.nout);
+  memcpy(c->ret, L.ret, sizeof(tpu_ret_plan) * (size_t)L.nret);
   c->rng_words = L.rng_words;
   if (!tpu_cache_insert(e, c)) {
     tpu_cache_entry_free(c);
@@ -585,8 +593,8 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
   free(sig.p);
   if (s) return s;
 
-  tpu_rt_buffer *inbuf[64];
-  tpu_rt_buffer *temps[65] = {0};
+  tpu_rt_buffer *inbuf[TPU_MAX_INS];
+  tpu_rt_buffer *temps[TPU_MAX_INS + 1] = {0};
   int ntemp = 0;
   e->epoch++;
   for (int k = 0; k < c->nin && !s; k++) {
@@ -658,7 +666,7 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
   for (int k = 0; k < c->nout; k++) tpu_rt_buffer_free(outbuf[k]);
   res->nout = nnew;
   res->nret = c->nret;
-  memcpy(res->ret, c->ret, sizeof c->ret);
+  memcpy(res->ret, c->ret, sizeof(tpu_ret_plan) * (size_t)c->nret);
   if (s) tpu_engine_result_release(res);
   return s;
 }

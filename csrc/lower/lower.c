@@ -220,7 +220,7 @@ static tpu_tref *tpu_lower_tref(tpu_lower *L, int i, int j) {
 }
 
 static void tpu_lower_add_input(tpu_lower *L, tpu_in_kind k, int arg, int item) {
-  if (L->nin >= 64) {
+  if (L->nin >= TPU_MAX_INS) {
     tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: more than 64 program inputs", L->opname);
     return;
   }

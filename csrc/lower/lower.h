@@ -17,7 +17,8 @@
 
 #define TPU_MAX_ARGS 24
 #define TPU_MAX_LIST 64
-#define TPU_MAX_OUTS 8
+#define TPU_MAX_OUTS 128 /* results and in-place writes of one call (fused optimizers write many) */
+#define TPU_MAX_INS 512
 
 /* ---- parsed arguments ------------------------------------------------------ */
 
@@ -119,7 +120,7 @@ struct tpu_lower {
   int nargs;
   const char *opname; /* "aten::add.Tensor", for messages */
   int flags;         /* TPU_OP_* of the table row */
-  tpu_in_plan in[64];
+  tpu_in_plan in[TPU_MAX_INS];
   int nin;
   tpu_out_plan out[TPU_MAX_OUTS];
   tpu_hv outv[TPU_MAX_OUTS];
