@@ -470,6 +470,19 @@ def _patch_module_moves():
     Module.cpu = moving(Module.cpu, lambda: torch.device("cpu"))
 
 
+def _patch_matmul_precision(device_module):
+    """torch.set_float32_matmul_precision also sets the tpu's precision."""
+    orig = torch.set_float32_matmul_precision
+
+    def set_float32_matmul_precision(precision):
+        orig(precision)
+        device_module.set_matmul_precision(precision)
+
+    set_float32_matmul_precision.__doc__ = orig.__doc__
+    torch.set_float32_matmul_precision = set_float32_matmul_precision
+    device_module.set_matmul_precision(torch.get_float32_matmul_precision())
+
+
 def setup(device_module):
     global _LIB, _IMPL
     path, platform = _plugin.find()
@@ -542,6 +555,10 @@ def setup(device_module):
     _patch_printing()
     _patch_storage_constructor()
     _patch_module_moves()
+    _patch_matmul_precision(device_module)
+    from . import _autocast
+
+    _autocast.setup()
     _LIB = torch.library.Library("_", "IMPL")
     _LIB.fallback(_fallback, dispatch_key="PrivateUse1")
 

@@ -185,3 +185,25 @@ def mem_get_info(device=None):
         free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
         return free, total
     raise RuntimeError(f"torch.tpu.mem_get_info: the {_runtime()['platform']} PJRT plugin reports no memory limit")
+
+
+def is_bf16_supported(including_emulation=True):
+    return True
+
+
+# Precision of float32 matmuls and convolutions, as XLA's operand precision:
+# "highest" (full f32, PyTorch's default), "high" (3 passes of bfloat16 on a
+# TPU), "medium" (one bfloat16 pass, the TPU's fastest). PyTorch's own knob,
+# torch.set_float32_matmul_precision, sets it too. On XLA's CPU plugin every
+# setting computes in full f32.
+_PRECISIONS = ("medium", "high", "highest")
+
+
+def set_matmul_precision(precision):
+    if precision not in _PRECISIONS:
+        raise ValueError(f"torch.tpu.set_matmul_precision: expected one of {_PRECISIONS}, got {precision!r}")
+    _C.matmul_precision(_PRECISIONS.index(precision))
+
+
+def get_matmul_precision():
+    return _PRECISIONS[_C.matmul_precision()]

@@ -57,6 +57,7 @@ struct tpu_engine {
   tpu_cache_entry **cache; /* open addressing on hash, owned entries */
   size_t cache_cap, cache_n;
   uint64_t rng_seed, rng_offset;
+  tpu_hlo_precision precision; /* of f32 matmuls and convolutions: part of every key */
 };
 
 #define TPU_TOMB ((tpu_record *)1)
@@ -103,6 +104,7 @@ tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out) {
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
   e->rng_seed = 67280421310721ull;
+  e->precision = TPU_HLO_PREC_HIGHEST;
   *out = e;
   return NULL;
 }
@@ -141,6 +143,9 @@ void tpu_engine_free(tpu_engine *e) {
 tpu_rt *tpu_engine_rt(tpu_engine *e) { return e->rt; }
 tpu_metrics *tpu_engine_metrics(tpu_engine *e) { return &e->metrics; }
 int64_t tpu_engine_cache_size(tpu_engine *e) { return (int64_t)e->cache_n; }
+
+void tpu_engine_set_precision(tpu_engine *e, tpu_hlo_precision p) { e->precision = p; }
+tpu_hlo_precision tpu_engine_precision(tpu_engine *e) { return e->precision; }
 
 void tpu_engine_manual_seed(tpu_engine *e, uint64_t seed) {
   e->rng_seed = seed;
@@ -464,6 +469,7 @@ static tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row,
   L.opname = row->name;
   L.flags = row->flags;
   L.rng_state = TPU_HV_NONE;
+  L.precision = e->precision;
   tpu_lower_run(&L, row);
   char *text = NULL;
   size_t len = 0;
@@ -577,6 +583,7 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
   tpu_classify_views(args, nargs);
   tpu_sig sig = {0};
   tpu_sig_build(&sig, op_id, args, nargs);
+  tpu_sig_i64(&sig, e->precision);
   if (sig.oom) {
     free(sig.p);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");

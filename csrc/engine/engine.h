@@ -52,6 +52,10 @@ void tpu_engine_free(tpu_engine *e);
 tpu_rt *tpu_engine_rt(tpu_engine *e);
 tpu_metrics *tpu_engine_metrics(tpu_engine *e);
 void tpu_engine_manual_seed(tpu_engine *e, uint64_t seed);
+/* Precision of f32 matmuls and convolutions (torch.set_float32_matmul_precision:
+ * highest -> HIGHEST, high -> HIGH, medium -> DEFAULT); HIGHEST at start. */
+void tpu_engine_set_precision(tpu_engine *e, tpu_hlo_precision p);
+tpu_hlo_precision tpu_engine_precision(tpu_engine *e);
 void tpu_engine_rng_state(tpu_engine *e, uint64_t *seed, uint64_t *offset);
 void tpu_engine_set_rng_state(tpu_engine *e, uint64_t seed, uint64_t offset);
 /* Number of entries in the in-memory program cache. */

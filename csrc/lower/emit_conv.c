@@ -70,7 +70,7 @@ static bool tpu_conv_params(tpu_lower *L, int nsp, int first, tpu_conv_p *p) {
 static tpu_hv tpu_conv_fwd(tpu_lower *L, tpu_hv x, tpu_hv w, const tpu_conv_p *p) {
   int64_t pad[2 * TPU_MAX_RANK];
   for (int k = 0; k < p->nsp; k++) pad[2 * k] = pad[2 * k + 1] = p->pad[k];
-  return tpu_hlo_convolution(H, x, w, p->nsp, p->stride, pad, NULL, p->dil, p->groups, 1, TPU_HLO_PREC_HIGHEST);
+  return tpu_hlo_convolution(H, x, w, p->nsp, p->stride, pad, NULL, p->dil, p->groups, 1, L->precision);
 }
 
 /* Gradient of tpu_conv_fwd with respect to its input (spatial sizes isz),
@@ -104,7 +104,7 @@ static tpu_hv tpu_conv_dinput(tpu_lower *L, tpu_hv g, tpu_hv w, const tpu_conv_p
     pad[2 * k] = D - p->pad[k];
     pad[2 * k + 1] = isz[k] - (gt.dims[2 + k] - 1) * p->stride[k] - 1 + p->pad[k];
   }
-  return tpu_hlo_convolution(H, g, kr, nsp, NULL, pad, p->stride, p->dil, G, 1, TPU_HLO_PREC_HIGHEST);
+  return tpu_hlo_convolution(H, g, kr, nsp, NULL, pad, p->stride, p->dil, G, 1, L->precision);
 }
 
 /* Gradient of tpu_conv_fwd with respect to its weight (spatial sizes ksz),
@@ -124,7 +124,7 @@ static tpu_hv tpu_conv_dweight(tpu_lower *L, tpu_hv x, tpu_hv g, const tpu_conv_
     pad[2 * k + 1] = (ksz[k] - 1) * p->dil[k] + (gt.dims[2 + k] - 1) * p->stride[k] + 1 - xt.dims[2 + k] - p->pad[k];
   }
   /* (C_in/G, C_out, k...) */
-  tpu_hv r = tpu_hlo_convolution(H, xs, gs, nsp, p->dil, pad, NULL, p->stride, 1, p->groups, TPU_HLO_PREC_HIGHEST);
+  tpu_hv r = tpu_hlo_convolution(H, xs, gs, nsp, p->dil, pad, NULL, p->stride, 1, p->groups, L->precision);
   return tpu_hlo_transpose(H, r, perm);
 }
 

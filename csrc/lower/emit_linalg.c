@@ -87,10 +87,10 @@ static void tpu_emit_bmm_add(tpu_lower *L, bool reduce_batch) {
   tpu_hv p;
   if (reduce_batch) {
     int64_t lc[2] = {0, 2}, rc[2] = {0, 1};
-    p = tpu_hlo_dot_general(H, x, y, 0, NULL, NULL, 2, lc, rc, TPU_HLO_PREC_HIGHEST, acc);
+    p = tpu_hlo_dot_general(H, x, y, 0, NULL, NULL, 2, lc, rc, L->precision, acc);
   } else {
     int64_t z = 0, lc = 2, rc = 1;
-    p = tpu_hlo_dot_general(H, x, y, 1, &z, &z, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, acc);
+    p = tpu_hlo_dot_general(H, x, y, 1, &z, &z, 1, &lc, &rc, L->precision, acc);
   }
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_scaled_sum(L, 0, p, 3, 4, acc), dt));
 }
@@ -110,7 +110,7 @@ void tpu_emit_addmv(tpu_lower *L) {
   tpu_dtype dt = m->dtype, acc = tpu_acc_type(dt);
   int64_t lc = 1, rc = 0;
   tpu_hv p = tpu_hlo_dot_general(H, tpu_lower_tensor(L, 1, -1), tpu_lower_tensor(L, 2, -1), 0, NULL, NULL, 1, &lc, &rc,
-                                 TPU_HLO_PREC_HIGHEST, acc);
+                                 L->precision, acc);
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_scaled_sum(L, 0, p, 3, 4, acc), dt));
 }
 
@@ -138,7 +138,7 @@ void tpu_emit_vdot(tpu_lower *L) {
   tpu_dtype dt = a->dtype, acc = tpu_acc_type(dt);
   int64_t lc = 0, rc = 0;
   tpu_hv r = tpu_hlo_dot_general(H, tpu_lower_tensor(L, 0, -1), tpu_lower_tensor(L, 1, -1), 0, NULL, NULL, 1, &lc, &rc,
-                                 TPU_HLO_PREC_HIGHEST, acc);
+                                 L->precision, acc);
   tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
 }
 
@@ -221,7 +221,7 @@ static tpu_hv tpu_bmatmul(tpu_lower *L, tpu_hv a, tpu_hv b) {
   for (int i = 0; i < r - 2; i++) bd[i] = i;
   int64_t lc = r - 1, rc = r - 2;
   tpu_dtype dt = t->dtype;
-  tpu_hv p = tpu_hlo_dot_general(H, a, b, r - 2, bd, bd, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, tpu_acc_type(dt));
+  tpu_hv p = tpu_hlo_dot_general(H, a, b, r - 2, bd, bd, 1, &lc, &rc, L->precision, tpu_acc_type(dt));
   return tpu_hlo_convert(H, p, dt);
 }
 

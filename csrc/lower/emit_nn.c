@@ -257,7 +257,7 @@ static tpu_hv tpu_matmul2(tpu_lower *L, tpu_hv a, tpu_hv b) {
   }
   tpu_dtype dt = at->dtype, acc = tpu_acc_type(dt);
   int64_t lc = 1, rc = 0;
-  tpu_hv r = tpu_hlo_dot_general(H, a, b, 0, NULL, NULL, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, acc);
+  tpu_hv r = tpu_hlo_dot_general(H, a, b, 0, NULL, NULL, 1, &lc, &rc, L->precision, acc);
   return tpu_hlo_convert(H, r, dt);
 }
 
@@ -277,7 +277,7 @@ void tpu_emit_addmm(tpu_lower *L) {
     return;
   }
   int64_t lc = 1, rc = 0;
-  tpu_hv p = tpu_hlo_dot_general(H, a, b, 0, NULL, NULL, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, acc);
+  tpu_hv p = tpu_hlo_dot_general(H, a, b, 0, NULL, NULL, 1, &lc, &rc, L->precision, acc);
   if (!L->args[4].is_default) p = tpu_lower_binary(L, TPU_HLO_MUL, p, tpu_lower_scalar(L, 4, acc));
   tpu_hv s = tpu_lower_input(L, 0, acc);
   if (!L->args[3].is_default) {
@@ -302,7 +302,7 @@ void tpu_emit_bmm(tpu_lower *L) {
   }
   tpu_dtype dt = at->dtype;
   int64_t z = 0, lc = 2, rc = 1;
-  tpu_hv r = tpu_hlo_dot_general(H, a, b, 1, &z, &z, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, tpu_acc_type(dt));
+  tpu_hv r = tpu_hlo_dot_general(H, a, b, 1, &z, &z, 1, &lc, &rc, L->precision, tpu_acc_type(dt));
   tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
 }
 
@@ -312,7 +312,7 @@ void tpu_emit_dot(tpu_lower *L) {
   tpu_hv a = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 1, -1);
   tpu_dtype dt = T(L, a)->dtype;
   int64_t lc = T(L, a)->rank - 1, rc = 0;
-  tpu_hv r = tpu_hlo_dot_general(H, a, b, 0, NULL, NULL, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, tpu_acc_type(dt));
+  tpu_hv r = tpu_hlo_dot_general(H, a, b, 0, NULL, NULL, 1, &lc, &rc, L->precision, tpu_acc_type(dt));
   tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
 }
 

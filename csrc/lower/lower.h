@@ -131,6 +131,7 @@ struct tpu_lower {
   bool uses_rng;
   tpu_hv rng_state;  /* tensor<2xui64> */
   int64_t rng_words; /* random words drawn: the generator's advance */
+  tpu_hlo_precision precision; /* of f32 matmuls and convolutions */
 };
 
 typedef void (*tpu_emit_fn)(tpu_lower *L);

@@ -884,6 +884,19 @@ static PyObject *tpu_py_memory(PyObject *m, PyObject *args) {
                        (long long)peak, "device_limit", (long long)limit);
 }
 
+/* matmul_precision() -> 0 (DEFAULT) | 1 (HIGH) | 2 (HIGHEST); matmul_precision(p) sets it. */
+static PyObject *tpu_py_matmul_precision(PyObject *m, PyObject *args) {
+  int p = -1;
+  if (!PyArg_ParseTuple(args, "|i", &p)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  if (p >= 0) {
+    if (p > TPU_HLO_PREC_HIGHEST) return PyErr_Format(PyExc_ValueError, "matmul precision %d is not 0, 1 or 2", p);
+    tpu_engine_set_precision(st->eng, (tpu_hlo_precision)p);
+  }
+  return PyLong_FromLong((long)tpu_engine_precision(st->eng));
+}
+
 static PyObject *tpu_py_count_fallback(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
@@ -924,6 +937,7 @@ static PyMethodDef tpu_methods[] = {
     {"info", tpu_py_info, METH_NOARGS, "Runtime facts: platform, versions, devices."},
     {"metrics", tpu_py_metrics, METH_NOARGS, "Counters."},
     {"memory", tpu_py_memory, METH_VARARGS, "memory(reset_peak=False) -> byte counts"},
+    {"matmul_precision", tpu_py_matmul_precision, METH_VARARGS, "matmul_precision([p]) -> p"},
     {"count_fallback", tpu_py_count_fallback, METH_NOARGS, "Count one CPU-fallback op."},
     {"manual_seed", tpu_py_manual_seed, METH_O, "Seed the device generator."},
     {"rng_state", tpu_py_rng_state, METH_VARARGS, "rng_state() -> (seed, offset); rng_state(seed, offset)"},
