@@ -392,3 +392,16 @@ def test_pinned_memory_and_non_blocking_loader():
     assert torch.equal(p, torch.ones(3)) and not p.is_pinned()
     assert [x.cpu().tolist() for x, _ in got] == [[[0, 1], [2, 3], [4, 5], [6, 7]], [[8, 9], [10, 11]]]
     assert got[1][1].device.type == "tpu"
+
+
+def test_torch_accelerator_memory_and_synchronize():
+    t = torch.ones(256, device="tpu")
+    torch.accelerator.synchronize()
+    torch.accelerator.empty_cache()
+    assert torch.accelerator.memory_allocated() >= 1024
+    assert torch.accelerator.max_memory_allocated() >= torch.accelerator.memory_allocated()
+    assert torch.accelerator.memory_stats()["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    torch.accelerator.reset_peak_memory_stats()
+    free, total = torch.accelerator.get_memory_info()
+    assert 0 < free <= total
+    del t

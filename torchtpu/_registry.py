@@ -483,6 +483,40 @@ def _patch_matmul_precision(device_module):
     device_module.set_matmul_precision(torch.get_float32_matmul_precision())
 
 
+def _patch_accelerator(device_module):
+    """torch.accelerator's memory and synchronize calls reach PyTorch's C++
+    DeviceAllocator registry, which a Python-registered device cannot fill
+    (an internal assert). In a torchtpu process the accelerator is the tpu,
+    so they answer from torch.tpu. (accelerate's Trainer calls
+    torch.accelerator.empty_cache() on every train().)"""
+    import torch.accelerator as acc
+    import torch.accelerator.memory as accmem
+
+    def stats(device_index=None, /):
+        from collections import OrderedDict
+
+        return OrderedDict(sorted(device_module.memory_stats().items()))
+
+    table = {
+        "empty_cache": lambda: device_module.empty_cache(),
+        "memory_stats": stats,
+        "memory_allocated": lambda device_index=None, /: device_module.memory_allocated(),
+        "max_memory_allocated": lambda device_index=None, /: device_module.max_memory_allocated(),
+        "memory_reserved": lambda device_index=None, /: device_module.memory_reserved(),
+        "max_memory_reserved": lambda device_index=None, /: device_module.max_memory_reserved(),
+        "reset_accumulated_memory_stats": lambda device_index=None, /: None,
+        "reset_peak_memory_stats": lambda device_index=None, /: device_module.reset_peak_memory_stats(),
+        "get_memory_info": lambda device_index=None, /: device_module.mem_get_info(),
+        "synchronize": lambda device=None, /: device_module.synchronize(),
+    }
+    for name, fn in table.items():
+        for mod in (acc, accmem):
+            orig = getattr(mod, name, None)
+            if orig is not None:
+                fn.__name__, fn.__doc__ = name, orig.__doc__
+                setattr(mod, name, fn)
+
+
 def setup(device_module):
     global _LIB, _IMPL
     path, platform = _plugin.find()
@@ -556,6 +590,7 @@ def setup(device_module):
     _patch_storage_constructor()
     _patch_module_moves()
     _patch_matmul_precision(device_module)
+    _patch_accelerator(device_module)
     from . import _autocast
 
     _autocast.setup()
