@@ -10,6 +10,7 @@ BUILD   := build/ctest
 CORE    := csrc/core.c
 RT      := csrc/runtime/runtime.c
 HLO     := csrc/hlo/hlo.c
+CACHE   := csrc/cache/cache.c
 
 .PHONY: setup build test check pytest coverage clean
 
@@ -31,13 +32,15 @@ LSAN    := LSAN_OPTIONS=suppressions=tests/c/lsan.supp ASAN_OPTIONS=detect_leaks
 $(BUILD):
 	mkdir -p $(BUILD)
 
-# C unit tests: the builder's text and the runtime against the real plugin
+# C unit tests: the builder's text, the disk cache, and the runtime against the real plugin
 # under AddressSanitizer and UndefinedBehaviorSanitizer (leaks inside the
 # plugin itself suppressed by tests/c/lsan.supp), then our PJRT declarations
 # against the header the plugin wheel ships.
 check: | $(BUILD)
 	$(CC) $(CFLAGS) $(SAN) $(CORE) $(HLO) tests/c/test_hlo.c -lm -o $(BUILD)/test_hlo
 	$(LSAN) $(BUILD)/test_hlo
+	$(CC) $(CFLAGS) $(SAN) $(CORE) $(CACHE) tests/c/test_cache.c -o $(BUILD)/test_cache
+	$(LSAN) $(BUILD)/test_cache
 	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) $(HLO) tests/c/test_runtime.c -ldl -lpthread -lm -o $(BUILD)/test_runtime
 	$(LSAN) $(BUILD)/test_runtime $(plugin)
 	@if [ ! -f "$(pinc)/pjrt_c_api.h" ]; then \

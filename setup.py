@@ -4,7 +4,7 @@ import glob
 from setuptools import Extension, setup
 
 sources = sorted(
-    glob.glob("csrc/*.c") + glob.glob("csrc/runtime/*.c") + glob.glob("csrc/hlo/*.c")
+    glob.glob("csrc/*.c") + glob.glob("csrc/runtime/*.c") + glob.glob("csrc/hlo/*.c") + glob.glob("csrc/cache/*.c")
     + glob.glob("csrc/lower/*.c") + glob.glob("csrc/engine/*.c") + glob.glob("csrc/python/*.c")
 )
 

@@ -136,3 +136,9 @@ tpu_dtype tpu_dtype_promote(tpu_dtype a, tpu_dtype b) {
     default: return TPU_S64;
   }
 }
+
+uint64_t tpu_fnv1a(uint64_t h, const void *p, size_t n) {
+  const uint8_t *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}

@@ -16,6 +16,10 @@
 
 #define TPU_MAX_RANK 8
 
+/* FNV-1a 64 over n bytes, continuing from h (start with TPU_FNV_BASIS). */
+#define TPU_FNV_BASIS 14695981039346656037ull
+uint64_t tpu_fnv1a(uint64_t h, const void *p, size_t n);
+
 /* ---- status ------------------------------------------------------------ */
 
 typedef enum {

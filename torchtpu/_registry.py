@@ -517,11 +517,41 @@ def _patch_accelerator(device_module):
                 setattr(mod, name, fn)
 
 
+def default_cache_dir():
+    """TORCHTPU_CACHE_DIR, else torchtpu/ under the user's cache folder
+    (XDG_CACHE_HOME or ~/.cache). An empty TORCHTPU_CACHE_DIR turns the disk
+    tier off (returns "")."""
+    d = os.environ.get("TORCHTPU_CACHE_DIR")
+    if d is not None:
+        return d
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "torchtpu")
+
+
+def setup_disk_cache(directory=None, max_mb=None):
+    """Turns on the disk tier of the compilation cache in directory (default:
+    default_cache_dir()); an unusable folder warns once and leaves programs
+    cached in memory only."""
+    import sys
+
+    directory = default_cache_dir() if directory is None else directory
+    if max_mb is None:
+        max_mb = float(os.environ.get("TORCHTPU_CACHE_SIZE_MB", "") or 4096)
+    version = getattr(sys.modules.get("torchtpu"), "__version__", "unknown")
+    try:
+        _C.disk_cache(directory or None, int(max_mb * 2**20), f"torchtpu={version}")
+    except OSError as e:
+        warnings.warn(f"torchtpu: compilation cache disabled ({e}); programs are cached in memory only",
+                      stacklevel=2)
+        _C.disk_cache(None, 0, "")
+
+
 def setup(device_module):
     global _LIB, _IMPL
     path, platform = _plugin.find()
     ndev = int(os.environ.get("TORCHTPU_NUM_DEVICES", "1") or 1)
     _C.init(path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty)
+    setup_disk_cache()
 
     torch.utils.rename_privateuse1_backend("tpu")
     _br._setup_privateuseone_for_python_backend("tpu", backend_module=device_module)

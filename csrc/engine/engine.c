@@ -58,6 +58,11 @@ struct tpu_engine {
   size_t cache_cap, cache_n;
   uint64_t rng_seed, rng_offset;
   tpu_hlo_precision precision; /* of f32 matmuls and convolutions: part of every key */
+  tpu_dcache *disk;   /* owned; NULL when the disk tier is off */
+  char *salt;         /* owned */
+  bool disk_readonly; /* a write failed: entries are still read, no longer written */
+  char *warnings[8];  /* owned, pending for the binding */
+  int nwarnings;
 };
 
 #define TPU_TOMB ((tpu_record *)1)
@@ -68,12 +73,7 @@ static int64_t tpu_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static uint64_t tpu_hash_bytes(const void *p, size_t n) {
-  const uint8_t *b = p;
-  uint64_t h = 14695981039346656037ull;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
+static uint64_t tpu_hash_bytes(const void *p, size_t n) { return tpu_fnv1a(TPU_FNV_BASIS, p, n); }
 
 static size_t tpu_ptr_slot(const void *p, size_t cap) {
   uint64_t x = (uint64_t)(uintptr_t)p;
@@ -121,6 +121,9 @@ static void tpu_cache_entry_free(tpu_cache_entry *c) {
 
 void tpu_engine_free(tpu_engine *e) {
   if (!e) return;
+  tpu_dcache_free(e->disk);
+  free(e->salt);
+  for (int i = 0; i < e->nwarnings; i++) free(e->warnings[i]);
   for (int i = 0; i < TPU_SCALAR_SLOTS; i++) tpu_rt_buffer_free(e->scalars[i].buf);
   for (size_t i = 0; i < e->cache_cap; i++) tpu_cache_entry_free(e->cache[i]);
   free(e->cache);
@@ -145,6 +148,105 @@ tpu_metrics *tpu_engine_metrics(tpu_engine *e) { return &e->metrics; }
 int64_t tpu_engine_cache_size(tpu_engine *e) { return (int64_t)e->cache_n; }
 
 void tpu_engine_set_precision(tpu_engine *e, tpu_hlo_precision p) { e->precision = p; }
+
+void tpu_engine_set_disk_cache(tpu_engine *e, tpu_dcache *dc, const char *salt) {
+  tpu_dcache_free(e->disk);
+  free(e->salt);
+  e->disk = dc;
+  e->salt = dc ? strdup(salt ? salt : "") : NULL;
+  e->disk_readonly = false;
+  if (dc && !e->salt) {
+    tpu_dcache_free(dc);
+    e->disk = NULL;
+  }
+}
+
+static void tpu_engine_warn(tpu_engine *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tpu_engine_warn(tpu_engine *e, const char *fmt, ...) {
+  if (e->nwarnings == (int)(sizeof e->warnings / sizeof e->warnings[0])) return;
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  char *w = strdup(buf);
+  if (w) e->warnings[e->nwarnings++] = w;
+}
+
+char *tpu_engine_take_warning(tpu_engine *e) {
+  if (!e->nwarnings) return NULL;
+  char *w = e->warnings[0];
+  memmove(e->warnings, e->warnings + 1, sizeof(char *) * (size_t)(e->nwarnings - 1));
+  e->nwarnings--;
+  return w;
+}
+
+/* The disk key: salt, a separator no program text holds, then the text. */
+static uint8_t *tpu_disk_key(tpu_engine *e, const char *text, size_t len, size_t *keylen) {
+  size_t sl = strlen(e->salt);
+  uint8_t *k = malloc(sl + 1 + len);
+  if (!k) return NULL;
+  memcpy(k, e->salt, sl);
+  k[sl] = 0;
+  memcpy(k + sl + 1, text, len);
+  *keylen = sl + 1 + len;
+  return k;
+}
+
+/* A program from the disk tier, or NULL (a miss, or an entry that could not
+ * be used: reported once, removed, and the caller compiles). */
+static tpu_rt_exec *tpu_disk_load(tpu_engine *e, const uint8_t *key, size_t keylen, const char *opname) {
+  int64_t t0 = tpu_now_ns();
+  void *bytes = NULL;
+  size_t n = 0;
+  char why[512];
+  tpu_dc_result r = tpu_dcache_get(e->disk, key, keylen, &bytes, &n, why, sizeof why);
+  tpu_rt_exec *exec = NULL;
+  if (r == TPU_DC_CORRUPT) {
+    atomic_fetch_add(&e->metrics.disk_corrupt, 1);
+    tpu_engine_warn(e, "torchtpu: removed a damaged compilation cache entry (%s); recompiling aten::%s", why,
+                    opname);
+  } else if (r == TPU_DC_HIT) {
+    tpu_status *s = tpu_rt_exec_deserialize(e->rt, bytes, n, &exec);
+    if (s) {
+      atomic_fetch_add(&e->metrics.disk_corrupt, 1);
+      tpu_engine_warn(e, "torchtpu: the plugin refused a compilation cache entry in %s (%s); removed it, "
+                      "recompiling aten::%s", tpu_dcache_dir(e->disk), tpu_status_message(s), opname);
+      tpu_status_free(s);
+      tpu_dcache_remove(e->disk, key, keylen);
+      exec = NULL;
+    }
+  }
+  free(bytes);
+  atomic_fetch_add(&e->metrics.disk_load_ns, tpu_now_ns() - t0);
+  atomic_fetch_add(exec ? &e->metrics.disk_hits : &e->metrics.disk_misses, 1);
+  return exec;
+}
+
+static void tpu_disk_store(tpu_engine *e, tpu_rt_exec *exec, const uint8_t *key, size_t keylen) {
+  if (e->disk_readonly) return;
+  void *bytes = NULL;
+  size_t n = 0;
+  tpu_status *s = tpu_rt_exec_serialize(e->rt, exec, &bytes, &n);
+  if (s) {
+    /* A plugin that cannot serialize: the disk tier can do nothing. */
+    tpu_engine_warn(e, "torchtpu: compiled programs cannot be cached on disk (%s); caching in memory only",
+                    tpu_status_message(s));
+    tpu_status_free(s);
+    e->disk_readonly = true;
+    return;
+  }
+  char why[600];
+  int err = tpu_dcache_put(e->disk, key, keylen, bytes, n, why, sizeof why);
+  free(bytes);
+  if (err) {
+    tpu_engine_warn(e, "torchtpu: the compilation cache folder cannot be written (%s); new programs are "
+                    "cached in memory only for the rest of this process", why);
+    e->disk_readonly = true;
+  } else {
+    atomic_fetch_add(&e->metrics.disk_writes, 1);
+  }
+}
 tpu_hlo_precision tpu_engine_precision(tpu_engine *e) { return e->precision; }
 
 void tpu_engine_manual_seed(tpu_engine *e, uint64_t seed) {
@@ -482,10 +584,18 @@ static tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row,
     free(text);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
-  int64_t t0 = tpu_now_ns();
-  s = tpu_rt_compile(e->rt, text, len, &c->exec);
-  atomic_fetch_add(&e->metrics.compile_ns, tpu_now_ns() - t0);
-  atomic_fetch_add(&e->metrics.programs_compiled, 1);
+  uint8_t *dkey = NULL;
+  size_t dkeylen = 0;
+  if (e->disk && (dkey = tpu_disk_key(e, text, len, &dkeylen)))
+    c->exec = tpu_disk_load(e, dkey, dkeylen, row->name);
+  if (!c->exec) {
+    int64_t t0 = tpu_now_ns();
+    s = tpu_rt_compile(e->rt, text, len, &c->exec);
+    atomic_fetch_add(&e->metrics.compile_ns, tpu_now_ns() - t0);
+    atomic_fetch_add(&e->metrics.programs_compiled, 1);
+    if (!s && dkey) tpu_disk_store(e, c->exec, dkey, dkeylen);
+  }
+  free(dkey);
   if (s) {
     s = tpu_status_prefix(s, "compiling aten::%s", row->name);
     if (getenv("TORCHTPU_DEBUG")) fprintf(stderr, "%s\n", text);

@@ -19,6 +19,7 @@
 
 #include "../lower/lower.h"
 #include "../runtime/runtime.h"
+#include "../cache/cache.h"
 
 typedef struct tpu_engine tpu_engine;
 
@@ -45,6 +46,11 @@ typedef struct {
   atomic_llong records_live;
   atomic_llong fallback_ops;
   atomic_llong cache_evictions; /* times the program cache was emptied */
+  atomic_llong disk_hits;       /* programs loaded from the disk cache */
+  atomic_llong disk_misses;     /* programs not found there (compiled, then written) */
+  atomic_llong disk_writes;
+  atomic_llong disk_corrupt;    /* damaged entries found (removed, recompiled) */
+  atomic_llong disk_load_ns;    /* reading and deserializing entries */
 } tpu_metrics;
 
 tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out);
@@ -58,6 +64,13 @@ void tpu_engine_set_precision(tpu_engine *e, tpu_hlo_precision p);
 tpu_hlo_precision tpu_engine_precision(tpu_engine *e);
 void tpu_engine_rng_state(tpu_engine *e, uint64_t *seed, uint64_t *offset);
 void tpu_engine_set_rng_state(tpu_engine *e, uint64_t seed, uint64_t offset);
+/* The disk tier: dc (owned by the engine from now on; NULL turns it off)
+ * and the salt of every key (copied). */
+void tpu_engine_set_disk_cache(tpu_engine *e, tpu_dcache *dc, const char *salt);
+/* Warnings of the disk tier (a corrupt entry, an unwritable folder), oldest
+ * first; owned by the caller, NULL when none. The binding turns them into
+ * Python warnings after each call. */
+char *tpu_engine_take_warning(tpu_engine *e);
 /* Number of entries in the in-memory program cache. */
 int64_t tpu_engine_cache_size(tpu_engine *e);
 

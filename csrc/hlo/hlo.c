@@ -320,11 +320,7 @@ void tpu_hlo_param_alias(tpu_hlo *m, tpu_hv p, int result_index) {
   tpu_hlo_fail(m, TPU_ERR_RUNTIME, "hlo: alias of a value that is not a parameter");
 }
 
-uint64_t tpu_hlo_hash(const char *text, size_t len) {
-  uint64_t h = 14695981039346656037ull; /* the FNV-1a 64 offset basis */
-  for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)text[i]) * 1099511628211ull;
-  return h;
-}
+uint64_t tpu_hlo_hash(const char *text, size_t len) { return tpu_fnv1a(TPU_FNV_BASIS, text, len); }
 
 tpu_status *tpu_hlo_finish(tpu_hlo *m, const tpu_hv *results, int n, char **text, size_t *len) {
   *text = NULL;

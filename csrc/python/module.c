@@ -494,10 +494,27 @@ static void tpu_args_free(tpu_arg *args, int n) {
     if (args[i].kind == TPU_ARG_TENSORS) free(args[i].list);
 }
 
+/* The engine's pending warnings become Python warnings; -1 when one was
+ * turned into an exception (warnings configured as errors). */
+static int tpu_flush_warnings(tpu_mod_state *st) {
+  int rc = 0;
+  char *w;
+  while ((w = tpu_engine_take_warning(st->eng))) {
+    if (rc == 0 && PyErr_WarnEx(PyExc_UserWarning, w, 1) < 0) rc = -1;
+    free(w);
+  }
+  return rc;
+}
+
 static PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params,
                             int nreturns) {
   tpu_engine_result res;
   tpu_status *s = tpu_engine_call(st->eng, &tpu_op_table[op_id], op_id, args, nargs, &res);
+  if (tpu_flush_warnings(st) < 0) {
+    if (s) tpu_status_free(s);
+    else tpu_engine_result_release(&res);
+    return NULL;
+  }
   if (s) return tpu_raise(s);
   return tpu_build_result(st, &res, params, nreturns);
 }
@@ -698,6 +715,11 @@ static PyObject *tpu_download_view(tpu_mod_state *st, PyObject *src_o, tpu_arg *
     tpu_engine_result res;
     tpu_status *s = tpu_engine_call(st->eng, &tpu_op_table[TPU_OP_tpu_materialize], TPU_OP_tpu_materialize, src, 1,
                                     &res);
+    if (tpu_flush_warnings(st) < 0) {
+      if (s) tpu_status_free(s);
+      else tpu_engine_result_release(&res);
+      return NULL;
+    }
     if (s) return tpu_raise(s);
     tmp = res.outs[0];
     res.outs[0] = NULL;
@@ -851,7 +873,7 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
   if (!tpu_need_engine(st)) return NULL;
   tpu_metrics *x = tpu_engine_metrics(st->eng);
   tpu_rt *rt = tpu_engine_rt(st->eng);
-  return Py_BuildValue("{sLsLsLsLsdsdsLsLsLsLsLsLsLsL}", "ops_dispatched", (long long)x->ops_dispatched,
+  PyObject *d = Py_BuildValue("{sLsLsLsLsdsdsLsLsLsLsLsLsLsL}", "ops_dispatched", (long long)x->ops_dispatched,
                        "programs_compiled", (long long)x->programs_compiled, "cache_hits", (long long)x->cache_hits,
                        "cache_misses", (long long)x->cache_misses, "compile_seconds", (double)x->compile_ns * 1e-9,
                        "execute_seconds", (double)x->execute_ns * 1e-9, "h2d_bytes", (long long)x->h2d_bytes,
@@ -860,6 +882,18 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
                        (long long)tpu_engine_cache_size(st->eng), "fallback_ops", (long long)x->fallback_ops,
                        "unwind_tables_ignored", (long long)tpu_rt_unwind_tables_ignored(),
                        "cache_evictions", (long long)x->cache_evictions);
+  if (!d) return NULL;
+  PyObject *more = Py_BuildValue("{sLsLsLsLsd}", "disk_cache_hits", (long long)x->disk_hits, "disk_cache_misses",
+                                 (long long)x->disk_misses, "disk_cache_writes", (long long)x->disk_writes,
+                                 "disk_cache_corrupt", (long long)x->disk_corrupt, "disk_load_seconds",
+                                 (double)x->disk_load_ns * 1e-9);
+  if (!more || PyDict_Update(d, more) < 0) {
+    Py_XDECREF(more);
+    Py_DECREF(d);
+    return NULL;
+  }
+  Py_DECREF(more);
+  return d;
 }
 
 /* memory(reset_peak=False) -> dict. allocated/peak: bytes of the live
@@ -895,6 +929,35 @@ static PyObject *tpu_py_matmul_precision(PyObject *m, PyObject *args) {
     tpu_engine_set_precision(st->eng, (tpu_hlo_precision)p);
   }
   return PyLong_FromLong((long)tpu_engine_precision(st->eng));
+}
+
+/* disk_cache(dir, max_bytes, extra_salt) -> None: turn the disk tier on
+ * (dir None or "": off). The salt is the runtime's (platform, versions,
+ * compile options, plugin file) plus extra_salt (torchtpu's version). A
+ * folder that cannot be used raises OSError; the caller falls back. */
+static PyObject *tpu_py_disk_cache(PyObject *m, PyObject *args) {
+  const char *dir = NULL, *extra = "";
+  long long max_bytes = 0;
+  if (!PyArg_ParseTuple(args, "zLs", &dir, &max_bytes, &extra)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  if (!dir || !*dir) {
+    tpu_engine_set_disk_cache(st->eng, NULL, NULL);
+    Py_RETURN_NONE;
+  }
+  tpu_dcache *dc = NULL;
+  tpu_status *s = tpu_dcache_open(dir, (int64_t)max_bytes, &dc);
+  if (s) {
+    PyErr_SetString(PyExc_OSError, tpu_status_message(s));
+    tpu_status_free(s);
+    return NULL;
+  }
+  char salt[2048];
+  tpu_rt_cache_salt(tpu_engine_rt(st->eng), salt, sizeof salt);
+  size_t n = strlen(salt);
+  snprintf(salt + n, sizeof salt - n, ";%s", extra);
+  tpu_engine_set_disk_cache(st->eng, dc, salt);
+  Py_RETURN_NONE;
 }
 
 static PyObject *tpu_py_count_fallback(PyObject *m, PyObject *noargs) {
@@ -938,6 +1001,7 @@ static PyMethodDef tpu_methods[] = {
     {"metrics", tpu_py_metrics, METH_NOARGS, "Counters."},
     {"memory", tpu_py_memory, METH_VARARGS, "memory(reset_peak=False) -> byte counts"},
     {"matmul_precision", tpu_py_matmul_precision, METH_VARARGS, "matmul_precision([p]) -> p"},
+    {"disk_cache", tpu_py_disk_cache, METH_VARARGS, "disk_cache(dir, max_bytes, extra_salt)"},
     {"count_fallback", tpu_py_count_fallback, METH_NOARGS, "Count one CPU-fallback op."},
     {"manual_seed", tpu_py_manual_seed, METH_O, "Seed the device generator."},
     {"rng_state", tpu_py_rng_state, METH_VARARGS, "rng_state() -> (seed, offset); rng_state(seed, offset)"},

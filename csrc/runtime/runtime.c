@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "pjrt_api.h"
@@ -292,6 +293,21 @@ static tpu_status *tpu_rt_exec_wrap(tpu_rt *rt, tpu_pjrt_loaded_exec *le, tpu_rt
   }
   *out = e;
   return NULL;
+}
+
+void tpu_rt_cache_salt(const tpu_rt *rt, char *buf, size_t n) {
+  struct stat st;
+  long long size = -1, mtime = -1;
+  if (stat(rt->path, &st) == 0) {
+    size = (long long)st.st_size;
+    mtime = (long long)st.st_mtime;
+  }
+  char opts[2 * sizeof tpu_compile_options + 1];
+  for (size_t i = 0; i < sizeof tpu_compile_options; i++)
+    snprintf(opts + 2 * i, 3, "%02x", (unsigned)(uint8_t)tpu_compile_options[i]);
+  snprintf(buf, n, "platform=%s;version=%s;pjrt=%d.%d;options=%s;plugin=%s;size=%lld;mtime=%lld", rt->platform,
+           rt->version, rt->api->pjrt_api_version.major_version, rt->api->pjrt_api_version.minor_version, opts,
+           rt->path, size, mtime);
 }
 
 tpu_status *tpu_rt_compile(tpu_rt *rt, const char *mlir, size_t len, tpu_rt_exec **out) {

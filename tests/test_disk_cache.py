@@ -1,0 +1,167 @@
+"""The disk tier of the compilation cache, across real processes: cold then
+warm starts, the default folder, damaged entries, concurrent writers, the
+size limit, unwritable folders and a changed plugin."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import torchtpu
+
+SCRIPT = textwrap.dedent("""
+    import json, sys, warnings
+    warnings.simplefilter("always")
+    caught = []
+    warnings.showwarning = lambda m, *a, **k: caught.append(str(m))
+    import torch, torchtpu
+    x = torch.arange(64, dtype=torch.float32, device="tpu").reshape(8, 8) / 64
+    for i in range(int(sys.argv[1])):
+        x = torch.tanh(x @ x + i) if i % 2 else (x * 1.5 - 0.25).relu()
+    out = x.cpu().sum().item()
+    m = torchtpu.metrics()
+    print(json.dumps({"out": out, "warnings": [w for w in caught if "torchtpu" in w],
+                      **{k: m[k] for k in ("programs_compiled", "disk_cache_hits", "disk_cache_misses",
+                                           "disk_cache_writes", "disk_cache_corrupt")}}))
+""")
+
+
+def run(env_extra, n=6, unset=()):
+    env = dict(os.environ)
+    for k in unset:
+        env.pop(k, None)
+    env.update(env_extra)
+    p = subprocess.run([sys.executable, "-c", SCRIPT, str(n)], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def entries(d):
+    return sorted(f for f in os.listdir(d) if f.endswith(".xc"))
+
+
+def test_warm_start_loads_every_program_from_disk(tmp_path):
+    d = str(tmp_path / "cache")
+    cold = run({"TORCHTPU_CACHE_DIR": d})
+    assert cold["programs_compiled"] > 0 and cold["disk_cache_hits"] == 0
+    assert cold["disk_cache_writes"] == cold["programs_compiled"] == len(entries(d))
+    warm = run({"TORCHTPU_CACHE_DIR": d})
+    assert warm["programs_compiled"] == 0
+    assert warm["disk_cache_hits"] == cold["programs_compiled"]
+    assert warm["out"] == cold["out"] and warm["warnings"] == []
+    assert not [f for f in os.listdir(d) if ".tmp." in f]
+
+
+def test_default_folder_and_switching_off(tmp_path):
+    got = run({"XDG_CACHE_HOME": str(tmp_path)}, unset=("TORCHTPU_CACHE_DIR",))
+    assert got["disk_cache_writes"] > 0
+    assert len(entries(tmp_path / "torchtpu")) == got["disk_cache_writes"]
+    off = run({"TORCHTPU_CACHE_DIR": "", "XDG_CACHE_HOME": str(tmp_path / "other")})
+    assert off["disk_cache_misses"] == off["disk_cache_writes"] == 0
+    assert not (tmp_path / "other").exists()
+    assert torchtpu._registry.default_cache_dir() == ""  # the suite itself runs with it off
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty"])
+def test_damaged_entries_are_reported_once_removed_and_recompiled(tmp_path, damage):
+    d = str(tmp_path)
+    cold = run({"TORCHTPU_CACHE_DIR": d})
+    names = entries(d)
+    for name in names:
+        path = os.path.join(d, name)
+        data = open(path, "rb").read()
+        if damage == "flip":
+            data = data[:-5] + bytes([data[-5] ^ 0xFF]) + data[-4:]
+        elif damage == "truncate":
+            data = data[: len(data) // 2]
+        elif damage == "garbage":
+            data = os.urandom(len(data))
+        else:
+            data = b""
+        open(path, "wb").write(data)
+    again = run({"TORCHTPU_CACHE_DIR": d})
+    assert again["out"] == cold["out"]
+    assert again["disk_cache_corrupt"] == len(names)
+    assert again["programs_compiled"] == len(names)
+    assert len(again["warnings"]) == len(names)
+    assert all("damaged compilation cache entry" in w for w in again["warnings"])
+    healed = run({"TORCHTPU_CACHE_DIR": d})  # rewritten whole by the recompile
+    assert healed["programs_compiled"] == 0 and healed["warnings"] == []
+
+
+def test_concurrent_writers_of_the_same_entries(tmp_path):
+    d = str(tmp_path)
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=d)
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, "8"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    assert len({o["out"] for o in outs}) == 1 and all(o["warnings"] == [] for o in outs)
+    assert not [f for f in os.listdir(d) if ".tmp." in f]
+    warm = run({"TORCHTPU_CACHE_DIR": d}, n=8)
+    assert warm["programs_compiled"] == 0 and warm["disk_cache_corrupt"] == 0
+    assert warm["out"] == outs[0]["out"]
+
+
+def test_size_limit_evicts_the_oldest(tmp_path):
+    d = str(tmp_path)
+    full = run({"TORCHTPU_CACHE_DIR": d}, n=10)
+    sizes = [os.path.getsize(os.path.join(d, f)) for f in entries(d)]
+    total = sum(sizes)
+    shutil.rmtree(d)
+    limit_mb = total / 2 / 2**20
+    small = run({"TORCHTPU_CACHE_DIR": d, "TORCHTPU_CACHE_SIZE_MB": str(limit_mb)}, n=10)
+    assert small["out"] == full["out"] and small["warnings"] == []
+    kept = sum(os.path.getsize(os.path.join(d, f)) for f in entries(d))
+    assert 0 < kept <= total / 2
+    assert len(entries(d)) < len(sizes)
+
+
+def _readonly_dir(tmp_path):
+    if os.geteuid() != 0:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o555)
+        return str(d)
+    # root writes through permission bits: use a folder of a read-only file system
+    for d in ("/proc/self/fdinfo", "/sys/kernel"):
+        try:
+            open(os.path.join(d, "torchtpu-probe.xc"), "wb").close()
+        except OSError:
+            return d
+    pytest.skip("no read-only folder is available on this machine")
+
+
+def test_unwritable_folder_falls_back_to_memory_with_one_warning(tmp_path):
+    got = run({"TORCHTPU_CACHE_DIR": _readonly_dir(tmp_path)})
+    assert got["programs_compiled"] > 1 and got["disk_cache_writes"] == 0
+    assert len(got["warnings"]) == 1 and "cannot be written" in got["warnings"][0]
+    ref = run({"TORCHTPU_CACHE_DIR": ""})
+    assert got["out"] == ref["out"]
+
+
+def test_folder_that_cannot_be_created_warns_once(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("not a folder")
+    got = run({"TORCHTPU_CACHE_DIR": str(f / "cache")})
+    assert len(got["warnings"]) == 1 and "compilation cache disabled" in got["warnings"][0]
+    assert got["disk_cache_misses"] == 0 and got["programs_compiled"] > 0
+
+
+def test_a_different_plugin_build_does_not_reuse_entries(tmp_path):
+    d = str(tmp_path / "cache")
+    cold = run({"TORCHTPU_CACHE_DIR": d})
+    plugin = torchtpu.runtime_info()["plugin"]
+    other = tmp_path / "plugin" / os.path.basename(plugin)
+    other.parent.mkdir()
+    shutil.copy(plugin, other)  # another file: another size/mtime/path, as after an upgrade
+    changed = run({"TORCHTPU_CACHE_DIR": d, "TORCHTPU_PJRT_PLUGIN": str(other)})
+    assert changed["disk_cache_hits"] == 0 and changed["programs_compiled"] == cold["programs_compiled"]
+    back = run({"TORCHTPU_CACHE_DIR": d})
+    assert back["programs_compiled"] == 0
