@@ -5,6 +5,8 @@ registers the device. The work is done by the C core in torchtpu._C; this
 package only wires it into PyTorch.
 """
 
+import os as _os
+
 import torch
 
 from . import _plugin, _registry
@@ -22,10 +24,32 @@ def metrics():
     return _metrics()
 
 
+def metrics_report():
+    """The counters of metrics() as an aligned text table."""
+    m = metrics()
+    width = max(len(k) for k in m)
+    lines = ["torchtpu metrics"]
+    for k, v in m.items():
+        lines.append(f"  {k:<{width}}  {v:.3f}" if isinstance(v, float) else f"  {k:<{width}}  {v}")
+    return "\n".join(lines)
+
+
+def _report_at_exit():
+    import sys
+
+    print(metrics_report(), file=sys.stderr)
+
+
+if _os.environ.get("TORCHTPU_METRICS", "") not in ("", "0"):
+    import atexit
+
+    atexit.register(_report_at_exit)
+
+
 def runtime_info():
     """The PJRT platform, plugin path and versions in use."""
     return _registry.runtime_info()
 
 
-__all__ = ["metrics", "runtime_info", "__version__"]
+__all__ = ["metrics", "metrics_report", "runtime_info", "__version__"]
 
