@@ -11,6 +11,7 @@ import torch
 
 from . import _plugin, _registry
 from . import device_module as _device_module
+from . import _C
 from ._C import metrics as _metrics
 
 __version__ = "0.1.0"
@@ -22,6 +23,63 @@ def metrics():
     """Counters of the core: ops dispatched, programs compiled, cache hits and
     misses, compile and execute seconds, host<->device bytes, live buffers."""
     return _metrics()
+
+
+_MODES = ("debug", "strict")
+
+
+def get_eager_mode():
+    """The current eager mode: "debug" or "strict"."""
+    return _MODES[_C.eager_mode()]
+
+
+class eager_mode:
+    """Sets the eager mode: torchtpu.eager_mode("debug") for the rest of the
+    process, or `with torchtpu.eager_mode("debug"):` for a block.
+
+    - "debug": every op runs to completion before it returns; an error names
+      the op that failed, where it was called.
+    - "strict" (the default): ops return once launched and run
+      asynchronously; a failure of the computation is raised at the next
+      sync point (.cpu(), .item(), printing, torch.tpu.synchronize()), naming
+      the op.
+    - "fused" (ops recorded and run as one program at a sync point) is not
+      implemented yet and raises NotImplementedError.
+    """
+
+    def __init__(self, mode):
+        if mode == "fused":
+            raise NotImplementedError("torchtpu: the fused eager mode is not implemented yet; "
+                                      "use 'strict' (the default) or 'debug'")
+        if mode not in _MODES:
+            raise ValueError(f"torchtpu.eager_mode: expected 'debug', 'strict' or 'fused', got {mode!r}")
+        self.previous = get_eager_mode()
+        self.mode = mode
+        _C.eager_mode(_MODES.index(mode))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _C.eager_mode(_MODES.index(self.previous))
+        return False
+
+
+def _initial_mode():
+    import warnings
+
+    mode = _os.environ.get("TORCHTPU_EAGER", "") or "strict"
+    if mode == "fused":
+        warnings.warn("torchtpu: TORCHTPU_EAGER=fused is not implemented yet; running in strict mode")
+        mode = "strict"
+    if mode not in _MODES:
+        warnings.warn(f"torchtpu: TORCHTPU_EAGER={mode!r} is not a mode (debug, strict, fused); "
+                      "running in strict mode")
+        mode = "strict"
+    _C.eager_mode(_MODES.index(mode))
+
+
+_initial_mode()
 
 
 def metrics_report():
@@ -51,5 +109,5 @@ def runtime_info():
     return _registry.runtime_info()
 
 
-__all__ = ["metrics", "metrics_report", "runtime_info", "__version__"]
+__all__ = ["eager_mode", "get_eager_mode", "metrics", "metrics_report", "runtime_info", "__version__"]
 

@@ -55,8 +55,9 @@ def get_device_properties(device=None):
 
 
 def synchronize(device=None):
-    # Debug eager mode runs every op to completion before returning.
-    return None
+    """Waits for every launched computation (strict mode runs them
+    asynchronously); raises the error of one that failed."""
+    _C.synchronize()
 
 
 def manual_seed(seed):

@@ -20,6 +20,10 @@
 #include <string.h>
 #include <time.h>
 
+/* Launched, unfinished computations kept in strict mode; when full, the
+ * oldest is waited for. */
+#define TPU_INFLIGHT 256
+
 typedef struct {
   uint8_t *key;  /* owned signature bytes */
   size_t keylen;
@@ -63,6 +67,13 @@ struct tpu_engine {
   bool disk_readonly; /* a write failed: entries are still read, no longer written */
   char *warnings[8];  /* owned, pending for the binding */
   int nwarnings;
+  int mode;           /* TPU_MODE_* */
+  struct {
+    tpu_rt_event *ev; /* owned */
+    const char *op;   /* the table's name (static) */
+  } inflight[TPU_INFLIGHT];
+  int ihead, icount;  /* a ring, oldest first */
+  tpu_status *deferred; /* owned: the first asynchronous failure, until reported */
 };
 
 #define TPU_TOMB ((tpu_record *)1)
@@ -121,6 +132,7 @@ static void tpu_cache_entry_free(tpu_cache_entry *c) {
 
 void tpu_engine_free(tpu_engine *e) {
   if (!e) return;
+  tpu_status_free(tpu_engine_sync(e));
   tpu_dcache_free(e->disk);
   free(e->salt);
   for (int i = 0; i < e->nwarnings; i++) free(e->warnings[i]);
@@ -148,6 +160,36 @@ tpu_metrics *tpu_engine_metrics(tpu_engine *e) { return &e->metrics; }
 int64_t tpu_engine_cache_size(tpu_engine *e) { return (int64_t)e->cache_n; }
 
 void tpu_engine_set_precision(tpu_engine *e, tpu_hlo_precision p) { e->precision = p; }
+
+/* Waits for the oldest launched computation; keeps its error if it is the
+ * first one. */
+static void tpu_inflight_pop(tpu_engine *e) {
+  int k = e->ihead;
+  tpu_status *s = tpu_rt_event_wait(e->rt, e->inflight[k].ev);
+  if (s && !e->deferred)
+    e->deferred = tpu_status_prefix(s, "aten::%s failed (it ran asynchronously in strict eager mode; "
+                                       "set TORCHTPU_EAGER=debug to stop at the failing op)", e->inflight[k].op);
+  else
+    tpu_status_free(s);
+  e->inflight[k].ev = NULL;
+  e->ihead = (e->ihead + 1) % TPU_INFLIGHT;
+  e->icount--;
+}
+
+/* Frees the finished computations at the front, without blocking. */
+static void tpu_inflight_reap(tpu_engine *e) {
+  while (e->icount && tpu_rt_event_ready(e->rt, e->inflight[e->ihead].ev)) tpu_inflight_pop(e);
+}
+
+tpu_status *tpu_engine_sync(tpu_engine *e) {
+  while (e->icount) tpu_inflight_pop(e);
+  tpu_status *s = e->deferred;
+  e->deferred = NULL;
+  return s;
+}
+
+void tpu_engine_set_mode(tpu_engine *e, int mode) { e->mode = mode == TPU_MODE_STRICT ? TPU_MODE_STRICT : TPU_MODE_DEBUG; }
+int tpu_engine_mode(tpu_engine *e) { return e->mode; }
 
 void tpu_engine_set_disk_cache(tpu_engine *e, tpu_dcache *dc, const char *salt) {
   tpu_dcache_free(e->disk);
@@ -374,6 +416,9 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data,
 
 tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst,
                                 size_t nbytes) {
+  /* A sync point: a failed asynchronous computation is reported here. */
+  tpu_status *s = tpu_engine_sync(e);
+  if (s) return s;
   if (!rec->buf) {
     memset(dst, 0, nbytes);
     return NULL;
@@ -750,7 +795,20 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
   tpu_rt_buffer *outbuf[TPU_MAX_OUTS] = {0};
   if (!s) {
     int64_t t0 = tpu_now_ns();
-    s = tpu_rt_execute(e->rt, c->exec, inbuf, c->nin, outbuf);
+    if (e->mode == TPU_MODE_STRICT) {
+      tpu_inflight_reap(e);
+      if (e->icount == TPU_INFLIGHT) tpu_inflight_pop(e);
+      tpu_rt_event *done = NULL;
+      s = tpu_rt_execute_async(e->rt, c->exec, inbuf, c->nin, outbuf, &done);
+      if (done) {
+        int k = (e->ihead + e->icount) % TPU_INFLIGHT;
+        e->inflight[k].ev = done;
+        e->inflight[k].op = row->name;
+        e->icount++;
+      }
+    } else {
+      s = tpu_rt_execute(e->rt, c->exec, inbuf, c->nin, outbuf);
+    }
     atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
     if (s) s = tpu_status_prefix(s, "running aten::%s", row->name);
   }

@@ -64,6 +64,16 @@ void tpu_engine_set_precision(tpu_engine *e, tpu_hlo_precision p);
 tpu_hlo_precision tpu_engine_precision(tpu_engine *e);
 void tpu_engine_rng_state(tpu_engine *e, uint64_t *seed, uint64_t *offset);
 void tpu_engine_set_rng_state(tpu_engine *e, uint64_t seed, uint64_t offset);
+/* Eager modes. DEBUG: every op runs to completion before it returns, so an
+ * error names the op at once. STRICT: ops return once launched (the plugin
+ * orders dependent work); a failure of the computation itself is reported
+ * at the next sync point (a download, tpu_engine_sync), naming the op. */
+enum { TPU_MODE_DEBUG = 0, TPU_MODE_STRICT = 1 };
+void tpu_engine_set_mode(tpu_engine *e, int mode);
+int tpu_engine_mode(tpu_engine *e);
+/* Waits for every launched computation; the first error of one (once). */
+tpu_status *tpu_engine_sync(tpu_engine *e);
+
 /* The disk tier: dc (owned by the engine from now on; NULL turns it off)
  * and the salt of every key (copied). */
 void tpu_engine_set_disk_cache(tpu_engine *e, tpu_dcache *dc, const char *salt);

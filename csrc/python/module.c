@@ -1088,6 +1088,30 @@ static PyObject *tpu_py_disk_cache(PyObject *m, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* eager_mode() -> 0 (debug) | 1 (strict); eager_mode(m) sets it, after a
+ * sync (so an earlier asynchronous failure is reported by the switch). */
+static PyObject *tpu_py_eager_mode(PyObject *m, PyObject *args) {
+  int mode = -1;
+  if (!PyArg_ParseTuple(args, "|i", &mode)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  if (mode >= 0) {
+    tpu_status *s = tpu_engine_sync(st->eng);
+    if (s) return tpu_raise(s);
+    tpu_engine_set_mode(st->eng, mode);
+  }
+  return PyLong_FromLong(tpu_engine_mode(st->eng));
+}
+
+static PyObject *tpu_py_synchronize(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_status *s = tpu_engine_sync(st->eng);
+  if (s) return tpu_raise(s);
+  Py_RETURN_NONE;
+}
+
 static PyObject *tpu_py_count_fallback(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
@@ -1130,6 +1154,8 @@ static PyMethodDef tpu_methods[] = {
     {"memory", tpu_py_memory, METH_VARARGS, "memory(reset_peak=False) -> byte counts"},
     {"matmul_precision", tpu_py_matmul_precision, METH_VARARGS, "matmul_precision([p]) -> p"},
     {"disk_cache", tpu_py_disk_cache, METH_VARARGS, "disk_cache(dir, max_bytes, extra_salt)"},
+    {"eager_mode", tpu_py_eager_mode, METH_VARARGS, "eager_mode([mode]) -> mode (0 debug, 1 strict)"},
+    {"synchronize", tpu_py_synchronize, METH_NOARGS, "Wait for every launched computation."},
     {"count_fallback", tpu_py_count_fallback, METH_NOARGS, "Count one CPU-fallback op."},
     {"manual_seed", tpu_py_manual_seed, METH_O, "Seed the device generator."},
     {"rng_state", tpu_py_rng_state, METH_VARARGS, "rng_state() -> (seed, offset); rng_state(seed, offset)"},

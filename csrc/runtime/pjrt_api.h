@@ -147,6 +147,7 @@ typedef struct { TPU_PJRT_HEAD; const tpu_pjrt_error *error; const char *message
 typedef struct { TPU_PJRT_HEAD; const tpu_pjrt_error *error; int code; } tpu_pjrt_error_code_args;
 typedef struct { TPU_PJRT_HEAD; } tpu_pjrt_plugin_init_args;
 typedef struct { TPU_PJRT_HEAD; tpu_pjrt_event *event; } tpu_pjrt_event_args; /* Destroy and Await */
+typedef struct { TPU_PJRT_HEAD; tpu_pjrt_event *event; bool is_ready; } tpu_pjrt_event_is_ready_args;
 
 enum { TPU_PJRT_NV_STRING = 0, TPU_PJRT_NV_INT64 = 1, TPU_PJRT_NV_INT64_LIST = 2, TPU_PJRT_NV_FLOAT = 3, TPU_PJRT_NV_BOOL = 4 };
 typedef struct {

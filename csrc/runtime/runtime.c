@@ -430,8 +430,36 @@ static tpu_status *tpu_rt_buffer_wrap_output(tpu_rt *rt, tpu_pjrt_buffer *b, tpu
   return tpu_rt_buffer_wrap(rt, b, (tpu_dtype)t.type, (int)d.num_dims, d.dims, out);
 }
 
+struct tpu_rt_event {
+  tpu_pjrt_event *ev; /* owned */
+};
+
+bool tpu_rt_event_ready(tpu_rt *rt, tpu_rt_event *ev) {
+  if (!ev) return true;
+  tpu_pjrt_event_is_ready_args a = {TPU_PJRT_SIZE(tpu_pjrt_event_is_ready_args, is_ready), NULL, ev->ev, false};
+  tpu_status *s = TPU_CALL(rt->api, Event_IsReady, &a);
+  if (s) {
+    tpu_status_free(s);
+    return true; /* the wait reports it */
+  }
+  return a.is_ready;
+}
+
+tpu_status *tpu_rt_event_wait(tpu_rt *rt, tpu_rt_event *ev) {
+  if (!ev) return NULL;
+  tpu_status *s = tpu_rt_event_finish(rt->api, ev->ev, "executing");
+  free(ev);
+  return s;
+}
+
 tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
                            tpu_rt_buffer **outs) {
+  return tpu_rt_execute_async(rt, e, args, nargs, outs, NULL);
+}
+
+tpu_status *tpu_rt_execute_async(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
+                                 tpu_rt_buffer **outs, tpu_rt_event **done_out) {
+  if (done_out) *done_out = NULL;
   const tpu_pjrt_api *api = rt->api;
   if (nargs < 0 || (nargs > 0 && !args)) return tpu_status_new(TPU_ERR_VALUE, "execute: %d arguments", nargs);
   for (int i = 0; i < nargs; i++)
@@ -458,6 +486,16 @@ tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *arg
   a.output_lists = out_lists;
   a.device_complete_events = done;
   tpu_status *s = TPU_CALL(api, LoadedExecutable_Execute, &a);
+  if (!s && done_out && done[0]) {
+    /* Asynchronous: the outputs are usable at once (the plugin orders their
+     * uses after the computation); the caller waits on the event later. */
+    tpu_rt_event *w = malloc(sizeof *w);
+    if (w) {
+      w->ev = done[0];
+      done[0] = NULL;
+      *done_out = w;
+    }
+  }
   if (!s) s = tpu_rt_event_finish(api, done[0], "executing");
   else if (done[0]) tpu_status_free(tpu_rt_event_finish(api, done[0], "executing"));
   /* Every output the plugin returned is either wrapped or destroyed. */

@@ -69,6 +69,17 @@ tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e,
                            tpu_rt_buffer *const *args, int nargs,
                            tpu_rt_buffer **outs);
 
+/* The same, without waiting for the computation: *done (owned, may be NULL
+ * when the plugin finished inline) completes when it has; its error, if any,
+ * is the computation's. Errors found before the launch return at once. */
+typedef struct tpu_rt_event tpu_rt_event;
+tpu_status *tpu_rt_execute_async(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
+                                 tpu_rt_buffer **outs, tpu_rt_event **done);
+/* Non-blocking: has ev completed (NULL: yes)? */
+bool tpu_rt_event_ready(tpu_rt *rt, tpu_rt_event *ev);
+/* Waits for ev, frees it, returns its error. NULL ev: nothing. */
+tpu_status *tpu_rt_event_wait(tpu_rt *rt, tpu_rt_event *ev);
+
 /* Host -> device. data: dense row-major, borrowed for the call (copied before
  * return). rank 0 is a scalar; dims may be NULL when rank is 0. */
 tpu_status *tpu_rt_buffer_from_host(tpu_rt *rt, const void *data,

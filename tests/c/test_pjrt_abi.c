@@ -106,6 +106,10 @@ static void test_structs(void) {
   HEAD(tpu_pjrt_event_args, PJRT_Event_Await_Args);
   SAME(tpu_pjrt_event_args, event, PJRT_Event_Await_Args, event);
   SIZE(tpu_pjrt_event_args, event, PJRT_Event_Await_Args);
+  HEAD(tpu_pjrt_event_is_ready_args, PJRT_Event_IsReady_Args);
+  SAME(tpu_pjrt_event_is_ready_args, event, PJRT_Event_IsReady_Args, event);
+  SAME(tpu_pjrt_event_is_ready_args, is_ready, PJRT_Event_IsReady_Args, is_ready);
+  SIZE(tpu_pjrt_event_is_ready_args, is_ready, PJRT_Event_IsReady_Args);
 
   /* named values and their type tags */
   HEAD(tpu_pjrt_named_value, PJRT_NamedValue);

@@ -1,0 +1,73 @@
+"""Eager modes: strict (the default, asynchronous) and debug (synchronous)
+give the same results; the mode is set by TORCHTPU_EAGER or
+torchtpu.eager_mode, globally or for a block."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchtpu
+
+
+def _train(steps=8):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("tpu")
+    opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(8, 16, generator=g).to("tpu"), torch.randint(0, 4, (8,), generator=g).to("tpu")
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    torch.tpu.synchronize()
+    return [l.item() for l in losses]
+
+
+def test_strict_is_the_default_and_matches_debug():
+    assert torchtpu.get_eager_mode() == "strict"
+    strict = _train()
+    with torchtpu.eager_mode("debug"):
+        assert torchtpu.get_eager_mode() == "debug"
+        debug = _train()
+    assert torchtpu.get_eager_mode() == "strict"
+    assert strict == debug
+
+
+def test_global_setter_and_bad_modes():
+    torchtpu.eager_mode("debug")
+    try:
+        assert torchtpu.get_eager_mode() == "debug"
+        assert (torch.ones(3, device="tpu") * 2).cpu().tolist() == [2, 2, 2]
+    finally:
+        torchtpu.eager_mode("strict")
+    with pytest.raises(NotImplementedError, match="fused eager mode is not implemented"):
+        torchtpu.eager_mode("fused")
+    with pytest.raises(ValueError, match="expected 'debug', 'strict' or 'fused'"):
+        torchtpu.eager_mode("lazy")
+    assert torchtpu.get_eager_mode() == "strict"
+
+
+def test_environment_variable():
+    code = "import torch, torchtpu; print(torchtpu.get_eager_mode())"
+    for value, want in (("debug", "debug"), ("strict", "strict"), ("fused", "strict"), ("", "strict")):
+        p = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TORCHTPU_EAGER=value),
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert p.stdout.strip() == want
+        if value == "fused":
+            assert "not implemented yet" in p.stderr
+
+
+def test_strict_mode_keeps_many_launches_in_flight():
+    x = torch.ones(64, 64, device="tpu")
+    for _ in range(600):  # more than the in-flight ring holds
+        x = x * 1.0
+    torch.tpu.synchronize()
+    assert x.sum().item() == 64 * 64
