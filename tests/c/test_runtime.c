@@ -268,6 +268,25 @@ static void test_add_text(void) {
     if (OK(tpu_rt_execute(rt, e, args, 2, &out2), "execute text add again") && download(out2, z, sizeof z))
       check_f32("text add again", z, want, 6, 0);
     tpu_rt_buffer_free(out2);
+    /* Asynchronously: a chain of launches whose results feed the next one,
+     * then the events; the last result is that of three additions. */
+    tpu_rt_buffer *a1 = NULL, *a2 = NULL;
+    tpu_rt_event *ev1 = NULL, *ev2 = NULL;
+    if (OK(tpu_rt_execute_async(rt, e, args, 2, &a1, &ev1), "launch text add")) {
+      tpu_rt_buffer *next[2] = {a1, args[1]};
+      if (OK(tpu_rt_execute_async(rt, e, next, 2, &a2, &ev2), "launch text add on its result")) {
+        if (download(a2, z, sizeof z)) {
+          for (int i = 0; i < 6; i++) want[i] = x[i] + y[i] + y[i];
+          check_f32("async chain", z, want, 6, 0);
+        }
+        CHECK(tpu_rt_event_ready(rt, ev2), "downloaded result: its computation is done");
+        OK(tpu_rt_event_wait(rt, ev2), "wait second launch");
+      }
+      OK(tpu_rt_event_wait(rt, ev1), "wait first launch");
+    }
+    CHECK(tpu_rt_event_ready(rt, NULL) && tpu_rt_event_wait(rt, NULL) == NULL, "NULL event");
+    tpu_rt_buffer_free(a1);
+    tpu_rt_buffer_free(a2);
   }
   tpu_rt_buffer_free(out);
   free_all(args, 2);
