@@ -25,11 +25,11 @@ def metrics():
     return _metrics()
 
 
-_MODES = ("debug", "strict")
+_MODES = ("debug", "strict", "fused")
 
 
 def get_eager_mode():
-    """The current eager mode: "debug" or "strict"."""
+    """The current eager mode: "debug", "strict" or "fused"."""
     return _MODES[_C.eager_mode()]
 
 
@@ -43,14 +43,14 @@ class eager_mode:
       asynchronously; a failure of the computation is raised at the next
       sync point (.cpu(), .item(), printing, torch.tpu.synchronize()), naming
       the op.
-    - "fused" (ops recorded and run as one program at a sync point) is not
-      implemented yet and raises NotImplementedError.
+    - "fused": ops are recorded, not run, and every recorded op whose result
+      is still needed runs as one XLA program at the next sync point (the
+      above, torch.save, an op whose output size depends on data, a copy
+      into a tensor the recorded ops use, or TORCHTPU_FUSED_MAX_OPS ops). A
+      training loop settles into one cached program per step.
     """
 
     def __init__(self, mode):
-        if mode == "fused":
-            raise NotImplementedError("torchtpu: the fused eager mode is not implemented yet; "
-                                      "use 'strict' (the default) or 'debug'")
         if mode not in _MODES:
             raise ValueError(f"torchtpu.eager_mode: expected 'debug', 'strict' or 'fused', got {mode!r}")
         self.previous = get_eager_mode()
@@ -69,9 +69,6 @@ def _initial_mode():
     import warnings
 
     mode = _os.environ.get("TORCHTPU_EAGER", "") or "strict"
-    if mode == "fused":
-        warnings.warn("torchtpu: TORCHTPU_EAGER=fused is not implemented yet; running in strict mode")
-        mode = "strict"
     if mode not in _MODES:
         warnings.warn(f"torchtpu: TORCHTPU_EAGER={mode!r} is not a mode (debug, strict, fused); "
                       "running in strict mode")

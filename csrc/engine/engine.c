@@ -20,6 +20,8 @@
 #include <string.h>
 #include <time.h>
 
+static void tpu_nodes_release(tpu_engine *e);
+
 /* Launched, unfinished computations kept in strict mode; when full, the
  * oldest is waited for. */
 #define TPU_INFLIGHT 256
@@ -36,7 +38,34 @@ typedef struct {
   tpu_ret_plan *ret; /* owned, nret entries */
   int nret;
   int64_t rng_words;
+  struct tpu_fin *fin; /* fused programs: owned inputs (nfin), and the record ids of the outputs */
+  int nfin;
+  int *fout;
+  int nfout;
 } tpu_cache_entry;
+
+/* An input of a fused program: a record's buffer (rec: its id in the
+ * flush's record table), or a recorded op's scalar, host tensor, view
+ * offset or RNG state (node, arg, item). */
+typedef struct tpu_fin {
+  tpu_in_kind kind;
+  int node, arg, item, rec;
+} tpu_fin;
+
+/* A recorded op (fused mode): a deep copy of its parsed arguments (the
+ * records they name are referenced by the graph), its signature and plans,
+ * and the records of its new outputs. */
+typedef struct {
+  const tpu_op_row *row;
+  int op_id;
+  tpu_arg *args; /* owned; TENSORS lists owned */
+  int nargs;
+  uint8_t *sig;  /* owned */
+  size_t siglen;
+  tpu_record **outrec; /* owned array; graph references */
+  int nnew;
+  uint64_t rng_offset; /* the generator's offset reserved for the op */
+} tpu_node;
 
 /* Small device buffers for scalar inputs (Python numbers, view offsets),
  * keyed by dtype and bit pattern. Program inputs are never donated, so one
@@ -74,6 +103,9 @@ struct tpu_engine {
   } inflight[TPU_INFLIGHT];
   int ihead, icount;  /* a ring, oldest first */
   tpu_status *deferred; /* owned: the first asynchronous failure, until reported */
+  tpu_node *nodes;      /* fused mode: the recorded ops, in order (owned) */
+  int nnodes, capnodes, fuse_cap;
+  uint64_t fuse_epoch;  /* flushes started */
 };
 
 #define TPU_TOMB ((tpu_record *)1)
@@ -115,6 +147,8 @@ tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out) {
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
   e->rng_seed = 67280421310721ull;
+  const char *cap = getenv("TORCHTPU_FUSED_MAX_OPS");
+  e->fuse_cap = cap && atoi(cap) > 0 ? atoi(cap) : 4096;
   e->precision = TPU_HLO_PREC_HIGHEST;
   *out = e;
   return NULL;
@@ -126,12 +160,16 @@ static void tpu_cache_entry_free(tpu_cache_entry *c) {
   free(c->in);
   free(c->out);
   free(c->ret);
+  free(c->fin);
+  free(c->fout);
   tpu_rt_exec_free(c->exec);
   free(c);
 }
 
 void tpu_engine_free(tpu_engine *e) {
   if (!e) return;
+  tpu_nodes_release(e);
+  free(e->nodes);
   tpu_status_free(tpu_engine_sync(e));
   tpu_dcache_free(e->disk);
   free(e->salt);
@@ -182,13 +220,24 @@ static void tpu_inflight_reap(tpu_engine *e) {
 }
 
 tpu_status *tpu_engine_sync(tpu_engine *e) {
+  tpu_status *f = tpu_engine_flush(e, TPU_FLUSH_SYNC);
+  if (f) {
+    tpu_status_free(e->deferred);
+    e->deferred = NULL;
+    while (e->icount) tpu_inflight_pop(e);
+    tpu_status_free(e->deferred);
+    e->deferred = NULL;
+    return f;
+  }
   while (e->icount) tpu_inflight_pop(e);
   tpu_status *s = e->deferred;
   e->deferred = NULL;
   return s;
 }
 
-void tpu_engine_set_mode(tpu_engine *e, int mode) { e->mode = mode == TPU_MODE_STRICT ? TPU_MODE_STRICT : TPU_MODE_DEBUG; }
+void tpu_engine_set_mode(tpu_engine *e, int mode) {
+  e->mode = (mode == TPU_MODE_STRICT || mode == TPU_MODE_FUSED) ? mode : TPU_MODE_DEBUG;
+}
 int tpu_engine_mode(tpu_engine *e) { return e->mode; }
 
 void tpu_engine_set_disk_cache(tpu_engine *e, tpu_dcache *dc, const char *salt) {
@@ -237,7 +286,7 @@ static uint8_t *tpu_disk_key(tpu_engine *e, const char *text, size_t len, size_t
 
 /* A program from the disk tier, or NULL (a miss, or an entry that could not
  * be used: reported once, removed, and the caller compiles). */
-static tpu_rt_exec *tpu_disk_load(tpu_engine *e, const uint8_t *key, size_t keylen, const char *opname) {
+static tpu_rt_exec *tpu_disk_load(tpu_engine *e, const uint8_t *key, size_t keylen, const char *label) {
   int64_t t0 = tpu_now_ns();
   void *bytes = NULL;
   size_t n = 0;
@@ -246,14 +295,13 @@ static tpu_rt_exec *tpu_disk_load(tpu_engine *e, const uint8_t *key, size_t keyl
   tpu_rt_exec *exec = NULL;
   if (r == TPU_DC_CORRUPT) {
     atomic_fetch_add(&e->metrics.disk_corrupt, 1);
-    tpu_engine_warn(e, "torchtpu: removed a damaged compilation cache entry (%s); recompiling aten::%s", why,
-                    opname);
+    tpu_engine_warn(e, "torchtpu: removed a damaged compilation cache entry (%s); recompiling %s", why, label);
   } else if (r == TPU_DC_HIT) {
     tpu_status *s = tpu_rt_exec_deserialize(e->rt, bytes, n, &exec);
     if (s) {
       atomic_fetch_add(&e->metrics.disk_corrupt, 1);
       tpu_engine_warn(e, "torchtpu: the plugin refused a compilation cache entry in %s (%s); removed it, "
-                      "recompiling aten::%s", tpu_dcache_dir(e->disk), tpu_status_message(s), opname);
+                      "recompiling %s", tpu_dcache_dir(e->disk), tpu_status_message(s), label);
       tpu_status_free(s);
       tpu_dcache_remove(e->disk, key, keylen);
       exec = NULL;
@@ -404,6 +452,10 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data,
   if (dt != rec->dtype)
     return tpu_status_new(TPU_ERR_TYPE, "upload of %s data into a %s storage",
                           tpu_dtype_name(dt), tpu_dtype_name(rec->dtype));
+  if (atomic_load(&rec->graph_refs) > 0) { /* recorded ops read or write it: they run first */
+    tpu_status *f = tpu_engine_flush(e, TPU_FLUSH_UPLOAD);
+    if (f) return f;
+  }
   tpu_rt_buffer *b = NULL;
   int64_t n = rec->numel;
   tpu_status *s = tpu_rt_buffer_from_host(e->rt, data, dt, &n, 1, &b);
@@ -416,8 +468,10 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data,
 
 tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst,
                                 size_t nbytes) {
-  /* A sync point: a failed asynchronous computation is reported here. */
-  tpu_status *s = tpu_engine_sync(e);
+  /* A sync point: recorded ops run, and a failed asynchronous computation
+   * is reported here. */
+  tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_DOWNLOAD);
+  if (!s) s = tpu_engine_sync(e);
   if (s) return s;
   if (!rec->buf) {
     memset(dst, 0, nbytes);
@@ -604,9 +658,36 @@ static void tpu_classify_views(tpu_arg *args, int nargs) {
   }
 }
 
+/* Compile program text through the disk tier. *exec is owned by the caller. */
+static tpu_status *tpu_engine_compile(tpu_engine *e, const char *text, size_t len, const char *name,
+                                      tpu_rt_exec **exec) {
+  *exec = NULL;
+  uint8_t *dkey = NULL;
+  size_t dkeylen = 0;
+  if (e->disk && (dkey = tpu_disk_key(e, text, len, &dkeylen))) *exec = tpu_disk_load(e, dkey, dkeylen, name);
+  tpu_status *s = NULL;
+  if (!*exec) {
+    int64_t t0 = tpu_now_ns();
+    s = tpu_rt_compile(e->rt, text, len, exec);
+    atomic_fetch_add(&e->metrics.compile_ns, tpu_now_ns() - t0);
+    atomic_fetch_add(&e->metrics.programs_compiled, 1);
+    if (!s && dkey) tpu_disk_store(e, *exec, dkey, dkeylen);
+  }
+  free(dkey);
+  if (s) {
+    s = tpu_status_prefix(s, "compiling %s", name);
+    if (getenv("TORCHTPU_DEBUG")) fprintf(stderr, "%s\n", text);
+  }
+  return s;
+}
+
+/* Lower one call. With compile, the program is compiled; without, only the
+ * plans are kept (fused mode records the op; a later eager call of the same
+ * signature compiles it). A found plan-only entry is passed in *out and
+ * gets its program. */
 static tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row,
                                     tpu_arg *args, int nargs, tpu_sig *sig,
-                                    uint64_t h, tpu_cache_entry **out) {
+                                    uint64_t h, bool compile, tpu_cache_entry **out) {
   tpu_lower L;
   memset(&L, 0, sizeof L);
   L.hlo = tpu_hlo_new();
@@ -623,32 +704,23 @@ static tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row,
   tpu_status *s = tpu_hlo_finish(L.hlo, L.outv, L.nout, &text, &len);
   tpu_hlo_free(L.hlo);
   if (s) return s;
-  if (getenv("TORCHTPU_DUMP_HLO")) fprintf(stderr, "-- %s\n%s\n", row->name, text);
+  if (compile && getenv("TORCHTPU_DUMP_HLO")) fprintf(stderr, "-- %s\n%s\n", row->name, text);
+  tpu_rt_exec *exec = NULL;
+  char label[160];
+  snprintf(label, sizeof label, "aten::%s", row->name);
+  if (compile) s = tpu_engine_compile(e, text, len, label, &exec);
+  free(text);
+  if (s) return s;
+  if (*out) { /* a plan-only entry of this signature: the plans are the same */
+    (*out)->exec = exec;
+    return NULL;
+  }
   tpu_cache_entry *c = calloc(1, sizeof *c);
   if (!c) {
-    free(text);
+    tpu_rt_exec_free(exec);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
-  uint8_t *dkey = NULL;
-  size_t dkeylen = 0;
-  if (e->disk && (dkey = tpu_disk_key(e, text, len, &dkeylen)))
-    c->exec = tpu_disk_load(e, dkey, dkeylen, row->name);
-  if (!c->exec) {
-    int64_t t0 = tpu_now_ns();
-    s = tpu_rt_compile(e->rt, text, len, &c->exec);
-    atomic_fetch_add(&e->metrics.compile_ns, tpu_now_ns() - t0);
-    atomic_fetch_add(&e->metrics.programs_compiled, 1);
-    if (!s && dkey) tpu_disk_store(e, c->exec, dkey, dkeylen);
-  }
-  free(dkey);
-  if (s) {
-    s = tpu_status_prefix(s, "compiling aten::%s", row->name);
-    if (getenv("TORCHTPU_DEBUG")) fprintf(stderr, "%s\n", text);
-    free(text);
-    free(c);
-    return s;
-  }
-  free(text);
+  c->exec = exec;
   c->nin = L.nin;
   c->in = malloc(sizeof(tpu_in_plan) * (size_t)(L.nin ? L.nin : 1));
   c->key = malloc(sig->n);
@@ -731,6 +803,399 @@ static tpu_status *tpu_scalar_upload(tpu_engine *e, const tpu_arg *a, tpu_rt_buf
   }
 }
 
+/* ---- fused mode ------------------------------------------------------------------ */
+
+static void tpu_graph_ref(tpu_record *r) {
+  tpu_record_ref(r);
+  atomic_fetch_add(&r->graph_refs, 1);
+}
+
+static void tpu_graph_unref(tpu_record *r) {
+  atomic_fetch_sub(&r->graph_refs, 1);
+  tpu_record_unref(r);
+}
+
+/* Something besides the recording holds the record (a tensor, a result
+ * being returned): its final value must be computed. */
+static bool tpu_record_live(tpu_record *r) { return atomic_load(&r->refs) > atomic_load(&r->graph_refs); }
+
+static void tpu_node_release(tpu_node *n) {
+  for (int i = 0; i < n->nargs; i++) {
+    tpu_arg *a = &n->args[i];
+    if (a->kind == TPU_ARG_TENSOR && a->t.rec) tpu_graph_unref(a->t.rec);
+    if (a->kind == TPU_ARG_TENSORS) {
+      for (int j = 0; j < a->nlist; j++)
+        if (a->list[j].rec) tpu_graph_unref(a->list[j].rec);
+      free(a->list);
+    }
+  }
+  for (int j = 0; j < n->nnew; j++) tpu_graph_unref(n->outrec[j]);
+  free(n->args);
+  free(n->sig);
+  free(n->outrec);
+}
+
+static void tpu_nodes_release(tpu_engine *e) {
+  for (int i = 0; i < e->nnodes; i++) tpu_node_release(&e->nodes[i]);
+  e->nnodes = 0;
+}
+
+/* Record one op: its outputs are new records without buffers, returned at
+ * once; nothing runs. */
+static tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
+                                     const tpu_sig *sig, tpu_cache_entry *c, tpu_engine_result *res) {
+  if (e->nnodes >= e->fuse_cap) {
+    tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_CAP);
+    if (s) return s;
+  }
+  if (e->nnodes == e->capnodes) {
+    int cap = e->capnodes ? 2 * e->capnodes : 256;
+    tpu_node *g = realloc(e->nodes, sizeof *g * (size_t)cap);
+    if (!g) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+    e->nodes = g;
+    e->capnodes = cap;
+  }
+  tpu_node *n = &e->nodes[e->nnodes];
+  memset(n, 0, sizeof *n);
+  int nnew = 0;
+  for (int k = 0; k < c->nout; k++) nnew += c->out[k].kind == TPU_OUT_NEW;
+  n->args = malloc(sizeof(tpu_arg) * (size_t)(nargs ? nargs : 1));
+  n->sig = malloc(sig->n ? sig->n : 1);
+  n->outrec = calloc((size_t)(nnew ? nnew : 1), sizeof *n->outrec);
+  bool oom = !n->args || !n->sig || !n->outrec;
+  if (!oom) memcpy(n->args, args, sizeof(tpu_arg) * (size_t)nargs);
+  for (int i = 0; i < nargs && !oom; i++) {
+    tpu_arg *a = &n->args[i];
+    if (a->kind != TPU_ARG_TENSORS) continue;
+    tpu_tref *l = malloc(sizeof *l * (size_t)(a->nlist ? a->nlist : 1));
+    if (!l) {
+      for (int j = i; j < nargs; j++)
+        if (n->args[j].kind == TPU_ARG_TENSORS) n->args[j].list = NULL;
+      oom = true;
+      break;
+    }
+    memcpy(l, args[i].list, sizeof *l * (size_t)a->nlist);
+    a->list = l;
+  }
+  if (oom) {
+    if (n->args)
+      for (int i = 0; i < nargs; i++)
+        if (n->args[i].kind == TPU_ARG_TENSORS) free(n->args[i].list);
+    free(n->args);
+    free(n->sig);
+    free(n->outrec);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  n->row = row;
+  n->op_id = op_id;
+  n->nargs = nargs;
+  memcpy(n->sig, sig->p, sig->n);
+  n->siglen = sig->n;
+  for (int i = 0; i < nargs; i++) {
+    tpu_arg *a = &n->args[i];
+    if (a->kind == TPU_ARG_TENSOR && a->t.rec) tpu_graph_ref(a->t.rec);
+    if (a->kind == TPU_ARG_TENSORS)
+      for (int j = 0; j < a->nlist; j++)
+        if (a->list[j].rec) tpu_graph_ref(a->list[j].rec);
+  }
+  for (int k = 0; k < c->nout; k++) {
+    const tpu_out_plan *o = &c->out[k];
+    if (o->kind != TPU_OUT_NEW) continue;
+    tpu_record *r = tpu_record_new(e, o->type.dtype, tpu_hlo_type_numel(&o->type));
+    if (!r) {
+      n->nnew = res->nout;
+      tpu_node_release(n);
+      tpu_engine_result_release(res);
+      return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+    }
+    tpu_graph_ref(r);
+    n->outrec[res->nout] = r;
+    res->outs[res->nout] = r; /* the caller's reference */
+    res->types[res->nout] = o->type;
+    res->nout++;
+  }
+  n->nnew = nnew;
+  n->rng_offset = e->rng_offset;
+  e->rng_offset += (uint64_t)c->rng_words;
+  res->nret = c->nret;
+  memcpy(res->ret, c->ret, sizeof(tpu_ret_plan) * (size_t)c->nret);
+  e->nnodes++;
+  return NULL;
+}
+
+/* The flush's state, seen by the lowering hooks. */
+typedef struct {
+  tpu_fin *fin; /* owned until moved into the cache entry */
+  int nfin, capfin;
+  int node;     /* the op being lowered */
+  bool oom;
+} tpu_fuse_ctx;
+
+static void tpu_fuse_add(tpu_fuse_ctx *x, tpu_fin f) {
+  if (x->nfin == x->capfin) {
+    int cap = x->capfin ? 2 * x->capfin : 64;
+    tpu_fin *g = realloc(x->fin, sizeof *g * (size_t)cap);
+    if (!g) {
+      x->oom = true;
+      return;
+    }
+    x->fin = g;
+    x->capfin = cap;
+  }
+  x->fin[x->nfin++] = f;
+}
+
+static tpu_hv tpu_fuse_record_hook(tpu_lower *L, tpu_record *rec) {
+  tpu_fuse_ctx *x = L->fuse;
+  if (rec->fuse_val != TPU_HV_NONE) return rec->fuse_val;
+  tpu_fuse_add(x, (tpu_fin){TPU_IN_RECORD, x->node, -1, -1, rec->fuse_id});
+  int64_t n = rec->numel;
+  rec->fuse_val = tpu_hlo_param(L->hlo, tpu_hlo_type_make(rec->dtype, 1, &n));
+  return rec->fuse_val;
+}
+
+static void tpu_fuse_input_hook(tpu_lower *L, tpu_in_kind kind, int arg, int item) {
+  tpu_fuse_ctx *x = L->fuse;
+  tpu_fuse_add(x, (tpu_fin){kind, x->node, arg, item, -1});
+}
+
+typedef struct {
+  tpu_record **r; /* borrowed records, by flush id */
+  int n, cap;
+  bool oom;
+} tpu_rectab;
+
+static int tpu_fuse_id(tpu_rectab *t, tpu_record *r, uint64_t epoch) {
+  if (r->fuse_epoch == epoch) return r->fuse_id;
+  if (t->n == t->cap) {
+    int cap = t->cap ? 2 * t->cap : 128;
+    tpu_record **g = realloc(t->r, sizeof *g * (size_t)cap);
+    if (!g) {
+      t->oom = true;
+      return -1;
+    }
+    t->r = g;
+    t->cap = cap;
+  }
+  r->fuse_epoch = epoch;
+  r->fuse_id = t->n;
+  r->fuse_val = TPU_HV_NONE;
+  r->fuse_def = false;
+  t->r[t->n++] = r;
+  return r->fuse_id;
+}
+
+/* Lowers the recorded ops into one program (compiled through the cache
+ * tiers) and builds the entry that says how to feed and unpack it. */
+static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig *sig, uint64_t h,
+                                  tpu_cache_entry **out) {
+  *out = NULL;
+  tpu_fuse_ctx x = {0};
+  tpu_hlo *H = tpu_hlo_new();
+  if (!H) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  tpu_status *s = NULL;
+  for (int i = 0; i < e->nnodes && tpu_hlo_ok(H); i++) {
+    tpu_node *n = &e->nodes[i];
+    tpu_lower L;
+    memset(&L, 0, sizeof L);
+    L.hlo = H;
+    L.args = n->args;
+    L.nargs = n->nargs;
+    L.opname = n->row->name;
+    L.flags = n->row->flags;
+    L.rng_state = TPU_HV_NONE;
+    L.precision = e->precision;
+    L.fuse = &x;
+    L.fuse_record = tpu_fuse_record_hook;
+    L.fuse_input = tpu_fuse_input_hook;
+    x.node = i;
+    tpu_lower_run(&L, n->row);
+    if (!tpu_hlo_ok(H)) break;
+    int j = 0;
+    for (int k = 0; k < L.nout; k++) {
+      tpu_record *r = NULL;
+      if (L.out[k].kind == TPU_OUT_WRITE) {
+        tpu_in_plan p = {TPU_IN_RECORD, L.out[k].arg, L.out[k].item};
+        r = tpu_arg_tref(n->args, &p)->rec;
+      } else if (L.out[k].kind == TPU_OUT_NEW && j < n->nnew) {
+        r = n->outrec[j++];
+      }
+      if (!r) continue;
+      r->fuse_val = L.outv[k];
+      r->fuse_def = true;
+    }
+  }
+  int nres = 0;
+  tpu_hv *res = malloc(sizeof *res * (size_t)(tab->n ? tab->n : 1));
+  int *fout = malloc(sizeof *fout * (size_t)(tab->n ? tab->n : 1));
+  if (!res || !fout || x.oom) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  for (int k = 0; k < tab->n && !s; k++) {
+    tpu_record *r = tab->r[k];
+    if (r->fuse_def && tpu_record_live(r)) {
+      res[nres] = r->fuse_val;
+      fout[nres++] = k;
+    }
+  }
+  char *text = NULL;
+  size_t len = 0;
+  if (!s) s = tpu_hlo_finish(H, res, nres, &text, &len);
+  tpu_hlo_free(H);
+  free(res);
+  if (!s && getenv("TORCHTPU_DUMP_HLO")) fprintf(stderr, "-- fused program of %d ops\n%s\n", e->nnodes, text);
+  tpu_rt_exec *exec = NULL;
+  if (!s && nres) {
+    char label[96];
+    snprintf(label, sizeof label, "a fused program of %d ops", e->nnodes);
+    s = tpu_engine_compile(e, text, len, label, &exec);
+  }
+  free(text);
+  tpu_cache_entry *c = s ? NULL : calloc(1, sizeof *c);
+  if (!s && (!c || !(c->key = malloc(sig->n)))) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  if (s) {
+    free(c);
+    free(fout);
+    free(x.fin);
+    tpu_rt_exec_free(exec);
+    return s;
+  }
+  memcpy(c->key, sig->p, sig->n);
+  c->keylen = sig->n;
+  c->hash = h;
+  c->exec = exec;
+  c->fin = x.fin;
+  c->nfin = x.nfin;
+  c->fout = fout;
+  c->nfout = nres;
+  if (!tpu_cache_insert(e, c)) {
+    tpu_cache_entry_free(c);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  *out = c;
+  return NULL;
+}
+
+/* Feeds and runs a fused program; its outputs become the records' buffers. */
+static tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
+  if (!c->nfout) return NULL; /* every value it would compute is dead */
+  int nin = c->nfin;
+  tpu_rt_buffer **inbuf = calloc((size_t)nin + 1, sizeof *inbuf);
+  tpu_rt_buffer **temps = calloc((size_t)nin + 1, sizeof *temps);
+  tpu_rt_buffer **outbuf = calloc((size_t)c->nfout, sizeof *outbuf);
+  tpu_status *s = (!inbuf || !temps || !outbuf) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
+  int ntemp = 0;
+  e->epoch++;
+  for (int k = 0; k < nin && !s; k++) {
+    const tpu_fin *f = &c->fin[k];
+    tpu_node *n = &e->nodes[f->node];
+    tpu_in_plan p = {f->kind, f->arg, f->item};
+    tpu_rt_buffer *b = NULL;
+    switch (f->kind) {
+      case TPU_IN_RECORD: {
+        tpu_record *r = tab->r[f->rec];
+        s = tpu_record_materialize(e, r);
+        b = r->buf;
+        break;
+      }
+      case TPU_IN_SCALAR: s = tpu_scalar_upload(e, &n->args[f->arg], &b, &temps[ntemp]); break;
+      case TPU_IN_HOST_TENSOR: {
+        tpu_tref *t = tpu_arg_tref(n->args, &p);
+        s = tpu_scalar_buffer(e, t->dtype, t->host_bytes, &b, &temps[ntemp]);
+        break;
+      }
+      case TPU_IN_OFFSET: {
+        int64_t off = tpu_arg_tref(n->args, &p)->offset;
+        s = tpu_scalar_buffer(e, TPU_S64, &off, &b, &temps[ntemp]);
+        break;
+      }
+      case TPU_IN_RNG: {
+        uint64_t st[2] = {e->rng_seed, n->rng_offset};
+        int64_t two = 2;
+        s = tpu_rt_buffer_from_host(e->rt, st, TPU_U64, &two, 1, &b);
+        temps[ntemp++] = b;
+        break;
+      }
+    }
+    if (f->kind != TPU_IN_RECORD && f->kind != TPU_IN_RNG && !s && temps[ntemp]) ntemp++;
+    inbuf[k] = b;
+  }
+  if (!s) {
+    int64_t t0 = tpu_now_ns();
+    if (e->mode != TPU_MODE_DEBUG) {
+      tpu_inflight_reap(e);
+      if (e->icount == TPU_INFLIGHT) tpu_inflight_pop(e);
+      tpu_rt_event *done = NULL;
+      s = tpu_rt_execute_async(e->rt, c->exec, inbuf, nin, outbuf, &done);
+      if (done) {
+        int k = (e->ihead + e->icount) % TPU_INFLIGHT;
+        e->inflight[k].ev = done;
+        e->inflight[k].op = "(a fused program)";
+        e->icount++;
+      }
+    } else {
+      s = tpu_rt_execute(e->rt, c->exec, inbuf, nin, outbuf);
+    }
+    atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
+    if (s) s = tpu_status_prefix(s, "running a fused program of %d ops", e->nnodes);
+  }
+  for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);
+  if (!s) {
+    for (int k = 0; k < c->nfout; k++) {
+      tpu_record *r = tab->r[c->fout[k]];
+      tpu_rt_buffer_free(r->buf);
+      r->buf = outbuf[k];
+    }
+    atomic_fetch_add(&e->metrics.fused_programs, 1);
+    atomic_fetch_add(&e->metrics.fused_ops, e->nnodes);
+  }
+  free(inbuf);
+  free(temps);
+  free(outbuf);
+  return s;
+}
+
+tpu_status *tpu_engine_flush(tpu_engine *e, int reason) {
+  if (!e->nnodes) return NULL;
+  atomic_fetch_add(&e->metrics.flushes[reason], 1);
+  uint64_t epoch = ++e->fuse_epoch;
+  tpu_rectab tab = {0};
+  tpu_sig sig = {0};
+  /* The key: every op's signature and which record each of its tensors
+   * names (flush-local ids, in order of first use), then which records are
+   * live. The same training step gives the same key every time. */
+  tpu_sig_i64(&sig, -1);
+  tpu_sig_i64(&sig, e->precision);
+  for (int i = 0; i < e->nnodes; i++) {
+    tpu_node *n = &e->nodes[i];
+    tpu_sig_put(&sig, n->sig, n->siglen);
+    for (int a = 0; a < n->nargs; a++) {
+      tpu_arg *x = &n->args[a];
+      if (x->kind == TPU_ARG_TENSOR && x->t.rec) tpu_sig_i64(&sig, tpu_fuse_id(&tab, x->t.rec, epoch));
+      if (x->kind == TPU_ARG_TENSORS)
+        for (int j = 0; j < x->nlist; j++)
+          if (x->list[j].rec) tpu_sig_i64(&sig, tpu_fuse_id(&tab, x->list[j].rec, epoch));
+    }
+    for (int j = 0; j < n->nnew; j++) tpu_sig_i64(&sig, tpu_fuse_id(&tab, n->outrec[j], epoch));
+  }
+  for (int k = 0; k < tab.n; k++) tpu_sig_i64(&sig, tpu_record_live(tab.r[k]));
+  tpu_status *s = (sig.oom || tab.oom) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
+  tpu_cache_entry *c = NULL;
+  if (!s) {
+    uint64_t h = tpu_hash_bytes(sig.p, sig.n);
+    c = tpu_cache_find(e, &sig, h);
+    if (c) {
+      atomic_fetch_add(&e->metrics.cache_hits, 1);
+    } else {
+      atomic_fetch_add(&e->metrics.cache_misses, 1);
+      s = tpu_fuse_lower(e, &tab, &sig, h, &c);
+    }
+  }
+  free(sig.p);
+  if (!s) s = tpu_fuse_run(e, c, &tab);
+  free(tab.r);
+  tpu_nodes_release(e);
+  return s;
+}
+
 tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
                             tpu_arg *args, int nargs, tpu_engine_result *res) {
   memset(res, 0, sizeof *res);
@@ -746,14 +1211,16 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
   uint64_t h = tpu_hash_bytes(sig.p, sig.n);
   tpu_cache_entry *c = tpu_cache_find(e, &sig, h);
   tpu_status *s = NULL;
-  if (c) {
+  bool fused = e->mode == TPU_MODE_FUSED;
+  if (c && (c->exec || fused)) {
     atomic_fetch_add(&e->metrics.cache_hits, 1);
   } else {
     atomic_fetch_add(&e->metrics.cache_misses, 1);
-    s = tpu_engine_lower(e, row, args, nargs, &sig, h, &c);
+    s = tpu_engine_lower(e, row, args, nargs, &sig, h, !fused, &c);
   }
+  if (!s && fused) s = tpu_engine_record(e, row, op_id, args, nargs, &sig, c, res);
   free(sig.p);
-  if (s) return s;
+  if (s || fused) return s;
 
   tpu_rt_buffer *inbuf[TPU_MAX_INS];
   tpu_rt_buffer *temps[TPU_MAX_INS + 1] = {0};

@@ -32,6 +32,13 @@ typedef struct tpu_record {
   int64_t numel;
   tpu_rt_buffer *buf;  /* owned; NULL until first written (reads as zeros) */
   tpu_engine *eng;     /* borrowed; outlives the record */
+  /* Fused mode: references held by recorded ops (a record with no others is
+   * dead: its pending value is not computed), and the flush's scratch. */
+  atomic_long graph_refs;
+  uint64_t fuse_epoch;  /* the flush that set the fields below */
+  int fuse_id;          /* index in the flush's record table */
+  tpu_hv fuse_val;      /* current flat value in the fused program, or NONE */
+  bool fuse_def;        /* fuse_val was computed by a recorded op */
 } tpu_record;
 
 typedef struct {
@@ -51,6 +58,9 @@ typedef struct {
   atomic_llong disk_writes;
   atomic_llong disk_corrupt;    /* damaged entries found (removed, recompiled) */
   atomic_llong disk_load_ns;    /* reading and deserializing entries */
+  atomic_llong fused_programs;  /* fused programs run */
+  atomic_llong fused_ops;       /* recorded ops they ran */
+  atomic_llong flushes[5];      /* by reason: TPU_FLUSH_* */
 } tpu_metrics;
 
 tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out);
@@ -68,11 +78,21 @@ void tpu_engine_set_rng_state(tpu_engine *e, uint64_t seed, uint64_t offset);
  * error names the op at once. STRICT: ops return once launched (the plugin
  * orders dependent work); a failure of the computation itself is reported
  * at the next sync point (a download, tpu_engine_sync), naming the op. */
-enum { TPU_MODE_DEBUG = 0, TPU_MODE_STRICT = 1 };
+enum { TPU_MODE_DEBUG = 0, TPU_MODE_STRICT = 1, TPU_MODE_FUSED = 2 };
+/* FUSED: ops are recorded, not run; their outputs are records without
+ * buffers. A sync point (a download, an upload into a record the recorded
+ * ops use, tpu_engine_sync, a mode switch, the size cap) compiles every
+ * recorded op into one program (cached by the ops' signatures and how
+ * their values flow) and runs it; it computes the final value of each
+ * record something outside the recording still holds. */
 void tpu_engine_set_mode(tpu_engine *e, int mode);
 int tpu_engine_mode(tpu_engine *e);
-/* Waits for every launched computation; the first error of one (once). */
+/* Waits for every launched computation (running the recorded ops first);
+ * the first error of one (once). */
 tpu_status *tpu_engine_sync(tpu_engine *e);
+enum { TPU_FLUSH_DOWNLOAD, TPU_FLUSH_UPLOAD, TPU_FLUSH_SYNC, TPU_FLUSH_MODE, TPU_FLUSH_CAP };
+/* Runs the ops recorded in fused mode as one program (reason: TPU_FLUSH_*). */
+tpu_status *tpu_engine_flush(tpu_engine *e, int reason);
 
 /* The disk tier: dc (owned by the engine from now on; NULL turns it off)
  * and the salt of every key (copied). */

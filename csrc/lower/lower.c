@@ -225,6 +225,7 @@ static void tpu_lower_add_input(tpu_lower *L, tpu_in_kind k, int arg, int item) 
     return;
   }
   L->in[L->nin++] = (tpu_in_plan){k, arg, item};
+  if (L->fuse_input) L->fuse_input(L, k, arg, item);
 }
 
 static tpu_dtype tpu_real_of(tpu_dtype dt) { return dt == TPU_C128 ? TPU_F64 : TPU_F32; }
@@ -270,14 +271,16 @@ static tpu_hv tpu_lower_reinterpret(tpu_lower *L, tpu_hv x, tpu_dtype from, tpu_
 static tpu_hv tpu_lower_base(tpu_lower *L, tpu_tref *t, int i, int j) {
   if (t->base != TPU_HV_NONE || !t->rec) return t->base;
   int64_t n = t->rec_numel;
-  tpu_lower_add_input(L, TPU_IN_RECORD, i, j);
-  if (t->rec_dtype != TPU_INVALID && t->rec_dtype != t->dtype) {
-    int64_t rn = (int64_t)((size_t)n * tpu_dtype_size(t->dtype) / tpu_dtype_size(t->rec_dtype));
-    tpu_hv raw = tpu_hlo_param(L->hlo, tpu_hlo_type_make(t->rec_dtype, 1, &rn));
-    t->base = tpu_lower_reinterpret(L, raw, t->rec_dtype, t->dtype);
+  bool reint = t->rec_dtype != TPU_INVALID && t->rec_dtype != t->dtype;
+  tpu_hv raw;
+  if (L->fuse_record) {
+    raw = L->fuse_record(L, t->rec); /* the record's current value in the fused program */
   } else {
-    t->base = tpu_hlo_param(L->hlo, tpu_hlo_type_make(t->dtype, 1, &n));
+    tpu_lower_add_input(L, TPU_IN_RECORD, i, j);
+    int64_t rn = reint ? (int64_t)((size_t)n * tpu_dtype_size(t->dtype) / tpu_dtype_size(t->rec_dtype)) : n;
+    raw = tpu_hlo_param(L->hlo, tpu_hlo_type_make(reint ? t->rec_dtype : t->dtype, 1, &rn));
   }
+  t->base = reint ? tpu_lower_reinterpret(L, raw, t->rec_dtype, t->dtype) : raw;
   if (t->view != TPU_VIEW_WHOLE) {
     tpu_lower_add_input(L, TPU_IN_OFFSET, i, j);
     t->offv = tpu_hlo_param(L->hlo, tpu_hlo_type_make(TPU_S64, 0, NULL));

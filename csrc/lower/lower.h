@@ -132,6 +132,14 @@ struct tpu_lower {
   tpu_hv rng_state;  /* tensor<2xui64> */
   int64_t rng_words; /* random words drawn: the generator's advance */
   tpu_hlo_precision precision; /* of f32 matmuls and convolutions */
+  /* Fused lowering (engine.c): many calls share one builder. fuse_record
+   * gives a record's current flat value (rec->numel elements of rec->dtype),
+   * a program input or an earlier call's result, instead of a new input;
+   * fuse_input hears of every other program input, in creation order. NULL
+   * when one call is lowered alone. */
+  void *fuse;
+  tpu_hv (*fuse_record)(tpu_lower *L, struct tpu_record *rec);
+  void (*fuse_input)(tpu_lower *L, tpu_in_kind kind, int arg, int item);
 };
 
 typedef void (*tpu_emit_fn)(tpu_lower *L);

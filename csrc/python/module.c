@@ -1011,10 +1011,14 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
                        "unwind_tables_ignored", (long long)tpu_rt_unwind_tables_ignored(),
                        "cache_evictions", (long long)x->cache_evictions);
   if (!d) return NULL;
-  PyObject *more = Py_BuildValue("{sLsLsLsLsd}", "disk_cache_hits", (long long)x->disk_hits, "disk_cache_misses",
-                                 (long long)x->disk_misses, "disk_cache_writes", (long long)x->disk_writes,
-                                 "disk_cache_corrupt", (long long)x->disk_corrupt, "disk_load_seconds",
-                                 (double)x->disk_load_ns * 1e-9);
+  PyObject *more = Py_BuildValue(
+      "{sLsLsLsLsdsLsLsLsLsLsLsL}", "disk_cache_hits", (long long)x->disk_hits, "disk_cache_misses",
+      (long long)x->disk_misses, "disk_cache_writes", (long long)x->disk_writes, "disk_cache_corrupt",
+      (long long)x->disk_corrupt, "disk_load_seconds", (double)x->disk_load_ns * 1e-9, "fused_programs_run",
+      (long long)x->fused_programs, "fused_ops", (long long)x->fused_ops, "flushes_download",
+      (long long)x->flushes[TPU_FLUSH_DOWNLOAD], "flushes_upload", (long long)x->flushes[TPU_FLUSH_UPLOAD],
+      "flushes_sync", (long long)x->flushes[TPU_FLUSH_SYNC], "flushes_mode", (long long)x->flushes[TPU_FLUSH_MODE],
+      "flushes_size_cap", (long long)x->flushes[TPU_FLUSH_CAP]);
   if (!more || PyDict_Update(d, more) < 0) {
     Py_XDECREF(more);
     Py_DECREF(d);
@@ -1096,7 +1100,8 @@ static PyObject *tpu_py_eager_mode(PyObject *m, PyObject *args) {
   tpu_mod_state *st = tpu_state(m);
   if (!tpu_need_engine(st)) return NULL;
   if (mode >= 0) {
-    tpu_status *s = tpu_engine_sync(st->eng);
+    tpu_status *s = tpu_engine_flush(st->eng, TPU_FLUSH_MODE);
+    if (!s) s = tpu_engine_sync(st->eng);
     if (s) return tpu_raise(s);
     tpu_engine_set_mode(st->eng, mode);
   }
