@@ -1,0 +1,161 @@
+"""Fused eager mode: recorded ops run as one program at a sync point, with
+the semantics of eager PyTorch (views, in-place writes, aliasing), the same
+losses as the other modes, one cached program per training step, and no
+leaked device memory."""
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchtpu
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import char_gpt  # noqa: E402
+import mlp_mnist  # noqa: E402
+
+
+@pytest.fixture
+def fused():
+    with torchtpu.eager_mode("fused"):
+        yield
+
+
+def _m():
+    return torchtpu.metrics()
+
+
+def test_views_and_in_place_writes_match_cpu(fused):
+    torch.manual_seed(0)
+    base = torch.randn(6, 8)
+    t = base.to("tpu")
+    before = _m()["fused_programs_run"]
+    outs = []
+    for dev, x in (("cpu", base.clone()), ("tpu", t)):
+        y = x * 2 + 1
+        v = y[1:4, ::2]          # a strided view
+        v.mul_(3)                # written through to y
+        w = y.t()[2]             # another view of the same storage
+        w.add_(v.sum())          # reads the first write
+        z = torch.relu(y - 4)
+        z[0, :6].copy_(w)
+        x.add_(1)                # the input itself, after it was read
+        outs.append([a.cpu() for a in (x, y, z, v, w)])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a)
+    assert _m()["fused_programs_run"] > before
+
+
+def test_dead_values_are_not_computed(fused):
+    x = torch.ones(100000, device="tpu")
+    torch.tpu.synchronize()
+    torch.tpu.reset_peak_memory_stats()
+    base = torch.tpu.memory_allocated()
+    a = x + 1
+    b = a * 2
+    del a
+    assert b[:3].cpu().tolist() == [4.0, 4.0, 4.0]
+    # only b was computed: a died before the flush, so it never took memory
+    assert torch.tpu.max_memory_allocated() < base + 2 * 400000
+
+
+def test_flush_reasons(fused):
+    m0 = _m()
+    x = torch.ones(4, device="tpu")
+    y = x + 1
+    y.cpu()
+    m1 = _m()
+    assert m1["flushes_download"] == m0["flushes_download"] + 1
+    z = x * 3
+    x.copy_(torch.full((4,), 7.0))  # an upload into a tensor the recorded op reads
+    m2 = _m()
+    assert m2["flushes_upload"] == m1["flushes_upload"] + 1
+    assert z.cpu().tolist() == [3.0] * 4 and x.cpu().tolist() == [7.0] * 4
+    w = x - 1
+    torch.tpu.synchronize()
+    assert _m()["flushes_sync"] >= m2["flushes_sync"] + 1
+    with torchtpu.eager_mode("strict"):
+        pass
+    assert w.cpu().tolist() == [6.0] * 4
+
+
+def test_data_dependent_shapes_and_printing(fused):
+    x = torch.tensor([0.0, 2.0, 0.0, 3.0], device="tpu") * 1
+    assert x.nonzero().cpu().flatten().tolist() == [1, 3]
+    assert x[x > 1].cpu().tolist() == [2.0, 3.0]
+    assert "3." in str(x + 0)
+
+
+def test_errors_are_raised_when_the_op_is_called(fused):
+    a, b = torch.ones(2, 3, device="tpu"), torch.ones(4, 5, device="tpu")
+    with pytest.raises(RuntimeError):
+        a @ b
+    assert (a + 1).sum().item() == 12
+
+
+def _losses(mod, mode, steps):
+    with torchtpu.eager_mode(mode):
+        if mod is char_gpt:
+            return char_gpt.train("tpu", steps)
+        return mlp_mnist.train("tpu", steps)
+
+
+@pytest.mark.parametrize("example", [mlp_mnist, char_gpt], ids=["mlp", "gpt"])
+def test_examples_give_the_same_losses_in_all_modes(example):
+    debug = _losses(example, "debug", 6)
+    strict = _losses(example, "strict", 6)
+    fused_ = _losses(example, "fused", 6)
+    for a, b, c in zip(debug, strict, fused_):
+        assert b == a
+        assert abs(c - a) <= 1e-5 * abs(a)
+
+
+def test_training_step_is_one_cached_program():
+    tok, data = char_gpt.load_corpus()
+    model = char_gpt.make_model(tok.vocab_size, seed=0, device="tpu")
+    opt = char_gpt.make_optimizer(model)
+    g = torch.Generator().manual_seed(0)
+    with torchtpu.eager_mode("fused"):
+        seen = []
+        for _ in range(6):
+            x, y = char_gpt.get_batch(data, 8, 32, g)
+            char_gpt.train_step(model, opt, x.to("tpu"), y.to("tpu"))
+            m = _m()
+            seen.append((m["programs_compiled"], m["fused_programs_run"]))
+    # steady state from the third step on: nothing compiles, one program runs per step
+    for (c0, r0), (c1, r1) in zip(seen[2:], seen[3:]):
+        assert c1 == c0 and r1 == r0 + 1
+
+
+def test_size_cap_splits_long_recordings():
+    code = ("import torch, torchtpu; torchtpu.eager_mode('fused'); x = torch.zeros(3, device='tpu')\n"
+            "for i in range(50): x = x + 1\n"
+            "print(x.cpu().tolist(), torchtpu.metrics()['flushes_size_cap'])")
+    p = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TORCHTPU_FUSED_MAX_OPS="8"),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    values, caps = p.stdout.strip().rsplit(" ", 1)
+    assert values == "[50.0, 50.0, 50.0]" and int(caps) >= 5
+
+
+def test_no_device_buffer_outlives_the_model():
+    gc.collect()
+    base = _m()["live_records"]
+    with torchtpu.eager_mode("fused"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("tpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        for _ in range(20):
+            x, y = torch.randn(8, 16).to("tpu"), torch.randint(0, 4, (8,)).to("tpu")
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            loss.item()
+        del model, opt, x, y, loss
+        gc.collect()
+    assert _m()["live_records"] == base
