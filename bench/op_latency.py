@@ -1,7 +1,10 @@
-"""Per-op latency of a small elementwise op on tpu against CPU eager, in one run.
+"""Per-op latency of small elementwise ops on tpu against CPU eager, in one
+run, in each eager mode: debug (each op runs to completion), strict (each op
+launched asynchronously; a sync after each batch) and fused (each op recorded;
+one program per batch at the sync).
 
-Prints medians over repeated batches and their ratio. No target yet; this is
-the number to improve.  Usage: python bench/op_latency.py [--n 64] [--iters 200]
+Prints medians over repeated batches and the ratio to CPU eager.
+Usage: python bench/op_latency.py [--n 64] [--iters 200]
 """
 import argparse
 import statistics
@@ -24,6 +27,22 @@ def bench(fn, iters, repeats):
     return statistics.median(samples)
 
 
+def bench_synced(fn, iters, repeats):
+    """Like bench, keeping every result alive until a device sync at the end
+    of each batch (counted): fused mode computes only values still held."""
+    fn()
+    torch.tpu.synchronize()
+    samples = []
+    for _ in range(repeats):
+        kept = []
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            kept.append(fn())
+        torch.tpu.synchronize()
+        samples.append((time.perf_counter() - t0) / iters)
+    return statistics.median(samples)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=64)
@@ -41,14 +60,18 @@ def main():
         ("relu", lambda: torch.relu(x), lambda: torch.relu(xt)),
     ]:
         c = bench(f_cpu, args.iters, args.repeats)
-        t = bench(f_tpu, args.iters, args.repeats)
-        rows.append((name, c, t))
-    print(f"platform: {torch.tpu.get_device_name()}  shape: {args.n}x{args.n}  mode: debug (synchronous)")
-    print(f"{'op':<12}{'cpu eager us':>14}{'tpu us':>10}{'tpu/cpu':>10}")
-    for name, c, t in rows:
-        print(f"{name:<12}{c * 1e6:>14.1f}{t * 1e6:>10.1f}{t / c:>10.1f}")
+        per_mode = []
+        for mode in ("debug", "strict", "fused"):
+            with torchtpu.eager_mode(mode):
+                per_mode.append(bench_synced(f_tpu, args.iters, args.repeats))
+        rows.append((name, c, per_mode))
+    print(f"platform: {torch.tpu.get_device_name()}  shape: {args.n}x{args.n}")
+    print(f"{'op':<12}{'cpu eager us':>14}" + "".join(f"{m + ' us':>11}{'/cpu':>6}" for m in ("debug", "strict", "fused")))
+    for name, c, ts in rows:
+        print(f"{name:<12}{c * 1e6:>14.1f}" + "".join(f"{t * 1e6:>11.1f}{t / c:>6.1f}" for t in ts))
     m = torchtpu.metrics()
-    print(f"programs compiled: {m['programs_compiled']}  cache hits: {m['cache_hits']}")
+    print(f"programs compiled: {m['programs_compiled']} (disk cache hits {m['disk_cache_hits']})  "
+          f"fused programs run: {m['fused_programs_run']}")
 
 
 if __name__ == "__main__":

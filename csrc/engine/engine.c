@@ -15,6 +15,9 @@
 #include "engine.h"
 
 #include <pthread.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -670,6 +673,11 @@ static tpu_status *tpu_engine_compile(tpu_engine *e, const char *text, size_t le
     int64_t t0 = tpu_now_ns();
     s = tpu_rt_compile(e->rt, text, len, exec);
     atomic_fetch_add(&e->metrics.compile_ns, tpu_now_ns() - t0);
+#ifdef __GLIBC__
+    /* XLA's compiler frees most of what it allocated; give it back to the
+     * system instead of keeping it in the process's heap. */
+    if (len > 65536) malloc_trim(0);
+#endif
     atomic_fetch_add(&e->metrics.programs_compiled, 1);
     if (!s && dkey) tpu_disk_store(e, *exec, dkey, dkeylen);
   }
