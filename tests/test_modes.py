@@ -1,5 +1,5 @@
-"""Eager modes: strict (the default, asynchronous) and debug (synchronous)
-give the same results; the mode is set by TORCHTPU_EAGER or
+"""Eager modes: strict (the default, asynchronous), debug (synchronous) and
+fused (tests/test_fused.py) give the same results; the mode is set by TORCHTPU_EAGER or
 torchtpu.eager_mode, globally or for a block."""
 import os
 import subprocess
@@ -47,8 +47,6 @@ def test_global_setter_and_bad_modes():
         assert (torch.ones(3, device="tpu") * 2).cpu().tolist() == [2, 2, 2]
     finally:
         torchtpu.eager_mode("strict")
-    with pytest.raises(NotImplementedError, match="fused eager mode is not implemented"):
-        torchtpu.eager_mode("fused")
     with pytest.raises(ValueError, match="expected 'debug', 'strict' or 'fused'"):
         torchtpu.eager_mode("lazy")
     assert torchtpu.get_eager_mode() == "strict"
@@ -56,13 +54,14 @@ def test_global_setter_and_bad_modes():
 
 def test_environment_variable():
     code = "import torch, torchtpu; print(torchtpu.get_eager_mode())"
-    for value, want in (("debug", "debug"), ("strict", "strict"), ("fused", "strict"), ("", "strict")):
+    for value, want in (("debug", "debug"), ("strict", "strict"), ("fused", "fused"), ("", "strict"),
+                        ("lazy", "strict")):
         p = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TORCHTPU_EAGER=value),
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr[-2000:]
         assert p.stdout.strip() == want
-        if value == "fused":
-            assert "not implemented yet" in p.stderr
+        if value == "lazy":
+            assert "is not a mode" in p.stderr
 
 
 def test_strict_mode_keeps_many_launches_in_flight():
