@@ -102,7 +102,7 @@ struct tpu_engine {
   int mode;           /* TPU_MODE_* */
   struct {
     tpu_rt_event *ev; /* owned */
-    const char *op;   /* the table's name (static) */
+    const char *op;   /* the table's name (static); NULL for a fused program */
   } inflight[TPU_INFLIGHT];
   int ihead, icount;  /* a ring, oldest first */
   tpu_status *deferred; /* owned: the first asynchronous failure, until reported */
@@ -207,9 +207,12 @@ void tpu_engine_set_precision(tpu_engine *e, tpu_hlo_precision p) { e->precision
 static void tpu_inflight_pop(tpu_engine *e) {
   int k = e->ihead;
   tpu_status *s = tpu_rt_event_wait(e->rt, e->inflight[k].ev);
-  if (s && !e->deferred)
+  if (s && !e->deferred && e->inflight[k].op)
     e->deferred = tpu_status_prefix(s, "aten::%s failed (it ran asynchronously in strict eager mode; "
                                        "set TORCHTPU_EAGER=debug to stop at the failing op)", e->inflight[k].op);
+  else if (s && !e->deferred)
+    e->deferred = tpu_status_prefix(s, "a fused program failed (set TORCHTPU_EAGER=debug to stop at the "
+                                       "failing op)");
   else
     tpu_status_free(s);
   e->inflight[k].ev = NULL;
@@ -811,6 +814,64 @@ static tpu_status *tpu_scalar_upload(tpu_engine *e, const tpu_arg *a, tpu_rt_buf
   }
 }
 
+/* The device buffer of one program input: borrowed (a record's buffer, a
+ * cached scalar), or owned in *temp (a colliding scalar, the RNG state).
+ * rec: the record of a RECORD input; rng_offset: the generator's offset
+ * reserved for the call. */
+static tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec,
+                                    uint64_t rng_offset, tpu_rt_buffer **b, tpu_rt_buffer **temp) {
+  *b = *temp = NULL;
+  switch (p->kind) {
+    case TPU_IN_RECORD: {
+      tpu_status *s = tpu_record_materialize(e, rec);
+      *b = rec->buf;
+      return s;
+    }
+    case TPU_IN_SCALAR: return tpu_scalar_upload(e, &args[p->arg], b, temp);
+    case TPU_IN_HOST_TENSOR: {
+      tpu_tref *t = tpu_arg_tref(args, p);
+      return tpu_scalar_buffer(e, t->dtype, t->host_bytes, b, temp);
+    }
+    case TPU_IN_OFFSET: {
+      int64_t off = tpu_arg_tref(args, p)->offset;
+      return tpu_scalar_buffer(e, TPU_S64, &off, b, temp);
+    }
+    case TPU_IN_RNG: {
+      uint64_t st[2] = {e->rng_seed, rng_offset};
+      int64_t two = 2;
+      tpu_status *s = tpu_rt_buffer_from_host(e->rt, st, TPU_U64, &two, 1, b);
+      *temp = *b;
+      return s;
+    }
+  }
+  return tpu_status_new(TPU_ERR_RUNTIME, "unknown program input kind %d", (int)p->kind);
+}
+
+/* Runs exec: to completion in debug mode, else launched (the completion
+ * event joins the in-flight ring under `name`, the op's table name or NULL
+ * for a fused program, for error messages). */
+static tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **in, int nin,
+                                     tpu_rt_buffer **out, const char *name) {
+  int64_t t0 = tpu_now_ns();
+  tpu_status *s;
+  if (e->mode != TPU_MODE_DEBUG) {
+    tpu_inflight_reap(e);
+    if (e->icount == TPU_INFLIGHT) tpu_inflight_pop(e);
+    tpu_rt_event *done = NULL;
+    s = tpu_rt_execute_async(e->rt, exec, in, nin, out, &done);
+    if (done) {
+      int k = (e->ihead + e->icount) % TPU_INFLIGHT;
+      e->inflight[k].ev = done;
+      e->inflight[k].op = name;
+      e->icount++;
+    }
+  } else {
+    s = tpu_rt_execute(e->rt, exec, in, nin, out);
+  }
+  atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
+  return s;
+}
+
 /* ---- fused mode ------------------------------------------------------------------ */
 
 static void tpu_graph_ref(tpu_record *r) {
@@ -1096,53 +1157,12 @@ static tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *t
     const tpu_fin *f = &c->fin[k];
     tpu_node *n = &e->nodes[f->node];
     tpu_in_plan p = {f->kind, f->arg, f->item};
-    tpu_rt_buffer *b = NULL;
-    switch (f->kind) {
-      case TPU_IN_RECORD: {
-        tpu_record *r = tab->r[f->rec];
-        s = tpu_record_materialize(e, r);
-        b = r->buf;
-        break;
-      }
-      case TPU_IN_SCALAR: s = tpu_scalar_upload(e, &n->args[f->arg], &b, &temps[ntemp]); break;
-      case TPU_IN_HOST_TENSOR: {
-        tpu_tref *t = tpu_arg_tref(n->args, &p);
-        s = tpu_scalar_buffer(e, t->dtype, t->host_bytes, &b, &temps[ntemp]);
-        break;
-      }
-      case TPU_IN_OFFSET: {
-        int64_t off = tpu_arg_tref(n->args, &p)->offset;
-        s = tpu_scalar_buffer(e, TPU_S64, &off, &b, &temps[ntemp]);
-        break;
-      }
-      case TPU_IN_RNG: {
-        uint64_t st[2] = {e->rng_seed, n->rng_offset};
-        int64_t two = 2;
-        s = tpu_rt_buffer_from_host(e->rt, st, TPU_U64, &two, 1, &b);
-        temps[ntemp++] = b;
-        break;
-      }
-    }
-    if (f->kind != TPU_IN_RECORD && f->kind != TPU_IN_RNG && !s && temps[ntemp]) ntemp++;
-    inbuf[k] = b;
+    tpu_record *r = f->kind == TPU_IN_RECORD ? tab->r[f->rec] : NULL;
+    s = tpu_input_buffer(e, &p, n->args, r, n->rng_offset, &inbuf[k], &temps[ntemp]);
+    if (!s && temps[ntemp]) ntemp++;
   }
   if (!s) {
-    int64_t t0 = tpu_now_ns();
-    if (e->mode != TPU_MODE_DEBUG) {
-      tpu_inflight_reap(e);
-      if (e->icount == TPU_INFLIGHT) tpu_inflight_pop(e);
-      tpu_rt_event *done = NULL;
-      s = tpu_rt_execute_async(e->rt, c->exec, inbuf, nin, outbuf, &done);
-      if (done) {
-        int k = (e->ihead + e->icount) % TPU_INFLIGHT;
-        e->inflight[k].ev = done;
-        e->inflight[k].op = "(a fused program)";
-        e->icount++;
-      }
-    } else {
-      s = tpu_rt_execute(e->rt, c->exec, inbuf, nin, outbuf);
-    }
-    atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
+    s = tpu_engine_launch(e, c->exec, inbuf, nin, outbuf, NULL);
     if (s) s = tpu_status_prefix(s, "running a fused program of %d ops", e->nnodes);
   }
   for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);
@@ -1234,57 +1254,17 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
   tpu_rt_buffer *temps[TPU_MAX_INS + 1] = {0};
   int ntemp = 0;
   e->epoch++;
+  uint64_t rng_offset = e->rng_offset;
   for (int k = 0; k < c->nin && !s; k++) {
     const tpu_in_plan *p = &c->in[k];
-    tpu_rt_buffer *b = NULL;
-    switch (p->kind) {
-      case TPU_IN_RECORD: {
-        tpu_record *r = tpu_arg_tref(args, p)->rec;
-        s = tpu_record_materialize(e, r);
-        b = r->buf;
-        break;
-      }
-      case TPU_IN_SCALAR: s = tpu_scalar_upload(e, &args[p->arg], &b, &temps[ntemp]); break;
-      case TPU_IN_HOST_TENSOR: {
-        tpu_tref *t = tpu_arg_tref(args, p);
-        s = tpu_scalar_buffer(e, t->dtype, t->host_bytes, &b, &temps[ntemp]);
-        break;
-      }
-      case TPU_IN_OFFSET: {
-        int64_t off = tpu_arg_tref(args, p)->offset;
-        s = tpu_scalar_buffer(e, TPU_S64, &off, &b, &temps[ntemp]);
-        break;
-      }
-      case TPU_IN_RNG: {
-        uint64_t st[2] = {e->rng_seed, e->rng_offset};
-        e->rng_offset += (uint64_t)c->rng_words;
-        int64_t two = 2;
-        s = tpu_rt_buffer_from_host(e->rt, st, TPU_U64, &two, 1, &b);
-        temps[ntemp++] = b;
-        break;
-      }
-    }
-    if (p->kind != TPU_IN_RECORD && p->kind != TPU_IN_RNG && !s && temps[ntemp]) ntemp++;
-    inbuf[k] = b;
+    tpu_record *r = p->kind == TPU_IN_RECORD ? tpu_arg_tref(args, p)->rec : NULL;
+    if (p->kind == TPU_IN_RNG) e->rng_offset += (uint64_t)c->rng_words;
+    s = tpu_input_buffer(e, p, args, r, rng_offset, &inbuf[k], &temps[ntemp]);
+    if (!s && temps[ntemp]) ntemp++;
   }
   tpu_rt_buffer *outbuf[TPU_MAX_OUTS] = {0};
   if (!s) {
-    int64_t t0 = tpu_now_ns();
-    if (e->mode == TPU_MODE_STRICT) {
-      tpu_inflight_reap(e);
-      if (e->icount == TPU_INFLIGHT) tpu_inflight_pop(e);
-      tpu_rt_event *done = NULL;
-      s = tpu_rt_execute_async(e->rt, c->exec, inbuf, c->nin, outbuf, &done);
-      if (done) {
-        int k = (e->ihead + e->icount) % TPU_INFLIGHT;
-        e->inflight[k].ev = done;
-        e->inflight[k].op = row->name;
-        e->icount++;
-      }
-    } else {
-      s = tpu_rt_execute(e->rt, c->exec, inbuf, c->nin, outbuf);
-    }
-    atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
+    s = tpu_engine_launch(e, c->exec, inbuf, c->nin, outbuf, row->name);
     if (s) s = tpu_status_prefix(s, "running aten::%s", row->name);
   }
   for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);

@@ -14,19 +14,7 @@
 
 #include "cache/cache.h"
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                              \
-  do {                                                                \
-    if (cond) {                                                       \
-      passed++;                                                       \
-    } else {                                                          \
-      failed++;                                                       \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                   \
-      fputc('\n', stderr);                                            \
-    }                                                                 \
-  } while (0)
+#include "check.h"
 
 static char root[256];
 

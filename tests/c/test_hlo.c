@@ -12,19 +12,7 @@
 
 #include "hlo/hlo.h"
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                              \
-  do {                                                                \
-    if (cond) {                                                       \
-      passed++;                                                       \
-    } else {                                                          \
-      failed++;                                                       \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                   \
-      fputc('\n', stderr);                                            \
-    }                                                                 \
-  } while (0)
+#include "check.h"
 
 #define HEAD "module @torchtpu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
 #define TAIL "  }\n}\n"

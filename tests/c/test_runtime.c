@@ -16,19 +16,7 @@
 #include "hlo/hlo.h"
 #include "runtime/runtime.h"
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                              \
-  do {                                                                \
-    if (cond) {                                                       \
-      passed++;                                                       \
-    } else {                                                          \
-      failed++;                                                       \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                   \
-      fputc('\n', stderr);                                            \
-    }                                                                 \
-  } while (0)
+#include "check.h"
 
 /* Consumes s; true when it was NULL. */
 static bool ok_(tpu_status *s, const char *what, int line) {
