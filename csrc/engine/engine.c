@@ -108,6 +108,7 @@ struct tpu_engine {
   tpu_status *deferred; /* owned: the first asynchronous failure, until reported */
   tpu_node *nodes;      /* fused mode: the recorded ops, in order (owned) */
   int nnodes, capnodes, fuse_cap;
+  bool donate;          /* fused programs take the buffers of records they rewrite */
   uint64_t fuse_epoch;  /* flushes started */
 };
 
@@ -152,6 +153,8 @@ tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out) {
   e->rng_seed = 67280421310721ull;
   const char *cap = getenv("TORCHTPU_FUSED_MAX_OPS");
   e->fuse_cap = cap && atoi(cap) > 0 ? atoi(cap) : 4096;
+  const char *donate = getenv("TORCHTPU_DONATE");
+  e->donate = !(donate && strcmp(donate, "0") == 0);
   e->precision = TPU_HLO_PREC_HIGHEST;
   *out = e;
   return NULL;
@@ -1019,7 +1022,7 @@ static tpu_hv tpu_fuse_record_hook(tpu_lower *L, tpu_record *rec) {
   if (rec->fuse_val != TPU_HV_NONE) return rec->fuse_val;
   tpu_fuse_add(x, (tpu_fin){TPU_IN_RECORD, x->node, -1, -1, rec->fuse_id});
   int64_t n = rec->numel;
-  rec->fuse_val = tpu_hlo_param(L->hlo, tpu_hlo_type_make(rec->dtype, 1, &n));
+  rec->fuse_val = rec->fuse_param = tpu_hlo_param(L->hlo, tpu_hlo_type_make(rec->dtype, 1, &n));
   return rec->fuse_val;
 }
 
@@ -1048,7 +1051,7 @@ static int tpu_fuse_id(tpu_rectab *t, tpu_record *r, uint64_t epoch) {
   }
   r->fuse_epoch = epoch;
   r->fuse_id = t->n;
-  r->fuse_val = TPU_HV_NONE;
+  r->fuse_val = r->fuse_param = TPU_HV_NONE;
   r->fuse_def = false;
   t->r[t->n++] = r;
   return r->fuse_id;
@@ -1101,6 +1104,10 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   for (int k = 0; k < tab->n && !s; k++) {
     tpu_record *r = tab->r[k];
     if (r->fuse_def && tpu_record_live(r)) {
+      /* A record read and rewritten (a parameter, an optimizer moment) gives
+       * its old buffer to the program for the new value: no copy, no second
+       * buffer. */
+      if (r->fuse_param != TPU_HV_NONE && e->donate) tpu_hlo_param_alias(H, r->fuse_param, nres);
       res[nres] = r->fuse_val;
       fout[nres++] = k;
     }

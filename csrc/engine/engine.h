@@ -38,6 +38,7 @@ typedef struct tpu_record {
   uint64_t fuse_epoch;  /* the flush that set the fields below */
   int fuse_id;          /* index in the flush's record table */
   tpu_hv fuse_val;      /* current flat value in the fused program, or NONE */
+  tpu_hv fuse_param;    /* the program input holding its buffer, or NONE */
   bool fuse_def;        /* fuse_val was computed by a recorded op */
 } tpu_record;
 
