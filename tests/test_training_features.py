@@ -369,10 +369,11 @@ def test_memory_queries():
     base = torch.tpu.memory_allocated()
     torch.tpu.reset_peak_memory_stats()
     t = torch.empty(1000, dtype=torch.float32, device="tpu").fill_(1)
+    torch.tpu.synchronize()  # fused mode computes at a sync point
     assert torch.tpu.memory_allocated() >= base + 4000
     assert torch.tpu.max_memory_allocated() >= torch.tpu.memory_allocated()
     del t
-    assert torch.tpu.memory_allocated() <= base
+    assert torch.tpu.memory_allocated() <= base + 64  # a few cached 0-d scalar inputs may remain
     assert torch.tpu.max_memory_allocated() >= base + 4000
     stats = torch.tpu.memory_stats()
     assert stats["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
