@@ -1092,16 +1092,18 @@ static PyObject *tpu_py_disk_cache(PyObject *m, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* eager_mode() -> 0 (debug) | 1 (strict); eager_mode(m) sets it, after a
- * sync (so an earlier asynchronous failure is reported by the switch). */
+/* eager_mode() -> 0 (debug) | 1 (strict) | 2 (fused); eager_mode(m) sets
+ * it after running the recorded ops and, with sync (the default), waiting
+ * for everything launched (so an earlier asynchronous failure is reported
+ * by the switch). */
 static PyObject *tpu_py_eager_mode(PyObject *m, PyObject *args) {
-  int mode = -1;
-  if (!PyArg_ParseTuple(args, "|i", &mode)) return NULL;
+  int mode = -1, sync = 1;
+  if (!PyArg_ParseTuple(args, "|ip", &mode, &sync)) return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (!tpu_need_engine(st)) return NULL;
   if (mode >= 0) {
     tpu_status *s = tpu_engine_flush(st->eng, TPU_FLUSH_MODE);
-    if (!s) s = tpu_engine_sync(st->eng);
+    if (!s && sync) s = tpu_engine_sync(st->eng);
     if (s) return tpu_raise(s);
     tpu_engine_set_mode(st->eng, mode);
   }

@@ -1,0 +1,173 @@
+"""torch.compile(backend="tpu"): graphs run as fused programs through the same
+lowering table; the hard cases are checked against eager CPU."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchtpu
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import char_gpt  # noqa: E402
+import resnet_cifar  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _both(fn, *inputs):
+    """fn on CPU eagerly and compiled on tpu, on copies of the inputs."""
+    cpu_in = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    tpu_in = [x.to("tpu") if isinstance(x, torch.Tensor) else x for x in inputs]
+    want = fn(*cpu_in)
+    got = torch.compile(fn, backend="tpu")(*tpu_in)
+    return want, got, cpu_in, tpu_in
+
+
+def _close(got, want, **kw):
+    if isinstance(want, (tuple, list)):
+        for g, w in zip(got, want):
+            _close(g, w, **kw)
+        return
+    assert got.device.type == "tpu"
+    torch.testing.assert_close(got.cpu(), want, **kw)
+
+
+def test_backend_is_found_by_name():
+    assert "tpu" in torch._dynamo.list_backends(exclude_tags=())
+
+
+def test_graph_breaks():
+    def f(x):
+        y = torch.sin(x) * 2
+        if y.sum() > 0:          # data-dependent branch: a graph break
+            y = y + 1
+        print("eager code between graphs")
+        return torch.cos(y).sum(0)
+
+    want, got, _, _ = _both(f, torch.randn(5, 3))
+    _close(got, want)
+
+
+def test_input_mutation_and_views_as_outputs():
+    def f(x, buf):
+        buf.add_(x)              # mutates an input
+        x.mul_(2)
+        return buf.t(), x[1:], buf.sum()
+
+    want, got, cpu_in, tpu_in = _both(f, torch.randn(4, 3), torch.ones(4, 3))
+    _close(got, want)
+    _close(tpu_in[0], cpu_in[0])
+    _close(tpu_in[1], cpu_in[1])
+
+
+def test_batchnorm_running_stats_update():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    mt = copy.deepcopy(m).to("tpu")
+    cm = torch.compile(mt, backend="tpu")
+    x = torch.randn(2, 3, 8, 8)
+    for _ in range(2):
+        want = m(x)
+        got = cm(x.to("tpu"))
+    _close(got, want, rtol=1e-4, atol=1e-5)
+    _close(mt[1].running_mean, m[1].running_mean)
+    _close(mt[1].running_var, m[1].running_var)
+    assert mt[1].num_batches_tracked.item() == 2
+
+
+def test_dropout_inside_a_graph_is_random_and_reproducible():
+    def f(x):
+        return F.dropout(x, 0.5, training=True) * 1
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.ones(256, 256, device="tpu")
+    torch.manual_seed(3)
+    a = cf(x).cpu()
+    torch.manual_seed(3)
+    b = cf(x).cpu()
+    c = cf(x).cpu()
+    assert torch.equal(a, b) and not torch.equal(b, c)
+    assert 0.45 < (a == 0).float().mean().item() < 0.55
+    assert set(a.unique().tolist()) <= {0.0, 2.0}
+
+
+def test_no_grad_inference_mode_and_autocast():
+    lin = nn.Linear(8, 4).to("tpu")
+    cl = torch.compile(lin, backend="tpu")
+    x = torch.randn(3, 8, device="tpu")
+    with torch.no_grad():
+        y = cl(x)
+    assert not y.requires_grad
+    with torch.inference_mode():
+        z = cl(x)
+    torch.testing.assert_close(z.cpu(), y.cpu())
+    torch.testing.assert_close(y.cpu(), x.cpu() @ lin.weight.detach().cpu().t() + lin.bias.detach().cpu())
+
+    def f(x, w):
+        with torch.autocast("tpu", dtype=torch.bfloat16):
+            return x @ w, (x @ w).float().softmax(-1)
+
+    w = torch.randn(8, 5, device="tpu")
+    a, b = torch.compile(f, backend="tpu")(x, w)
+    assert a.dtype == torch.bfloat16 and b.dtype == torch.float32
+    torch.testing.assert_close(a.float().cpu(), x.cpu() @ w.cpu(), rtol=2e-2, atol=2e-2)
+
+
+def _gpt_losses(compiled, steps):
+    tok, data = char_gpt.load_corpus()
+    model = char_gpt.make_model(tok.vocab_size, seed=0, device="tpu")
+    opt = char_gpt.make_optimizer(model)
+    run = torch.compile(model, backend="tpu") if compiled else model
+    g = torch.Generator().manual_seed(0)
+    losses, compiles = [], []
+    for _ in range(steps):
+        x, y = char_gpt.get_batch(data, 8, 32, g)
+        losses.append(char_gpt.train_step(run, opt, x.to("tpu"), y.to("tpu")))
+        compiles.append(torchtpu.metrics()["programs_compiled"])
+    return losses, compiles
+
+
+def test_gpt_trains_compiled_like_eager_and_compiles_once():
+    eager, _ = _gpt_losses(False, 12)
+    comp, compiles = _gpt_losses(True, 12)
+    for a, b in zip(eager, comp):
+        assert abs(a - b) <= 1e-3 * abs(a)
+    assert comp[-1] < comp[0]
+    # the same step never compiles again once warm
+    assert compiles[-1] == compiles[4]
+
+
+def _resnet_losses(compiled, steps=6, batch=16):
+    images, labels = resnet_cifar.synthetic_cifar(num_samples=batch * steps, seed=1)
+    torch.manual_seed(0)
+    model = resnet_cifar.ResNet().to("tpu")
+    run = torch.compile(model, backend="tpu") if compiled else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9, weight_decay=5e-4)
+    losses = []
+    for i in range(steps):
+        x, y = images[i * batch:(i + 1) * batch].to("tpu"), labels[i * batch:(i + 1) * batch].to("tpu")
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(run(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+def test_resnet_trains_compiled_like_eager():
+    eager, m_eager = _resnet_losses(False)
+    comp, m_comp = _resnet_losses(True)
+    for a, b in zip(eager, comp):
+        assert abs(a - b) <= 1e-3 * abs(a)
+    bn = [m for m in m_comp.modules() if isinstance(m, nn.BatchNorm2d)][0]
+    bn_e = [m for m in m_eager.modules() if isinstance(m, nn.BatchNorm2d)][0]
+    torch.testing.assert_close(bn.running_mean.cpu(), bn_e.running_mean.cpu(), rtol=1e-3, atol=1e-4)
