@@ -161,6 +161,21 @@ class _Losses(TrainerCallback):
             self.losses.append(float(logs["loss"]))
 
 
+def test_static_cache_generate_compiles_with_the_tpu_backend():
+    """cache_implementation="static" makes transformers torch.compile the
+    decoding step with the backend named after the device: "tpu"."""
+    torch._dynamo.reset()
+    prompt = _tokens((1, 6), seed=3)
+    outs = {}
+    for device in ("cpu", "tpu"):
+        model = _build("llama").eval().to(device)
+        with torch.no_grad():
+            outs[device] = model.generate(prompt.to(device), do_sample=False, max_new_tokens=6, pad_token_id=0,
+                                          cache_implementation="static").cpu()
+    torch._dynamo.reset()
+    assert torch.equal(outs["tpu"], outs["cpu"]), (outs["tpu"].tolist(), outs["cpu"].tolist())
+
+
 def _trainer_losses(arch, tmp_path, use_cpu):
     args = TrainingArguments(
         output_dir=str(tmp_path / ("cpu" if use_cpu else "tpu")), report_to="none", save_strategy="no",
