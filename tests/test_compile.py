@@ -171,3 +171,16 @@ def test_resnet_trains_compiled_like_eager():
     bn = [m for m in m_comp.modules() if isinstance(m, nn.BatchNorm2d)][0]
     bn_e = [m for m in m_eager.modules() if isinstance(m, nn.BatchNorm2d)][0]
     torch.testing.assert_close(bn.running_mean.cpu(), bn_e.running_mean.cpu(), rtol=1e-3, atol=1e-4)
+
+
+def test_dynamic_shapes_give_correct_results():
+    # Correct for every length; each new length is its own program for now
+    # (bucketing is not implemented), so only values are checked here.
+    def f(x, w):
+        return torch.softmax(x @ w, -1).sum(0)
+
+    cf = torch.compile(f, backend="tpu", dynamic=True)
+    w = torch.randn(8, 8)
+    for n in (3, 5, 17, 40):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(cf(x.to("tpu"), w.to("tpu")).cpu(), f(x, w), rtol=1e-5, atol=1e-5)
