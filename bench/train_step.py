@@ -1,10 +1,11 @@
 """Training-step time and peak memory of the MLP and GPT examples: CPU eager
-against tpu in debug, strict and fused modes, each in a fresh process, all in
+against tpu in debug, strict and fused modes (and, with --compile, torch.compile
+with backend "tpu" against Inductor on CPU), each in a fresh process, all in
 one run. Prints median step times, their ratios, peak resident memory (and its
 ratio to CPU eager), and, with --long N, whether resident memory stays flat
 over N fused GPT steps.
 
-Usage: python bench/train_step.py [--steps 30] [--long 2000]
+Usage: python bench/train_step.py [--steps 30] [--long 2000] [--compile]
 """
 import argparse
 import json
@@ -29,7 +30,8 @@ def child(example, device, mode, steps, long_steps):
 
     import torchtpu
 
-    if device == "tpu":
+    compiled = mode in ("compiled", "inductor")
+    if device == "tpu" and not compiled:
         torchtpu.eager_mode(mode)
     import torch.nn.functional as F
 
@@ -40,16 +42,18 @@ def child(example, device, mode, steps, long_steps):
         tok, data = char_gpt.load_corpus()
         model = char_gpt.make_model(tok.vocab_size, seed=0, device=device)
         opt = char_gpt.make_optimizer(model)
+        run = torch.compile(model, backend="tpu" if device == "tpu" else "inductor") if compiled else model
         g = torch.Generator().manual_seed(0)
 
         def step():
             x, y = char_gpt.get_batch(data, 16, 32, g)
-            return char_gpt.train_step(model, opt, x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+            return char_gpt.train_step(run, opt, x.to(device, non_blocking=True), y.to(device, non_blocking=True))
     else:
         images, labels = mlp_mnist.synthetic_mnist(num_samples=64 * 16, seed=1)
         torch.manual_seed(0)
         model = mlp_mnist.MLP().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        run = torch.compile(model, backend="tpu" if device == "tpu" else "inductor") if compiled else model
         batches = [(images[i:i + 64], labels[i:i + 64]) for i in range(0, len(images), 64)]
         state = {"i": 0}
 
@@ -58,7 +62,7 @@ def child(example, device, mode, steps, long_steps):
             state["i"] += 1
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(run(x), y)
             loss.backward()
             opt.step()
             return loss.item()
@@ -96,6 +100,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--long", type=int, default=0, help="also run this many fused GPT steps and check RSS")
+    ap.add_argument("--compile", action="store_true", help="also torch.compile: backend tpu, and inductor on CPU")
     ap.add_argument("--child", nargs=5)
     args = ap.parse_args()
     if args.child:
@@ -104,7 +109,9 @@ def main():
     print(f"{'example':<8}{'config':<14}{'step ms':>9}{'vs cpu':>8}{'peak RSS MB':>13}{'vs cpu':>8}{'compiled':>10}")
     for ex in ("mlp", "gpt"):
         rows = {"cpu eager": run(ex, "cpu", "-", args.steps)}
-        for mode in ("debug", "strict", "fused"):
+        if args.compile:
+            rows["cpu inductor"] = run(ex, "cpu", "inductor", args.steps)
+        for mode in ("debug", "strict", "fused") + (("compiled",) if args.compile else ()):
             rows[f"tpu {mode}"] = run(ex, "tpu", mode, args.steps)
         cpu = rows["cpu eager"]
         for name, r in rows.items():
@@ -113,6 +120,10 @@ def main():
                   f"{'' if r['programs_compiled'] is None else r['programs_compiled']:>10}")
         s, f = rows["tpu strict"]["step_ms"], rows["tpu fused"]["step_ms"]
         print(f"{ex:<8}fused is {s / f:.2f}x faster than strict")
+        if args.compile:
+            c = rows["tpu compiled"]["step_ms"]
+            print(f"{ex:<8}compiled is {s / c:.2f}x faster than strict; CPU inductor / tpu compiled: "
+                  f"{rows['cpu inductor']['step_ms'] / c:.2f}")
     if args.long:
         r = run("gpt", "tpu", "fused", args.steps, args.long)
         grow = (r["rss_end_mb"] - r["rss_after_warmup_mb"]) / r["rss_after_warmup_mb"] * 100
