@@ -162,17 +162,21 @@ def test_no_device_buffer_outlives_the_model():
 
 
 DONATE = """
-import resource, torch, torchtpu
+import torch, torchtpu
+def hwm_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
 torchtpu.eager_mode("fused")
 p = torch.zeros(25_000_000, device="tpu")  # 100 MB
 torch.tpu.synchronize()
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+open("/proc/self/clear_refs", "w").write("5")  # the peak starts again from here
+base = hwm_mb()
 for _ in range(3):
     p.add_(1)
     p.mul_(2)
     torch.tpu.synchronize()
-grow = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
-print(grow, p[:2].cpu().tolist())
+print(hwm_mb() - base, p[:2].cpu().tolist())
 """
 
 
@@ -187,4 +191,5 @@ def test_rewritten_buffers_are_donated_to_the_program():
         grow, values = p.stdout.strip().split(" ", 1)
         assert values == "[14.0, 14.0]"
         grows[donate] = float(grow)
-    assert grows["1"] < 60 < 90 < grows["0"], grows
+    # without donation the old and the new 100 MB live at once
+    assert grows["1"] < 70 and grows["0"] > grows["1"] + 50, grows
