@@ -70,3 +70,15 @@ def test_strict_mode_keeps_many_launches_in_flight():
         x = x * 1.0
     torch.tpu.synchronize()
     assert x.sum().item() == 64 * 64
+
+
+@pytest.mark.parametrize("mode", ["debug", "strict", "fused"])
+def test_device_out_of_memory_is_an_error_not_a_crash(mode):
+    with torchtpu.eager_mode(mode):
+        with pytest.raises(MemoryError) as e:
+            x = torch.ones(2**36, dtype=torch.uint8, device="tpu")  # 64 GiB
+            x[:4].cpu()
+        msg = str(e.value)
+        assert "Out of memory" in msg
+        assert ("aten::fill_" in msg) if mode != "fused" else ("fused program" in msg)
+        assert (torch.ones(3, device="tpu") * 2).cpu().tolist() == [2.0, 2.0, 2.0]
