@@ -52,6 +52,7 @@ OPTS = {
     "adam_amsgrad": lambda p, **k: torch.optim.Adam(p, lr=0.01, amsgrad=True, **k),
     "rmsprop": lambda p, **k: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, **k),
     "adagrad": lambda p, **k: torch.optim.Adagrad(p, lr=0.1, **k),
+    "sgd_plain": lambda p, **k: torch.optim.SGD(p, lr=0.1, **k),
 }
 
 
@@ -70,8 +71,8 @@ def test_foreach_is_the_default_path_on_tpu():
     assert foreach and not fused
 
 
-@pytest.mark.parametrize("name", ["adam", "adamw", "adam_amsgrad"])
-def test_fused_adam_matches_cpu_fused(name):
+@pytest.mark.parametrize("name", ["adam", "adamw", "adam_amsgrad", "sgd", "sgd_plain"])
+def test_fused_optimizers_match_cpu_fused(name):
     make = OPTS[name]
     _compare(lambda p: make(p, fused=True), lambda p: make(p, fused=True))
 

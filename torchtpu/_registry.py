@@ -315,6 +315,28 @@ def _wrap_fused_adam(kernel, adamw):
     return fused
 
 
+def _fused_sgd_kernels(op_id):
+    def spec(lr_kind):
+        lists = [(n, "L", _REQUIRED) for n in ("params", "grads", "momentum_buffers")]
+        nums = [("weight_decay", "S", _REQUIRED), ("momentum", "S", _REQUIRED), ("lr", lr_kind, _REQUIRED),
+                ("dampening", "S", _REQUIRED)]
+        flags = [(n, "b", _REQUIRED) for n in ("nesterov", "maximize", "is_first_step")]
+        return lists + nums + flags + [("grad_scale", "t", None), ("found_inf", "t", None)]
+
+    return _C.kernel(op_id, spec("S"), 0, _REQUIRED), _C.kernel(op_id, spec("T"), 0, _REQUIRED)
+
+
+def _wrap_fused_sgd(kernel):
+    def fused(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
+              is_first_step, grad_scale=None, found_inf=None):
+        g = _FUSED_GROUP
+        for k in range(0, len(self), g):
+            kernel(self[k:k + g], grads[k:k + g], momentum_buffer_list[k:k + g] if momentum_buffer_list else [],
+                   weight_decay, momentum, lr, dampening, nesterov, maximize, is_first_step, grad_scale, found_inf)
+
+    return fused
+
+
 def _local_scalar_dense(self):
     return _C.to_cpu(self).item()
 
@@ -615,6 +637,9 @@ def setup(device_module):
         name = "_fused_adamw_" if adamw else "_fused_adam_"
         _IMPL.impl(name, _wrap_fused_adam(adam_float, adamw), "PrivateUse1")
         _IMPL.impl(name + ".tensor_lr", _wrap_fused_adam(adam_tensor, adamw), "PrivateUse1")
+    sgd_float, sgd_tensor = _fused_sgd_kernels(internal["tpu::fused_sgd"])
+    _IMPL.impl("_fused_sgd_", _wrap_fused_sgd(sgd_float), "PrivateUse1")
+    _IMPL.impl("_fused_sgd_.tensor_lr", _wrap_fused_sgd(sgd_tensor), "PrivateUse1")
     _IMPL.impl("_pin_memory", _pin_memory, "CPU")
     _patch_printing()
     _patch_storage_constructor()

@@ -105,3 +105,68 @@ void tpu_emit_fused_adam(tpu_lower *L) {
     if (has_scale) tpu_lower_write(L, FA_G, j, g0);
   }
 }
+
+/* tpu::fused_sgd: params, grads, momentum_buffers (lists; the buffers list
+ * is empty when momentum is 0), weight_decay, momentum, lr, dampening
+ * (numbers or 0-d tensors), nesterov, maximize, is_first_step (bools),
+ * grad_scale, found_inf (optional 0-d tensors). As torch's fused SGD: the
+ * first step starts the momentum buffer from the gradient. */
+enum { FS_P, FS_G, FS_BUF, FS_WD, FS_MOM, FS_LR, FS_DAMP, FS_NEST, FS_MAX, FS_FIRST, FS_SCALE, FS_INF, FS_NARGS };
+
+void tpu_emit_fused_sgd(tpu_lower *L) {
+  if (L->nargs != FS_NARGS) {
+    tpu_lower_fail(L, TPU_ERR_TYPE, "%s: expected %d arguments", L->opname, FS_NARGS);
+    return;
+  }
+  for (int i = FS_P; i <= FS_BUF; i++)
+    if (L->args[i].kind != TPU_ARG_TENSORS) {
+      tpu_lower_fail(L, TPU_ERR_TYPE, "%s: argument %d must be a list of tensors", L->opname, i);
+      return;
+    }
+  int n = L->args[FS_P].nlist;
+  bool use_mom = L->args[FS_BUF].nlist > 0;
+  if (L->args[FS_G].nlist != n || (use_mom && L->args[FS_BUF].nlist != n)) {
+    tpu_lower_fail(L, TPU_ERR_VALUE, "%s: tensor lists must have the same length", L->opname);
+    return;
+  }
+  bool nesterov = tpu_arg_bool(L, FS_NEST), maximize = tpu_arg_bool(L, FS_MAX), first = tpu_arg_bool(L, FS_FIRST);
+  bool has_scale = !tpu_lower_is_none(L, FS_SCALE), has_inf = !tpu_lower_is_none(L, FS_INF);
+  for (int j = 0; j < n; j++) {
+    tpu_dtype pdt = L->args[FS_P].list[j].dtype;
+    if (!tpu_dtype_is_float(pdt)) {
+      tpu_lower_fail(L, TPU_ERR_TYPE, "%s: parameters must be floating point, got %s", L->opname,
+                     tpu_dtype_name(pdt));
+      return;
+    }
+    tpu_dtype ct = pdt == TPU_F64 ? TPU_F64 : TPU_F32;
+    tpu_hv p0 = tpu_hlo_convert(H, tpu_lower_tensor(L, FS_P, j), ct);
+    tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, FS_G, j), ct);
+    tpu_hv wd = tpu_lower_scalar(L, FS_WD, ct), lr = tpu_lower_scalar(L, FS_LR, ct);
+    if (has_scale) g = fa_bin(L, TPU_HLO_DIV, g, tpu_lower_scalar(L, FS_SCALE, ct));
+    tpu_hv g_unscaled = g;
+    if (maximize) g = tpu_hlo_unary(H, TPU_HLO_NEG, g);
+    g = fa_bin(L, TPU_HLO_ADD, g, fa_bin(L, TPU_HLO_MUL, p0, wd));
+    tpu_hv buf0 = TPU_HV_NONE, buf = TPU_HV_NONE;
+    if (use_mom) {
+      tpu_hv mom = tpu_lower_scalar(L, FS_MOM, ct), damp = tpu_lower_scalar(L, FS_DAMP, ct);
+      buf0 = tpu_hlo_convert(H, tpu_lower_tensor(L, FS_BUF, j), ct);
+      if (first) {
+        buf = g;
+      } else {
+        tpu_hv omd = tpu_hlo_binary(H, TPU_HLO_SUB, tpu_hlo_constant(H, ct, 1.0), damp);
+        buf = fa_bin(L, TPU_HLO_ADD, fa_bin(L, TPU_HLO_MUL, buf0, mom), fa_bin(L, TPU_HLO_MUL, g, omd));
+      }
+      g = nesterov ? fa_bin(L, TPU_HLO_ADD, g, fa_bin(L, TPU_HLO_MUL, buf, mom)) : buf;
+    }
+    tpu_hv p1 = fa_bin(L, TPU_HLO_SUB, p0, fa_bin(L, TPU_HLO_MUL, g, lr));
+    if (has_inf) {
+      tpu_hv skip = tpu_hlo_compare(H, TPU_HLO_NE, tpu_lower_scalar(L, FS_INF, ct), tpu_hlo_constant(H, ct, 0.0));
+      tpu_hv sk = tpu_lower_broadcast_to(L, skip, T(L, p1)->rank, T(L, p1)->dims);
+      p1 = tpu_hlo_select(H, sk, p0, p1);
+      if (use_mom) buf = tpu_hlo_select(H, sk, buf0, buf);
+    }
+    tpu_lower_write(L, FS_P, j, p1);
+    if (use_mom) tpu_lower_write(L, FS_BUF, j, buf);
+    if (has_scale) tpu_lower_write(L, FS_G, j, g_unscaled);
+  }
+}
