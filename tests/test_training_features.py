@@ -53,6 +53,7 @@ OPTS = {
     "rmsprop": lambda p, **k: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, **k),
     "adagrad": lambda p, **k: torch.optim.Adagrad(p, lr=0.1, **k),
     "sgd_plain": lambda p, **k: torch.optim.SGD(p, lr=0.1, **k),
+    "adagrad_decay": lambda p, **k: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.01, weight_decay=0.05, **k),
 }
 
 
@@ -71,7 +72,7 @@ def test_foreach_is_the_default_path_on_tpu():
     assert foreach and not fused
 
 
-@pytest.mark.parametrize("name", ["adam", "adamw", "adam_amsgrad", "sgd", "sgd_plain"])
+@pytest.mark.parametrize("name", ["adam", "adamw", "adam_amsgrad", "sgd", "sgd_plain", "adagrad", "adagrad_decay"])
 def test_fused_optimizers_match_cpu_fused(name):
     make = OPTS[name]
     _compare(lambda p: make(p, fused=True), lambda p: make(p, fused=True))

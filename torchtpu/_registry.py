@@ -337,6 +337,26 @@ def _wrap_fused_sgd(kernel):
     return fused
 
 
+def _fused_adagrad_kernels(op_id):
+    def spec(lr_kind):
+        lists = [(n, "L", _REQUIRED) for n in ("params", "grads", "state_sums", "state_steps")]
+        nums = [("lr", lr_kind, _REQUIRED)] + [(n, "S", _REQUIRED) for n in ("lr_decay", "weight_decay", "eps")]
+        return lists + nums + [("maximize", "b", _REQUIRED), ("grad_scale", "t", None), ("found_inf", "t", None)]
+
+    return _C.kernel(op_id, spec("S"), 0, _REQUIRED), _C.kernel(op_id, spec("T"), 0, _REQUIRED)
+
+
+def _wrap_fused_adagrad(kernel):
+    def fused(self, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps, maximize, grad_scale=None,
+              found_inf=None):
+        g = _FUSED_GROUP
+        for k in range(0, len(self), g):
+            kernel(self[k:k + g], grads[k:k + g], state_sums[k:k + g], state_steps[k:k + g], lr, lr_decay,
+                   weight_decay, eps, maximize, grad_scale, found_inf)
+
+    return fused
+
+
 def _local_scalar_dense(self):
     return _C.to_cpu(self).item()
 
@@ -640,6 +660,9 @@ def setup(device_module):
     sgd_float, sgd_tensor = _fused_sgd_kernels(internal["tpu::fused_sgd"])
     _IMPL.impl("_fused_sgd_", _wrap_fused_sgd(sgd_float), "PrivateUse1")
     _IMPL.impl("_fused_sgd_.tensor_lr", _wrap_fused_sgd(sgd_tensor), "PrivateUse1")
+    ada_float, ada_tensor = _fused_adagrad_kernels(internal["tpu::fused_adagrad"])
+    _IMPL.impl("_fused_adagrad_", _wrap_fused_adagrad(ada_float), "PrivateUse1")
+    _IMPL.impl("_fused_adagrad_.tensor_lr", _wrap_fused_adagrad(ada_tensor), "PrivateUse1")
     _IMPL.impl("_pin_memory", _pin_memory, "CPU")
     _patch_printing()
     _patch_storage_constructor()

@@ -1,4 +1,4 @@
-/* emit_optim.c: fused optimizer steps.
+/* emit_optim.c: fused optimizer steps (Adam/AdamW, SGD, Adagrad).
  *
  * tpu::fused_adam updates every parameter of a group in one program, as
  * PyTorch's fused Adam/AdamW kernels do: the parameters, moments (and the
@@ -168,5 +168,60 @@ void tpu_emit_fused_sgd(tpu_lower *L) {
     tpu_lower_write(L, FS_P, j, p1);
     if (use_mom) tpu_lower_write(L, FS_BUF, j, buf);
     if (has_scale) tpu_lower_write(L, FS_G, j, g_unscaled);
+  }
+}
+
+/* tpu::fused_adagrad: params, grads, state_sums, state_steps (lists), lr,
+ * lr_decay, weight_decay, eps (numbers or 0-d tensors), maximize (bool),
+ * grad_scale, found_inf. The steps were already incremented by the caller:
+ * clr = lr / (1 + (step - 1) * lr_decay). */
+enum { FG_P, FG_G, FG_SUM, FG_STEP, FG_LR, FG_DECAY, FG_WD, FG_EPS, FG_MAX, FG_SCALE, FG_INF, FG_NARGS };
+
+void tpu_emit_fused_adagrad(tpu_lower *L) {
+  if (L->nargs != FG_NARGS) {
+    tpu_lower_fail(L, TPU_ERR_TYPE, "%s: expected %d arguments", L->opname, FG_NARGS);
+    return;
+  }
+  for (int i = FG_P; i <= FG_STEP; i++)
+    if (L->args[i].kind != TPU_ARG_TENSORS || L->args[i].nlist != L->args[FG_P].nlist) {
+      tpu_lower_fail(L, TPU_ERR_VALUE, "%s: argument %d must be a tensor list as long as params", L->opname, i);
+      return;
+    }
+  bool maximize = tpu_arg_bool(L, FG_MAX);
+  bool has_scale = !tpu_lower_is_none(L, FG_SCALE), has_inf = !tpu_lower_is_none(L, FG_INF);
+  for (int j = 0; j < L->args[FG_P].nlist; j++) {
+    tpu_dtype pdt = L->args[FG_P].list[j].dtype;
+    if (!tpu_dtype_is_float(pdt)) {
+      tpu_lower_fail(L, TPU_ERR_TYPE, "%s: parameters must be floating point, got %s", L->opname,
+                     tpu_dtype_name(pdt));
+      return;
+    }
+    tpu_dtype ct = pdt == TPU_F64 ? TPU_F64 : TPU_F32;
+    tpu_hv p0 = tpu_hlo_convert(H, tpu_lower_tensor(L, FG_P, j), ct);
+    tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, FG_G, j), ct);
+    tpu_hv s0 = tpu_hlo_convert(H, tpu_lower_tensor(L, FG_SUM, j), ct);
+    tpu_hv step = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, FG_STEP, j), ct), 0, NULL);
+    tpu_hv lr = tpu_lower_scalar(L, FG_LR, ct), decay = tpu_lower_scalar(L, FG_DECAY, ct);
+    tpu_hv wd = tpu_lower_scalar(L, FG_WD, ct), eps = tpu_lower_scalar(L, FG_EPS, ct);
+    if (has_scale) g = fa_bin(L, TPU_HLO_DIV, g, tpu_lower_scalar(L, FG_SCALE, ct));
+    tpu_hv g_unscaled = g;
+    if (maximize) g = tpu_hlo_unary(H, TPU_HLO_NEG, g);
+    g = fa_bin(L, TPU_HLO_ADD, g, fa_bin(L, TPU_HLO_MUL, p0, wd));
+    tpu_hv one = tpu_hlo_constant(H, ct, 1.0);
+    tpu_hv clr = tpu_hlo_binary(
+        H, TPU_HLO_DIV, lr,
+        tpu_hlo_binary(H, TPU_HLO_ADD, one, tpu_hlo_binary(H, TPU_HLO_MUL, tpu_hlo_binary(H, TPU_HLO_SUB, step, one), decay)));
+    tpu_hv s1 = fa_bin(L, TPU_HLO_ADD, s0, tpu_mul(L, g, g));
+    tpu_hv std = fa_bin(L, TPU_HLO_ADD, tpu_hlo_unary(H, TPU_HLO_SQRT, s1), eps);
+    tpu_hv p1 = fa_bin(L, TPU_HLO_SUB, p0, fa_bin(L, TPU_HLO_MUL, fa_bin(L, TPU_HLO_DIV, g, std), clr));
+    if (has_inf) {
+      tpu_hv skip = tpu_hlo_compare(H, TPU_HLO_NE, tpu_lower_scalar(L, FG_INF, ct), tpu_hlo_constant(H, ct, 0.0));
+      tpu_hv sk = tpu_lower_broadcast_to(L, skip, T(L, p1)->rank, T(L, p1)->dims);
+      p1 = tpu_hlo_select(H, sk, p0, p1);
+      s1 = tpu_hlo_select(H, sk, s0, s1);
+    }
+    tpu_lower_write(L, FG_P, j, p1);
+    tpu_lower_write(L, FG_SUM, j, s1);
+    if (has_scale) tpu_lower_write(L, FG_G, j, g_unscaled);
   }
 }
