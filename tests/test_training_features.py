@@ -408,3 +408,33 @@ def test_torch_accelerator_memory_and_synchronize():
     free, total = torch.accelerator.get_memory_info()
     assert 0 < free <= total
     del t
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_grad_scaler_matches_cpu(fused):
+    """torch.amp.GradScaler("tpu"): unscaling, the inf check (a step with an
+    inf is skipped and the scale backs off) and scale growth, as on CPU."""
+    torch.manual_seed(0)
+    m = _net()
+    mt = copy.deepcopy(m).to("tpu")
+    got = {}
+    for dev, mm in (("cpu", m), ("tpu", mt)):
+        opt = torch.optim.AdamW(mm.parameters(), lr=0.01, fused=fused)
+        scaler = torch.amp.GradScaler(dev, init_scale=2.0**16, growth_interval=2)
+        trace = []
+        for i in range(6):
+            x = torch.randn(5, 8, generator=torch.Generator().manual_seed(i))
+            if i == 3:
+                x[0, 0] = float("inf")
+            x = x.to(dev)
+            opt.zero_grad()
+            with torch.autocast(dev, dtype=torch.bfloat16):
+                loss = mm(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            trace.append(scaler.get_scale())
+        got[dev] = trace
+    assert got["tpu"] == got["cpu"] == [65536.0, 131072.0, 131072.0, 65536.0, 65536.0, 131072.0]
+    for a, b in zip(m.parameters(), mt.parameters()):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)

@@ -21,35 +21,52 @@ enum { FA_P, FA_G, FA_M, FA_V, FA_VMAX, FA_STEP, FA_LR, FA_B1, FA_B2, FA_WD, FA_
 
 static tpu_hv fa_bin(tpu_lower *L, tpu_hlo_op op, tpu_hv a, tpu_hv b) { return tpu_lower_binary(L, op, a, b); }
 
+/* The shared checks of a fused step: nargs arguments, of which 0..last are
+ * tensor lists as long as the parameters (argument 0), except those in
+ * `empty_ok` (a bit per argument) when they are empty. Returns the number
+ * of parameters, or -1 after failing. */
+static int fo_lists(tpu_lower *L, int nargs, int last, unsigned empty_ok) {
+  if (L->nargs != nargs) {
+    tpu_lower_fail(L, TPU_ERR_TYPE, "%s: expected %d arguments", L->opname, nargs);
+    return -1;
+  }
+  int n = L->args[0].kind == TPU_ARG_TENSORS ? L->args[0].nlist : -1;
+  for (int i = 0; i <= last; i++) {
+    tpu_arg *a = &L->args[i];
+    if (a->kind != TPU_ARG_TENSORS || (a->nlist != n && !((empty_ok >> i & 1u) && a->nlist == 0))) {
+      tpu_lower_fail(L, TPU_ERR_VALUE, "%s: argument %d must be a list of tensors as long as the parameters",
+                     L->opname, i);
+      return -1;
+    }
+  }
+  return n;
+}
+
+/* The math type of parameter j (f32, or f64 for f64), or TPU_INVALID after
+ * failing. */
+static tpu_dtype fo_type(tpu_lower *L, int j) {
+  tpu_dtype pdt = L->args[0].list[j].dtype;
+  if (!tpu_dtype_is_float(pdt)) {
+    tpu_lower_fail(L, TPU_ERR_TYPE, "%s: parameters must be floating point, got %s", L->opname, tpu_dtype_name(pdt));
+    return TPU_INVALID;
+  }
+  return pdt == TPU_F64 ? TPU_F64 : TPU_F32;
+}
+
+/* A step with found_inf set changes nothing (torch's kernels return early):
+ * old where argument inf is non-zero, else new. */
+static tpu_hv fo_unless_inf(tpu_lower *L, int inf, tpu_dtype ct, tpu_hv old, tpu_hv new) {
+  tpu_hv skip = tpu_hlo_compare(H, TPU_HLO_NE, tpu_lower_scalar(L, inf, ct), tpu_hlo_constant(H, ct, 0.0));
+  return tpu_hlo_select(H, tpu_lower_broadcast_to(L, skip, T(L, new)->rank, T(L, new)->dims), old, new);
+}
+
 void tpu_emit_fused_adam(tpu_lower *L) {
-  if (L->nargs != FA_NARGS) {
-    tpu_lower_fail(L, TPU_ERR_TYPE, "%s: expected %d arguments", L->opname, FA_NARGS);
-    return;
-  }
-  for (int i = FA_P; i <= FA_STEP; i++)
-    if (L->args[i].kind != TPU_ARG_TENSORS) {
-      tpu_lower_fail(L, TPU_ERR_TYPE, "%s: argument %d must be a list of tensors", L->opname, i);
-      return;
-    }
-  int n = L->args[FA_P].nlist;
   bool ams = tpu_arg_bool(L, FA_AMS), maximize = tpu_arg_bool(L, FA_MAX), adamw = tpu_arg_bool(L, FA_ADAMW);
-  for (int i = FA_G; i <= FA_STEP; i++) {
-    if (i == FA_VMAX && !ams) continue;
-    if (L->args[i].nlist != n) {
-      tpu_lower_fail(L, TPU_ERR_VALUE, "%s: tensor lists must have the same length (%d and %d)", L->opname, n,
-                     L->args[i].nlist);
-      return;
-    }
-  }
+  int n = fo_lists(L, FA_NARGS, FA_STEP, ams ? 0u : 1u << FA_VMAX);
   bool has_scale = !tpu_lower_is_none(L, FA_SCALE), has_inf = !tpu_lower_is_none(L, FA_INF);
   for (int j = 0; j < n; j++) {
-    tpu_dtype pdt = L->args[FA_P].list[j].dtype;
-    if (!tpu_dtype_is_float(pdt)) {
-      tpu_lower_fail(L, TPU_ERR_TYPE, "%s: parameters must be floating point, got %s", L->opname,
-                     tpu_dtype_name(pdt));
-      return;
-    }
-    tpu_dtype ct = pdt == TPU_F64 ? TPU_F64 : TPU_F32;
+    tpu_dtype ct = fo_type(L, j);
+    if (ct == TPU_INVALID) return;
     tpu_hv p = tpu_hlo_convert(H, tpu_lower_tensor(L, FA_P, j), ct);
     tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, FA_G, j), ct);
     tpu_hv m = tpu_hlo_convert(H, tpu_lower_tensor(L, FA_M, j), ct);
@@ -86,16 +103,10 @@ void tpu_emit_fused_adam(tpu_lower *L) {
                           eps);
     tpu_hv p1 = fa_bin(L, TPU_HLO_SUB, p, fa_bin(L, TPU_HLO_MUL, fa_bin(L, TPU_HLO_DIV, m1, denom), step_size));
     if (has_inf) {
-      /* A step with found_inf set changes nothing (torch's kernels return early). */
-      tpu_hv inf = tpu_lower_scalar(L, FA_INF, ct);
-      tpu_hv skip = tpu_hlo_compare(H, TPU_HLO_NE, inf, tpu_hlo_constant(H, ct, 0.0));
-      tpu_hv keep_p = tpu_hlo_convert(H, tpu_lower_tensor(L, FA_P, j), ct);
-      p1 = tpu_hlo_select(H, tpu_lower_broadcast_to(L, skip, T(L, p1)->rank, T(L, p1)->dims),
-                          keep_p, p1);
-      tpu_hv sk_m = tpu_lower_broadcast_to(L, skip, T(L, m1)->rank, T(L, m1)->dims);
-      m1 = tpu_hlo_select(H, sk_m, m, m1);
-      v1 = tpu_hlo_select(H, sk_m, v, v1);
-      if (ams) vmax = tpu_hlo_select(H, sk_m, tpu_hlo_convert(H, tpu_lower_tensor(L, FA_VMAX, j), ct), vmax);
+      p1 = fo_unless_inf(L, FA_INF, ct, tpu_hlo_convert(H, tpu_lower_tensor(L, FA_P, j), ct), p1);
+      m1 = fo_unless_inf(L, FA_INF, ct, m, m1);
+      v1 = fo_unless_inf(L, FA_INF, ct, v, v1);
+      if (ams) vmax = fo_unless_inf(L, FA_INF, ct, tpu_hlo_convert(H, tpu_lower_tensor(L, FA_VMAX, j), ct), vmax);
     }
     tpu_lower_write(L, FA_P, j, p1);
     tpu_lower_write(L, FA_M, j, m1);
@@ -114,31 +125,13 @@ void tpu_emit_fused_adam(tpu_lower *L) {
 enum { FS_P, FS_G, FS_BUF, FS_WD, FS_MOM, FS_LR, FS_DAMP, FS_NEST, FS_MAX, FS_FIRST, FS_SCALE, FS_INF, FS_NARGS };
 
 void tpu_emit_fused_sgd(tpu_lower *L) {
-  if (L->nargs != FS_NARGS) {
-    tpu_lower_fail(L, TPU_ERR_TYPE, "%s: expected %d arguments", L->opname, FS_NARGS);
-    return;
-  }
-  for (int i = FS_P; i <= FS_BUF; i++)
-    if (L->args[i].kind != TPU_ARG_TENSORS) {
-      tpu_lower_fail(L, TPU_ERR_TYPE, "%s: argument %d must be a list of tensors", L->opname, i);
-      return;
-    }
-  int n = L->args[FS_P].nlist;
-  bool use_mom = L->args[FS_BUF].nlist > 0;
-  if (L->args[FS_G].nlist != n || (use_mom && L->args[FS_BUF].nlist != n)) {
-    tpu_lower_fail(L, TPU_ERR_VALUE, "%s: tensor lists must have the same length", L->opname);
-    return;
-  }
+  int n = fo_lists(L, FS_NARGS, FS_BUF, 1u << FS_BUF);
+  bool use_mom = n > 0 && L->args[FS_BUF].nlist > 0;
   bool nesterov = tpu_arg_bool(L, FS_NEST), maximize = tpu_arg_bool(L, FS_MAX), first = tpu_arg_bool(L, FS_FIRST);
   bool has_scale = !tpu_lower_is_none(L, FS_SCALE), has_inf = !tpu_lower_is_none(L, FS_INF);
   for (int j = 0; j < n; j++) {
-    tpu_dtype pdt = L->args[FS_P].list[j].dtype;
-    if (!tpu_dtype_is_float(pdt)) {
-      tpu_lower_fail(L, TPU_ERR_TYPE, "%s: parameters must be floating point, got %s", L->opname,
-                     tpu_dtype_name(pdt));
-      return;
-    }
-    tpu_dtype ct = pdt == TPU_F64 ? TPU_F64 : TPU_F32;
+    tpu_dtype ct = fo_type(L, j);
+    if (ct == TPU_INVALID) return;
     tpu_hv p0 = tpu_hlo_convert(H, tpu_lower_tensor(L, FS_P, j), ct);
     tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, FS_G, j), ct);
     tpu_hv wd = tpu_lower_scalar(L, FS_WD, ct), lr = tpu_lower_scalar(L, FS_LR, ct);
@@ -160,10 +153,8 @@ void tpu_emit_fused_sgd(tpu_lower *L) {
     }
     tpu_hv p1 = fa_bin(L, TPU_HLO_SUB, p0, fa_bin(L, TPU_HLO_MUL, g, lr));
     if (has_inf) {
-      tpu_hv skip = tpu_hlo_compare(H, TPU_HLO_NE, tpu_lower_scalar(L, FS_INF, ct), tpu_hlo_constant(H, ct, 0.0));
-      tpu_hv sk = tpu_lower_broadcast_to(L, skip, T(L, p1)->rank, T(L, p1)->dims);
-      p1 = tpu_hlo_select(H, sk, p0, p1);
-      if (use_mom) buf = tpu_hlo_select(H, sk, buf0, buf);
+      p1 = fo_unless_inf(L, FS_INF, ct, p0, p1);
+      if (use_mom) buf = fo_unless_inf(L, FS_INF, ct, buf0, buf);
     }
     tpu_lower_write(L, FS_P, j, p1);
     if (use_mom) tpu_lower_write(L, FS_BUF, j, buf);
@@ -178,25 +169,12 @@ void tpu_emit_fused_sgd(tpu_lower *L) {
 enum { FG_P, FG_G, FG_SUM, FG_STEP, FG_LR, FG_DECAY, FG_WD, FG_EPS, FG_MAX, FG_SCALE, FG_INF, FG_NARGS };
 
 void tpu_emit_fused_adagrad(tpu_lower *L) {
-  if (L->nargs != FG_NARGS) {
-    tpu_lower_fail(L, TPU_ERR_TYPE, "%s: expected %d arguments", L->opname, FG_NARGS);
-    return;
-  }
-  for (int i = FG_P; i <= FG_STEP; i++)
-    if (L->args[i].kind != TPU_ARG_TENSORS || L->args[i].nlist != L->args[FG_P].nlist) {
-      tpu_lower_fail(L, TPU_ERR_VALUE, "%s: argument %d must be a tensor list as long as params", L->opname, i);
-      return;
-    }
+  int n = fo_lists(L, FG_NARGS, FG_STEP, 0);
   bool maximize = tpu_arg_bool(L, FG_MAX);
   bool has_scale = !tpu_lower_is_none(L, FG_SCALE), has_inf = !tpu_lower_is_none(L, FG_INF);
-  for (int j = 0; j < L->args[FG_P].nlist; j++) {
-    tpu_dtype pdt = L->args[FG_P].list[j].dtype;
-    if (!tpu_dtype_is_float(pdt)) {
-      tpu_lower_fail(L, TPU_ERR_TYPE, "%s: parameters must be floating point, got %s", L->opname,
-                     tpu_dtype_name(pdt));
-      return;
-    }
-    tpu_dtype ct = pdt == TPU_F64 ? TPU_F64 : TPU_F32;
+  for (int j = 0; j < n; j++) {
+    tpu_dtype ct = fo_type(L, j);
+    if (ct == TPU_INVALID) return;
     tpu_hv p0 = tpu_hlo_convert(H, tpu_lower_tensor(L, FG_P, j), ct);
     tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, FG_G, j), ct);
     tpu_hv s0 = tpu_hlo_convert(H, tpu_lower_tensor(L, FG_SUM, j), ct);
@@ -215,13 +193,69 @@ void tpu_emit_fused_adagrad(tpu_lower *L) {
     tpu_hv std = fa_bin(L, TPU_HLO_ADD, tpu_hlo_unary(H, TPU_HLO_SQRT, s1), eps);
     tpu_hv p1 = fa_bin(L, TPU_HLO_SUB, p0, fa_bin(L, TPU_HLO_MUL, fa_bin(L, TPU_HLO_DIV, g, std), clr));
     if (has_inf) {
-      tpu_hv skip = tpu_hlo_compare(H, TPU_HLO_NE, tpu_lower_scalar(L, FG_INF, ct), tpu_hlo_constant(H, ct, 0.0));
-      tpu_hv sk = tpu_lower_broadcast_to(L, skip, T(L, p1)->rank, T(L, p1)->dims);
-      p1 = tpu_hlo_select(H, sk, p0, p1);
-      s1 = tpu_hlo_select(H, sk, s0, s1);
+      p1 = fo_unless_inf(L, FG_INF, ct, p0, p1);
+      s1 = fo_unless_inf(L, FG_INF, ct, s0, s1);
     }
     tpu_lower_write(L, FG_P, j, p1);
     tpu_lower_write(L, FG_SUM, j, s1);
     if (has_scale) tpu_lower_write(L, FG_G, j, g_unscaled);
   }
+}
+
+/* ---- gradient scaling (torch.amp.GradScaler) ---------------------------------------- */
+
+/* _amp_foreach_non_finite_check_and_unscale_(grads[], found_inf, inv_scale):
+ * every gradient is multiplied by inv_scale in place; found_inf becomes 1
+ * when any of them holds an inf or a NaN (it is never reset here). */
+void tpu_emit_amp_unscale(tpu_lower *L) {
+  if (L->nargs != 3 || L->args[0].kind != TPU_ARG_TENSORS) {
+    tpu_lower_fail(L, TPU_ERR_TYPE, "%s: expected (Tensor[] grads, Tensor found_inf, Tensor inv_scale)", L->opname);
+    return;
+  }
+  tpu_dtype fdt = L->args[1].t.dtype;
+  tpu_hv bad = tpu_hlo_constant(H, TPU_PRED, 0);
+  for (int j = 0; j < L->args[0].nlist; j++) {
+    tpu_dtype dt = L->args[0].list[j].dtype;
+    tpu_dtype ct = tpu_acc_type(dt);
+    tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, 0, j), ct);
+    const tpu_hlo_type *gt = T(L, g);
+    int64_t dims[TPU_MAX_RANK];
+    for (int d = 0; d < gt->rank; d++) dims[d] = d;
+    tpu_hv fin = tpu_hlo_unary(H, TPU_HLO_IS_FINITE, g);
+    tpu_hv all = gt->rank ? tpu_hlo_reduce(H, fin, tpu_hlo_constant(H, TPU_PRED, 1), dims, gt->rank, TPU_HLO_AND) : fin;
+    bad = tpu_hlo_binary(H, TPU_HLO_OR, bad, tpu_hlo_unary(H, TPU_HLO_NOT, all));
+    tpu_lower_write(L, 0, j, fa_bin(L, TPU_HLO_MUL, g, tpu_lower_scalar(L, 2, ct)));
+  }
+  tpu_hv old = tpu_lower_tensor(L, 1, -1);
+  const tpu_hlo_type *ot = T(L, old);
+  tpu_hv one = tpu_lower_full(L, *ot, 1.0);
+  tpu_hv sel = tpu_lower_broadcast_to(L, bad, ot->rank, ot->dims);
+  tpu_lower_write(L, 1, -1, tpu_hlo_convert(H, tpu_hlo_select(H, sel, one, old), fdt));
+}
+
+/* _amp_update_scale_(scale, growth_tracker, found_inf, growth, backoff,
+ * interval): after an inf, scale *= backoff and the tracker restarts;
+ * otherwise the tracker counts, and every `interval` clean steps the scale
+ * grows (when the grown scale is finite). Returns scale. */
+void tpu_emit_amp_update_scale(tpu_lower *L) {
+  if (L->nargs != 6) {
+    tpu_lower_fail(L, TPU_ERR_TYPE, "%s: expected 6 arguments", L->opname);
+    return;
+  }
+  tpu_dtype sdt = L->args[0].t.dtype, tdt = L->args[1].t.dtype;
+  tpu_hv scale = tpu_lower_tensor(L, 0, -1), tracker = tpu_lower_tensor(L, 1, -1);
+  tpu_hv inf = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), sdt);
+  const tpu_hlo_type *st = T(L, scale);
+  tpu_hv found = tpu_hlo_compare(H, TPU_HLO_NE, inf, tpu_lower_full(L, *T(L, inf), 0.0));
+  tpu_hv next = tpu_hlo_binary(H, TPU_HLO_ADD, tracker, tpu_lower_full(L, *T(L, tracker), 1.0));
+  tpu_hv due = tpu_hlo_compare(H, TPU_HLO_EQ, next, tpu_lower_full(L, *T(L, tracker), (double)L->args[5].i));
+  tpu_hv grown = tpu_hlo_binary(H, TPU_HLO_MUL, scale, tpu_lower_full(L, *st, L->args[3].f));
+  tpu_hv grow_ok = tpu_hlo_binary(H, TPU_HLO_AND, due, tpu_hlo_unary(H, TPU_HLO_IS_FINITE, grown));
+  tpu_hv backed = tpu_hlo_binary(H, TPU_HLO_MUL, scale, tpu_lower_full(L, *st, L->args[4].f));
+  tpu_hv new_scale = tpu_hlo_select(H, found, backed, tpu_hlo_select(H, grow_ok, grown, scale));
+  tpu_hv zero = tpu_lower_full(L, *T(L, tracker), 0.0);
+  tpu_hv new_tracker = tpu_hlo_select(H, found, zero, tpu_hlo_select(H, due, zero, next));
+  tpu_lower_write(L, 0, -1, new_scale);
+  tpu_lower_write(L, 1, -1, tpu_hlo_convert(H, new_tracker, tdt));
+  tpu_lower_return_arg(L, 0, -1);
 }
