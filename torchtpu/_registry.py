@@ -287,72 +287,29 @@ def _wrap_unique():
             "repeat_interleave.Tensor": repeat_interleave}
 
 
-# Fused Adam/AdamW: one C program (tpu::fused_adam) per group of parameters.
-# A group is bounded by what one call may write (4 tensors per parameter).
+# Fused optimizers (aten::_fused_adam_, _fused_adamw_, _fused_sgd_,
+# _fused_adagrad_): one C program per group of parameters. A group is
+# bounded by what one call may write (up to 4 tensors per parameter).
 _FUSED_GROUP = 24
 
 
-def _fused_adam_kernels(op_id):
-    def spec(lr_kind):
-        lists = [(n, "L", _REQUIRED) for n in ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs",
-                                                "state_steps")]
-        nums = [(n, "S", _REQUIRED) for n in ("beta1", "beta2", "weight_decay", "eps")]
-        flags = [(n, "b", _REQUIRED) for n in ("amsgrad", "maximize", "adamw")]
-        return lists + [("lr", lr_kind, _REQUIRED)] + nums + flags + [("grad_scale", "t", None), ("found_inf", "t", None)]
+def _fused_optimizer(op_id, opov, **flags):
+    """The overload opov run by the internal row op_id, whose arguments are
+    the overload's own followed by flags (bools). Float hyper-parameters are
+    passed as numbers, so they are program inputs and a new learning rate
+    does not recompile; the tensor lists are split into groups."""
+    spec = [(n, "S" if k == "f" else k, d) for n, k, d in _spec(opov._schema)]
+    names = [n for n, _, _ in spec]
+    lists = [n for n, k, _ in spec if k == "L"]
+    kernel = _C.kernel(op_id, spec + [(n, "b", _REQUIRED) for n in flags], 0, _REQUIRED)
+    g = _FUSED_GROUP
 
-    return _C.kernel(op_id, spec("S"), 0, _REQUIRED), _C.kernel(op_id, spec("T"), 0, _REQUIRED)
-
-
-def _wrap_fused_adam(kernel, adamw):
-    def fused(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-              weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-        g = _FUSED_GROUP
-        for k in range(0, len(self), g):
-            kernel(self[k:k + g], grads[k:k + g], exp_avgs[k:k + g], exp_avg_sqs[k:k + g],
-                   max_exp_avg_sqs[k:k + g] if amsgrad else [], state_steps[k:k + g], lr, beta1, beta2,
-                   weight_decay, eps, amsgrad, maximize, adamw, grad_scale, found_inf)
-
-    return fused
-
-
-def _fused_sgd_kernels(op_id):
-    def spec(lr_kind):
-        lists = [(n, "L", _REQUIRED) for n in ("params", "grads", "momentum_buffers")]
-        nums = [("weight_decay", "S", _REQUIRED), ("momentum", "S", _REQUIRED), ("lr", lr_kind, _REQUIRED),
-                ("dampening", "S", _REQUIRED)]
-        flags = [(n, "b", _REQUIRED) for n in ("nesterov", "maximize", "is_first_step")]
-        return lists + nums + flags + [("grad_scale", "t", None), ("found_inf", "t", None)]
-
-    return _C.kernel(op_id, spec("S"), 0, _REQUIRED), _C.kernel(op_id, spec("T"), 0, _REQUIRED)
-
-
-def _wrap_fused_sgd(kernel):
-    def fused(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
-              is_first_step, grad_scale=None, found_inf=None):
-        g = _FUSED_GROUP
-        for k in range(0, len(self), g):
-            kernel(self[k:k + g], grads[k:k + g], momentum_buffer_list[k:k + g] if momentum_buffer_list else [],
-                   weight_decay, momentum, lr, dampening, nesterov, maximize, is_first_step, grad_scale, found_inf)
-
-    return fused
-
-
-def _fused_adagrad_kernels(op_id):
-    def spec(lr_kind):
-        lists = [(n, "L", _REQUIRED) for n in ("params", "grads", "state_sums", "state_steps")]
-        nums = [("lr", lr_kind, _REQUIRED)] + [(n, "S", _REQUIRED) for n in ("lr_decay", "weight_decay", "eps")]
-        return lists + nums + [("maximize", "b", _REQUIRED), ("grad_scale", "t", None), ("found_inf", "t", None)]
-
-    return _C.kernel(op_id, spec("S"), 0, _REQUIRED), _C.kernel(op_id, spec("T"), 0, _REQUIRED)
-
-
-def _wrap_fused_adagrad(kernel):
-    def fused(self, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps, maximize, grad_scale=None,
-              found_inf=None):
-        g = _FUSED_GROUP
-        for k in range(0, len(self), g):
-            kernel(self[k:k + g], grads[k:k + g], state_sums[k:k + g], state_steps[k:k + g], lr, lr_decay,
-                   weight_decay, eps, maximize, grad_scale, found_inf)
+    def fused(*args, **kwargs):
+        call = dict(zip(names, args), **kwargs, **flags)
+        whole = {n: call[n] for n in lists}
+        for k in range(0, len(whole[lists[0]]), g):
+            call.update({n: v[k:k + g] for n, v in whole.items()})
+            kernel(**call)
 
     return fused
 
@@ -652,17 +609,13 @@ def setup(device_module):
     _IMPL.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     _IMPL.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
 
-    adam_float, adam_tensor = _fused_adam_kernels(internal["tpu::fused_adam"])
-    for adamw in (False, True):
-        name = "_fused_adamw_" if adamw else "_fused_adam_"
-        _IMPL.impl(name, _wrap_fused_adam(adam_float, adamw), "PrivateUse1")
-        _IMPL.impl(name + ".tensor_lr", _wrap_fused_adam(adam_tensor, adamw), "PrivateUse1")
-    sgd_float, sgd_tensor = _fused_sgd_kernels(internal["tpu::fused_sgd"])
-    _IMPL.impl("_fused_sgd_", _wrap_fused_sgd(sgd_float), "PrivateUse1")
-    _IMPL.impl("_fused_sgd_.tensor_lr", _wrap_fused_sgd(sgd_tensor), "PrivateUse1")
-    ada_float, ada_tensor = _fused_adagrad_kernels(internal["tpu::fused_adagrad"])
-    _IMPL.impl("_fused_adagrad_", _wrap_fused_adagrad(ada_float), "PrivateUse1")
-    _IMPL.impl("_fused_adagrad_.tensor_lr", _wrap_fused_adagrad(ada_tensor), "PrivateUse1")
+    for name, row, flags in (("_fused_adam_", "tpu::fused_adam", {"adamw": False}),
+                             ("_fused_adamw_", "tpu::fused_adam", {"adamw": True}),
+                             ("_fused_sgd_", "tpu::fused_sgd", {}), ("_fused_adagrad_", "tpu::fused_adagrad", {})):
+        for overload in ("default", "tensor_lr"):
+            opov = getattr(getattr(torch.ops.aten, name), overload)
+            qualified = name if overload == "default" else f"{name}.{overload}"
+            _IMPL.impl(qualified, _fused_optimizer(internal[row], opov, **flags), "PrivateUse1")
     _IMPL.impl("_pin_memory", _pin_memory, "CPU")
     _patch_printing()
     _patch_storage_constructor()

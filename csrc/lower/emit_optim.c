@@ -3,8 +3,9 @@
  * tpu::fused_adam updates every parameter of a group in one program, as
  * PyTorch's fused Adam/AdamW kernels do: the parameters, moments (and the
  * running maximum for amsgrad) are in-place writes of their records. The
- * Python wrapper of aten::_fused_adam_ / _fused_adamw_ splits long parameter
- * lists into groups that fit one call. Hyper-parameters arrive as program
+ * Each internal row takes the arguments of its aten overload (a trailing
+ * adamw flag for Adam); the Python wrapper splits long parameter lists into
+ * groups that fit one call. Hyper-parameters arrive as program
  * inputs (Python numbers or 0-d tensors), so a learning-rate schedule never
  * recompiles. Math in f32 (f64 for f64 parameters), as torch's fused CPU
  * kernel does in its opmath type; weight decay and the found_inf skip are
@@ -12,12 +13,12 @@
  *
  * Arguments: params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
  * state_steps (lists), lr, beta1, beta2, weight_decay, eps (numbers or 0-d
- * tensors), amsgrad, maximize, adamw (bools), grad_scale, found_inf
- * (optional 0-d tensors). */
+ * tensors), amsgrad, maximize (bools), grad_scale, found_inf (optional 0-d
+ * tensors), adamw (bool). */
 #include "emit.h"
 
-enum { FA_P, FA_G, FA_M, FA_V, FA_VMAX, FA_STEP, FA_LR, FA_B1, FA_B2, FA_WD, FA_EPS, FA_AMS, FA_MAX, FA_ADAMW,
-       FA_SCALE, FA_INF, FA_NARGS };
+enum { FA_P, FA_G, FA_M, FA_V, FA_VMAX, FA_STEP, FA_LR, FA_B1, FA_B2, FA_WD, FA_EPS, FA_AMS, FA_MAX, FA_SCALE,
+       FA_INF, FA_ADAMW, FA_NARGS };
 
 static tpu_hv fa_bin(tpu_lower *L, tpu_hlo_op op, tpu_hv a, tpu_hv b) { return tpu_lower_binary(L, op, a, b); }
 
@@ -53,6 +54,16 @@ static tpu_dtype fo_type(tpu_lower *L, int j) {
   return pdt == TPU_F64 ? TPU_F64 : TPU_F32;
 }
 
+/* Gradient j (argument 1 of every fused step) in the math type, divided by
+ * argument `scale` when given (*unscaled: that value, which the fused kernels
+ * store back), then negated when maximizing. */
+static tpu_hv fo_grad(tpu_lower *L, int j, tpu_dtype ct, int scale, bool maximize, tpu_hv *unscaled) {
+  tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, 1, j), ct);
+  if (!tpu_lower_is_none(L, scale)) g = fa_bin(L, TPU_HLO_DIV, g, tpu_lower_scalar(L, scale, ct));
+  *unscaled = g;
+  return maximize ? tpu_hlo_unary(H, TPU_HLO_NEG, g) : g;
+}
+
 /* A step with found_inf set changes nothing (torch's kernels return early):
  * old where argument inf is non-zero, else new. */
 static tpu_hv fo_unless_inf(tpu_lower *L, int inf, tpu_dtype ct, tpu_hv old, tpu_hv new) {
@@ -68,7 +79,7 @@ void tpu_emit_fused_adam(tpu_lower *L) {
     tpu_dtype ct = fo_type(L, j);
     if (ct == TPU_INVALID) return;
     tpu_hv p = tpu_hlo_convert(H, tpu_lower_tensor(L, FA_P, j), ct);
-    tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, FA_G, j), ct);
+    tpu_hv g0, g = fo_grad(L, j, ct, FA_SCALE, maximize, &g0);
     tpu_hv m = tpu_hlo_convert(H, tpu_lower_tensor(L, FA_M, j), ct);
     tpu_hv v = tpu_hlo_convert(H, tpu_lower_tensor(L, FA_V, j), ct);
     tpu_hv step = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, FA_STEP, j), ct), 0, NULL);
@@ -76,12 +87,6 @@ void tpu_emit_fused_adam(tpu_lower *L) {
     tpu_hv b2 = tpu_lower_scalar(L, FA_B2, ct), wd = tpu_lower_scalar(L, FA_WD, ct);
     tpu_hv eps = tpu_lower_scalar(L, FA_EPS, ct);
     tpu_hv one = tpu_hlo_constant(H, ct, 1.0);
-    tpu_hv g0 = g;
-    if (has_scale) {
-      g = fa_bin(L, TPU_HLO_DIV, g, tpu_lower_scalar(L, FA_SCALE, ct));
-      g0 = g;
-    }
-    if (maximize) g = tpu_hlo_unary(H, TPU_HLO_NEG, g);
     if (adamw)
       p = fa_bin(L, TPU_HLO_SUB, p, fa_bin(L, TPU_HLO_MUL, p, tpu_hlo_binary(H, TPU_HLO_MUL, lr, wd)));
     else
@@ -133,11 +138,8 @@ void tpu_emit_fused_sgd(tpu_lower *L) {
     tpu_dtype ct = fo_type(L, j);
     if (ct == TPU_INVALID) return;
     tpu_hv p0 = tpu_hlo_convert(H, tpu_lower_tensor(L, FS_P, j), ct);
-    tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, FS_G, j), ct);
+    tpu_hv g_unscaled, g = fo_grad(L, j, ct, FS_SCALE, maximize, &g_unscaled);
     tpu_hv wd = tpu_lower_scalar(L, FS_WD, ct), lr = tpu_lower_scalar(L, FS_LR, ct);
-    if (has_scale) g = fa_bin(L, TPU_HLO_DIV, g, tpu_lower_scalar(L, FS_SCALE, ct));
-    tpu_hv g_unscaled = g;
-    if (maximize) g = tpu_hlo_unary(H, TPU_HLO_NEG, g);
     g = fa_bin(L, TPU_HLO_ADD, g, fa_bin(L, TPU_HLO_MUL, p0, wd));
     tpu_hv buf0 = TPU_HV_NONE, buf = TPU_HV_NONE;
     if (use_mom) {
@@ -176,14 +178,11 @@ void tpu_emit_fused_adagrad(tpu_lower *L) {
     tpu_dtype ct = fo_type(L, j);
     if (ct == TPU_INVALID) return;
     tpu_hv p0 = tpu_hlo_convert(H, tpu_lower_tensor(L, FG_P, j), ct);
-    tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, FG_G, j), ct);
+    tpu_hv g_unscaled, g = fo_grad(L, j, ct, FG_SCALE, maximize, &g_unscaled);
     tpu_hv s0 = tpu_hlo_convert(H, tpu_lower_tensor(L, FG_SUM, j), ct);
     tpu_hv step = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, FG_STEP, j), ct), 0, NULL);
     tpu_hv lr = tpu_lower_scalar(L, FG_LR, ct), decay = tpu_lower_scalar(L, FG_DECAY, ct);
     tpu_hv wd = tpu_lower_scalar(L, FG_WD, ct), eps = tpu_lower_scalar(L, FG_EPS, ct);
-    if (has_scale) g = fa_bin(L, TPU_HLO_DIV, g, tpu_lower_scalar(L, FG_SCALE, ct));
-    tpu_hv g_unscaled = g;
-    if (maximize) g = tpu_hlo_unary(H, TPU_HLO_NEG, g);
     g = fa_bin(L, TPU_HLO_ADD, g, fa_bin(L, TPU_HLO_MUL, p0, wd));
     tpu_hv one = tpu_hlo_constant(H, ct, 1.0);
     tpu_hv clr = tpu_hlo_binary(

@@ -23,19 +23,7 @@
 #include "runtime/pjrt_api.h"
 #include "runtime/runtime.h"
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    if (cond) {                                            \
-      passed++;                                            \
-    } else {                                               \
-      failed++;                                            \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                        \
-      fputc('\n', stderr);                                 \
-    }                                                      \
-  } while (0)
+#include "check.h"
 
 #define FSIZE(type, f) sizeof(((type *)0)->f)
 
