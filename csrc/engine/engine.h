@@ -40,6 +40,7 @@ typedef struct tpu_record {
   tpu_hv fuse_val;      /* current flat value in the fused program, or NONE */
   tpu_hv fuse_param;    /* the program input holding its buffer, or NONE */
   bool fuse_def;        /* fuse_val was computed by a recorded op */
+  uint64_t birth;       /* records created before it (graph capture tells new from old) */
 } tpu_record;
 
 typedef struct {
@@ -62,6 +63,7 @@ typedef struct {
   atomic_llong fused_programs;  /* fused programs run */
   atomic_llong fused_ops;       /* recorded ops they ran */
   atomic_llong flushes[5];      /* by reason: TPU_FLUSH_* */
+  atomic_llong graph_replays;   /* captured graphs run straight from their plan */
 } tpu_metrics;
 
 tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out);
@@ -135,5 +137,39 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data,
 /* Copy the whole record buffer to dst (nbytes = numel * itemsize). */
 tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst,
                                 size_t nbytes);
+
+/* ---- graph plans (torch.compile) ----------------------------------------------------
+ *
+ * A compiled FX graph is captured once: its ops are recorded in fused mode
+ * and lowered into one program, as any flush. The plan keeps that program
+ * and where each of its inputs and outputs comes from (a graph input's
+ * record, a record the graph holds, a constant, the generator), so that a
+ * later call with inputs of the same layout runs the program directly: no
+ * op is dispatched, recorded or keyed again. */
+typedef struct tpu_plan tpu_plan;
+
+/* Runs what is recorded, then records in fused mode; *prev is the mode to
+ * restore. */
+tpu_status *tpu_engine_capture_begin(tpu_engine *e, int *prev);
+/* Ends a capture: ins are the graph's tpu tensor inputs, outs its tpu tensor
+ * outputs (as read after the graph ran). Runs the recorded ops (launched, not
+ * waited for), restores the mode, and builds a plan for them in *plan (when
+ * plan is not NULL), or leaves it NULL with *why saying what it could not
+ * replay. */
+tpu_status *tpu_engine_capture_end(tpu_engine *e, int prev, const tpu_tref *ins, int nin, const tpu_tref *outs,
+                                   int nout, tpu_plan **plan, const char **why);
+/* True when ins have the layout (views, dtypes, record sharing) the plan was
+ * captured with. */
+bool tpu_plan_matches(const tpu_plan *p, const tpu_tref *ins, int nin);
+/* Runs the plan on ins (which match it). outs[j] receives an owned
+ * reference to the record of output j; the caller views it as the output's
+ * tref (tpu_plan_output). */
+tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int nin, tpu_record **outs);
+int tpu_plan_nout(const tpu_plan *p);
+/* Output j's view at capture, and the graph input it is (-1 when not one). */
+const tpu_tref *tpu_plan_output(const tpu_plan *p, int j, int *input);
+/* Releases the plan (its program, constants, held records). Safe after the
+ * engine is gone. */
+void tpu_plan_free(tpu_plan *p);
 
 #endif
