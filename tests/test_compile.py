@@ -184,3 +184,86 @@ def test_dynamic_shapes_give_correct_results():
     for n in (3, 5, 17, 40):
         x = torch.randn(n, 8)
         torch.testing.assert_close(cf(x.to("tpu"), w.to("tpu")).cpu(), f(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_repeated_calls_replay_the_captured_program():
+    # After the first call a graph runs from its plan: no op is dispatched,
+    # and mutation, views and returned inputs stay exactly as eager.
+    def f(x, buf):
+        buf.add_(x)
+        y = x * 3
+        return buf.t(), y[1:], x, buf.sum()
+
+    cf = torch.compile(f, backend="tpu")
+    buf_c, buf_t = torch.zeros(4, 3), torch.zeros(4, 3, device="tpu")
+    for i in range(4):
+        x = torch.randn(4, 3)
+        xt = x.to("tpu")
+        before = torchtpu.metrics()
+        want = f(x, buf_c)
+        got = cf(xt, buf_t)
+        after = torchtpu.metrics()
+        _close(got[:2] + got[3:], want[:2] + want[3:])
+        assert got[2] is xt
+        _close(buf_t, buf_c)
+        # the returned view shares the mutated input's storage, as in eager
+        assert got[0].untyped_storage().data_ptr() == buf_t.untyped_storage().data_ptr()
+        if i >= 2:
+            assert after["graph_replays"] == before["graph_replays"] + 1
+            assert after["ops_dispatched"] == before["ops_dispatched"]
+
+
+def test_replay_with_another_input_layout_is_still_right():
+    # Dynamo does not guard storage offsets; the plan checks the layout and
+    # records the graph again when it differs.
+    def f(x):
+        return (x * 2).sum(0)
+
+    cf = torch.compile(f, backend="tpu")
+    base = torch.randn(6, 3)
+    bt = base.to("tpu")
+    for lo in (0, 0, 1, 2, 0):
+        torch.testing.assert_close(cf(bt[lo:lo + 4]).cpu(), f(base[lo:lo + 4]))
+
+
+def test_batchnorm_stats_after_many_replays():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    mt = copy.deepcopy(m).to("tpu")
+    cm = torch.compile(mt, backend="tpu")
+    for i in range(5):
+        x = torch.randn(2, 3, 8, 8)
+        want = m(x)
+        got = cm(x.to("tpu"))
+        _close(got, want, rtol=1e-4, atol=1e-5)
+    _close(mt[1].running_mean, m[1].running_mean, rtol=1e-4, atol=1e-5)
+    _close(mt[1].running_var, m[1].running_var, rtol=1e-4, atol=1e-5)
+    assert mt[1].num_batches_tracked.item() == 5
+
+
+def test_compiled_optimizer_step_matches_cpu():
+    # The optimizer step compiled with the model (capturable=True keeps the
+    # step counts on the device, so the whole update is one graph).
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+    mt = copy.deepcopy(m).to("tpu")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_t = torch.optim.AdamW(mt.parameters(), lr=1e-2, weight_decay=0.1, capturable=True)
+    cm = torch.compile(mt, backend="tpu")
+
+    @torch.compile(backend="tpu")
+    def step():
+        torch.nn.utils.clip_grad_norm_(mt.parameters(), 1.0)
+        opt_t.step()
+
+    for i in range(4):
+        x, y = torch.randn(5, 8), torch.randn(5, 2)
+        opt.zero_grad()
+        F.mse_loss(m(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        opt_t.zero_grad()
+        F.mse_loss(cm(x.to("tpu")), y.to("tpu")).backward()
+        step()
+    for p, q in zip(m.parameters(), mt.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-5, atol=1e-6)

@@ -67,5 +67,5 @@ def backend(gm, example_inputs, **kwargs):
     from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
 
-    return aot_autograd(fw_compiler=_compiler, bw_compiler=_compiler,
+    return aot_autograd(fw_compiler=_compiler, bw_compiler=_compiler, keep_inference_input_mutations=True,
                         decompositions=core_aten_decompositions())(gm, example_inputs, **kwargs)
