@@ -1172,8 +1172,7 @@ typedef struct {
   int as_list;
 } tpu_pyplan;
 
-static void tpu_pyplan_destructor(PyObject *cap) {
-  tpu_pyplan *pp = PyCapsule_GetPointer(cap, "torchtpu.plan");
+static void tpu_pyplan_free(tpu_pyplan *pp) {
   if (!pp) return;
   tpu_plan_free(pp->plan);
   free(pp->kinds);
@@ -1183,6 +1182,8 @@ static void tpu_pyplan_destructor(PyObject *cap) {
   Py_XDECREF(pp->out_consts);
   free(pp);
 }
+
+static void tpu_pyplan_destructor(PyObject *cap) { tpu_pyplan_free(PyCapsule_GetPointer(cap, "torchtpu.plan")); }
 
 static PyObject *tpu_tensor_type(tpu_mod_state *st) {
   if (!st->tensor_type) {
@@ -1304,15 +1305,7 @@ static PyObject *tpu_py_graph_capture_end(PyObject *m, PyObject *args) {
     }
   }
   tpu_plan_free(plan);
-  if (pp) {
-    tpu_plan_free(pp->plan);
-    free(pp->kinds);
-    free(pp->out_slot);
-    free(pp->out_same);
-    Py_XDECREF(pp->consts);
-    Py_XDECREF(pp->out_consts);
-    free(pp);
-  }
+  tpu_pyplan_free(pp);
   free(ti);
   free(to);
   free(ko);
