@@ -1,0 +1,541 @@
+"""Shape buckets for torch.compile(dynamic=True).
+
+A graph traced with symbolic sizes (s0, s1, ...) runs with every symbolic
+size padded up to its bucket (the next power of two, at least
+TORCHTPU_BUCKET_MIN), so all sizes in a bucket share one program. The
+padding is masked so that results are exactly those of the unpadded graph:
+before an op whose result mixes positions along a padded dimension (a
+reduction, a contraction, a softmax, an accumulating scatter) the padded
+positions are replaced by the op's identity (0, -inf, False, ...); a mean
+divides by the real count. Everything else computes garbage in the padded
+positions, which nothing real ever reads. The real sizes enter the program
+as 0-d tensors (arguments of its plan), so a new size in a bucket replays
+the bucket's program.
+
+This module only decides, per FX node, which dimensions are padded and where
+masks go; the masks are ordinary tpu ops recorded with the graph into the
+same program. A graph that uses an op without a rule here (convolution over a
+symbolic size, a sort along one, ...) is not bucketed: it compiles per size
+as before, and TORCHTPU_EXPLAIN_RECOMPILES=1 says which op stopped it.
+
+A dimension descriptor is None for a static size, or a tuple of factors in
+row-major order (ints and sympy symbols) whose product is the size: (s0,) for
+a plain symbolic size, (s0, s1) for a batch and a sequence merged by a view.
+"""
+import math
+import operator
+import os
+
+import sympy
+import torch
+
+aten = torch.ops.aten
+
+_MIN = max(1, int(os.environ.get("TORCHTPU_BUCKET_MIN", "") or 1))
+
+
+def bucket(n):
+    """The padded size of a symbolic size n: the next power of two (>= the minimum)."""
+    return max(_MIN, 1 << max(0, int(n) - 1).bit_length())
+
+
+class Unsupported(Exception):
+    pass
+
+
+def _expr(s):
+    return s.node.expr if isinstance(s, torch.SymInt) else sympy.Integer(int(s))
+
+
+def _shape(node):
+    v = node.meta.get("val")
+    return [_expr(s) for s in v.shape] if isinstance(v, torch.Tensor) else None
+
+
+def _plain(e):
+    if e.is_Integer:
+        return None
+    if e.is_Symbol:
+        return (e,)
+    raise Unsupported(f"a size {e} whose layout is unknown")
+
+
+def _prod(fs):
+    return sympy.Mul(*fs) if fs else sympy.Integer(1)
+
+
+def _padded(dims, pad):
+    """Sizes of a tensor with descriptor dims and sizes exprs, under pad (symbol -> int)."""
+    return [int(_prod(d).subs(pad)) for d in dims]
+
+
+_POINTWISE_EXTRA = {aten.full_like.default, aten._to_copy.default, aten.alias.default, aten.zeros_like.default,
+                    aten.ones_like.default, aten.empty_like.default, aten.rand_like.default, aten.randn_like.default,
+                    aten.bernoulli.p, aten.bernoulli.default, aten.native_dropout.default, aten.detach.default,
+                    aten.lift_fresh_copy.default, aten.masked_fill.Scalar, aten.masked_fill.Tensor}
+_CREATE = {aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
+           aten.empty_strided.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
+           aten.new_empty.default, aten.scalar_tensor.default, aten.rand.default, aten.randn.default}
+_ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step}
+# reduction -> the identity that padded positions take (None: a mean)
+_REDUCE = {aten.sum.dim_IntList: 0, aten.sum.default: 0, aten.amax.default: "min", aten.amin.default: "max",
+           aten.any.dim: False, aten.any.dims: False, aten.any.default: False, aten.all.dim: True,
+           aten.all.default: True, aten.prod.dim_int: 1, aten.max.dim: "min", aten.min.dim: "max",
+           aten.mean.dim: None, aten.mean.default: None, aten.logsumexp.default: float("-inf")}
+_SOFTMAX = {aten._softmax.default, aten._log_softmax.default}
+_SOFTMAX_BWD = {aten._softmax_backward_data.default, aten._log_softmax_backward_data.default}
+_SHAPE_ARG_TYPES = ("SymInt", "int", "List[int]", "Optional[int]", "List[Optional[int]]")
+
+
+def _is_sym(node):
+    return isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.SymInt)
+
+
+class Analysis:
+    """Descriptors of every value of an FX graph (raises Unsupported).
+
+    known: descriptors of placeholders by name (a backward graph's saved
+    tensors, from the forward's analysis)."""
+
+    def __init__(self, gm, known=None):
+        self.gm = gm
+        self.desc = {}
+        self.masks = {}     # node -> list of (arg index, dims, fill): mask before the call
+        self.special = {}   # node -> "mean" | "index_put"
+        self.symbols = set()
+        self.bounds = {}    # symbol -> largest padded size a static slice allows
+        known = known or {}
+        for n in gm.graph.nodes:
+            try:
+                self._visit(n, known)
+            except Unsupported as e:
+                raise Unsupported(f"{n.target if n.op == 'call_function' else n.op}: {e}") from None
+        if not self.symbols:
+            raise Unsupported("no symbolic size")
+
+    def _note(self, d):
+        for dim in d or ():
+            for f in dim or ():
+                if isinstance(f, sympy.Symbol):
+                    self.symbols.add(f)
+        return d
+
+    def _d(self, a):
+        if not isinstance(a, torch.fx.Node):
+            return None
+        return self.desc.get(a)
+
+    def _visit(self, n, known):
+        shape = _shape(n)
+        if n.op == "placeholder":
+            v = n.meta.get("val")
+            if isinstance(v, torch.SymInt):
+                e = v.node.expr
+                if e.is_Symbol:
+                    self.symbols.add(e)
+                self.desc[n] = e
+            elif shape is not None:
+                if n.name in known and known[n.name] is not None:
+                    d = known[n.name]
+                else:
+                    d = tuple(_plain(e) for e in shape)
+                self.desc[n] = self._note(d)
+            return
+        if n.op == "output":
+            return
+        if n.op != "call_function":
+            raise Unsupported(f"a {n.op} node")
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt) or isinstance(v, (int, float, bool)) and not isinstance(v, torch.Tensor):
+            if isinstance(v, torch.SymInt):
+                self.desc[n] = v.node.expr
+            return
+        if n.target is operator.getitem:
+            src = self.desc.get(n.args[0])
+            self.desc[n] = src[n.args[1]] if isinstance(src, list) else None
+            return
+        if not isinstance(n.target, torch._ops.OpOverload):
+            raise Unsupported("not an ATen op")
+        self._check_args(n)
+        ins = [a for a in n.args if isinstance(a, torch.fx.Node) and isinstance(self.desc.get(a), tuple)]
+        padded_in = any(any(d is not None for d in self.desc[a]) for a in ins)
+        outs = v if isinstance(v, (list, tuple)) else [v]
+        padded_out = any(isinstance(o, torch.Tensor) and any(not _expr(s).is_Integer for s in o.shape)
+                         for o in outs)
+        if not padded_in and not padded_out:
+            self.desc[n] = [self._static(o) for o in outs] if isinstance(v, (list, tuple)) else self._static(v)
+            return
+        d = self._rule(n, shape)
+        self.desc[n] = self._note(d) if isinstance(d, tuple) else [self._note(x) for x in d]
+
+    @staticmethod
+    def _static(o):
+        return tuple(None for _ in o.shape) if isinstance(o, torch.Tensor) else None
+
+    def _check_args(self, n):
+        """A symbolic int may be a size, not a value: as a value it would
+        be the padded size."""
+        schema = n.target._schema.arguments
+        for i, a in enumerate(list(n.args) + list(n.kwargs.values())):
+            name = schema[i].name if i < len(n.args) else list(n.kwargs)[i - len(n.args)]
+            ty = next((str(x.type) for x in schema if x.name == name), "")
+            uses = [x for x in (a if isinstance(a, (list, tuple)) else [a]) if _is_sym(x)]
+            if uses and not (ty in _SHAPE_ARG_TYPES or n.target in _ARANGE):
+                raise Unsupported(f"a symbolic size used as the value {name}")
+
+    def _mask(self, n, argi, dims, fill):
+        d = self.desc.get(n.args[argi])
+        dims = [k for k in dims if d is not None and d[k] is not None]
+        if dims:
+            self.masks.setdefault(n, []).append((argi, tuple(dims), fill))
+
+    def _from_inputs(self, n, shape, inputs, plain=True):
+        """Pointwise: each output dimension (right-aligned) takes the descriptor
+        of an input dimension of the same size."""
+        r = len(shape)
+        out = []
+        for i, e in enumerate(shape):
+            if e.is_Integer:
+                out.append(None)
+                continue
+            cands = set()
+            for a in inputs:
+                d, s = self.desc.get(a), _shape(a)
+                if not isinstance(d, tuple) or s is None:
+                    continue
+                j = len(s) - (r - i)
+                if j >= 0 and sympy.simplify(s[j] - e) == 0 and d[j] is not None:
+                    cands.add(d[j])
+            if len(cands) > 1:
+                raise Unsupported(f"inputs padded differently along a dimension of size {e}")
+            out.append(cands.pop() if cands else _plain(e) if plain else None)
+        return tuple(out)
+
+    def _rule(self, n, shape):
+        t, a = n.target, n.args
+        tensors = [x for x in a if isinstance(x, torch.fx.Node) and isinstance(self.desc.get(x), tuple)]
+        if t in _SOFTMAX or t in _SOFTMAX_BWD:
+            dim = a[1] if t in _SOFTMAX else a[2]
+            r = len(shape)
+            dim %= r
+            if t in _SOFTMAX:
+                self._mask(n, 0, [dim], float("-inf"))
+            else:
+                self._mask(n, 0, [dim], 0)
+                if t is aten._softmax_backward_data.default:
+                    self._mask(n, 1, [dim], 0)
+            return self.desc[a[0]] if t in _SOFTMAX else self._from_inputs(n, shape, tensors)
+        if (torch.Tag.pointwise in t.tags or t in _POINTWISE_EXTRA) and shape is not None:
+            return self._from_inputs(n, shape, tensors)
+        if t is aten.native_dropout.default:
+            d = self.desc[a[0]]
+            return [d, d]
+        if t in _CREATE:
+            return tuple(_plain(e) for e in shape)
+        if t in _ARANGE:
+            return tuple(_plain(e) for e in shape)
+        if t in _REDUCE:
+            d = self.desc[a[0]]
+            r = len(d)
+            dims = a[1] if len(a) > 1 and t not in (aten.sum.default, aten.mean.default, aten.any.default,
+                                                   aten.all.default) else None
+            if isinstance(dims, int):
+                dims = [dims]
+            dims = list(range(r)) if not dims else [k % r for k in dims]
+            keep = bool(a[2]) if len(a) > 2 else bool(n.kwargs.get("keepdim", False))
+            fill = _REDUCE[t]
+            if fill is None:
+                if any(d[k] is not None for k in dims):
+                    self.special[n] = ("mean", tuple(dims), keep)
+            else:
+                self._mask(n, 0, dims, fill)
+            out = tuple(None if k in dims else d[k] for k in range(r) if keep or k not in dims)
+            return [out, out] if t in (aten.max.dim, aten.min.dim) else out
+        if t in (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default):
+            off = 1 if t in (aten.addmm.default, aten.baddbmm.default) else 0
+            x, y = self.desc[a[off]], self.desc[a[off + 1]]
+            self._mask(n, off, [len(x) - 1], 0)
+            self._mask(n, off + 1, [len(y) - 2], 0)
+            if len(x) == 3 and x[0] != y[0] and x[0] is not None and y[0] is not None:
+                raise Unsupported("batch dimensions padded differently")
+            out = (x[0], y[1]) if len(x) == 2 else (x[0] if x[0] is not None else y[0], x[1], y[2])
+            if off:
+                bias = self._from_inputs(n, shape, [a[0]], plain=False)
+                out = tuple(o if o is not None else b for o, b in zip(out, bias))
+            return out
+        if t in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
+            return self._view(self.desc[a[0]], _shape(a[0]), shape)
+        if t is aten.permute.default:
+            d = self.desc[a[0]]
+            return tuple(d[k % len(d)] for k in a[1])
+        if t is aten.t.default:
+            return tuple(reversed(self.desc[a[0]]))
+        if t is aten.transpose.int:
+            d = list(self.desc[a[0]])
+            i, j = a[1] % len(d), a[2] % len(d)
+            d[i], d[j] = d[j], d[i]
+            return tuple(d)
+        if t is aten.unsqueeze.default:
+            d = list(self.desc[a[0]])
+            d.insert(a[1] % (len(d) + 1), None)
+            return tuple(d)
+        if t in (aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default):
+            d, s = self.desc[a[0]], _shape(a[0])
+            ks = range(len(d)) if len(a) < 2 else ([a[1]] if isinstance(a[1], int) else a[1])
+            ks = {k % len(d) for k in ks if s[k % len(d)] == 1}
+            return tuple(x for k, x in enumerate(d) if k not in ks)
+        if t is aten.expand.default:
+            return self._from_inputs(n, shape, [a[0]])
+        if t is aten.slice.Tensor:
+            d, s = self.desc[a[0]], _shape(a[0])
+            dim = (a[1] if len(a) > 1 else 0) % len(d)
+            start = a[2] if len(a) > 2 else 0
+            step = a[4] if len(a) > 4 else 1
+            out = list(d)
+            if d[dim] is not None:
+                if not (start in (0, None) and step == 1 and sympy.simplify(shape[dim] - s[dim]) == 0):
+                    raise Unsupported("a slice of a padded dimension")
+            elif not shape[dim].is_Integer:
+                if start not in (0, None) or step != 1 or not s[dim].is_Integer:
+                    raise Unsupported("a slice of symbolic length")
+                out[dim] = _plain(shape[dim])
+                sym = shape[dim]
+                self.bounds[sym] = min(self.bounds.get(sym, 1 << 62), int(s[dim]))
+            return tuple(out)
+        if t is aten.select.int:
+            d = list(self.desc[a[0]])
+            dim = a[1] % len(d)
+            if d[dim] is not None:
+                raise Unsupported("a select along a padded dimension")
+            del d[dim]
+            return tuple(d)
+        if t in (aten.split_with_sizes.default, aten.split.Tensor):
+            d = self.desc[a[0]]
+            dim = (a[2] if len(a) > 2 else 0) % len(d)
+            if d[dim] is not None:
+                raise Unsupported("a split along a padded dimension")
+            return [d for _ in n.meta["val"]]
+        if t is aten.cat.default:
+            dim = (a[1] if len(a) > 1 else 0)
+            ds = [self.desc[x] for x in a[0] if isinstance(self.desc.get(x), tuple) and len(self.desc[x]) == len(shape)]
+            dim %= len(shape)
+            if any(x[dim] is not None for x in ds):
+                raise Unsupported("a cat along a padded dimension")
+            return self._from_inputs(n, shape, [x for x in a[0]])
+        if t is aten.embedding.default:
+            return tuple(self.desc[a[1]]) + (None,)
+        if t is aten.index_select.default:
+            d = list(self.desc[a[0]])
+            dim = a[1] % len(d)
+            if d[dim] is not None:
+                raise Unsupported("an index_select along a padded dimension")
+            d[dim] = self.desc[a[2]][0]
+            return tuple(d)
+        if t is aten.gather.default:
+            return self.desc[a[2]]
+        if t in (aten.scatter.value, aten.scatter.src, aten.scatter_add.default):
+            d, di = self.desc[a[0]], self.desc[a[2]]
+            dim = a[1] % len(d)
+            if d[dim] is not None or any(x != y for k, (x, y) in enumerate(zip(d, di)) if k != dim):
+                raise Unsupported("a scatter whose index is padded unlike its target")
+            return d
+        if t in (aten.index_put.default, aten.index_put_.default):
+            d = self.desc[a[0]]
+            accumulate = a[3] if len(a) > 3 else n.kwargs.get("accumulate", False)
+            if any(x is not None for x in d):
+                raise Unsupported("an index_put into a padded tensor")
+            idx = [self.desc.get(x) for x in a[1] if x is not None]
+            if any(i is not None and any(k is not None for k in i) for i in idx):
+                if not accumulate:
+                    raise Unsupported("an index_put (not accumulating) with padded indices")
+                self.special[n] = ("index_put", idx[0])
+            return d
+        if t is aten.native_layer_norm.default:
+            d = self.desc[a[0]]
+            k = len(a[1])
+            if any(x is not None for x in d[len(d) - k:]):
+                raise Unsupported("a layer norm over a padded dimension")
+            stat = tuple(d[:len(d) - k]) + (None,) * k
+            return [d, stat, stat]
+        if t is aten.copy.default:
+            return self.desc[a[0]]
+        raise Unsupported("no bucketing rule")
+
+    def _view(self, d, sin, sout):
+        atoms = []
+        for dim, e in zip(d, sin):
+            if dim is None:
+                atoms.append(int(e))
+            else:
+                atoms.extend(dim)
+        out = []
+        for e in sout:
+            fs = []
+            if e.is_Integer:
+                need = int(e)
+                while need > 1:
+                    if not atoms or not isinstance(atoms[0], int):
+                        raise Unsupported("a view splitting a padded dimension")
+                    x = atoms[0]
+                    if x <= need and need % x == 0:
+                        atoms.pop(0)
+                        need //= x
+                    elif x > need and x % need == 0:
+                        atoms[0] = x // need
+                        need = 1
+                    else:
+                        raise Unsupported("a view regrouping a padded dimension")
+                out.append(None)
+                continue
+            while sympy.simplify(_prod(fs) - e) != 0:
+                if not atoms:
+                    raise Unsupported("a view regrouping a padded dimension")
+                fs.append(atoms.pop(0))
+            fs = tuple(f for f in fs if f != 1)
+            if not any(isinstance(f, sympy.Symbol) for f in fs):
+                raise Unsupported("a view regrouping a padded dimension")
+            out.append(fs)
+        return tuple(out)
+
+
+def _fill_value(fill, dtype):
+    if fill == "min":
+        return float("-inf") if dtype.is_floating_point else (False if dtype == torch.bool else torch.iinfo(dtype).min)
+    if fill == "max":
+        return float("inf") if dtype.is_floating_point else (True if dtype == torch.bool else torch.iinfo(dtype).max)
+    return fill
+
+
+class _Run:
+    """One padded run of an analysed graph: pad (symbol -> padded size),
+    real (symbol -> real size), nt (symbol -> 0-d tpu tensor of the real size)."""
+
+    def __init__(self, an, pad, nt, device):
+        self.an, self.pad, self.nt, self.device = an, pad, nt, device
+        self.cache = {}
+
+    def dim_mask(self, factors):
+        m = self.cache.get(factors)
+        if m is None:
+            sizes = [int(f) if not isinstance(f, sympy.Symbol) else self.pad[f] for f in factors]
+            idx = torch.arange(math.prod(sizes), device=self.device)
+            inner = 1
+            for f, p in zip(reversed(factors), reversed(sizes)):
+                if isinstance(f, sympy.Symbol):
+                    digit = idx if inner == 1 and p == math.prod(sizes) else torch.remainder(idx // inner, p)
+                    c = digit < self.nt[f]
+                    m = c if m is None else torch.logical_and(m, c)
+                inner *= p
+            self.cache[factors] = m
+        return m
+
+    def mask(self, d, dims, rank):
+        """A bool tensor broadcastable to the value: True at real positions along dims."""
+        m = None
+        for k in dims:
+            shape = [1] * rank
+            dm = self.dim_mask(d[k])
+            shape[k] = dm.numel()
+            dm = dm.view(shape)
+            m = dm if m is None else torch.logical_and(m, dm)
+        return m
+
+    def count(self, d, dims):
+        c, t = 1, None
+        for k in dims:
+            for f in d[k]:
+                if isinstance(f, sympy.Symbol):
+                    t = self.nt[f] if t is None else t * self.nt[f]
+                else:
+                    c *= int(f)
+        return t * c if c != 1 else t
+
+    def call(self, n, args, kwargs):
+        an = self.an
+        args = list(args)
+        for argi, dims, fill in an.masks.get(n, ()):
+            x = args[argi]
+            args[argi] = x.masked_fill(torch.logical_not(self.mask(an.desc[n.args[argi]], dims, x.dim())),
+                                       _fill_value(fill, x.dtype))
+        sp = an.special.get(n)
+        if sp and sp[0] == "mean":
+            _, dims, keep = sp
+            d = an.desc[n.args[0]]
+            x = args[0]
+            x = x.masked_fill(torch.logical_not(self.mask(d, dims, x.dim())), 0)
+            s = torch.sum(x, dim=list(dims), keepdim=keep, dtype=kwargs.get("dtype"))
+            return s / self.count(d, dims)
+        if sp and sp[0] == "index_put":
+            idx_desc = sp[1]
+            vals = args[2]
+            m = self.mask(idx_desc, [k for k, x in enumerate(idx_desc) if x is not None], len(idx_desc))
+            m = m.view(list(m.shape) + [1] * (vals.dim() - m.dim()))
+            args[2] = vals.masked_fill(torch.logical_not(m), 0)
+        return n.target(*args, **kwargs)
+
+
+def run_graph(an, args, pad, nt, device):
+    """Runs an's graph on padded arguments (symbolic ints: padded sizes);
+    returns the output node's values (padded)."""
+    r = _Run(an, pad, nt, device)
+    env = {}
+    it = iter(args)
+    out = None
+    for n in an.gm.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = next(it)
+        elif n.op == "output":
+            out = torch.fx.node.map_arg(n.args[0], lambda x: env[x])
+        elif isinstance(an.desc.get(n), sympy.Expr):
+            env[n] = int(an.desc[n].subs(pad))
+        elif n.target is operator.getitem:
+            env[n] = env[n.args[0]][n.args[1]]
+        else:
+            a = torch.fx.node.map_arg(n.args, lambda x: env[x])
+            k = torch.fx.node.map_arg(n.kwargs, lambda x: env[x])
+            env[n] = r.call(n, a, k)
+    return out
+
+
+def factored(d, sizes_of):
+    """The sizes of each factor of a descriptor, flattened."""
+    out = []
+    for dim in d:
+        out.extend(sizes_of(f) for f in dim)
+    return out
+
+
+def to_padded(t, d, pad, real):
+    """t (real or already padded sizes) as a tensor of padded sizes; zeros in the padding."""
+    if d is None or all(x is None for x in d):
+        return t
+    dd = [x if x is not None else (int(s),) for x, s in zip(d, t.shape)]
+    psz = _padded(dd, pad)
+    if list(t.shape) == psz:
+        return t
+    rsz = _padded(dd, real)
+    if list(t.shape) != rsz:
+        raise ValueError(f"a graph input of sizes {list(t.shape)}: expected {rsz} or {psz}")
+    pf = factored(dd, lambda f: pad[f] if isinstance(f, sympy.Symbol) else int(f))
+    rf = factored(dd, lambda f: real[f] if isinstance(f, sympy.Symbol) else int(f))
+    z = t.new_zeros(pf)
+    z[tuple(slice(0, k) for k in rf)] = t.reshape(rf)
+    return z.reshape(psz)
+
+
+def to_real(t, d, pad, real):
+    """The real part of a padded tensor (a view where the layout allows)."""
+    if d is None or not isinstance(t, torch.Tensor) or all(x is None for x in d):
+        return t
+    dd = [x if x is not None else (int(s),) for x, s in zip(d, t.shape)]
+    psz, rsz = _padded(dd, pad), _padded(dd, real)
+    if list(t.shape) == rsz:
+        return t
+    if all(len(x) == 1 for x in dd):
+        for k, (p, q) in enumerate(zip(psz, rsz)):
+            if p != q:
+                t = t.narrow(k, 0, q)
+        return t
+    pf = factored(dd, lambda f: pad[f] if isinstance(f, sympy.Symbol) else int(f))
+    rf = factored(dd, lambda f: real[f] if isinstance(f, sympy.Symbol) else int(f))
+    return t.reshape(pf)[tuple(slice(0, k) for k in rf)].reshape(rsz)
