@@ -31,6 +31,7 @@ import torch
 
 aten = torch.ops.aten
 
+_HOST_PAD_BYTES = 1 << 20
 _MIN = max(1, int(os.environ.get("TORCHTPU_BUCKET_MIN", "") or 1))
 
 
@@ -44,7 +45,12 @@ class Unsupported(Exception):
 
 
 def _expr(s):
-    return s.node.expr if isinstance(s, torch.SymInt) else sympy.Integer(int(s))
+    """The size as a sympy expression, in the shape environment's canonical
+    symbols (two inputs traced with their own symbols may have been found
+    equal)."""
+    if isinstance(s, torch.SymInt):
+        return s.node.shape_env.replace(s.node.expr)
+    return sympy.Integer(int(s))
 
 
 def _shape(node):
@@ -104,6 +110,7 @@ class Analysis:
         self.special = {}   # node -> "mean" | "index_put"
         self.symbols = set()
         self.bounds = {}    # symbol -> largest padded size a static slice allows
+        self.alias = {}     # symbol -> a symbol an op proved equal to it
         known = known or {}
         for n in gm.graph.nodes:
             try:
@@ -112,6 +119,56 @@ class Analysis:
                 raise Unsupported(f"{n.target if n.op == 'call_function' else n.op}: {e}") from None
         if not self.symbols:
             raise Unsupported("no symbolic size")
+        self._canonicalize()
+
+    def _find(self, s):
+        while s in self.alias:
+            s = self.alias[s]
+        return s
+
+    def _same(self, x, y):
+        """Whether two dimension descriptors are the same padding. Sizes that an
+        op requires to be equal (traced with their own symbols, as the inputs
+        and the targets of a loss) are unified."""
+        if x == y:
+            return True
+        if x is None or y is None or len(x) != len(y):
+            return False
+        for f, g in zip(x, y):
+            if isinstance(f, sympy.Symbol) and isinstance(g, sympy.Symbol):
+                f, g = self._find(f), self._find(g)
+                if f != g:
+                    self.alias[g] = f
+            elif f != g:
+                return False
+        return True
+
+    def _canonicalize(self):
+        if not self.alias:
+            return
+        sub = {s: self._find(s) for s in self.alias}
+
+        def dim(d):
+            return None if d is None else tuple(sub.get(f, f) if isinstance(f, sympy.Symbol) else f for f in d)
+
+        def desc(d):
+            if isinstance(d, tuple):
+                return tuple(dim(x) for x in d)
+            if isinstance(d, list):
+                return [desc(x) for x in d]
+            if isinstance(d, sympy.Expr):
+                return d.subs(sub)
+            return d
+
+        self.desc = {n: desc(d) for n, d in self.desc.items()}
+        self.special = {n: (sp[0], desc(sp[1])) + sp[2:] if sp[0] == "index_put" else sp
+                        for n, sp in self.special.items()}
+        bounds = {}
+        for k, b in self.bounds.items():
+            k = sub.get(k, k)
+            bounds[k] = min(b, bounds.get(k, b))
+        self.bounds = bounds
+        self.symbols = {sub.get(x, x) for x in self.symbols}
 
     def _note(self, d):
         for dim in d or ():
@@ -130,7 +187,7 @@ class Analysis:
         if n.op == "placeholder":
             v = n.meta.get("val")
             if isinstance(v, torch.SymInt):
-                e = v.node.expr
+                e = _expr(v)
                 if e.is_Symbol:
                     self.symbols.add(e)
                 self.desc[n] = e
@@ -148,7 +205,7 @@ class Analysis:
         v = n.meta.get("val")
         if isinstance(v, torch.SymInt) or isinstance(v, (int, float, bool)) and not isinstance(v, torch.Tensor):
             if isinstance(v, torch.SymInt):
-                self.desc[n] = v.node.expr
+                self.desc[n] = _expr(v)
             return
         if n.target is operator.getitem:
             src = self.desc.get(n.args[0])
@@ -204,11 +261,12 @@ class Analysis:
                 if not isinstance(d, tuple) or s is None:
                     continue
                 j = len(s) - (r - i)
-                if j >= 0 and sympy.simplify(s[j] - e) == 0 and d[j] is not None:
+                if j >= 0 and d[j] is not None and not (s[j] == 1):
                     cands.add(d[j])
-            if len(cands) > 1:
+            cands = list(cands)
+            if any(not self._same(cands[0], c) for c in cands[1:]):
                 raise Unsupported(f"inputs padded differently along a dimension of size {e}")
-            out.append(cands.pop() if cands else _plain(e) if plain else None)
+            out.append(cands[0] if cands else _plain(e) if plain else None)
         return tuple(out)
 
     def _rule(self, n, shape):
@@ -256,7 +314,7 @@ class Analysis:
             x, y = self.desc[a[off]], self.desc[a[off + 1]]
             self._mask(n, off, [len(x) - 1], 0)
             self._mask(n, off + 1, [len(y) - 2], 0)
-            if len(x) == 3 and x[0] != y[0] and x[0] is not None and y[0] is not None:
+            if len(x) == 3 and x[0] is not None and y[0] is not None and not self._same(x[0], y[0]):
                 raise Unsupported("batch dimensions padded differently")
             out = (x[0], y[1]) if len(x) == 2 else (x[0] if x[0] is not None else y[0], x[1], y[2])
             if off:
@@ -336,7 +394,7 @@ class Analysis:
         if t in (aten.scatter.value, aten.scatter.src, aten.scatter_add.default):
             d, di = self.desc[a[0]], self.desc[a[2]]
             dim = a[1] % len(d)
-            if d[dim] is not None or any(x != y for k, (x, y) in enumerate(zip(d, di)) if k != dim):
+            if d[dim] is not None or any(not self._same(x, y) for k, (x, y) in enumerate(zip(d, di)) if k != dim):
                 raise Unsupported("a scatter whose index is padded unlike its target")
             return d
         if t in (aten.index_put.default, aten.index_put_.default):
@@ -518,6 +576,12 @@ def to_padded(t, d, pad, real):
         raise ValueError(f"a graph input of sizes {list(t.shape)}: expected {rsz} or {psz}")
     pf = factored(dd, lambda f: pad[f] if isinstance(f, sympy.Symbol) else int(f))
     rf = factored(dd, lambda f: real[f] if isinstance(f, sympy.Symbol) else int(f))
+    if t.numel() * t.element_size() <= _HOST_PAD_BYTES:
+        # Padded on the host: a device copy into the padding would be a
+        # program compiled for each real size.
+        z = torch.zeros(pf, dtype=t.dtype)
+        z[tuple(slice(0, k) for k in rf)] = t.cpu().reshape(rf)
+        return z.reshape(psz).to(t.device)
     z = t.new_zeros(pf)
     z[tuple(slice(0, k) for k in rf)] = t.reshape(rf)
     return z.reshape(psz)

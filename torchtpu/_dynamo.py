@@ -179,8 +179,8 @@ def _unpadding(gm, known):
         real = {}
         for n, a in zip(phs, args):
             v = n.meta.get("val")
-            if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol:
-                real[v.node.expr] = int(a)
+            if isinstance(v, torch.SymInt) and _bucket._expr(v).is_Symbol:
+                real[_bucket._expr(v)] = int(a)
         pad = {s: _bucket.bucket(r) for s, r in real.items()}
         fixed = []
         for n, a in zip(phs, args):

@@ -1258,10 +1258,40 @@ tpu_status *tpu_engine_flush(tpu_engine *e, int reason) {
   return s;
 }
 
+/* zero_ of a whole small record outside fused mode is an upload of zeros, not
+ * a program: a program per new shape would be compiled (autograd zero-fills
+ * gradients of every shape it meets). */
+enum { TPU_FILL_UPLOAD_MAX = 1 << 20 };
+
+static bool tpu_fill_by_upload(const tpu_engine *e, int op_id, const tpu_arg *args, int nargs) {
+  if (e->mode == TPU_MODE_FUSED || op_id != TPU_OP_zero_ || nargs < 1 || args[0].kind != TPU_ARG_TENSOR) return false;
+  const tpu_tref *t = &args[0].t;
+  if (!t->rec || t->host || t->zero_size || t->offset != 0) return false;
+  if (t->rec_dtype != TPU_INVALID && t->rec_dtype != t->dtype) return false;
+  int64_t numel = 1, want = 1;
+  for (int d = t->rank - 1; d >= 0; d--) {
+    if (t->sizes[d] != 1 && t->strides[d] != want) return false;
+    want *= t->sizes[d];
+    numel *= t->sizes[d];
+  }
+  return numel == t->rec_numel && (size_t)numel * tpu_dtype_size(t->dtype) <= TPU_FILL_UPLOAD_MAX;
+}
+
 tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
                             tpu_arg *args, int nargs, tpu_engine_result *res) {
   memset(res, 0, sizeof *res);
   atomic_fetch_add(&e->metrics.ops_dispatched, 1);
+  if (tpu_fill_by_upload(e, op_id, args, nargs)) {
+    tpu_record *r = args[0].t.rec;
+    void *zeros = calloc((size_t)r->numel * tpu_dtype_size(r->dtype) + 1, 1);
+    if (!zeros) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+    tpu_status *s = tpu_engine_upload(e, r, zeros, r->dtype, 1, &r->numel);
+    free(zeros);
+    if (s) return s;
+    res->nret = 1;
+    res->ret[0] = (tpu_ret_plan){.is_arg = true, .index = 0, .item = -1};
+    return NULL;
+  }
   tpu_classify_views(args, nargs);
   tpu_sig sig = {0};
   tpu_sig_build(&sig, op_id, args, nargs);

@@ -835,12 +835,69 @@ static PyObject *tpu_py_to_tref_args(tpu_mod_state *st, PyObject *o, tpu_arg *a,
   return Py_None;
 }
 
+/* A new CPU tensor: empty(sizes, dtype=dt). */
+static PyObject *tpu_host_empty(tpu_mod_state *st, PyObject *sizes, tpu_dtype dt) {
+  PyObject *kw = Py_BuildValue("{sO}", "dtype", st->dtypes[dt]);
+  PyObject *pargs = kw ? PyTuple_Pack(1, sizes) : NULL;
+  PyObject *out = pargs ? PyObject_Call(st->torch_empty, pargs, kw) : NULL;
+  Py_XDECREF(pargs);
+  Py_XDECREF(kw);
+  return out;
+}
+
+/* Copies rec's whole buffer into the CPU tensor out (of rec's size). */
+static int tpu_download_into(tpu_mod_state *st, tpu_record *rec, PyObject *out) {
+  int64_t p = tpu_call_int(out, st->s_data_ptr);
+  if (p == -1 && PyErr_Occurred()) return -1;
+  tpu_status *s = tpu_engine_download(st->eng, rec, (void *)(uintptr_t)p, (size_t)rec->numel * tpu_dtype_size(rec->dtype));
+  if (s) {
+    tpu_raise(s);
+    return -1;
+  }
+  return 0;
+}
+
+/* A view read on the host: the record comes down whole and the view is cut
+ * from it there, when the record is not much larger than the view. A
+ * program that gathers the view on the device would be compiled for each
+ * new view shape (padded outputs of compiled graphs, slices of growing
+ * sequences). */
+enum { TPU_HOST_VIEW_SLACK = 1 << 16 };
+
+static PyObject *tpu_download_host_view(tpu_mod_state *st, PyObject *src_o, const tpu_tref *t) {
+  tpu_record *rec = t->rec;
+  int64_t numel = 1;
+  for (int d = 0; d < t->rank; d++) numel *= t->sizes[d];
+  if (t->rec_dtype != TPU_INVALID && t->rec_dtype != t->dtype) return Py_NewRef(Py_None);
+  if (rec->numel > 2 * numel + TPU_HOST_VIEW_SLACK) return Py_NewRef(Py_None);
+  PyObject *flat_size = Py_BuildValue("(L)", (long long)rec->numel);
+  PyObject *flat = flat_size ? tpu_host_empty(st, flat_size, rec->dtype) : NULL;
+  Py_XDECREF(flat_size);
+  if (!flat || tpu_download_into(st, rec, flat) < 0) {
+    Py_XDECREF(flat);
+    return NULL;
+  }
+  PyObject *shape = PyObject_GetAttr(src_o, st->s_shape);
+  PyObject *stride = shape ? PyTuple_New(t->rank) : NULL;
+  for (int d = 0; stride && d < t->rank; d++) PyTuple_SET_ITEM(stride, d, PyLong_FromLongLong(t->strides[d]));
+  PyObject *view = stride ? PyObject_CallMethod(flat, "as_strided", "OOL", shape, stride, (long long)t->offset) : NULL;
+  PyObject *out = view ? PyObject_CallMethod(view, "contiguous", NULL) : NULL;
+  Py_XDECREF(view);
+  Py_XDECREF(stride);
+  Py_XDECREF(shape);
+  Py_DECREF(flat);
+  return out;
+}
+
 /* Download the view t (a tpu tensor) as a contiguous host copy into a new
  * CPU tensor of the same dtype and shape. */
 static PyObject *tpu_download_view(tpu_mod_state *st, PyObject *src_o, tpu_arg *src) {
   tpu_record *rec = src->t.rec;
   tpu_record *tmp = NULL;
   if (tpu_lower_view_kind(&src->t) != TPU_VIEW_WHOLE) {
+    PyObject *host = tpu_download_host_view(st, src_o, &src->t);
+    if (host != Py_None) return host;
+    Py_DECREF(host);
     tpu_engine_result res;
     tpu_status *s = tpu_engine_call(st->eng, &tpu_op_table[TPU_OP_tpu_materialize], TPU_OP_tpu_materialize, src, 1,
                                     &res);
@@ -856,25 +913,9 @@ static PyObject *tpu_download_view(tpu_mod_state *st, PyObject *src_o, tpu_arg *
     rec = tmp;
   }
   PyObject *shape = PyObject_GetAttr(src_o, st->s_shape);
-  PyObject *kw = shape ? Py_BuildValue("{sO}", "dtype", st->dtypes[src->t.dtype]) : NULL;
-  PyObject *pargs = kw ? PyTuple_Pack(1, shape) : NULL;
-  PyObject *out = pargs ? PyObject_Call(st->torch_empty, pargs, kw) : NULL;
-  Py_XDECREF(pargs);
-  Py_XDECREF(kw);
+  PyObject *out = shape ? tpu_host_empty(st, shape, src->t.dtype) : NULL;
   Py_XDECREF(shape);
-  if (out) {
-    int64_t p = tpu_call_int(out, st->s_data_ptr);
-    if (p == -1 && PyErr_Occurred()) {
-      Py_CLEAR(out);
-    } else {
-      tpu_status *s = tpu_engine_download(st->eng, rec, (void *)(uintptr_t)p,
-                                          (size_t)rec->numel * tpu_dtype_size(rec->dtype));
-      if (s) {
-        Py_CLEAR(out);
-        tpu_raise(s);
-      }
-    }
-  }
+  if (out && tpu_download_into(st, rec, out) < 0) Py_CLEAR(out);
   tpu_record_unref(tmp);
   return out;
 }
