@@ -174,8 +174,7 @@ def test_resnet_trains_compiled_like_eager():
 
 
 def test_dynamic_shapes_give_correct_results():
-    # Correct for every length; each new length is its own program for now
-    # (bucketing is not implemented), so only values are checked here.
+    # Correct for every length (tests/test_dynamic.py checks the buckets).
     def f(x, w):
         return torch.softmax(x @ w, -1).sum(0)
 

@@ -32,6 +32,9 @@ import torch
 aten = torch.ops.aten
 
 _HOST_PAD_BYTES = 1 << 20
+# What floating-point inputs are padded with: nothing real may read it (the
+# tests pad with NaN, which any missing mask would let through).
+FLOAT_PAD = 0.0
 _MIN = max(1, int(os.environ.get("TORCHTPU_BUCKET_MIN", "") or 1))
 
 
@@ -87,7 +90,9 @@ _ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step}
 _REDUCE = {aten.sum.dim_IntList: 0, aten.sum.default: 0, aten.amax.default: "min", aten.amin.default: "max",
            aten.any.dim: False, aten.any.dims: False, aten.any.default: False, aten.all.dim: True,
            aten.all.default: True, aten.prod.dim_int: 1, aten.max.dim: "min", aten.min.dim: "max",
-           aten.mean.dim: None, aten.mean.default: None, aten.logsumexp.default: float("-inf")}
+           aten.mean.dim: None, aten.mean.default: None, aten.logsumexp.default: float("-inf"),
+           aten.argmax.default: "min", aten.argmin.default: "max"}
+_SCAN = {aten.cumsum.default: 0, aten.cumprod.default: 1}  # padding inside a merged dimension comes before real rows
 _SOFTMAX = {aten._softmax.default, aten._log_softmax.default}
 _SOFTMAX_BWD = {aten._softmax_backward_data.default, aten._log_softmax_backward_data.default}
 _SHAPE_ARG_TYPES = ("SymInt", "int", "List[int]", "Optional[int]", "List[Optional[int]]")
@@ -111,6 +116,7 @@ class Analysis:
         self.symbols = set()
         self.bounds = {}    # symbol -> largest padded size a static slice allows
         self.alias = {}     # symbol -> a symbol an op proved equal to it
+        self.values = {}    # node -> list of (arg index, expr): a size used as a value
         known = known or {}
         for n in gm.graph.nodes:
             try:
@@ -161,6 +167,7 @@ class Analysis:
             return d
 
         self.desc = {n: desc(d) for n, d in self.desc.items()}
+        self.values = {n: [(i, e.subs(sub)) for i, e in v] for n, v in self.values.items()}
         self.special = {n: (sp[0], desc(sp[1])) + sp[2:] if sp[0] == "index_put" else sp
                         for n, sp in self.special.items()}
         bounds = {}
@@ -238,7 +245,16 @@ class Analysis:
             ty = next((str(x.type) for x in schema if x.name == name), "")
             uses = [x for x in (a if isinstance(a, (list, tuple)) else [a]) if _is_sym(x)]
             if uses and not (ty in _SHAPE_ARG_TYPES or n.target in _ARANGE):
-                raise Unsupported(f"a symbolic size used as the value {name}")
+                # as a value it must be the real size: a 0-d tensor computed
+                # in the program, through the op's Tensor overload
+                tensor_op = getattr(n.target.overloadpacket, "Tensor", None)
+                if (ty != "number" or i >= len(n.args) or tensor_op is None or
+                        n.target._overloadname != "Scalar"):
+                    raise Unsupported(f"a symbolic size used as the value {name}")
+                e = _expr(n.args[i].meta["val"])
+                if not e.is_polynomial(*e.free_symbols) or any(not x.is_Symbol for x in e.free_symbols):
+                    raise Unsupported(f"a size {e} used as the value {name}")
+                self.values.setdefault(n, []).append((i, e))
 
     def _mask(self, n, argi, dims, fill):
         d = self.desc.get(n.args[argi])
@@ -285,6 +301,12 @@ class Analysis:
             return self.desc[a[0]] if t in _SOFTMAX else self._from_inputs(n, shape, tensors)
         if (torch.Tag.pointwise in t.tags or t in _POINTWISE_EXTRA) and shape is not None:
             return self._from_inputs(n, shape, tensors)
+        if t in _SCAN:
+            d = self.desc[a[0]]
+            self._mask(n, 0, [a[1] % max(1, len(d))], _SCAN[t])
+            return d
+        if t in (aten.tril.default, aten.triu.default):
+            return self.desc[a[0]]
         if t is aten.native_dropout.default:
             d = self.desc[a[0]]
             return [d, d]
@@ -296,7 +318,7 @@ class Analysis:
             d = self.desc[a[0]]
             r = len(d)
             dims = a[1] if len(a) > 1 and t not in (aten.sum.default, aten.mean.default, aten.any.default,
-                                                   aten.all.default) else None
+                                                   aten.all.default) else n.kwargs.get("dim")
             if isinstance(dims, int):
                 dims = [dims]
             dims = list(range(r)) if not dims else [k % r for k in dims]
@@ -350,8 +372,14 @@ class Analysis:
             start = a[2] if len(a) > 2 else 0
             step = a[4] if len(a) > 4 else 1
             out = list(d)
+            end = a[3] if len(a) > 3 else None
             if d[dim] is not None:
-                if not (start in (0, None) and step == 1 and sympy.simplify(shape[dim] - s[dim]) == 0):
+                if start in (0, None) and step == 1 and sympy.simplify(shape[dim] - s[dim]) == 0:
+                    pass  # the whole dimension
+                elif (len(d[dim]) == 1 and shape[dim].is_Integer and step == 1 and isinstance(start, (int, type(None)))
+                      and isinstance(end, int) and (start or 0) >= 0 and end >= 0):
+                    out[dim] = None  # a static range of real positions: the padding is at the end
+                else:
                     raise Unsupported("a slice of a padded dimension")
             elif not shape[dim].is_Integer:
                 if start not in (0, None) or step != 1 or not s[dim].is_Integer:
@@ -515,6 +543,10 @@ class _Run:
             x = args[argi]
             args[argi] = x.masked_fill(torch.logical_not(self.mask(an.desc[n.args[argi]], dims, x.dim())),
                                        _fill_value(fill, x.dtype))
+        target = n.target
+        for i, e in an.values.get(n, ()):
+            args[i] = self.value(e)
+            target = n.target.overloadpacket.Tensor
         sp = an.special.get(n)
         if sp and sp[0] == "mean":
             _, dims, keep = sp
@@ -529,7 +561,30 @@ class _Run:
             m = self.mask(idx_desc, [k for k, x in enumerate(idx_desc) if x is not None], len(idx_desc))
             m = m.view(list(m.shape) + [1] * (vals.dim() - m.dim()))
             args[2] = vals.masked_fill(torch.logical_not(m), 0)
-        return n.target(*args, **kwargs)
+        return target(*args, **kwargs)
+
+    def value(self, e):
+        """A size expression (products of sizes and integers) at the real
+        sizes, as a 0-d tensor."""
+        if e.is_Integer:
+            return int(e)
+        if e.is_Symbol:
+            return self.nt[e]
+        if e.is_Mul:
+            t = None
+            for f in e.args:
+                v = self.value(f)
+                t = v if t is None else t * v
+            return t
+        if e.is_Add:
+            t = None
+            for f in e.args:
+                v = self.value(f)
+                t = v if t is None else t + v
+            return t
+        if e.is_Pow and e.exp.is_Integer and e.exp > 0:
+            return self.value(e.base) ** int(e.exp)
+        raise ValueError(f"size expression {e}")
 
 
 def run_graph(an, args, pad, nt, device):
@@ -564,7 +619,7 @@ def factored(d, sizes_of):
 
 
 def to_padded(t, d, pad, real):
-    """t (real or already padded sizes) as a tensor of padded sizes; zeros in the padding."""
+    """t (real or already padded sizes) as a tensor of padded sizes."""
     if d is None or all(x is None for x in d):
         return t
     dd = [x if x is not None else (int(s),) for x, s in zip(d, t.shape)]
@@ -579,10 +634,10 @@ def to_padded(t, d, pad, real):
     if t.numel() * t.element_size() <= _HOST_PAD_BYTES:
         # Padded on the host: a device copy into the padding would be a
         # program compiled for each real size.
-        z = torch.zeros(pf, dtype=t.dtype)
+        z = torch.full(pf, FLOAT_PAD if t.is_floating_point() else 0, dtype=t.dtype)
         z[tuple(slice(0, k) for k in rf)] = t.cpu().reshape(rf)
         return z.reshape(psz).to(t.device)
-    z = t.new_zeros(pf)
+    z = t.new_full(pf, FLOAT_PAD if t.is_floating_point() else 0)
     z[tuple(slice(0, k) for k in rf)] = t.reshape(rf)
     return z.reshape(psz)
 
