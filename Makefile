@@ -12,7 +12,7 @@ RT      := csrc/runtime/runtime.c
 HLO     := csrc/hlo/hlo.c
 CACHE   := csrc/cache/cache.c
 
-.PHONY: setup build test check pytest coverage clean
+.PHONY: setup build test check pytest coverage clean bench-setup
 
 setup:
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,13 @@ setup:
 
 build:
 	$(VPY) -m pip install --quiet --no-build-isolation --no-deps -e .
+
+# A separate environment for the benchmarks' JAX baseline (bench/jax_gpt.py):
+# jax is never installed next to torchtpu.
+bench-setup:
+	$(PY) -m venv .venv-bench
+	.venv-bench/bin/python -m pip install --quiet --upgrade pip
+	.venv-bench/bin/python -m pip install --quiet "jax==0.10.2"
 
 # The plugin path, found without importing torchtpu (which would load it).
 FIND    := import sys; sys.path.insert(0, "torchtpu"); import _plugin, os; p = _plugin.find()[0]

@@ -1,11 +1,15 @@
-"""Training-step time and peak memory of the MLP and GPT examples: CPU eager
-against tpu in debug, strict and fused modes (and, with --compile, torch.compile
-with backend "tpu" against Inductor on CPU), each in a fresh process, all in
-one run. Prints median step times, their ratios, peak resident memory (and its
-ratio to CPU eager), and, with --long N, whether resident memory stays flat
-over N fused GPT steps.
+"""Training-step time and peak memory of the MLP, GPT and ResNet examples:
+CPU eager against tpu in debug, strict and fused modes, and with --compile,
+torch.compile: the model with backend "tpu" ("compiled"), the model and the
+optimizer step (clipping and a capturable optimizer, one graph) ("compiled
+step"), Inductor on CPU, and for the GPT the same model in JAX, jax.jit-ed on
+the same XLA CPU (bench/jax_gpt.py, run with the bench environment's
+interpreter: make bench-setup). Each configuration runs in a fresh process,
+all in one run. Prints median step times, their ratios, peak resident memory
+(and its ratio to CPU eager), and, with --long N, whether resident memory
+stays flat over N fused GPT steps.
 
-Usage: python bench/train_step.py [--steps 30] [--long 2000] [--compile]
+Usage: python bench/train_step.py [--steps 30] [--long 2000] [--compile] [--examples gpt,resnet]
 """
 import argparse
 import json
@@ -30,42 +34,83 @@ def child(example, device, mode, steps, long_steps):
 
     import torchtpu
 
-    compiled = mode in ("compiled", "inductor")
+    compiled = mode in ("compiled", "compiled-step", "inductor")
     if device == "tpu" and not compiled:
         torchtpu.eager_mode(mode)
     import torch.nn.functional as F
 
     import char_gpt
     import mlp_mnist
+    import resnet_cifar
 
+    backend = "tpu" if device == "tpu" else "inductor"
     if example == "gpt":
         tok, data = char_gpt.load_corpus()
         model = char_gpt.make_model(tok.vocab_size, seed=0, device=device)
-        opt = char_gpt.make_optimizer(model)
-        run = torch.compile(model, backend="tpu" if device == "tpu" else "inductor") if compiled else model
+        clip = 1.0
+        if mode == "compiled-step":
+            decay = [p for p in model.parameters() if p.dim() >= 2]
+            no_decay = [p for p in model.parameters() if p.dim() < 2]
+            opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                                    lr=3e-3, betas=(0.9, 0.95), capturable=True)
+        else:
+            opt = char_gpt.make_optimizer(model)
         g = torch.Generator().manual_seed(0)
 
-        def step():
-            x, y = char_gpt.get_batch(data, 16, 32, g)
-            return char_gpt.train_step(run, opt, x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+        def batch():
+            return char_gpt.get_batch(data, 16, 32, g)
+
+        def loss_of(run, x, y):
+            return run(x, y)[1]
+    elif example == "resnet":
+        images, labels = resnet_cifar.synthetic_cifar(num_samples=32 * 8, seed=1)
+        torch.manual_seed(0)
+        model = resnet_cifar.ResNet().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9, weight_decay=5e-4)
+        clip = 2.0
+        batches = [(images[i:i + 32], labels[i:i + 32]) for i in range(0, len(images), 32)]
+        state = {"i": 0}
+
+        def batch():
+            state["i"] += 1
+            return batches[state["i"] % len(batches)]
+
+        def loss_of(run, x, y):
+            return F.cross_entropy(run(x), y)
     else:
         images, labels = mlp_mnist.synthetic_mnist(num_samples=64 * 16, seed=1)
         torch.manual_seed(0)
         model = mlp_mnist.MLP().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        run = torch.compile(model, backend="tpu" if device == "tpu" else "inductor") if compiled else model
+        clip = None
         batches = [(images[i:i + 64], labels[i:i + 64]) for i in range(0, len(images), 64)]
         state = {"i": 0}
 
-        def step():
-            x, y = batches[state["i"] % len(batches)]
+        def batch():
             state["i"] += 1
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(run(x), y)
-            loss.backward()
-            opt.step()
-            return loss.item()
+            return batches[state["i"] % len(batches)]
+
+        def loss_of(run, x, y):
+            return F.cross_entropy(run(x), y)
+    run = torch.compile(model, backend=backend) if compiled else model
+    params = list(model.parameters())
+
+    def update():
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+
+    if mode == "compiled-step":
+        update = torch.compile(update, backend=backend)
+
+    def step():
+        x, y = batch()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(run, x, y)
+        loss.backward()
+        update()
+        return loss.item()
     times, rss = [], []
     total = steps + 5 + long_steps
     for i in range(total):
@@ -89,41 +134,65 @@ def child(example, device, mode, steps, long_steps):
 def run(example, device, mode, steps, long_steps=0):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", example, device, mode, str(steps), str(long_steps)]
     env = dict(os.environ, TORCHTPU_CACHE_DIR=os.environ.get("TORCHTPU_CACHE_DIR", ""))
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    return _result(subprocess.run(cmd, capture_output=True, text=True, env=env), f"{example} {device} {mode}")
+
+
+def _result(p, what):
     if p.returncode != 0:
-        raise SystemExit(f"{example} {device} {mode} failed:\n{p.stderr[-3000:]}")
+        raise SystemExit(f"{what} failed:\n{p.stderr[-3000:]}")
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[7:])
+
+
+def jax_python():
+    """The bench environment's interpreter, when it has jax (make bench-setup)."""
+    py = os.environ.get("TORCHTPU_BENCH_PYTHON") or os.path.join(HERE, "..", ".venv-bench", "bin", "python")
+    if os.path.exists(py) and subprocess.run([py, "-c", "import jax"], capture_output=True).returncode == 0:
+        return py
+    return None
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--long", type=int, default=0, help="also run this many fused GPT steps and check RSS")
-    ap.add_argument("--compile", action="store_true", help="also torch.compile: backend tpu, and inductor on CPU")
+    ap.add_argument("--compile", action="store_true",
+                    help="also torch.compile (backend tpu, model and whole step), inductor on CPU, and JAX")
+    ap.add_argument("--examples", default="mlp,gpt,resnet")
     ap.add_argument("--child", nargs=5)
     args = ap.parse_args()
     if args.child:
         ex, dev, mode, steps, long_steps = args.child
         return child(ex, dev, mode, int(steps), int(long_steps))
-    print(f"{'example':<8}{'config':<14}{'step ms':>9}{'vs cpu':>8}{'peak RSS MB':>13}{'vs cpu':>8}{'compiled':>10}")
-    for ex in ("mlp", "gpt"):
+    jax_py = jax_python() if args.compile else None
+    if args.compile and not jax_py:
+        print("jax: not in a bench environment (make bench-setup); the JAX row is left out")
+    print(f"{'example':<8}{'config':<18}{'step ms':>9}{'vs cpu':>8}{'peak RSS MB':>13}{'vs cpu':>8}{'compiled':>10}")
+    for ex in args.examples.split(","):
         rows = {"cpu eager": run(ex, "cpu", "-", args.steps)}
         if args.compile:
             rows["cpu inductor"] = run(ex, "cpu", "inductor", args.steps)
-        for mode in ("debug", "strict", "fused") + (("compiled",) if args.compile else ()):
+            if ex == "gpt" and jax_py:
+                p = subprocess.run([jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(args.steps)],
+                                   capture_output=True, text=True)
+                rows["jax jit"] = _result(p, "jax gpt")
+        for mode in ("debug", "strict", "fused") + (("compiled", "compiled-step") if args.compile else ()):
             rows[f"tpu {mode}"] = run(ex, "tpu", mode, args.steps)
         cpu = rows["cpu eager"]
         for name, r in rows.items():
-            print(f"{ex:<8}{name:<14}{r['step_ms']:>9.2f}{r['step_ms'] / cpu['step_ms']:>8.2f}"
+            print(f"{ex:<8}{name:<18}{r['step_ms']:>9.2f}{r['step_ms'] / cpu['step_ms']:>8.2f}"
                   f"{r['peak_rss_mb']:>13.0f}{r['peak_rss_mb'] / cpu['peak_rss_mb']:>8.2f}"
                   f"{'' if r['programs_compiled'] is None else r['programs_compiled']:>10}")
         s, f = rows["tpu strict"]["step_ms"], rows["tpu fused"]["step_ms"]
         print(f"{ex:<8}fused is {s / f:.2f}x faster than strict")
         if args.compile:
-            c = rows["tpu compiled"]["step_ms"]
-            print(f"{ex:<8}compiled is {s / c:.2f}x faster than strict; CPU inductor / tpu compiled: "
-                  f"{rows['cpu inductor']['step_ms'] / c:.2f}")
+            for name in ("compiled", "compiled-step"):
+                c = rows[f"tpu {name}"]["step_ms"]
+                line = (f"{ex:<8}tpu {name}: {s / c:.2f}x faster than strict, "
+                        f"{rows['cpu inductor']['step_ms'] / c:.2f}x CPU inductor's speed")
+                if "jax jit" in rows:
+                    line += f", {c / rows['jax jit']['step_ms']:.2f}x JAX's step time"
+                print(line)
     if args.long:
         r = run("gpt", "tpu", "fused", args.steps, args.long)
         grow = (r["rss_end_mb"] - r["rss_after_warmup_mb"]) / r["rss_after_warmup_mb"] * 100
