@@ -118,3 +118,31 @@ def test_complex_and_polar():
     torch.testing.assert_close(torch.polar(a.abs().to("tpu"), b.to("tpu")).cpu(), torch.polar(a.abs(), b))
     with pytest.raises(RuntimeError):
         torch.complex(a.to("tpu"), b.to("tpu").double())
+
+
+_VIEWS = [
+    lambda x: x[:, :, 4:8],                                   # a contiguous range
+    lambda x: x.transpose(0, 2),                              # a permutation of the whole record
+    lambda x: x[:, ::2],                                      # rows skipped
+    lambda x: x[:, :, ::3],                                   # columns skipped
+    lambda x: x.split(4, 2)[1].transpose(1, 2),               # k of a q/k/v split, transposed
+    lambda x: x.view(4, 6, 3, 4)[:, :, 2].transpose(1, 2),    # the last head block
+    lambda x: x[1:3, 1:5, 2:9:2],
+    lambda x: x.transpose(0, 2)[::2, 1:],
+    lambda x: x.view(4, 6, 3, 4).permute(2, 0, 3, 1)[1],
+    lambda x: x.view(-1)[3:].as_strided((20, 3), (12, 1), 10),  # offsets that carry across rows
+    lambda x: x.as_strided((3, 4), (7, 2), 3),                # rows that overlap columns: a gather
+    lambda x: x[3, 5, :1],
+]
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("k", range(len(_VIEWS)))
+def test_strided_views_read_like_cpu(mode, k):
+    base = torch.randn(4, 6, 12)
+    with torchtpu.eager_mode(mode):
+        t = base.to("tpu")
+        got = (_VIEWS[k](t) * 2 + 1).cpu()
+        got_sum = _VIEWS[k](t).sum(-1).cpu()
+    assert torch.equal(got, _VIEWS[k](base) * 2 + 1)
+    torch.testing.assert_close(got_sum, _VIEWS[k](base).sum(-1))

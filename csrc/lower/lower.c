@@ -94,6 +94,41 @@ static bool tpu_permuted_order(const tpu_tref *t, int *order, int *n) {
   return true;
 }
 
+/* The dims of a view, outer to inner by stride, when each steps by a
+ * multiple of the inner dims' extent and the record is whole rows of the
+ * outermost stride: the view is then a block of the record seen as a dense
+ * array (rows, row / next stride, ..., innermost stride), at the block
+ * coordinates of its offset (q, k and v split from one projection, every
+ * other column). The offset's coordinates must not carry (the kind is in
+ * the program's key, so every offset the program meets satisfies it).
+ * Strides must be distinct and positive. */
+static bool tpu_strided_order(const tpu_tref *t, int *order, int *n) {
+  int k = 0;
+  for (int i = 0; i < t->rank; i++)
+    if (t->sizes[i] > 1 && t->strides[i] != 0) {
+      if (t->strides[i] < 0) return false;
+      order[k++] = i;
+    }
+  for (int i = 1; i < k; i++)
+    for (int j = i; j > 0 && t->strides[order[j]] > t->strides[order[j - 1]]; j--) {
+      int x = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = x;
+    }
+  if (k == 0 || (k >= TPU_MAX_RANK && t->strides[order[k - 1]] > 1)) return false;
+  if (t->rec_numel % t->strides[order[0]]) return false;
+  int64_t rest = t->offset % t->strides[order[0]];
+  for (int i = 0; i + 1 < k; i++) {
+    int64_t so = t->strides[order[i]], si = t->strides[order[i + 1]];
+    if (so == si || so % si || so < t->sizes[order[i + 1]] * si) return false;
+    /* the coordinate along i + 1 plus the size must stay inside so / si */
+    if ((rest / si) + t->sizes[order[i + 1]] > so / si) return false;
+    rest %= si;
+  }
+  *n = k;
+  return true;
+}
+
 int tpu_lower_view_kind(const tpu_tref *t) {
   if (t->zero_size) return TPU_VIEW_WHOLE;
   int64_t n = tpu_numel(t->rank, t->sizes);
@@ -102,6 +137,7 @@ int tpu_lower_view_kind(const tpu_tref *t) {
   if (contig) return TPU_VIEW_RANGE;
   int order[TPU_MAX_RANK], k;
   if (tpu_permuted_order(t, order, &k)) return TPU_VIEW_PERMUTED;
+  if (tpu_strided_order(t, order, &k)) return TPU_VIEW_STRIDED;
   return TPU_VIEW_GATHER;
 }
 
@@ -151,6 +187,27 @@ tpu_hv tpu_lower_scatter_rows(tpu_lower *L, tpu_hv operand, tpu_hv idx, tpu_hv u
   return tpu_hlo_scatter(L->hlo, operand, idx, updates, &d, region);
 }
 
+/* v holds the view's non-unit dims in order (v's dim i is view dim
+ * order[i]); broadcast_in_dim places them, which also transposes when order
+ * is not increasing. */
+static tpu_hv tpu_view_place(tpu_hlo *H, const tpu_tref *t, tpu_hv v, const int *order, int k) {
+  int64_t sorted[TPU_MAX_RANK], p64[TPU_MAX_RANK];
+  int perm[TPU_MAX_RANK];
+  for (int i = 0; i < k; i++) perm[i] = i;
+  for (int i = 1; i < k; i++)
+    for (int j = i; j > 0 && order[perm[j]] < order[perm[j - 1]]; j--) {
+      int x = perm[j];
+      perm[j] = perm[j - 1];
+      perm[j - 1] = x;
+    }
+  for (int i = 0; i < k; i++) {
+    p64[i] = perm[i];
+    sorted[i] = order[perm[i]];
+  }
+  v = tpu_hlo_transpose(H, v, p64);
+  return tpu_hlo_broadcast_in_dim(H, v, t->rank, t->sizes, sorted);
+}
+
 tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset) {
   tpu_hlo *H = L->hlo;
   int64_t n = tpu_numel(t->rank, t->sizes);
@@ -168,26 +225,39 @@ tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset
         bdims[i] = t->sizes[order[i]];
         block *= bdims[i];
       }
-      tpu_hv v = tpu_hlo_dynamic_slice(H, base, &offset, &block);
+      /* a block as large as the record starts at 0: no slice */
+      tpu_hv v = block == t->rec_numel ? base : tpu_hlo_dynamic_slice(H, base, &offset, &block);
       v = tpu_hlo_reshape(H, v, k, bdims);
-      /* v's dim i is view dim order[i]; broadcast_in_dim places it there,
-       * which also transposes when order is not increasing. */
-      int64_t sorted[TPU_MAX_RANK];
-      int perm[TPU_MAX_RANK];
-      for (int i = 0; i < k; i++) perm[i] = i;
-      for (int i = 1; i < k; i++)
-        for (int j = i; j > 0 && order[perm[j]] < order[perm[j - 1]]; j--) {
-          int x = perm[j];
-          perm[j] = perm[j - 1];
-          perm[j - 1] = x;
-        }
-      int64_t p64[TPU_MAX_RANK];
+      return tpu_view_place(H, t, v, order, k);
+    }
+    case TPU_VIEW_STRIDED: {
+      int order[TPU_MAX_RANK], k = 0;
+      tpu_strided_order(t, order, &k);
+      int64_t dense[TPU_MAX_RANK], size[TPU_MAX_RANK], bdims[TPU_MAX_RANK];
+      tpu_hv starts[TPU_MAX_RANK];
+      tpu_hlo_type s64 = tpu_hlo_type_make(TPU_S64, 0, NULL);
+      tpu_hv off = tpu_hlo_reshape(H, offset, 0, NULL);
+      int kd = 0;
       for (int i = 0; i < k; i++) {
-        p64[i] = perm[i];
-        sorted[i] = order[perm[i]];
+        int64_t st = t->strides[order[i]];
+        dense[kd] = i == 0 ? t->rec_numel / st : t->strides[order[i - 1]] / st;
+        /* coordinate i of the offset: (offset / stride_i) % dense_i */
+        tpu_hv c = tpu_hlo_binary(H, TPU_HLO_DIV, off, tpu_lower_full(L, s64, (double)st));
+        if (i > 0) c = tpu_hlo_binary(H, TPU_HLO_REM, c, tpu_lower_full(L, s64, (double)dense[kd]));
+        starts[kd] = c;
+        size[kd] = bdims[i] = t->sizes[order[i]];
+        kd++;
       }
-      v = tpu_hlo_transpose(H, v, p64);
-      return tpu_hlo_broadcast_in_dim(H, v, t->rank, t->sizes, sorted);
+      int64_t inner = t->strides[order[k - 1]];
+      if (inner > 1) {
+        dense[kd] = inner;
+        starts[kd] = tpu_hlo_binary(H, TPU_HLO_REM, off, tpu_lower_full(L, s64, (double)inner));
+        size[kd++] = 1;
+      }
+      tpu_hv v = tpu_hlo_reshape(H, base, kd, dense);
+      v = tpu_hlo_dynamic_slice(H, v, starts, size);
+      v = tpu_hlo_reshape(H, v, k, bdims);
+      return tpu_view_place(H, t, v, order, k);
     }
     default: {
       int64_t nn[2] = {n, 1};

@@ -63,7 +63,7 @@ typedef struct {
   tpu_hv value;           /* materialised value, TPU_HV_NONE until requested */
 } tpu_tref;
 
-enum { TPU_VIEW_WHOLE, TPU_VIEW_RANGE, TPU_VIEW_PERMUTED, TPU_VIEW_GATHER };
+enum { TPU_VIEW_WHOLE, TPU_VIEW_RANGE, TPU_VIEW_PERMUTED, TPU_VIEW_GATHER, TPU_VIEW_STRIDED };
 
 typedef struct {
   tpu_argkind kind;
