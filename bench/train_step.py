@@ -189,7 +189,7 @@ def main():
             for name in ("compiled", "compiled-step"):
                 c = rows[f"tpu {name}"]["step_ms"]
                 line = (f"{ex:<8}tpu {name}: {s / c:.2f}x faster than strict, "
-                        f"{rows['cpu inductor']['step_ms'] / c:.2f}x CPU inductor's speed")
+                        f"{c / rows['cpu inductor']['step_ms']:.2f}x CPU inductor's step time")
                 if "jax jit" in rows:
                     line += f", {c / rows['jax jit']['step_ms']:.2f}x JAX's step time"
                 print(line)
