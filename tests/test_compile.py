@@ -137,8 +137,9 @@ def _gpt_losses(compiled, steps):
 
 
 def test_gpt_trains_compiled_like_eager_and_compiles_once():
-    eager, _ = _gpt_losses(False, 12)
-    comp, compiles = _gpt_losses(True, 12)
+    # 20 steps, forward and backward compiled, losses within 1e-3 relative of eager tpu
+    eager, _ = _gpt_losses(False, 20)
+    comp, compiles = _gpt_losses(True, 20)
     for a, b in zip(eager, comp):
         assert abs(a - b) <= 1e-3 * abs(a)
     assert comp[-1] < comp[0]
@@ -146,7 +147,7 @@ def test_gpt_trains_compiled_like_eager_and_compiles_once():
     assert compiles[-1] == compiles[4]
 
 
-def _resnet_losses(compiled, steps=6, batch=16):
+def _resnet_losses(compiled, steps=20, batch=16):
     images, labels = resnet_cifar.synthetic_cifar(num_samples=batch * steps, seed=1)
     torch.manual_seed(0)
     model = resnet_cifar.ResNet().to("tpu")
@@ -266,3 +267,20 @@ def test_compiled_optimizer_step_matches_cpu():
         step()
     for p, q in zip(m.parameters(), mt.parameters()):
         torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_replayed_output_views_of_inputs_after_non_tensor_arguments():
+    # A graph with symbolic sizes takes ints before its tensors; an output
+    # that is a view of an input tensor must view that input on replay.
+    def f(x, w):
+        return torch.sort(x, 0).values * 2, w.t()
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="tpu", dynamic=True)
+    w = torch.randn(3, 5)
+    wt = w.to("tpu")
+    for _ in range(3):
+        x = torch.randn(6, 4)
+        a, b = cf(x.to("tpu"), wt)
+        torch.testing.assert_close(a.cpu(), torch.sort(x, 0).values * 2)
+        assert torch.equal(b.cpu(), w.t())

@@ -1399,7 +1399,11 @@ static PyObject *tpu_plan_outputs(tpu_mod_state *st, tpu_pyplan *pp, PyObject *f
       PyObject *b = NULL;
       for (int q = 0; q < k && !b; q++)
         if (recs[q] == r && base[q]) b = base[q];
-      if (!b && input >= 0) b = PySequence_Fast_GET_ITEM(fa, input);
+      if (!b && input >= 0) {
+        /* input counts tensor arguments only: find its place among all */
+        for (int i = 0, seen = 0; i < pp->nargs && !b; i++)
+          if (pp->kinds[i] == TPU_GA_TENSOR && seen++ == input) b = PySequence_Fast_GET_ITEM(fa, i);
+      }
       if (!b && tpu_view_plain(t, r->numel)) {
         tpu_record_ref(r);
         v = tpu_mint(st, r, t->rank, t->sizes, NULL);
