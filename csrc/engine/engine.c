@@ -110,6 +110,7 @@ struct tpu_engine {
   tpu_node *nodes;      /* fused mode: the recorded ops, in order (owned) */
   int nnodes, capnodes, fuse_cap;
   bool donate;          /* fused programs take the buffers of records they rewrite */
+  bool donate_waits;    /* the plugin blocks the host to donate a buffer in use (CPU) */
   uint64_t fuse_epoch;  /* flushes started */
   uint64_t records_made;
   bool capturing;       /* between tpu_engine_capture_begin and _end */
@@ -161,6 +162,7 @@ tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out) {
   e->fuse_cap = cap && atoi(cap) > 0 ? atoi(cap) : 4096;
   const char *donate = getenv("TORCHTPU_DONATE");
   e->donate = !(donate && strcmp(donate, "0") == 0);
+  e->donate_waits = strcmp(tpu_rt_platform_name(e->rt), "cpu") == 0;
   e->precision = TPU_HLO_PREC_HIGHEST;
   *out = e;
   return NULL;
@@ -879,7 +881,13 @@ static tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_bu
     tpu_inflight_reap(e);
     if (e->icount == TPU_INFLIGHT) tpu_inflight_pop(e);
     tpu_rt_event *done = NULL;
-    s = tpu_rt_execute_async(e->rt, exec, in, nin, out, &done);
+    /* The CPU plugin blocks the caller when it is given a buffer that a
+     * running computation still reads: with computations in flight, a
+     * program that would take its inputs' buffers writes new ones instead,
+     * so that the host runs ahead (other plugins order donation on the
+     * device and always donate). */
+    if (e->icount && e->donate_waits) s = tpu_rt_execute_keep(e->rt, exec, in, nin, out, &done);
+    else s = tpu_rt_execute_async(e->rt, exec, in, nin, out, &done);
     if (done) {
       int k = (e->ihead + e->icount) % TPU_INFLIGHT;
       e->inflight[k].ev = done;

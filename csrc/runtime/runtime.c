@@ -457,8 +457,21 @@ tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *arg
   return tpu_rt_execute_async(rt, e, args, nargs, outs, NULL);
 }
 
+static tpu_status *tpu_rt_launch(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
+                                 tpu_rt_buffer **outs, tpu_rt_event **done_out, bool keep);
+
 tpu_status *tpu_rt_execute_async(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
                                  tpu_rt_buffer **outs, tpu_rt_event **done_out) {
+  return tpu_rt_launch(rt, e, args, nargs, outs, done_out, false);
+}
+
+tpu_status *tpu_rt_execute_keep(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
+                                tpu_rt_buffer **outs, tpu_rt_event **done_out) {
+  return tpu_rt_launch(rt, e, args, nargs, outs, done_out, true);
+}
+
+static tpu_status *tpu_rt_launch(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
+                                 tpu_rt_buffer **outs, tpu_rt_event **done_out, bool keep) {
   if (done_out) *done_out = NULL;
   const tpu_pjrt_api *api = rt->api;
   if (nargs < 0 || (nargs > 0 && !args)) return tpu_status_new(TPU_ERR_VALUE, "execute: %d arguments", nargs);
@@ -475,6 +488,12 @@ tpu_status *tpu_rt_execute_async(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *cons
   tpu_pjrt_execute_options opt;
   memset(&opt, 0, sizeof opt);
   opt.struct_size = TPU_PJRT_SIZE(tpu_pjrt_execute_options, multi_slice_config);
+  int64_t keepv[keep && nargs > 0 ? nargs : 1];
+  if (keep) {
+    for (int i = 0; i < nargs; i++) keepv[i] = i;
+    opt.non_donatable_input_indices = keepv;
+    opt.num_non_donatable_input_indices = (size_t)nargs;
+  }
   tpu_pjrt_execute_args a;
   memset(&a, 0, sizeof a);
   a.struct_size = TPU_PJRT_SIZE(tpu_pjrt_execute_args, execute_device);

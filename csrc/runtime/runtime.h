@@ -75,6 +75,10 @@ tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e,
 typedef struct tpu_rt_event tpu_rt_event;
 tpu_status *tpu_rt_execute_async(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
                                  tpu_rt_buffer **outs, tpu_rt_event **done);
+/* The same, donating no argument even where the program aliases an input
+ * to an output (the plugin then writes a new buffer). */
+tpu_status *tpu_rt_execute_keep(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
+                                tpu_rt_buffer **outs, tpu_rt_event **done);
 /* Non-blocking: has ev completed (NULL: yes)? */
 bool tpu_rt_event_ready(tpu_rt *rt, tpu_rt_event *ev);
 /* Waits for ev, frees it, returns its error. NULL ev: nothing. */
