@@ -29,6 +29,18 @@ def rss_mb():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _cycle(images, labels, size):
+    """A function returning the next batch of size, cycling over the data."""
+    batches = [(images[i:i + size], labels[i:i + size]) for i in range(0, len(images), size)]
+    state = {"i": 0}
+
+    def batch():
+        state["i"] += 1
+        return batches[state["i"] % len(batches)]
+
+    return batch
+
+
 def child(example, device, mode, steps, long_steps):
     import torch
 
@@ -68,28 +80,15 @@ def child(example, device, mode, steps, long_steps):
         model = resnet_cifar.ResNet().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9, weight_decay=5e-4)
         clip = 2.0
-        batches = [(images[i:i + 32], labels[i:i + 32]) for i in range(0, len(images), 32)]
-        state = {"i": 0}
-
-        def batch():
-            state["i"] += 1
-            return batches[state["i"] % len(batches)]
-
-        def loss_of(run, x, y):
-            return F.cross_entropy(run(x), y)
+        batch = _cycle(images, labels, 32)
     else:
         images, labels = mlp_mnist.synthetic_mnist(num_samples=64 * 16, seed=1)
         torch.manual_seed(0)
         model = mlp_mnist.MLP().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         clip = None
-        batches = [(images[i:i + 64], labels[i:i + 64]) for i in range(0, len(images), 64)]
-        state = {"i": 0}
-
-        def batch():
-            state["i"] += 1
-            return batches[state["i"] % len(batches)]
-
+        batch = _cycle(images, labels, 64)
+    if example != "gpt":
         def loss_of(run, x, y):
             return F.cross_entropy(run(x), y)
     run = torch.compile(model, backend=backend) if compiled else model

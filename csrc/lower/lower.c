@@ -72,11 +72,13 @@ static bool tpu_is_contiguous(const tpu_tref *t) {
 
 /* Dims with size > 1 and stride > 0, ordered by decreasing stride, must tile
  * a contiguous block: then the view is a permutation plus broadcast of it. */
-static bool tpu_permuted_order(const tpu_tref *t, int *order, int *n) {
+/* The view's dims of size > 1 and nonzero stride, outer to inner by stride,
+ * into order; their count, or -1 when a stride is negative. */
+static int tpu_stride_order(const tpu_tref *t, int *order) {
   int k = 0;
   for (int i = 0; i < t->rank; i++)
     if (t->sizes[i] > 1 && t->strides[i] != 0) {
-      if (t->strides[i] < 0) return false;
+      if (t->strides[i] < 0) return -1;
       order[k++] = i;
     }
   for (int i = 1; i < k; i++)
@@ -85,6 +87,12 @@ static bool tpu_permuted_order(const tpu_tref *t, int *order, int *n) {
       order[j] = order[j - 1];
       order[j - 1] = x;
     }
+  return k;
+}
+
+static bool tpu_permuted_order(const tpu_tref *t, int *order, int *n) {
+  int k = tpu_stride_order(t, order);
+  if (k < 0) return false;
   int64_t expect = 1;
   for (int i = k - 1; i >= 0; i--) {
     if (t->strides[order[i]] != expect) return false;
@@ -103,19 +111,8 @@ static bool tpu_permuted_order(const tpu_tref *t, int *order, int *n) {
  * the program's key, so every offset the program meets satisfies it).
  * Strides must be distinct and positive. */
 static bool tpu_strided_order(const tpu_tref *t, int *order, int *n) {
-  int k = 0;
-  for (int i = 0; i < t->rank; i++)
-    if (t->sizes[i] > 1 && t->strides[i] != 0) {
-      if (t->strides[i] < 0) return false;
-      order[k++] = i;
-    }
-  for (int i = 1; i < k; i++)
-    for (int j = i; j > 0 && t->strides[order[j]] > t->strides[order[j - 1]]; j--) {
-      int x = order[j];
-      order[j] = order[j - 1];
-      order[j - 1] = x;
-    }
-  if (k == 0 || (k >= TPU_MAX_RANK && t->strides[order[k - 1]] > 1)) return false;
+  int k = tpu_stride_order(t, order);
+  if (k <= 0 || (k >= TPU_MAX_RANK && t->strides[order[k - 1]] > 1)) return false;
   if (t->rec_numel % t->strides[order[0]]) return false;
   int64_t rest = t->offset % t->strides[order[0]];
   for (int i = 0; i + 1 < k; i++) {

@@ -926,14 +926,21 @@ static void test_reduce_window(void) {
 
 /* A donated-parameter alias: the attribute must parse and the program run
  * (inputs are not donated by tpu_rt_execute, so XLA copies). */
+/* x + 1 on f32[3], its parameter aliased to its output; *r: the result. */
+static tpu_hlo *alias_program(tpu_hv *r) {
+  const int64_t n = 3;
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv p = tpu_hlo_param(m, ty(TPU_F32, 1, &n));
+  *r = tpu_hlo_binary(m, TPU_HLO_ADD, p, tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant(m, TPU_F32, 1), 1, &n, NULL));
+  tpu_hlo_param_alias(m, p, 0);
+  return m;
+}
+
 static void test_alias(void) {
   const int64_t n = 3;
   float x[3] = {1, 2, 3}, got[3], want[3] = {2, 3, 4};
-  tpu_hlo *m = tpu_hlo_new();
-  tpu_hv p = tpu_hlo_param(m, ty(TPU_F32, 1, &n));
-  tpu_hv r = tpu_hlo_binary(m, TPU_HLO_ADD, p,
-                            tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant(m, TPU_F32, 1), 1, &n, NULL));
-  tpu_hlo_param_alias(m, p, 0);
+  tpu_hv r;
+  tpu_hlo *m = alias_program(&r);
   tpu_rt_buffer *in = upload(x, TPU_F32, 1, &n), *args[1] = {in}, *out;
   if (run(m, &r, 1, args, 1, &out, "alias") && download(out, got, sizeof got)) check_f32("alias", got, want, 3, 0);
   tpu_rt_buffer_free(out);
@@ -944,11 +951,8 @@ static void test_alias(void) {
 static void test_alias_keep(void) {
   const int64_t n = 3;
   float x[3] = {1, 2, 3}, got[3], want[3] = {2, 3, 4};
-  tpu_hlo *m = tpu_hlo_new();
-  tpu_hv p = tpu_hlo_param(m, ty(TPU_F32, 1, &n));
-  tpu_hv r = tpu_hlo_binary(m, TPU_HLO_ADD, p,
-                            tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant(m, TPU_F32, 1), 1, &n, NULL));
-  tpu_hlo_param_alias(m, p, 0);
+  tpu_hv r;
+  tpu_hlo *m = alias_program(&r);
   tpu_rt_exec *e = compile(m, &r, 1, "alias keep");
   tpu_rt_buffer *in = upload(x, TPU_F32, 1, &n), *out = NULL;
   tpu_rt_event *ev = NULL;
