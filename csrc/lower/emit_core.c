@@ -83,7 +83,29 @@ void tpu_emit_div_rounding(tpu_lower *L, const char *mode) {
     }
   } else if (strcmp(mode, "floor") == 0) {
     if (tpu_dtype_is_float(dt)) {
-      q = tpu_hlo_unary(H, TPU_HLO_FLOOR, q);
+      /* As torch, step by step in the tensor's own type (half types round
+       * after each step): div = (a - fmod(a, b)) / b, one less when the
+       * remainder's sign differs from b's, then rounded to the nearest
+       * integer; b == 0 keeps a / b (inf or nan). */
+      tpu_hv v[2] = {tpu_lower_input(L, 0, out_dt), tpu_lower_input(L, 1, out_dt)};
+      tpu_lower_broadcast_all(L, v, 2);
+      q = tpu_hlo_convert(H, q, out_dt);
+      tpu_hv z = tpu_lower_full_like(L, v[0], 0), one = tpu_lower_full_like(L, v[0], 1);
+      tpu_hv mod = tpu_hlo_binary(H, TPU_HLO_REM, v[0], v[1]);
+      tpu_hv d = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_binary(H, TPU_HLO_SUB, v[0], mod), v[1]);
+      tpu_hv sdiff = tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_compare(H, TPU_HLO_LT, v[1], z),
+                                     tpu_hlo_compare(H, TPU_HLO_LT, mod, z));
+      tpu_hv adj = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, mod, z), sdiff);
+      d = tpu_hlo_select(H, adj, tpu_hlo_binary(H, TPU_HLO_SUB, d, one), d);
+      tpu_hv f = tpu_hlo_unary(H, TPU_HLO_FLOOR, d);
+      tpu_hv up = tpu_hlo_compare(H, TPU_HLO_GT, tpu_hlo_binary(H, TPU_HLO_SUB, d, f), tpu_lower_full_like(L, d, 0.5));
+      f = tpu_hlo_select(H, up, tpu_hlo_binary(H, TPU_HLO_ADD, f, one), f);
+      /* a zero quotient takes the sign of a / b (1 / q < 0 tells -0) */
+      tpu_hv neg = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_LT, q, z),
+                                  tpu_hlo_compare(H, TPU_HLO_LT, tpu_hlo_binary(H, TPU_HLO_DIV, one, q), z));
+      tpu_hv zq = tpu_hlo_select(H, neg, tpu_lower_full_like(L, q, -0.0), z);
+      f = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, d, z), zq, f);
+      q = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, v[1], z), q, f);
     } else {
       /* integer division truncates; step down when signs differ and it is inexact */
       tpu_hv v[2] = {a, b};
