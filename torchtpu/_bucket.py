@@ -22,6 +22,7 @@ A dimension descriptor is None for a static size, or a tuple of factors in
 row-major order (ints and sympy symbols) whose product is the size: (s0,) for
 a plain symbolic size, (s0, s1) for a batch and a sequence merged by a view.
 """
+import functools
 import math
 import operator
 import os
@@ -73,9 +74,20 @@ def _prod(fs):
     return sympy.Mul(*fs) if fs else sympy.Integer(1)
 
 
-def _padded(dims, pad):
-    """Sizes of a tensor with descriptor dims and sizes exprs, under pad (symbol -> int)."""
-    return [int(_prod(d).subs(pad)) for d in dims]
+def _size(f, sizes):
+    """A factor's size: sizes[f] for a symbol, else the integer itself."""
+    return sizes[f] if isinstance(f, sympy.Symbol) else int(f)
+
+
+def _dim_sizes(dims, sizes):
+    """Sizes of a tensor whose dims are factor tuples, given sizes of the
+    symbols (plain integer arithmetic: this runs on every call)."""
+    return [math.prod(_size(f, sizes) for f in d) for d in dims]
+
+
+def _factor_sizes(dims, sizes):
+    """The size of every factor of every dim, flattened."""
+    return [_size(f, sizes) for d in dims for f in d]
 
 
 _POINTWISE_EXTRA = {aten.full_like.default, aten._to_copy.default, aten.alias.default, aten.zeros_like.default,
@@ -503,7 +515,7 @@ class _Run:
     def dim_mask(self, factors):
         m = self.cache.get(factors)
         if m is None:
-            sizes = [int(f) if not isinstance(f, sympy.Symbol) else self.pad[f] for f in factors]
+            sizes = [_size(f, self.pad) for f in factors]
             idx = torch.arange(math.prod(sizes), device=self.device)
             inner = 1
             for f, p in zip(reversed(factors), reversed(sizes)):
@@ -570,18 +582,8 @@ class _Run:
             return int(e)
         if e.is_Symbol:
             return self.nt[e]
-        if e.is_Mul:
-            t = None
-            for f in e.args:
-                v = self.value(f)
-                t = v if t is None else t * v
-            return t
-        if e.is_Add:
-            t = None
-            for f in e.args:
-                v = self.value(f)
-                t = v if t is None else t + v
-            return t
+        if e.is_Mul or e.is_Add:
+            return functools.reduce(operator.mul if e.is_Mul else operator.add, map(self.value, e.args))
         if e.is_Pow and e.exp.is_Integer and e.exp > 0:
             return self.value(e.base) ** int(e.exp)
         raise ValueError(f"size expression {e}")
@@ -610,27 +612,18 @@ def run_graph(an, args, pad, nt, device):
     return out
 
 
-def factored(d, sizes_of):
-    """The sizes of each factor of a descriptor, flattened."""
-    out = []
-    for dim in d:
-        out.extend(sizes_of(f) for f in dim)
-    return out
-
-
 def to_padded(t, d, pad, real):
     """t (real or already padded sizes) as a tensor of padded sizes."""
     if d is None or all(x is None for x in d):
         return t
     dd = [x if x is not None else (int(s),) for x, s in zip(d, t.shape)]
-    psz = _padded(dd, pad)
+    psz = _dim_sizes(dd, pad)
     if list(t.shape) == psz:
         return t
-    rsz = _padded(dd, real)
+    rsz = _dim_sizes(dd, real)
     if list(t.shape) != rsz:
         raise ValueError(f"a graph input of sizes {list(t.shape)}: expected {rsz} or {psz}")
-    pf = factored(dd, lambda f: pad[f] if isinstance(f, sympy.Symbol) else int(f))
-    rf = factored(dd, lambda f: real[f] if isinstance(f, sympy.Symbol) else int(f))
+    pf, rf = _factor_sizes(dd, pad), _factor_sizes(dd, real)
     if t.numel() * t.element_size() <= _HOST_PAD_BYTES:
         # Padded on the host: a device copy into the padding would be a
         # program compiled for each real size.
@@ -647,7 +640,7 @@ def to_real(t, d, pad, real):
     if d is None or not isinstance(t, torch.Tensor) or all(x is None for x in d):
         return t
     dd = [x if x is not None else (int(s),) for x, s in zip(d, t.shape)]
-    psz, rsz = _padded(dd, pad), _padded(dd, real)
+    psz, rsz = _dim_sizes(dd, pad), _dim_sizes(dd, real)
     if list(t.shape) == rsz:
         return t
     if all(len(x) == 1 for x in dd):
@@ -655,6 +648,5 @@ def to_real(t, d, pad, real):
             if p != q:
                 t = t.narrow(k, 0, q)
         return t
-    pf = factored(dd, lambda f: pad[f] if isinstance(f, sympy.Symbol) else int(f))
-    rf = factored(dd, lambda f: real[f] if isinstance(f, sympy.Symbol) else int(f))
+    pf, rf = _factor_sizes(dd, pad), _factor_sizes(dd, real)
     return t.reshape(pf)[tuple(slice(0, k) for k in rf)].reshape(rsz)

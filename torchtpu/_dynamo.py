@@ -99,6 +99,8 @@ def _bucketed(gm, an, nret):
     bucket of each real size, one plan per bucket; outputs that leave
     AOTAutograd (the first nret) are cut back to their real sizes, saved
     tensors stay padded for the backward graph."""
+    import sympy
+
     from . import _bucket
 
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -117,6 +119,9 @@ def _bucketed(gm, an, nret):
         from ._bucket import Unsupported
         raise Unsupported(f"sizes {sorted(map(str, missing))} that no argument gives")
     order = sorted(an.symbols, key=str)
+    # integer outputs (sizes saved for the backward) as functions of the real sizes
+    int_outs = {o: sympy.lambdify(order, an.desc[o], "math") for o in outs
+                if isinstance(o, torch.fx.Node) and hasattr(an.desc.get(o), "subs")}
     runners = {}
     state = {}
 
@@ -129,7 +134,7 @@ def _bucketed(gm, an, nret):
         for s in order:
             p = _bucket.bucket(real[s])
             b = an.bounds.get(s)
-            pad[s] = p if b is None or p <= b else max(real[s], b) if real[s] <= b else real[s]
+            pad[s] = p if b is None or p <= b else max(real[s], b)  # a static slice bounds the bucket
         key = tuple(pad[s] for s in order)
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
         targs = []
@@ -153,8 +158,8 @@ def _bucketed(gm, an, nret):
         for j, o in enumerate(outs):
             if o is None:
                 out.append(None)
-            elif hasattr(an.desc.get(o), "subs"):
-                out.append(int(an.desc[o].subs(real)))
+            elif o in int_outs:
+                out.append(int_outs[o](*(real[s] for s in order)))
             elif isinstance(o.meta.get("val"), torch.Tensor):
                 t = next(res)
                 out.append(_bucket.to_real(t, an.desc[o], pad, real) if nret is None or j < nret else t)
@@ -174,13 +179,11 @@ def _unpadding(gm, known):
 
     inner = _run_fused(gm)
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    sym_args = [(i, _bucket._expr(n.meta["val"])) for i, n in enumerate(phs)
+                if isinstance(n.meta.get("val"), torch.SymInt) and _bucket._expr(n.meta["val"]).is_Symbol]
 
     def run(args):
-        real = {}
-        for n, a in zip(phs, args):
-            v = n.meta.get("val")
-            if isinstance(v, torch.SymInt) and _bucket._expr(v).is_Symbol:
-                real[_bucket._expr(v)] = int(a)
+        real = {s: int(args[i]) for i, s in sym_args}
         pad = {s: _bucket.bucket(r) for s, r in real.items()}
         fixed = []
         for n, a in zip(phs, args):
