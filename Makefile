@@ -18,6 +18,7 @@ setup:
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet "torch==2.13.0" numpy pytest expecttest xla-cpu-pjrt "transformers==5.25.0" "accelerate==1.16.0"
+	$(VPY) -m pip install --quiet --no-deps "lammps-jax-pjrt-cpu==0.11.2"
 	$(MAKE) build
 
 build:
@@ -33,7 +34,9 @@ bench-setup:
 # The plugin path, found without importing torchtpu (which would load it).
 FIND    := import sys; sys.path.insert(0, "torchtpu"); import _plugin, os; p = _plugin.find()[0]
 plugin  = $(shell $(VPY) -c '$(FIND); print(p)')
-pinc    = $(shell $(VPY) -c '$(FIND); print(os.path.join(os.path.dirname(p), "include"))')
+# The PJRT header to check our declarations against: xla-cpu-pjrt ships one
+# (the newer CPU plugin's wheel does not; the struct layouts only grow).
+pinc    = $(shell $(VPY) -c 'import importlib.util as u, os; print(os.path.join(list(u.find_spec("xla_plugins.xla_cpu_pjrt").submodule_search_locations)[0], "include"))')
 LSAN    := LSAN_OPTIONS=suppressions=tests/c/lsan.supp ASAN_OPTIONS=detect_leaks=1
 
 $(BUILD):

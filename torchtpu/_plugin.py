@@ -26,12 +26,13 @@ def _package_dir(name):
 
 def _candidates(platform):
     if platform == "cpu":
-        d = _package_dir("xla_plugins.xla_cpu_pjrt")
-        if d:
-            yield os.path.join(d, "xla_cpu_pjrt.so")
+        # The newer XLA first (faster programs); xla-cpu-pjrt (2025-11) after.
         d = _package_dir("lammps_jax_pjrt_cpu")
         if d:
             yield os.path.join(d, "pjrt_c_api_cpu_plugin.so")
+        d = _package_dir("xla_plugins.xla_cpu_pjrt")
+        if d:
+            yield os.path.join(d, "xla_cpu_pjrt.so")
     elif platform == "tpu":
         d = _package_dir("libtpu")
         if d:

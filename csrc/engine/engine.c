@@ -111,6 +111,7 @@ struct tpu_engine {
   int nnodes, capnodes, fuse_cap;
   bool donate;          /* fused programs take the buffers of records they rewrite */
   bool donate_waits;    /* the plugin blocks the host to donate a buffer in use (CPU) */
+  bool exact_div;       /* the compiler turns divisions into reciprocal products (CPU) */
   uint64_t fuse_epoch;  /* flushes started */
   uint64_t records_made;
   bool capturing;       /* between tpu_engine_capture_begin and _end */
@@ -163,6 +164,7 @@ tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out) {
   const char *donate = getenv("TORCHTPU_DONATE");
   e->donate = !(donate && strcmp(donate, "0") == 0);
   e->donate_waits = strcmp(tpu_rt_platform_name(e->rt), "cpu") == 0;
+  e->exact_div = e->donate_waits;
   e->precision = TPU_HLO_PREC_HIGHEST;
   *out = e;
   return NULL;
@@ -720,6 +722,7 @@ static tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row,
   memset(&L, 0, sizeof L);
   L.hlo = tpu_hlo_new();
   if (!L.hlo) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  tpu_hlo_set_exact_division(L.hlo, e->exact_div);
   L.args = args;
   L.nargs = nargs;
   L.opname = row->name;
@@ -1091,6 +1094,7 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   tpu_fuse_ctx x = {0};
   tpu_hlo *H = tpu_hlo_new();
   if (!H) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  tpu_hlo_set_exact_division(H, e->exact_div);
   tpu_status *s = NULL;
   for (int i = 0; i < e->nnodes && tpu_hlo_ok(H); i++) {
     tpu_node *n = &e->nodes[i];

@@ -32,7 +32,8 @@ typedef struct {
 
 typedef struct {
   tpu_hlo_type t;
-  int scope; /* 0: @main's body; otherwise the id of the region defining it */
+  int scope;   /* 0: @main's body; otherwise the id of the region defining it */
+  bool splat;  /* XLA may see it as a broadcast or a constant (see exact_div) */
 } tpu_val;
 
 /* A closed region: its text and signature, until an op consumes it. */
@@ -66,6 +67,7 @@ struct tpu_hlo {
   tpu_region *regions;   /* closed regions, by id */
   int nregions, capregions;
   bool oom;
+  bool exact_div; /* divisors that may be broadcasts go through a barrier */
 };
 
 /* The record of value v (v must be valid). */
@@ -242,6 +244,7 @@ static tpu_hv tpu_new_value(tpu_hlo *m, const tpu_hlo_type *t) {
   tpu_val *r = tpu_val_at(m, m->nvals);
   r->t = *t;
   r->scope = tpu_cur_scope(m);
+  r->splat = false;
   return m->nvals++;
 }
 
@@ -445,6 +448,18 @@ bool tpu_hlo_emit(tpu_hlo *m, const char *name, const tpu_hv *operands, int nops
   }
   if (nres != 1) tpu_buf_put(m, b, ")", 1);
   tpu_buf_put(m, b, "\n", 1);
+  /* What XLA's simplifier may turn into a broadcast or a constant: a
+   * constant, and any result of operands that all may be (a broadcast sunk
+   * below an elementwise op, reshaped, sliced, reduced). A barrier or a
+   * custom call hides its operands. */
+  bool splat = strcmp(name, "stablehlo.constant") == 0 || strcmp(name, "stablehlo.broadcast_in_dim") == 0;
+  if (!splat && nops > 0 && strcmp(name, "stablehlo.optimization_barrier") != 0 &&
+      strcmp(name, "stablehlo.custom_call") != 0) {
+    splat = true;
+    for (int i = 0; i < nops && splat; i++) splat = tpu_val_at(m, operands[i])->splat;
+  }
+  for (int i = 0; i < nres; i++)
+    if (outs[i] != TPU_HV_NONE) tpu_val_at(m, outs[i])->splat = splat;
   return tpu_hlo_ok(m);
 }
 
@@ -853,9 +868,20 @@ static void tpu_fail_types(tpu_hlo *m, const char *op, tpu_hv a, tpu_hv b) {
   tpu_hlo_fail(m, TPU_ERR_RUNTIME, "%s: operand types %s and %s differ", op, sa, sb);
 }
 
+void tpu_hlo_set_exact_division(tpu_hlo *m, bool on) { m->exact_div = on; }
+
 tpu_hv tpu_hlo_binary(tpu_hlo *m, tpu_hlo_op op, tpu_hv x, tpu_hv y) {
   tpu_hv ops[2] = {x, y};
   if (!tpu_check(m, ops, 2)) return TPU_HV_NONE;
+  /* XLA's CPU simplifier rewrites A / broadcast(B) into A * broadcast(1 / B)
+   * and A / constant into A * (1 / constant): not the correctly rounded
+   * quotient that torch computes (1 ulp off in ~1/4 of elements; 0 * inf
+   * for 0 / 0 of booleans). A barrier keeps the divisor opaque. */
+  if (op == TPU_HLO_DIV && m->exact_div && tpu_val_at(m, y)->splat &&
+      (tpu_dtype_is_float(TY(y).dtype) || tpu_dtype_is_complex(TY(y).dtype))) {
+    ops[1] = y = tpu_hlo_emit1(m, "stablehlo.optimization_barrier", &y, 1, NULL, TY(y));
+    if (y == TPU_HV_NONE) return TPU_HV_NONE;
+  }
   char name[64];
   tpu_opname(name, sizeof name, op);
   if (op < TPU_HLO_ADD || op >= TPU_HLO_NUM_OPS) {

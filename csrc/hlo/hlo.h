@@ -45,6 +45,10 @@ tpu_hlo *tpu_hlo_new(void); /* NULL only when out of memory */
 void tpu_hlo_free(tpu_hlo *m);
 
 bool tpu_hlo_ok(const tpu_hlo *m);
+/* Keep float divisions correctly rounded where the compiler would replace a
+ * division by a broadcast or a constant with a multiplication by its
+ * reciprocal (XLA's CPU backend). */
+void tpu_hlo_set_exact_division(tpu_hlo *m, bool on);
 /* Record a sticky error (ignored if one is already recorded). */
 void tpu_hlo_fail(tpu_hlo *m, tpu_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -933,6 +933,39 @@ static void test_determinism(void) {
   CHECK(tpu_hlo_hash("foobar", 6) == 0x85944171f73967e8ull, "hash of foobar");
 }
 
+/* With exact division on, a float divisor that XLA may see as a broadcast or
+ * a constant goes through an optimization barrier; a parameter, an integer
+ * divisor or exact division off leave the divide as it is. */
+static int count_of(const char *text, const char *what) {
+  int n = 0;
+  for (const char *p = strstr(text, what); p; p = strstr(p + 1, what)) n++;
+  return n;
+}
+
+static void test_exact_division(void) {
+  for (int on = 0; on < 2; on++) {
+    tpu_hlo *m = tpu_hlo_new();
+    tpu_hlo_set_exact_division(m, on);
+    int64_t d3 = 3, d23[2] = {2, 3}, bd = 1;
+    tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3)), b = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 1, &d3));
+    tpu_hv bb = tpu_hlo_broadcast_in_dim(m, b, 2, d23, &bd);
+    tpu_hv sq = tpu_hlo_unary(m, TPU_HLO_SQRT, bb); /* a broadcast XLA may sink the sqrt below */
+    tpu_hv k = tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant(m, TPU_F32, 3), 2, d23, NULL);
+    tpu_hv i = tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant_int(m, TPU_S32, 3), 2, d23, NULL);
+    tpu_hv ia = tpu_hlo_convert(m, a, TPU_S32);
+    tpu_hv r[5] = {tpu_hlo_binary(m, TPU_HLO_DIV, a, bb), tpu_hlo_binary(m, TPU_HLO_DIV, a, sq),
+                   tpu_hlo_binary(m, TPU_HLO_DIV, a, k), tpu_hlo_binary(m, TPU_HLO_DIV, bb, a),
+                   tpu_hlo_binary(m, TPU_HLO_DIV, ia, i)};
+    char *text = finish(m, r, 5, "exact division");
+    if (!text) continue;
+    int want = on ? 3 : 0;
+    CHECK(count_of(text, "stablehlo.optimization_barrier") == want, "exact division %d: %d barriers, want %d\n%s",
+          on, count_of(text, "stablehlo.optimization_barrier"), want, text);
+    CHECK(count_of(text, "stablehlo.divide") == 5, "exact division %d: divides\n%s", on, text);
+    free(text);
+  }
+}
+
 int main(void) {
   test_add();
   test_constants();
@@ -956,6 +989,7 @@ int main(void) {
   test_float_rounding();
   test_typeof_stable();
   test_checks();
+  test_exact_division();
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }
