@@ -370,3 +370,13 @@ def test_division_is_correctly_rounded(mode):
             got = f(a.to("tpu"), row.to("tpu"), s.to("tpu")).cpu()
             assert got.dtype == want.dtype and got.shape == want.shape
             assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (i, (got != want).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rsqrt_is_one_over_sqrt_as_torch(dtype):
+    """XLA's CPU rsqrt is approximate (up to 2 ulp); torch's kernel computes
+    1 / sqrt(x): the same bits are expected."""
+    x = torch.rand(4096, generator=torch.Generator().manual_seed(1), dtype=dtype) * 100
+    x[:4] = torch.tensor([0.0, -1.0, float("inf"), float("nan")], dtype=dtype)
+    got, want = x.to("tpu").rsqrt().cpu(), x.rsqrt()
+    assert got.dtype == want.dtype and torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))

@@ -67,7 +67,7 @@ struct tpu_hlo {
   tpu_region *regions;   /* closed regions, by id */
   int nregions, capregions;
   bool oom;
-  bool exact_div; /* divisors that may be broadcasts go through a barrier */
+  bool exact_div; /* division and rsqrt as torch's CPU kernels, where XLA's CPU compiler differs */
 };
 
 /* The record of value v (v must be valid). */
@@ -855,6 +855,20 @@ tpu_hv tpu_hlo_unary(tpu_hlo *m, tpu_hlo_op op, tpu_hv x) {
   tpu_opname(name, sizeof name, op);
   if (!tpu_op_accepts(m, name, op, x)) return TPU_HV_NONE;
   tpu_hlo_type t = TY(x);
+  if (op == TPU_HLO_RSQRT && m->exact_div &&
+      (t.dtype == TPU_F32 || t.dtype == TPU_F16 || t.dtype == TPU_BF16 || t.dtype == TPU_F64)) {
+    /* XLA's CPU rsqrt is approximate (up to 2 ulp); torch's kernel divides 1
+     * by the (correctly rounded) sqrt in f32. The barrier keeps XLA from
+     * turning 1 / sqrt(x) back into rsqrt(x). */
+    tpu_hlo_type t32 = t;
+    t32.dtype = t.dtype == TPU_F64 ? TPU_F64 : TPU_F32;
+    tpu_hv x32 = tpu_hlo_convert(m, x, t32.dtype);
+    tpu_hv r = tpu_hlo_emit1(m, "stablehlo.sqrt", &x32, 1, NULL, t32);
+    r = tpu_hlo_emit1(m, "stablehlo.optimization_barrier", &r, 1, NULL, t32);
+    tpu_hv one = tpu_hlo_constant(m, t32.dtype, 1);
+    if (t.rank) one = tpu_hlo_broadcast_in_dim(m, one, t.rank, t.dims, NULL);
+    return tpu_hlo_convert(m, tpu_hlo_binary(m, TPU_HLO_DIV, one, r), t.dtype);
+  }
   if (op == TPU_HLO_IS_FINITE) t.dtype = TPU_PRED;
   if ((op == TPU_HLO_REAL || op == TPU_HLO_IMAG || op == TPU_HLO_ABS) && tpu_dtype_is_complex(t.dtype))
     t.dtype = t.dtype == TPU_C64 ? TPU_F32 : TPU_F64;

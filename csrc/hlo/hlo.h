@@ -45,9 +45,9 @@ tpu_hlo *tpu_hlo_new(void); /* NULL only when out of memory */
 void tpu_hlo_free(tpu_hlo *m);
 
 bool tpu_hlo_ok(const tpu_hlo *m);
-/* Keep float divisions correctly rounded where the compiler would replace a
- * division by a broadcast or a constant with a multiplication by its
- * reciprocal (XLA's CPU backend). */
+/* Keep float divisions correctly rounded and rsqrt as 1 / sqrt where XLA's
+ * CPU compiler would not: it multiplies by the reciprocal of a broadcast or
+ * constant divisor, and approximates rsqrt. */
 void tpu_hlo_set_exact_division(tpu_hlo *m, bool on);
 /* Record a sticky error (ignored if one is already recorded). */
 void tpu_hlo_fail(tpu_hlo *m, tpu_code code, const char *fmt, ...)

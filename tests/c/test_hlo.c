@@ -964,6 +964,19 @@ static void test_exact_division(void) {
     CHECK(count_of(text, "stablehlo.divide") == 5, "exact division %d: divides\n%s", on, text);
     free(text);
   }
+  /* rsqrt: 1 / sqrt(x) behind a barrier with exact division on */
+  for (int on = 0; on < 2; on++) {
+    tpu_hlo *m = tpu_hlo_new();
+    tpu_hlo_set_exact_division(m, on);
+    tpu_hv r = tpu_hlo_unary(m, TPU_HLO_RSQRT, tpu_hlo_param(m, ty(TPU_BF16, 2, 2, 3)));
+    CHECK(tpu_hlo_typeof(m, r)->dtype == TPU_BF16, "rsqrt %d: type", on);
+    char *text = finish(m, &r, 1, "exact rsqrt");
+    if (!text) continue;
+    CHECK(count_of(text, "stablehlo.rsqrt") == !on && count_of(text, "stablehlo.sqrt") == on &&
+              count_of(text, "stablehlo.optimization_barrier") == on && count_of(text, "stablehlo.divide") == on,
+          "rsqrt %d:\n%s", on, text);
+    free(text);
+  }
 }
 
 int main(void) {
