@@ -8,7 +8,7 @@ import importlib.util
 import os
 
 _INSTALL = {
-    "cpu": "pip install xla-cpu-pjrt",
+    "cpu": "pip install xla-cpu-pjrt` (or, for a newer XLA, `pip install --no-deps lammps-jax-pjrt-cpu",
     "tpu": "pip install libtpu",
     "cuda": "pip install jax-cuda13-pjrt",
 }
