@@ -75,6 +75,9 @@ def _x(n, c=8, grad=False):
     ("cumsum", lambda x: x.cumsum(0)),
     ("layer_norm", lambda x: F.layer_norm(x, (8,)).sum(0)),
     ("rows", lambda x: (x * 2 + 1)[:, :3]),
+    ("var", lambda x: x.var(0)),
+    ("std_all", lambda x: x.std()),
+    ("var_mean", lambda x: torch.stack(torch.var_mean(x, 0, correction=0, keepdim=True))),
 ])
 def test_padding_is_masked(name, f):
     # sizes 5, 6, 7 share the bucket 8; 9 and 13 the bucket 16
@@ -86,6 +89,7 @@ def test_padding_is_masked(name, f):
     ("mean", lambda x: x.mean(0).sum()),
     ("softmax", lambda x: (torch.softmax(x, 0) * torch.arange(8.0, device=x.device)).sum()),
     ("contraction", lambda x: (x.t() @ x).sum()),
+    ("var", lambda x: (x.var(0) * torch.arange(8.0, device=x.device)).sum()),
     ("layer_norm", lambda x: (F.layer_norm(x, (8,)) * torch.linspace(0, 1, 8, device=x.device)).sum()),
 ])
 def test_gradients_through_padding(name, f):

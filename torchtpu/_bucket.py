@@ -111,7 +111,7 @@ _SHAPE_ARG_TYPES = ("SymInt", "int", "List[int]", "Optional[int]", "List[Optiona
 
 
 def _is_sym(node):
-    return isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.SymInt)
+    return isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat))
 
 
 class Analysis:
@@ -222,6 +222,15 @@ class Analysis:
         if n.op != "call_function":
             raise Unsupported(f"a {n.op} node")
         v = n.meta.get("val")
+        if isinstance(v, torch.SymFloat):
+            # a size as a float (a variance's count - correction)
+            es = [self.desc.get(a) if isinstance(a, torch.fx.Node) else sympy.sympify(a) for a in n.args]
+            ops = {torch.sym_float: lambda x: x, operator.add: operator.add, operator.sub: operator.sub,
+                   operator.mul: operator.mul, operator.truediv: operator.truediv}
+            if n.target not in ops or not all(isinstance(e, sympy.Expr) for e in es):
+                raise Unsupported(f"{n.target}: a size as a float")
+            self.desc[n] = ops[n.target](*es)
+            return
         if isinstance(v, torch.SymInt) or isinstance(v, (int, float, bool)) and not isinstance(v, torch.Tensor):
             if isinstance(v, torch.SymInt):
                 self.desc[n] = _expr(v)
@@ -263,8 +272,10 @@ class Analysis:
                 if (ty != "number" or i >= len(n.args) or tensor_op is None or
                         n.target._overloadname != "Scalar"):
                     raise Unsupported(f"a symbolic size used as the value {name}")
-                e = _expr(n.args[i].meta["val"])
-                if not e.is_polynomial(*e.free_symbols) or any(not x.is_Symbol for x in e.free_symbols):
+                e = self.desc.get(n.args[i])
+                if not isinstance(e, sympy.Expr):
+                    e = _expr(n.args[i].meta["val"])
+                if not e.is_rational_function(*e.free_symbols) or any(not x.is_Symbol for x in e.free_symbols):
                     raise Unsupported(f"a size {e} used as the value {name}")
                 self.values.setdefault(n, []).append((i, e))
 
@@ -343,6 +354,19 @@ class Analysis:
                 self._mask(n, 0, dims, fill)
             out = tuple(None if k in dims else d[k] for k in range(r) if keep or k not in dims)
             return [out, out] if t in (aten.max.dim, aten.min.dim) else out
+        if t in (aten.var.correction, aten.var_mean.correction):
+            # over padded dims: the masked mean, then the masked squares / (count - correction)
+            d = self.desc[a[0]]
+            r = len(d)
+            dims = a[1] if len(a) > 1 else n.kwargs.get("dim")
+            if isinstance(dims, int):
+                dims = [dims]
+            dims = list(range(r)) if not dims else [k % r for k in dims]
+            keep = bool(n.kwargs.get("keepdim", False))
+            if any(d[k] is not None for k in dims):
+                self.special[n] = ("var", tuple(dims), keep)
+            out = tuple(None if k in dims else d[k] for k in range(r) if keep or k not in dims)
+            return [out, out] if t is aten.var_mean.correction else out
         if t in (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default):
             off = 1 if t in (aten.addmm.default, aten.baddbmm.default) else 0
             x, y = self.desc[a[off]], self.desc[a[off + 1]]
@@ -567,6 +591,19 @@ class _Run:
             x = x.masked_fill(torch.logical_not(self.mask(d, dims, x.dim())), 0)
             s = torch.sum(x, dim=list(dims), keepdim=keep, dtype=kwargs.get("dtype"))
             return s / self.count(d, dims)
+        if sp and sp[0] == "var":
+            _, dims, keep = sp
+            d = an.desc[n.args[0]]
+            x = args[0]
+            pad = torch.logical_not(self.mask(d, dims, x.dim()))
+            cnt = self.count(d, dims)
+            mean = x.masked_fill(pad, 0).sum(dim=list(dims), keepdim=True) / cnt
+            dev = (x - mean).masked_fill(pad, 0)
+            corr = kwargs.get("correction")
+            var = (dev * dev).sum(dim=list(dims), keepdim=keep) / (cnt - (1 if corr is None else corr))
+            if n.target is aten.var_mean.correction:
+                return var, (mean if keep else mean.squeeze(list(dims)))
+            return var
         if sp and sp[0] == "index_put":
             idx_desc = sp[1]
             vals = args[2]
@@ -578,14 +615,19 @@ class _Run:
     def value(self, e):
         """A size expression (products of sizes and integers) at the real
         sizes, as a 0-d tensor."""
-        if e.is_Integer:
-            return int(e)
+        if e.is_Number:
+            return int(e) if e.is_Integer else float(e)
         if e.is_Symbol:
             return self.nt[e]
         if e.is_Mul or e.is_Add:
             return functools.reduce(operator.mul if e.is_Mul else operator.add, map(self.value, e.args))
         if e.is_Pow and e.exp.is_Integer and e.exp > 0:
             return self.value(e.base) ** int(e.exp)
+        if e.is_Pow and e.exp.is_Integer and e.exp < 0:
+            # 1 / size (a variance's backward): in f64, as Python's float would be
+            b = self.value(e.base)
+            b = b.double() if isinstance(b, torch.Tensor) else float(b)
+            return (1.0 / b) ** (-int(e.exp))
         raise ValueError(f"size expression {e}")
 
 
@@ -602,7 +644,7 @@ def run_graph(an, args, pad, nt, device):
         elif n.op == "output":
             out = torch.fx.node.map_arg(n.args[0], lambda x: env[x])
         elif isinstance(an.desc.get(n), sympy.Expr):
-            env[n] = int(an.desc[n].subs(pad))
+            env[n] = (float if n.target is torch.sym_float else int)(an.desc[n].subs(pad))
         elif n.target is operator.getitem:
             env[n] = env[n.args[0]][n.args[1]]
         else:
