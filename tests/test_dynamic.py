@@ -195,3 +195,45 @@ def test_gpt_training_step_sweep_is_exact_and_compiles_per_bucket():
         m.zero_grad()
     # 5, 7 and 6 share the bucket of 8, 12 and 9 the bucket of 16
     assert counts[2] == counts[3] == counts[5] == 0, counts
+
+
+def test_convolutions_over_a_dynamic_batch():
+    """Convolution, batch norm (training statistics over the real rows, and
+    eval), max / average / adaptive pooling along a padded batch: values,
+    gradients and running statistics as CPU, one program set per bucket."""
+    import copy
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.AvgPool2d(2),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    mt = copy.deepcopy(m).to("tpu")
+
+    def f(model, x):
+        out = model(x)
+        return out, (out * torch.arange(4.0, device=x.device)).sum()
+
+    cf = torch.compile(f, backend="tpu")
+    counts = []
+    for train, sizes in ((True, [5, 6, 7, 9]), (False, [5, 7])):
+        m.train(train)
+        mt.train(train)
+        for n in sizes:
+            x = torch.randn(n, 3, 8, 8, generator=torch.Generator().manual_seed(n))
+            xt = x.to("tpu")
+            torch._dynamo.mark_dynamic(xt, 0)
+            before = _compiled()
+            (got, gl), (want, wl) = cf(mt, xt), f(m, x)
+            if train:
+                gl.backward()
+                wl.backward()
+            counts.append(_compiled() - before)
+            torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+            for p, q in zip(mt.parameters(), m.parameters()):
+                if train:
+                    torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-4)
+                p.grad = q.grad = None
+            for p, q in zip(mt.buffers(), m.buffers()):
+                torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
+    assert counts[1] == counts[2] == counts[5] == 0, counts

@@ -106,6 +106,11 @@ _REDUCE = {aten.sum.dim_IntList: 0, aten.sum.default: 0, aten.amax.default: "min
            aten.argmax.default: "min", aten.argmin.default: "max"}
 _SCAN = {aten.cumsum.default: 0, aten.cumprod.default: 1}  # padding inside a merged dimension comes before real rows
 _SOFTMAX = {aten._softmax.default, aten._log_softmax.default}
+# ops independent along the batch (dim 0) when no other dimension is padded
+_BATCH_ONLY_BWD = {aten.convolution_backward.default, aten.max_pool2d_with_indices_backward.default,
+                   aten.avg_pool2d_backward.default, aten._adaptive_avg_pool2d_backward.default}
+_BATCH_ONLY = {aten.convolution.default, aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
+               aten._adaptive_avg_pool2d.default, aten._native_batch_norm_legit_no_training.default} | _BATCH_ONLY_BWD
 _SOFTMAX_BWD = {aten._softmax_backward_data.default, aten._log_softmax_backward_data.default}
 _SHAPE_ARG_TYPES = ("SymInt", "int", "List[int]", "Optional[int]", "List[Optional[int]]")
 
@@ -269,8 +274,8 @@ class Analysis:
                 # as a value it must be the real size: a 0-d tensor computed
                 # in the program, through the op's Tensor overload
                 tensor_op = getattr(n.target.overloadpacket, "Tensor", None)
-                if (ty != "number" or i >= len(n.args) or tensor_op is None or
-                        n.target._overloadname != "Scalar"):
+                if i >= len(n.args) or tensor_op is None or not (
+                        ty == "number" and n.target._overloadname == "Scalar" or ty == "Tensor"):
                     raise Unsupported(f"a symbolic size used as the value {name}")
                 e = self.desc.get(n.args[i])
                 if not isinstance(e, sympy.Expr):
@@ -481,6 +486,35 @@ class Analysis:
             return [d, stat, stat]
         if t is aten.copy.default:
             return self.desc[a[0]]
+        if t in (aten._native_batch_norm_legit_functional.default, aten.native_batch_norm_backward.default):
+            # statistics over the batch: computed over the real rows
+            xi = 0 if t is aten._native_batch_norm_legit_functional.default else 1
+            d = self.desc[a[xi]]
+            if any(x is not None for x in d[1:]):
+                raise Unsupported(f"{t}: padded along a dimension other than the batch")
+            c = (None,)
+            if t is aten._native_batch_norm_legit_functional.default:
+                if a[5]:
+                    self.special[n] = ("batch_norm",)
+                return [d, c, c, c, c]
+            self.special[n] = ("batch_norm_backward",)
+            return [d, c, c]
+        if t in _BATCH_ONLY:
+            # independent along the batch (dim 0): only that dim may be padded
+            d = self.desc[a[0]]
+            if any(x is not None for x in d[1:]) or any(
+                    any(x is not None for x in self.desc[w][:]) for w in tensors[1:] if t not in _BATCH_ONLY_BWD):
+                raise Unsupported(f"{t}: padded along a dimension other than the batch")
+            outs = n.meta.get("val")
+            outs = outs if isinstance(outs, (list, tuple)) else [outs]
+            res = [tuple([d[0]] + [None] * (o.dim() - 1)) if isinstance(o, torch.Tensor) else None for o in outs]
+            if t is aten.convolution_backward.default:
+                # the weight and bias gradients sum over the batch
+                self._mask(n, 0, [0], 0)
+                self._mask(n, 1, [0], 0)
+                res = [d] + [tuple(None for _ in range(o.dim())) if isinstance(o, torch.Tensor) else None
+                             for o in outs[1:]]
+            return res if isinstance(n.meta.get("val"), (list, tuple)) else res[0]
         raise Unsupported("no bucketing rule")
 
     def _view(self, d, sin, sout):
@@ -604,6 +638,8 @@ class _Run:
             if n.target is aten.var_mean.correction:
                 return var, (mean if keep else mean.squeeze(list(dims)))
             return var
+        if sp and sp[0] in ("batch_norm", "batch_norm_backward"):
+            return self.batch_norm(n, sp[0], args)
         if sp and sp[0] == "index_put":
             idx_desc = sp[1]
             vals = args[2]
@@ -611,6 +647,39 @@ class _Run:
             m = m.view(list(m.shape) + [1] * (vals.dim() - m.dim()))
             args[2] = vals.masked_fill(torch.logical_not(m), 0)
         return target(*args, **kwargs)
+
+    def batch_norm(self, n, kind, args):
+        """Training batch norm and its backward with statistics over the
+        real rows of a padded batch (the padded rows' results are not used)."""
+        fwd = kind == "batch_norm"
+        x = args[0] if fwd else args[1]
+        d = self.an.desc[n.args[0] if fwd else n.args[1]]
+        pad = torch.logical_not(self.mask(d, [0], x.dim()))
+        dims = [0] + list(range(2, x.dim()))
+        cnt = self.count(d, [0]) * math.prod(x.shape[2:])
+        shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
+        if fwd:
+            _, w, b, rm, rv, _, momentum, eps = args
+            mean = x.masked_fill(pad, 0).sum(dims) / cnt
+            xc = (x - mean.view(shape)).masked_fill(pad, 0)
+            var = (xc * xc).sum(dims) / cnt
+            rstd = torch.rsqrt(var + eps)
+            out = xc * rstd.view(shape)
+            if w is not None:
+                out = out * w.view(shape)
+            if b is not None:
+                out = out + b.view(shape)
+            new_rm = None if rm is None else rm * (1 - momentum) + mean * momentum
+            new_rv = None if rv is None else rv * (1 - momentum) + var * (cnt / (cnt - 1)) * momentum
+            return out, mean, rstd, new_rm, new_rv
+        g, _, w, rm, rv, sm, si, train, eps, omask = args
+        mean, invstd = (sm, si) if train else (rm, torch.rsqrt(rv + eps))
+        gm = g.masked_fill(pad, 0)
+        xhat = ((x - mean.view(shape)) * invstd.view(shape)).masked_fill(pad, 0)
+        sum_g, sum_gx = gm.sum(dims), (gm * xhat).sum(dims)
+        scale = invstd.view(shape) if w is None else invstd.view(shape) * w.view(shape)
+        gi = gm - sum_g.view(shape) / cnt - xhat * (sum_gx.view(shape) / cnt) if train else gm
+        return (gi * scale if omask[0] else None, sum_gx if omask[1] else None, sum_g if omask[2] else None)
 
     def value(self, e):
         """A size expression (products of sizes and integers) at the real
