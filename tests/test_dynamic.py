@@ -273,3 +273,35 @@ def test_resnet_training_step_over_a_dynamic_batch_is_exact_in_f64():
             torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-10, atol=1e-12)
             p.grad = q.grad = None
     assert counts[1:] == [0, 0], counts
+
+
+@pytest.mark.parametrize("name,f", [
+    ("sort", lambda x: torch.sort(x, 0)),
+    ("sort_descending", lambda x: torch.sort(x, 0, descending=True)),
+    ("sort_stable", lambda x: torch.sort(x, dim=0, stable=True)),
+    ("topk", lambda x: torch.topk(x, 3, 0)),
+    ("topk_smallest", lambda x: torch.topk(x, 2, 0, largest=False)),
+    ("sort_rows", lambda x: torch.sort(x, 1)),
+    ("topk_rows", lambda x: torch.topk(x, 2, 1)),
+])
+def test_sorting_along_padding(name, f):
+    """Sorts and topk along a padded dim (the padding sorts after every real
+    value, NaN and infinities included) and along another dim: values and
+    indices as CPU, no compile within a bucket."""
+    def make(n):
+        x = _x(n)
+        x[0, 0], x[-1, 1], x[n // 2, 2] = float("nan"), float("inf"), float("-inf")
+        return (x,)
+
+    torch._dynamo.reset()
+    cf = torch.compile(lambda x: tuple(f(x)), backend="tpu", dynamic=True)
+    counts = []
+    for n in (5, 6, 7, 11):
+        (x,) = make(n)
+        before = _compiled()
+        got, want = cf(x.to("tpu")), tuple(f(x))
+        counts.append(_compiled() - before)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            assert torch.equal(g.cpu().nan_to_num(9.0), w.nan_to_num(9.0)), (n, g.cpu(), w)
+    assert counts[1] == counts[2] == 0, counts

@@ -359,6 +359,26 @@ class Analysis:
                 self._mask(n, 0, dims, fill)
             out = tuple(None if k in dims else d[k] for k in range(r) if keep or k not in dims)
             return [out, out] if t in (aten.max.dim, aten.min.dim) else out
+        if t in (aten.sort.default, aten.sort.stable, aten.topk.default):
+            # along a padded dim the padding is filled to sort after every real
+            # value (sorts are stable: a real value equal to the fill stays first)
+            d = self.desc[a[0]]
+            kw = n.kwargs
+            if t is aten.topk.default:
+                k = a[1]
+                dim = a[2] if len(a) > 2 else kw.get("dim", -1)
+                desc = a[3] if len(a) > 3 else kw.get("largest", True)
+                if not isinstance(k, int):
+                    raise Unsupported("a topk of a symbolic count")
+            else:
+                dim = kw.get("dim", -1) if t is aten.sort.stable else (a[1] if len(a) > 1 else kw.get("dim", -1))
+                desc = kw.get("descending", False) if t is aten.sort.stable else (
+                    a[2] if len(a) > 2 else kw.get("descending", False))
+            dim %= len(d)
+            if d[dim] is not None:
+                self._mask(n, 0, [dim], "sort_last_desc" if desc else "sort_last")
+            out = tuple(None if (k2 == dim and t is aten.topk.default) else x for k2, x in enumerate(d))
+            return [out, out]
         if t in (aten.var.correction, aten.var_mean.correction):
             # over padded dims: the masked mean, then the masked squares / (count - correction)
             d = self.desc[a[0]]
@@ -555,6 +575,12 @@ class Analysis:
 
 
 def _fill_value(fill, dtype):
+    # sort_last / sort_last_desc: after every real value in an ascending / a descending sort
+    # (NaN sorts last in torch's ascending order; -inf, the smallest, in a descending one)
+    if fill == "sort_last":
+        return float("nan") if dtype.is_floating_point else (True if dtype == torch.bool else torch.iinfo(dtype).max)
+    if fill == "sort_last_desc":
+        fill = "min"
     if fill == "min":
         return float("-inf") if dtype.is_floating_point else (False if dtype == torch.bool else torch.iinfo(dtype).min)
     if fill == "max":
