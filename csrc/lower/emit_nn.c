@@ -395,8 +395,10 @@ static void tpu_emit_softmax_impl(tpu_lower *L, bool log) {
   tpu_hv sh = tpu_lower_binary(L, TPU_HLO_SUB, x, m);
   tpu_hv e = tpu_hlo_unary(H, TPU_HLO_EXP, sh);
   tpu_hv s = tpu_keepdim(L, tpu_reduce_sum(L, e, &d, 1), &in, mask, true);
+  /* softmax multiplies by the reciprocal of the row sum, as torch's CPU
+   * kernel does (and no barrier is needed, see tpu_hlo_set_exact_division) */
   tpu_hv r = log ? tpu_lower_binary(L, TPU_HLO_SUB, sh, tpu_hlo_unary(H, TPU_HLO_LOG, s))
-                 : tpu_lower_binary(L, TPU_HLO_DIV, e, s);
+                 : tpu_lower_binary(L, TPU_HLO_MUL, e, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, s, 1), s));
   if (t->rank == 0) r = tpu_hlo_reshape(H, r, 0, NULL);
   tpu_lower_out(L, tpu_hlo_convert(H, r, out));
 }
