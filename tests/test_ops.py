@@ -380,3 +380,16 @@ def test_rsqrt_is_one_over_sqrt_as_torch(dtype):
     x[:4] = torch.tensor([0.0, -1.0, float("inf"), float("nan")], dtype=dtype)
     got, want = x.to("tpu").rsqrt().cpu(), x.rsqrt()
     assert got.dtype == want.dtype and torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_atan_on_large_arrays(dtype):
+    """The newer XLA CPU plugin's atan is wrong from 64 elements on (and XLA
+    rewrites atan2(x, 1) into it): atan, and atan2 by a constant 1 inside a
+    compiled graph, must match CPU on arrays of every size."""
+    x = torch.randn(20, 20, generator=torch.Generator().manual_seed(0), dtype=dtype) * 9
+    for n in (7, 64, 400):
+        v = x.flatten()[:n]
+        torch.testing.assert_close(torch.atan(v.to("tpu")).cpu(), torch.atan(v))
+    f = torch.compile(lambda t: torch.atan2(t, torch.ones_like(t)), backend="tpu")
+    torch.testing.assert_close(f(x.to("tpu")).cpu(), torch.atan2(x, torch.ones_like(x)))

@@ -890,8 +890,10 @@ tpu_hv tpu_hlo_binary(tpu_hlo *m, tpu_hlo_op op, tpu_hv x, tpu_hv y) {
   /* XLA's CPU simplifier rewrites A / broadcast(B) into A * broadcast(1 / B)
    * and A / constant into A * (1 / constant): not the correctly rounded
    * quotient that torch computes (1 ulp off in ~1/4 of elements; 0 * inf
-   * for 0 / 0 of booleans). A barrier keeps the divisor opaque. */
-  if (op == TPU_HLO_DIV && m->exact_div && tpu_val_at(m, y)->splat &&
+   * for 0 / 0 of booleans); and atan2(A, 1) into atan(A), which the newer
+   * CPU plugin computes wrongly for 64 elements and more. A barrier keeps
+   * such a divisor opaque. */
+  if ((op == TPU_HLO_DIV || op == TPU_HLO_ATAN2) && m->exact_div && tpu_val_at(m, y)->splat &&
       (tpu_dtype_is_float(TY(y).dtype) || tpu_dtype_is_complex(TY(y).dtype))) {
     ops[1] = y = tpu_hlo_emit1(m, "stablehlo.optimization_barrier", &y, 1, NULL, TY(y));
     if (y == TPU_HV_NONE) return TPU_HV_NONE;

@@ -53,7 +53,11 @@ static void tpu_float_unary(tpu_lower *L, tpu_ufn f) {
 
 TPU_CHLO_UNARY(acos, "chlo.acos")
 TPU_CHLO_UNARY(asin, "chlo.asin")
-TPU_CHLO_UNARY(atan, "chlo.atan")
+/* atan(x) = atan2(x, 1): the newer XLA CPU plugin's atan is wrong for arrays
+ * of 64 elements and more (up to 20 off); its atan2 is right (the builder
+ * keeps the 1 opaque on CPU, or XLA turns atan2(x, 1) back into atan). */
+static tpu_hv tpu_f_atan(tpu_lower *L, tpu_hv x) { return tpu_hlo_binary(H, TPU_HLO_ATAN2, x, tpu_k(L, x, 1.0)); }
+void tpu_emit_atan(tpu_lower *L) { tpu_float_unary(L, tpu_f_atan); }
 TPU_CHLO_UNARY(acosh, "chlo.acosh")
 TPU_CHLO_UNARY(asinh, "chlo.asinh")
 TPU_CHLO_UNARY(atanh, "chlo.atanh")
