@@ -964,6 +964,20 @@ static void test_exact_division(void) {
     CHECK(count_of(text, "stablehlo.divide") == 5, "exact division %d: divides\n%s", on, text);
     free(text);
   }
+  /* atan2 by a constant: XLA would make it atan; the constant goes behind a barrier */
+  for (int on = 0; on < 2; on++) {
+    tpu_hlo *m = tpu_hlo_new();
+    tpu_hlo_set_exact_division(m, on);
+    int64_t d23[2] = {2, 3};
+    tpu_hv x = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
+    tpu_hv r = tpu_hlo_binary(m, TPU_HLO_ATAN2, x,
+                              tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant(m, TPU_F32, 1), 2, d23, NULL));
+    char *text = finish(m, &r, 1, "exact atan2");
+    if (!text) continue;
+    CHECK(count_of(text, "stablehlo.optimization_barrier") == on && count_of(text, "stablehlo.atan2") == 1,
+          "atan2 %d:\n%s", on, text);
+    free(text);
+  }
   /* rsqrt: 1 / sqrt(x) behind a barrier with exact division on */
   for (int on = 0; on < 2; on++) {
     tpu_hlo *m = tpu_hlo_new();
