@@ -115,6 +115,15 @@ _SOFTMAX_BWD = {aten._softmax_backward_data.default, aten._log_softmax_backward_
 _SHAPE_ARG_TYPES = ("SymInt", "int", "List[int]", "Optional[int]", "List[Optional[int]]")
 
 
+def _reduced(d, dims, keep):
+    """A reduction's dims (all when none are given, made non-negative) and
+    its output descriptor."""
+    r = len(d)
+    dims = [dims] if isinstance(dims, int) else dims
+    dims = list(range(r)) if not dims else [k % r for k in dims]
+    return dims, tuple(None if k in dims else d[k] for k in range(r) if keep or k not in dims)
+
+
 def _is_sym(node):
     return isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat))
 
@@ -344,20 +353,16 @@ class Analysis:
             return tuple(_plain(e) for e in shape)
         if t in _REDUCE:
             d = self.desc[a[0]]
-            r = len(d)
             dims = a[1] if len(a) > 1 and t not in (aten.sum.default, aten.mean.default, aten.any.default,
                                                    aten.all.default) else n.kwargs.get("dim")
-            if isinstance(dims, int):
-                dims = [dims]
-            dims = list(range(r)) if not dims else [k % r for k in dims]
             keep = bool(a[2]) if len(a) > 2 else bool(n.kwargs.get("keepdim", False))
+            dims, out = _reduced(d, dims, keep)
             fill = _REDUCE[t]
             if fill is None:
                 if any(d[k] is not None for k in dims):
                     self.special[n] = ("mean", tuple(dims), keep)
             else:
                 self._mask(n, 0, dims, fill)
-            out = tuple(None if k in dims else d[k] for k in range(r) if keep or k not in dims)
             return [out, out] if t in (aten.max.dim, aten.min.dim) else out
         if t in (aten.sort.default, aten.sort.stable, aten.topk.default):
             # along a padded dim the padding is filled to sort after every real
@@ -376,21 +381,16 @@ class Analysis:
                     a[2] if len(a) > 2 else kw.get("descending", False))
             dim %= len(d)
             if d[dim] is not None:
-                self._mask(n, 0, [dim], "sort_last_desc" if desc else "sort_last")
+                self._mask(n, 0, [dim], "min" if desc else "sort_last")
             out = tuple(None if (k2 == dim and t is aten.topk.default) else x for k2, x in enumerate(d))
             return [out, out]
         if t in (aten.var.correction, aten.var_mean.correction):
             # over padded dims: the masked mean, then the masked squares / (count - correction)
             d = self.desc[a[0]]
-            r = len(d)
-            dims = a[1] if len(a) > 1 else n.kwargs.get("dim")
-            if isinstance(dims, int):
-                dims = [dims]
-            dims = list(range(r)) if not dims else [k % r for k in dims]
             keep = bool(n.kwargs.get("keepdim", False))
+            dims, out = _reduced(d, a[1] if len(a) > 1 else n.kwargs.get("dim"), keep)
             if any(d[k] is not None for k in dims):
                 self.special[n] = ("var", tuple(dims), keep)
-            out = tuple(None if k in dims else d[k] for k in range(r) if keep or k not in dims)
             return [out, out] if t is aten.var_mean.correction else out
         if t in (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default):
             off = 1 if t in (aten.addmm.default, aten.baddbmm.default) else 0
@@ -575,12 +575,10 @@ class Analysis:
 
 
 def _fill_value(fill, dtype):
-    # sort_last / sort_last_desc: after every real value in an ascending / a descending sort
-    # (NaN sorts last in torch's ascending order; -inf, the smallest, in a descending one)
+    # sort_last: after every real value in an ascending sort (NaN sorts last in torch's
+    # order; a descending sort takes "min")
     if fill == "sort_last":
         return float("nan") if dtype.is_floating_point else (True if dtype == torch.bool else torch.iinfo(dtype).max)
-    if fill == "sort_last_desc":
-        fill = "min"
     if fill == "min":
         return float("-inf") if dtype.is_floating_point else (False if dtype == torch.bool else torch.iinfo(dtype).min)
     if fill == "max":
@@ -647,17 +645,14 @@ class _Run:
         if sp and sp[0] == "mean":
             _, dims, keep = sp
             d = an.desc[n.args[0]]
-            x = args[0]
-            x = x.masked_fill(torch.logical_not(self.mask(d, dims, x.dim())), 0)
-            s = torch.sum(x, dim=list(dims), keepdim=keep, dtype=kwargs.get("dtype"))
-            return s / self.count(d, dims)
+            return self.masked_mean(args[0], d, dims, keep, kwargs.get("dtype"))
         if sp and sp[0] == "var":
             _, dims, keep = sp
             d = an.desc[n.args[0]]
             x = args[0]
             pad = torch.logical_not(self.mask(d, dims, x.dim()))
             cnt = self.count(d, dims)
-            mean = x.masked_fill(pad, 0).sum(dim=list(dims), keepdim=True) / cnt
+            mean = self.masked_mean(x, d, dims, True)
             dev = (x - mean).masked_fill(pad, 0)
             corr = kwargs.get("correction")
             var = (dev * dev).sum(dim=list(dims), keepdim=keep) / (cnt - (1 if corr is None else corr))
@@ -673,6 +668,11 @@ class _Run:
             m = m.view(list(m.shape) + [1] * (vals.dim() - m.dim()))
             args[2] = vals.masked_fill(torch.logical_not(m), 0)
         return target(*args, **kwargs)
+
+    def masked_mean(self, x, d, dims, keep, dtype=None):
+        """The mean of x over dims (of descriptor d) counting the real positions only."""
+        x = x.masked_fill(torch.logical_not(self.mask(d, dims, x.dim())), 0)
+        return torch.sum(x, dim=list(dims), keepdim=keep, dtype=dtype) / self.count(d, dims)
 
     def batch_norm(self, n, kind, args):
         """Training batch norm and its backward with statistics over the
