@@ -142,3 +142,23 @@ uint64_t tpu_fnv1a(uint64_t h, const void *p, size_t n) {
   for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
   return h;
 }
+
+/* Eight bytes per multiply instead of FNV's one: signatures are hashed on
+ * every eager op and every flush, and FNV's byte chain (a multiply per
+ * byte) showed up as the hottest function of an op's dispatch. */
+uint64_t tpu_hash64(const void *p, size_t n) {
+  const uint8_t *b = p;
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ ((uint64_t)n * 0xff51afd7ed558ccdull);
+  for (; n >= 8; n -= 8, b += 8) {
+    uint64_t w;
+    memcpy(&w, b, 8);
+    h = (h ^ w) * 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+  }
+  uint64_t w = 0;
+  memcpy(&w, b, n);
+  h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 29;
+  h *= 0xff51afd7ed558ccdull;
+  return h ^ (h >> 32);
+}

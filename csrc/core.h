@@ -19,6 +19,9 @@
 /* FNV-1a 64 over n bytes, continuing from h (start with TPU_FNV_BASIS). */
 #define TPU_FNV_BASIS 14695981039346656037ull
 uint64_t tpu_fnv1a(uint64_t h, const void *p, size_t n);
+/* A fast 64-bit hash of n bytes for in-memory tables (not stable across
+ * versions: nothing on disk depends on it). */
+uint64_t tpu_hash64(const void *p, size_t n);
 
 /* ---- status ------------------------------------------------------------ */
 

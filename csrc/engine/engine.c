@@ -128,7 +128,7 @@ static int64_t tpu_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static uint64_t tpu_hash_bytes(const void *p, size_t n) { return tpu_fnv1a(TPU_FNV_BASIS, p, n); }
+static uint64_t tpu_hash_bytes(const void *p, size_t n) { return tpu_hash64(p, n); }
 
 static size_t tpu_ptr_slot(const void *p, size_t cap) {
   uint64_t x = (uint64_t)(uintptr_t)p;
