@@ -62,11 +62,11 @@ typedef struct tpu_fin {
 typedef struct {
   const tpu_op_row *row;
   int op_id;
-  tpu_arg *args; /* owned; TENSORS lists owned */
+  tpu_arg *args; /* owned: one block holding args, their TENSORS lists, outrec and sig */
   int nargs;
-  uint8_t *sig;  /* owned */
+  uint8_t *sig;  /* in the args block */
   size_t siglen;
-  tpu_record **outrec; /* owned array; graph references */
+  tpu_record **outrec; /* in the args block; graph references */
   int nnew;
   uint64_t rng_offset; /* the generator's offset reserved for the op */
 } tpu_node;
@@ -507,10 +507,14 @@ tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst,
 
 /* ---- signatures --------------------------------------------------------------- */
 
+/* A signature being built. p starts as the caller's buffer (an op's
+ * signature fits one on the stack: no allocation per op) and moves to the
+ * heap when it outgrows it; tpu_sig_done frees what was allocated. */
 typedef struct {
   uint8_t *p;
   size_t n, cap;
   bool oom;
+  bool heap; /* p is owned */
 } tpu_sig;
 
 static void tpu_sig_put(tpu_sig *s, const void *d, size_t n) {
@@ -518,16 +522,22 @@ static void tpu_sig_put(tpu_sig *s, const void *d, size_t n) {
   if (s->n + n > s->cap) {
     size_t cap = s->cap ? s->cap * 2 : 256;
     while (cap < s->n + n) cap *= 2;
-    uint8_t *q = realloc(s->p, cap);
+    uint8_t *q = s->heap ? realloc(s->p, cap) : malloc(cap);
     if (!q) {
       s->oom = true;
       return;
     }
+    if (!s->heap && s->n) memcpy(q, s->p, s->n);
     s->p = q;
     s->cap = cap;
+    s->heap = true;
   }
   memcpy(s->p + s->n, d, n);
   s->n += n;
+}
+
+static void tpu_sig_done(tpu_sig *s) {
+  if (s->heap) free(s->p);
 }
 
 static void tpu_sig_i64(tpu_sig *s, int64_t v) { tpu_sig_put(s, &v, sizeof v); }
@@ -924,16 +934,12 @@ static void tpu_node_release(tpu_node *n) {
   for (int i = 0; i < n->nargs; i++) {
     tpu_arg *a = &n->args[i];
     if (a->kind == TPU_ARG_TENSOR && a->t.rec) tpu_graph_unref(a->t.rec);
-    if (a->kind == TPU_ARG_TENSORS) {
+    if (a->kind == TPU_ARG_TENSORS)
       for (int j = 0; j < a->nlist; j++)
         if (a->list[j].rec) tpu_graph_unref(a->list[j].rec);
-      free(a->list);
-    }
   }
   for (int j = 0; j < n->nnew; j++) tpu_graph_unref(n->outrec[j]);
-  free(n->args);
-  free(n->sig);
-  free(n->outrec);
+  free(n->args); /* the node's one block: args, lists, outrec, sig */
 }
 
 static void tpu_nodes_release(tpu_engine *e) {
@@ -960,32 +966,26 @@ static tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int o
   memset(n, 0, sizeof *n);
   int nnew = 0;
   for (int k = 0; k < c->nout; k++) nnew += c->out[k].kind == TPU_OUT_NEW;
-  n->args = malloc(sizeof(tpu_arg) * (size_t)(nargs ? nargs : 1));
-  n->sig = malloc(sig->n ? sig->n : 1);
-  n->outrec = calloc((size_t)(nnew ? nnew : 1), sizeof *n->outrec);
-  bool oom = !n->args || !n->sig || !n->outrec;
-  if (!oom) memcpy(n->args, args, sizeof(tpu_arg) * (size_t)nargs);
-  for (int i = 0; i < nargs && !oom; i++) {
+  /* One block per node (ops are recorded by the hundred per step): the
+   * arguments, their tensor lists, the output records, the signature. */
+  size_t nlist = 0;
+  for (int i = 0; i < nargs; i++)
+    if (args[i].kind == TPU_ARG_TENSORS) nlist += (size_t)args[i].nlist;
+  size_t at = sizeof(tpu_arg) * (size_t)nargs, lt = sizeof(tpu_tref) * nlist, ot = sizeof(tpu_record *) * (size_t)nnew;
+  uint8_t *block = malloc(at + lt + ot + sig->n + 1);
+  if (!block) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  n->args = (tpu_arg *)block;
+  tpu_tref *lists = (tpu_tref *)(block + at);
+  n->outrec = (tpu_record **)(block + at + lt);
+  n->sig = block + at + lt + ot;
+  if (nargs) memcpy(n->args, args, at);
+  if (nnew) memset(n->outrec, 0, ot);
+  for (int i = 0; i < nargs; i++) {
     tpu_arg *a = &n->args[i];
     if (a->kind != TPU_ARG_TENSORS) continue;
-    tpu_tref *l = malloc(sizeof *l * (size_t)(a->nlist ? a->nlist : 1));
-    if (!l) {
-      for (int j = i; j < nargs; j++)
-        if (n->args[j].kind == TPU_ARG_TENSORS) n->args[j].list = NULL;
-      oom = true;
-      break;
-    }
-    memcpy(l, args[i].list, sizeof *l * (size_t)a->nlist);
-    a->list = l;
-  }
-  if (oom) {
-    if (n->args)
-      for (int i = 0; i < nargs; i++)
-        if (n->args[i].kind == TPU_ARG_TENSORS) free(n->args[i].list);
-    free(n->args);
-    free(n->sig);
-    free(n->outrec);
-    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+    if (a->nlist) memcpy(lists, args[i].list, sizeof *lists * (size_t)a->nlist);
+    a->list = lists;
+    lists += a->nlist;
   }
   n->row = row;
   n->op_id = op_id;
@@ -1225,6 +1225,7 @@ static tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab,
   atomic_fetch_add(&e->metrics.flushes[reason], 1);
   uint64_t epoch = ++e->fuse_epoch;
   tpu_sig sig = {0};
+  sig.heap = true;
   /* The key: every op's signature and which record each of its tensors
    * names (flush-local ids, in order of first use), then which records are
    * live. The same training step gives the same key every time. */
@@ -1254,7 +1255,7 @@ static tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab,
       s = tpu_fuse_lower(e, tab, &sig, h, out);
     }
   }
-  free(sig.p);
+  tpu_sig_done(&sig);
   return s;
 }
 
@@ -1305,11 +1306,12 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
     return NULL;
   }
   tpu_classify_views(args, nargs);
-  tpu_sig sig = {0};
+  uint8_t sigbuf[1024];
+  tpu_sig sig = {sigbuf, 0, sizeof sigbuf, false, false};
   tpu_sig_build(&sig, op_id, args, nargs);
   tpu_sig_i64(&sig, e->precision);
   if (sig.oom) {
-    free(sig.p);
+    tpu_sig_done(&sig);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
   uint64_t h = tpu_hash_bytes(sig.p, sig.n);
@@ -1323,7 +1325,7 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
     s = tpu_engine_lower(e, row, args, nargs, &sig, h, !fused, &c);
   }
   if (!s && fused) s = tpu_engine_record(e, row, op_id, args, nargs, &sig, c, res);
-  free(sig.p);
+  tpu_sig_done(&sig);
   if (s || fused) return s;
 
   tpu_rt_buffer *inbuf[TPU_MAX_INS];
