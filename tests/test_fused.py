@@ -131,6 +131,57 @@ def test_training_step_is_one_cached_program():
         assert c1 == c0 and r1 == r0 + 1
 
 
+def _gpt_loop_without_reads(mode, steps):
+    """The GPT example's step without loss.item(): the loop reads nothing
+    back until the end."""
+    tok, data = char_gpt.load_corpus()
+    model = char_gpt.make_model(tok.vocab_size, seed=0, device="tpu")
+    opt = char_gpt.make_optimizer(model)
+    g = torch.Generator().manual_seed(0)
+    seen, losses = [], []
+    with torchtpu.eager_mode(mode):
+        for _ in range(steps):
+            x, y = char_gpt.get_batch(data, 8, 32, g)
+            opt.zero_grad(set_to_none=True)
+            _, loss = model(x.to("tpu"), y.to("tpu"))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(loss)
+            m = _m()
+            seen.append((m["programs_compiled"], m["fused_programs_run"], m["flushes_optimizer_step"],
+                         m["flushes_size_cap"]))
+        return [float(v) for v in losses], [p.detach().cpu() for p in model.parameters()], seen
+
+
+def test_optimizer_step_ends_the_fused_program():
+    """An optimizer step launches the recorded step as one program (without
+    waiting): a loop that never reads a value back runs one program per step
+    and compiles nothing in steady state, instead of growing one recording up
+    to the size cap."""
+    fl, fp, seen = _gpt_loop_without_reads("fused", 6)
+    sl, sp, _ = _gpt_loop_without_reads("strict", 6)
+    for (c0, r0, o0, k0), (c1, r1, o1, k1) in zip(seen, seen[1:]):
+        assert r1 == r0 + 1 and o1 == o0 + 1 and k1 == k0
+    for (c0, *_), (c1, *_) in zip(seen[2:], seen[3:]):
+        assert c1 == c0
+    for a, b in zip(fl, sl):
+        assert abs(a - b) <= 1e-5 * abs(b)
+    for a, b in zip(fp, sp):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)  # Adam divides by tiny moments
+
+
+def test_optimizer_step_outside_fused_mode_runs_nothing_more():
+    p = torch.nn.Parameter(torch.ones(3, device="tpu"))
+    opt = torch.optim.SGD([p], lr=0.5)
+    p.grad = torch.full((3,), 2.0, device="tpu")
+    m0 = _m()
+    opt.step()
+    m1 = _m()
+    assert m1["flushes_optimizer_step"] == m0["flushes_optimizer_step"]
+    assert p.detach().cpu().tolist() == [0.0] * 3
+
+
 def test_size_cap_splits_long_recordings():
     code = ("import torch, torchtpu; torchtpu.eager_mode('fused'); x = torch.zeros(3, device='tpu')\n"
             "for i in range(50): x = x + 1\n"

@@ -79,6 +79,22 @@ def _initial_mode():
 _initial_mode()
 
 
+def _after_optimizer_step(optimizer, args, kwargs):
+    """An optimizer step ends a training step: in fused mode the ops recorded
+    so far are launched then, as one program, without waiting for it. A loop
+    that never reads a value back still runs one program per step (not one
+    per TORCHTPU_FUSED_MAX_OPS ops, cut anywhere), and the host records the
+    next step while the program runs. No-op in the other modes and inside
+    torch.compile (a compiled optimizer step is a graph of its own)."""
+    if not torch.compiler.is_compiling():
+        _C.flush_step()
+
+
+from torch.optim.optimizer import register_optimizer_step_post_hook as _register_post_hook  # noqa: E402
+
+_register_post_hook(_after_optimizer_step)
+
+
 def metrics_report():
     """The counters of metrics() as an aligned text table."""
     m = metrics()

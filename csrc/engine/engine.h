@@ -62,7 +62,7 @@ typedef struct {
   atomic_llong disk_load_ns;    /* reading and deserializing entries */
   atomic_llong fused_programs;  /* fused programs run */
   atomic_llong fused_ops;       /* recorded ops they ran */
-  atomic_llong flushes[5];      /* by reason: TPU_FLUSH_* */
+  atomic_llong flushes[6];      /* by reason: TPU_FLUSH_* */
   atomic_llong graph_replays;   /* captured graphs run straight from their plan */
 } tpu_metrics;
 
@@ -93,7 +93,7 @@ int tpu_engine_mode(tpu_engine *e);
 /* Waits for every launched computation (running the recorded ops first);
  * the first error of one (once). */
 tpu_status *tpu_engine_sync(tpu_engine *e);
-enum { TPU_FLUSH_DOWNLOAD, TPU_FLUSH_UPLOAD, TPU_FLUSH_SYNC, TPU_FLUSH_MODE, TPU_FLUSH_CAP };
+enum { TPU_FLUSH_DOWNLOAD, TPU_FLUSH_UPLOAD, TPU_FLUSH_SYNC, TPU_FLUSH_MODE, TPU_FLUSH_CAP, TPU_FLUSH_STEP };
 /* Runs the ops recorded in fused mode as one program (reason: TPU_FLUSH_*). */
 tpu_status *tpu_engine_flush(tpu_engine *e, int reason);
 

@@ -1054,13 +1054,14 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
                        "cache_evictions", (long long)x->cache_evictions);
   if (!d) return NULL;
   PyObject *more = Py_BuildValue(
-      "{sLsLsLsLsdsLsLsLsLsLsLsLsL}", "disk_cache_hits", (long long)x->disk_hits, "disk_cache_misses",
+      "{sLsLsLsLsdsLsLsLsLsLsLsLsLsL}", "disk_cache_hits", (long long)x->disk_hits, "disk_cache_misses",
       (long long)x->disk_misses, "disk_cache_writes", (long long)x->disk_writes, "disk_cache_corrupt",
       (long long)x->disk_corrupt, "disk_load_seconds", (double)x->disk_load_ns * 1e-9, "fused_programs_run",
       (long long)x->fused_programs, "fused_ops", (long long)x->fused_ops, "flushes_download",
       (long long)x->flushes[TPU_FLUSH_DOWNLOAD], "flushes_upload", (long long)x->flushes[TPU_FLUSH_UPLOAD],
       "flushes_sync", (long long)x->flushes[TPU_FLUSH_SYNC], "flushes_mode", (long long)x->flushes[TPU_FLUSH_MODE],
-      "flushes_size_cap", (long long)x->flushes[TPU_FLUSH_CAP], "graph_replays", (long long)x->graph_replays);
+      "flushes_size_cap", (long long)x->flushes[TPU_FLUSH_CAP], "flushes_optimizer_step",
+      (long long)x->flushes[TPU_FLUSH_STEP], "graph_replays", (long long)x->graph_replays);
   if (!more || PyDict_Update(d, more) < 0) {
     Py_XDECREF(more);
     Py_DECREF(d);
@@ -1150,6 +1151,19 @@ static PyObject *tpu_py_eager_mode(PyObject *m, PyObject *args) {
     tpu_engine_set_mode(st->eng, mode);
   }
   return PyLong_FromLong(tpu_engine_mode(st->eng));
+}
+
+/* flush_step(): the end of a training step (an optimizer stepped) in fused
+ * mode: the recorded ops are launched as one program without waiting, so
+ * that a loop that never reads a value back still runs one program per
+ * step, and the host records the next step while it runs. */
+static PyObject *tpu_py_flush_step(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  tpu_mod_state *st = tpu_state(m);
+  if (!st->eng) Py_RETURN_NONE;
+  tpu_status *s = tpu_engine_flush(st->eng, TPU_FLUSH_STEP);
+  if (s) return tpu_raise(s);
+  Py_RETURN_NONE;
 }
 
 static PyObject *tpu_py_synchronize(PyObject *m, PyObject *noargs) {
@@ -1496,6 +1510,7 @@ static PyMethodDef tpu_methods[] = {
     {"disk_cache", tpu_py_disk_cache, METH_VARARGS, "disk_cache(dir, max_bytes, extra_salt)"},
     {"eager_mode", tpu_py_eager_mode, METH_VARARGS, "eager_mode([mode]) -> mode (0 debug, 1 strict)"},
     {"synchronize", tpu_py_synchronize, METH_NOARGS, "Wait for every launched computation."},
+    {"flush_step", tpu_py_flush_step, METH_NOARGS, "Launch the recorded ops (fused mode) without waiting."},
     {"count_fallback", tpu_py_count_fallback, METH_NOARGS, "Count one CPU-fallback op."},
     {"manual_seed", tpu_py_manual_seed, METH_O, "Seed the device generator."},
     {"rng_state", tpu_py_rng_state, METH_VARARGS, "rng_state() -> (seed, offset); rng_state(seed, offset)"},
