@@ -175,7 +175,7 @@ def main():
     jax_py = jax_python() if args.compile else None
     if args.compile and not jax_py:
         print("jax: not in a bench environment (make bench-setup); the JAX row is left out")
-    print(f"{'example':<8}{'config':<18}{'step ms':>9}{'vs cpu':>8}{'peak RSS MB':>13}{'vs cpu':>8}{'compiled':>10}")
+    print(f"{'example':<8}{'config':<26}{'step ms':>9}{'vs cpu':>8}{'peak RSS MB':>13}{'vs cpu':>8}{'compiled':>10}")
     for ex in args.examples.split(","):
         rows = {"cpu eager": run(ex, "cpu", "-", args.steps)}
         if args.compile:
@@ -187,12 +187,17 @@ def main():
         for mode in ("debug", "strict", "fused") + (("compiled", "compiled-step") if args.compile else ()):
             rows[f"tpu {mode}"] = run(ex, "tpu", mode, args.steps)
         if ex == "gpt":
-            rows["cpu eager/read10"] = run(ex, "cpu", "eager/read10", max(args.steps // 5, 4))
-            for mode in ("strict", "fused"):
-                rows[f"tpu {mode}/read10"] = run(ex, "tpu", f"{mode}/read10", max(args.steps // 5, 4))
+            blocks = max(args.steps // 5, 4)
+            rows["cpu eager/read10"] = run(ex, "cpu", "eager/read10", blocks)
+            if jax_py:
+                p = subprocess.run([jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(blocks),
+                                    "--read-every", "10"], capture_output=True, text=True)
+                rows["jax jit/read10"] = _result(p, "jax gpt")
+            for mode in ("strict", "fused") + (("compiled-step",) if args.compile else ()):
+                rows[f"tpu {mode}/read10"] = run(ex, "tpu", f"{mode}/read10", blocks)
         cpu = rows["cpu eager"]
         for name, r in rows.items():
-            print(f"{ex:<8}{name:<18}{r['step_ms']:>9.2f}{r['step_ms'] / cpu['step_ms']:>8.2f}"
+            print(f"{ex:<8}{name:<26}{r['step_ms']:>9.2f}{r['step_ms'] / cpu['step_ms']:>8.2f}"
                   f"{r['peak_rss_mb']:>13.0f}{r['peak_rss_mb'] / cpu['peak_rss_mb']:>8.2f}"
                   f"{'' if r['programs_compiled'] is None else r['programs_compiled']:>10}")
         s, f = rows["tpu strict"]["step_ms"], rows["tpu fused"]["step_ms"]
@@ -207,6 +212,13 @@ def main():
                         f"{c / rows['cpu inductor']['step_ms']:.2f}x CPU inductor's step time")
                 if "jax jit" in rows:
                     line += f", {c / rows['jax jit']['step_ms']:.2f}x JAX's step time"
+                print(line)
+            if "tpu compiled-step/read10" in rows:
+                c = rows["tpu compiled-step/read10"]["step_ms"]
+                line = (f"{ex:<8}tpu compiled-step, loss read every 10 steps: "
+                        f"{rows['tpu strict/read10']['step_ms'] / c:.2f}x faster than strict")
+                if "jax jit/read10" in rows:
+                    line += f", {c / rows['jax jit/read10']['step_ms']:.2f}x JAX's step time"
                 print(line)
     if args.long:
         r = run("gpt", "tpu", "fused", args.steps, args.long)
