@@ -1271,6 +1271,14 @@ tpu_status *tpu_engine_flush(tpu_engine *e, int reason) {
   return s;
 }
 
+tpu_status *tpu_engine_flush_step(tpu_engine *e) {
+  if (e->mode != TPU_MODE_FUSED) return NULL;
+  tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_STEP);
+  if (s) return s;
+  while (e->icount > TPU_STEPS_AHEAD) tpu_inflight_pop(e);
+  return NULL;
+}
+
 /* zero_ of a whole small record outside fused mode is an upload of zeros, not
  * a program: a program per new shape would be compiled (autograd zero-fills
  * gradients of every shape it meets). */

@@ -96,6 +96,12 @@ tpu_status *tpu_engine_sync(tpu_engine *e);
 enum { TPU_FLUSH_DOWNLOAD, TPU_FLUSH_UPLOAD, TPU_FLUSH_SYNC, TPU_FLUSH_MODE, TPU_FLUSH_CAP, TPU_FLUSH_STEP };
 /* Runs the ops recorded in fused mode as one program (reason: TPU_FLUSH_*). */
 tpu_status *tpu_engine_flush(tpu_engine *e, int reason);
+/* The end of a training step (an optimizer stepped): flushes without waiting
+ * for the program, but lets at most TPU_STEPS_AHEAD launched programs be in
+ * flight (the host waits for older ones), so that a fast host does not pile
+ * up steps, each holding its own buffers. */
+#define TPU_STEPS_AHEAD 2
+tpu_status *tpu_engine_flush_step(tpu_engine *e);
 
 /* The disk tier: dc (owned by the engine from now on; NULL turns it off)
  * and the salt of every key (copied). */

@@ -1154,14 +1154,15 @@ static PyObject *tpu_py_eager_mode(PyObject *m, PyObject *args) {
 }
 
 /* flush_step(): the end of a training step (an optimizer stepped) in fused
- * mode: the recorded ops are launched as one program without waiting, so
- * that a loop that never reads a value back still runs one program per
- * step, and the host records the next step while it runs. */
+ * mode: the recorded ops are launched as one program without waiting (up to
+ * TPU_STEPS_AHEAD in flight), so that a loop that never reads a value back
+ * still runs one program per step, and the host records the next step while
+ * it runs. */
 static PyObject *tpu_py_flush_step(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
   if (!st->eng) Py_RETURN_NONE;
-  tpu_status *s = tpu_engine_flush(st->eng, TPU_FLUSH_STEP);
+  tpu_status *s = tpu_engine_flush_step(st->eng);
   if (s) return tpu_raise(s);
   Py_RETURN_NONE;
 }
