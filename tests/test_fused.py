@@ -171,6 +171,35 @@ def test_optimizer_step_ends_the_fused_program():
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)  # Adam divides by tiny moments
 
 
+def test_accumulation_and_two_optimizers_each_end_a_program(fused):
+    """Gradients accumulated over two micro-batches: one program per
+    optimizer step; two optimizers stepped one after the other: one each."""
+    torch.manual_seed(0)
+    net_cpu = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))
+    net = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).to("tpu")
+    net.load_state_dict(net_cpu.state_dict())
+    opts = [torch.optim.SGD(net[0].parameters(), lr=0.1, momentum=0.9), torch.optim.Adam(net[2].parameters(), lr=0.01)]
+    opts_cpu = [torch.optim.SGD(net_cpu[0].parameters(), lr=0.1, momentum=0.9),
+                torch.optim.Adam(net_cpu[2].parameters(), lr=0.01)]
+    data = [torch.randn(4, 6) for _ in range(8)]
+    runs = []
+    for i in range(4):
+        m0 = _m()
+        for mod, os_, dev in ((net, opts, "tpu"), (net_cpu, opts_cpu, "cpu")):
+            for o in os_:
+                o.zero_grad()
+            for x in data[2 * i:2 * i + 2]:
+                F.mse_loss(mod(x.to(dev)), torch.ones(4, 2, device=dev)).backward()
+            for o in os_:
+                o.step()
+        m1 = _m()
+        runs.append((m1["fused_programs_run"] - m0["fused_programs_run"],
+                     m1["flushes_optimizer_step"] - m0["flushes_optimizer_step"]))
+    assert runs[1:] == [(2, 2)] * 3
+    for a, b in zip(net.parameters(), net_cpu.parameters()):
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-4, atol=1e-5)
+
+
 def test_optimizer_step_outside_fused_mode_runs_nothing_more():
     p = torch.nn.Parameter(torch.ones(3, device="tpu"))
     opt = torch.optim.SGD([p], lr=0.5)
