@@ -993,6 +993,33 @@ static void test_exact_division(void) {
   }
 }
 
+/* tpu_hash64, the in-memory signature hash: the same bytes give the same
+ * value; a change of any byte, including the tail past the last whole word,
+ * or of the length (zeros of two lengths) gives another; inputs shorter than
+ * a word are read within their bounds (ASan). */
+static void test_hash64(void) {
+  uint8_t buf[37];
+  for (int i = 0; i < 37; i++) buf[i] = (uint8_t)(i * 7 + 1);
+  uint64_t h = tpu_hash64(buf, sizeof buf);
+  CHECK(h == tpu_hash64(buf, sizeof buf), "hash64 is deterministic");
+  int same = 0;
+  for (int i = 0; i < 37; i++) {
+    buf[i] ^= 0x10;
+    same += tpu_hash64(buf, sizeof buf) == h;
+    buf[i] ^= 0x10;
+  }
+  CHECK(same == 0, "hash64 changes with each byte (%d unchanged)", same);
+  uint8_t zeros[16] = {0};
+  int collide = 0;
+  for (size_t a = 0; a <= 16; a++)
+    for (size_t b = a + 1; b <= 16; b++) collide += tpu_hash64(zeros, a) == tpu_hash64(zeros, b);
+  CHECK(collide == 0, "hash64 depends on the length (%d collisions)", collide);
+  uint8_t *tiny = malloc(3);
+  memcpy(tiny, "abc", 3);
+  CHECK(tpu_hash64(tiny, 3) != tpu_hash64("abd", 3), "hash64 of 3 bytes");
+  free(tiny);
+}
+
 int main(void) {
   test_add();
   test_constants();
@@ -1017,6 +1044,7 @@ int main(void) {
   test_typeof_stable();
   test_checks();
   test_exact_division();
+  test_hash64();
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }
