@@ -197,6 +197,38 @@ def test_cat_stack_tril():
     check(lambda x: torch.tril(x, -1), make((2, 4, 4), torch.int64))
 
 
+def test_cat_and_stack_of_long_lists():
+    """Lists longer than one call takes (64): torch.stack of a model's norms
+    (clip_grad_norm_), cat of per-batch results."""
+    xs = [make((2, 3), torch.float32, i) for i in range(150)]
+    check(lambda *t: torch.cat(t), *xs)
+    check(lambda *t: torch.stack(t, 1), *xs)
+    mixed = [make((3,), torch.int64 if i % 3 else torch.float32, i) for i in range(130)]
+    mixed[70] = torch.zeros(0)  # legacy: an empty 1-d tensor is skipped
+    check(lambda *t: torch.cat(t), *mixed)
+    ones = [torch.full((1,), float(i)) for i in range(1000)]
+    got = torch.cat([t.to("tpu") for t in ones])
+    assert torch.equal(got.cpu(), torch.cat(ones))
+    with torchtpu.eager_mode("fused"):
+        m0 = torchtpu.metrics()["fused_programs_run"]
+        got = torch.stack([t.to("tpu") * 2 for t in ones]).sum()
+        assert got.item() == 2 * sum(range(1000))
+        assert torchtpu.metrics()["fused_programs_run"] == m0 + 1
+
+
+def test_clip_grad_norm_of_many_parameters():
+    ps = [make((4,), torch.float32, i) for i in range(100)]
+    cpu = [torch.nn.Parameter(p.clone()) for p in ps]
+    tpu = [torch.nn.Parameter(p.to("tpu")) for p in ps]
+    for a, b, i in zip(cpu, tpu, range(100)):
+        a.grad = make((4,), torch.float32, 1000 + i)
+        b.grad = a.grad.to("tpu")
+    na, nb = torch.nn.utils.clip_grad_norm_(cpu, 1.0), torch.nn.utils.clip_grad_norm_(tpu, 1.0)
+    torch.testing.assert_close(nb.cpu(), na)
+    for a, b in zip(cpu, tpu):
+        torch.testing.assert_close(b.grad.cpu(), a.grad)
+
+
 def test_softmax_family_and_grads():
     x = make((3, 7), torch.float32, 3)
     for f in (lambda t: F.softmax(t, -1), lambda t: F.log_softmax(t, 0), lambda t: F.softmax(t, 1)):

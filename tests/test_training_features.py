@@ -410,6 +410,28 @@ def test_torch_accelerator_memory_and_synchronize():
     del t
 
 
+def test_grad_scaler_unscales_many_parameters():
+    """Unscaling more gradients than one call takes (64): every gradient is
+    unscaled, and an inf in one past the first group still skips the step."""
+    ps = [torch.nn.Parameter(torch.ones(3)) for _ in range(100)]
+    pt = [torch.nn.Parameter(torch.ones(3, device="tpu")) for _ in range(100)]
+    for bad in (False, True):
+        for group in (ps, pt):
+            dev = group[0].device.type
+            opt = torch.optim.SGD(group, lr=0.5)
+            scaler = torch.amp.GradScaler(dev, init_scale=4.0)
+            scaler.scale(torch.ones((), device=dev))  # as scaler.scale(loss) would: the scale exists
+            for i, p in enumerate(group):
+                p.grad = torch.full((3,), 4.0 * (i + 1), device=dev)
+            if bad:
+                group[90].grad[1] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+            assert scaler.get_scale() == (2.0 if bad else 4.0)
+        for a, b in zip(ps, pt):
+            torch.testing.assert_close(b.detach().cpu(), a.detach())
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_grad_scaler_matches_cpu(fused):
     """torch.amp.GradScaler("tpu"): unscaling, the inf check (a step with an

@@ -314,6 +314,37 @@ def _fused_optimizer(op_id, opov, **flags):
     return fused
 
 
+# The most tensors one call may take in a list (TPU_MAX_LIST in
+# csrc/lower/lower.h); longer lists are split here.
+_LIST_MAX = 64
+
+
+def _chunked_cat(c_cat):
+    """aten::cat of any number of tensors (torch.stack and clip_grad_norm_
+    over a model's parameters make long lists): cats of at most _LIST_MAX,
+    then a cat of their results (in fused mode all one program)."""
+
+    def cat(tensors, dim=0):
+        tensors = list(tensors)
+        while len(tensors) > _LIST_MAX:
+            tensors = [c_cat(tensors[k:k + _LIST_MAX], dim) for k in range(0, len(tensors), _LIST_MAX)]
+        return c_cat(tensors, dim)
+
+    return cat
+
+
+def _chunked_unscale(c_unscale):
+    """GradScaler's unscale over any number of gradients: found_inf gathers
+    the check over every group."""
+
+    def unscale(grads, found_inf, inv_scale):
+        grads = list(grads)
+        for k in range(0, max(len(grads), 1), _LIST_MAX):
+            c_unscale(grads[k:k + _LIST_MAX], found_inf, inv_scale)
+
+    return unscale
+
+
 def _local_scalar_dense(self):
     return _C.to_cpu(self).item()
 
@@ -572,6 +603,10 @@ def setup(device_module):
             raise RuntimeError(f"torchtpu: cannot register aten::{name}: {e}") from None
         k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED)
         _KERNELS[name] = k
+        if name == "cat":
+            k = _chunked_cat(k)
+        elif name == "_amp_foreach_non_finite_check_and_unscale_":
+            k = _chunked_unscale(k)
         if name not in ("index.Tensor", "_index_put_impl_", "clone", "repeat_interleave.Tensor"):
             _IMPL.impl(name, k, "PrivateUse1")
 

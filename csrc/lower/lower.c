@@ -288,7 +288,7 @@ static tpu_tref *tpu_lower_tref(tpu_lower *L, int i, int j) {
 
 static void tpu_lower_add_input(tpu_lower *L, tpu_in_kind k, int arg, int item) {
   if (L->nin >= TPU_MAX_INS) {
-    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: more than 64 program inputs", L->opname);
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: more than %d program inputs", L->opname, TPU_MAX_INS);
     return;
   }
   L->in[L->nin++] = (tpu_in_plan){k, arg, item};
