@@ -245,3 +245,49 @@ def test_program_cache_is_bounded():
     env = dict(os.environ, TORCHTPU_PROGRAM_CACHE_SIZE="20")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])
+
+
+def test_streams_and_events_like_cuda():
+    """torch.tpu.Stream/Event/stream as torch.cuda's: one in-order stream per
+    device; an event's query/synchronize cover the work launched before it;
+    timing events give the wall time between two drained points."""
+    s = torch.tpu.current_stream()
+    assert s == torch.tpu.default_stream() == torch.tpu.Stream() and s.device == torch.device("tpu", 0)
+    with torch.tpu.stream(torch.tpu.Stream()) as got:
+        y = torch.ones(64, 64, device="tpu") @ torch.ones(64, 64, device="tpu")
+    assert got == s
+    s.wait_stream(torch.tpu.Stream())
+    s.synchronize()
+    assert s.query()
+    for mode in ("strict", "fused"):
+        with torchtpu.eager_mode(mode):
+            e = torch.tpu.Event()
+            assert e.query()  # not recorded yet
+            z = y * 2
+            e.record()
+            e.synchronize()
+            assert e.query() and torch.tpu.current_stream().query()
+            assert z[0, 0].item() == 128.0
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    start.record()
+    w = (y @ y).sum()
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) > 0
+    assert w.item() == 64.0 ** 5
+    plain = torch.tpu.Event()
+    plain.record()
+    with pytest.raises(RuntimeError, match="enable_timing"):
+        start.elapsed_time(plain)
+    with pytest.raises(RuntimeError, match="recorded"):
+        torch.tpu.Event(enable_timing=True).elapsed_time(end)
+    with pytest.raises(TypeError):
+        torch.tpu.stream("not a stream")
+    assert s.record_event().query()
+
+
+def test_memory_summary():
+    x = torch.ones(1024, device="tpu")
+    text = torch.tpu.memory_summary()
+    assert "allocated_bytes.all.current" in text and "MiB" in text
+    del x

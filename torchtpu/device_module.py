@@ -60,6 +60,128 @@ def synchronize(device=None):
     _C.synchronize()
 
 
+# ---- streams and events --------------------------------------------------
+# A tpu device has one stream: every computation runs in the order it was
+# launched (strict mode) or recorded (fused mode), so waits between streams
+# are no-ops and every Stream object is that one stream.
+
+
+class Stream:
+    """The device's stream (torch.cuda.Stream's interface)."""
+
+    def __init__(self, device=None, priority=0, **kwargs):
+        self.priority = priority
+
+    @property
+    def device(self):
+        return torch.device("tpu", 0)
+
+    def synchronize(self):
+        synchronize()
+
+    def query(self):
+        """True when all work launched so far has finished (does not wait)."""
+        return _C.idle()
+
+    def wait_stream(self, stream):
+        pass  # one stream: already in order
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self, event=None):
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def __eq__(self, other):
+        return isinstance(other, Stream)
+
+    def __hash__(self):
+        return hash(("tpu", 0))
+
+    def __repr__(self):
+        return "<torch.tpu.Stream device=tpu:0 (the device's one stream)>"
+
+
+_STREAM = Stream()
+
+
+def current_stream(device=None):
+    return _STREAM
+
+
+def default_stream(device=None):
+    return _STREAM
+
+
+def set_stream(stream):
+    pass
+
+
+class stream:
+    """Context manager selecting a stream; there is one, so it only checks
+    its argument (torch.cuda.stream's interface; None is allowed)."""
+
+    def __init__(self, stream):
+        if stream is not None and not isinstance(stream, Stream):
+            raise TypeError(f"torch.tpu.stream: expected a torch.tpu.Stream, got {type(stream).__name__}")
+        self.stream = stream
+
+    def __enter__(self):
+        return self.stream
+
+    def __exit__(self, *exc):
+        return False
+
+
+class Event:
+    """torch.cuda.Event's interface. record() launches the ops recorded so
+    far (fused mode) without waiting; synchronize() waits for them (and for
+    anything launched after: one stream). PJRT gives no device timestamps, so
+    an event made with enable_timing=True waits for the work launched before
+    it when recorded and takes the host's clock: elapsed_time() is the wall
+    time between two drained points, in milliseconds."""
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        if interprocess:
+            raise NotImplementedError("torch.tpu.Event: interprocess events are not supported")
+        self.enable_timing = enable_timing
+        self.blocking = blocking
+        self._recorded = False
+        self._time = None
+
+    def record(self, stream=None):
+        if self.enable_timing:
+            synchronize()
+            import time
+
+            self._time = time.perf_counter()
+        else:
+            _C.flush()
+        self._recorded = True
+
+    def query(self):
+        return not self._recorded or _C.idle()
+
+    def synchronize(self):
+        if self._recorded:
+            synchronize()
+
+    def wait(self, stream=None):
+        pass  # one stream: already in order
+
+    def elapsed_time(self, end_event):
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._time is None or end_event._time is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._time - self._time) * 1000.0
+
+    def __repr__(self):
+        return f"<torch.tpu.Event enable_timing={self.enable_timing} recorded={self._recorded}>"
+
+
 def manual_seed(seed):
     _C.manual_seed(int(seed))
 
@@ -141,6 +263,15 @@ def memory_stats(device=None):
     if m["device_limit"] >= 0:
         out["device_bytes_limit"] = m["device_limit"]
     return out
+
+
+def memory_summary(device=None, abbreviated=False):
+    """A short text report of memory_stats() (torch.cuda.memory_summary's
+    role; torchtpu caches nothing, so allocated and reserved coincide)."""
+    lines = ["torch.tpu memory summary (tpu:0)"]
+    for k, v in memory_stats(device).items():
+        lines.append(f"  {k:<32} {v / 2**20:12.2f} MiB")
+    return "\n".join(lines) + "\n"
 
 
 def memory_allocated(device=None):

@@ -1279,6 +1279,11 @@ tpu_status *tpu_engine_flush_step(tpu_engine *e) {
   return NULL;
 }
 
+bool tpu_engine_idle(tpu_engine *e) {
+  tpu_inflight_reap(e);
+  return e->icount == 0 && e->nnodes == 0;
+}
+
 /* zero_ of a whole small record outside fused mode is an upload of zeros, not
  * a program: a program per new shape would be compiled (autograd zero-fills
  * gradients of every shape it meets). */

@@ -102,6 +102,9 @@ tpu_status *tpu_engine_flush(tpu_engine *e, int reason);
  * up steps, each holding its own buffers. */
 #define TPU_STEPS_AHEAD 2
 tpu_status *tpu_engine_flush_step(tpu_engine *e);
+/* Whether everything launched has finished and nothing is recorded (does
+ * not block; finished computations are reaped). */
+bool tpu_engine_idle(tpu_engine *e);
 
 /* The disk tier: dc (owned by the engine from now on; NULL turns it off)
  * and the salt of every key (copied). */

@@ -1167,6 +1167,25 @@ static PyObject *tpu_py_flush_step(PyObject *m, PyObject *noargs) {
   Py_RETURN_NONE;
 }
 
+/* flush(): launches the recorded ops (fused mode) without waiting: what an
+ * event recorded now stands behind. */
+static PyObject *tpu_py_flush(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  tpu_mod_state *st = tpu_state(m);
+  if (!st->eng) Py_RETURN_NONE;
+  tpu_status *s = tpu_engine_flush(st->eng, TPU_FLUSH_SYNC);
+  if (s) return tpu_raise(s);
+  Py_RETURN_NONE;
+}
+
+/* idle() -> True when every launched computation has finished (no wait). */
+static PyObject *tpu_py_idle(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  tpu_mod_state *st = tpu_state(m);
+  if (!st->eng) Py_RETURN_TRUE;
+  return PyBool_FromLong(tpu_engine_idle(st->eng));
+}
+
 static PyObject *tpu_py_synchronize(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
@@ -1511,7 +1530,9 @@ static PyMethodDef tpu_methods[] = {
     {"disk_cache", tpu_py_disk_cache, METH_VARARGS, "disk_cache(dir, max_bytes, extra_salt)"},
     {"eager_mode", tpu_py_eager_mode, METH_VARARGS, "eager_mode([mode]) -> mode (0 debug, 1 strict)"},
     {"synchronize", tpu_py_synchronize, METH_NOARGS, "Wait for every launched computation."},
-    {"flush_step", tpu_py_flush_step, METH_NOARGS, "Launch the recorded ops (fused mode) without waiting."},
+    {"flush_step", tpu_py_flush_step, METH_NOARGS, "End of a training step: launch the recorded ops (fused mode)."},
+    {"flush", tpu_py_flush, METH_NOARGS, "Launch the recorded ops (fused mode) without waiting."},
+    {"idle", tpu_py_idle, METH_NOARGS, "Whether every launched computation has finished (no wait)."},
     {"count_fallback", tpu_py_count_fallback, METH_NOARGS, "Count one CPU-fallback op."},
     {"manual_seed", tpu_py_manual_seed, METH_O, "Seed the device generator."},
     {"rng_state", tpu_py_rng_state, METH_VARARGS, "rng_state() -> (seed, offset); rng_state(seed, offset)"},
