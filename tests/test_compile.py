@@ -284,3 +284,38 @@ def test_replayed_output_views_of_inputs_after_non_tensor_arguments():
         a, b = cf(x.to("tpu"), wt)
         torch.testing.assert_close(a.cpu(), torch.sort(x, 0).values * 2)
         assert torch.equal(b.cpu(), w.t())
+
+
+def test_graph_break_at_an_lstm_runs_our_kernels_eagerly():
+    """Dynamo breaks the graph at nn.LSTM and runs it eagerly; the Python
+    kernels it reaches through the dispatcher (views, ...) must not be taken
+    for user code and compiled by Dynamo."""
+    import copy
+
+    from torchtpu import _registry
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.GRU(6, 8, batch_first=True, bidirectional=True)
+            self.head = nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.rnn(x)[0][:, -1]))
+
+    torch.manual_seed(0)
+    net = Net()
+    nt = copy.deepcopy(net).to("tpu")
+    run = torch.compile(nt, backend="tpu")
+    x = torch.randn(2, 5, 6)
+    for _ in range(3):
+        for p in list(net.parameters()) + list(nt.parameters()):
+            p.grad = None
+        net(x).pow(2).sum().backward()
+        run(x.to("tpu")).pow(2).sum().backward()
+    for a, b in zip(net.parameters(), nt.parameters()):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    kernel = next(c for c in _registry._redispatch_cpu.__code__.co_consts if getattr(c, "co_name", "") == "kernel")
+    assert _debug_get_cache_entry_list(kernel) == []

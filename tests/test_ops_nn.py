@@ -273,3 +273,66 @@ def test_ctc_loss(red, zero_inf):
     compare(lambda x, t: F.ctc_loss(x, t, [12, 10, 2, 7], tl, reduction=red), (lp, flat), (0,), atol=1e-5, rtol=1e-5)
     with pytest.raises(RuntimeError):
         F.ctc_loss(tpu(lp), tpu(tg), [13, 1, 1, 1], tl)
+
+
+def _rnn_pair(module, inputs, mode="strict"):
+    """Outputs, parameter gradients and input gradients of module on CPU and
+    on tpu (a copy), for a loss weighting every output differently."""
+    import copy
+
+    mt = copy.deepcopy(module).to("tpu")
+    res = []
+    for m, dev in ((module, "cpu"), (mt, "tpu")):
+        xs = [x.detach().to(dev).requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor)
+              else tuple(t.detach().to(dev).requires_grad_() for t in x) for x in inputs]
+        with torchtpu.eager_mode(mode if dev == "tpu" else "strict"):
+            out = m(*xs)
+            flat, stack = [], [out]
+            while stack:
+                o = stack.pop()
+                if isinstance(o, torch.Tensor):
+                    flat.append(o)
+                else:
+                    stack.extend(o)
+            sum(o.sum() * (k + 1) for k, o in enumerate(flat)).backward()
+        leaves = [x for x in xs if isinstance(x, torch.Tensor)] + [t for x in xs if isinstance(x, tuple) for t in x]
+        res.append(([o.detach().cpu() for o in flat], [p.grad.cpu() for p in m.parameters()],
+                    [x.grad.cpu() for x in leaves if x.grad is not None]))
+    return res
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("kind", ["lstm", "lstm_proj", "gru", "lstm_cell", "gru_cell"])
+def test_lstm_gru_match_cpu(kind, mode):
+    """nn.LSTM and nn.GRU run their cells through aten::_thnn_fused_lstm_cell
+    / _thnn_fused_gru_cell and their backward on every device but the CPU."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 6)
+    module, inputs = {
+        "lstm": (torch.nn.LSTM(6, 7, num_layers=2, batch_first=True, bidirectional=True),
+                 (x, (torch.randn(4, 3, 7), torch.randn(4, 3, 7)))),
+        "lstm_proj": (torch.nn.LSTM(6, 7, proj_size=4, bias=False), (x,)),
+        "gru": (torch.nn.GRU(6, 7, num_layers=2, bidirectional=True), (x, torch.randn(4, 5, 7))),
+        "lstm_cell": (torch.nn.LSTMCell(6, 7), (x[:, 0], (torch.randn(3, 7), torch.randn(3, 7)))),
+        "gru_cell": (torch.nn.GRUCell(6, 7, bias=False), (x[:, 0], torch.randn(3, 7))),
+    }[kind]
+    (oc, gc, ic), (ot, gt, it) = _rnn_pair(module, inputs, mode)
+    assert len(oc) == len(ot) and len(gc) == len(gt) and len(ic) == len(it)
+    for a, b in zip(oc + gc + ic, ot + gt + it):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_lstm_cell_double_backward():
+    torch.manual_seed(0)
+    cell = torch.nn.LSTMCell(3, 4)
+    import copy
+
+    got = []
+    for m, dev in ((cell, "cpu"), (copy.deepcopy(cell).to("tpu"), "tpu")):
+        x = torch.randn(2, 3, generator=torch.Generator().manual_seed(1)).to(dev).requires_grad_()
+        h, c = m(x)
+        g, = torch.autograd.grad(h.sum() + c.sum(), x, create_graph=True)
+        g.pow(2).sum().backward()
+        got.append(x.grad.cpu())
+    torch.testing.assert_close(got[1], got[0], rtol=1e-4, atol=1e-6)

@@ -3,6 +3,8 @@ a PrivateUse1 kernel. Thin by design: argument parsing, lowering and execution
 are in the C core."""
 
 import os
+import sys
+import types
 import warnings
 
 import torch
@@ -576,6 +578,44 @@ def setup_disk_cache(directory=None, max_mb=None):
         _C.disk_cache(None, 0, "")
 
 
+_FRAMES_SKIPPED = False
+
+
+def skip_kernel_frames():
+    """Our Python kernels (views, indexing, cat, autocast, ...) run inside the
+    dispatcher; when eager code runs between compiled graphs (a graph break,
+    as at nn.LSTM) Dynamo must not try to compile their frames. Marked
+    through Dynamo's C hook (importing torch._dynamo here would cost most of
+    a second at import); without it, through torch._dynamo on the first
+    compile."""
+    global _FRAMES_SKIPPED
+    if _FRAMES_SKIPPED:
+        return
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+        def skip(code):
+            set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
+    except ImportError:
+        if "torch._dynamo" not in sys.modules:
+            return
+        from torch._dynamo.eval_frame import skip_code as skip
+
+    def walk(code):
+        skip(code)
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                walk(c)
+
+    from . import _autocast
+
+    for mod in (sys.modules[__name__], _autocast):
+        for v in list(vars(mod).values()):
+            if isinstance(v, types.FunctionType) and v.__module__ == mod.__name__:
+                walk(v.__code__)
+    _FRAMES_SKIPPED = True
+
+
 def setup(device_module):
     global _LIB, _IMPL
     path, platform = _plugin.find()
@@ -662,6 +702,7 @@ def setup(device_module):
     _autocast.setup()
     _LIB = torch.library.Library("_", "IMPL")
     _LIB.fallback(_fallback, dispatch_key="PrivateUse1")
+    skip_kernel_frames()
 
 
 def runtime_info():

@@ -1349,3 +1349,126 @@ void tpu_emit_ctc_loss_backward(tpu_lower *L) {
   r = tpu_hlo_select(H, keep, r, tpu_k(L, r, 0));
   tpu_lower_out(L, tpu_hlo_convert(H, r, L->args[1].t.dtype));
 }
+
+/* ---- fused RNN cells (nn.LSTM / nn.GRU on an accelerator) --------------------------------
+ * aten::lstm and aten::gru run their cells through these on every device
+ * but the CPU. Gate order along dim 1: LSTM (input, forget, cell, output),
+ * GRU (reset, update, new). The workspace a cell returns holds what its
+ * backward needs: LSTM, the four activated gates [B, 4H]; GRU, the reset,
+ * update and new gates, hx and the hidden new-gate pre-activation [B, 5H]. */
+
+/* Columns [k*h, (k+1)*h) of a [B, n*h] value. */
+static tpu_hv tpu_gate(tpu_lower *L, tpu_hv x, int k, int64_t h) {
+  const tpu_hlo_type *t = T(L, x);
+  int64_t s[2] = {0, k * h}, l[2] = {t->dims[0], (k + 1) * h}, st[2] = {1, 1};
+  return tpu_hlo_slice(H, x, s, l, st);
+}
+
+static tpu_hv tpu_sigm(tpu_lower *L, tpu_hv x) { return tpu_hlo_unary(H, TPU_HLO_LOGISTIC, x); }
+static tpu_hv tpu_tanh(tpu_lower *L, tpu_hv x) { return tpu_hlo_unary(H, TPU_HLO_TANH, x); }
+/* s * (1 - s): the derivative of a sigmoid from its value */
+static tpu_hv tpu_dsigm(tpu_lower *L, tpu_hv s) { return tpu_mul(L, s, tpu_sub(L, tpu_k(L, s, 1), s)); }
+
+/* Gate pre-activations gates [+ bias] as acc values; the bias is [n*h]. */
+static tpu_hv tpu_gates_in(tpu_lower *L, int gi, int bi, tpu_dtype acc) {
+  tpu_hv g = tpu_lower_input(L, gi, acc);
+  if (!tpu_lower_is_none(L, bi)) g = tpu_lower_binary(L, TPU_HLO_ADD, g, tpu_lower_input(L, bi, acc));
+  return g;
+}
+
+static bool tpu_cell_check(tpu_lower *L, int n, int hx_arg) {
+  tpu_tref *ig = &L->args[0].t, *hg = &L->args[1].t, *hx = &L->args[hx_arg].t;
+  if (ig->rank != 2 || hg->rank != 2 || ig->sizes[0] != hg->sizes[0] || ig->sizes[1] != hg->sizes[1] ||
+      hx->rank != 2 || ig->sizes[1] != n * hx->sizes[1] || ig->sizes[0] != hx->sizes[0]) {
+    tpu_lower_fail(L, TPU_ERR_VALUE, "expected input and hidden gates of one shape [B, %d*H] and a state [B, H]", n);
+    return false;
+  }
+  return true;
+}
+
+/* _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias, hidden_bias) -> (hy, cy, workspace) */
+void tpu_emit_thnn_fused_lstm_cell(tpu_lower *L) {
+  if (!tpu_cell_check(L, 4, 2)) return;
+  tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
+  int64_t h = L->args[2].t.sizes[1];
+  tpu_hv g = tpu_add(L, tpu_gates_in(L, 0, 3, acc), tpu_gates_in(L, 1, 4, acc));
+  tpu_hv ig = tpu_sigm(L, tpu_gate(L, g, 0, h)), fg = tpu_sigm(L, tpu_gate(L, g, 1, h));
+  tpu_hv cg = tpu_tanh(L, tpu_gate(L, g, 2, h)), og = tpu_sigm(L, tpu_gate(L, g, 3, h));
+  tpu_hv cx = tpu_lower_input(L, 2, acc);
+  tpu_hv cy = tpu_add(L, tpu_mul(L, fg, cx), tpu_mul(L, ig, cg));
+  tpu_hv hy = tpu_mul(L, og, tpu_tanh(L, cy));
+  tpu_hv ws[4] = {ig, fg, cg, og};
+  tpu_lower_out(L, tpu_hlo_convert(H, hy, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, cy, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_concat(H, ws, 4, 1), dt));
+}
+
+/* _thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias)
+ * -> (grad_gates, grad_cx, grad_bias); missing output gradients count as zeros.
+ * The bias gradient is computed even without a bias (autograd drops it). */
+void tpu_emit_thnn_fused_lstm_cell_backward(tpu_lower *L) {
+  tpu_dtype dt = L->args[2].t.dtype, acc = tpu_acc_type(dt);
+  int64_t h = L->args[2].t.sizes[1];
+  tpu_hv cx = tpu_lower_input(L, 2, acc), cy = tpu_lower_input(L, 3, acc), w = tpu_lower_input(L, 4, acc);
+  tpu_hv go = tpu_lower_is_none(L, 0) ? tpu_k(L, cx, 0) : tpu_lower_input(L, 0, acc);
+  tpu_hv goc = tpu_lower_is_none(L, 1) ? tpu_k(L, cx, 0) : tpu_lower_input(L, 1, acc);
+  tpu_hv ig = tpu_gate(L, w, 0, h), fg = tpu_gate(L, w, 1, h), cg = tpu_gate(L, w, 2, h), og = tpu_gate(L, w, 3, h);
+  tpu_hv t = tpu_tanh(L, cy);
+  tpu_hv gcx = tpu_add(L, tpu_mul(L, tpu_mul(L, go, og), tpu_sub(L, tpu_k(L, t, 1), tpu_mul(L, t, t))), goc);
+  tpu_hv gs[4] = {
+      tpu_mul(L, tpu_mul(L, gcx, cg), tpu_dsigm(L, ig)),
+      tpu_mul(L, tpu_mul(L, gcx, cx), tpu_dsigm(L, fg)),
+      tpu_mul(L, tpu_mul(L, gcx, ig), tpu_sub(L, tpu_k(L, cg, 1), tpu_mul(L, cg, cg))),
+      tpu_mul(L, tpu_mul(L, go, t), tpu_dsigm(L, og)),
+  };
+  tpu_hv gates = tpu_hlo_concat(H, gs, 4, 1);
+  int64_t d0 = 0;
+  tpu_lower_out(L, tpu_hlo_convert(H, gates, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_mul(L, gcx, fg), dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, gates, &d0, 1), dt));
+}
+
+/* _thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias, hidden_bias) -> (hy, workspace) */
+void tpu_emit_thnn_fused_gru_cell(tpu_lower *L) {
+  if (!tpu_cell_check(L, 3, 2)) return;
+  tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
+  int64_t h = L->args[2].t.sizes[1];
+  tpu_hv ig = tpu_gates_in(L, 0, 3, acc), hg = tpu_gates_in(L, 1, 4, acc);
+  tpu_hv hx = tpu_lower_input(L, 2, acc);
+  tpu_hv rg = tpu_sigm(L, tpu_add(L, tpu_gate(L, ig, 0, h), tpu_gate(L, hg, 0, h)));
+  tpu_hv zg = tpu_sigm(L, tpu_add(L, tpu_gate(L, ig, 1, h), tpu_gate(L, hg, 1, h)));
+  tpu_hv hn = tpu_gate(L, hg, 2, h);
+  tpu_hv ng = tpu_tanh(L, tpu_add(L, tpu_gate(L, ig, 2, h), tpu_mul(L, rg, hn)));
+  tpu_hv hy = tpu_add(L, ng, tpu_mul(L, zg, tpu_sub(L, hx, ng)));
+  tpu_hv ws[5] = {rg, zg, ng, hx, hn};
+  tpu_lower_out(L, tpu_hlo_convert(H, hy, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_concat(H, ws, 5, 1), dt));
+}
+
+/* _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias)
+ * -> (grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias) */
+void tpu_emit_thnn_fused_gru_cell_backward(tpu_lower *L) {
+  tpu_tref *g = &L->args[0].t, *ws = &L->args[1].t;
+  if (g->rank != 2 || ws->rank != 2 || ws->sizes[1] != 5 * g->sizes[1] || ws->sizes[0] != g->sizes[0]) {
+    tpu_lower_fail(L, TPU_ERR_VALUE, "expected grad_hy [B, H] and a workspace [B, 5*H]");
+    return;
+  }
+  tpu_dtype dt = g->dtype, acc = tpu_acc_type(dt);
+  int64_t h = g->sizes[1];
+  tpu_hv go = tpu_lower_input(L, 0, acc), w = tpu_lower_input(L, 1, acc);
+  tpu_hv rg = tpu_gate(L, w, 0, h), zg = tpu_gate(L, w, 1, h), ng = tpu_gate(L, w, 2, h);
+  tpu_hv hx = tpu_gate(L, w, 3, h), hn = tpu_gate(L, w, 4, h);
+  tpu_hv gz = tpu_mul(L, tpu_mul(L, go, tpu_sub(L, hx, ng)), tpu_dsigm(L, zg));
+  tpu_hv ghx = tpu_mul(L, go, zg);
+  tpu_hv gn = tpu_mul(L, tpu_mul(L, go, tpu_sub(L, tpu_k(L, zg, 1), zg)), tpu_sub(L, tpu_k(L, ng, 1), tpu_mul(L, ng, ng)));
+  tpu_hv ghn = tpu_mul(L, gn, rg);
+  tpu_hv gr = tpu_mul(L, tpu_mul(L, gn, hn), tpu_dsigm(L, rg));
+  tpu_hv gi3[3] = {gr, gz, gn}, gh3[3] = {gr, gz, ghn};
+  tpu_hv gi = tpu_hlo_concat(H, gi3, 3, 1), gh = tpu_hlo_concat(H, gh3, 3, 1);
+  int64_t d0 = 0;
+  tpu_lower_out(L, tpu_hlo_convert(H, gi, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, gh, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, ghx, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, gi, &d0, 1), dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, gh, &d0, 1), dt));
+}
