@@ -167,6 +167,45 @@ static void test_eviction(void) {
   rm_entries(dir);
 }
 
+/* The folder's size is scanned once per TPU_DC_RESCAN (256) writes, not on
+ * each: entries another process wrote (here: files made directly) count at
+ * the next scan, which evicts the oldest down to 90% of the limit. */
+static void test_eviction_of_other_writers(void) {
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s/others", root);
+  const int64_t entry = 32 + 5 + 100, limit = 300 * entry;
+  tpu_dcache *c = NULL;
+  tpu_status_free(tpu_dcache_open(dir, limit, &c));
+  if (!c) return;
+  char payload[100] = {0}, why[512], key[8];
+  CHECK(tpu_dcache_put(c, "first", 5, payload, sizeof payload, why, sizeof why) == 0, "first put (scans)");
+  /* another writer: 400 entries' worth of bytes in old files */
+  for (int i = 0; i < 4; i++) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/other%d.xc", dir, i);
+    FILE *f = fopen(p, "wb");
+    static char big[100 * 137];
+    if (f) {
+      fwrite(big, 1, sizeof big, f);
+      fclose(f);
+    }
+    struct timespec ts[2] = {{500 + i, 0}, {500 + i, 0}};
+    utimensat(AT_FDCWD, p, ts, 0);
+  }
+  CHECK(tpu_dcache_size(c) > limit, "over the limit by others' files: %lld", (long long)tpu_dcache_size(c));
+  for (int i = 0; i < 256; i++) {
+    snprintf(key, sizeof key, "n%04d", i);
+    tpu_dcache_put(c, key, 5, payload, sizeof payload, why, sizeof why);
+  }
+  CHECK(tpu_dcache_size(c) <= limit, "evicted at the rescan: %lld", (long long)tpu_dcache_size(c));
+  void *p = NULL;
+  size_t n = 0;
+  CHECK(tpu_dcache_get(c, "n0255", 5, &p, &n, why, sizeof why) == TPU_DC_HIT, "newest kept");
+  free(p);
+  tpu_dcache_free(c);
+  rm_entries(dir);
+}
+
 static void test_unusable_folder(void) {
   char file[300], dir[400];
   snprintf(file, sizeof file, "%s/plain-file", root);
@@ -194,6 +233,7 @@ int main(void) {
   test_round_trip();
   test_damaged();
   test_eviction();
+  test_eviction_of_other_writers();
   test_unusable_folder();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
