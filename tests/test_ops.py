@@ -425,3 +425,47 @@ def test_atan_on_large_arrays(dtype):
         torch.testing.assert_close(torch.atan(v.to("tpu")).cpu(), torch.atan(v))
     f = torch.compile(lambda t: torch.atan2(t, torch.ones_like(t)), backend="tpu")
     torch.testing.assert_close(f(x.to("tpu")).cpu(), torch.atan2(x, torch.ones_like(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32, torch.float16, torch.bfloat16])
+def test_linspace_logspace_match_cpu(dtype):
+    """Bit for bit with CPU torch's kernel (its fused multiply-adds, its
+    half-type rounding after each operation, truncated integer ends)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        a, b = (torch.rand(2, generator=g) * 200 - 100).tolist()
+        n = int(torch.randint(0, 60, (1,), generator=g))
+        want = torch.linspace(a, b, n, dtype=dtype)
+        got = torch.linspace(a, b, n, dtype=dtype, device="tpu")
+        assert got.dtype == dtype and torch.equal(got.cpu(), want), (a, b, n)
+        if dtype.is_floating_point:
+            lw = torch.logspace(a / 50, b / 50, n, base=3.0, dtype=dtype)
+            lg = torch.logspace(a / 50, b / 50, n, base=3.0, dtype=dtype, device="tpu").cpu()
+            tol = 3e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
+            torch.testing.assert_close(lg, lw, rtol=tol, atol=0)
+    assert torch.linspace(2, 2, 1, device="tpu").cpu().tolist() == [2.0]
+    with pytest.raises(RuntimeError):
+        torch.linspace(0, 1, -1, device="tpu")
+
+
+def test_shift_operators():
+    x = torch.arange(-6, 7)
+    for f in (lambda t: t << 3, lambda t: t >> 1, lambda t: t << t.abs(), lambda t: t >> (t.abs() % 5),
+              lambda t: t.to(torch.int8) << 5, lambda t: t.to(torch.uint8) >> 2):
+        check(f, x)
+    y = x.to("tpu")
+    y <<= 2
+    y >>= 1
+    assert torch.equal(y.cpu(), (x << 2) >> 1)
+    with pytest.raises(RuntimeError):
+        torch.ones(2, device="tpu") << 1
+
+
+def test_torch_func_transforms():
+    """jacrev/hessian make zero tensors (aten::_efficientzerotensor)."""
+    from torch.func import grad, hessian, jacrev, vmap
+
+    x = make((4, 3), torch.float32, 5)
+    f = lambda v: (v.sin() * v).sum()  # noqa: E731
+    for fn in (lambda t: vmap(grad(f))(t), lambda t: jacrev(torch.exp)(t[0]), lambda t: hessian(f)(t[0])):
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x), rtol=1e-5, atol=1e-6)

@@ -81,6 +81,13 @@ def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=
     return _C.empty(size, dtype or torch.get_default_dtype(), None)
 
 
+def _efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=None):
+    """The zeros torch.func and some backward formulas make: ordinary zeros
+    here (CPU's carry a ZeroTensor flag that only skips work)."""
+    t = _C.empty([int(s) for s in size], dtype or torch.get_default_dtype(), None)
+    return t.zero_()
+
+
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     return _C.empty(size, dtype or torch.get_default_dtype(), stride)
 
@@ -680,6 +687,7 @@ def setup(device_module):
     _IMPL.impl("_to_copy", _to_copy, "PrivateUse1")
     _IMPL.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
     _IMPL.impl("empty_strided", _empty_strided, "PrivateUse1")
+    _IMPL.impl("_efficientzerotensor", _efficientzerotensor, "PrivateUse1")
     _IMPL.impl("_copy_from", _copy_from, "PrivateUse1")
     _IMPL.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     _IMPL.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")

@@ -705,6 +705,81 @@ void tpu_emit_arange(tpu_lower *L) {
   tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
 }
 
+/* x rounded to dt and back (f32 working values of a half type). */
+static tpu_hv tpu_round_to(tpu_lower *L, tpu_hv x, tpu_dtype dt) {
+  return tpu_hlo_convert(H, tpu_hlo_convert(H, x, dt), T(L, x)->dtype);
+}
+
+/* base + step * j (f64 values, j integers below 2^26) as one fused
+ * multiply-add rounds it: step splits into halves whose products with j are
+ * exact, summed with the rounding error of the first sum kept. */
+static tpu_hv tpu_fma_f64(tpu_lower *L, tpu_hv base, double step, tpu_hv j) {
+  double c = step * 134217729.0, hi = c - (c - step), lo = step - hi;
+  tpu_hv ph = tpu_mul(L, tpu_k(L, j, hi), j), pl = tpu_mul(L, tpu_k(L, j, lo), j);
+  tpu_hv sum = tpu_add(L, base, ph), bb = tpu_sub(L, sum, base);
+  tpu_hv err = tpu_add(L, tpu_sub(L, base, tpu_sub(L, sum, bb)), tpu_sub(L, ph, bb));
+  return tpu_add(L, sum, tpu_add(L, err, pl));
+}
+
+/* linspace.out(start, end, steps, *, out) / logspace.out(start, end, steps, base, *, out):
+ * as torch's CPU kernel: start and end in the output type (integers
+ * truncate), the step in that type (f64 for integers), the first half
+ * counting up from start and the second down from end (both ends exact).
+ * torch's build contracts start + step * i into one fused multiply-add
+ * (emulated: in f64 for f32, split products for f64 and integers); half
+ * types round after every operation, as c10::Half arithmetic does. */
+static void tpu_emit_space(tpu_lower *L, bool log) {
+  const tpu_arg *s = &L->args[0], *e = &L->args[1];
+  int64_t n = L->args[2].i;
+  if (n < 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "number of steps must be non-negative");
+    return;
+  }
+  double base = log ? L->args[3].f : 0;
+  tpu_dtype dt = L->args[L->nargs - 1].t.dtype; /* the out tensor's */
+  if (tpu_dtype_is_complex(dt)) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s into a complex tensor is not supported yet", log ? "logspace" : "linspace");
+    return;
+  }
+  bool flt = tpu_dtype_is_float(dt), half = dt == TPU_F16 || dt == TPU_BF16;
+  double a = s->skind == TPU_SCALAR_INT ? (double)s->i : s->f, b = e->skind == TPU_SCALAR_INT ? (double)e->i : e->f;
+  if (!flt && !log) a = trunc(a), b = trunc(b);
+  else if (dt == TPU_F32) a = (float)a, b = (float)b;
+  tpu_hv v;
+  if (half) {
+    tpu_hlo_type t = tpu_hlo_type_make(TPU_F32, 1, &n);
+    tpu_hv ah = tpu_round_to(L, tpu_lower_full(L, t, a), dt), bh = tpu_round_to(L, tpu_lower_full(L, t, b), dt);
+    tpu_hv i = tpu_hlo_iota(H, t, 0), j = tpu_sub(L, tpu_lower_full(L, t, (double)(n > 0 ? n - 1 : 0)), i);
+    tpu_hv st = tpu_round_to(L, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_round_to(L, tpu_sub(L, bh, ah), dt),
+                                              tpu_round_to(L, tpu_lower_full(L, t, (double)(n > 1 ? n - 1 : 1)), dt)), dt);
+    tpu_hv up = tpu_round_to(L, tpu_add(L, ah, tpu_round_to(L, tpu_mul(L, st, tpu_round_to(L, i, dt)), dt)), dt);
+    tpu_hv down = tpu_round_to(L, tpu_sub(L, bh, tpu_round_to(L, tpu_mul(L, st, tpu_round_to(L, j, dt)), dt)), dt);
+    v = n <= 1 ? ah : tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, i, tpu_lower_full(L, t, (double)(n / 2))), up, down);
+  } else {
+    tpu_hlo_type t = tpu_hlo_type_make(TPU_F64, 1, &n);
+    if (n <= 1) {
+      v = tpu_lower_full(L, t, a);
+    } else {
+      double step = dt == TPU_F32 ? (double)(((float)b - (float)a) / (float)(n - 1)) : (b - a) / (double)(n - 1);
+      tpu_hv i = tpu_hlo_iota(H, t, 0), j = tpu_sub(L, tpu_lower_full(L, t, (double)(n - 1)), i);
+      tpu_hv up, down;
+      if (dt == TPU_F32) { /* products of an f32 step and small integers are exact in f64 */
+        up = tpu_add(L, tpu_lower_full(L, t, a), tpu_mul(L, tpu_lower_full(L, t, step), i));
+        down = tpu_sub(L, tpu_lower_full(L, t, b), tpu_mul(L, tpu_lower_full(L, t, step), j));
+      } else {
+        up = tpu_fma_f64(L, tpu_lower_full(L, t, a), step, i);
+        down = tpu_fma_f64(L, tpu_lower_full(L, t, b), -step, j);
+      }
+      v = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, i, tpu_lower_full(L, t, (double)(n / 2))), up, down);
+    }
+    if (dt == TPU_F32) v = tpu_hlo_convert(H, v, TPU_F32);
+  }
+  if (log) v = tpu_hlo_binary(H, TPU_HLO_POW, tpu_lower_full(L, *T(L, v), base), v);
+  tpu_lower_out(L, tpu_hlo_convert(H, v, dt));
+}
+void tpu_emit_linspace(tpu_lower *L) { tpu_emit_space(L, false); }
+void tpu_emit_logspace(tpu_lower *L) { tpu_emit_space(L, true); }
+
 /* ---- random --------------------------------------------------------------------------------- */
 
 static tpu_hv tpu_normal_values(tpu_lower *L, tpu_dtype dt, int rank, const int64_t *dims) {
