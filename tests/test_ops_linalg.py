@@ -233,3 +233,37 @@ def test_cdist_pdist(p):
 def test_lstsq(driver):
     check(lambda a, b: torch.linalg.lstsq(a, b, driver=driver), make((5, 3)), make((5, 2), seed=1))
     check(lambda a, b: torch.linalg.lstsq(a, b, driver=driver).solution, make((2, 3)), make((2, 2), seed=1))
+
+
+def test_matmuls_of_lazily_conjugated_tensors():
+    """PyTorch lets conjugate views through to mm/addmm/bmm/baddbmm/dot/vdot
+    (its other ops get them resolved); the backward of a complex matmul
+    passes a.mH this way."""
+    g = torch.Generator().manual_seed(0)
+
+    def c(*s):
+        return torch.complex(torch.randn(*s, generator=g), torch.randn(*s, generator=g))
+
+    a, b, m, v = c(3, 4), c(4, 5), c(2, 3, 4), c(4)
+    cases = [
+        lambda a, b, m, v: a.conj() @ b,
+        lambda a, b, m, v: a @ b.conj(),
+        lambda a, b, m, v: torch.addmm(b[:3].conj(), a, b),
+        lambda a, b, m, v: torch.bmm(m.conj(), m.mH),
+        lambda a, b, m, v: torch.baddbmm(m[:, :, :3].conj(), m, m.mT),
+        lambda a, b, m, v: torch.dot(v.conj(), v),
+    ]
+    for f in cases:
+        want = f(a, b, m, v)
+        got = f(a.to("tpu"), b.to("tpu"), m.to("tpu"), v.to("tpu")).cpu()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    xs = [torch.randn(4, 5, generator=g) for _ in range(4)]
+    grads = []
+    for dev in ("cpu", "tpu"):
+        leaves = [x.detach().to(dev).requires_grad_() for x in xs]
+        p, q, r, s = leaves
+        out = torch.view_as_real(torch.complex(p, q) @ torch.complex(r, s).mT)
+        out.pow(2).sum().backward()
+        grads.append([x.grad.cpu() for x in leaves])
+    for gc, gt in zip(*grads):
+        torch.testing.assert_close(gt, gc, rtol=1e-4, atol=1e-4)
