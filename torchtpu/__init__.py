@@ -87,7 +87,7 @@ def _after_optimizer_step(optimizer, args, kwargs):
     next step while the program runs (at most two steps in flight). No-op in the other modes and inside
     torch.compile (a compiled optimizer step is a graph of its own)."""
     if not torch.compiler.is_compiling():
-        _C.flush_step()
+        _C.flush(True)
 
 
 from torch.optim.optimizer import register_optimizer_step_post_hook as _register_post_hook  # noqa: E402

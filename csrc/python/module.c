@@ -1153,27 +1153,17 @@ static PyObject *tpu_py_eager_mode(PyObject *m, PyObject *args) {
   return PyLong_FromLong(tpu_engine_mode(st->eng));
 }
 
-/* flush_step(): the end of a training step (an optimizer stepped) in fused
- * mode: the recorded ops are launched as one program without waiting (up to
- * TPU_STEPS_AHEAD in flight), so that a loop that never reads a value back
- * still runs one program per step, and the host records the next step while
- * it runs. */
-static PyObject *tpu_py_flush_step(PyObject *m, PyObject *noargs) {
-  (void)noargs;
+/* flush(step=False): launches the recorded ops (fused mode) without
+ * waiting: what an event recorded now stands behind. With step, the end of
+ * a training step (an optimizer stepped): at most TPU_STEPS_AHEAD programs
+ * stay in flight, so that a loop that never reads a value back still runs
+ * one program per step while the host records the next. */
+static PyObject *tpu_py_flush(PyObject *m, PyObject *args) {
+  int step = 0;
+  if (!PyArg_ParseTuple(args, "|p", &step)) return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (!st->eng) Py_RETURN_NONE;
-  tpu_status *s = tpu_engine_flush_step(st->eng);
-  if (s) return tpu_raise(s);
-  Py_RETURN_NONE;
-}
-
-/* flush(): launches the recorded ops (fused mode) without waiting: what an
- * event recorded now stands behind. */
-static PyObject *tpu_py_flush(PyObject *m, PyObject *noargs) {
-  (void)noargs;
-  tpu_mod_state *st = tpu_state(m);
-  if (!st->eng) Py_RETURN_NONE;
-  tpu_status *s = tpu_engine_flush(st->eng, TPU_FLUSH_SYNC);
+  tpu_status *s = step ? tpu_engine_flush_step(st->eng) : tpu_engine_flush(st->eng, TPU_FLUSH_SYNC);
   if (s) return tpu_raise(s);
   Py_RETURN_NONE;
 }
@@ -1530,8 +1520,7 @@ static PyMethodDef tpu_methods[] = {
     {"disk_cache", tpu_py_disk_cache, METH_VARARGS, "disk_cache(dir, max_bytes, extra_salt)"},
     {"eager_mode", tpu_py_eager_mode, METH_VARARGS, "eager_mode([mode]) -> mode (0 debug, 1 strict)"},
     {"synchronize", tpu_py_synchronize, METH_NOARGS, "Wait for every launched computation."},
-    {"flush_step", tpu_py_flush_step, METH_NOARGS, "End of a training step: launch the recorded ops (fused mode)."},
-    {"flush", tpu_py_flush, METH_NOARGS, "Launch the recorded ops (fused mode) without waiting."},
+    {"flush", tpu_py_flush, METH_VARARGS, "flush(step=False): launch the recorded ops (fused mode) without waiting."},
     {"idle", tpu_py_idle, METH_NOARGS, "Whether every launched computation has finished (no wait)."},
     {"count_fallback", tpu_py_count_fallback, METH_NOARGS, "Count one CPU-fallback op."},
     {"manual_seed", tpu_py_manual_seed, METH_O, "Seed the device generator."},
