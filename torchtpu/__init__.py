@@ -84,8 +84,9 @@ def _after_optimizer_step(optimizer, args, kwargs):
     so far are launched then, as one program, without waiting for it. A loop
     that never reads a value back still runs one program per step (not one
     per TORCHTPU_FUSED_MAX_OPS ops, cut anywhere), and the host records the
-    next step while the program runs (at most two steps in flight). No-op in the other modes and inside
-    torch.compile (a compiled optimizer step is a graph of its own)."""
+    next step while the program runs (at most two steps in flight). No-op in
+    the other modes and inside torch.compile (a compiled optimizer step is a
+    graph of its own)."""
     if not torch.compiler.is_compiling():
         _C.flush(True)
 

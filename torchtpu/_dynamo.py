@@ -224,10 +224,6 @@ def backend(gm, example_inputs, **kwargs):
     from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
 
-    from . import _registry
-
-    _registry.skip_kernel_frames()
-
     shared = {}
     return aot_autograd(fw_compiler=_make_compiler(shared, "fw"), bw_compiler=_make_compiler(shared, "bw"),
                         inference_compiler=_make_compiler(shared, "inf"), keep_inference_input_mutations=True,

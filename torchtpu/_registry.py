@@ -609,28 +609,19 @@ def setup_disk_cache(directory=None, max_mb=None):
         _C.disk_cache(None, 0, "")
 
 
-_FRAMES_SKIPPED = False
-
-
-def skip_kernel_frames():
+def _skip_kernel_frames():
     """Our Python kernels (views, indexing, cat, autocast, ...) run inside the
     dispatcher; when eager code runs between compiled graphs (a graph break,
     as at nn.LSTM) Dynamo must not try to compile their frames. Marked
     through Dynamo's C hook (importing torch._dynamo here would cost most of
-    a second at import); without it, through torch._dynamo on the first
-    compile."""
-    global _FRAMES_SKIPPED
-    if _FRAMES_SKIPPED:
-        return
+    a second at import)."""
     try:
         from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
-
-        def skip(code):
-            set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
     except ImportError:
-        if "torch._dynamo" not in sys.modules:
-            return
-        from torch._dynamo.eval_frame import skip_code as skip
+        return
+
+    def skip(code):
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
 
     def walk(code):
         skip(code)
@@ -644,7 +635,6 @@ def skip_kernel_frames():
         for v in list(vars(mod).values()):
             if isinstance(v, types.FunctionType) and v.__module__ == mod.__name__:
                 walk(v.__code__)
-    _FRAMES_SKIPPED = True
 
 
 def setup(device_module):
@@ -736,7 +726,7 @@ def setup(device_module):
     _autocast.setup()
     _LIB = torch.library.Library("_", "IMPL")
     _LIB.fallback(_fallback, dispatch_key="PrivateUse1")
-    skip_kernel_frames()
+    _skip_kernel_frames()
 
 
 def runtime_info():

@@ -1225,7 +1225,6 @@ static tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab,
   atomic_fetch_add(&e->metrics.flushes[reason], 1);
   uint64_t epoch = ++e->fuse_epoch;
   tpu_sig sig = {0};
-  sig.heap = true;
   /* The key: every op's signature and which record each of its tensors
    * names (flush-local ids, in order of first use), then which records are
    * live. The same training step gives the same key every time. */

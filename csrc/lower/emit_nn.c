@@ -745,35 +745,33 @@ static void tpu_emit_space(tpu_lower *L, bool log) {
   double a = s->skind == TPU_SCALAR_INT ? (double)s->i : s->f, b = e->skind == TPU_SCALAR_INT ? (double)e->i : e->f;
   if (!flt && !log) a = trunc(a), b = trunc(b);
   else if (dt == TPU_F32) a = (float)a, b = (float)b;
-  tpu_hv v;
-  if (half) {
-    tpu_hlo_type t = tpu_hlo_type_make(TPU_F32, 1, &n);
-    tpu_hv ah = tpu_round_to(L, tpu_lower_full(L, t, a), dt), bh = tpu_round_to(L, tpu_lower_full(L, t, b), dt);
-    tpu_hv i = tpu_hlo_iota(H, t, 0), j = tpu_sub(L, tpu_lower_full(L, t, (double)(n > 0 ? n - 1 : 0)), i);
-    tpu_hv st = tpu_round_to(L, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_round_to(L, tpu_sub(L, bh, ah), dt),
-                                              tpu_round_to(L, tpu_lower_full(L, t, (double)(n > 1 ? n - 1 : 1)), dt)), dt);
-    tpu_hv up = tpu_round_to(L, tpu_add(L, ah, tpu_round_to(L, tpu_mul(L, st, tpu_round_to(L, i, dt)), dt)), dt);
-    tpu_hv down = tpu_round_to(L, tpu_sub(L, bh, tpu_round_to(L, tpu_mul(L, st, tpu_round_to(L, j, dt)), dt)), dt);
-    v = n <= 1 ? ah : tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, i, tpu_lower_full(L, t, (double)(n / 2))), up, down);
-  } else {
-    tpu_hlo_type t = tpu_hlo_type_make(TPU_F64, 1, &n);
-    if (n <= 1) {
-      v = tpu_lower_full(L, t, a);
+  /* f32 working values for half types (rounded to them after every
+   * operation), f64 otherwise */
+  tpu_hlo_type t = tpu_hlo_type_make(half ? TPU_F32 : TPU_F64, 1, &n);
+  tpu_hv v = tpu_lower_full(L, t, a);
+  if (half) v = tpu_round_to(L, v, dt);
+  if (n > 1) {
+    tpu_hv i = tpu_hlo_iota(H, t, 0), j = tpu_sub(L, tpu_lower_full(L, t, (double)(n - 1)), i);
+    tpu_hv first = tpu_hlo_compare(H, TPU_HLO_LT, i, tpu_lower_full(L, t, (double)(n / 2)));
+    tpu_hv up, down;
+    if (half) {
+      tpu_hv ah = v, bh = tpu_round_to(L, tpu_lower_full(L, t, b), dt);
+      tpu_hv st = tpu_round_to(L, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_round_to(L, tpu_sub(L, bh, ah), dt),
+                                                tpu_round_to(L, tpu_lower_full(L, t, (double)(n - 1)), dt)), dt);
+      up = tpu_round_to(L, tpu_add(L, ah, tpu_round_to(L, tpu_mul(L, st, tpu_round_to(L, i, dt)), dt)), dt);
+      down = tpu_round_to(L, tpu_sub(L, bh, tpu_round_to(L, tpu_mul(L, st, tpu_round_to(L, j, dt)), dt)), dt);
+    } else if (dt == TPU_F32) { /* products of an f32 step and small integers are exact in f64 */
+      tpu_hv st = tpu_lower_full(L, t, (double)(((float)b - (float)a) / (float)(n - 1)));
+      up = tpu_add(L, v, tpu_mul(L, st, i));
+      down = tpu_sub(L, tpu_lower_full(L, t, b), tpu_mul(L, st, j));
     } else {
-      double step = dt == TPU_F32 ? (double)(((float)b - (float)a) / (float)(n - 1)) : (b - a) / (double)(n - 1);
-      tpu_hv i = tpu_hlo_iota(H, t, 0), j = tpu_sub(L, tpu_lower_full(L, t, (double)(n - 1)), i);
-      tpu_hv up, down;
-      if (dt == TPU_F32) { /* products of an f32 step and small integers are exact in f64 */
-        up = tpu_add(L, tpu_lower_full(L, t, a), tpu_mul(L, tpu_lower_full(L, t, step), i));
-        down = tpu_sub(L, tpu_lower_full(L, t, b), tpu_mul(L, tpu_lower_full(L, t, step), j));
-      } else {
-        up = tpu_fma_f64(L, tpu_lower_full(L, t, a), step, i);
-        down = tpu_fma_f64(L, tpu_lower_full(L, t, b), -step, j);
-      }
-      v = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, i, tpu_lower_full(L, t, (double)(n / 2))), up, down);
+      double step = (b - a) / (double)(n - 1);
+      up = tpu_fma_f64(L, v, step, i);
+      down = tpu_fma_f64(L, tpu_lower_full(L, t, b), -step, j);
     }
-    if (dt == TPU_F32) v = tpu_hlo_convert(H, v, TPU_F32);
+    v = tpu_hlo_select(H, first, up, down);
   }
+  if (dt == TPU_F32) v = tpu_hlo_convert(H, v, TPU_F32);
   if (log) v = tpu_hlo_binary(H, TPU_HLO_POW, tpu_lower_full(L, *T(L, v), base), v);
   tpu_lower_out(L, tpu_hlo_convert(H, v, dt));
 }
