@@ -108,25 +108,13 @@ def _resolve_bits(t):
 # Ops that PyTorch hands lazily conjugated (or negated) tensors as they are:
 # its Conjugate and Negative fallbacks resolve the bits for every other op,
 # but let these through (CPU and CUDA kernels fold the conjugation into their
-# BLAS calls; the backward of a complex matmul passes a.mH this way).
-_BIT_AWARE = ("mm", "mm.out", "addmm", "addmm_", "addmm.out", "bmm", "bmm.out", "baddbmm", "baddbmm_",
-              "baddbmm.out", "dot", "dot.out", "vdot", "vdot.out", "linalg_vecdot", "linalg_vecdot.out",
-              "linalg_solve_triangular", "linalg_solve_triangular.out")
-
-
-def _resolving(name, c_kernel):
-    """The kernel of a _BIT_AWARE op, given its inputs' actual values (an
-    in-place op's self and an out= argument are written, not read as values)."""
-    first = 1 if name.endswith("_") else 0
-
-    def kernel(*args, **kwargs):
-        for a in args[first:]:
-            if isinstance(a, torch.Tensor) and (a.is_conj() or a.is_neg()):
-                args = args[:first] + tuple(_resolve_bits(x) if isinstance(x, torch.Tensor) else x for x in args[first:])
-                break
-        return c_kernel(*args, **kwargs)
-
-    return kernel
+# BLAS calls; the backward of a complex matmul passes a.mH this way). Their C
+# kernels resolve such inputs with _resolve_bits; only the triangular solve
+# also gets negated real tensors.
+_BIT_AWARE = {"mm": False, "mm.out": False, "addmm": False, "addmm_": False, "addmm.out": False, "bmm": False,
+              "bmm.out": False, "baddbmm": False, "baddbmm_": False, "baddbmm.out": False, "dot": False,
+              "dot.out": False, "vdot": False, "vdot.out": False, "linalg_vecdot": False,
+              "linalg_vecdot.out": False, "linalg_solve_triangular": True, "linalg_solve_triangular.out": True}
 
 
 def _copy_from(self, dst, non_blocking=False):
@@ -662,10 +650,11 @@ def setup(device_module):
             spec = _spec(schema)
         except NotImplementedError as e:
             raise RuntimeError(f"torchtpu: cannot register aten::{name}: {e}") from None
-        k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED)
-        _KERNELS[name] = k
         if name in _BIT_AWARE:
-            k = _resolving(name, k)
+            k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED, _resolve_bits, _BIT_AWARE[name])
+        else:
+            k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED)
+        _KERNELS[name] = k
         if name == "cat":
             k = _chunked_cat(k)
         elif name == "_amp_foreach_non_finite_check_and_unscale_":

@@ -65,7 +65,7 @@ typedef struct {
   PyObject *dtypes[TPU_NUM_DTYPES]; /* torch.dtype objects by tpu_dtype */
   PyObject *kernel_type;
   PyObject *s_data_ptr, *s_storage_offset, *s_shape, *s_stride, *s_dtype, *s_is_cpu,
-      *s_contiguous, *s_copy_, *s_is_contiguous;
+      *s_contiguous, *s_copy_, *s_is_contiguous, *s_is_conj, *s_is_neg;
   PyObject *tensor_type;           /* torch.Tensor, looked up on first use */
   int explain;                     /* TORCHTPU_EXPLAIN_RECOMPILES */
   char **explained[TPU_NUM_OPS];   /* owned: the last compiled call's argument descriptions */
@@ -273,10 +273,17 @@ typedef struct {
   char kinds[TPU_MAX_ARGS];
   PyObject *names[TPU_MAX_ARGS];    /* strong, interned */
   PyObject *defaults[TPU_MAX_ARGS]; /* strong or NULL (required) */
+  /* Ops PyTorch hands lazily conjugated or negated tensors (its Conjugate and
+   * Negative fallbacks let them through): resolve (strong or NULL) gives a
+   * tensor's plain values. Conjugation exists on complex tensors only; a
+   * negated real tensor reaches only ops with resolve_real. */
+  PyObject *resolve;
+  int resolve_real;
 } tpu_kernel;
 
 static void tpu_kernel_dealloc(tpu_kernel *k) {
   Py_XDECREF(k->module);
+  Py_XDECREF(k->resolve);
   for (int i = 0; i < k->nparams; i++) {
     Py_XDECREF(k->names[i]);
     Py_XDECREF(k->defaults[i]);
@@ -643,6 +650,15 @@ static int tpu_explain(tpu_mod_state *st, tpu_kernel *k, const tpu_arg *args) {
   return rc;
 }
 
+/* o.name() as 0/1; -1 with an exception set. */
+static int tpu_call_bool(PyObject *o, PyObject *name) {
+  PyObject *r = PyObject_CallMethodNoArgs(o, name);
+  if (!r) return -1;
+  int v = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return v;
+}
+
 static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs) {
   tpu_mod_state *st = tpu_state(k->module);
   if (!tpu_need_engine(st)) return NULL;
@@ -653,6 +669,7 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
     return NULL;
   }
   PyObject *params[TPU_MAX_ARGS];
+  PyObject *resolved[TPU_MAX_ARGS] = {0}; /* strong: inputs replaced by their plain values */
   tpu_call_frame *f = malloc(sizeof *f);
   if (!f) return PyErr_NoMemory();
   PyObject *result = NULL;
@@ -673,6 +690,20 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
     a->is_default = k->defaults[i] && (o == k->defaults[i]);
     nparsed = i + 1;
     if (tpu_parse_arg(st, k->kinds[i], o, a, opname) < 0) goto done;
+    if (k->resolve && a->kind == TPU_ARG_TENSOR && !a->t.host &&
+        (k->resolve_real || tpu_dtype_is_complex(a->t.dtype)) &&
+        !(i == 0 && (tpu_op_table[k->op_id].flags & TPU_OP_INPLACE))) { /* an in-place self is written */
+      int bit = tpu_call_bool(o, st->s_is_conj);
+      if (bit == 0) bit = tpu_call_bool(o, st->s_is_neg);
+      if (bit < 0) goto done;
+      if (bit) {
+        if (!(resolved[i] = PyObject_CallOneArg(k->resolve, o))) goto done;
+        params[i] = o = resolved[i];
+        memset(a, 0, offsetof(tpu_arg, ints));
+        a->is_default = false;
+        if (tpu_parse_arg(st, k->kinds[i], o, a, opname) < 0) goto done;
+      }
+    }
     if (!a->is_default && k->defaults[i] && a->kind == TPU_ARG_SCALAR && k->defaults[i] != Py_None) {
       int eq = PyObject_RichCompareBool(o, k->defaults[i], Py_EQ);
       if (eq < 0) goto done;
@@ -686,6 +717,7 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
 done:
   tpu_args_free(f->args, nparsed);
   free(f);
+  for (int i = 0; i < k->nparams; i++) Py_XDECREF(resolved[i]);
   return result;
 }
 
@@ -705,8 +737,9 @@ static PyType_Spec tpu_kernel_spec = {
  * a missing-marker (the module's REQUIRED object). */
 static PyObject *tpu_py_kernel(PyObject *m, PyObject *args) {
   int op_id, nreturns;
-  PyObject *spec, *required;
-  if (!PyArg_ParseTuple(args, "iOiO", &op_id, &spec, &nreturns, &required)) return NULL;
+  PyObject *spec, *required, *resolve = Py_None;
+  int resolve_real = 0;
+  if (!PyArg_ParseTuple(args, "iOiO|Op", &op_id, &spec, &nreturns, &required, &resolve, &resolve_real)) return NULL;
   if (op_id < 0 || op_id >= TPU_NUM_OPS) return PyErr_Format(PyExc_ValueError, "bad op id %d", op_id);
   tpu_mod_state *st = tpu_state(m);
   PyObject *fast = PySequence_Fast(spec, "spec must be a sequence");
@@ -723,6 +756,8 @@ static PyObject *tpu_py_kernel(PyObject *m, PyObject *args) {
     return NULL;
   }
   k->module = Py_NewRef(m);
+  k->resolve = resolve == Py_None ? NULL : Py_NewRef(resolve);
+  k->resolve_real = resolve_real;
   k->op_id = op_id;
   k->nreturns = nreturns;
   k->nparams = 0;
@@ -1509,7 +1544,8 @@ static PyObject *tpu_py_graph_replay(PyObject *m, PyObject *args) {
 static PyMethodDef tpu_methods[] = {
     {"init", tpu_py_init, METH_VARARGS, "init(plugin, platform, num_devices, dtypes, from_dlpack, empty)"},
     {"ops", tpu_py_ops, METH_NOARGS, "The op table: [(aten overload, id, flags)]."},
-    {"kernel", tpu_py_kernel, METH_VARARGS, "kernel(op_id, spec, nreturns, REQUIRED) -> callable"},
+    {"kernel", tpu_py_kernel, METH_VARARGS,
+     "kernel(op_id, spec, nreturns, REQUIRED[, resolve, resolve_real]) -> callable"},
     {"empty", tpu_py_empty, METH_VARARGS, "empty(sizes, dtype, strides) -> tpu tensor"},
     {"copy_from", tpu_py_copy_from, METH_VARARGS, "copy_from(src, dst) -> dst"},
     {"to_cpu", tpu_py_to_cpu, METH_O, "to_cpu(t) -> contiguous CPU tensor"},
@@ -1548,6 +1584,8 @@ static int tpu_mod_exec(PyObject *m) {
   TPU_INTERN(s_contiguous, "contiguous")
   TPU_INTERN(s_copy_, "copy_")
   TPU_INTERN(s_is_contiguous, "is_contiguous")
+  TPU_INTERN(s_is_conj, "is_conj")
+  TPU_INTERN(s_is_neg, "is_neg")
 #undef TPU_INTERN
   return 0;
 }
@@ -1573,6 +1611,8 @@ static int tpu_mod_clear(PyObject *m) {
   Py_CLEAR(st->s_stride);
   Py_CLEAR(st->s_dtype);
   Py_CLEAR(st->s_is_cpu);
+  Py_CLEAR(st->s_is_conj);
+  Py_CLEAR(st->s_is_neg);
   Py_CLEAR(st->s_contiguous);
   Py_CLEAR(st->s_copy_);
   Py_CLEAR(st->s_is_contiguous);
