@@ -650,15 +650,6 @@ static int tpu_explain(tpu_mod_state *st, tpu_kernel *k, const tpu_arg *args) {
   return rc;
 }
 
-/* o.name() as 0/1; -1 with an exception set. */
-static int tpu_call_bool(PyObject *o, PyObject *name) {
-  PyObject *r = PyObject_CallMethodNoArgs(o, name);
-  if (!r) return -1;
-  int v = PyObject_IsTrue(r);
-  Py_DECREF(r);
-  return v;
-}
-
 static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs) {
   tpu_mod_state *st = tpu_state(k->module);
   if (!tpu_need_engine(st)) return NULL;
@@ -693,9 +684,9 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
     if (k->resolve && a->kind == TPU_ARG_TENSOR && !a->t.host &&
         (k->resolve_real || tpu_dtype_is_complex(a->t.dtype)) &&
         !(i == 0 && (tpu_op_table[k->op_id].flags & TPU_OP_INPLACE))) { /* an in-place self is written */
-      int bit = tpu_call_bool(o, st->s_is_conj);
-      if (bit == 0) bit = tpu_call_bool(o, st->s_is_neg);
-      if (bit < 0) goto done;
+      int64_t bit = tpu_call_int(o, st->s_is_conj); /* a bool: 0 or 1 */
+      if (bit == 0) bit = tpu_call_int(o, st->s_is_neg);
+      if (bit == -1 && PyErr_Occurred()) goto done;
       if (bit) {
         if (!(resolved[i] = PyObject_CallOneArg(k->resolve, o))) goto done;
         params[i] = o = resolved[i];
