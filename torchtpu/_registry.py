@@ -2,6 +2,7 @@
 a PrivateUse1 kernel. Thin by design: argument parsing, lowering and execution
 are in the C core."""
 
+import functools
 import os
 import sys
 import types
@@ -70,6 +71,10 @@ def _redispatch_cpu(op):
     """View kernels: the CPU kernels of these ops only alias metadata, so they
     serve tpu tensors unchanged (the storage is shared, as views require)."""
     ks = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    handle = getattr(op, "_handle", None)
+    if hasattr(handle, "redispatch_boxed"):
+        # no Python frame between torch's dispatcher and the CPU kernel
+        return functools.partial(handle.redispatch_boxed, ks)
 
     def kernel(*args, **kwargs):
         return op.redispatch(ks, *args, **kwargs)
