@@ -229,6 +229,68 @@ def test_clip_grad_norm_of_many_parameters():
         torch.testing.assert_close(b.grad.cpu(), a.grad)
 
 
+def _foreach_program(dev):
+    """The foreach calls of torch's optimizers and more, on lists of mixed
+    shapes and dtypes (every overload kind: List, Scalar, ScalarList, Tensor;
+    in place, functional and out= element ops)."""
+    def lst(seed, dtype=torch.float32, pos=False):
+        xs = [make((3 + i, 4) if i % 2 else (5,), dtype, seed + i) for i in range(5)]
+        return [(x.abs() + 0.5 if pos else x).to(dev) for x in xs]
+    a, b, c = lst(0), lst(10, pos=True), lst(20)
+    ints = lst(30, torch.int64)
+    torch._foreach_add_(a, b, alpha=0.3)
+    torch._foreach_mul_(a, 1.5)
+    torch._foreach_div_(a, [1.0, 2.0, 3.0, 4.0, 5.0])
+    torch._foreach_sub_(a, c)
+    torch._foreach_lerp_(a, c, 0.25)
+    torch._foreach_lerp_(a, b, [0.1, 0.2, 0.3, 0.6, 0.9])
+    torch._foreach_lerp_(a, b, c)
+    torch._foreach_addcmul_(a, b, c, value=0.5)
+    torch._foreach_addcdiv_(a, c, b, [0.1, 0.2, 0.3, 0.4, 0.5])
+    torch._foreach_addcdiv_(a, c, b, 2)
+    torch._foreach_mul_(c, torch.tensor(3.0, device=dev))
+    torch._foreach_add_(c, torch.tensor(2.0, device=dev), alpha=2)
+    torch._foreach_clamp_min_(c, 0.1)
+    torch._foreach_maximum_(c, a)
+    torch._foreach_add_(ints, 3)
+    out = [t for r in (torch._foreach_sqrt(b), torch._foreach_add(a, b), torch._foreach_pow(b, 2.0),
+                       torch._foreach_mul(ints, 2), torch._foreach_div(ints, 2), torch._foreach_exp(c),
+                       torch._foreach_max(c), torch._foreach_norm(c), torch._foreach_neg(ints)) for t in r]
+    torch._foreach_sqrt_(b)
+    torch._foreach_zero_(ints)
+    return [x.cpu() for x in a + b + c + ints + out]
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_foreach_ops(mode):
+    want = _foreach_program("cpu")
+    m0 = torchtpu.metrics()["ops_dispatched"]
+    with torchtpu.eager_mode(mode):
+        got = _foreach_program("tpu")
+    assert torchtpu.metrics()["ops_dispatched"] > m0
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    t = [torch.ones(2, device="tpu")]
+    with pytest.raises(RuntimeError, match="same number of tensors"):
+        torch._foreach_add_(t, t * 2)
+    with pytest.raises(RuntimeError, match="at least one tensor"):
+        torch._foreach_mul_([], 2.0)
+    with pytest.raises(RuntimeError, match="same device|devices"):
+        torch._foreach_add_(t, [torch.ones(2)])
+
+
+def test_foreach_ops_reach_the_element_kernels():
+    """torch's optimizers' foreach calls are served by torchtpu's own foreach
+    kernels (one call per list, not torch's loop that dispatches each item)."""
+    for name in ("_foreach_add_.List", "_foreach_add_.Scalar", "_foreach_mul_.Tensor", "_foreach_lerp_.Scalar",
+                 "_foreach_addcmul_.Scalar", "_foreach_addcdiv_.ScalarList", "_foreach_sqrt", "_foreach_div_.ScalarList"):
+        table = torch._C._dispatch_dump_table("aten::" + name)
+        line = next(x for x in table.splitlines() if x.startswith("PrivateUse1:"))
+        assert "torchtpu" in line, line
+
+
 def test_softmax_family_and_grads():
     x = make((3, 7), torch.float32, 3)
     for f in (lambda t: F.softmax(t, -1), lambda t: F.log_softmax(t, 0), lambda t: F.softmax(t, 1)):

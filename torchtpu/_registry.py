@@ -359,6 +359,91 @@ def _chunked_cat(c_cat):
     return cat
 
 
+def _positional(schema):
+    return [a for a in schema.arguments if not a.kwarg_only]
+
+
+def _element_kernel(fschema, inplace):
+    """The kernel of the element op of a torch._foreach_* overload: an overload
+    of the same op (in place, functional, or out= with each item of the first
+    list as out) taking one item of each list, in the same positions (or, past
+    its positional parameters, as its keyword parameters of the same types, in
+    order), with any other arguments defaulted. (kernel, kwnames, out_self) or
+    None."""
+    elem = fschema.name.split("::")[1][len("_foreach_"):]
+    base = elem.rstrip("_")
+    fpos = _positional(fschema)
+    types = [str(a.type)[5:-1] if str(a.type).startswith("List[") else str(a.type) for a in fpos]
+    fkw = {a.name: str(a.type) for a in fschema.arguments if a.kwarg_only}
+    packet = getattr(torch.ops.aten, base, None)
+    if packet is None:
+        return None
+    tries = []
+    if inplace:
+        ipacket = getattr(torch.ops.aten, base + "_", None)
+        for ov in (ipacket.overloads() if ipacket is not None else ()):
+            tries.append((base + "_" + ("." + ov if ov != "default" else ""), False))
+    for ov in packet.overloads():
+        out = ov == "out" or ov.endswith("_out")
+        if out == inplace:
+            tries.append((base + ("." + ov if ov != "default" else ""), out))
+    for name, out_self in tries:
+        k = _KERNELS.get(name)
+        if k is None:
+            continue
+        op, _, ov = name.partition(".")
+        es = getattr(getattr(torch.ops.aten, op), ov or "default")._schema
+        pos = _positional(es)
+        ekw = [a for a in es.arguments if a.kwarg_only and a.name not in fkw and not (out_self and a.name == "out")]
+        extra = types[len(pos):]
+        if any(str(a.type) != t for a, t in zip(pos, types)) or len(extra) > len(ekw):
+            continue
+        if any(str(a.type) != t for a, t in zip(ekw, extra)):
+            continue
+        kwnames = (None,) * min(len(pos), len(types)) + tuple(a.name for a in ekw[:len(extra)])
+        rest = pos[len(types):] + ekw[len(extra):]
+        if any(not a.has_default_value() for a in rest):
+            continue
+        named = {a.name: str(a.type) for a in es.arguments if a.kwarg_only}
+        if any(named.get(n) != t for n, t in fkw.items()) or (out_self and "out" not in named):
+            continue
+        return k, kwnames, out_self
+    return None
+
+
+def _register_foreach():
+    """torch._foreach_* overloads whose element op has a kernel run it item by
+    item from C (_C.foreach): the optimizers' and clip_grad_norm_'s foreach
+    calls cost one call from torch each, not one dispatch per parameter. The
+    others keep torch's own loop (which dispatches each item)."""
+    done = []
+    for qual in torch._C._dispatch_get_all_op_names():
+        if not qual.startswith("aten::_foreach_"):
+            continue
+        fname, _, ov = qual[len("aten::"):].partition(".")
+        for ov in (ov or "default",):
+            fs = getattr(getattr(torch.ops.aten, fname), ov)._schema
+            inplace = fname.endswith("_")
+            rets = [str(r.type) for r in fs.returns]
+            if rets != ([] if inplace else ["List[Tensor]"]) or any(a.kwarg_only and a.name == "out"
+                                                                   for a in fs.arguments):
+                continue
+            pos = _positional(fs)
+            if not pos or not str(pos[0].type).startswith("List[") and not str(pos[-1].type).startswith("List["):
+                continue
+            found = _element_kernel(fs, inplace)
+            if found is None:
+                continue
+            k, kwnames, out_self = found
+            lists = sum(1 << i for i, a in enumerate(pos) if str(a.type).startswith("List["))
+            if not lists & 1 or (out_self and not str(pos[0].type) == "List[Tensor]"):
+                continue
+            name = fname + ("." + ov if ov != "default" else "")
+            _IMPL.impl(name, _C.foreach(name, k, lists, kwnames, out_self, not inplace), "PrivateUse1")
+            done.append(name)
+    return done
+
+
 def _chunked_unscale(c_unscale):
     """GradScaler's unscale over any number of gradients: found_inf gathers
     the check over every group."""
@@ -692,6 +777,7 @@ def setup(device_module):
         base, _, overload = name.partition(".")
         opov = getattr(getattr(torch.ops.aten, base), overload or "default")
         _IMPL.impl(name, _redispatch_cpu(opov), "PrivateUse1")
+    _register_foreach()
     _IMPL.impl("set_", _set_empty, "PrivateUse1")
     _IMPL.impl("resize_", _resize_, "PrivateUse1")
     _IMPL.impl("_to_copy", _to_copy, "PrivateUse1")

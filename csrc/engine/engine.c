@@ -978,7 +978,7 @@ static tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int o
   tpu_tref *lists = (tpu_tref *)(block + at);
   n->outrec = (tpu_record **)(block + at + lt);
   n->sig = block + at + lt + ot;
-  if (nargs) memcpy(n->args, args, at);
+  for (int i = 0; i < nargs; i++) memcpy(&n->args[i], &args[i], tpu_arg_size(&args[i]));
   if (nnew) memset(n->outrec, 0, ot);
   for (int i = 0; i < nargs; i++) {
     tpu_arg *a = &n->args[i];

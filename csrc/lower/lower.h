@@ -13,6 +13,8 @@
 #ifndef TPU_LOWER_H
 #define TPU_LOWER_H
 
+#include <stddef.h>
+
 #include "../hlo/hlo.h"
 
 #define TPU_MAX_ARGS 24
@@ -75,13 +77,22 @@ typedef struct {
   double f;                 /* SCALAR (float/bool/complex real), FLOAT */
   double f_imag;            /* SCALAR complex */
   int64_t i;                /* SCALAR (int), INT, BOOL (0/1) */
-  int nints;                /* INTS / FLOATS */
-  int64_t ints[TPU_MAX_LIST];
-  double floats[TPU_MAX_LIST];
   tpu_dtype dtype;          /* DTYPE */
   char str[32];             /* STR */
   tpu_hv value;             /* SCALAR: its 0-d input value, NONE until requested */
+  int nints;                /* INTS / FLOATS */
+  /* The arrays come last: only INTS and FLOATS arguments use them, and a
+   * recorded op copies an argument up to what its kind uses (tpu_arg_size). */
+  int64_t ints[TPU_MAX_LIST];
+  double floats[TPU_MAX_LIST];
 } tpu_arg;
+
+/* Bytes of a that its kind uses (a prefix of the struct). */
+static inline size_t tpu_arg_size(const tpu_arg *a) {
+  return a->kind == TPU_ARG_FLOATS ? sizeof *a
+         : a->kind == TPU_ARG_INTS ? offsetof(tpu_arg, ints) + sizeof(int64_t) * (size_t)a->nints
+                                   : offsetof(tpu_arg, ints);
+}
 
 /* ---- the context an emitter sees ------------------------------------------ */
 

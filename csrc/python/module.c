@@ -64,6 +64,8 @@ typedef struct {
   PyObject *torch_empty;           /* torch.empty */
   PyObject *dtypes[TPU_NUM_DTYPES]; /* torch.dtype objects by tpu_dtype */
   PyObject *kernel_type;
+  PyObject *foreach_type;
+  struct tpu_call_frame *spare_frame; /* owned or NULL: tpu_kernel_call's, kept between calls */
   PyObject *s_data_ptr, *s_storage_offset, *s_shape, *s_stride, *s_dtype, *s_is_cpu,
       *s_contiguous, *s_copy_, *s_is_contiguous, *s_is_conj, *s_is_neg;
   PyObject *tensor_type;           /* torch.Tensor, looked up on first use */
@@ -496,7 +498,7 @@ static PyObject *tpu_build_result(tpu_mod_state *st, tpu_engine_result *res, PyO
   return tup;
 }
 
-typedef struct {
+typedef struct tpu_call_frame {
   tpu_arg args[TPU_MAX_ARGS];
 } tpu_call_frame;
 
@@ -661,7 +663,10 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
   }
   PyObject *params[TPU_MAX_ARGS];
   PyObject *resolved[TPU_MAX_ARGS] = {0}; /* strong: inputs replaced by their plain values */
-  tpu_call_frame *f = malloc(sizeof *f);
+  /* One frame is kept for the next call (a call made while one runs, from a
+   * resolve callback, gets its own). */
+  tpu_call_frame *f = st->spare_frame ? st->spare_frame : malloc(sizeof *f);
+  st->spare_frame = NULL;
   if (!f) return PyErr_NoMemory();
   PyObject *result = NULL;
   int nparsed = 0;
@@ -707,7 +712,8 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
     Py_CLEAR(result);
 done:
   tpu_args_free(f->args, nparsed);
-  free(f);
+  if (st->spare_frame) free(f);
+  else st->spare_frame = f;
   for (int i = 0; i < k->nparams; i++) Py_XDECREF(resolved[i]);
   return result;
 }
@@ -722,6 +728,132 @@ static PyType_Slot tpu_kernel_slots[] = {
 static PyType_Spec tpu_kernel_spec = {
     "torchtpu._C.Kernel", sizeof(tpu_kernel), 0, Py_TPFLAGS_DEFAULT, tpu_kernel_slots,
 };
+
+/* ---- foreach ops (torch._foreach_*) ------------------------------------------------
+ *
+ * A foreach overload applies its element op to each item of its lists.
+ * torch's own kernel for a new device loops in C++ and dispatches every item
+ * again (through the dispatcher and the Python kernel call); this object
+ * loops here and calls the element op's kernel directly: one call from torch
+ * per list. The element op is an in-place, functional or out= overload of
+ * the same op; for an out= one, each item of the first list is also the out
+ * argument (as torch's in-place kernels of such ops do). */
+
+typedef struct {
+  PyObject_HEAD
+  PyObject *base;                   /* the element op's kernel */
+  const char *name;                 /* static: "_foreach_add_.List", for messages */
+  int npos;                         /* positional parameters of the foreach op */
+  unsigned lists;                   /* bit i: positional parameter i is a list */
+  PyObject *kwname[TPU_MAX_ARGS];   /* strong or NULL: the element op takes positional i by this keyword */
+  PyObject *s_out;                  /* strong "out" when items of list 0 are the out argument, else NULL */
+  int returns;                      /* 1: a list of the element results; 0: None */
+  char namebuf[64];
+} tpu_foreach;
+
+static void tpu_foreach_dealloc(tpu_foreach *f) {
+  Py_XDECREF(f->base);
+  Py_XDECREF(f->s_out);
+  for (int i = 0; i < TPU_MAX_ARGS; i++) Py_XDECREF(f->kwname[i]);
+  PyTypeObject *tp = Py_TYPE(f);
+  tp->tp_free(f);
+  Py_DECREF(tp);
+}
+
+static PyObject *tpu_foreach_call(tpu_foreach *f, PyObject *args, PyObject *kwargs) {
+  Py_ssize_t npos = PyTuple_GET_SIZE(args);
+  if (npos > f->npos || npos < 1) return PyErr_Format(PyExc_TypeError, "aten::%s: expected at most %d positional "
+                                                      "arguments, got %zd", f->name, f->npos, npos);
+  PyObject *fast[TPU_MAX_ARGS] = {0};
+  PyObject *res = NULL, *kw = NULL, *pos = NULL;
+  Py_ssize_t n = -1, nbase = 0;
+  bool need_kw = f->s_out != NULL;
+  for (Py_ssize_t i = 0; i < npos; i++) {
+    if (f->kwname[i]) need_kw = true;
+    else nbase++;
+    if (!(f->lists & (1u << i))) continue;
+    if (!(fast[i] = PySequence_Fast(PyTuple_GET_ITEM(args, i), "a foreach list"))) goto done;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(fast[i]);
+    if (n < 0) {
+      n = len;
+    } else if (len != n) {
+      PyErr_Format(PyExc_RuntimeError, "aten::%s: all lists must have the same length, got %zd and %zd", f->name, n,
+                   len);
+      goto done;
+    }
+  }
+  if (n <= 0) {
+    PyErr_Format(PyExc_RuntimeError, "aten::%s: Tensor list must have at least one tensor.", f->name);
+    goto done;
+  }
+  if (need_kw) kw = kwargs ? PyDict_Copy(kwargs) : PyDict_New();
+  else if (kwargs) kw = Py_NewRef(kwargs);
+  if ((need_kw && !kw) || (f->returns && !(res = PyList_New(n)))) goto done;
+  for (Py_ssize_t j = 0; j < n; j++) {
+    if (!(pos = PyTuple_New(nbase))) goto fail;
+    for (Py_ssize_t i = 0, b = 0; i < npos; i++) {
+      PyObject *o = fast[i] ? PySequence_Fast_GET_ITEM(fast[i], j) : PyTuple_GET_ITEM(args, i);
+      if (!f->kwname[i]) PyTuple_SET_ITEM(pos, b++, Py_NewRef(o));
+      else if (PyDict_SetItem(kw, f->kwname[i], o) < 0) goto fail;
+    }
+    if (f->s_out && PyDict_SetItem(kw, f->s_out, PySequence_Fast_GET_ITEM(fast[0], j)) < 0) goto fail;
+    PyObject *r = PyObject_Call(f->base, pos, kw);
+    Py_CLEAR(pos);
+    if (!r) goto fail;
+    if (f->returns) PyList_SET_ITEM(res, j, r);
+    else Py_DECREF(r);
+  }
+  if (!res) res = Py_NewRef(Py_None);
+  goto done;
+fail:
+  Py_CLEAR(res);
+  Py_CLEAR(pos);
+done:
+  for (int i = 0; i < TPU_MAX_ARGS; i++) Py_XDECREF(fast[i]);
+  Py_XDECREF(kw);
+  return res;
+}
+
+static PyType_Slot tpu_foreach_slots[] = {
+    {Py_tp_dealloc, tpu_foreach_dealloc},
+    {Py_tp_call, tpu_foreach_call},
+    {Py_tp_doc, "A torchtpu kernel for one torch._foreach_* overload: its element op's kernel, item by item."},
+    {0, NULL},
+};
+
+static PyType_Spec tpu_foreach_spec = {
+    "torchtpu._C.Foreach", sizeof(tpu_foreach), 0, Py_TPFLAGS_DEFAULT, tpu_foreach_slots,
+};
+
+/* foreach(name, base, lists, kwnames, out_self, returns_list): lists is a bit
+ * mask of the list parameters among the positional ones; kwnames gives, for
+ * each positional parameter, None or the keyword the element op takes it by. */
+static PyObject *tpu_py_foreach(PyObject *m, PyObject *args) {
+  const char *name;
+  PyObject *base, *kwnames;
+  int out_self, returns;
+  unsigned lists;
+  if (!PyArg_ParseTuple(args, "sOIO!pp", &name, &base, &lists, &PyTuple_Type, &kwnames, &out_self, &returns))
+    return NULL;
+  Py_ssize_t npos = PyTuple_GET_SIZE(kwnames);
+  if (npos < 1 || npos > TPU_MAX_ARGS || !(lists & 1u))
+    return PyErr_Format(PyExc_ValueError, "foreach %s: bad parameters", name);
+  tpu_foreach *f = PyObject_New(tpu_foreach, (PyTypeObject *)tpu_state(m)->foreach_type);
+  if (!f) return NULL;
+  for (Py_ssize_t i = 0; i < TPU_MAX_ARGS; i++) {
+    PyObject *k = i < npos ? PyTuple_GET_ITEM(kwnames, i) : Py_None;
+    f->kwname[i] = k == Py_None ? NULL : Py_NewRef(k);
+  }
+  f->base = Py_NewRef(base);
+  snprintf(f->namebuf, sizeof f->namebuf, "%s", name);
+  f->name = f->namebuf;
+  f->npos = (int)npos;
+  f->lists = lists;
+  f->returns = returns;
+  f->s_out = out_self ? PyUnicode_InternFromString("out") : NULL;
+  if (out_self && !f->s_out) Py_CLEAR(f);
+  return (PyObject *)f;
+}
 
 /* kernel(op_id, spec, nreturns): spec is a sequence of (name, kind, default)
  * where kind is one character (see tpu_parse_arg) and default is a value or
@@ -1535,6 +1667,8 @@ static PyObject *tpu_py_graph_replay(PyObject *m, PyObject *args) {
 static PyMethodDef tpu_methods[] = {
     {"init", tpu_py_init, METH_VARARGS, "init(plugin, platform, num_devices, dtypes, from_dlpack, empty)"},
     {"ops", tpu_py_ops, METH_NOARGS, "The op table: [(aten overload, id, flags)]."},
+    {"foreach", tpu_py_foreach, METH_VARARGS,
+     "foreach(name, element_kernel, lists, kwnames, out_self, returns_list) -> callable"},
     {"kernel", tpu_py_kernel, METH_VARARGS,
      "kernel(op_id, spec, nreturns, REQUIRED[, resolve, resolve_real]) -> callable"},
     {"empty", tpu_py_empty, METH_VARARGS, "empty(sizes, dtype, strides) -> tpu tensor"},
@@ -1564,6 +1698,8 @@ static int tpu_mod_exec(PyObject *m) {
   st->kernel_type = PyType_FromModuleAndSpec(m, &tpu_kernel_spec, NULL);
   if (!st->kernel_type) return -1;
   if (PyModule_AddObjectRef(m, "Kernel", st->kernel_type) < 0) return -1;
+  st->foreach_type = PyType_FromModuleAndSpec(m, &tpu_foreach_spec, NULL);
+  if (!st->foreach_type) return -1;
 #define TPU_INTERN(f, s) \
   if (!(st->f = PyUnicode_InternFromString(s))) return -1;
   TPU_INTERN(s_data_ptr, "data_ptr")
@@ -1584,6 +1720,7 @@ static int tpu_mod_exec(PyObject *m) {
 static int tpu_mod_traverse(PyObject *m, visitproc visit, void *arg) {
   tpu_mod_state *st = tpu_state(m);
   Py_VISIT(st->kernel_type);
+  Py_VISIT(st->foreach_type);
   Py_VISIT(st->from_dlpack);
   Py_VISIT(st->torch_empty);
   Py_VISIT(st->tensor_type);
@@ -1593,6 +1730,9 @@ static int tpu_mod_traverse(PyObject *m, visitproc visit, void *arg) {
 static int tpu_mod_clear(PyObject *m) {
   tpu_mod_state *st = tpu_state(m);
   Py_CLEAR(st->kernel_type);
+  Py_CLEAR(st->foreach_type);
+  free(st->spare_frame);
+  st->spare_frame = NULL;
   Py_CLEAR(st->from_dlpack);
   Py_CLEAR(st->torch_empty);
   for (int i = 0; i < TPU_NUM_DTYPES; i++) Py_CLEAR(st->dtypes[i]);
