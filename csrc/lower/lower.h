@@ -81,17 +81,18 @@ typedef struct {
   char str[32];             /* STR */
   tpu_hv value;             /* SCALAR: its 0-d input value, NONE until requested */
   int nints;                /* INTS / FLOATS */
-  /* The arrays come last: only INTS and FLOATS arguments use them, and a
+  /* The list comes last: only INTS and FLOATS arguments use it, and a
    * recorded op copies an argument up to what its kind uses (tpu_arg_size). */
-  int64_t ints[TPU_MAX_LIST];
-  double floats[TPU_MAX_LIST];
+  union {
+    int64_t ints[TPU_MAX_LIST];   /* INTS */
+    double floats[TPU_MAX_LIST];  /* FLOATS */
+  };
 } tpu_arg;
 
 /* Bytes of a that its kind uses (a prefix of the struct). */
 static inline size_t tpu_arg_size(const tpu_arg *a) {
-  return a->kind == TPU_ARG_FLOATS ? sizeof *a
-         : a->kind == TPU_ARG_INTS ? offsetof(tpu_arg, ints) + sizeof(int64_t) * (size_t)a->nints
-                                   : offsetof(tpu_arg, ints);
+  bool list = a->kind == TPU_ARG_INTS || a->kind == TPU_ARG_FLOATS;
+  return offsetof(tpu_arg, ints) + (list ? sizeof(int64_t) * (size_t)a->nints : 0);
 }
 
 /* ---- the context an emitter sees ------------------------------------------ */
