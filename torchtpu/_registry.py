@@ -420,27 +420,21 @@ def _register_foreach():
     for qual in torch._C._dispatch_get_all_op_names():
         if not qual.startswith("aten::_foreach_"):
             continue
-        fname, _, ov = qual[len("aten::"):].partition(".")
-        for ov in (ov or "default",):
-            fs = getattr(getattr(torch.ops.aten, fname), ov)._schema
-            inplace = fname.endswith("_")
-            rets = [str(r.type) for r in fs.returns]
-            if rets != ([] if inplace else ["List[Tensor]"]) or any(a.kwarg_only and a.name == "out"
-                                                                   for a in fs.arguments):
-                continue
-            pos = _positional(fs)
-            if not pos or not str(pos[0].type).startswith("List[") and not str(pos[-1].type).startswith("List["):
-                continue
-            found = _element_kernel(fs, inplace)
-            if found is None:
-                continue
-            k, kwnames, out_self = found
-            lists = sum(1 << i for i, a in enumerate(pos) if str(a.type).startswith("List["))
-            if not lists & 1 or (out_self and not str(pos[0].type) == "List[Tensor]"):
-                continue
-            name = fname + ("." + ov if ov != "default" else "")
-            _IMPL.impl(name, _C.foreach(name, k, lists, kwnames, out_self, not inplace), "PrivateUse1")
-            done.append(name)
+        name = qual[len("aten::"):]
+        fname, _, ov = name.partition(".")
+        fs = getattr(getattr(torch.ops.aten, fname), ov or "default")._schema
+        inplace = fname.endswith("_")
+        if [str(r.type) for r in fs.returns] != ([] if inplace else ["List[Tensor]"]) or any(
+                a.kwarg_only and a.name == "out" for a in fs.arguments):
+            continue  # out= overloads, and those returning anything else, keep torch's loop
+        pos = _positional(fs)
+        lists = sum(1 << i for i, a in enumerate(pos) if str(a.type).startswith("List["))
+        found = _element_kernel(fs, inplace) if lists & 1 else None
+        if found is None or (found[2] and str(pos[0].type) != "List[Tensor]"):
+            continue
+        k, kwnames, out_self = found
+        _IMPL.impl(name, _C.foreach(name, k, lists, kwnames, out_self, not inplace), "PrivateUse1")
+        done.append(name)
     return done
 
 
