@@ -742,13 +742,12 @@ static PyType_Spec tpu_kernel_spec = {
 typedef struct {
   PyObject_HEAD
   PyObject *base;                   /* the element op's kernel */
-  const char *name;                 /* static: "_foreach_add_.List", for messages */
   int npos;                         /* positional parameters of the foreach op */
   unsigned lists;                   /* bit i: positional parameter i is a list */
   PyObject *kwname[TPU_MAX_ARGS];   /* strong or NULL: the element op takes positional i by this keyword */
   PyObject *s_out;                  /* strong "out" when items of list 0 are the out argument, else NULL */
   int returns;                      /* 1: a list of the element results; 0: None */
-  char namebuf[64];
+  char name[64];                    /* "_foreach_add_.List", for messages */
 } tpu_foreach;
 
 static void tpu_foreach_dealloc(tpu_foreach *f) {
@@ -845,8 +844,7 @@ static PyObject *tpu_py_foreach(PyObject *m, PyObject *args) {
     f->kwname[i] = k == Py_None ? NULL : Py_NewRef(k);
   }
   f->base = Py_NewRef(base);
-  snprintf(f->namebuf, sizeof f->namebuf, "%s", name);
-  f->name = f->namebuf;
+  snprintf(f->name, sizeof f->name, "%s", name);
   f->npos = (int)npos;
   f->lists = lists;
   f->returns = returns;
