@@ -149,20 +149,22 @@ def _gpt_loop_without_reads(mode, steps):
             opt.step()
             losses.append(loss)
             m = _m()
-            seen.append((m["programs_compiled"], m["fused_programs_run"], m["flushes_optimizer_step"],
-                         m["flushes_size_cap"]))
+            seen.append((m["programs_compiled"], m["fused_programs_run"], m["flushes_backward"],
+                         m["flushes_size_cap"], m["flushes_optimizer_step"]))
         return [float(v) for v in losses], [p.detach().cpu() for p in model.parameters()], seen
 
 
-def test_optimizer_step_ends_the_fused_program():
-    """An optimizer step launches the recorded step as one program (without
-    waiting): a loop that never reads a value back runs one program per step
-    and compiles nothing in steady state, instead of growing one recording up
-    to the size cap."""
+def test_backward_pass_launches_the_fused_step():
+    """The first op of each backward pass launches what was recorded before it
+    (the rest of the last step, then this forward pass) as one program,
+    without waiting: a loop that never reads a value back runs one program
+    per step and compiles nothing in steady state, instead of growing one
+    recording up to the size cap; the optimizer step then launches nothing
+    more."""
     fl, fp, seen = _gpt_loop_without_reads("fused", 6)
     sl, sp, _ = _gpt_loop_without_reads("strict", 6)
-    for (c0, r0, o0, k0), (c1, r1, o1, k1) in zip(seen, seen[1:]):
-        assert r1 == r0 + 1 and o1 == o0 + 1 and k1 == k0
+    for (c0, r0, b0, k0, o0), (c1, r1, b1, k1, o1) in zip(seen, seen[1:]):
+        assert r1 == r0 + 1 and b1 == b0 + 1 and k1 == k0 and o1 == o0
     for (c0, *_), (c1, *_) in zip(seen[2:], seen[3:]):
         assert c1 == c0
     for a, b in zip(fl, sl):
@@ -171,9 +173,10 @@ def test_optimizer_step_ends_the_fused_program():
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)  # Adam divides by tiny moments
 
 
-def test_accumulation_and_two_optimizers_each_end_a_program(fused):
-    """Gradients accumulated over two micro-batches: one program per
-    optimizer step; two optimizers stepped one after the other: one each."""
+def test_accumulation_and_two_optimizers(fused):
+    """Gradients accumulated over two micro-batches, two optimizers stepped
+    one after the other: each backward pass launches one program, the
+    optimizer steps none (their ops run in the next backward pass's)."""
     torch.manual_seed(0)
     net_cpu = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))
     net = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).to("tpu")
@@ -194,10 +197,66 @@ def test_accumulation_and_two_optimizers_each_end_a_program(fused):
                 o.step()
         m1 = _m()
         runs.append((m1["fused_programs_run"] - m0["fused_programs_run"],
+                     m1["flushes_backward"] - m0["flushes_backward"],
                      m1["flushes_optimizer_step"] - m0["flushes_optimizer_step"]))
-    assert runs[1:] == [(2, 2)] * 3
+    assert runs[1:] == [(2, 2, 0)] * 3
     for a, b in zip(net.parameters(), net_cpu.parameters()):
         torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_optimizer_steps_without_backward_each_end_a_program(fused):
+    """Gradients set by hand (no backward pass): each optimizer step launches
+    the recorded step itself, one program per step."""
+    p = torch.nn.Parameter(torch.ones(3, device="tpu"))
+    opt = torch.optim.SGD([p], lr=0.5, momentum=0.9)
+    runs = []
+    for _ in range(4):
+        m0 = _m()
+        p.grad = p.detach() * 2
+        opt.step()
+        m1 = _m()
+        runs.append((m1["fused_programs_run"] - m0["fused_programs_run"],
+                     m1["flushes_optimizer_step"] - m0["flushes_optimizer_step"]))
+    assert runs == [(1, 1)] * 4
+    q = torch.nn.Parameter(torch.ones(3))
+    opt_cpu = torch.optim.SGD([q], lr=0.5, momentum=0.9)
+    for _ in range(4):
+        q.grad = q.detach() * 2
+        opt_cpu.step()
+    torch.testing.assert_close(p.detach().cpu(), q.detach())
+
+
+def test_loss_read_after_the_step_leaves_the_step_recorded(fused):
+    """The loss read after the optimizer step was computed by the program the
+    backward pass launched: reading it waits for that program and leaves the
+    backward pass and the optimizer step recorded (no flush), so the step's
+    ops still run as one program, launched by the next backward pass. A read
+    of a value the recorded ops touch still runs them first."""
+    torch.manual_seed(0)
+    net_cpu = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))
+    net = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).to("tpu")
+    net.load_state_dict(net_cpu.state_dict())
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    opt_cpu = torch.optim.AdamW(net_cpu.parameters(), lr=0.01)
+    data = [torch.randn(4, 6) for _ in range(6)]
+    for i, x in enumerate(data):
+        losses = []
+        for mod, o, dev in ((net, opt, "tpu"), (net_cpu, opt_cpu, "cpu")):
+            o.zero_grad()
+            loss = F.mse_loss(mod(x.to(dev)), torch.ones(4, 2, device=dev))
+            loss.backward()
+            o.step()
+            m0 = _m()
+            losses.append(loss.item())
+            if dev == "tpu":
+                m1 = _m()
+                assert m1["flushes_download"] == m0["flushes_download"]
+                assert m1["fused_programs_run"] == m0["fused_programs_run"]
+        assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1])
+    m0 = _m()
+    w = net[0].weight.detach().cpu()  # written by the recorded optimizer step
+    assert _m()["flushes_download"] == m0["flushes_download"] + 1
+    torch.testing.assert_close(w, net_cpu[0].weight.detach(), rtol=1e-4, atol=1e-5)
 
 
 def test_optimizer_step_outside_fused_mode_runs_nothing_more():

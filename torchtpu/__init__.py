@@ -6,6 +6,7 @@ package only wires it into PyTorch.
 """
 
 import os as _os
+import weakref as _weakref
 
 import torch
 
@@ -79,16 +80,33 @@ def _initial_mode():
 _initial_mode()
 
 
+_backward_passes_seen = _weakref.WeakKeyDictionary()  # optimizer -> _C.backward_passes() at its last step
+
+
 def _after_optimizer_step(optimizer, args, kwargs):
     """An optimizer step ends a training step: in fused mode the ops recorded
     so far are launched then, as one program, without waiting for it. A loop
     that never reads a value back still runs one program per step (not one
     per TORCHTPU_FUSED_MAX_OPS ops, cut anywhere), and the host records the
-    next step while the program runs (at most two steps in flight). No-op in
-    the other modes and inside torch.compile (a compiled optimizer step is a
+    next step while the program runs (at most two steps in flight).
+
+    Where a backward pass began since this optimizer's last step (from its
+    second step on), the
+    backward pass is the step's boundary instead: its first op launched what
+    was recorded before it (the rest of the last step and this forward pass),
+    and the ops recorded from there on (backward, clipping, this optimizer
+    step) stay recorded until the next one. The program then runs while the
+    host records, and the loop still runs one program per step. No-op in the
+    other modes and inside torch.compile (a compiled optimizer step is a
     graph of its own)."""
-    if not torch.compiler.is_compiling():
-        _C.flush(True)
+    if torch.compiler.is_compiling():
+        return
+    passes = _C.backward_passes()
+    last = _backward_passes_seen.get(optimizer)
+    _backward_passes_seen[optimizer] = passes
+    if last is not None and passes > last:
+        return
+    _C.flush(True)
 
 
 from torch.optim.optimizer import register_optimizer_step_post_hook as _register_post_hook  # noqa: E402

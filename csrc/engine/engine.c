@@ -242,20 +242,23 @@ static void tpu_inflight_reap(tpu_engine *e) {
   while (e->icount && tpu_rt_event_ready(e->rt, e->inflight[e->ihead].ev)) tpu_inflight_pop(e);
 }
 
+/* Waits for every launched computation; the first error of one (once). */
+static tpu_status *tpu_engine_wait(tpu_engine *e) {
+  while (e->icount) tpu_inflight_pop(e);
+  tpu_status *s = e->deferred;
+  e->deferred = NULL;
+  return s;
+}
+
 tpu_status *tpu_engine_sync(tpu_engine *e) {
   tpu_status *f = tpu_engine_flush(e, TPU_FLUSH_SYNC);
   if (f) {
     tpu_status_free(e->deferred);
     e->deferred = NULL;
-    while (e->icount) tpu_inflight_pop(e);
-    tpu_status_free(e->deferred);
-    e->deferred = NULL;
+    tpu_status_free(tpu_engine_wait(e));
     return f;
   }
-  while (e->icount) tpu_inflight_pop(e);
-  tpu_status *s = e->deferred;
-  e->deferred = NULL;
-  return s;
+  return tpu_engine_wait(e);
 }
 
 void tpu_engine_set_mode(tpu_engine *e, int mode) {
@@ -493,9 +496,18 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data,
 tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst,
                                 size_t nbytes) {
   /* A sync point: recorded ops run, and a failed asynchronous computation
-   * is reported here. */
-  tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_DOWNLOAD);
-  if (!s) s = tpu_engine_sync(e);
+   * is reported here. A record no recorded op reads or writes already
+   * holds its value (perhaps one a launched program is computing): the
+   * recorded ops stay recorded, for the program that ends the step (the
+   * loss read after the optimizer step, computed by the program launched
+   * when the backward pass began). */
+  tpu_status *s;
+  if (e->mode == TPU_MODE_FUSED && atomic_load(&rec->graph_refs) == 0) {
+    s = tpu_engine_wait(e);
+  } else {
+    s = tpu_engine_flush(e, TPU_FLUSH_DOWNLOAD);
+    if (!s) s = tpu_engine_sync(e);
+  }
   if (s) return s;
   if (!rec->buf) {
     memset(dst, 0, nbytes);
@@ -1270,12 +1282,20 @@ tpu_status *tpu_engine_flush(tpu_engine *e, int reason) {
   return s;
 }
 
-tpu_status *tpu_engine_flush_step(tpu_engine *e) {
+static tpu_status *tpu_engine_launch_step(tpu_engine *e, int reason) {
   if (e->mode != TPU_MODE_FUSED) return NULL;
-  tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_STEP);
+  tpu_status *s = tpu_engine_flush(e, reason);
   if (s) return s;
   while (e->icount > TPU_STEPS_AHEAD) tpu_inflight_pop(e);
   return NULL;
+}
+
+tpu_status *tpu_engine_flush_step(tpu_engine *e) { return tpu_engine_launch_step(e, TPU_FLUSH_STEP); }
+
+tpu_status *tpu_engine_backward_begins(tpu_engine *e) {
+  if (e->mode != TPU_MODE_FUSED) return NULL;
+  atomic_fetch_add(&e->metrics.backward_passes, 1);
+  return tpu_engine_launch_step(e, TPU_FLUSH_BACKWARD);
 }
 
 bool tpu_engine_idle(tpu_engine *e) {

@@ -62,7 +62,8 @@ typedef struct {
   atomic_llong disk_load_ns;    /* reading and deserializing entries */
   atomic_llong fused_programs;  /* fused programs run */
   atomic_llong fused_ops;       /* recorded ops they ran */
-  atomic_llong flushes[6];      /* by reason: TPU_FLUSH_* */
+  atomic_llong flushes[7];      /* by reason: TPU_FLUSH_* */
+  atomic_llong backward_passes; /* fused mode: backward passes begun (tpu_engine_backward_begins) */
   atomic_llong graph_replays;   /* captured graphs run straight from their plan */
 } tpu_metrics;
 
@@ -93,7 +94,8 @@ int tpu_engine_mode(tpu_engine *e);
 /* Waits for every launched computation (running the recorded ops first);
  * the first error of one (once). */
 tpu_status *tpu_engine_sync(tpu_engine *e);
-enum { TPU_FLUSH_DOWNLOAD, TPU_FLUSH_UPLOAD, TPU_FLUSH_SYNC, TPU_FLUSH_MODE, TPU_FLUSH_CAP, TPU_FLUSH_STEP };
+enum { TPU_FLUSH_DOWNLOAD, TPU_FLUSH_UPLOAD, TPU_FLUSH_SYNC, TPU_FLUSH_MODE, TPU_FLUSH_CAP, TPU_FLUSH_STEP,
+       TPU_FLUSH_BACKWARD };
 /* Runs the ops recorded in fused mode as one program (reason: TPU_FLUSH_*). */
 tpu_status *tpu_engine_flush(tpu_engine *e, int reason);
 /* The end of a training step (an optimizer stepped): flushes without waiting
@@ -102,6 +104,15 @@ tpu_status *tpu_engine_flush(tpu_engine *e, int reason);
  * up steps, each holding its own buffers. */
 #define TPU_STEPS_AHEAD 2
 tpu_status *tpu_engine_flush_step(tpu_engine *e);
+/* Fused mode: a backward pass begins. What is recorded (the end of the last
+ * training step, then this step's forward pass) is launched as one program
+ * without waiting, as at the end of a step, so that it runs while the host
+ * records the backward pass and the optimizer step: in a loop that reads
+ * the loss every step, the program and the host overlap instead of taking
+ * turns. The loop still runs one program per step: the optimizer step's
+ * flush is skipped by the binding when backward passes launch the steps.
+ * Counts the pass (tpu_metrics.backward_passes) in every case. */
+tpu_status *tpu_engine_backward_begins(tpu_engine *e);
 /* Whether everything launched has finished and nothing is recorded (does
  * not block; finished computations are reaped). */
 bool tpu_engine_idle(tpu_engine *e);

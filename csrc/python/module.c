@@ -12,8 +12,10 @@
  * ones in kwargs); it normalises them against the schema spec given at
  * registration, parses them into tpu_arg values and runs the op.
  */
+#define _GNU_SOURCE /* pthread_getname_np */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "../engine/engine.h"
@@ -70,6 +72,7 @@ typedef struct {
       *s_contiguous, *s_copy_, *s_is_contiguous, *s_is_conj, *s_is_neg;
   PyObject *tensor_type;           /* torch.Tensor, looked up on first use */
   int explain;                     /* TORCHTPU_EXPLAIN_RECOMPILES */
+  bool in_backward;                /* the last op ran on an autograd engine thread (fused mode) */
   char **explained[TPU_NUM_OPS];   /* owned: the last compiled call's argument descriptions */
   int nexplained[TPU_NUM_OPS];
 } tpu_mod_state;
@@ -519,8 +522,36 @@ static int tpu_flush_warnings(tpu_mod_state *st) {
   return rc;
 }
 
+/* Whether the calling thread is one of the autograd engine's device threads
+ * (torch names them pt_autograd_<device>): a backward pass for a non-CPU
+ * device runs its kernels there while the thread that called backward()
+ * waits. Read once per thread. */
+static _Thread_local signed char tpu_autograd_thread = -1;
+
+static bool tpu_on_autograd_thread(void) {
+  if (tpu_autograd_thread < 0) {
+    char name[16] = "";
+#ifdef __GLIBC__
+    if (pthread_getname_np(pthread_self(), name, sizeof name) != 0) name[0] = 0;
+#endif
+    tpu_autograd_thread = strncmp(name, "pt_autograd_", 12) == 0;
+  }
+  return tpu_autograd_thread;
+}
+
 static PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params,
                             int nreturns) {
+  /* Fused mode: the first op of a backward pass launches what the forward
+   * pass recorded (tpu_engine_backward_begins). Ops hold the GIL, so the
+   * flag has one writer at a time. */
+  if (tpu_engine_mode(st->eng) == TPU_MODE_FUSED) {
+    bool bw = tpu_on_autograd_thread();
+    if (bw && !st->in_backward) {
+      tpu_status *b = tpu_engine_backward_begins(st->eng);
+      if (b) return tpu_raise(b);
+    }
+    st->in_backward = bw;
+  }
   tpu_engine_result res;
   tpu_status *s = tpu_engine_call(st->eng, &tpu_op_table[op_id], op_id, args, nargs, &res);
   if (tpu_flush_warnings(st) < 0) {
@@ -1210,14 +1241,15 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
                        "cache_evictions", (long long)x->cache_evictions);
   if (!d) return NULL;
   PyObject *more = Py_BuildValue(
-      "{sLsLsLsLsdsLsLsLsLsLsLsLsLsL}", "disk_cache_hits", (long long)x->disk_hits, "disk_cache_misses",
+      "{sLsLsLsLsdsLsLsLsLsLsLsLsLsLsLsL}", "disk_cache_hits", (long long)x->disk_hits, "disk_cache_misses",
       (long long)x->disk_misses, "disk_cache_writes", (long long)x->disk_writes, "disk_cache_corrupt",
       (long long)x->disk_corrupt, "disk_load_seconds", (double)x->disk_load_ns * 1e-9, "fused_programs_run",
       (long long)x->fused_programs, "fused_ops", (long long)x->fused_ops, "flushes_download",
       (long long)x->flushes[TPU_FLUSH_DOWNLOAD], "flushes_upload", (long long)x->flushes[TPU_FLUSH_UPLOAD],
       "flushes_sync", (long long)x->flushes[TPU_FLUSH_SYNC], "flushes_mode", (long long)x->flushes[TPU_FLUSH_MODE],
       "flushes_size_cap", (long long)x->flushes[TPU_FLUSH_CAP], "flushes_optimizer_step",
-      (long long)x->flushes[TPU_FLUSH_STEP], "graph_replays", (long long)x->graph_replays);
+      (long long)x->flushes[TPU_FLUSH_STEP], "flushes_backward", (long long)x->flushes[TPU_FLUSH_BACKWARD],
+      "backward_passes", (long long)x->backward_passes, "graph_replays", (long long)x->graph_replays);
   if (!more || PyDict_Update(d, more) < 0) {
     Py_XDECREF(more);
     Py_DECREF(d);
@@ -1322,6 +1354,15 @@ static PyObject *tpu_py_flush(PyObject *m, PyObject *args) {
   tpu_status *s = step ? tpu_engine_flush_step(st->eng) : tpu_engine_flush(st->eng, TPU_FLUSH_SYNC);
   if (s) return tpu_raise(s);
   Py_RETURN_NONE;
+}
+
+/* backward_passes() -> backward passes begun in fused mode (the optimizer
+ * step's hook skips its flush when one began since that optimizer's last
+ * step: the backward pass launched the step's program). */
+static PyObject *tpu_py_backward_passes(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  tpu_mod_state *st = tpu_state(m);
+  return PyLong_FromLongLong(st->eng ? (long long)tpu_engine_metrics(st->eng)->backward_passes : 0);
 }
 
 /* idle() -> True when every launched computation has finished (no wait). */
@@ -1680,6 +1721,7 @@ static PyMethodDef tpu_methods[] = {
     {"eager_mode", tpu_py_eager_mode, METH_VARARGS, "eager_mode([mode]) -> mode (0 debug, 1 strict)"},
     {"synchronize", tpu_py_synchronize, METH_NOARGS, "Wait for every launched computation."},
     {"flush", tpu_py_flush, METH_VARARGS, "flush(step=False): launch the recorded ops (fused mode) without waiting."},
+    {"backward_passes", tpu_py_backward_passes, METH_NOARGS, "backward_passes() -> backward passes begun in fused mode."},
     {"idle", tpu_py_idle, METH_NOARGS, "Whether every launched computation has finished (no wait)."},
     {"count_fallback", tpu_py_count_fallback, METH_NOARGS, "Count one CPU-fallback op."},
     {"manual_seed", tpu_py_manual_seed, METH_O, "Seed the device generator."},
