@@ -336,3 +336,120 @@ def test_lstm_cell_double_backward():
         g.pow(2).sum().backward()
         got.append(x.grad.cpu())
     torch.testing.assert_close(got[1], got[0], rtol=1e-4, atol=1e-6)
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+def _sdpa_both(q, k, v, mask=None, grad_mask=False, **kw):
+    """F.scaled_dot_product_attention on CPU and on tpu: outputs and the
+    gradients of q, k, v (and of a float mask), as CPU tensors."""
+    res = []
+    for dev in ("cpu", "tpu"):
+        xs = [t.detach().to(dev).requires_grad_() for t in (q, k, v)]
+        m = None if mask is None else mask.detach().to(dev).requires_grad_(grad_mask)
+        out = F.scaled_dot_product_attention(*xs, attn_mask=m, **kw)
+        out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(out.dtype).to(dev))
+        grads = [x.grad for x in xs] + ([m.grad] if grad_mask else [])
+        res.append([out.detach().cpu()] + [g.cpu() for g in grads])
+    return res
+
+
+SDPA_CASES = [
+    ((2, 3, 5, 4), 7, {}, None),
+    ((2, 3, 5, 4), 7, {"is_causal": True}, None),
+    ((2, 3, 6, 4), 6, {"is_causal": True, "scale": 0.3}, None),
+    ((3, 5, 4), 7, {}, None),
+    ((3, 5, 4), 5, {"is_causal": True}, None),
+    ((2, 3, 5, 4), 7, {}, "float"),
+    ((2, 3, 5, 4), 7, {}, "float_broadcast"),
+    ((2, 3, 5, 4), 7, {}, "bool"),
+    ((3, 5, 4), 7, {}, "bool_empty_row"),
+]
+
+
+@pytest.mark.parametrize("shape,s,kw,mask", SDPA_CASES)
+def test_scaled_dot_product_attention(shape, s, kw, mask):
+    q = rnd(*shape, seed=1)
+    k = rnd(*shape[:-2], s, shape[-1], seed=2)
+    v = rnd(*shape[:-2], s, 6, seed=3)
+    L = shape[-2]
+    m, grad_mask = None, False
+    if mask == "float":
+        m, grad_mask = rnd(*shape[:-2], L, s, seed=4), True
+    elif mask == "float_broadcast":
+        m, grad_mask = rnd(shape[0], 1, L, s, seed=4), True
+    elif mask == "bool":
+        m = rnd(shape[0], 1, L, s, seed=4) > -1
+    elif mask == "bool_empty_row":  # a query with no key to attend to: zeros, as torch's math path
+        m = rnd(L, s, seed=4) > -1
+        m[1] = False
+    want, got = _sdpa_both(q, k, v, m, grad_mask, **kw)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-4)
+
+
+def test_scaled_dot_product_attention_is_one_op_each_way():
+    """The common case is one op forward and one backward, in every mode
+    (torch's math composition would dispatch some 15 each way)."""
+    q = rnd(2, 4, 8, 16, seed=1).to("tpu").requires_grad_()
+    k = rnd(2, 4, 8, 16, seed=2).to("tpu").requires_grad_()
+    v = rnd(2, 4, 8, 16, seed=3).to("tpu").requires_grad_()
+    for mode in ("strict", "fused"):
+        q.grad = k.grad = v.grad = None
+        with torchtpu.eager_mode(mode):
+            m0 = torchtpu.metrics()["ops_dispatched"]
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            m1 = torchtpu.metrics()["ops_dispatched"]
+            seed = torch.ones_like(out)
+            m2 = torchtpu.metrics()["ops_dispatched"]
+            out.backward(seed)
+            m3 = torchtpu.metrics()["ops_dispatched"]
+        assert m1 - m0 == 1 and m3 - m2 == 1
+    with torch.inference_mode():  # below autograd: the same op
+        m0 = torchtpu.metrics()["ops_dispatched"]
+        F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach())
+        assert torchtpu.metrics()["ops_dispatched"] - m0 == 1
+
+
+def test_scaled_dot_product_attention_other_cases():
+    """Half types; what keeps torch's math composition (dropout, grouped-query
+    attention, rank 2 and 5): values and gradients as on CPU; torch's errors."""
+    q, k, v = rnd(2, 2, 5, 8, seed=1), rnd(2, 2, 7, 8, seed=2), rnd(2, 2, 7, 8, seed=3)
+    for dt in (torch.bfloat16, torch.float16):
+        want = F.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), is_causal=True)
+        got = F.scaled_dot_product_attention(tpu(q.to(dt)), tpu(k.to(dt)), tpu(v.to(dt)), is_causal=True)
+        assert got.dtype == dt
+        torch.testing.assert_close(got.cpu().float(), want.float(), atol=2e-2, rtol=2e-2)
+    kg, vg = rnd(2, 1, 7, 8, seed=2), rnd(2, 1, 7, 8, seed=3)
+    for args, kw in (((q, kg, vg), {"enable_gqa": True}), ((q[0, 0], k[0, 0], v[0, 0]), {"is_causal": True}),
+                     ((q[None], k[None], v[None]), {})):
+        want, got = _sdpa_both(*args, **kw)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-4)
+    torch.manual_seed(0)
+    out = F.scaled_dot_product_attention(tpu(q), tpu(k), tpu(v), dropout_p=0.5)
+    assert out.shape == (2, 2, 5, 8) and torch.isfinite(out.cpu()).all()
+    with pytest.raises(RuntimeError, match="attn_mask"):
+        F.scaled_dot_product_attention(tpu(q), tpu(k), tpu(v), attn_mask=tpu(rnd(5, 7)), is_causal=True)
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(tpu(q), tpu(k[..., :4]), tpu(v))
+
+
+def test_scaled_dot_product_attention_layout():
+    """Heads split from a (B, T, H, D) projection, as transformers do: the
+    output and the gradients keep the input's layout (torch's CPU kernel and
+    the meta kernels compiled graphs are traced with do the same), so that
+    out.transpose(1, 2).view(B, T, H * D) needs no copy."""
+    x = rnd(2, 5, 3, 4, seed=1)
+    for dev in ("cpu", "tpu"):
+        xs = x.detach().to(dev).requires_grad_()
+        q = xs.transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, q * 0.5, q, is_causal=True)
+        assert out.transpose(1, 2).is_contiguous()
+        assert out.stride() == (60, 4, 12, 1)
+        out.transpose(1, 2).view(2, 5, 12).sum().backward()
+        assert xs.grad.shape == x.shape
+        if dev == "cpu":
+            want = xs.grad
+    torch.testing.assert_close(xs.grad.cpu(), want, atol=2e-5, rtol=1e-4)

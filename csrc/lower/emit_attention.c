@@ -1,0 +1,130 @@
+/* emit_attention.c: scaled dot-product attention as one op and its backward.
+ *
+ * torch's scaled_dot_product_attention has no kernel choice for a device
+ * registered from Python: it falls back to its math composition, about 15
+ * ops forward (a causal mask built from ones and tril, two matmuls, a safe
+ * softmax with its isneginf and all checks) and as many backward, each
+ * dispatched and recorded. Here the whole attention is one op (the
+ * binding routes it through aten's overrideable fused-attention pair, whose
+ * autograd formula calls the backward below): scores = scale * q k^T plus
+ * the mask, a softmax over the keys that gives 0 for a row with no key to
+ * attend to (as the math composition's safe softmax does), and its
+ * log-sum-exp, kept for the backward, which recomputes the probabilities
+ * from it instead of saving them.
+ *
+ * Shapes: q [B..., L, E], k [B..., S, E], v [B..., S, Ev], the same batch
+ * dims (the binding sends anything else to the math composition); a mask
+ * broadcasts to [B..., L, S], bool (True attends) or additive. */
+#include <math.h>
+
+#include "emit.h"
+
+/* The masked, scaled scores [B..., L, S] (acc dtype): q, k are arguments
+ * iq, iq + 1, the mask im (may be None), is_causal ic, scale is (None:
+ * 1/sqrt(E)). */
+static tpu_hv tpu_attn_scores(tpu_lower *L, int iq, int im, int ic, int is, tpu_dtype acc, double *scale) {
+  tpu_tref *q = &L->args[iq].t, *k = &L->args[iq + 1].t;
+  int r = q->rank, nb = r - 2;
+  int64_t bd[TPU_MAX_RANK], sd[TPU_MAX_RANK];
+  for (int i = 0; i < nb; i++) {
+    bd[i] = i;
+    sd[i] = q->sizes[i];
+  }
+  sd[r - 2] = q->sizes[r - 2];
+  sd[r - 1] = k->sizes[r - 2];
+  *scale = tpu_lower_is_none(L, is) ? 1.0 / sqrt((double)q->sizes[r - 1]) : L->args[is].f;
+  int64_t c = r - 1;
+  tpu_hv s = tpu_hlo_dot_general(H, tpu_lower_input(L, iq, acc), tpu_lower_input(L, iq + 1, acc), nb, bd, bd, 1, &c,
+                                 &c, L->precision, acc);
+  s = tpu_mul(L, s, tpu_k(L, s, *scale));
+  tpu_hv ninf = tpu_k(L, s, -INFINITY);
+  if (!tpu_lower_is_none(L, im)) {
+    if (L->args[im].t.dtype == TPU_PRED)
+      s = tpu_hlo_select(H, tpu_lower_broadcast_to(L, tpu_lower_tensor(L, im, -1), r, sd), s, ninf);
+    else
+      s = tpu_add(L, s, tpu_lower_broadcast_to(L, tpu_lower_input(L, im, acc), r, sd));
+  }
+  if (tpu_arg_bool(L, ic)) { /* key j attends to query i when j <= i (top-left aligned, as torch) */
+    tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, r, sd);
+    tpu_hv keep = tpu_hlo_compare(H, TPU_HLO_LE, tpu_hlo_iota(H, it, r - 1), tpu_hlo_iota(H, it, r - 2));
+    s = tpu_hlo_select(H, keep, s, ninf);
+  }
+  return s;
+}
+
+/* Output v in the dim order of int-list argument i (empty: as it is): the
+ * binding returns it permuted back, a tensor with the strides torch's meta
+ * kernels give (the layout of the input it follows), which compiled graphs
+ * rely on when they view it. */
+static int tpu_attn_out(tpu_lower *L, tpu_hv v, int i, tpu_dtype dt) {
+  v = tpu_hlo_convert(H, v, dt);
+  if (L->args[i].nints == T(L, v)->rank) v = tpu_hlo_transpose(H, v, L->args[i].ints);
+  return tpu_lower_out(L, v);
+}
+
+/* x [B..., L] broadcast along the last dim to the shape of s [B..., L, S]. */
+static tpu_hv tpu_attn_rows(tpu_lower *L, tpu_hv x, tpu_hv s) {
+  const tpu_hlo_type *st = T(L, s);
+  int64_t keep[TPU_MAX_RANK];
+  for (int i = 0; i < st->rank - 1; i++) keep[i] = i;
+  return tpu_hlo_broadcast_in_dim(H, x, st->rank, st->dims, keep);
+}
+
+/* tpu::sdpa(query, key, value, attn_mask, is_causal, scale, out_order) -> (out, logsumexp) */
+void tpu_emit_sdpa(tpu_lower *L) {
+  tpu_tref *q = &L->args[0].t;
+  int r = q->rank, nb = r - 2;
+  tpu_dtype dt = q->dtype, acc = tpu_acc_type(dt);
+  double scale;
+  tpu_hv s = tpu_attn_scores(L, 0, 3, 4, 5, acc, &scale);
+  int64_t last = r - 1, bd[TPU_MAX_RANK];
+  for (int i = 0; i < nb; i++) bd[i] = i;
+  tpu_hv mx = tpu_reduce_extreme(L, s, &last, 1, true);
+  mx = tpu_hlo_select(H, tpu_hlo_unary(H, TPU_HLO_IS_FINITE, mx), mx, tpu_k(L, mx, 0)); /* a row of -inf */
+  tpu_hv e = tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, s, tpu_attn_rows(L, mx, s)));
+  tpu_hv sum = tpu_reduce_sum(L, e, &last, 1);
+  /* a row with nothing to attend to: probabilities 0 (not 0/0), lse -inf */
+  tpu_hv inv = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GT, sum, tpu_k(L, sum, 0)),
+                              tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, sum, 1), sum), tpu_k(L, sum, 0));
+  tpu_hv p = tpu_mul(L, e, tpu_attn_rows(L, inv, s));
+  int64_t pc = r - 1, vc = r - 2;
+  tpu_hv out = tpu_hlo_dot_general(H, p, tpu_lower_input(L, 2, acc), nb, bd, bd, 1, &pc, &vc, L->precision, acc);
+  tpu_attn_out(L, out, 6, dt);
+  tpu_lower_out(L, tpu_add(L, tpu_hlo_unary(H, TPU_HLO_LOG, sum), mx));
+}
+
+/* tpu::sdpa_backward(grad_out, query, key, value, attn_mask, out, logsumexp,
+ * is_causal, scale, grad_mask, query_order, key_order, value_order)
+ * -> (grad_query, grad_key, grad_value[, grad_mask]) */
+void tpu_emit_sdpa_backward(tpu_lower *L) {
+  tpu_tref *q = &L->args[1].t;
+  int r = q->rank, nb = r - 2;
+  tpu_dtype dt = q->dtype, acc = tpu_acc_type(dt);
+  double scale;
+  tpu_hv s = tpu_attn_scores(L, 1, 4, 7, 8, acc, &scale);
+  tpu_hv lse = tpu_attn_rows(L, tpu_lower_input(L, 6, acc), s);
+  tpu_hv p = tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, s, lse));
+  p = tpu_hlo_select(H, tpu_hlo_unary(H, TPU_HLO_IS_FINITE, lse), p, tpu_k(L, p, 0));
+  tpu_hv g = tpu_lower_input(L, 0, acc), o = tpu_lower_input(L, 5, acc);
+  int64_t bd[TPU_MAX_RANK], rows = r - 2, cols = r - 1;
+  for (int i = 0; i < nb; i++) bd[i] = i;
+  /* dV = P^T dO; dP = dO V^T; dS = P (dP - rowsum(dO o)); dQ = scale dS K; dK = scale dS^T Q */
+  tpu_hv dv = tpu_hlo_dot_general(H, p, g, nb, bd, bd, 1, &rows, &rows, L->precision, acc);
+  tpu_hv dp = tpu_hlo_dot_general(H, g, tpu_lower_input(L, 3, acc), nb, bd, bd, 1, &cols, &cols, L->precision, acc);
+  tpu_hv d = tpu_reduce_sum(L, tpu_mul(L, g, o), &cols, 1);
+  tpu_hv ds = tpu_mul(L, p, tpu_sub(L, dp, tpu_attn_rows(L, d, dp)));
+  tpu_hv dq = tpu_hlo_dot_general(H, ds, tpu_lower_input(L, 2, acc), nb, bd, bd, 1, &cols, &rows, L->precision, acc);
+  tpu_hv dk = tpu_hlo_dot_general(H, ds, tpu_lower_input(L, 1, acc), nb, bd, bd, 1, &rows, &rows, L->precision, acc);
+  tpu_attn_out(L, tpu_mul(L, dq, tpu_k(L, dq, scale)), 10, dt);
+  tpu_attn_out(L, tpu_mul(L, dk, tpu_k(L, dk, scale)), 11, dt);
+  tpu_attn_out(L, dv, 12, dt);
+  if (!tpu_arg_bool(L, 9) || tpu_lower_is_none(L, 4)) return;
+  /* the mask's gradient: dS summed over the dims the mask was broadcast along */
+  tpu_tref *m = &L->args[4].t;
+  int64_t red[TPU_MAX_RANK];
+  int nred = 0, lead = r - m->rank;
+  for (int i = 0; i < r; i++)
+    if (i < lead || (m->sizes[i - lead] == 1 && T(L, ds)->dims[i] != 1)) red[nred++] = i;
+  tpu_hv gb = nred ? tpu_reduce_sum(L, ds, red, nred) : ds;
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, gb, m->rank, m->sizes), m->dtype));
+}
