@@ -81,6 +81,7 @@ _initial_mode()
 
 
 _backward_passes_seen = _weakref.WeakKeyDictionary()  # optimizer -> _C.backward_passes() at its last step
+_backward_passes_any = 0  # at the last step of any optimizer (an optimizer's first step compares with it)
 
 
 def _after_optimizer_step(optimizer, args, kwargs):
@@ -90,8 +91,8 @@ def _after_optimizer_step(optimizer, args, kwargs):
     per TORCHTPU_FUSED_MAX_OPS ops, cut anywhere), and the host records the
     next step while the program runs (at most two steps in flight).
 
-    Where a backward pass began since this optimizer's last step (from its
-    second step on), the
+    Where a backward pass began since this optimizer's last step (or, for its
+    first step, since any optimizer's last step), the
     backward pass is the step's boundary instead: its first op launched what
     was recorded before it (the rest of the last step and this forward pass),
     and the ops recorded from there on (backward, clipping, this optimizer
@@ -101,10 +102,11 @@ def _after_optimizer_step(optimizer, args, kwargs):
     graph of its own)."""
     if torch.compiler.is_compiling():
         return
+    global _backward_passes_any
     passes = _C.backward_passes()
-    last = _backward_passes_seen.get(optimizer)
-    _backward_passes_seen[optimizer] = passes
-    if last is not None and passes > last:
+    last = _backward_passes_seen.get(optimizer, _backward_passes_any)
+    _backward_passes_seen[optimizer] = _backward_passes_any = passes
+    if passes > last:
         return
     _C.flush(True)
 
