@@ -291,6 +291,41 @@ def test_foreach_ops_reach_the_element_kernels():
         assert "torchtpu" in line, line
 
 
+def _close_norm(g, w, tol=1e-5):
+    g = g.cpu()
+    assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+    tol = 2e-2 if w.dtype == torch.bfloat16 else tol
+    torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+
+
+def test_foreach_norm():
+    """torch._foreach_norm (clip_grad_norm_'s) is one op per 64 tensors: each
+    order, dtype=, half and 0-d tensors, empty tensors, as on CPU; torch's
+    errors for an order without an identity on an empty tensor."""
+    ts = [make((3, 4), torch.float32, 1), make((5,), torch.float32, 2), make((), torch.float32, 3),
+          make((2, 3), torch.bfloat16, 4), torch.zeros(0, 3)]
+    for o in (2, 1, 0, 3.5, float("inf"), float("-inf")):
+        items = ts if o in (2, 1, 0, 3.5) else ts[:-1]
+        want = torch._foreach_norm(items, o)
+        got = torch._foreach_norm([t.to("tpu") for t in items], o)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            _close_norm(g, w, 1e-5)
+    _close_norm(torch._foreach_norm([ts[0].to("tpu")], 2, dtype=torch.float64)[0],
+          torch._foreach_norm([ts[0]], 2, dtype=torch.float64)[0])
+    many = [make((3,), torch.float32, k) for k in range(70)]
+    on_tpu = [t.to("tpu") for t in many]
+    m0 = torchtpu.metrics()["ops_dispatched"]
+    got = torch._foreach_norm(on_tpu)
+    assert torchtpu.metrics()["ops_dispatched"] - m0 == 2  # one op per 64 tensors
+    for g, w in zip(got, torch._foreach_norm(many)):
+        _close_norm(g, w, 1e-5)
+    with pytest.raises(RuntimeError, match="infinity norm on an empty tensor"):
+        torch._foreach_norm([torch.zeros(0, device="tpu")], float("inf"))
+    with pytest.raises(RuntimeError, match="-1 norm on an empty tensor"):
+        torch._foreach_norm([torch.zeros(0, device="tpu")], -1)
+
+
 def test_softmax_family_and_grads():
     x = make((3, 7), torch.float32, 3)
     for f in (lambda t: F.softmax(t, -1), lambda t: F.log_softmax(t, 0), lambda t: F.softmax(t, 1)):

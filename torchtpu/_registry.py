@@ -513,6 +513,20 @@ def _register_foreach():
     return done
 
 
+def _foreach_norm(row):
+    """torch._foreach_norm (clip_grad_norm_'s first step) as one op per
+    _LIST_MAX tensors (tpu::foreach_norm), not one dispatch per tensor."""
+    kernel = _C.kernel(row, [("tensors", "L", _REQUIRED), ("ord", "S", 2), ("dtype", "d", None)], _LIST_MAX, _REQUIRED)
+
+    def foreach_norm(self, ord=2, dtype=None):
+        tensors, out = list(self), []
+        for k in range(0, len(tensors), _LIST_MAX):
+            out.extend(kernel(tensors[k:k + _LIST_MAX], ord, dtype))
+        return out
+
+    return foreach_norm
+
+
 def _chunked_unscale(c_unscale):
     """GradScaler's unscale over any number of gradients: found_inf gathers
     the check over every group."""
@@ -847,6 +861,7 @@ def setup(device_module):
         opov = getattr(getattr(torch.ops.aten, base), overload or "default")
         _IMPL.impl(name, _redispatch_cpu(opov), "PrivateUse1")
     _register_foreach()
+    _IMPL.impl("_foreach_norm.Scalar", _foreach_norm(internal["tpu::foreach_norm"]), "PrivateUse1")
     _IMPL.impl("set_", _set_empty, "PrivateUse1")
     _IMPL.impl("resize_", _resize_, "PrivateUse1")
     _IMPL.impl("_to_copy", _to_copy, "PrivateUse1")

@@ -198,6 +198,38 @@ void tpu_emit_vector_norm(tpu_lower *L) {
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 3)), dt));
 }
 
+/* tpu::foreach_norm(tensors, ord, dtype): torch._foreach_norm as one op, the
+ * vector norm of each tensor (clip_grad_norm_ over a model's gradients). */
+void tpu_emit_foreach_norm(tpu_lower *L) {
+  tpu_arg *a = &L->args[0];
+  double p = tpu_scalar_value(&L->args[1], 2.0);
+  for (int j = 0; j < a->nlist; j++) {
+    tpu_tref *t = &a->list[j];
+    tpu_dtype dt = tpu_has(L, 2, TPU_ARG_DTYPE) ? L->args[2].dtype : t->dtype;
+    if (tpu_dtype_is_complex(dt)) dt = dt == TPU_C128 ? TPU_F64 : TPU_F32;
+    if (!tpu_dtype_is_float(dt)) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.vector_norm: Expected a floating point or complex tensor as input. "
+                     "Got %s", tpu_dtype_name(t->dtype));
+      return;
+    }
+    tpu_hv x = tpu_lower_tensor(L, 0, j);
+    if (tpu_dtype_is_complex(T(L, x)->dtype)) x = tpu_hlo_unary(H, TPU_HLO_ABS, x);
+    x = tpu_hlo_unary(H, TPU_HLO_ABS, tpu_hlo_convert(H, x, tpu_acc_type(dt)));
+    int64_t dims[TPU_MAX_RANK];
+    for (int i = 0; i < t->rank; i++) dims[i] = i;
+    if (tpu_numel_of(T(L, x), dims, t->rank) == 0 && (p < 0 || isinf(p))) {
+      if (isinf(p) && p > 0)
+        tpu_lower_fail(L, TPU_ERR_RUNTIME, "_foreach_norm cannot compute the infinity norm on an empty tensor because "
+                       "the operation does not have an identity");
+      else
+        tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.vector_norm cannot compute the %g norm on an empty tensor because "
+                       "the operation does not have an identity", p);
+      return;
+    }
+    tpu_lower_out(L, tpu_hlo_convert(H, tpu_pnorm(L, x, p, dims, t->rank), dt));
+  }
+}
+
 /* ---- small reductions ------------------------------------------------------------------------------ */
 
 /* count_nonzero.dim_IntList(self, dim) */
