@@ -19,37 +19,47 @@
 
 #include "emit.h"
 
-/* The masked, scaled scores [B..., L, S] (acc dtype): q, k are arguments
- * iq, iq + 1, the mask im (may be None), is_causal ic, scale is (None:
- * 1/sqrt(E)). */
-static tpu_hv tpu_attn_scores(tpu_lower *L, int iq, int im, int ic, int is, tpu_dtype acc, double *scale) {
+/* What both directions share: the batch dims, dtypes, scale and the masked,
+ * scaled scores s [B..., L, S] (acc dtype). q, k are arguments iq, iq + 1,
+ * the mask im (may be None), is_causal ic, scale is (None: 1/sqrt(E)). */
+typedef struct {
+  int r, nb;
+  int64_t bd[TPU_MAX_RANK]; /* 0 .. nb-1 */
+  tpu_dtype dt, acc;
+  double scale;
+  tpu_hv s;
+} tpu_attn;
+
+static void tpu_attn_begin(tpu_lower *L, int iq, int im, int ic, int is, tpu_attn *A) {
   tpu_tref *q = &L->args[iq].t, *k = &L->args[iq + 1].t;
-  int r = q->rank, nb = r - 2;
-  int64_t bd[TPU_MAX_RANK], sd[TPU_MAX_RANK];
+  int r = A->r = q->rank, nb = A->nb = r - 2;
+  A->dt = q->dtype;
+  A->acc = tpu_acc_type(q->dtype);
+  int64_t sd[TPU_MAX_RANK];
   for (int i = 0; i < nb; i++) {
-    bd[i] = i;
+    A->bd[i] = i;
     sd[i] = q->sizes[i];
   }
   sd[r - 2] = q->sizes[r - 2];
   sd[r - 1] = k->sizes[r - 2];
-  *scale = tpu_lower_is_none(L, is) ? 1.0 / sqrt((double)q->sizes[r - 1]) : L->args[is].f;
+  A->scale = tpu_lower_is_none(L, is) ? 1.0 / sqrt((double)q->sizes[r - 1]) : L->args[is].f;
   int64_t c = r - 1;
-  tpu_hv s = tpu_hlo_dot_general(H, tpu_lower_input(L, iq, acc), tpu_lower_input(L, iq + 1, acc), nb, bd, bd, 1, &c,
-                                 &c, L->precision, acc);
-  s = tpu_mul(L, s, tpu_k(L, s, *scale));
+  tpu_hv s = tpu_hlo_dot_general(H, tpu_lower_input(L, iq, A->acc), tpu_lower_input(L, iq + 1, A->acc), nb, A->bd,
+                                 A->bd, 1, &c, &c, L->precision, A->acc);
+  s = tpu_mul(L, s, tpu_k(L, s, A->scale));
   tpu_hv ninf = tpu_k(L, s, -INFINITY);
   if (!tpu_lower_is_none(L, im)) {
     if (L->args[im].t.dtype == TPU_PRED)
       s = tpu_hlo_select(H, tpu_lower_broadcast_to(L, tpu_lower_tensor(L, im, -1), r, sd), s, ninf);
     else
-      s = tpu_add(L, s, tpu_lower_broadcast_to(L, tpu_lower_input(L, im, acc), r, sd));
+      s = tpu_add(L, s, tpu_lower_broadcast_to(L, tpu_lower_input(L, im, A->acc), r, sd));
   }
   if (tpu_arg_bool(L, ic)) { /* key j attends to query i when j <= i (top-left aligned, as torch) */
     tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, r, sd);
     tpu_hv keep = tpu_hlo_compare(H, TPU_HLO_LE, tpu_hlo_iota(H, it, r - 1), tpu_hlo_iota(H, it, r - 2));
     s = tpu_hlo_select(H, keep, s, ninf);
   }
-  return s;
+  A->s = s;
 }
 
 /* Output v in the dim order of int-list argument i (empty: as it is): the
@@ -72,13 +82,10 @@ static tpu_hv tpu_attn_rows(tpu_lower *L, tpu_hv x, tpu_hv s) {
 
 /* tpu::sdpa(query, key, value, attn_mask, is_causal, scale, out_order) -> (out, logsumexp) */
 void tpu_emit_sdpa(tpu_lower *L) {
-  tpu_tref *q = &L->args[0].t;
-  int r = q->rank, nb = r - 2;
-  tpu_dtype dt = q->dtype, acc = tpu_acc_type(dt);
-  double scale;
-  tpu_hv s = tpu_attn_scores(L, 0, 3, 4, 5, acc, &scale);
-  int64_t last = r - 1, bd[TPU_MAX_RANK];
-  for (int i = 0; i < nb; i++) bd[i] = i;
+  tpu_attn A;
+  tpu_attn_begin(L, 0, 3, 4, 5, &A);
+  tpu_hv s = A.s;
+  int64_t last = A.r - 1;
   tpu_hv mx = tpu_reduce_extreme(L, s, &last, 1, true);
   mx = tpu_hlo_select(H, tpu_hlo_unary(H, TPU_HLO_IS_FINITE, mx), mx, tpu_k(L, mx, 0)); /* a row of -inf */
   tpu_hv e = tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, s, tpu_attn_rows(L, mx, s)));
@@ -87,9 +94,10 @@ void tpu_emit_sdpa(tpu_lower *L) {
   tpu_hv inv = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GT, sum, tpu_k(L, sum, 0)),
                               tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, sum, 1), sum), tpu_k(L, sum, 0));
   tpu_hv p = tpu_mul(L, e, tpu_attn_rows(L, inv, s));
-  int64_t pc = r - 1, vc = r - 2;
-  tpu_hv out = tpu_hlo_dot_general(H, p, tpu_lower_input(L, 2, acc), nb, bd, bd, 1, &pc, &vc, L->precision, acc);
-  tpu_attn_out(L, out, 6, dt);
+  int64_t pc = A.r - 1, vc = A.r - 2;
+  tpu_hv out = tpu_hlo_dot_general(H, p, tpu_lower_input(L, 2, A.acc), A.nb, A.bd, A.bd, 1, &pc, &vc, L->precision,
+                                   A.acc);
+  tpu_attn_out(L, out, 6, A.dt);
   tpu_lower_out(L, tpu_add(L, tpu_hlo_unary(H, TPU_HLO_LOG, sum), mx));
 }
 
@@ -97,17 +105,18 @@ void tpu_emit_sdpa(tpu_lower *L) {
  * is_causal, scale, grad_mask, query_order, key_order, value_order)
  * -> (grad_query, grad_key, grad_value[, grad_mask]) */
 void tpu_emit_sdpa_backward(tpu_lower *L) {
-  tpu_tref *q = &L->args[1].t;
-  int r = q->rank, nb = r - 2;
-  tpu_dtype dt = q->dtype, acc = tpu_acc_type(dt);
-  double scale;
-  tpu_hv s = tpu_attn_scores(L, 1, 4, 7, 8, acc, &scale);
+  tpu_attn A;
+  tpu_attn_begin(L, 1, 4, 7, 8, &A);
+  int r = A.r, nb = A.nb;
+  tpu_dtype dt = A.dt, acc = A.acc;
+  double scale = A.scale;
+  const int64_t *bd = A.bd;
+  tpu_hv s = A.s;
   tpu_hv lse = tpu_attn_rows(L, tpu_lower_input(L, 6, acc), s);
   tpu_hv p = tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, s, lse));
   p = tpu_hlo_select(H, tpu_hlo_unary(H, TPU_HLO_IS_FINITE, lse), p, tpu_k(L, p, 0));
   tpu_hv g = tpu_lower_input(L, 0, acc), o = tpu_lower_input(L, 5, acc);
-  int64_t bd[TPU_MAX_RANK], rows = r - 2, cols = r - 1;
-  for (int i = 0; i < nb; i++) bd[i] = i;
+  int64_t rows = r - 2, cols = r - 1;
   /* dV = P^T dO; dP = dO V^T; dS = P (dP - rowsum(dO o)); dQ = scale dS K; dK = scale dS^T Q */
   tpu_hv dv = tpu_hlo_dot_general(H, p, g, nb, bd, bd, 1, &rows, &rows, L->precision, acc);
   tpu_hv dp = tpu_hlo_dot_general(H, g, tpu_lower_input(L, 3, acc), nb, bd, bd, 1, &cols, &cols, L->precision, acc);
