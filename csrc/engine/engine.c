@@ -496,18 +496,13 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data,
 tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst,
                                 size_t nbytes) {
   /* A sync point: recorded ops run, and a failed asynchronous computation
-   * is reported here. A record no recorded op reads or writes already
-   * holds its value (perhaps one a launched program is computing): the
-   * recorded ops stay recorded, for the program that ends the step (the
-   * loss read after the optimizer step, computed by the program launched
-   * when the backward pass began). */
-  tpu_status *s;
-  if (e->mode == TPU_MODE_FUSED && atomic_load(&rec->graph_refs) == 0) {
-    s = tpu_engine_wait(e);
-  } else {
-    s = tpu_engine_flush(e, TPU_FLUSH_DOWNLOAD);
-    if (!s) s = tpu_engine_sync(e);
-  }
+   * is reported here. Recorded ops (fused mode) run first only when they
+   * read or write the record: otherwise it already holds its value (perhaps
+   * one a launched program is computing), and they stay recorded for the
+   * program that ends the step (the loss read after the optimizer step,
+   * computed by the program launched when the backward pass began). */
+  tpu_status *s = atomic_load(&rec->graph_refs) > 0 ? tpu_engine_flush(e, TPU_FLUSH_DOWNLOAD) : NULL;
+  if (!s) s = tpu_engine_wait(e);
   if (s) return s;
   if (!rec->buf) {
     memset(dst, 0, nbytes);

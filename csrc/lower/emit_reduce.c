@@ -171,20 +171,28 @@ static tpu_hv tpu_pnorm(tpu_lower *L, tpu_hv x, double p, const int64_t *dims, i
 /* linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None) and
  * norm.out / norm.dtype_out (self, p, dim, keepdim[, dtype]): the same layout.
  * The order shapes the program (rows flagged TPU_OP_SCALAR_ATTRS). */
+/* |item j of tensor argument i| (j -1: not a list) in the accumulation type
+ * of the norm's result dtype (argument dt_arg, else the input's, real for a
+ * complex input), stored in *dt; TPU_HV_NONE after failing on an integer input. */
+static tpu_hv tpu_norm_abs(tpu_lower *L, int i, int j, const tpu_tref *t, int dt_arg, tpu_dtype *dt) {
+  *dt = tpu_has(L, dt_arg, TPU_ARG_DTYPE) ? L->args[dt_arg].dtype : t->dtype;
+  if (tpu_dtype_is_complex(*dt)) *dt = *dt == TPU_C128 ? TPU_F64 : TPU_F32;
+  if (!tpu_dtype_is_float(*dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.vector_norm: Expected a floating point or complex tensor as input. "
+                   "Got %s", tpu_dtype_name(t->dtype));
+    return TPU_HV_NONE;
+  }
+  tpu_hv x = tpu_lower_tensor(L, i, j);
+  if (tpu_dtype_is_complex(T(L, x)->dtype)) x = tpu_hlo_unary(H, TPU_HLO_ABS, x);
+  return tpu_hlo_unary(H, TPU_HLO_ABS, tpu_hlo_convert(H, x, tpu_acc_type(*dt)));
+}
+
 void tpu_emit_vector_norm(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   double p = tpu_scalar_value(&L->args[1], 2.0);
-  tpu_dtype dt = tpu_has(L, 4, TPU_ARG_DTYPE) ? L->args[4].dtype : t->dtype;
-  if (tpu_dtype_is_complex(dt)) dt = dt == TPU_C128 ? TPU_F64 : TPU_F32;
-  if (!tpu_dtype_is_float(dt)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.vector_norm: Expected a floating point or complex tensor as input. "
-                   "Got %s", tpu_dtype_name(t->dtype));
-    return;
-  }
-  tpu_dtype acc = tpu_acc_type(dt);
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  if (tpu_dtype_is_complex(T(L, x)->dtype)) x = tpu_hlo_unary(H, TPU_HLO_ABS, x);
-  x = tpu_hlo_unary(H, TPU_HLO_ABS, tpu_hlo_convert(H, x, acc));
+  tpu_dtype dt;
+  tpu_hv x = tpu_norm_abs(L, 0, -1, t, 4, &dt);
+  if (x == TPU_HV_NONE) return;
   int64_t dims[TPU_MAX_RANK];
   bool mask[TPU_MAX_RANK];
   int n = tpu_red_dims(L, 2, t->rank, dims, mask);
@@ -205,16 +213,9 @@ void tpu_emit_foreach_norm(tpu_lower *L) {
   double p = tpu_scalar_value(&L->args[1], 2.0);
   for (int j = 0; j < a->nlist; j++) {
     tpu_tref *t = &a->list[j];
-    tpu_dtype dt = tpu_has(L, 2, TPU_ARG_DTYPE) ? L->args[2].dtype : t->dtype;
-    if (tpu_dtype_is_complex(dt)) dt = dt == TPU_C128 ? TPU_F64 : TPU_F32;
-    if (!tpu_dtype_is_float(dt)) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.vector_norm: Expected a floating point or complex tensor as input. "
-                     "Got %s", tpu_dtype_name(t->dtype));
-      return;
-    }
-    tpu_hv x = tpu_lower_tensor(L, 0, j);
-    if (tpu_dtype_is_complex(T(L, x)->dtype)) x = tpu_hlo_unary(H, TPU_HLO_ABS, x);
-    x = tpu_hlo_unary(H, TPU_HLO_ABS, tpu_hlo_convert(H, x, tpu_acc_type(dt)));
+    tpu_dtype dt;
+    tpu_hv x = tpu_norm_abs(L, 0, j, t, 2, &dt);
+    if (x == TPU_HV_NONE) return;
     int64_t dims[TPU_MAX_RANK];
     for (int i = 0; i < t->rank; i++) dims[i] = i;
     if (tpu_numel_of(T(L, x), dims, t->rank) == 0 && (p < 0 || isinf(p))) {
