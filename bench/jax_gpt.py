@@ -29,7 +29,8 @@ def main():
     ap.add_argument("--read-every", type=int, default=1,
                     help="read the loss back every N steps (the time is per step of blocks of N)")
     args = ap.parse_args()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # the platform torchtpu runs on in the same benchmark (the same PJRT plugin's compiler)
+    os.environ.setdefault("JAX_PLATFORMS", os.environ.get("TORCHTPU_PLATFORM") or "cpu")
     import jax
     import jax.numpy as jnp
 

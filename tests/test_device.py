@@ -162,6 +162,19 @@ def test_bad_plugin_is_an_error_not_a_crash():
     assert "GetPjrtApi" in r.stderr
 
 
+def test_gpu_memory_fraction_is_checked():
+    # TORCHTPU_GPU_MEMORY_FRACTION (the CUDA plugin's up-front reservation) must be in [0, 1];
+    # the other plugins ignore a valid one
+    for value, ok in (("2", False), ("half", False), ("0.5", True)):
+        code = "import torch, torchtpu; print((torch.ones(2, device='tpu') + 1).cpu().tolist())"
+        env = dict(os.environ, TORCHTPU_GPU_MEMORY_FRACTION=value)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        if ok:
+            assert r.returncode == 0 and "[2.0, 2.0]" in r.stdout, r.stderr
+        else:
+            assert r.returncode == 1 and f"TORCHTPU_GPU_MEMORY_FRACTION={value!r}" in r.stderr, r.stderr
+
+
 def test_autoload_without_import():
     code = "import torch; t = torch.ones(2, device='tpu'); print((t + 1).cpu().tolist())"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -802,7 +802,14 @@ def setup(device_module):
     global _LIB, _IMPL
     path, platform = _plugin.find()
     ndev = int(os.environ.get("TORCHTPU_NUM_DEVICES", "1") or 1)
-    _C.init(path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty)
+    raw = os.environ.get("TORCHTPU_GPU_MEMORY_FRACTION", "")
+    try:
+        fraction = float(raw) if raw else 0.0
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError
+    except ValueError:
+        raise RuntimeError(f"TORCHTPU_GPU_MEMORY_FRACTION={raw!r}: expected a number between 0 and 1") from None
+    _C.init(path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty, fraction)
     setup_disk_cache()
 
     torch.utils.rename_privateuse1_backend("tpu")

@@ -937,8 +937,10 @@ static PyObject *tpu_py_kernel(PyObject *m, PyObject *args) {
 static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
   const char *path, *platform;
   int ndev;
+  double fraction = 0;
   PyObject *dtypes, *from_dlpack, *empty;
-  if (!PyArg_ParseTuple(args, "ssiOOO", &path, &platform, &ndev, &dtypes, &from_dlpack, &empty)) return NULL;
+  if (!PyArg_ParseTuple(args, "ssiOOO|d", &path, &platform, &ndev, &dtypes, &from_dlpack, &empty, &fraction))
+    return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (st->eng) Py_RETURN_NONE;
   PyObject *fast = PySequence_Fast(dtypes, "dtypes must be a sequence");
@@ -950,7 +952,7 @@ static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
   Py_DECREF(fast);
   Py_XSETREF(st->from_dlpack, Py_NewRef(from_dlpack));
   Py_XSETREF(st->torch_empty, Py_NewRef(empty));
-  tpu_rt_options o = {path, platform, ndev};
+  tpu_rt_options o = {path, platform, ndev, fraction};
   tpu_status *s = tpu_engine_new(&o, &st->eng);
   if (s) return tpu_raise(s);
   const char *ex = getenv("TORCHTPU_EXPLAIN_RECOMPILES");
@@ -1704,7 +1706,7 @@ static PyObject *tpu_py_graph_replay(PyObject *m, PyObject *args) {
 }
 
 static PyMethodDef tpu_methods[] = {
-    {"init", tpu_py_init, METH_VARARGS, "init(plugin, platform, num_devices, dtypes, from_dlpack, empty)"},
+    {"init", tpu_py_init, METH_VARARGS, "init(plugin, platform, num_devices, dtypes, from_dlpack, empty, gpu_memory_fraction=0)"},
     {"ops", tpu_py_ops, METH_NOARGS, "The op table: [(aten overload, id, flags)]."},
     {"foreach", tpu_py_foreach, METH_VARARGS,
      "foreach(name, element_kernel, lists, kwnames, out_self, returns_list) -> callable"},

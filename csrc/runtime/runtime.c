@@ -181,20 +181,38 @@ tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out) {
   if (TPU_HAS(api, Plugin_Initialize)) s = TPU_CALL(api, Plugin_Initialize, &init);
   if (s) goto fail;
 
-  tpu_pjrt_named_value nv;
-  memset(&nv, 0, sizeof nv);
-  nv.struct_size = TPU_PJRT_SIZE(tpu_pjrt_named_value, value_size);
-  nv.name = "cpu_device_count";
-  nv.name_size = strlen(nv.name);
-  nv.type = TPU_PJRT_NV_INT64;
-  nv.int64_value = opts->num_devices > 0 ? opts->num_devices : 1;
-  nv.value_size = 1;
+  /* Create options: the CPU plugin's device count; the CUDA plugin's allocator, which by
+   * default reserves 75% of the GPU at start: torchtpu takes memory as it is needed unless a
+   * fraction is asked for (several processes then share one GPU, as with torch.cuda). */
+  tpu_pjrt_named_value nv[2];
+  memset(nv, 0, sizeof nv);
+  size_t nopt = 0;
   bool cpu = !opts->platform || strcmp(opts->platform, "cpu") == 0;
+  bool cuda = opts->platform && strcmp(opts->platform, "cuda") == 0;
+  for (size_t i = 0; i < 2; i++) {
+    nv[i].struct_size = TPU_PJRT_SIZE(tpu_pjrt_named_value, value_size);
+    nv[i].value_size = 1;
+  }
+  if (cpu) {
+    nv[nopt].name = "cpu_device_count";
+    nv[nopt].type = TPU_PJRT_NV_INT64;
+    nv[nopt++].int64_value = opts->num_devices > 0 ? opts->num_devices : 1;
+  } else if (cuda) {
+    nv[nopt].name = "preallocate";
+    nv[nopt].type = TPU_PJRT_NV_BOOL;
+    nv[nopt++].bool_value = opts->memory_fraction > 0;
+    if (opts->memory_fraction > 0) {
+      nv[nopt].name = "memory_fraction";
+      nv[nopt].type = TPU_PJRT_NV_FLOAT;
+      nv[nopt++].float_value = (float)opts->memory_fraction;
+    }
+  }
+  for (size_t i = 0; i < nopt; i++) nv[i].name_size = strlen(nv[i].name);
   tpu_pjrt_client_create_args cc;
   memset(&cc, 0, sizeof cc);
   cc.struct_size = TPU_PJRT_SIZE(tpu_pjrt_client_create_args, kv_try_get_user_arg);
-  cc.create_options = cpu ? &nv : NULL;
-  cc.num_options = cpu ? 1 : 0;
+  cc.create_options = nopt ? nv : NULL;
+  cc.num_options = nopt;
   s = TPU_CALL(api, Client_Create, &cc);
   if (s) goto fail;
   rt->client = cc.client;

@@ -25,6 +25,8 @@ typedef struct {
   const char *plugin_path; /* shared library exporting GetPjrtApi; required */
   const char *platform;    /* "cpu", "tpu" or "cuda": picks create options */
   int num_devices;         /* CPU plugin: cpu_device_count; <= 0 means 1 */
+  double memory_fraction;  /* CUDA plugin: > 0 reserves this fraction of the GPU's memory at
+                              start; <= 0 takes memory as it is needed (torch.cuda's way) */
 } tpu_rt_options;
 
 /* Oldest PJRT C API minor version we accept (major must be 0). */
