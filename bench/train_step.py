@@ -54,8 +54,9 @@ def child(example, device, mode, steps, long_steps):
     # is then that of blocks of 10 steps, each ending with the read.
     mode, _, reads = mode.partition("/read")
     read_every = int(reads) if reads else 1
-    compiled = mode in ("compiled", "compiled-step", "inductor")
-    if device == "tpu" and not compiled:
+    compiled = mode in ("compiled", "compiled-step", "compiled-graph", "inductor")
+    graphed = mode in ("graph", "compiled-graph")
+    if device == "tpu" and not compiled and not graphed:
         torchtpu.eager_mode(mode)
     import torch.nn.functional as F
 
@@ -68,7 +69,7 @@ def child(example, device, mode, steps, long_steps):
         tok, data = char_gpt.load_corpus()
         model = char_gpt.make_model(tok.vocab_size, seed=0, device=device)
         clip = 1.0
-        if mode == "compiled-step":
+        if mode in ("compiled-step", "graph", "compiled-graph"):
             decay = [p for p in model.parameters() if p.dim() >= 2]
             no_decay = [p for p in model.parameters() if p.dim() < 2]
             opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -107,10 +108,42 @@ def child(example, device, mode, steps, long_steps):
             torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
 
-    if mode == "compiled-step":
+    if mode in ("compiled-step", "compiled-graph"):
         update = torch.compile(update, backend=backend)
 
-    def step(read=True):
+    if graphed:
+        # torch.tpu.graph (torch.cuda.graph's interface): the whole step
+        # captured once after warm-up steps, then replayed on new batches
+        # copied into the captured input tensors
+        if hasattr(opt, "defaults") and "capturable" in opt.defaults and not opt.defaults["capturable"]:
+            for group in opt.param_groups:
+                group["capturable"] = True
+        sx, sy = (t.to(device) for t in batch())
+
+        def captured():
+            loss = loss_of(run, sx, sy)
+            loss.backward()
+            update()
+            return loss
+
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            captured().item()
+        graph = torch.tpu.TPUGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.tpu.graph(graph):
+            static_loss = captured()
+
+        def step(read=True):
+            x, y = batch()
+            sx.copy_(x)
+            sy.copy_(y)
+            graph.replay()
+            return static_loss.item() if read else static_loss
+    else:
+        step = None
+
+    def eager_step(read=True):
         x, y = batch()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
@@ -118,6 +151,7 @@ def child(example, device, mode, steps, long_steps):
         loss.backward()
         update()
         return loss.item() if read else loss
+    step = step or eager_step
     times, rss = [], []
     total = steps + 5 + long_steps
     for i in range(total):

@@ -111,7 +111,23 @@ def _after_optimizer_step(optimizer, args, kwargs):
     _C.flush(True)
 
 
+def _before_optimizer_step(optimizer, args, kwargs):
+    """Inside a torch.tpu.graph capture, an optimizer that keeps its step count
+    on the host would bake this step's bias correction into the graph (as
+    CUDA graphs would): it must be made with capturable=True."""
+    if torch.compiler.is_compiling() or not _C.whole_capturing():
+        return
+    for group in optimizer.param_groups:
+        if group.get("capturable") is False and any(p.device.type == "tpu" for p in group["params"]):
+            raise RuntimeError(
+                f"{type(optimizer).__name__}.step() inside a torch.tpu.graph capture needs capturable=True "
+                f"(its step count and bias correction are otherwise host values, fixed at capture)")
+
+
 from torch.optim.optimizer import register_optimizer_step_post_hook as _register_post_hook  # noqa: E402
+from torch.optim.optimizer import register_optimizer_step_pre_hook as _register_pre_hook  # noqa: E402
+
+_register_pre_hook(_before_optimizer_step)
 
 _register_post_hook(_after_optimizer_step)
 

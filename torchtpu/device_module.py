@@ -339,3 +339,89 @@ def set_matmul_precision(precision):
 
 def get_matmul_precision():
     return _PRECISIONS[_C.matmul_precision()]
+
+
+# ---- graphs: torch.cuda.graph's interface -------------------------------------------------
+#
+# A capture records every tpu op of the code inside it (in fused mode) into
+# one program and runs none of them; replay() runs that program on the
+# current contents of the tensors it reads, and writes its results into the
+# tensors the code wrote or made, as CUDA graphs do: new inputs are copied
+# into the captured input tensors (static_x.copy_(x)), and the captured loss,
+# gradients and parameters hold the replay's values. As with CUDA graphs,
+# Python code inside the capture runs only once, values fixed at capture
+# (Python numbers, a learning rate) stay fixed, a sync point inside the
+# capture (.item(), printing) is an error, and lazily made state (optimizer
+# moments) should be made by a few warm-up steps before capturing. Dropout
+# draws new random numbers at each replay. torch.compile'd code inside a
+# capture joins it.
+
+
+class TPUGraph:
+    """torch.cuda.CUDAGraph's interface: capture_begin/capture_end (or the
+    torch.tpu.graph context manager), replay(), reset()."""
+
+    def __init__(self, keep_graph=False):
+        self._plan = None
+        self._token = None
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        if self._token is not None:
+            raise RuntimeError("TPUGraph.capture_begin: this graph is already capturing")
+        self.reset()
+        self._token = _C.whole_begin()
+
+    def capture_end(self, _keep=True):
+        if self._token is None:
+            raise RuntimeError("TPUGraph.capture_end: capture_begin was not called")
+        token, self._token = self._token, None
+        self._plan = _C.whole_end(token, _keep)
+
+    def instantiate(self):
+        pass
+
+    def replay(self):
+        if self._token is not None:
+            raise RuntimeError("TPUGraph.replay: the graph is still capturing")
+        if self._plan is not None:
+            _C.whole_replay(self._plan)
+
+    def reset(self):
+        self._plan = None
+
+    def pool(self):
+        return graph_pool_handle()
+
+    def __repr__(self):
+        return f"torch.tpu.TPUGraph(captured={self._plan is not None})"
+
+
+_pool_ids = iter(range(1, 1 << 62))
+
+
+def graph_pool_handle():
+    """An opaque memory-pool handle (buffers are not pooled per graph here)."""
+    return (0, next(_pool_ids))
+
+
+def is_current_stream_capturing():
+    return _C.whole_capturing()
+
+
+class graph:
+    """Captures the code inside it into tpu_graph (torch.cuda.graph's
+    interface). An exception inside drops the capture."""
+
+    def __init__(self, tpu_graph, pool=None, stream=None, capture_error_mode="global"):
+        if not isinstance(tpu_graph, TPUGraph):
+            raise TypeError(f"torch.tpu.graph: expected a torch.tpu.TPUGraph, got {type(tpu_graph).__name__}")
+        self.tpu_graph = tpu_graph
+
+    def __enter__(self):
+        synchronize()
+        self.tpu_graph.capture_begin()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.tpu_graph.capture_end(_keep=exc_type is None)
+        return False

@@ -116,6 +116,7 @@ struct tpu_engine {
   uint64_t records_made;
   bool capturing;       /* between tpu_engine_capture_begin and _end */
   bool capture_split;   /* a flush ran during the capture: the recording is not the whole graph */
+  bool capture_whole;   /* a torch.tpu.graph capture: nothing may run until it ends */
   uint64_t capture_birth, capture_rng;
   struct tpu_plan *plans; /* every live plan, released with the engine */
 };
@@ -1265,8 +1266,24 @@ static tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab,
   return s;
 }
 
+/* What a flush during a torch.tpu.graph capture was for, for its error. */
+static const char *tpu_flush_what(int reason) {
+  switch (reason) {
+    case TPU_FLUSH_DOWNLOAD: return "reading a value the graph computes (.item(), .cpu(), printing, a data-dependent shape)";
+    case TPU_FLUSH_UPLOAD: return "copying host data into a tensor the graph writes";
+    case TPU_FLUSH_SYNC: return "synchronizing";
+    case TPU_FLUSH_CAP: return "recording more ops than TORCHTPU_FUSED_MAX_OPS (raise it)";
+    default: return "changing the eager mode or running a compiled graph";
+  }
+}
+
 tpu_status *tpu_engine_flush(tpu_engine *e, int reason) {
   if (!e->nnodes) return NULL;
+  if (e->capturing && e->capture_whole)
+    return tpu_status_new(TPU_ERR_RUNTIME,
+                          "%s is not allowed while a graph is captured (torch.tpu.graph): the captured ops run "
+                          "at replay(), so read or copy values outside the capture",
+                          tpu_flush_what(reason));
   if (e->capturing) e->capture_split = true;
   tpu_rectab tab = {0};
   tpu_cache_entry *c = NULL;
@@ -1278,7 +1295,7 @@ tpu_status *tpu_engine_flush(tpu_engine *e, int reason) {
 }
 
 static tpu_status *tpu_engine_launch_step(tpu_engine *e, int reason) {
-  if (e->mode != TPU_MODE_FUSED) return NULL;
+  if (e->mode != TPU_MODE_FUSED || e->capturing) return NULL; /* a capture is one program */
   tpu_status *s = tpu_engine_flush(e, reason);
   if (s) return s;
   while (e->icount > TPU_STEPS_AHEAD) tpu_inflight_pop(e);
@@ -1480,6 +1497,10 @@ const tpu_tref *tpu_plan_output(const tpu_plan *p, int j, int *input) {
 }
 
 tpu_status *tpu_engine_capture_begin(tpu_engine *e, int *prev) {
+  if (e->capturing && e->capture_whole) {
+    *prev = -1; /* inside torch.tpu.graph: the graph's ops join that recording */
+    return NULL;
+  }
   *prev = e->mode;
   tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_MODE);
   if (s) return s;
@@ -1567,7 +1588,8 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
     if (i >= 0) {
       cls[k] = TPU_SRC_IN;
       idx[k] = i;
-    } else if (tab->r[k]->birth < e->capture_birth) {
+    } else if (tab->r[k]->birth < e->capture_birth || e->capture_whole) {
+      /* a whole-step capture keeps the tensors it made: replays write into them */
       cls[k] = TPU_SRC_HELD;
       if ((idx[k] = tpu_plan_hold(p, tab->r[k], &heldcap)) < 0) goto oom;
     } else if (!tab->r[k]->buf) {
@@ -1628,7 +1650,10 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
   for (int k = 0; k < c->nfout; k++) {
     int r = c->fout[k];
     p->dst[k].kind = cls[r];
-    if (cls[r] == TPU_SRC_NEW && newof[r] >= 0) {
+    if (cls[r] == TPU_SRC_NEW && e->capture_whole) {
+      p->dst[k].kind = TPU_SRC_HELD;
+      if ((p->dst[k].idx = tpu_plan_hold(p, tab->r[r], &heldcap)) < 0) goto oom;
+    } else if (cls[r] == TPU_SRC_NEW && newof[r] >= 0) {
       p->dst[k].idx = newof[r];
     } else if (cls[r] == TPU_SRC_NEW) {
       newof[r] = p->nnew;
@@ -1693,6 +1718,10 @@ tpu_status *tpu_engine_capture_end(tpu_engine *e, int prev, const tpu_tref *ins,
                                    int nout, tpu_plan **plan, const char **why) {
   if (plan) *plan = NULL;
   *why = NULL;
+  if (prev < 0) {
+    *why = "it ran inside a torch.tpu.graph capture, which replays it";
+    return NULL;
+  }
   bool split = e->capture_split;
   e->capturing = false;
   tpu_status *s = NULL;
@@ -1713,6 +1742,43 @@ tpu_status *tpu_engine_capture_end(tpu_engine *e, int prev, const tpu_tref *ins,
     tpu_nodes_release(e);
   }
   e->mode = prev;
+  return s;
+}
+
+tpu_status *tpu_engine_graph_begin(tpu_engine *e, int *prev) {
+  if (e->capturing)
+    return tpu_status_new(TPU_ERR_RUNTIME, "a graph is already being captured: captures do not nest");
+  tpu_status *s = tpu_engine_capture_begin(e, prev);
+  if (!s) e->capture_whole = true;
+  return s;
+}
+
+bool tpu_engine_graph_capturing(const tpu_engine *e) { return e->capturing && e->capture_whole; }
+
+tpu_status *tpu_engine_graph_end(tpu_engine *e, int prev, bool keep, tpu_plan **plan) {
+  *plan = NULL;
+  tpu_status *s = NULL;
+  if (keep && e->nnodes) {
+    tpu_rectab tab = {0};
+    tpu_cache_entry *c = NULL;
+    const char *why = NULL;
+    s = tpu_flush_prepare(e, TPU_FLUSH_MODE, &tab, &c);
+    if (!s) s = tpu_plan_build(e, &tab, c, NULL, 0, NULL, 0, plan, &why);
+    if (!s && !*plan) s = tpu_status_new(TPU_ERR_RUNTIME, "the captured graph cannot be replayed: %s", why);
+    free(tab.r);
+  }
+  /* Nothing recorded runs now: the tensors keep their values from before the
+   * capture (those made during it have none until the first replay). */
+  tpu_nodes_release(e);
+  e->capturing = e->capture_whole = false;
+  e->mode = prev;
+  return s;
+}
+
+tpu_status *tpu_engine_graph_replay(tpu_engine *e, tpu_plan *p) {
+  if (e->capturing) return tpu_status_new(TPU_ERR_RUNTIME, "replay() of a graph while a graph is being captured");
+  tpu_status *s = tpu_plan_run(e, p, NULL, 0, NULL);
+  while (!s && e->icount > TPU_STEPS_AHEAD) tpu_inflight_pop(e);
   return s;
 }
 

@@ -188,6 +188,18 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
 int tpu_plan_nout(const tpu_plan *p);
 /* Output j's view at capture, and the graph input it is (-1 when not one). */
 const tpu_tref *tpu_plan_output(const tpu_plan *p, int j, int *input);
+/* torch.tpu.graph: a whole-step capture (CUDA graph semantics). Begin records
+ * every op in fused mode; nothing may run until the end (a sync point is an
+ * error naming it). End (keep) compiles the recording into a plan whose
+ * inputs and outputs are the records it read and wrote, tensors made during
+ * the capture included, and runs nothing: tensors keep their values until
+ * the first replay; without keep it drops the recording. Graph plans of
+ * torch.compile inside the capture join its recording. Replay runs the
+ * program again on the records' current buffers. */
+tpu_status *tpu_engine_graph_begin(tpu_engine *e, int *prev);
+tpu_status *tpu_engine_graph_end(tpu_engine *e, int prev, bool keep, tpu_plan **plan);
+tpu_status *tpu_engine_graph_replay(tpu_engine *e, tpu_plan *p);
+bool tpu_engine_graph_capturing(const tpu_engine *e);
 /* Releases the plan (its program, constants, held records). Safe after the
  * engine is gone. */
 void tpu_plan_free(tpu_plan *p);

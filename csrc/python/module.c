@@ -1663,7 +1663,8 @@ static PyObject *tpu_py_graph_replay(PyObject *m, PyObject *args) {
   if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &plans, &args_o)) return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (!tpu_need_engine(st)) return NULL;
-  if (PyList_GET_SIZE(plans) == 0) Py_RETURN_NONE;
+  /* inside torch.tpu.graph the graph's ops join the capture's recording */
+  if (PyList_GET_SIZE(plans) == 0 || tpu_engine_graph_capturing(st->eng)) Py_RETURN_NONE;
   PyObject *fa = PySequence_Fast(args_o, "graph arguments");
   if (!fa) return NULL;
   Py_ssize_t na = PySequence_Fast_GET_SIZE(fa);
@@ -1705,6 +1706,56 @@ static PyObject *tpu_py_graph_replay(PyObject *m, PyObject *args) {
   return result;
 }
 
+/* ---- torch.tpu.graph ---------------------------------------------------------------------
+ *
+ * whole_begin() -> token; the user's code is recorded; whole_end(token, keep)
+ * -> plan capsule (None when nothing was recorded or keep is false);
+ * whole_replay(plan). */
+
+static void tpu_whole_destructor(PyObject *cap) {
+  tpu_plan_free(PyCapsule_GetPointer(cap, "torchtpu.whole"));
+}
+
+static PyObject *tpu_py_whole_begin(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  int prev;
+  tpu_status *s = tpu_engine_graph_begin(st->eng, &prev);
+  if (s) return tpu_raise(s);
+  return PyLong_FromLong(prev);
+}
+
+static PyObject *tpu_py_whole_end(PyObject *m, PyObject *args) {
+  int prev, keep;
+  if (!PyArg_ParseTuple(args, "ip", &prev, &keep)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_plan *plan = NULL;
+  tpu_status *s = tpu_engine_graph_end(st->eng, prev, keep, &plan);
+  if (s) return tpu_raise(s);
+  if (!plan) Py_RETURN_NONE;
+  PyObject *cap = PyCapsule_New(plan, "torchtpu.whole", tpu_whole_destructor);
+  if (!cap) tpu_plan_free(plan);
+  return cap;
+}
+
+static PyObject *tpu_py_whole_replay(PyObject *m, PyObject *cap) {
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_plan *plan = PyCapsule_GetPointer(cap, "torchtpu.whole");
+  if (!plan) return NULL;
+  tpu_status *s = tpu_engine_graph_replay(st->eng, plan);
+  if (s) return tpu_raise(s);
+  Py_RETURN_NONE;
+}
+
+static PyObject *tpu_py_whole_capturing(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  tpu_mod_state *st = tpu_state(m);
+  return PyBool_FromLong(st->eng && tpu_engine_graph_capturing(st->eng));
+}
+
 static PyMethodDef tpu_methods[] = {
     {"init", tpu_py_init, METH_VARARGS, "init(plugin, platform, num_devices, dtypes, from_dlpack, empty, gpu_memory_fraction=0)"},
     {"ops", tpu_py_ops, METH_NOARGS, "The op table: [(aten overload, id, flags)]."},
@@ -1729,6 +1780,10 @@ static PyMethodDef tpu_methods[] = {
     {"manual_seed", tpu_py_manual_seed, METH_O, "Seed the device generator."},
     {"rng_state", tpu_py_rng_state, METH_VARARGS, "rng_state() -> (seed, offset); rng_state(seed, offset)"},
     {"graph_capture_begin", tpu_py_graph_capture_begin, METH_NOARGS, "Record a graph: -> token"},
+    {"whole_begin", tpu_py_whole_begin, METH_NOARGS, "torch.tpu.graph: begin a capture -> token"},
+    {"whole_end", tpu_py_whole_end, METH_VARARGS, "whole_end(token, keep) -> plan or None (nothing runs)"},
+    {"whole_replay", tpu_py_whole_replay, METH_O, "whole_replay(plan): run the captured graph"},
+    {"whole_capturing", tpu_py_whole_capturing, METH_NOARGS, "Whether a torch.tpu.graph capture is under way."},
     {"graph_capture_end", tpu_py_graph_capture_end, METH_VARARGS,
      "graph_capture_end(token, args, outs) -> (plan or None, why)"},
     {"graph_replay", tpu_py_graph_replay, METH_VARARGS, "graph_replay(plans, args) -> outputs, or None"},
