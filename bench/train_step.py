@@ -3,9 +3,12 @@ CPU eager against tpu in debug, strict and fused modes, and with --compile,
 torch.compile: the model with backend "tpu" ("compiled"), the model and the
 optimizer step (clipping and a capturable optimizer, one graph) ("compiled
 step"), Inductor on CPU, and for the GPT the same model in JAX, jax.jit-ed on
-the same XLA CPU (bench/jax_gpt.py, run with the bench environment's
+the same PJRT plugin as torchtpu (bench/jax_gpt.py, run with the bench environment's
 interpreter: make bench-setup). Each configuration runs in a fresh process,
-all in one run. Prints median step times, their ratios, peak resident memory
+all in one run. "graph" captures the whole step once with torch.tpu.graph
+(torch.cuda.graph's interface) after three warm-up steps and replays it on
+each batch; "compiled-graph" does the same with the compiled model and
+update. Prints median step times, their ratios, peak resident memory
 (and its ratio to CPU eager), and, with --long N, whether resident memory
 stays flat over N fused GPT steps. The GPT also runs a loop that reads the
 loss back every 10 steps instead of every step ("/read10" rows): in fused
@@ -218,7 +221,8 @@ def main():
                 p = subprocess.run([jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(args.steps)],
                                    capture_output=True, text=True)
                 rows["jax jit"] = _result(p, "jax gpt")
-        for mode in ("debug", "strict", "fused") + (("compiled", "compiled-step") if args.compile else ()):
+        for mode in ("debug", "strict", "fused", "graph") + (
+                ("compiled", "compiled-step", "compiled-graph") if args.compile else ()):
             rows[f"tpu {mode}"] = run(ex, "tpu", mode, args.steps)
         if ex == "gpt":
             blocks = max(args.steps // 5, 4)
@@ -227,7 +231,7 @@ def main():
                 p = subprocess.run([jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(blocks),
                                     "--read-every", "10"], capture_output=True, text=True)
                 rows["jax jit/read10"] = _result(p, "jax gpt")
-            for mode in ("strict", "fused") + (("compiled-step",) if args.compile else ()):
+            for mode in ("strict", "fused", "graph") + (("compiled-step", "compiled-graph") if args.compile else ()):
                 rows[f"tpu {mode}/read10"] = run(ex, "tpu", f"{mode}/read10", blocks)
         cpu = rows["cpu eager"]
         for name, r in rows.items():
@@ -239,17 +243,24 @@ def main():
         if "tpu fused/read10" in rows:
             s10, f10 = rows["tpu strict/read10"]["step_ms"], rows["tpu fused/read10"]["step_ms"]
             print(f"{ex:<8}fused is {s10 / f10:.2f}x faster than strict (the loss read back every 10 steps)")
+        g = rows["tpu graph"]["step_ms"]
+        line = f"{ex:<8}tpu graph (torch.tpu.graph, the whole step replayed): {s / g:.2f}x faster than strict"
+        if "jax jit" in rows:
+            line += f", {g / rows['jax jit']['step_ms']:.2f}x JAX's step time"
+        print(line)
         if args.compile:
-            for name in ("compiled", "compiled-step"):
+            for name in ("compiled", "compiled-step", "compiled-graph"):
                 c = rows[f"tpu {name}"]["step_ms"]
                 line = (f"{ex:<8}tpu {name}: {s / c:.2f}x faster than strict, "
                         f"{c / rows['cpu inductor']['step_ms']:.2f}x CPU inductor's step time")
                 if "jax jit" in rows:
                     line += f", {c / rows['jax jit']['step_ms']:.2f}x JAX's step time"
                 print(line)
-            if "tpu compiled-step/read10" in rows:
-                c = rows["tpu compiled-step/read10"]["step_ms"]
-                line = (f"{ex:<8}tpu compiled-step, loss read every 10 steps: "
+            for name in ("compiled-step", "compiled-graph"):
+                if f"tpu {name}/read10" not in rows:
+                    continue
+                c = rows[f"tpu {name}/read10"]["step_ms"]
+                line = (f"{ex:<8}tpu {name}, loss read every 10 steps: "
                         f"{rows['tpu strict/read10']['step_ms'] / c:.2f}x faster than strict")
                 if "jax jit/read10" in rows:
                     line += f", {c / rows['jax jit/read10']['step_ms']:.2f}x JAX's step time"

@@ -207,3 +207,50 @@ def test_captures_do_not_nest_and_replay_outlives_the_tensors():
     assert b.cpu().tolist() == [4.0, 4.0, 4.0]
     with pytest.raises(TypeError, match="TPUGraph"):
         torch.tpu.graph(object())
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_batchnorm_statistics_update_at_each_replay(compiled):
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    dev = copy.deepcopy(cpu).to("tpu")
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.1, momentum=0.9)
+    opt_t = torch.optim.SGD(dev.parameters(), lr=0.1, momentum=0.9)
+    run = torch.compile(dev, backend="tpu") if compiled else dev
+    g = torch.Generator().manual_seed(2)
+    data = [(torch.randn(5, 3, 8, 8, generator=g), torch.randint(0, 2, (5,), generator=g)) for _ in range(6)]
+    want = []
+    for x, y in data:
+        opt_c.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(cpu(x), y)
+        loss.backward()
+        opt_c.step()
+        want.append(loss.item())
+    sx, sy = data[0][0].to("tpu"), data[0][1].to("tpu")
+
+    def step():
+        loss = F.cross_entropy(run(sx), sy)
+        loss.backward()
+        opt_t.step()
+        return loss
+
+    got = []
+    for x, y in data[:2]:
+        sx.copy_(x)
+        sy.copy_(y)
+        opt_t.zero_grad(set_to_none=True)
+        got.append(step().item())
+    graph = torch.tpu.TPUGraph()
+    opt_t.zero_grad(set_to_none=True)
+    with torch.tpu.graph(graph):
+        static_loss = step()
+    for x, y in data[2:]:
+        sx.copy_(x)
+        sy.copy_(y)
+        graph.replay()
+        got.append(static_loss.item())
+    assert max(abs(a - b) for a, b in zip(want, got)) < 1e-4, (want, got)
+    bn_c, bn_t = cpu[1], dev[1]
+    assert torch.allclose(bn_t.running_mean.cpu(), bn_c.running_mean, atol=1e-5)
+    assert torch.allclose(bn_t.running_var.cpu(), bn_c.running_var, atol=1e-5)
+    assert bn_t.num_batches_tracked.item() == bn_c.num_batches_tracked.item() == 6

@@ -425,3 +425,9 @@ class graph:
     def __exit__(self, exc_type, exc, tb):
         self.tpu_graph.capture_end(_keep=exc_type is None)
         return False
+
+
+def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None):
+    raise NotImplementedError(
+        "torch.tpu.make_graphed_callables is not supported yet: capture the whole training step with "
+        "torch.tpu.graph (forward, backward and optimizer step in one graph) instead")
