@@ -32,19 +32,55 @@ def _batches(n):
     return [(torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)) for _ in range(n)]
 
 
+def _cpu_losses(model, opt, loss_fn, batches):
+    out = []
+    for x, y in batches:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out
+
+
+def _train_captured(step, opt, sx, sy, batches, warm=2, untouched=()):
+    """Warm-up steps on the first batches, a capture of step(), replays on the
+    rest (each batch copied into sx, sy); returns the losses and the metrics
+    before the capture, after it and after the replays. The tensors in
+    untouched must keep their values through the capture (nothing runs)."""
+    got = []
+    for x, y in batches[:warm]:  # warm-up: the optimizer makes its state
+        sx.copy_(x)
+        sy.copy_(y)
+        opt.zero_grad(set_to_none=True)
+        got.append(step().item())
+    graph = torch.tpu.TPUGraph()
+    opt.zero_grad(set_to_none=True)
+    m = [_m()]
+    before = [t.detach().cpu() for t in untouched]
+    with torch.tpu.graph(graph):
+        assert torch.tpu.is_current_stream_capturing()
+        static_loss = step()
+    assert not torch.tpu.is_current_stream_capturing()
+    m.append(_m())
+    for t, b in zip(untouched, before):
+        assert torch.equal(t.detach().cpu(), b)
+    for x, y in batches[warm:]:
+        sx.copy_(x)
+        sy.copy_(y)
+        graph.replay()
+        got.append(static_loss.item())
+    m.append(_m())
+    return got, m
+
+
 def test_captured_step_replays_like_cpu_eager():
     cpu = _mlp()
     dev = copy.deepcopy(cpu).to("tpu")
     opt_c = torch.optim.Adam(cpu.parameters(), lr=0.01)
     opt_t = torch.optim.Adam(dev.parameters(), lr=0.01, capturable=True)
     data = _batches(8)
-    want = []
-    for x, y in data:
-        opt_c.zero_grad(set_to_none=True)
-        loss = F.mse_loss(cpu(x), y)
-        loss.backward()
-        opt_c.step()
-        want.append(loss.item())
+    want = _cpu_losses(cpu, opt_c, F.mse_loss, data)
 
     sx, sy = torch.zeros(4, 8, device="tpu"), torch.zeros(4, 1, device="tpu")
 
@@ -54,34 +90,13 @@ def test_captured_step_replays_like_cpu_eager():
         opt_t.step()
         return loss
 
-    got = []
-    for x, y in data[:2]:  # warm-up: the optimizer makes its state
-        sx.copy_(x)
-        sy.copy_(y)
-        opt_t.zero_grad(set_to_none=True)
-        got.append(step().item())
-    g = torch.tpu.TPUGraph()
-    opt_t.zero_grad(set_to_none=True)
-    before = [p.detach().cpu() for p in dev.parameters()]
-    m0 = _m()
-    with torch.tpu.graph(g):
-        assert torch.tpu.is_current_stream_capturing()
-        static_loss = step()
-    assert not torch.tpu.is_current_stream_capturing()
-    m1 = _m()
-    # capturing compiles the step and runs nothing: the parameters are untouched
+    got, (m0, m1, m2) = _train_captured(step, opt_t, sx, sy, data, untouched=list(dev.parameters()))
+    # the capture compiles the step and runs nothing; each replay runs it, compiling nothing
     assert m1["programs_compiled"] - m0["programs_compiled"] == 1
     assert m1["fused_programs_run"] == m0["fused_programs_run"]
-    for p, b in zip(dev.parameters(), before):
-        assert torch.equal(p.detach().cpu(), b)
-    for x, y in data[2:]:
-        sx.copy_(x)
-        sy.copy_(y)
-        g.replay()
-        got.append(static_loss.item())
-    m2 = _m()
     assert m2["programs_compiled"] == m1["programs_compiled"]
     assert m2["graph_replays"] - m1["graph_replays"] == 6
+    assert m2["fused_programs_run"] - m1["fused_programs_run"] == 6
     assert max(abs(a - b) for a, b in zip(want, got)) < 1e-5, (want, got)
     for p, q in zip(dev.parameters(), cpu.parameters()):
         assert (p.detach().cpu() - q.detach()).abs().max() < 1e-5
@@ -124,23 +139,9 @@ def test_gpt_step_captured_matches_eager(compiled):
         opt.step()
         return loss
 
-    got = []
-    for x, y in batches[:2]:
-        sx.copy_(x)
-        sy.copy_(y)
-        opt.zero_grad(set_to_none=True)
-        got.append(step().item())
-    graph = torch.tpu.TPUGraph()
-    opt.zero_grad(set_to_none=True)
-    with torch.tpu.graph(graph):
-        static_loss = step()
-    replays = _m()["graph_replays"]
-    for x, y in batches[2:]:
-        sx.copy_(x)
-        sy.copy_(y)
-        graph.replay()
-        got.append(static_loss.item())
-    assert _m()["graph_replays"] - replays == 5
+    got, (_, m1, m2) = _train_captured(step, opt, sx, sy, batches)
+    assert m2["graph_replays"] - m1["graph_replays"] == 5
+    assert m2["programs_compiled"] == m1["programs_compiled"]
     assert max(abs(a - b) / abs(a) for a, b in zip(want, got)) < 1e-4, (want, got)
 
 
@@ -219,13 +220,7 @@ def test_batchnorm_statistics_update_at_each_replay(compiled):
     run = torch.compile(dev, backend="tpu") if compiled else dev
     g = torch.Generator().manual_seed(2)
     data = [(torch.randn(5, 3, 8, 8, generator=g), torch.randint(0, 2, (5,), generator=g)) for _ in range(6)]
-    want = []
-    for x, y in data:
-        opt_c.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(cpu(x), y)
-        loss.backward()
-        opt_c.step()
-        want.append(loss.item())
+    want = _cpu_losses(cpu, opt_c, F.cross_entropy, data)
     sx, sy = data[0][0].to("tpu"), data[0][1].to("tpu")
 
     def step():
@@ -234,21 +229,7 @@ def test_batchnorm_statistics_update_at_each_replay(compiled):
         opt_t.step()
         return loss
 
-    got = []
-    for x, y in data[:2]:
-        sx.copy_(x)
-        sy.copy_(y)
-        opt_t.zero_grad(set_to_none=True)
-        got.append(step().item())
-    graph = torch.tpu.TPUGraph()
-    opt_t.zero_grad(set_to_none=True)
-    with torch.tpu.graph(graph):
-        static_loss = step()
-    for x, y in data[2:]:
-        sx.copy_(x)
-        sy.copy_(y)
-        graph.replay()
-        got.append(static_loss.item())
+    got, _ = _train_captured(step, opt_t, sx, sy, data)
     assert max(abs(a - b) for a, b in zip(want, got)) < 1e-4, (want, got)
     bn_c, bn_t = cpu[1], dev[1]
     assert torch.allclose(bn_t.running_mean.cpu(), bn_c.running_mean, atol=1e-5)
