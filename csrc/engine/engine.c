@@ -1764,7 +1764,8 @@ tpu_status *tpu_engine_graph_end(tpu_engine *e, int prev, bool keep, tpu_plan **
     const char *why = NULL;
     s = tpu_flush_prepare(e, TPU_FLUSH_MODE, &tab, &c);
     if (!s) s = tpu_plan_build(e, &tab, c, NULL, 0, NULL, 0, plan, &why);
-    if (!s && !*plan) s = tpu_status_new(TPU_ERR_RUNTIME, "the captured graph cannot be replayed: %s", why);
+    if (!s && !*plan)
+      s = tpu_status_new(TPU_ERR_RUNTIME, "the captured graph cannot be replayed: %s", why ? why : "no plan");
     free(tab.r);
   }
   /* Nothing recorded runs now: the tensors keep their values from before the
