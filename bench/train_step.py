@@ -118,9 +118,6 @@ def child(example, device, mode, steps, long_steps):
         # torch.tpu.graph (torch.cuda.graph's interface): the whole step
         # captured once after warm-up steps, then replayed on new batches
         # copied into the captured input tensors
-        if hasattr(opt, "defaults") and "capturable" in opt.defaults and not opt.defaults["capturable"]:
-            for group in opt.param_groups:
-                group["capturable"] = True
         sx, sy = (t.to(device) for t in batch())
 
         def captured():

@@ -369,7 +369,7 @@ class TPUGraph:
         if self._token is not None:
             raise RuntimeError("TPUGraph.capture_begin: this graph is already capturing")
         self.reset()
-        self._token = _C.whole_begin()
+        self._token = _C.graph_capture_begin(True)
 
     def capture_end(self, _keep=True):
         if self._token is None:

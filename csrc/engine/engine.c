@@ -1294,12 +1294,16 @@ tpu_status *tpu_engine_flush(tpu_engine *e, int reason) {
   return s;
 }
 
+/* At most TPU_STEPS_AHEAD launched steps in flight: the host waits for the oldest. */
+static void tpu_steps_throttle(tpu_engine *e) {
+  while (e->icount > TPU_STEPS_AHEAD) tpu_inflight_pop(e);
+}
+
 static tpu_status *tpu_engine_launch_step(tpu_engine *e, int reason) {
   if (e->mode != TPU_MODE_FUSED || e->capturing) return NULL; /* a capture is one program */
   tpu_status *s = tpu_engine_flush(e, reason);
-  if (s) return s;
-  while (e->icount > TPU_STEPS_AHEAD) tpu_inflight_pop(e);
-  return NULL;
+  if (!s) tpu_steps_throttle(e);
+  return s;
 }
 
 tpu_status *tpu_engine_flush_step(tpu_engine *e) { return tpu_engine_launch_step(e, TPU_FLUSH_STEP); }
@@ -1779,7 +1783,7 @@ tpu_status *tpu_engine_graph_end(tpu_engine *e, int prev, bool keep, tpu_plan **
 tpu_status *tpu_engine_graph_replay(tpu_engine *e, tpu_plan *p) {
   if (e->capturing) return tpu_status_new(TPU_ERR_RUNTIME, "replay() of a graph while a graph is being captured");
   tpu_status *s = tpu_plan_run(e, p, NULL, 0, NULL);
-  while (!s && e->icount > TPU_STEPS_AHEAD) tpu_inflight_pop(e);
+  if (!s) tpu_steps_throttle(e);
   return s;
 }
 

@@ -1490,12 +1490,13 @@ static int tpu_graph_values(tpu_mod_state *st, PyObject *fast, signed char *kind
   return nt;
 }
 
-static PyObject *tpu_py_graph_capture_begin(PyObject *m, PyObject *noargs) {
-  (void)noargs;
+static PyObject *tpu_py_graph_capture_begin(PyObject *m, PyObject *args) {
+  int whole = 0; /* torch.tpu.graph: a whole-step capture (whole_end ends it) */
+  if (!PyArg_ParseTuple(args, "|p", &whole)) return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (!tpu_need_engine(st)) return NULL;
   int prev;
-  tpu_status *s = tpu_engine_capture_begin(st->eng, &prev);
+  tpu_status *s = whole ? tpu_engine_graph_begin(st->eng, &prev) : tpu_engine_capture_begin(st->eng, &prev);
   if (s) return tpu_raise(s);
   return PyLong_FromLong(prev);
 }
@@ -1708,22 +1709,12 @@ static PyObject *tpu_py_graph_replay(PyObject *m, PyObject *args) {
 
 /* ---- torch.tpu.graph ---------------------------------------------------------------------
  *
- * whole_begin() -> token; the user's code is recorded; whole_end(token, keep)
+ * graph_capture_begin(True) -> token; the user's code is recorded; whole_end(token, keep)
  * -> plan capsule (None when nothing was recorded or keep is false);
  * whole_replay(plan). */
 
 static void tpu_whole_destructor(PyObject *cap) {
   tpu_plan_free(PyCapsule_GetPointer(cap, "torchtpu.whole"));
-}
-
-static PyObject *tpu_py_whole_begin(PyObject *m, PyObject *noargs) {
-  (void)noargs;
-  tpu_mod_state *st = tpu_state(m);
-  if (!tpu_need_engine(st)) return NULL;
-  int prev;
-  tpu_status *s = tpu_engine_graph_begin(st->eng, &prev);
-  if (s) return tpu_raise(s);
-  return PyLong_FromLong(prev);
 }
 
 static PyObject *tpu_py_whole_end(PyObject *m, PyObject *args) {
@@ -1779,8 +1770,8 @@ static PyMethodDef tpu_methods[] = {
     {"count_fallback", tpu_py_count_fallback, METH_NOARGS, "Count one CPU-fallback op."},
     {"manual_seed", tpu_py_manual_seed, METH_O, "Seed the device generator."},
     {"rng_state", tpu_py_rng_state, METH_VARARGS, "rng_state() -> (seed, offset); rng_state(seed, offset)"},
-    {"graph_capture_begin", tpu_py_graph_capture_begin, METH_NOARGS, "Record a graph: -> token"},
-    {"whole_begin", tpu_py_whole_begin, METH_NOARGS, "torch.tpu.graph: begin a capture -> token"},
+    {"graph_capture_begin", tpu_py_graph_capture_begin, METH_VARARGS,
+     "graph_capture_begin(whole=False): record a graph (whole: a torch.tpu.graph capture) -> token"},
     {"whole_end", tpu_py_whole_end, METH_VARARGS, "whole_end(token, keep) -> plan or None (nothing runs)"},
     {"whole_replay", tpu_py_whole_replay, METH_O, "whole_replay(plan): run the captured graph"},
     {"whole_capturing", tpu_py_whole_capturing, METH_NOARGS, "Whether a torch.tpu.graph capture is under way."},
