@@ -154,6 +154,18 @@ def test_folder_that_cannot_be_created_warns_once(tmp_path):
     assert got["disk_cache_misses"] == 0 and got["programs_compiled"] > 0
 
 
+def test_compiler_flags_are_part_of_the_key(tmp_path):
+    # XLA_FLAGS can change the code XLA emits (fast math, say): an entry
+    # compiled under other flags is not found, and the flags' own entries are
+    d = str(tmp_path / "cache")
+    flags = "--xla_cpu_enable_fast_math=false"
+    cold = run({"TORCHTPU_CACHE_DIR": d}, unset=("XLA_FLAGS", "LIBTPU_INIT_ARGS"))
+    flagged = run({"TORCHTPU_CACHE_DIR": d, "XLA_FLAGS": flags}, unset=("LIBTPU_INIT_ARGS",))
+    assert flagged["disk_cache_hits"] == 0 and flagged["programs_compiled"] == cold["programs_compiled"]
+    again = run({"TORCHTPU_CACHE_DIR": d, "XLA_FLAGS": flags}, unset=("LIBTPU_INIT_ARGS",))
+    assert again["programs_compiled"] == 0 and again["out"] == cold["out"]
+
+
 def test_a_different_plugin_build_does_not_reuse_entries(tmp_path):
     d = str(tmp_path / "cache")
     cold = run({"TORCHTPU_CACHE_DIR": d})

@@ -1317,11 +1317,18 @@ static PyObject *tpu_py_disk_cache(PyObject *m, PyObject *args) {
     tpu_status_free(s);
     return NULL;
   }
-  char salt[2048];
-  tpu_rt_cache_salt(tpu_engine_rt(st->eng), salt, sizeof salt);
-  size_t n = strlen(salt);
-  snprintf(salt + n, sizeof salt - n, ";%s", extra);
+  char *base = tpu_rt_cache_salt(tpu_engine_rt(st->eng));
+  size_t n = base ? strlen(base) + strlen(extra) + 2 : 0;
+  char *salt = base ? malloc(n) : NULL;
+  if (!salt) {
+    free(base);
+    tpu_dcache_free(dc);
+    return PyErr_NoMemory();
+  }
+  snprintf(salt, n, "%s;%s", base, extra);
+  free(base);
   tpu_engine_set_disk_cache(st->eng, dc, salt);
+  free(salt);
   Py_RETURN_NONE;
 }
 

@@ -46,9 +46,11 @@ int tpu_rt_device_count(const tpu_rt *rt);              /* addressable devices *
 const char *tpu_rt_device_kind(const tpu_rt *rt, int i); /* e.g. "cpu", "NVIDIA H100" */
 
 /* What a compiled program depends on besides its text, for the disk cache's
- * key: platform, platform version, PJRT API version, the compile options and
- * the plugin file (path, size, mtime: a reinstalled plugin invalidates). */
-void tpu_rt_cache_salt(const tpu_rt *rt, char *buf, size_t n);
+ * key: platform, platform version, PJRT API version, the compile options,
+ * the plugin file (path, size, mtime: a reinstalled plugin invalidates) and
+ * the compiler's flags from the environment (XLA_FLAGS, LIBTPU_INIT_ARGS),
+ * whole. Returns an owned string (free), NULL when out of memory. */
+char *tpu_rt_cache_salt(const tpu_rt *rt);
 
 /* Compile StableHLO text (or MLIR bytecode) for one device, one replica. */
 tpu_status *tpu_rt_compile(tpu_rt *rt, const char *mlir, size_t len,
