@@ -2,6 +2,7 @@
 in-place writes through views, printing, errors."""
 import os
 import subprocess
+import textwrap
 import sys
 
 import pytest
@@ -147,19 +148,60 @@ def test_cpu_fallback_counts_and_warns():
 
 
 def test_missing_plugin_names_package():
-    code = "import torchtpu"
+    # import torch (which autoloads torchtpu) and CPU work go on without the
+    # plugin; the device's first use raises what to install
+    code = ("import torch, torchtpu\n"
+            "print((torch.ones(2) + 1).tolist(), torch.tpu.is_initialized(), torch.tpu.is_available())\n"
+            "torch.ones(2, device='tpu')\n")
     env = dict(os.environ, TORCHTPU_PLATFORM="tpu")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert r.returncode != 0
-    assert "pip install libtpu" in r.stderr
+    assert r.returncode == 1
+    assert "[2.0, 2.0] False False" in r.stdout, r.stderr
+    assert "pip install libtpu" in r.stderr and "Traceback" in r.stderr
 
 
 def test_bad_plugin_is_an_error_not_a_crash():
-    code = "import torchtpu"
+    code = ("import torch, torchtpu\n"
+            "for _ in range(2):\n"
+            "    try:\n"
+            "        torch.tpu.init()\n"
+            "    except RuntimeError as e:\n"
+            "        print('error:', 'GetPjrtApi' in str(e))\n")
     env = dict(os.environ, TORCHTPU_PJRT_PLUGIN="/lib/x86_64-linux-gnu/libc.so.6")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert r.returncode == 1
-    assert "GetPjrtApi" in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("error: True") == 2
+
+
+def test_the_plugin_is_loaded_at_first_use_not_at_import():
+    # torch's autoload imports torchtpu in every `import torch`: a CPU-only
+    # process (a script, a data-loader or compile worker) must not load the
+    # plugin or open the device; settings made before the first use hold after it
+    code = textwrap.dedent("""
+        import torch
+        def plugin_loaded():
+            return "pjrt" in open("/proc/self/maps").read()
+        torch.manual_seed(5)
+        torch.set_float32_matmul_precision("high")
+        import torchtpu
+        torchtpu.eager_mode("fused")
+        m = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        m(torch.ones(3, 4)).sum().backward()
+        opt.step()
+        torch.tpu.synchronize()
+        before = (plugin_loaded(), torch.tpu.is_initialized(), torchtpu.metrics()["ops_dispatched"],
+                  torch.tpu.memory_allocated())
+        x = torch.rand(3, device="tpu")
+        torch.manual_seed(5)
+        y = torch.rand(3, device="tpu")
+        after = (plugin_loaded(), torch.tpu.is_initialized(), torchtpu.get_eager_mode(),
+                 torch.tpu.get_matmul_precision(), torch.equal(x.cpu(), y.cpu()))
+        print(before, after)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "(False, False, 0, 0) (True, True, 'fused', 'high', True)" in r.stdout, r.stdout
 
 
 def test_gpu_memory_fraction_is_checked():

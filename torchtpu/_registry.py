@@ -798,10 +798,15 @@ def _skip_kernel_frames():
                 walk(v.__code__)
 
 
-def setup(device_module):
-    global _LIB, _IMPL
-    path, platform = _plugin.find()
-    ndev = int(os.environ.get("TORCHTPU_NUM_DEVICES", "1") or 1)
+def _runtime_settings():
+    """(TORCHTPU_NUM_DEVICES, TORCHTPU_GPU_MEMORY_FRACTION), checked."""
+    raw = os.environ.get("TORCHTPU_NUM_DEVICES", "")
+    try:
+        ndev = int(raw) if raw else 1
+        if ndev < 1:
+            raise ValueError
+    except ValueError:
+        raise RuntimeError(f"TORCHTPU_NUM_DEVICES={raw!r}: expected a positive whole number") from None
     raw = os.environ.get("TORCHTPU_GPU_MEMORY_FRACTION", "")
     try:
         fraction = float(raw) if raw else 0.0
@@ -809,7 +814,22 @@ def setup(device_module):
             raise ValueError
     except ValueError:
         raise RuntimeError(f"TORCHTPU_GPU_MEMORY_FRACTION={raw!r}: expected a number between 0 and 1") from None
-    _C.init(path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty, fraction)
+    return ndev, fraction
+
+
+def setup(device_module):
+    global _LIB, _IMPL
+    # The plugin is loaded at the device's first use (as CUDA's context is
+    # made), so a missing plugin or a bad setting is raised there: `import
+    # torch`, which imports torchtpu through the autoload, keeps working.
+    error = None
+    try:
+        path, platform = _plugin.find()
+        ndev, fraction = _runtime_settings()
+    except RuntimeError as e:
+        path, platform, ndev, fraction, error = "", "", 1, 0.0, str(e)
+    _C.init(path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty, fraction, error)
+    device_module._setup_error = error
     setup_disk_cache()
 
     torch.utils.rename_privateuse1_backend("tpu")

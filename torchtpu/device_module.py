@@ -14,12 +14,25 @@ def _runtime():
     return _info
 
 
+_setup_error = None  # why the plugin cannot be used, found at import without loading it
+
+
 def is_available():
-    return True
+    """Whether a plugin was found (the platform's package is installed); it
+    is loaded at the device's first use."""
+    return _setup_error is None
 
 
 def is_initialized():
-    return True
+    """Whether the runtime has started: the plugin is loaded at the device's
+    first use (a tensor on it, init(), get_device_properties()), not at import."""
+    return _C.initialized()
+
+
+def init():
+    """Starts the runtime now (loads the plugin, makes its client), as
+    torch.cuda.init() does; raises what is wrong with the plugin."""
+    _runtime()
 
 
 def _is_in_bad_fork():

@@ -159,7 +159,7 @@ tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out) {
     tpu_engine_free(e);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
-  e->rng_seed = 67280421310721ull;
+  e->rng_seed = TPU_DEFAULT_SEED;
   const char *cap = getenv("TORCHTPU_FUSED_MAX_OPS");
   e->fuse_cap = cap && atoi(cap) > 0 ? atoi(cap) : 4096;
   const char *donate = getenv("TORCHTPU_DONATE");

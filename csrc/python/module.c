@@ -75,6 +75,22 @@ typedef struct {
   bool in_backward;                /* the last op ran on an autograd engine thread (fused mode) */
   char **explained[TPU_NUM_OPS];   /* owned: the last compiled call's argument descriptions */
   int nexplained[TPU_NUM_OPS];
+  /* The runtime (plugin, client, engine) starts at the first use of the
+   * device (tpu_need_engine), as CUDA's context does: `import torch` with
+   * torchtpu installed loads no plugin, and a process that never touches the
+   * device (a CPU-only script, a data-loader or compile worker) never opens
+   * it (a TPU admits one process). What init() and the settings made before
+   * then hold is kept here and applied when it starts. */
+  char *rt_path, *rt_platform;     /* owned; NULL until init() */
+  char *rt_error;                  /* owned or NULL: why the plugin cannot be used (raised at first use) */
+  int rt_ndev;
+  double rt_fraction;
+  int pend_mode, pend_precision;   /* the value + 1; 0: not set */
+  bool pend_rng;
+  uint64_t pend_seed, pend_offset;
+  bool pend_cache;                 /* disk_cache() was called */
+  char *pend_cache_dir, *pend_cache_extra; /* owned */
+  long long pend_cache_max;
 } tpu_mod_state;
 
 static PyModuleDef tpu_module_def;
@@ -96,9 +112,41 @@ static PyObject *tpu_raise(tpu_status *s) {
   return NULL;
 }
 
+static tpu_status *tpu_disk_cache_open(tpu_mod_state *st, const char *dir, long long max_bytes, const char *extra);
+
+/* The engine, started on first use with the settings made before (see
+ * tpu_mod_state); NULL with an exception set when the plugin cannot be
+ * loaded (each use then raises the same error). */
 static tpu_engine *tpu_need_engine(tpu_mod_state *st) {
-  if (!st->eng) PyErr_SetString(PyExc_RuntimeError, "torchtpu runtime is not initialised (import torchtpu first)");
-  return st->eng;
+  if (st->eng) return st->eng;
+  if (st->rt_error) {
+    PyErr_SetString(PyExc_RuntimeError, st->rt_error);
+    return NULL;
+  }
+  if (!st->rt_path) {
+    PyErr_SetString(PyExc_RuntimeError, "torchtpu runtime is not initialised (import torchtpu first)");
+    return NULL;
+  }
+  tpu_rt_options o = {st->rt_path, st->rt_platform, st->rt_ndev, st->rt_fraction};
+  tpu_engine *e = NULL;
+  tpu_status *s = tpu_engine_new(&o, &e);
+  if (s) return tpu_raise(s), NULL;
+  st->eng = e;
+  if (st->pend_mode) tpu_engine_set_mode(e, st->pend_mode - 1);
+  if (st->pend_precision) tpu_engine_set_precision(e, (tpu_hlo_precision)(st->pend_precision - 1));
+  if (st->pend_rng) tpu_engine_set_rng_state(e, st->pend_seed, st->pend_offset);
+  tpu_status *c = st->pend_cache && st->pend_cache_dir
+                     ? tpu_disk_cache_open(st, st->pend_cache_dir, st->pend_cache_max, st->pend_cache_extra)
+                     : NULL;
+  if (c) {
+    /* an unusable folder: programs stay cached in memory, as setup_disk_cache does */
+    int w = PyErr_WarnFormat(PyExc_UserWarning, 1,
+                             "torchtpu: compilation cache disabled (%s); programs are cached in memory only",
+                             tpu_status_message(c));
+    tpu_status_free(c);
+    if (w < 0) return NULL; /* warnings raised as errors: the engine is up, the next call goes on */
+  }
+  return e;
 }
 
 static tpu_dtype tpu_dtype_from_py(tpu_mod_state *st, PyObject *d) {
@@ -937,9 +985,11 @@ static PyObject *tpu_py_kernel(PyObject *m, PyObject *args) {
 static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
   const char *path, *platform;
   int ndev;
+  const char *error = NULL;
   double fraction = 0;
   PyObject *dtypes, *from_dlpack, *empty;
-  if (!PyArg_ParseTuple(args, "ssiOOO|d", &path, &platform, &ndev, &dtypes, &from_dlpack, &empty, &fraction))
+  if (!PyArg_ParseTuple(args, "ssiOOO|dz", &path, &platform, &ndev, &dtypes, &from_dlpack, &empty, &fraction,
+                        &error))
     return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (st->eng) Py_RETURN_NONE;
@@ -952,9 +1002,21 @@ static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
   Py_DECREF(fast);
   Py_XSETREF(st->from_dlpack, Py_NewRef(from_dlpack));
   Py_XSETREF(st->torch_empty, Py_NewRef(empty));
-  tpu_rt_options o = {path, platform, ndev, fraction};
-  tpu_status *s = tpu_engine_new(&o, &st->eng);
-  if (s) return tpu_raise(s);
+  char *p = strdup(path), *pl = strdup(platform), *er = error ? strdup(error) : NULL;
+  if (!p || !pl || (error && !er)) {
+    free(p);
+    free(pl);
+    free(er);
+    return PyErr_NoMemory();
+  }
+  free(st->rt_path);
+  free(st->rt_platform);
+  free(st->rt_error);
+  st->rt_path = p;
+  st->rt_platform = pl;
+  st->rt_error = er;
+  st->rt_ndev = ndev;
+  st->rt_fraction = fraction;
   const char *ex = getenv("TORCHTPU_EXPLAIN_RECOMPILES");
   st->explain = ex && *ex && strcmp(ex, "0") != 0;
   Py_RETURN_NONE;
@@ -1229,16 +1291,16 @@ static PyObject *tpu_py_info(PyObject *m, PyObject *noargs) {
 static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
-  if (!tpu_need_engine(st)) return NULL;
-  tpu_metrics *x = tpu_engine_metrics(st->eng);
-  tpu_rt *rt = tpu_engine_rt(st->eng);
+  static tpu_metrics none; /* before the runtime starts: every counter 0 */
+  tpu_metrics *x = st->eng ? tpu_engine_metrics(st->eng) : &none;
+  tpu_rt *rt = st->eng ? tpu_engine_rt(st->eng) : NULL;
   PyObject *d = Py_BuildValue("{sLsLsLsLsdsdsLsLsLsLsLsLsLsL}", "ops_dispatched", (long long)x->ops_dispatched,
                        "programs_compiled", (long long)x->programs_compiled, "cache_hits", (long long)x->cache_hits,
                        "cache_misses", (long long)x->cache_misses, "compile_seconds", (double)x->compile_ns * 1e-9,
                        "execute_seconds", (double)x->execute_ns * 1e-9, "h2d_bytes", (long long)x->h2d_bytes,
                        "d2h_bytes", (long long)x->d2h_bytes, "live_records", (long long)x->records_live,
-                       "live_buffers", (long long)tpu_rt_live_buffers(rt), "cache_entries",
-                       (long long)tpu_engine_cache_size(st->eng), "fallback_ops", (long long)x->fallback_ops,
+                       "live_buffers", rt ? (long long)tpu_rt_live_buffers(rt) : 0LL, "cache_entries",
+                       st->eng ? (long long)tpu_engine_cache_size(st->eng) : 0LL, "fallback_ops", (long long)x->fallback_ops,
                        "unwind_tables_ignored", (long long)tpu_rt_unwind_tables_ignored(),
                        "cache_evictions", (long long)x->cache_evictions);
   if (!d) return NULL;
@@ -1269,7 +1331,9 @@ static PyObject *tpu_py_memory(PyObject *m, PyObject *args) {
   int reset = 0;
   if (!PyArg_ParseTuple(args, "|p", &reset)) return NULL;
   tpu_mod_state *st = tpu_state(m);
-  if (!tpu_need_engine(st)) return NULL;
+  if (!st->eng) /* nothing allocated yet */
+    return Py_BuildValue("{sisisisisi}", "allocated", 0, "peak", 0, "device_in_use", -1, "device_peak", -1,
+                         "device_limit", -1);
   tpu_rt *rt = tpu_engine_rt(st->eng);
   if (reset) tpu_rt_reset_peak_bytes(rt);
   int64_t in_use = -1, peak = -1, limit = -1;
@@ -1288,47 +1352,72 @@ static PyObject *tpu_py_matmul_precision(PyObject *m, PyObject *args) {
   int p = -1;
   if (!PyArg_ParseTuple(args, "|i", &p)) return NULL;
   tpu_mod_state *st = tpu_state(m);
-  if (!tpu_need_engine(st)) return NULL;
-  if (p >= 0) {
-    if (p > TPU_HLO_PREC_HIGHEST) return PyErr_Format(PyExc_ValueError, "matmul precision %d is not 0, 1 or 2", p);
-    tpu_engine_set_precision(st->eng, (tpu_hlo_precision)p);
+  if (p > TPU_HLO_PREC_HIGHEST) return PyErr_Format(PyExc_ValueError, "matmul precision %d is not 0, 1 or 2", p);
+  if (!st->eng) {
+    if (p >= 0) st->pend_precision = p + 1;
+    return PyLong_FromLong(st->pend_precision ? st->pend_precision - 1 : (long)TPU_HLO_PREC_HIGHEST);
   }
+  if (p >= 0) tpu_engine_set_precision(st->eng, (tpu_hlo_precision)p);
   return PyLong_FromLong((long)tpu_engine_precision(st->eng));
 }
 
-/* disk_cache(dir, max_bytes, extra_salt) -> None: turn the disk tier on
- * (dir None or "": off). The salt is the runtime's (platform, versions,
- * compile options, plugin file) plus extra_salt (torchtpu's version). A
- * folder that cannot be used raises OSError; the caller falls back. */
-static PyObject *tpu_py_disk_cache(PyObject *m, PyObject *args) {
-  const char *dir = NULL, *extra = "";
-  long long max_bytes = 0;
-  if (!PyArg_ParseTuple(args, "zLs", &dir, &max_bytes, &extra)) return NULL;
-  tpu_mod_state *st = tpu_state(m);
-  if (!tpu_need_engine(st)) return NULL;
+/* Opens dir as the disk tier (NULL or "": off). NULL on success. */
+static tpu_status *tpu_disk_cache_open(tpu_mod_state *st, const char *dir, long long max_bytes, const char *extra) {
   if (!dir || !*dir) {
     tpu_engine_set_disk_cache(st->eng, NULL, NULL);
-    Py_RETURN_NONE;
+    return NULL;
   }
   tpu_dcache *dc = NULL;
   tpu_status *s = tpu_dcache_open(dir, (int64_t)max_bytes, &dc);
-  if (s) {
-    PyErr_SetString(PyExc_OSError, tpu_status_message(s));
-    tpu_status_free(s);
-    return NULL;
-  }
+  if (s) return s;
   char *base = tpu_rt_cache_salt(tpu_engine_rt(st->eng));
   size_t n = base ? strlen(base) + strlen(extra) + 2 : 0;
   char *salt = base ? malloc(n) : NULL;
   if (!salt) {
     free(base);
     tpu_dcache_free(dc);
-    return PyErr_NoMemory();
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
   snprintf(salt, n, "%s;%s", base, extra);
   free(base);
   tpu_engine_set_disk_cache(st->eng, dc, salt);
   free(salt);
+  return NULL;
+}
+
+/* disk_cache(dir, max_bytes, extra_salt) -> None: turn the disk tier on
+ * (dir None or "": off). The salt is the runtime's (platform, versions,
+ * compile options, plugin file, compiler flags) plus extra_salt (torchtpu's
+ * version). A folder that cannot be used raises OSError, and the caller
+ * falls back; before the runtime starts the folder is only noted, and its
+ * start warns instead. */
+static PyObject *tpu_py_disk_cache(PyObject *m, PyObject *args) {
+  const char *dir = NULL, *extra = "";
+  long long max_bytes = 0;
+  if (!PyArg_ParseTuple(args, "zLs", &dir, &max_bytes, &extra)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!st->eng) { /* kept for the runtime's start, which warns if the folder cannot be used */
+    char *d = dir ? strdup(dir) : NULL, *x = strdup(extra);
+    if ((dir && !d) || !x) {
+      free(d);
+      free(x);
+      return PyErr_NoMemory();
+    }
+    free(st->pend_cache_dir);
+    free(st->pend_cache_extra);
+    st->pend_cache_dir = d;
+    st->pend_cache_extra = x;
+    st->pend_cache_max = max_bytes;
+    st->pend_cache = true;
+    Py_RETURN_NONE;
+  }
+  tpu_status *s = tpu_disk_cache_open(st, dir, max_bytes, extra);
+  if (s && tpu_status_code(s) != TPU_ERR_MEMORY) {
+    PyErr_SetString(PyExc_OSError, tpu_status_message(s));
+    tpu_status_free(s);
+    return NULL;
+  }
+  if (s) return tpu_raise(s);
   Py_RETURN_NONE;
 }
 
@@ -1340,7 +1429,10 @@ static PyObject *tpu_py_eager_mode(PyObject *m, PyObject *args) {
   int mode = -1, sync = 1;
   if (!PyArg_ParseTuple(args, "|ip", &mode, &sync)) return NULL;
   tpu_mod_state *st = tpu_state(m);
-  if (!tpu_need_engine(st)) return NULL;
+  if (!st->eng) { /* nothing recorded or launched yet */
+    if (mode >= 0) st->pend_mode = (mode == TPU_MODE_STRICT || mode == TPU_MODE_FUSED ? mode : TPU_MODE_DEBUG) + 1;
+    return PyLong_FromLong(st->pend_mode ? st->pend_mode - 1 : TPU_MODE_DEBUG);
+  }
   if (mode >= 0) {
     tpu_status *s = tpu_engine_flush(st->eng, TPU_FLUSH_MODE);
     if (!s && sync) s = tpu_engine_sync(st->eng);
@@ -1385,7 +1477,7 @@ static PyObject *tpu_py_idle(PyObject *m, PyObject *noargs) {
 static PyObject *tpu_py_synchronize(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
-  if (!tpu_need_engine(st)) return NULL;
+  if (!st->eng) Py_RETURN_NONE; /* nothing was launched */
   tpu_status *s = tpu_engine_sync(st->eng);
   if (s) return tpu_raise(s);
   Py_RETURN_NONE;
@@ -1398,26 +1490,38 @@ static PyObject *tpu_py_count_fallback(PyObject *m, PyObject *noargs) {
   Py_RETURN_NONE;
 }
 
+/* torch.manual_seed seeds every device: before the runtime starts the seed
+ * is kept (as torch.cuda queues it), so seeding starts nothing. */
 static PyObject *tpu_py_manual_seed(PyObject *m, PyObject *arg) {
   tpu_mod_state *st = tpu_state(m);
-  if (!tpu_need_engine(st)) return NULL;
   unsigned long long seed = PyLong_AsUnsignedLongLongMask(arg);
   if (PyErr_Occurred()) return NULL;
-  tpu_engine_manual_seed(st->eng, seed);
+  if (st->eng) {
+    tpu_engine_manual_seed(st->eng, seed);
+  } else {
+    st->pend_rng = true;
+    st->pend_seed = seed;
+    st->pend_offset = 0;
+  }
   Py_RETURN_NONE;
 }
 
 static PyObject *tpu_py_rng_state(PyObject *m, PyObject *args) {
   tpu_mod_state *st = tpu_state(m);
-  if (!tpu_need_engine(st)) return NULL;
   unsigned long long seed, off;
   if (PyTuple_GET_SIZE(args) == 0) {
-    uint64_t a, b;
-    tpu_engine_rng_state(st->eng, &a, &b);
+    uint64_t a = st->pend_rng ? st->pend_seed : TPU_DEFAULT_SEED, b = st->pend_rng ? st->pend_offset : 0;
+    if (st->eng) tpu_engine_rng_state(st->eng, &a, &b);
     return Py_BuildValue("(KK)", (unsigned long long)a, (unsigned long long)b);
   }
   if (!PyArg_ParseTuple(args, "KK", &seed, &off)) return NULL;
-  tpu_engine_set_rng_state(st->eng, seed, off);
+  if (st->eng) {
+    tpu_engine_set_rng_state(st->eng, seed, off);
+  } else {
+    st->pend_rng = true;
+    st->pend_seed = seed;
+    st->pend_offset = off;
+  }
   Py_RETURN_NONE;
 }
 
@@ -1748,6 +1852,12 @@ static PyObject *tpu_py_whole_replay(PyObject *m, PyObject *cap) {
   Py_RETURN_NONE;
 }
 
+/* initialized() -> whether the runtime has started (the device was used). */
+static PyObject *tpu_py_initialized(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  return PyBool_FromLong(tpu_state(m)->eng != NULL);
+}
+
 static PyObject *tpu_py_whole_capturing(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
@@ -1755,7 +1865,8 @@ static PyObject *tpu_py_whole_capturing(PyObject *m, PyObject *noargs) {
 }
 
 static PyMethodDef tpu_methods[] = {
-    {"init", tpu_py_init, METH_VARARGS, "init(plugin, platform, num_devices, dtypes, from_dlpack, empty, gpu_memory_fraction=0)"},
+    {"init", tpu_py_init, METH_VARARGS, "init(plugin, platform, num_devices, dtypes, from_dlpack, empty, gpu_memory_fraction=0, error=None): "
+     "the runtime starts at the device's first use (or raises error then)"},
     {"ops", tpu_py_ops, METH_NOARGS, "The op table: [(aten overload, id, flags)]."},
     {"foreach", tpu_py_foreach, METH_VARARGS,
      "foreach(name, element_kernel, lists, kwnames, out_self, returns_list) -> callable"},
@@ -1764,7 +1875,8 @@ static PyMethodDef tpu_methods[] = {
     {"empty", tpu_py_empty, METH_VARARGS, "empty(sizes, dtype, strides) -> tpu tensor"},
     {"copy_from", tpu_py_copy_from, METH_VARARGS, "copy_from(src, dst) -> dst"},
     {"to_cpu", tpu_py_to_cpu, METH_O, "to_cpu(t) -> contiguous CPU tensor"},
-    {"info", tpu_py_info, METH_NOARGS, "Runtime facts: platform, versions, devices."},
+    {"info", tpu_py_info, METH_NOARGS, "Runtime facts: platform, versions, devices (starts the runtime)."},
+    {"initialized", tpu_py_initialized, METH_NOARGS, "Whether the runtime has started."},
     {"metrics", tpu_py_metrics, METH_NOARGS, "Counters."},
     {"memory", tpu_py_memory, METH_VARARGS, "memory(reset_peak=False) -> byte counts"},
     {"matmul_precision", tpu_py_matmul_precision, METH_VARARGS, "matmul_precision([p]) -> p"},
@@ -1824,6 +1936,10 @@ static int tpu_mod_traverse(PyObject *m, visitproc visit, void *arg) {
 
 static int tpu_mod_clear(PyObject *m) {
   tpu_mod_state *st = tpu_state(m);
+  free(st->pend_cache_dir);
+  free(st->pend_cache_extra);
+  st->pend_cache_dir = st->pend_cache_extra = NULL;
+  st->pend_cache = false;
   Py_CLEAR(st->kernel_type);
   Py_CLEAR(st->foreach_type);
   free(st->spare_frame);
