@@ -204,6 +204,31 @@ def test_the_plugin_is_loaded_at_first_use_not_at_import():
     assert "(False, False, 0, 0) (True, True, 'fused', 'high', True)" in r.stdout, r.stdout
 
 
+def test_fork_after_first_use_is_an_error_in_the_child_and_before_it_works():
+    # the plugin's threads do not survive fork(): a child of a process that
+    # used the tpu gets an error naming the fix (not a hang); a child forked
+    # before the first use starts its own runtime
+    code = textwrap.dedent("""
+        import os, torch
+        def child(use):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    ok = (torch.ones(2, device="tpu") + 1).cpu().tolist() == [2.0, 2.0]
+                    os._exit(0 if ok else 5)
+                except RuntimeError as e:
+                    os._exit(3 if "spawn" in str(e) and torch.tpu._is_in_bad_fork() else 4)
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        before = child(True)
+        x = torch.ones(2, device="tpu") + 1
+        after = child(True)
+        print("codes", before, after, x.cpu().tolist(), torch.tpu._is_in_bad_fork())
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "codes 0 3 [2.0, 2.0] False" in r.stdout, r.stdout + r.stderr
+
+
 def test_gpu_memory_fraction_is_checked():
     # TORCHTPU_GPU_MEMORY_FRACTION (the CUDA plugin's up-front reservation) must be in [0, 1];
     # the other plugins ignore a valid one

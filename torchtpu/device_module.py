@@ -36,7 +36,8 @@ def init():
 
 
 def _is_in_bad_fork():
-    return False
+    # torch skips seeding a device its process cannot use
+    return _C.in_bad_fork()
 
 
 def device_count():

@@ -17,6 +17,7 @@
 #include <Python.h>
 #include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../engine/engine.h"
 
@@ -62,6 +63,7 @@ typedef struct {
 
 typedef struct {
   tpu_engine *eng;                 /* owned */
+  pid_t eng_pid;                   /* the process that started it */
   PyObject *from_dlpack;           /* torch._C._from_dlpack */
   PyObject *torch_empty;           /* torch.empty */
   PyObject *dtypes[TPU_NUM_DTYPES]; /* torch.dtype objects by tpu_dtype */
@@ -118,6 +120,14 @@ static tpu_status *tpu_disk_cache_open(tpu_mod_state *st, const char *dir, long 
  * tpu_mod_state); NULL with an exception set when the plugin cannot be
  * loaded (each use then raises the same error). */
 static tpu_engine *tpu_need_engine(tpu_mod_state *st) {
+  if (st->eng && st->eng_pid != getpid()) {
+    /* the plugin's threads did not survive fork(): its client cannot be used */
+    PyErr_SetString(PyExc_RuntimeError,
+                    "the tpu runtime was started before this process was forked and cannot be used in the child; "
+                    "start the subprocess with the 'spawn' method (multiprocessing.set_start_method('spawn')) or "
+                    "use the tpu only after forking");
+    return NULL;
+  }
   if (st->eng) return st->eng;
   if (st->rt_error) {
     PyErr_SetString(PyExc_RuntimeError, st->rt_error);
@@ -132,6 +142,7 @@ static tpu_engine *tpu_need_engine(tpu_mod_state *st) {
   tpu_status *s = tpu_engine_new(&o, &e);
   if (s) return tpu_raise(s), NULL;
   st->eng = e;
+  st->eng_pid = getpid();
   if (st->pend_mode) tpu_engine_set_mode(e, st->pend_mode - 1);
   if (st->pend_precision) tpu_engine_set_precision(e, (tpu_hlo_precision)(st->pend_precision - 1));
   if (st->pend_rng) tpu_engine_set_rng_state(e, st->pend_seed, st->pend_offset);
@@ -1858,6 +1869,14 @@ static PyObject *tpu_py_initialized(PyObject *m, PyObject *noargs) {
   return PyBool_FromLong(tpu_state(m)->eng != NULL);
 }
 
+/* in_bad_fork() -> whether the runtime was started by a parent of this
+ * (forked) process, so that it cannot be used here. */
+static PyObject *tpu_py_in_bad_fork(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  tpu_mod_state *st = tpu_state(m);
+  return PyBool_FromLong(st->eng != NULL && st->eng_pid != getpid());
+}
+
 static PyObject *tpu_py_whole_capturing(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
@@ -1877,6 +1896,7 @@ static PyMethodDef tpu_methods[] = {
     {"to_cpu", tpu_py_to_cpu, METH_O, "to_cpu(t) -> contiguous CPU tensor"},
     {"info", tpu_py_info, METH_NOARGS, "Runtime facts: platform, versions, devices (starts the runtime)."},
     {"initialized", tpu_py_initialized, METH_NOARGS, "Whether the runtime has started."},
+    {"in_bad_fork", tpu_py_in_bad_fork, METH_NOARGS, "Whether a parent of this forked process started it."},
     {"metrics", tpu_py_metrics, METH_NOARGS, "Counters."},
     {"memory", tpu_py_memory, METH_VARARGS, "memory(reset_peak=False) -> byte counts"},
     {"matmul_precision", tpu_py_matmul_precision, METH_VARARGS, "matmul_precision([p]) -> p"},
