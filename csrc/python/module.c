@@ -16,8 +16,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "../engine/engine.h"
 
@@ -63,7 +63,6 @@ typedef struct {
 
 typedef struct {
   tpu_engine *eng;                 /* owned */
-  pid_t eng_pid;                   /* the process that started it */
   PyObject *from_dlpack;           /* torch._C._from_dlpack */
   PyObject *torch_empty;           /* torch.empty */
   PyObject *dtypes[TPU_NUM_DTYPES]; /* torch.dtype objects by tpu_dtype */
@@ -119,8 +118,13 @@ static tpu_status *tpu_disk_cache_open(tpu_mod_state *st, const char *dir, long 
 /* The engine, started on first use with the settings made before (see
  * tpu_mod_state); NULL with an exception set when the plugin cannot be
  * loaded (each use then raises the same error). */
+/* Set in a child forked after the runtime started (a pthread_atfork handler:
+ * no system call on the path of every op). */
+static volatile sig_atomic_t tpu_forked_after_start;
+static void tpu_atfork_child(void) { tpu_forked_after_start = 1; }
+
 static tpu_engine *tpu_need_engine(tpu_mod_state *st) {
-  if (st->eng && st->eng_pid != getpid()) {
+  if (st->eng && tpu_forked_after_start) {
     /* the plugin's threads did not survive fork(): its client cannot be used */
     PyErr_SetString(PyExc_RuntimeError,
                     "the tpu runtime was started before this process was forked and cannot be used in the child; "
@@ -142,7 +146,7 @@ static tpu_engine *tpu_need_engine(tpu_mod_state *st) {
   tpu_status *s = tpu_engine_new(&o, &e);
   if (s) return tpu_raise(s), NULL;
   st->eng = e;
-  st->eng_pid = getpid();
+  pthread_atfork(NULL, NULL, tpu_atfork_child);
   if (st->pend_mode) tpu_engine_set_mode(e, st->pend_mode - 1);
   if (st->pend_precision) tpu_engine_set_precision(e, (tpu_hlo_precision)(st->pend_precision - 1));
   if (st->pend_rng) tpu_engine_set_rng_state(e, st->pend_seed, st->pend_offset);
@@ -1874,7 +1878,7 @@ static PyObject *tpu_py_initialized(PyObject *m, PyObject *noargs) {
 static PyObject *tpu_py_in_bad_fork(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
-  return PyBool_FromLong(st->eng != NULL && st->eng_pid != getpid());
+  return PyBool_FromLong(st->eng != NULL && tpu_forked_after_start);
 }
 
 static PyObject *tpu_py_whole_capturing(PyObject *m, PyObject *noargs) {
