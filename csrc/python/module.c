@@ -118,6 +118,16 @@ static tpu_status *tpu_disk_cache_open(tpu_mod_state *st, const char *dir, long 
 /* The engine, started on first use with the settings made before (see
  * tpu_mod_state); NULL with an exception set when the plugin cannot be
  * loaded (each use then raises the same error). */
+/* Replaces *field (owned) with a copy of v (NULL: none); -1 when out of
+ * memory, *field unchanged. */
+static int tpu_str_set(char **field, const char *v) {
+  char *c = v ? strdup(v) : NULL;
+  if (v && !c) return -1;
+  free(*field);
+  *field = c;
+  return 0;
+}
+
 /* Set in a child forked after the runtime started (a pthread_atfork handler:
  * no system call on the path of every op). */
 static volatile sig_atomic_t tpu_forked_after_start;
@@ -1017,19 +1027,9 @@ static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
   Py_DECREF(fast);
   Py_XSETREF(st->from_dlpack, Py_NewRef(from_dlpack));
   Py_XSETREF(st->torch_empty, Py_NewRef(empty));
-  char *p = strdup(path), *pl = strdup(platform), *er = error ? strdup(error) : NULL;
-  if (!p || !pl || (error && !er)) {
-    free(p);
-    free(pl);
-    free(er);
+  if (tpu_str_set(&st->rt_path, path) < 0 || tpu_str_set(&st->rt_platform, platform) < 0 ||
+      tpu_str_set(&st->rt_error, error) < 0)
     return PyErr_NoMemory();
-  }
-  free(st->rt_path);
-  free(st->rt_platform);
-  free(st->rt_error);
-  st->rt_path = p;
-  st->rt_platform = pl;
-  st->rt_error = er;
   st->rt_ndev = ndev;
   st->rt_fraction = fraction;
   const char *ex = getenv("TORCHTPU_EXPLAIN_RECOMPILES");
@@ -1412,16 +1412,8 @@ static PyObject *tpu_py_disk_cache(PyObject *m, PyObject *args) {
   if (!PyArg_ParseTuple(args, "zLs", &dir, &max_bytes, &extra)) return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (!st->eng) { /* kept for the runtime's start, which warns if the folder cannot be used */
-    char *d = dir ? strdup(dir) : NULL, *x = strdup(extra);
-    if ((dir && !d) || !x) {
-      free(d);
-      free(x);
+    if (tpu_str_set(&st->pend_cache_dir, dir) < 0 || tpu_str_set(&st->pend_cache_extra, extra) < 0)
       return PyErr_NoMemory();
-    }
-    free(st->pend_cache_dir);
-    free(st->pend_cache_extra);
-    st->pend_cache_dir = d;
-    st->pend_cache_extra = x;
     st->pend_cache_max = max_bytes;
     st->pend_cache = true;
     Py_RETURN_NONE;
