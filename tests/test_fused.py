@@ -126,8 +126,10 @@ def test_training_step_is_one_cached_program():
             char_gpt.train_step(model, opt, x.to("tpu"), y.to("tpu"))
             m = _m()
             seen.append((m["programs_compiled"], m["fused_programs_run"]))
-    # steady state from the third step on: nothing compiles, one program runs per step
-    for (c0, r0), (c1, r1) in zip(seen[2:], seen[3:]):
+    # steady state from the second step on: nothing compiles, one program runs per step. The
+    # program the second step launches holds the first optimizer step, which makes AdamW's
+    # state: zeros uploaded, not recorded, so that program is the steady one (one compile less)
+    for (c0, r0), (c1, r1) in zip(seen[1:], seen[2:]):
         assert c1 == c0 and r1 == r0 + 1
 
 

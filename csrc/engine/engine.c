@@ -1319,15 +1319,21 @@ bool tpu_engine_idle(tpu_engine *e) {
   return e->icount == 0 && e->nnodes == 0;
 }
 
-/* zero_ of a whole small record outside fused mode is an upload of zeros, not
- * a program: a program per new shape would be compiled (autograd zero-fills
- * gradients of every shape it meets). */
+/* zero_ of a whole small record is an upload of zeros, not a program: a
+ * program per new shape would be compiled (autograd zero-fills gradients of
+ * every shape it meets). In fused mode too when no recorded op reads or writes
+ * the record (a new one: an optimizer's state made at its first step), so that
+ * the first step's program is the steady step's program, whose inputs that
+ * state is, and not a second program with the zeros inside (one compile less,
+ * and the memory XLA takes for it); never inside a capture, which must redo
+ * the zeroing at each replay. */
 enum { TPU_FILL_UPLOAD_MAX = 1 << 20 };
 
 static bool tpu_fill_by_upload(const tpu_engine *e, int op_id, const tpu_arg *args, int nargs) {
-  if (e->mode == TPU_MODE_FUSED || op_id != TPU_OP_zero_ || nargs < 1 || args[0].kind != TPU_ARG_TENSOR) return false;
+  if (op_id != TPU_OP_zero_ || nargs < 1 || args[0].kind != TPU_ARG_TENSOR || e->capturing) return false;
   const tpu_tref *t = &args[0].t;
   if (!t->rec || t->host || t->zero_size || t->offset != 0) return false;
+  if (e->mode == TPU_MODE_FUSED && atomic_load(&t->rec->graph_refs) > 0) return false;
   if (t->rec_dtype != TPU_INVALID && t->rec_dtype != t->dtype) return false;
   int64_t numel = 1, want = 1;
   for (int d = t->rank - 1; d >= 0; d--) {
