@@ -115,9 +115,6 @@ static PyObject *tpu_raise(tpu_status *s) {
 
 static tpu_status *tpu_disk_cache_open(tpu_mod_state *st, const char *dir, long long max_bytes, const char *extra);
 
-/* The engine, started on first use with the settings made before (see
- * tpu_mod_state); NULL with an exception set when the plugin cannot be
- * loaded (each use then raises the same error). */
 /* Replaces *field (owned) with a copy of v (NULL: none); -1 when out of
  * memory, *field unchanged. */
 static int tpu_str_set(char **field, const char *v) {
@@ -133,6 +130,9 @@ static int tpu_str_set(char **field, const char *v) {
 static volatile sig_atomic_t tpu_forked_after_start;
 static void tpu_atfork_child(void) { tpu_forked_after_start = 1; }
 
+/* The engine, started on first use with the settings made before (see
+ * tpu_mod_state); NULL with an exception set when the plugin cannot be
+ * loaded (each use then raises the same error). */
 static tpu_engine *tpu_need_engine(tpu_mod_state *st) {
   if (st->eng && tpu_forked_after_start) {
     /* the plugin's threads did not survive fork(): its client cannot be used */
