@@ -17,20 +17,32 @@ struct tpu_status {
 
 static tpu_status tpu_status_oom = {TPU_ERR_MEMORY, "out of memory"};
 
-tpu_status *tpu_status_newv(tpu_code code, const char *fmt, va_list ap) {
-  tpu_status *s = malloc(sizeof *s);
-  if (!s) return &tpu_status_oom;
+char *tpu_strfmtv(const char *fmt, va_list ap) {
   va_list ap2;
   va_copy(ap2, ap);
   int n = vsnprintf(NULL, 0, fmt, ap);
-  s->msg = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  if (buf) vsnprintf(buf, (size_t)n + 1, fmt, ap2);
+  va_end(ap2);
+  return buf;
+}
+
+char *tpu_strfmt(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *buf = tpu_strfmtv(fmt, ap);
+  va_end(ap);
+  return buf;
+}
+
+tpu_status *tpu_status_newv(tpu_code code, const char *fmt, va_list ap) {
+  tpu_status *s = malloc(sizeof *s);
+  if (!s) return &tpu_status_oom;
+  s->msg = tpu_strfmtv(fmt, ap);
   if (!s->msg) {
-    va_end(ap2);
     free(s);
     return &tpu_status_oom;
   }
-  vsnprintf(s->msg, (size_t)n + 1, fmt, ap2);
-  va_end(ap2);
   s->code = code;
   return s;
 }

@@ -35,6 +35,10 @@ typedef enum {
   TPU_ERR_MEMORY         /* MemoryError                                    */
 } tpu_code;
 
+/* A printf-formatted string of any length: owned (free), NULL when out of memory. */
+char *tpu_strfmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+char *tpu_strfmtv(const char *fmt, va_list ap);
+
 typedef struct tpu_status tpu_status;
 
 /* Returns an owned status; never NULL (falls back to a static out-of-memory

@@ -366,10 +366,6 @@ static void tpu_disk_store(tpu_engine *e, tpu_rt_exec *exec, const uint8_t *key,
 }
 tpu_hlo_precision tpu_engine_precision(tpu_engine *e) { return e->precision; }
 
-void tpu_engine_manual_seed(tpu_engine *e, uint64_t seed) {
-  e->rng_seed = seed;
-  e->rng_offset = 0;
-}
 void tpu_engine_rng_state(tpu_engine *e, uint64_t *seed, uint64_t *offset) {
   *seed = e->rng_seed;
   *offset = e->rng_offset;

@@ -73,7 +73,6 @@ tpu_rt *tpu_engine_rt(tpu_engine *e);
 tpu_metrics *tpu_engine_metrics(tpu_engine *e);
 /* The generator's seed until one is set (CUDA's default seed). */
 #define TPU_DEFAULT_SEED 67280421310721ull
-void tpu_engine_manual_seed(tpu_engine *e, uint64_t seed);
 /* Precision of f32 matmuls and convolutions (torch.set_float32_matmul_precision:
  * highest -> HIGHEST, high -> HIGH, medium -> DEFAULT); HIGHEST at start. */
 void tpu_engine_set_precision(tpu_engine *e, tpu_hlo_precision p);

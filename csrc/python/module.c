@@ -1386,15 +1386,12 @@ static tpu_status *tpu_disk_cache_open(tpu_mod_state *st, const char *dir, long 
   tpu_status *s = tpu_dcache_open(dir, (int64_t)max_bytes, &dc);
   if (s) return s;
   char *base = tpu_rt_cache_salt(tpu_engine_rt(st->eng));
-  size_t n = base ? strlen(base) + strlen(extra) + 2 : 0;
-  char *salt = base ? malloc(n) : NULL;
+  char *salt = base ? tpu_strfmt("%s;%s", base, extra) : NULL;
+  free(base);
   if (!salt) {
-    free(base);
     tpu_dcache_free(dc);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
-  snprintf(salt, n, "%s;%s", base, extra);
-  free(base);
   tpu_engine_set_disk_cache(st->eng, dc, salt);
   free(salt);
   return NULL;
@@ -1499,17 +1496,20 @@ static PyObject *tpu_py_count_fallback(PyObject *m, PyObject *noargs) {
 
 /* torch.manual_seed seeds every device: before the runtime starts the seed
  * is kept (as torch.cuda queues it), so seeding starts nothing. */
+static void tpu_rng_set(tpu_mod_state *st, uint64_t seed, uint64_t offset) {
+  if (st->eng) {
+    tpu_engine_set_rng_state(st->eng, seed, offset);
+    return;
+  }
+  st->pend_rng = true;
+  st->pend_seed = seed;
+  st->pend_offset = offset;
+}
+
 static PyObject *tpu_py_manual_seed(PyObject *m, PyObject *arg) {
-  tpu_mod_state *st = tpu_state(m);
   unsigned long long seed = PyLong_AsUnsignedLongLongMask(arg);
   if (PyErr_Occurred()) return NULL;
-  if (st->eng) {
-    tpu_engine_manual_seed(st->eng, seed);
-  } else {
-    st->pend_rng = true;
-    st->pend_seed = seed;
-    st->pend_offset = 0;
-  }
+  tpu_rng_set(tpu_state(m), seed, 0);
   Py_RETURN_NONE;
 }
 
@@ -1522,13 +1522,7 @@ static PyObject *tpu_py_rng_state(PyObject *m, PyObject *args) {
     return Py_BuildValue("(KK)", (unsigned long long)a, (unsigned long long)b);
   }
   if (!PyArg_ParseTuple(args, "KK", &seed, &off)) return NULL;
-  if (st->eng) {
-    tpu_engine_set_rng_state(st->eng, seed, off);
-  } else {
-    st->pend_rng = true;
-    st->pend_seed = seed;
-    st->pend_offset = off;
-  }
+  tpu_rng_set(st, seed, off);
   Py_RETURN_NONE;
 }
 

@@ -329,20 +329,15 @@ char *tpu_rt_cache_salt(const tpu_rt *rt) {
   for (size_t i = 0; i < sizeof tpu_compile_options; i++)
     snprintf(opts + 2 * i, 3, "%02x", (unsigned)(uint8_t)tpu_compile_options[i]);
   const char *flags[2];
-  size_t n = strlen(rt->platform) + strlen(rt->version) + strlen(opts) + strlen(rt->path) + 256;
   for (size_t i = 0; i < 2; i++) {
-    flags[i] = getenv(tpu_flag_vars[i]);
-    if (!flags[i]) flags[i] = "";
-    n += strlen(tpu_flag_vars[i]) + strlen(flags[i]) + 8;
+    const char *v = getenv(tpu_flag_vars[i]);
+    flags[i] = v ? v : "";
   }
-  char *buf = malloc(n);
-  if (!buf) return NULL;
-  /* the flags go last: their text may hold ';' and '=' */
-  snprintf(buf, n, "platform=%s;version=%s;pjrt=%d.%d;options=%s;plugin=%s;size=%lld;mtime=%lld;%s=[%zu]%s;%s=[%zu]%s",
-           rt->platform, rt->version, rt->api->pjrt_api_version.major_version,
-           rt->api->pjrt_api_version.minor_version, opts, rt->path, size, mtime, tpu_flag_vars[0], strlen(flags[0]),
-           flags[0], tpu_flag_vars[1], strlen(flags[1]), flags[1]);
-  return buf;
+  /* the flags go last, each with its length: their text may hold ';' and '=' */
+  return tpu_strfmt("platform=%s;version=%s;pjrt=%d.%d;options=%s;plugin=%s;size=%lld;mtime=%lld;%s=[%zu]%s;%s=[%zu]%s",
+                    rt->platform, rt->version, rt->api->pjrt_api_version.major_version,
+                    rt->api->pjrt_api_version.minor_version, opts, rt->path, size, mtime, tpu_flag_vars[0],
+                    strlen(flags[0]), flags[0], tpu_flag_vars[1], strlen(flags[1]), flags[1]);
 }
 
 tpu_status *tpu_rt_compile(tpu_rt *rt, const char *mlir, size_t len, tpu_rt_exec **out) {
