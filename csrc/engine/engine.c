@@ -711,8 +711,12 @@ static tpu_status *tpu_engine_compile(tpu_engine *e, const char *text, size_t le
     atomic_fetch_add(&e->metrics.compile_ns, tpu_now_ns() - t0);
 #ifdef __GLIBC__
     /* XLA's compiler frees most of what it allocated; give it back to the
-     * system instead of keeping it in the process's heap. */
-    if (len > 65536) malloc_trim(0);
+     * system instead of keeping it in the process's heap. After every
+     * compile, small ones too: strict mode compiles a hundred small programs
+     * in a training run's first step, and the heap kept 25-35 MB of their
+     * freed memory (GPT: peak 490 MB without, 474 with). A trim costs about
+     * 1 ms; a compile 10 ms or more. */
+    malloc_trim(0);
 #endif
     atomic_fetch_add(&e->metrics.programs_compiled, 1);
     if (!s && dkey) tpu_disk_store(e, *exec, dkey, dkeylen);
