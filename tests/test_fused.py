@@ -4,6 +4,7 @@ losses as the other modes, one cached program per training step, and no
 leaked device memory."""
 import gc
 import os
+import re
 import subprocess
 import sys
 
@@ -282,6 +283,39 @@ def test_size_cap_splits_long_recordings():
     assert p.returncode == 0, p.stderr[-2000:]
     values, caps = p.stdout.strip().rsplit(" ", 1)
     assert values == "[50.0, 50.0, 50.0]" and int(caps) >= 5
+
+
+FOREACH = """
+import re, sys, torch, torchtpu
+torchtpu.eager_mode("fused")
+shapes = [(3,), (2, 5), (4, 1, 2), (7,), (1,), (6, 3)]
+cpu = [torch.randn(s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(shapes)]
+tpu = [t.to("tpu") for t in cpu]
+for scales in ([0.5] * 6, [0.5, 0.25, 0.5, 2.0, 0.5, 0.5], [0.75] * 6):
+    for ts in (cpu, tpu):
+        torch._foreach_mul_(ts, 1.5)
+        torch._foreach_add_(ts, ts, alpha=0.5)
+        torch._foreach_mul_(ts, scales)
+    print("max diff", max((a.cpu() - b).abs().max().item() for a, b in zip(tpu, cpu)), file=sys.stderr)
+"""
+
+
+def test_a_foreach_calls_number_is_one_program_input():
+    # torch._foreach_mul_(tensors, 1.5) records one op per tensor; their 1.5
+    # is one input of the fused program, not six (an optimizer passes its
+    # learning rate and betas this way, to every parameter); the items of a
+    # scalar list share an input where their values are equal
+    p = subprocess.run([sys.executable, "-c", FOREACH], env=dict(os.environ, TORCHTPU_DUMP_HLO="1"),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    diffs = [float(x) for x in re.findall(r"max diff (\S+)", p.stderr)]
+    assert len(diffs) == 3 and max(diffs) < 1e-5, diffs
+    programs = re.findall(r"-- fused program of (\d+) ops\n.*?func\.func public @main\((.*?)\)\s*->", p.stderr, re.S)
+    numbers = [len(re.findall(r"tensor<f64>", sig)) for _, sig in programs]
+    # 18 recorded ops each time; numbers: 1.5, alpha and the scale list (one
+    # value: one input; 0.5, 0.25 and 2.0: three). The third list's items are
+    # equal again: the first program is found, none is compiled.
+    assert [int(n) for n, _ in programs] == [18, 18] and numbers == [3, 5], (programs, numbers)
 
 
 def test_no_device_buffer_outlives_the_model():

@@ -69,6 +69,9 @@ typedef struct {
   tpu_record **outrec; /* in the args block; graph references */
   int nnew;
   uint64_t rng_offset; /* the generator's offset reserved for the op */
+  uint32_t group;      /* the foreach call the op is an item of; 0: none */
+  uint32_t share;      /* bit a: Python number a is read from node share_from's input */
+  int share_from;      /* the group's first node of the same op */
 } tpu_node;
 
 /* Small device buffers for scalar inputs (Python numbers, view offsets),
@@ -119,6 +122,8 @@ struct tpu_engine {
   bool capture_whole;   /* a torch.tpu.graph capture: nothing may run until it ends */
   uint64_t capture_birth, capture_rng;
   struct tpu_plan *plans; /* every live plan, released with the engine */
+  uint32_t fe_group, fe_groups; /* the foreach call recording now (0: none), calls seen */
+  int fe_first;                 /* the node its items start at */
 };
 
 #define TPU_TOMB ((tpu_record *)1)
@@ -266,6 +271,12 @@ void tpu_engine_set_mode(tpu_engine *e, int mode) {
   e->mode = (mode == TPU_MODE_STRICT || mode == TPU_MODE_FUSED) ? mode : TPU_MODE_DEBUG;
 }
 int tpu_engine_mode(tpu_engine *e) { return e->mode; }
+
+void tpu_engine_foreach(tpu_engine *e, bool begin) {
+  if (begin && !++e->fe_groups) e->fe_groups = 1; /* 0 means no call */
+  e->fe_group = begin ? e->fe_groups : 0;
+  e->fe_first = e->nnodes;
+}
 
 void tpu_engine_set_disk_cache(tpu_engine *e, tpu_dcache *dc, const char *salt) {
   tpu_dcache_free(e->disk);
@@ -953,6 +964,27 @@ static void tpu_node_release(tpu_node *n) {
 static void tpu_nodes_release(tpu_engine *e) {
   for (int i = 0; i < e->nnodes; i++) tpu_node_release(&e->nodes[i]);
   e->nnodes = 0;
+  e->fe_first = 0; /* a foreach call's later items start the next recording */
+}
+
+/* A Python number that the group's first node of the same op takes in the
+ * same place with the same bits (the same scalar passed with every tensor of
+ * a foreach list, or equal items of a scalar list) is read from that node's
+ * program input. Equal bits are what makes sharing right; the flush's key
+ * holds the choice, so a step that shares differently is another program. */
+static void tpu_node_share(const tpu_engine *e, tpu_node *n) {
+  for (int j = e->fe_first; j < e->nnodes; j++) {
+    const tpu_node *p = &e->nodes[j];
+    if (p->group != n->group || p->op_id != n->op_id || p->nargs != n->nargs) continue;
+    for (int a = 0; a < n->nargs; a++) {
+      if (n->args[a].kind != TPU_ARG_SCALAR || p->args[a].kind != TPU_ARG_SCALAR) continue;
+      uint8_t x[16], y[16];
+      if (tpu_scalar_bits(&n->args[a], x) == tpu_scalar_bits(&p->args[a], y) && !memcmp(x, y, sizeof x))
+        n->share |= 1u << a;
+    }
+    n->share_from = j;
+    return;
+  }
 }
 
 /* Record one op: its outputs are new records without buffers, returned at
@@ -1000,6 +1032,8 @@ static tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int o
   n->nargs = nargs;
   memcpy(n->sig, sig->p, sig->n);
   n->siglen = sig->n;
+  n->group = e->fe_group;
+  if (n->group) tpu_node_share(e, n);
   for (int i = 0; i < nargs; i++) {
     tpu_arg *a = &n->args[i];
     if (a->kind == TPU_ARG_TENSOR && a->t.rec) tpu_graph_ref(a->t.rec);
@@ -1119,6 +1153,12 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     L.fuse_record = tpu_fuse_record_hook;
     L.fuse_input = tpu_fuse_input_hook;
     x.node = i;
+    tpu_hv shared[TPU_MAX_ARGS];
+    if (n->share) {
+      const tpu_node *p = &e->nodes[n->share_from];
+      for (int a = 0; a < n->nargs; a++) shared[a] = n->share >> a & 1 ? p->args[a].value : TPU_HV_NONE;
+      L.shared = shared;
+    }
     tpu_lower_run(&L, n->row);
     if (!tpu_hlo_ok(H)) break;
     int j = 0;
@@ -1241,6 +1281,7 @@ static tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab,
   for (int i = 0; i < e->nnodes; i++) {
     tpu_node *n = &e->nodes[i];
     tpu_sig_put(&sig, n->sig, n->siglen);
+    tpu_sig_i64(&sig, n->share ? (int64_t)((uint64_t)n->share << 32 | (uint32_t)n->share_from) : 0);
     for (int a = 0; a < n->nargs; a++) {
       tpu_arg *x = &n->args[a];
       if (x->kind == TPU_ARG_TENSOR && x->t.rec) tpu_sig_i64(&sig, tpu_fuse_id(tab, x->t.rec, epoch));

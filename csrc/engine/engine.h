@@ -91,6 +91,11 @@ enum { TPU_MODE_DEBUG = 0, TPU_MODE_STRICT = 1, TPU_MODE_FUSED = 2 };
  * their values flow) and runs it; it computes the final value of each
  * record something outside the recording still holds. */
 void tpu_engine_set_mode(tpu_engine *e, int mode);
+/* The ops recorded between begin and end are the items of one
+ * torch._foreach_* call: in fused mode a Python number that they take with
+ * the same value (a learning rate, a beta) is one program input, not one per
+ * tensor of the list. */
+void tpu_engine_foreach(tpu_engine *e, bool begin);
 int tpu_engine_mode(tpu_engine *e);
 /* Waits for every launched computation (running the recorded ops first);
  * the first error of one (once). */

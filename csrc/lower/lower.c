@@ -620,7 +620,7 @@ tpu_hv tpu_lower_uniform(tpu_lower *L, tpu_dtype dt, int rank, const int64_t *di
 void tpu_lower_run(tpu_lower *L, const tpu_op_row *row) {
   for (int i = 0; i < L->nargs; i++) {
     tpu_arg *a = &L->args[i];
-    a->value = TPU_HV_NONE;
+    a->value = L->shared && a->kind == TPU_ARG_SCALAR ? L->shared[i] : TPU_HV_NONE;
     a->t.base = a->t.offv = a->t.value = TPU_HV_NONE;
     for (int j = 0; j < a->nlist && a->kind == TPU_ARG_TENSORS; j++)
       a->list[j].base = a->list[j].offv = a->list[j].value = TPU_HV_NONE;

@@ -152,6 +152,9 @@ struct tpu_lower {
   void *fuse;
   tpu_hv (*fuse_record)(tpu_lower *L, struct tpu_record *rec);
   void (*fuse_input)(tpu_lower *L, tpu_in_kind kind, int arg, int item);
+  /* Fused lowering: per argument, an earlier call's program input that this
+   * call's Python number reads too (TPU_HV_NONE: its own); NULL: none. */
+  const tpu_hv *shared;
 };
 
 typedef void (*tpu_emit_fn)(tpu_lower *L);

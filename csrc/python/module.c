@@ -846,6 +846,7 @@ static PyType_Spec tpu_kernel_spec = {
 typedef struct {
   PyObject_HEAD
   PyObject *base;                   /* the element op's kernel */
+  PyObject *module;                 /* strong: torchtpu._C (its engine hears where the call begins and ends) */
   int npos;                         /* positional parameters of the foreach op */
   unsigned lists;                   /* bit i: positional parameter i is a list */
   PyObject *kwname[TPU_MAX_ARGS];   /* strong or NULL: the element op takes positional i by this keyword */
@@ -856,6 +857,7 @@ typedef struct {
 
 static void tpu_foreach_dealloc(tpu_foreach *f) {
   Py_XDECREF(f->base);
+  Py_XDECREF(f->module);
   Py_XDECREF(f->s_out);
   for (int i = 0; i < TPU_MAX_ARGS; i++) Py_XDECREF(f->kwname[i]);
   PyTypeObject *tp = Py_TYPE(f);
@@ -869,6 +871,7 @@ static PyObject *tpu_foreach_call(tpu_foreach *f, PyObject *args, PyObject *kwar
                                                       "arguments, got %zd", f->name, f->npos, npos);
   PyObject *fast[TPU_MAX_ARGS] = {0};
   PyObject *res = NULL, *kw = NULL, *pos = NULL;
+  tpu_engine *eng = NULL; /* told of the call's items once they are recorded */
   Py_ssize_t n = -1, nbase = 0;
   bool need_kw = f->s_out != NULL;
   for (Py_ssize_t i = 0; i < npos; i++) {
@@ -892,6 +895,8 @@ static PyObject *tpu_foreach_call(tpu_foreach *f, PyObject *args, PyObject *kwar
   if (need_kw) kw = kwargs ? PyDict_Copy(kwargs) : PyDict_New();
   else if (kwargs) kw = Py_NewRef(kwargs);
   if ((need_kw && !kw) || (f->returns && !(res = PyList_New(n)))) goto done;
+  eng = tpu_state(f->module)->eng;
+  if (eng) tpu_engine_foreach(eng, true);
   for (Py_ssize_t j = 0; j < n; j++) {
     if (!(pos = PyTuple_New(nbase))) goto fail;
     for (Py_ssize_t i = 0, b = 0; i < npos; i++) {
@@ -912,6 +917,7 @@ fail:
   Py_CLEAR(res);
   Py_CLEAR(pos);
 done:
+  if (eng) tpu_engine_foreach(eng, false);
   for (int i = 0; i < TPU_MAX_ARGS; i++) Py_XDECREF(fast[i]);
   Py_XDECREF(kw);
   return res;
@@ -948,6 +954,7 @@ static PyObject *tpu_py_foreach(PyObject *m, PyObject *args) {
     f->kwname[i] = k == Py_None ? NULL : Py_NewRef(k);
   }
   f->base = Py_NewRef(base);
+  f->module = Py_NewRef(m);
   snprintf(f->name, sizeof f->name, "%s", name);
   f->npos = (int)npos;
   f->lists = lists;
