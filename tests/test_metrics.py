@@ -56,3 +56,33 @@ def test_explain_recompiles_names_what_differs():
     assert any("aten::add.Tensor" in l and "other: a Python int -> a Python float" in l for l in lines), lines
     quiet = _run("import torch; a = torch.ones(2, device='tpu'); a + 1; a + 2.5")
     assert "recompiling" not in quiet
+
+
+def test_fused_recompiles_of_the_same_ops_are_explained():
+    # a fused program compiled for the same ops as one compiled before says
+    # which part of the key differs: here a foreach call's scalar list, whose
+    # items are equal in one step and not in the next, then a tensor the step
+    # makes that the caller keeps in one step only
+    err = _run("""
+        import torch, torchtpu
+        torchtpu.eager_mode("fused")
+        ts = [torch.ones(3, device="tpu") for _ in range(4)]
+        x = torch.randn(8, 8, device="tpu")
+        kept = []
+        def step(vals, keep):
+            torch._foreach_mul_(ts, vals)
+            y = x * 2 + 1
+            if keep:
+                kept.append(y)
+            return ts[1].sum() + (y @ y).sum()
+        for vals, keep in [([0.5] * 4, False)] * 3 + [([0.5, 2.0, 0.5, 0.5], False), ([0.5] * 4, True)]:
+            step(vals, keep).item()
+            print("step", file=__import__("sys").stderr)
+    """, TORCHTPU_EXPLAIN_RECOMPILES="1", TORCHTPU_CACHE_DIR="")
+    lines = [l for l in err.splitlines() if l.startswith("torchtpu: recompiling a fused program") or l == "step"]
+    fused = [i for i, l in enumerate(lines) if l != "step"]
+    # steps 1 and 2 record the same ops (step 0 also made the tensors): the
+    # explained recompiles are those of steps 4 and 5, each before its step ends
+    assert len(fused) == 2 and lines[fused[0] + 1:].count("step") == 2, lines
+    assert "torch._foreach_* call are equal differs" in lines[fused[0]], lines
+    assert "still held when it runs" in lines[fused[1]] and "foreach" not in lines[fused[1]], lines

@@ -46,6 +46,10 @@ typedef struct {
   int nfin;
   int *fout;
   int nfout;
+  /* fused programs compiled while recompiles are explained: hashes of the
+   * key's parts (ops, how values flow, shared numbers, what is held) */
+  uint64_t ex[4];
+  int ex_nodes; /* 0: not recorded */
 } tpu_cache_entry;
 
 /* An input of a fused program: a record's buffer (rec: its id in the
@@ -124,6 +128,9 @@ struct tpu_engine {
   struct tpu_plan *plans; /* every live plan, released with the engine */
   uint32_t fe_group, fe_groups; /* the foreach call recording now (0: none), calls seen */
   int fe_first;                 /* the node its items start at */
+  bool explain;                 /* TORCHTPU_EXPLAIN_RECOMPILES */
+  char *notes[8];               /* owned: explanations pending for the binding */
+  int nnotes;
 };
 
 #define TPU_TOMB ((tpu_record *)1)
@@ -193,6 +200,7 @@ static void tpu_plan_release(tpu_plan *p);
 
 void tpu_engine_free(tpu_engine *e) {
   if (!e) return;
+  for (int i = 0; i < e->nnotes; i++) free(e->notes[i]);
   while (e->plans) tpu_plan_release(e->plans);
   tpu_nodes_release(e);
   free(e->nodes);
@@ -300,6 +308,16 @@ static void tpu_engine_warn(tpu_engine *e, const char *fmt, ...) {
   va_end(ap);
   char *w = strdup(buf);
   if (w) e->warnings[e->nwarnings++] = w;
+}
+
+void tpu_engine_set_explain(tpu_engine *e, bool on) { e->explain = on; }
+
+char *tpu_engine_take_note(tpu_engine *e) {
+  if (!e->nnotes) return NULL;
+  char *w = e->notes[0];
+  memmove(e->notes, e->notes + 1, sizeof(char *) * (size_t)(e->nnotes - 1));
+  e->nnotes--;
+  return w;
 }
 
 char *tpu_engine_take_warning(tpu_engine *e) {
@@ -1266,6 +1284,33 @@ static tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *t
   return s;
 }
 
+/* A fused program was compiled (recompiles explained): when a program for the
+ * same ops is in the cache, say which part of the key differs. */
+static void tpu_fuse_explain(tpu_engine *e, tpu_cache_entry *c, const uint64_t ex[4]) {
+  memcpy(c->ex, ex, sizeof c->ex);
+  c->ex_nodes = e->nnodes;
+  const tpu_cache_entry *old = NULL;
+  for (size_t i = 0; i < e->cache_cap && !old; i++) {
+    const tpu_cache_entry *o = e->cache[i];
+    if (o && o != c && o->ex_nodes == c->ex_nodes && o->ex[0] == ex[0]) old = o;
+  }
+  if (!old || e->nnotes == (int)(sizeof e->notes / sizeof e->notes[0])) return;
+  const char *parts[3];
+  int np = 0;
+  if (old->ex[1] != ex[1]) parts[np++] = "which tensors the ops read and write";
+  if (old->ex[2] != ex[2]) parts[np++] = "which numbers of a torch._foreach_* call are equal";
+  if (old->ex[3] != ex[3])
+    parts[np++] = "which of the tensors it computes are still held when it runs (one kept in one step and not in another)";
+  char *note = np ? tpu_strfmt("torchtpu: recompiling a fused program of %d ops (the same ops were compiled before "
+                               "into another program): %s%s%s%s%s differs",
+                               e->nnodes, parts[0], np > 1 ? "; " : "", np > 1 ? parts[1] : "", np > 2 ? "; " : "",
+                               np > 2 ? parts[2] : "")
+                  : tpu_strfmt("torchtpu: recompiling a fused program of %d ops compiled before with the same inputs "
+                               "(the program cache was emptied, or the matmul precision changed)",
+                               e->nnodes);
+  if (note) e->notes[e->nnotes++] = note;
+}
+
 /* Keys the recorded ops and finds (or lowers and compiles) their program;
  * tab receives the flush's record table (the caller frees tab->r). */
 static tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab, tpu_cache_entry **out) {
@@ -1278,10 +1323,17 @@ static tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab,
    * live. The same training step gives the same key every time. */
   tpu_sig_i64(&sig, -1);
   tpu_sig_i64(&sig, e->precision);
+  /* With recompiles explained, the key's parts are hashed apart too: a
+   * program compiled for the same ops as an earlier one says which part
+   * differs. */
+  uint64_t ex[4] = {0};
   for (int i = 0; i < e->nnodes; i++) {
     tpu_node *n = &e->nodes[i];
+    size_t at = sig.n;
     tpu_sig_put(&sig, n->sig, n->siglen);
-    tpu_sig_i64(&sig, n->share ? (int64_t)((uint64_t)n->share << 32 | (uint32_t)n->share_from) : 0);
+    int64_t share = n->share ? (int64_t)((uint64_t)n->share << 32 | (uint32_t)n->share_from) : 0;
+    tpu_sig_i64(&sig, share);
+    size_t flow = sig.n;
     for (int a = 0; a < n->nargs; a++) {
       tpu_arg *x = &n->args[a];
       if (x->kind == TPU_ARG_TENSOR && x->t.rec) tpu_sig_i64(&sig, tpu_fuse_id(tab, x->t.rec, epoch));
@@ -1290,8 +1342,15 @@ static tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab,
           if (x->list[j].rec) tpu_sig_i64(&sig, tpu_fuse_id(tab, x->list[j].rec, epoch));
     }
     for (int j = 0; j < n->nnew; j++) tpu_sig_i64(&sig, tpu_fuse_id(tab, n->outrec[j], epoch));
+    if (e->explain && !sig.oom) {
+      ex[0] = tpu_hash64(&ex[0], sizeof ex[0]) ^ tpu_hash64(sig.p + at, n->siglen);
+      ex[1] = tpu_hash64(&ex[1], sizeof ex[1]) ^ tpu_hash64(sig.p + flow, sig.n - flow);
+      ex[2] = tpu_hash64(&ex[2], sizeof ex[2]) ^ (uint64_t)share;
+    }
   }
+  size_t live = sig.n;
   for (int k = 0; k < tab->n; k++) tpu_sig_i64(&sig, tpu_record_live(tab->r[k]));
+  if (e->explain && !sig.oom) ex[3] = tpu_hash64(sig.p + live, sig.n - live);
   tpu_status *s = (sig.oom || tab->oom) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
   if (!s) {
     uint64_t h = tpu_hash_bytes(sig.p, sig.n);
@@ -1301,6 +1360,7 @@ static tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab,
     } else {
       atomic_fetch_add(&e->metrics.cache_misses, 1);
       s = tpu_fuse_lower(e, tab, &sig, h, out);
+      if (!s && e->explain) tpu_fuse_explain(e, *out, ex);
     }
   }
   tpu_sig_done(&sig);

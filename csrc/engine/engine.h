@@ -130,6 +130,11 @@ void tpu_engine_set_disk_cache(tpu_engine *e, tpu_dcache *dc, const char *salt);
  * first; owned by the caller, NULL when none. The binding turns them into
  * Python warnings after each call. */
 char *tpu_engine_take_warning(tpu_engine *e);
+/* TORCHTPU_EXPLAIN_RECOMPILES: a fused program compiled for the same ops as
+ * one in the cache leaves a note saying what differs, taken (owned by the
+ * caller, oldest first, NULL when none) by the binding, which prints it. */
+void tpu_engine_set_explain(tpu_engine *e, bool on);
+char *tpu_engine_take_note(tpu_engine *e);
 /* Number of entries in the in-memory program cache. */
 int64_t tpu_engine_cache_size(tpu_engine *e);
 

@@ -158,6 +158,7 @@ static tpu_engine *tpu_need_engine(tpu_mod_state *st) {
   st->eng = e;
   pthread_atfork(NULL, NULL, tpu_atfork_child);
   if (st->pend_mode) tpu_engine_set_mode(e, st->pend_mode - 1);
+  tpu_engine_set_explain(e, st->explain);
   if (st->pend_precision) tpu_engine_set_precision(e, (tpu_hlo_precision)(st->pend_precision - 1));
   if (st->pend_rng) tpu_engine_set_rng_state(e, st->pend_seed, st->pend_offset);
   tpu_status *c = st->pend_cache && st->pend_cache_dir
@@ -590,6 +591,15 @@ static int tpu_flush_warnings(tpu_mod_state *st) {
   char *w;
   while ((w = tpu_engine_take_warning(st->eng))) {
     if (rc == 0 && PyErr_WarnEx(PyExc_UserWarning, w, 1) < 0) rc = -1;
+    free(w);
+  }
+  while ((w = tpu_engine_take_note(st->eng))) { /* explained recompiles, to stderr as the per-op ones */
+    PyObject *err = rc == 0 ? PySys_GetObject("stderr") : NULL; /* borrowed */
+    PyObject *r = err && err != Py_None ? PyObject_CallMethod(err, "write", "s", w) : NULL;
+    PyObject *r2 = r ? PyObject_CallMethod(err, "write", "s", "\n") : NULL;
+    if (err && err != Py_None && (!r || !r2)) rc = -1;
+    Py_XDECREF(r);
+    Py_XDECREF(r2);
     free(w);
   }
   return rc;
@@ -1294,7 +1304,9 @@ static PyObject *tpu_py_to_cpu(PyObject *m, PyObject *t) {
   if (!tpu_need_engine(st)) return NULL;
   tpu_arg a;
   if (!tpu_py_to_tref_args(st, t, &a, "_to_cpu")) return NULL;
-  return tpu_download_view(st, t, &a);
+  PyObject *r = tpu_download_view(st, t, &a); /* a sync point: recorded ops may have been compiled */
+  if (r && tpu_flush_warnings(st) < 0) Py_CLEAR(r);
+  return r;
 }
 
 static PyObject *tpu_py_info(PyObject *m, PyObject *noargs) {
@@ -1491,6 +1503,7 @@ static PyObject *tpu_py_synchronize(PyObject *m, PyObject *noargs) {
   if (!st->eng) Py_RETURN_NONE; /* nothing was launched */
   tpu_status *s = tpu_engine_sync(st->eng);
   if (s) return tpu_raise(s);
+  if (tpu_flush_warnings(st) < 0) return NULL;
   Py_RETURN_NONE;
 }
 
