@@ -312,21 +312,17 @@ static void tpu_engine_warn(tpu_engine *e, const char *fmt, ...) {
 
 void tpu_engine_set_explain(tpu_engine *e, bool on) { e->explain = on; }
 
-char *tpu_engine_take_note(tpu_engine *e) {
-  if (!e->nnotes) return NULL;
-  char *w = e->notes[0];
-  memmove(e->notes, e->notes + 1, sizeof(char *) * (size_t)(e->nnotes - 1));
-  e->nnotes--;
+/* The oldest of n owned messages, now the caller's; NULL when none. */
+static char *tpu_messages_take(char **q, int *n) {
+  if (!*n) return NULL;
+  char *w = q[0];
+  memmove(q, q + 1, sizeof(char *) * (size_t)(*n - 1));
+  (*n)--;
   return w;
 }
 
-char *tpu_engine_take_warning(tpu_engine *e) {
-  if (!e->nwarnings) return NULL;
-  char *w = e->warnings[0];
-  memmove(e->warnings, e->warnings + 1, sizeof(char *) * (size_t)(e->nwarnings - 1));
-  e->nwarnings--;
-  return w;
-}
+char *tpu_engine_take_note(tpu_engine *e) { return tpu_messages_take(e->notes, &e->nnotes); }
+char *tpu_engine_take_warning(tpu_engine *e) { return tpu_messages_take(e->warnings, &e->nwarnings); }
 
 /* The disk key: salt, a separator no program text holds, then the text. */
 static uint8_t *tpu_disk_key(tpu_engine *e, const char *text, size_t len, size_t *keylen) {
