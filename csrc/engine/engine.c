@@ -1297,10 +1297,11 @@ static void tpu_fuse_explain(tpu_engine *e, tpu_cache_entry *c, const uint64_t e
   if (old->ex[2] != ex[2]) parts[np++] = "which numbers of a torch._foreach_* call are equal";
   if (old->ex[3] != ex[3])
     parts[np++] = "which of the tensors it computes are still held when it runs (one kept in one step and not in another)";
+  char what[512] = "";
+  for (int k = 0, o = 0; k < np; k++) o += snprintf(what + o, sizeof what - (size_t)o, "%s%s", k ? "; " : "", parts[k]);
   char *note = np ? tpu_strfmt("torchtpu: recompiling a fused program of %d ops (the same ops were compiled before "
-                               "into another program): %s%s%s%s%s differs",
-                               e->nnodes, parts[0], np > 1 ? "; " : "", np > 1 ? parts[1] : "", np > 2 ? "; " : "",
-                               np > 2 ? parts[2] : "")
+                               "into another program): %s differs",
+                               e->nnodes, what)
                   : tpu_strfmt("torchtpu: recompiling a fused program of %d ops compiled before with the same inputs "
                                "(the program cache was emptied, or the matmul precision changed)",
                                e->nnodes);

@@ -584,6 +584,19 @@ static void tpu_args_free(tpu_arg *args, int n) {
     if (args[i].kind == TPU_ARG_TENSORS) free(args[i].list);
 }
 
+/* Writes msg and a newline to sys.stderr (where the recompile explainer
+ * speaks); -1 with an exception set when the write failed. */
+static int tpu_stderr_line(const char *msg) {
+  PyObject *err = PySys_GetObject("stderr"); /* borrowed */
+  if (!err || err == Py_None) return 0;
+  PyObject *line = PyUnicode_FromFormat("%s\n", msg);
+  PyObject *r = line ? PyObject_CallMethod(err, "write", "O", line) : NULL;
+  Py_XDECREF(line);
+  if (!r) return -1;
+  Py_DECREF(r);
+  return 0;
+}
+
 /* The engine's pending warnings become Python warnings; -1 when one was
  * turned into an exception (warnings configured as errors). */
 static int tpu_flush_warnings(tpu_mod_state *st) {
@@ -593,13 +606,8 @@ static int tpu_flush_warnings(tpu_mod_state *st) {
     if (rc == 0 && PyErr_WarnEx(PyExc_UserWarning, w, 1) < 0) rc = -1;
     free(w);
   }
-  while ((w = tpu_engine_take_note(st->eng))) { /* explained recompiles, to stderr as the per-op ones */
-    PyObject *err = rc == 0 ? PySys_GetObject("stderr") : NULL; /* borrowed */
-    PyObject *r = err && err != Py_None ? PyObject_CallMethod(err, "write", "s", w) : NULL;
-    PyObject *r2 = r ? PyObject_CallMethod(err, "write", "s", "\n") : NULL;
-    if (err && err != Py_None && (!r || !r2)) rc = -1;
-    Py_XDECREF(r);
-    Py_XDECREF(r2);
+  while ((w = tpu_engine_take_note(st->eng))) { /* explained recompiles, as the per-op ones */
+    if (rc == 0 && tpu_stderr_line(w) < 0) rc = -1;
     free(w);
   }
   return rc;
@@ -750,14 +758,7 @@ static int tpu_explain(tpu_mod_state *st, tpu_kernel *k, const tpu_arg *args) {
     }
     if (!diffs && o < sizeof msg)
       snprintf(msg + o, sizeof msg - o, " the same inputs (the program cache was emptied, or the matmul precision changed)");
-    PyObject *err = PySys_GetObject("stderr"); /* borrowed */
-    if (err && err != Py_None) {
-      PyObject *line = PyUnicode_FromFormat("%s\n", msg);
-      PyObject *r = line ? PyObject_CallMethod(err, "write", "O", line) : NULL;
-      if (!r) rc = -1;
-      Py_XDECREF(r);
-      Py_XDECREF(line);
-    }
+    rc = tpu_stderr_line(msg);
     for (int i = 0; i < st->nexplained[op]; i++) free(old[i]);
     free(old);
   }
