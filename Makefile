@@ -47,6 +47,8 @@ $(BUILD):
 # plugin itself suppressed by tests/c/lsan.supp), then our PJRT declarations
 # against the header the plugin wheel ships.
 check: | $(BUILD)
+	$(CC) $(CFLAGS) $(SAN) $(CORE) tests/c/test_core.c -o $(BUILD)/test_core
+	$(LSAN) $(BUILD)/test_core
 	$(CC) $(CFLAGS) $(SAN) $(CORE) $(HLO) tests/c/test_hlo.c -lm -o $(BUILD)/test_hlo
 	$(LSAN) $(BUILD)/test_hlo
 	$(CC) $(CFLAGS) $(SAN) $(CORE) $(CACHE) tests/c/test_cache.c -o $(BUILD)/test_cache

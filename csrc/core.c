@@ -174,3 +174,32 @@ uint64_t tpu_hash64(const void *p, size_t n) {
   h *= 0xff51afd7ed558ccdull;
   return h ^ (h >> 32);
 }
+
+bool tpu_storage_numel(int rank, const int64_t *sizes, const int64_t *strides, size_t itemsize, int64_t *numel) {
+  int64_t n = 1;
+  for (int i = 0; i < rank; i++) {
+    if (sizes[i] < 0) return false;
+    if (sizes[i] == 0) n = 0;
+  }
+  if (n == 0) {
+    *numel = 0;
+    return true;
+  }
+  if (strides) {
+    /* the last element's offset + 1 */
+    n = 1;
+    for (int i = 0; i < rank; i++) {
+      int64_t step;
+      if (strides[i] < 0 || __builtin_mul_overflow(sizes[i] - 1, strides[i], &step) ||
+          __builtin_add_overflow(n, step, &n))
+        return false;
+    }
+  } else {
+    for (int i = 0; i < rank; i++)
+      if (__builtin_mul_overflow(n, sizes[i], &n)) return false;
+  }
+  int64_t bytes;
+  if (__builtin_mul_overflow(n, (int64_t)itemsize, &bytes)) return false;
+  *numel = n;
+  return true;
+}

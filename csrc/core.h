@@ -87,4 +87,10 @@ bool tpu_dtype_is_int(tpu_dtype t);        /* signed or unsigned, not pred */
 /* torch.promote_types for two dtypes. */
 tpu_dtype tpu_dtype_promote(tpu_dtype a, tpu_dtype b);
 
+/* Elements a tensor of these sizes and strides (NULL: contiguous) spans in
+ * its storage, into *numel. False when that count, or its bytes at itemsize
+ * bytes an element, does not fit in int64 (torch's "Storage size calculation
+ * overflowed"), or a size or a stride is negative (as torch): never an overflowing multiplication. */
+bool tpu_storage_numel(int rank, const int64_t *sizes, const int64_t *strides, size_t itemsize, int64_t *numel);
+
 #endif

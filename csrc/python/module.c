@@ -206,6 +206,29 @@ static tpu_dl_dtype tpu_dl_dtype_of(tpu_dtype t) {
   return d;
 }
 
+static void tpu_ints_format(char *buf, size_t cap, int n, const int64_t *v) {
+  size_t k = (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < n && k < cap; i++) k += (size_t)snprintf(buf + k, cap - k, i ? ", %lld" : "%lld", (long long)v[i]);
+  if (k < cap) snprintf(buf + k, cap - k, "]");
+}
+
+/* The elements a tensor of these sizes and strides (NULL: contiguous) spans,
+ * into *numel; -1 with torch's RuntimeError when its bytes overflow. Every
+ * tensor handed to torch passes this first: torch's DLPack import throws a
+ * C++ exception for such sizes, which would end the process. */
+static int tpu_storage_check(int rank, const int64_t *sizes, const int64_t *strides, tpu_dtype dt, int64_t *numel) {
+  if (tpu_storage_numel(rank, sizes, strides, tpu_dtype_size(dt), numel)) return 0;
+  char sz[TPU_MAX_RANK * 22 + 4], st[TPU_MAX_RANK * 22 + 4];
+  tpu_ints_format(sz, sizeof sz, rank, sizes);
+  if (!strides) {
+    PyErr_Format(PyExc_RuntimeError, "Storage size calculation overflowed with sizes=%s", sz);
+    return -1;
+  }
+  tpu_ints_format(st, sizeof st, rank, strides);
+  PyErr_Format(PyExc_RuntimeError, "Storage size calculation overflowed with sizes=%s and strides=%s", sz, st);
+  return -1;
+}
+
 /* Steals the record reference. strides NULL: contiguous. */
 static PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *sizes,
                           const int64_t *strides) {
@@ -214,11 +237,23 @@ static PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const in
     tpu_record_unref(rec);
     return PyErr_NoMemory();
   }
+  int64_t span;
+  if (tpu_storage_check(rank, sizes, strides, rec->dtype, &span) < 0) {
+    free(h);
+    tpu_record_unref(rec);
+    return NULL;
+  }
   int64_t acc = 1;
   for (int i = rank - 1; i >= 0; i--) {
     h->shape[i] = sizes[i];
     h->strides[i] = strides ? strides[i] : acc;
-    acc *= sizes[i] > 0 ? sizes[i] : 1;
+    if (!strides && __builtin_mul_overflow(acc, sizes[i] > 0 ? sizes[i] : 1, &acc)) {
+      /* only a zero-size tensor gets here (its span is 0) */
+      free(h);
+      tpu_record_unref(rec);
+      PyErr_SetString(PyExc_RuntimeError, "Stride calculation overflowed");
+      return NULL;
+    }
   }
   h->m.dl_tensor.data = rec;
   h->m.dl_tensor.device = (tpu_dl_device){TPU_DL_EXT_DEV, 0};
@@ -1092,21 +1127,15 @@ static PyObject *tpu_py_empty(PyObject *m, PyObject *args) {
   if (rank < 0) return NULL;
   tpu_dtype dt;
   if (tpu_dtype_arg(st, dtype_o, &dt) < 0) return NULL;
-  int64_t numel = 1;
-  for (int i = 0; i < rank; i++) {
+  for (int i = 0; i < rank; i++)
     if (sizes[i] < 0)
       return PyErr_Format(PyExc_RuntimeError, "Trying to create tensor with negative dimension %lld: %R",
                           (long long)sizes[i], sizes_o);
-    numel *= sizes[i];
-  }
   bool have_strides = strides_o != Py_None;
-  if (have_strides) {
-    if (tpu_int64_seq(strides_o, strides, TPU_MAX_RANK, "stride") != rank)
-      return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "size and stride lengths differ");
-    int64_t extent = numel ? 1 : 0;
-    for (int i = 0; i < rank && numel; i++) extent += (sizes[i] - 1) * strides[i];
-    numel = extent;
-  }
+  if (have_strides && tpu_int64_seq(strides_o, strides, TPU_MAX_RANK, "stride") != rank)
+    return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "size and stride lengths differ");
+  int64_t numel;
+  if (tpu_storage_check(rank, sizes, have_strides ? strides : NULL, dt, &numel) < 0) return NULL;
   tpu_record *r = tpu_record_new(st->eng, dt, numel);
   if (!r) return PyErr_NoMemory();
   return tpu_mint(st, r, rank, sizes, have_strides ? strides : NULL);
