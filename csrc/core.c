@@ -86,27 +86,36 @@ static const struct {
   size_t size;
   const char *mlir;
   const char *name;
+  const char *c10; /* c10::ScalarType's name, as torch's messages spell it */
 } tpu_dtype_info[TPU_NUM_DTYPES] = {
-    [TPU_INVALID] = {0, "?", "invalid"},
-    [TPU_PRED] = {1, "i1", "bool"},
-    [TPU_S8] = {1, "i8", "int8"},
-    [TPU_S16] = {2, "i16", "int16"},
-    [TPU_S32] = {4, "i32", "int32"},
-    [TPU_S64] = {8, "i64", "int64"},
-    [TPU_U8] = {1, "ui8", "uint8"},
-    [TPU_U16] = {2, "ui16", "uint16"},
-    [TPU_U32] = {4, "ui32", "uint32"},
-    [TPU_U64] = {8, "ui64", "uint64"},
-    [TPU_F16] = {2, "f16", "float16"},
-    [TPU_F32] = {4, "f32", "float32"},
-    [TPU_F64] = {8, "f64", "float64"},
-    [TPU_BF16] = {2, "bf16", "bfloat16"},
-    [TPU_C64] = {8, "complex<f32>", "complex64"},
-    [TPU_C128] = {16, "complex<f64>", "complex128"},
+    [TPU_INVALID] = {0, "?", "invalid", "Undefined"},
+    [TPU_PRED] = {1, "i1", "bool", "Bool"},
+    [TPU_S8] = {1, "i8", "int8", "Char"},
+    [TPU_S16] = {2, "i16", "int16", "Short"},
+    [TPU_S32] = {4, "i32", "int32", "Int"},
+    [TPU_S64] = {8, "i64", "int64", "Long"},
+    [TPU_U8] = {1, "ui8", "uint8", "Byte"},
+    [TPU_U16] = {2, "ui16", "uint16", "UInt16"},
+    [TPU_U32] = {4, "ui32", "uint32", "UInt32"},
+    [TPU_U64] = {8, "ui64", "uint64", "UInt64"},
+    [TPU_F16] = {2, "f16", "float16", "Half"},
+    [TPU_F32] = {4, "f32", "float32", "Float"},
+    [TPU_F64] = {8, "f64", "float64", "Double"},
+    [TPU_BF16] = {2, "bf16", "bfloat16", "BFloat16"},
+    [TPU_C64] = {8, "complex<f32>", "complex64", "ComplexFloat"},
+    [TPU_C128] = {16, "complex<f64>", "complex128", "ComplexDouble"},
 };
 
 static bool tpu_dtype_valid(tpu_dtype t) { return t > TPU_INVALID && t < TPU_NUM_DTYPES; }
 size_t tpu_dtype_size(tpu_dtype t) { return tpu_dtype_valid(t) ? tpu_dtype_info[t].size : 0; }
+const char *tpu_dtype_c10_name(tpu_dtype t) { return tpu_dtype_info[tpu_dtype_valid(t) ? t : TPU_INVALID].c10; }
+
+bool tpu_dtype_can_cast(tpu_dtype from, tpu_dtype to) {
+  if (tpu_dtype_is_complex(from) && !tpu_dtype_is_complex(to)) return false;
+  if (tpu_dtype_is_float(from) && (tpu_dtype_is_int(to) || to == TPU_PRED)) return false;
+  if (from != TPU_PRED && to == TPU_PRED) return false;
+  return true;
+}
 const char *tpu_dtype_mlir(tpu_dtype t) { return tpu_dtype_valid(t) ? tpu_dtype_info[t].mlir : "?"; }
 const char *tpu_dtype_name(tpu_dtype t) { return tpu_dtype_valid(t) ? tpu_dtype_info[t].name : "invalid"; }
 bool tpu_dtype_is_float(tpu_dtype t) {

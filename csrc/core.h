@@ -84,6 +84,10 @@ bool tpu_dtype_is_complex(tpu_dtype t);
 bool tpu_dtype_is_signed_int(tpu_dtype t); /* s8..s64 */
 bool tpu_dtype_is_unsigned_int(tpu_dtype t); /* u8..u64 */
 bool tpu_dtype_is_int(tpu_dtype t);        /* signed or unsigned, not pred */
+const char *tpu_dtype_c10_name(tpu_dtype t); /* c10's name: "Float", "Long", "ComplexFloat" */
+/* torch.can_cast: a result of dtype from may be written into a tensor of
+ * dtype to (no complex to real, no float to integer, nothing else to bool). */
+bool tpu_dtype_can_cast(tpu_dtype from, tpu_dtype to);
 /* torch.promote_types for two dtypes. */
 tpu_dtype tpu_dtype_promote(tpu_dtype a, tpu_dtype b);
 

@@ -38,3 +38,172 @@ def test_overflowing_sizes_raise_as_on_cpu(make):
     e = _same_error(make)
     assert isinstance(e, RuntimeError)
     assert torch.ones(2, device="tpu").add(1).cpu().tolist() == [2.0, 2.0]  # the process goes on
+
+
+NAN = float("nan")
+
+
+def _both(fn):
+    """fn(device) on the CPU and on the tpu: the same values (NaN where NaN),
+    dtype and shape, or the same exception type."""
+    try:
+        want = fn("cpu")
+    except Exception as e:
+        with pytest.raises(type(e)):
+            fn("tpu")
+        return e
+    got = fn("tpu")
+    wants, gots = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+    for w, g in zip(wants, gots):
+        g = g.cpu()
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+    return None
+
+
+def _nan_operands(d):
+    x = torch.tensor([1.0, NAN, -2.0, NAN, 0.5], device=d)
+    y = torch.tensor([NAN, 3.0, NAN, NAN, -1.0], device=d)
+    return x, y
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, y: torch.maximum(x, y), lambda x, y: torch.maximum(y, x),
+    lambda x, y: torch.minimum(x, y), lambda x, y: torch.minimum(y, x),
+    lambda x, y: torch.fmax(x, y), lambda x, y: torch.fmin(y, x),
+    lambda x, y: torch.clamp(x, y, None), lambda x, y: torch.clamp(x, None, y),
+    lambda x, y: torch.clamp(x, y, y + 1), lambda x, y: torch.clamp(y, x, x + 1),
+    lambda x, y: torch.clamp(x, min=NAN), lambda x, y: torch.clamp(x, max=NAN),
+    lambda x, y: torch.clamp_min(x, y), lambda x, y: torch.clamp_max(y, x),
+    lambda x, y: x.clamp(-1, 1), lambda x, y: torch.relu(x), lambda x, y: torch.nn.functional.hardtanh(y),
+    lambda x, y: torch.stack([x, y]).amax(0), lambda x, y: torch.stack([y, x]).amin(0),
+    lambda x, y: torch.stack([x, y]).max(0), lambda x, y: torch.stack([y, x]).min(0),
+    lambda x, y: x.max(), lambda x, y: y.min(), lambda x, y: x.argmax(), lambda x, y: x.argmin(),
+    lambda x, y: torch.sort(torch.cat([x, y])), lambda x, y: torch.sort(torch.cat([y, x]), descending=True),
+    lambda x, y: torch.topk(torch.cat([x, y]), 3).values, lambda x, y: torch.topk(x, 2, largest=False).values,
+    lambda x, y: torch.unique(torch.cat([x, y])),
+], ids=lambda f: "")
+def test_nan_in_every_operand_position_as_on_cpu(fn):
+    _both(lambda d: fn(*_nan_operands(d)))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.ones(2, dtype=torch.long, device=d).mul_(0.5),
+    lambda d: torch.ones(2, dtype=torch.long, device=d).__iadd__(0.5),
+    lambda d: torch.ones(2, dtype=torch.long, device=d).div_(2),
+    lambda d: torch.ones(2, dtype=torch.long, device=d).sqrt_(),
+    lambda d: torch.ones(2, dtype=torch.long, device=d).pow_(0.5),
+    lambda d: torch.ones(2, dtype=torch.long, device=d).clamp_(0.5, 1.5),
+    lambda d: torch.ones(2, dtype=torch.bool, device=d).add_(2),
+    lambda d: torch.ones(2, device=d).add_(torch.ones(2, dtype=torch.complex64, device=d)),
+    lambda d: torch.add(torch.ones(2, device=d), torch.ones(2, device=d), out=torch.empty(2, dtype=torch.long, device=d)),
+    lambda d: torch.mm(torch.ones(2, 2, device=d), torch.ones(2, 2, device=d),
+                       out=torch.empty(2, 2, dtype=torch.long, device=d)),
+    lambda d: torch.mm(torch.ones(2, 2, device=d), torch.ones(2, 2, device=d),
+                       out=torch.empty(2, 2, dtype=torch.float64, device=d)),
+    lambda d: torch.gather(torch.ones(2, 2, device=d), 0, torch.zeros(2, 2, dtype=torch.long, device=d),
+                           out=torch.empty(2, 2, dtype=torch.long, device=d)),
+    lambda d: torch.complex(torch.ones(2, device=d), torch.ones(2, device=d),
+                            out=torch.empty(2, dtype=torch.complex128, device=d)),
+    lambda d: torch.multinomial(torch.ones(2, 4, device=d), 2, out=torch.empty(2, 2, dtype=torch.int32, device=d)),
+    lambda d: torch.argmax(torch.ones(2, 2, device=d), 0, out=torch.empty(2, dtype=torch.int32, device=d)),
+    lambda d: torch.sort(torch.ones(3, device=d), out=(torch.empty(3, dtype=torch.float64, device=d),
+                                                      torch.empty(3, dtype=torch.long, device=d))),
+], ids=lambda f: "")
+def test_results_that_cannot_be_cast_raise_as_on_cpu(fn):
+    e = _both(fn)
+    assert isinstance(e, RuntimeError)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.ones(2, dtype=torch.long, device=d).mul_(2),
+    lambda d: torch.ones(2, device=d).add_(torch.ones(2, dtype=torch.float64, device=d)),
+    lambda d: torch.ones(2, dtype=torch.int32, device=d).add_(torch.ones(2, dtype=torch.long, device=d)),
+    lambda d: torch.ones(2, dtype=torch.bool, device=d).mul_(True),
+    lambda d: torch.ones(2, dtype=torch.long, device=d).relu_(),
+    lambda d: torch.add(torch.ones(2, device=d), 1, out=torch.empty(2, dtype=torch.float64, device=d)),
+    lambda d: torch.eq(torch.ones(2, device=d), 1, out=torch.empty(2, device=d)),
+    lambda d: torch.sum(torch.ones(2, 3, device=d), 0, out=torch.empty(3, dtype=torch.float64, device=d)),
+    lambda d: torch.mul(torch.ones(2, dtype=torch.long, device=d), 3, out=torch.empty(2, device=d)),
+], ids=lambda f: "")
+def test_castable_results_are_written_as_on_cpu(fn):
+    assert _both(fn) is None
+
+
+def test_int64_arange_beyond_2_pow_53_is_exact():
+    for args in ((2 ** 53 + 1, 2 ** 53 + 4), (2 ** 62, 2 ** 62 + 7, 3), (-(2 ** 60) - 3, -(2 ** 60) + 9, 5)):
+        _both(lambda d: torch.arange(*args, device=d))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.zeros(3, device=d).expand(2, 3).add_(1),
+    lambda d: torch.zeros(3, device=d).expand(2, 3).mul_(2),
+    lambda d: torch.zeros(3, device=d).expand(2, 3).relu_(),
+    lambda d: torch.zeros(3, device=d).expand(2, 3).copy_(torch.ones(2, 3, device=d)),
+    lambda d: torch.zeros(3, device=d).expand(2, 3).copy_(torch.ones(2, 3)),
+    lambda d: torch.zeros(3, device=d).expand(3, 3).addmm_(torch.ones(3, 3, device=d), torch.ones(3, 3, device=d)),
+    lambda d: (lambda x: x[1:].copy_(x[:-1]))(torch.arange(4.0, device=d)),
+    lambda d: (lambda x: x[1:].add_(x[:-1]))(torch.arange(4.0, device=d)),
+    lambda d: (lambda x: x.add_(x.t()))(torch.ones(3, 3, device=d)),
+    lambda d: (lambda x: torch.neg(x[:3], out=x[1:]))(torch.arange(4.0, device=d)),
+    lambda d: (lambda x: torch.add(x[:3], 1, out=x[1:]))(torch.arange(4.0, device=d)),
+    lambda d: (lambda x: torch.gather(x, 0, torch.tensor([1, 0, 2, 3], device=d), out=x))(torch.arange(4.0, device=d)),
+    lambda d: (lambda x: torch.index_select(x, 0, torch.tensor([1, 0, 2, 3], device=d), out=x))(
+        torch.arange(4.0, device=d)),
+    lambda d: (lambda x: torch.take(x, torch.tensor([3, 2, 1, 0], device=d), out=x))(torch.arange(4.0, device=d)),
+], ids=lambda f: "")
+def test_writes_into_overlapping_memory_are_refused_as_on_cpu(fn):
+    e = _both(fn)
+    assert isinstance(e, RuntimeError) and "memory location" in str(e)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: (lambda x: x.mul_(x))(torch.arange(4.0, device=d)),
+    lambda d: (lambda x: torch.add(x, x, out=x))(torch.arange(4.0, device=d)),
+    lambda d: (lambda x: (x.t().add_(1), x)[1])(torch.ones(2, 3, device=d)),
+    lambda d: (lambda x: (x[::2].add_(x[1::2]), x)[1])(torch.arange(6.0, device=d)),
+    lambda d: (lambda z: (z.expand(2, 3).fill_(1), z)[1])(torch.zeros(3, device=d)),
+    lambda d: (lambda z: (z.expand(2, 3).zero_(), z)[1])(torch.ones(3, device=d)),
+    lambda d: (lambda z: (z.expand(2, 3).masked_fill_(torch.ones(2, 3, dtype=torch.bool, device=d), 2), z)[1])(
+        torch.ones(3, device=d)),
+    lambda d: (lambda x: (torch.mm(x, x, out=x), x)[1])(torch.ones(2, 2, device=d)),
+    lambda d: (lambda x: (x.copy_(x), x)[1])(torch.arange(4.0, device=d)),
+], ids=lambda f: "")
+def test_writes_that_cpu_allows_still_work(fn):
+    assert _both(fn) is None
+
+
+_DEAD_VALUES = r"""
+import gc, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
+import torch, torchtpu
+torchtpu.eager_mode("fused")
+k = [torch.empty(64 * 2**20, device="tpu") + 1 for i in range(100)]  # 25 GB if it ran
+del k
+gc.collect()
+x = torch.ones(4, device="tpu") * 3
+assert x.cpu().tolist() == [3.0] * 4
+m = torchtpu.metrics()
+assert m["fused_ops_pruned"] >= 100, m["fused_ops_pruned"]
+kept = torch.arange(4.0, device="tpu")
+y = kept * 2            # live: computed
+dead = kept + 100       # dropped before the sync
+del dead
+assert y.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+try:
+    z = torch.empty(2**36, device="tpu").add_(1)   # 256 GB: more than the limit
+    z.sum().item()
+except torch.OutOfMemoryError as e:
+    assert isinstance(e, MemoryError) and ("aten::" in str(e) or "fused" in str(e)), str(e)
+else:
+    sys.exit("no out-of-memory error")
+print("ok")
+"""
+
+
+def test_fused_mode_does_not_compute_or_allocate_dead_values():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _DEAD_VALUES], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-3000:]

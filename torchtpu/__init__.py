@@ -17,6 +17,14 @@ from ._C import metrics as _metrics
 
 __version__ = "0.1.0"
 
+
+
+class OutOfMemoryError(torch.OutOfMemoryError, MemoryError):
+    """The tpu ran out of memory (the message names the op or program that
+    asked for it). A torch.OutOfMemoryError, as CUDA raises, and a
+    MemoryError."""
+
+
 _registry.setup(_device_module)
 
 

@@ -830,6 +830,33 @@ static tpu_tref *tpu_arg_tref(tpu_arg *args, const tpu_in_plan *p) {
   return p->item >= 0 ? &a->list[p->item] : &a->t;
 }
 
+/* torch's refusals of a write that aliases itself or what the op reads
+ * (TensorIterator's memory-overlap checks): checked on every call from the
+ * program's plans, which say which tensors it writes and reads. Two views
+ * of one record are compared; views whose overlap is too hard to tell are
+ * allowed, as in torch. */
+static tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const tpu_cache_entry *c) {
+  for (int w = 0; w < c->nout; w++) {
+    if (c->out[w].kind != TPU_OUT_WRITE) continue;
+    tpu_in_plan wp = {TPU_IN_RECORD, c->out[w].arg, c->out[w].item};
+    const tpu_tref *wt = tpu_arg_tref(args, &wp);
+    if (!(row->flags & TPU_OP_FILLS) && tpu_tref_internal_overlap(wt))
+      return tpu_status_new(TPU_ERR_RUNTIME, "aten::%s: unsupported operation: more than one element of the "
+                            "written-to tensor refers to a single memory location. Please clone() the tensor before "
+                            "performing the operation.", row->name);
+    for (int k = 0; k < c->nin; k++) {
+      const tpu_in_plan *p = &c->in[k];
+      if (p->kind != TPU_IN_RECORD || (p->arg == wp.arg && p->item == wp.item)) continue;
+      int lap = tpu_tref_overlap(wt, tpu_arg_tref(args, p));
+      if (lap == TPU_OVERLAP_PARTIAL || (lap == TPU_OVERLAP_FULL && (row->flags & TPU_OP_NO_ALIAS)))
+        return tpu_status_new(TPU_ERR_RUNTIME, "aten::%s: unsupported operation: some elements of the input tensor "
+                              "and the written-to tensor refer to a single memory location. Please clone() the "
+                              "tensor before performing the operation.", row->name);
+    }
+  }
+  return NULL;
+}
+
 /* A 0-d device buffer holding these bytes, borrowed from the engine's
  * scalar cache for the current call. A slot already used by this call is
  * never evicted: the colliding value gets an owned buffer in *temp instead. */
@@ -1258,7 +1285,8 @@ static tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *t
     tpu_in_plan p = {f->kind, f->arg, f->item};
     tpu_record *r = f->kind == TPU_IN_RECORD ? tab->r[f->rec] : NULL;
     s = tpu_input_buffer(e, &p, n->args, r, n->rng_offset, &inbuf[k], &temps[ntemp]);
-    if (!s && temps[ntemp]) ntemp++;
+    if (s) s = tpu_status_prefix(s, "running a fused program of %d ops (an input of aten::%s)", e->nnodes, n->row->name);
+    else if (temps[ntemp]) ntemp++;
   }
   if (!s) {
     s = tpu_engine_launch(e, c->exec, inbuf, nin, outbuf, NULL);
@@ -1310,10 +1338,85 @@ static void tpu_fuse_explain(tpu_engine *e, tpu_cache_entry *c, const uint64_t e
 
 /* Keys the recorded ops and finds (or lowers and compiles) their program;
  * tab receives the flush's record table (the caller frees tab->r). */
+/* Whether node n names a record marked needed in this flush (epoch), and if
+ * mark, marks all it names. */
+static bool tpu_node_needs(tpu_node *n, uint64_t epoch, bool mark) {
+  bool hit = false;
+  for (int a = 0; a < n->nargs && (mark || !hit); a++) {
+    tpu_arg *x = &n->args[a];
+    int cnt = x->kind == TPU_ARG_TENSORS ? x->nlist : x->kind == TPU_ARG_TENSOR ? 1 : 0;
+    for (int j = 0; j < cnt; j++) {
+      tpu_record *r = x->kind == TPU_ARG_TENSORS ? x->list[j].rec : x->t.rec;
+      if (!r) continue;
+      hit |= r->need_epoch == epoch;
+      if (mark) r->need_epoch = epoch;
+    }
+  }
+  for (int j = 0; j < n->nnew && (mark || !hit); j++) {
+    hit |= n->outrec[j]->need_epoch == epoch;
+    if (mark) n->outrec[j]->need_epoch = epoch;
+  }
+  return hit;
+}
+
+/* Drops the recorded ops whose results nobody needs: an op is kept when a
+ * record it names (reads, writes or makes) is live at the flush or named by
+ * a kept op after it. The others are released before the program is built,
+ * so neither their results nor their inputs take memory (an op on a dead
+ * tensor that was never written would otherwise get a buffer of zeros as
+ * its input). Not while a graph is captured (its replays decide). */
+static void tpu_nodes_prune(tpu_engine *e, uint64_t epoch) {
+  if (e->capturing || e->nnodes == 0) return;
+  bool *keep = calloc((size_t)e->nnodes, 1);
+  if (!keep) return; /* keeping every op is always right */
+  for (int i = 0; i < e->nnodes; i++) {
+    tpu_node *n = &e->nodes[i];
+    for (int a = 0; a < n->nargs; a++) {
+      tpu_arg *x = &n->args[a];
+      int cnt = x->kind == TPU_ARG_TENSORS ? x->nlist : x->kind == TPU_ARG_TENSOR ? 1 : 0;
+      for (int j = 0; j < cnt; j++) {
+        tpu_record *r = x->kind == TPU_ARG_TENSORS ? x->list[j].rec : x->t.rec;
+        if (r && tpu_record_live(r)) r->need_epoch = epoch;
+      }
+    }
+    for (int j = 0; j < n->nnew; j++)
+      if (tpu_record_live(n->outrec[j])) n->outrec[j]->need_epoch = epoch;
+  }
+  int dropped = 0;
+  for (int i = e->nnodes - 1; i >= 0; i--) {
+    tpu_node *n = &e->nodes[i];
+    keep[i] = keep[i] || tpu_node_needs(n, epoch, false);
+    if (!keep[i]) {
+      dropped++;
+      continue;
+    }
+    tpu_node_needs(n, epoch, true);
+    if (n->share) keep[n->share_from] = true; /* its program input is read */
+  }
+  if (dropped) {
+    int *at = malloc(sizeof *at * (size_t)e->nnodes);
+    if (at) {
+      int w = 0;
+      for (int i = 0; i < e->nnodes; i++) {
+        at[i] = w;
+        if (keep[i]) e->nodes[w++] = e->nodes[i];
+        else tpu_node_release(&e->nodes[i]);
+      }
+      for (int i = 0; i < w; i++)
+        if (e->nodes[i].share) e->nodes[i].share_from = at[e->nodes[i].share_from];
+      e->nnodes = w;
+      atomic_fetch_add(&e->metrics.ops_pruned, dropped);
+      free(at);
+    }
+  }
+  free(keep);
+}
+
 static tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab, tpu_cache_entry **out) {
   *out = NULL;
   atomic_fetch_add(&e->metrics.flushes[reason], 1);
   uint64_t epoch = ++e->fuse_epoch;
+  tpu_nodes_prune(e, epoch);
   tpu_sig sig = {0};
   /* The key: every op's signature and which record each of its tensors
    * names (flush-local ids, in order of first use), then which records are
@@ -1476,6 +1579,7 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
     atomic_fetch_add(&e->metrics.cache_misses, 1);
     s = tpu_engine_lower(e, row, args, nargs, &sig, h, !fused, &c);
   }
+  if (!s) s = tpu_check_overlap(row, args, c);
   if (!s && fused) s = tpu_engine_record(e, row, op_id, args, nargs, &sig, c, res);
   tpu_sig_done(&sig);
   if (s || fused) return s;
@@ -1490,7 +1594,8 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
     tpu_record *r = p->kind == TPU_IN_RECORD ? tpu_arg_tref(args, p)->rec : NULL;
     if (p->kind == TPU_IN_RNG) e->rng_offset += (uint64_t)c->rng_words;
     s = tpu_input_buffer(e, p, args, r, rng_offset, &inbuf[k], &temps[ntemp]);
-    if (!s && temps[ntemp]) ntemp++;
+    if (s) s = tpu_status_prefix(s, "running aten::%s (an input)", row->name);
+    else if (temps[ntemp]) ntemp++;
   }
   tpu_rt_buffer *outbuf[TPU_MAX_OUTS] = {0};
   if (!s) {

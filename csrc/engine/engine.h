@@ -40,6 +40,7 @@ typedef struct tpu_record {
   tpu_hv fuse_val;      /* current flat value in the fused program, or NONE */
   tpu_hv fuse_param;    /* the program input holding its buffer, or NONE */
   bool fuse_def;        /* fuse_val was computed by a recorded op */
+  uint64_t need_epoch;  /* the flush that found its value needed (live, or read by a needed op) */
   uint64_t birth;       /* records created before it (graph capture tells new from old) */
 } tpu_record;
 
@@ -65,6 +66,7 @@ typedef struct {
   atomic_llong flushes[7];      /* by reason: TPU_FLUSH_* */
   atomic_llong backward_passes; /* fused mode: backward passes begun (tpu_engine_backward_begins) */
   atomic_llong graph_replays;   /* captured graphs run straight from their plan */
+  atomic_llong ops_pruned;      /* fused mode: recorded ops dropped at a flush (nothing needed their results) */
 } tpu_metrics;
 
 tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out);

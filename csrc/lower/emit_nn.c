@@ -700,8 +700,15 @@ void tpu_emit_arange(tpu_lower *L) {
   }
   if (n < 0) n = 0;
   tpu_hlo_type it = tpu_hlo_type_make(tpu_dtype_is_float(dt) || is_float ? TPU_F64 : TPU_S64, 1, &n);
-  tpu_hv io = tpu_hlo_iota(H, it, 0);
-  tpu_hv r = tpu_add(L, tpu_mul(L, io, tpu_lower_full(L, it, c)), tpu_lower_full(L, it, a));
+  tpu_hv io = tpu_hlo_iota(H, it, 0), r;
+  if (it.dtype == TPU_S64) {
+    /* integer bounds stay integers: a double holds them only below 2**53 */
+    tpu_hv ic = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, st->i), 1, &n, NULL);
+    tpu_hv ia = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, s->i), 1, &n, NULL);
+    r = tpu_add(L, tpu_mul(L, io, ic), ia);
+  } else {
+    r = tpu_add(L, tpu_mul(L, io, tpu_lower_full(L, it, c)), tpu_lower_full(L, it, a));
+  }
   tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
 }
 

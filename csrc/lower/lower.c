@@ -508,7 +508,16 @@ void tpu_lower_broadcast_all(tpu_lower *L, tpu_hv *vs, int n) {
 tpu_hv tpu_lower_binary(tpu_lower *L, tpu_hlo_op op, tpu_hv a, tpu_hv b) {
   tpu_hv v[2] = {a, b};
   tpu_lower_broadcast_all(L, v, 2);
-  return tpu_hlo_binary(L->hlo, op, v[0], v[1]);
+  tpu_hlo *H = L->hlo;
+  tpu_hv r = tpu_hlo_binary(H, op, v[0], v[1]);
+  if ((op == TPU_HLO_MAX || op == TPU_HLO_MIN) && r != TPU_HV_NONE &&
+      tpu_dtype_is_float(tpu_hlo_typeof(H, r)->dtype)) {
+    /* torch's maximum, minimum and clamp propagate a NaN of either operand;
+     * XLA's CPU max and min drop one in the second */
+    for (int k = 1; k >= 0; k--)
+      r = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, v[k], v[k]), v[k], r);
+  }
+  return r;
 }
 
 tpu_hv tpu_lower_full(tpu_lower *L, tpu_hlo_type t, double value) {
@@ -617,6 +626,69 @@ tpu_hv tpu_lower_uniform(tpu_lower *L, tpu_dtype dt, int rank, const int64_t *di
 
 /* ---- running a row -------------------------------------------------------------------------- */
 
+static int64_t tpu_tref_numel(const tpu_tref *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  return n;
+}
+
+/* Non-overlapping and dense: some order of the dims (those of size 1 aside)
+ * has contiguous strides. */
+static bool tpu_tref_dense(const tpu_tref *t) {
+  int order[TPU_MAX_RANK], n = 0;
+  for (int i = 0; i < t->rank; i++)
+    if (t->sizes[i] != 1) {
+      int j = n++;
+      while (j > 0 && t->strides[order[j - 1]] > t->strides[i]) {
+        order[j] = order[j - 1];
+        j--;
+      }
+      order[j] = i;
+    }
+  int64_t expect = 1;
+  for (int k = 0; k < n; k++) {
+    if (t->strides[order[k]] != expect) return false;
+    expect *= t->sizes[order[k]];
+  }
+  return true;
+}
+
+bool tpu_tref_internal_overlap(const tpu_tref *t) {
+  if (t->host || t->zero_size) return false;
+  for (int i = 0; i < t->rank; i++)
+    if (t->sizes[i] > 1 && t->strides[i] == 0) return true;
+  return false;
+}
+
+int tpu_tref_overlap(const tpu_tref *a, const tpu_tref *b) {
+  if (!a->rec || a->rec != b->rec || a->host || b->host || a->zero_size || b->zero_size) return TPU_OVERLAP_NO;
+  int64_t na = tpu_tref_numel(a), nb = tpu_tref_numel(b);
+  if (na == 0 || nb == 0 || !tpu_tref_dense(a) || !tpu_tref_dense(b)) return TPU_OVERLAP_NO;
+  int64_t sa = (int64_t)tpu_dtype_size(a->dtype), sb = (int64_t)tpu_dtype_size(b->dtype);
+  int64_t a0 = a->offset * sa, a1 = a0 + na * sa, b0 = b->offset * sb, b1 = b0 + nb * sb;
+  if (a0 == b0 && a1 == b1) {
+    bool same = a->rank == b->rank && !memcmp(a->strides, b->strides, sizeof(int64_t) * (size_t)a->rank);
+    return same ? TPU_OVERLAP_FULL : TPU_OVERLAP_PARTIAL;
+  }
+  return a0 < b1 && b0 < a1 ? TPU_OVERLAP_PARTIAL : TPU_OVERLAP_NO;
+}
+
+/* Whether result v may be written into a tensor of dtype to (exact: only of
+ * its own dtype); fails L with torch's message when not. */
+static bool tpu_lower_castable(tpu_lower *L, tpu_hv v, tpu_dtype to, bool exact) {
+  tpu_dtype from = tpu_hlo_typeof(L->hlo, v)->dtype;
+  if (from == to) return true;
+  if (exact) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: Expected out tensor to have dtype %s, but got %s instead", L->opname,
+                   tpu_dtype_name(from), tpu_dtype_name(to));
+    return false;
+  }
+  if (tpu_dtype_can_cast(from, to)) return true;
+  tpu_lower_fail(L, TPU_ERR_RUNTIME, "result type %s can't be cast to the desired output type %s",
+                 tpu_dtype_c10_name(from), tpu_dtype_c10_name(to));
+  return false;
+}
+
 void tpu_lower_run(tpu_lower *L, const tpu_op_row *row) {
   for (int i = 0; i < L->nargs; i++) {
     tpu_arg *a = &L->args[i];
@@ -646,6 +718,7 @@ void tpu_lower_run(tpu_lower *L, const tpu_op_row *row) {
     L->nret = 0;
     if (row->flags & TPU_OP_INPLACE) {
       if (nres < 1) return;
+      if (!tpu_lower_castable(L, res[0], L->args[0].t.dtype, false)) return;
       tpu_lower_write(L, 0, -1, res[0]);
       tpu_lower_return_arg(L, 0, -1);
     } else {
@@ -663,6 +736,7 @@ void tpu_lower_run(tpu_lower *L, const tpu_op_row *row) {
         while (L->args[i].kind != TPU_ARG_TENSOR) i++;
         const tpu_hlo_type *rt = tpu_hlo_typeof(L->hlo, res[k]);
         tpu_tref *t = &L->args[i].t;
+        if (!tpu_lower_castable(L, res[k], t->dtype, row->flags & TPU_OP_OUT_EXACT)) return;
         if (rt->rank != t->rank || memcmp(rt->dims, t->sizes, sizeof(int64_t) * (size_t)t->rank)) {
           /* torch resizes an out= tensor of the wrong shape: the result is a
            * new buffer that the binding sets into the out= tensor. */

@@ -162,9 +162,19 @@ typedef void (*tpu_emit_fn)(tpu_lower *L);
 /* Row flags. INPLACE: the functional emitter's first result is written into
  * argument 0, which is returned. OUT: results are written into the out=
  * tensors (the trailing TENSOR arguments), which are returned. */
-enum { TPU_OP_INPLACE = 1, TPU_OP_OUT = 2, TPU_OP_SCALAR_ATTRS = 4 };
+enum {
+  TPU_OP_INPLACE = 1,
+  TPU_OP_OUT = 2,
+  TPU_OP_SCALAR_ATTRS = 4,
+  TPU_OP_OUT_EXACT = 8,
+  TPU_OP_FILLS = 16,   /* writes one value to every alias: an expanded self is allowed (fill_, index_put_) */
+  TPU_OP_NO_ALIAS = 32 /* out= may not even be exactly an input (gather, index_select, take) */
+};
 /* SCALAR_ATTRS: the op's Python scalars shape the program (arange's bounds),
- * so their values are part of the cache key. */
+ * so their values are part of the cache key. A result written into self or
+ * an out= tensor must be castable to its dtype (torch.can_cast; else torch's
+ * "result type ... can't be cast" error); OUT_EXACT: out= tensors must have
+ * the result's dtype exactly, as torch's matmuls, gather, sort, ... demand. */
 
 typedef enum {
 #define TPU_OP(id, name, emit, flags) TPU_OP_##id,
@@ -208,7 +218,8 @@ tpu_hv tpu_lower_broadcast_to(tpu_lower *L, tpu_hv v, int rank, const int64_t *d
 /* Broadcast values to their common shape (in place in vs). */
 void tpu_lower_broadcast_all(tpu_lower *L, tpu_hv *vs, int n);
 /* Binary op after broadcasting both operands to their common shape (their
- * dtypes must already agree). */
+ * dtypes must already agree). MAX and MIN of floats propagate a NaN of
+ * either operand, as torch's maximum, minimum and clamp do. */
 tpu_hv tpu_lower_binary(tpu_lower *L, tpu_hlo_op op, tpu_hv a, tpu_hv b);
 /* 0-d constant broadcast to v's shape and dtype. */
 tpu_hv tpu_lower_full_like(tpu_lower *L, tpu_hv like, double value);
@@ -230,6 +241,16 @@ tpu_hv tpu_lower_gather_rows(tpu_lower *L, tpu_hv operand, tpu_hv idx);
 /* operand with its rows idx (s64 [n, 1]) combined with updates [n, rest...]
  * by region ((old, new) -> value), or replaced when region is -1. */
 tpu_hv tpu_lower_scatter_rows(tpu_lower *L, tpu_hv operand, tpu_hv idx, tpu_hv updates, int region);
+
+/* torch's memory-overlap rules (at::has_internal_overlap and
+ * at::get_overlap_status). Whether some element of t is another's too (a
+ * stride 0 over a size above 1; views that overlap otherwise are too hard to
+ * tell, as in torch, and allowed). */
+bool tpu_tref_internal_overlap(const tpu_tref *t);
+enum { TPU_OVERLAP_NO, TPU_OVERLAP_FULL, TPU_OVERLAP_PARTIAL };
+/* How a and b share memory: NO (other records, no elements, not both dense,
+ * or disjoint), FULL (the same elements in the same order) or PARTIAL. */
+int tpu_tref_overlap(const tpu_tref *a, const tpu_tref *b);
 
 /* Flat-buffer helpers used by the engine for copies. */
 tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset);

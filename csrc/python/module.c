@@ -98,6 +98,21 @@ static PyModuleDef tpu_module_def;
 
 static tpu_mod_state *tpu_state(PyObject *m) { return (tpu_mod_state *)PyModule_GetState(m); }
 
+/* torchtpu.OutOfMemoryError (torch.OutOfMemoryError, as CUDA raises, and a
+ * MemoryError), or MemoryError before the package has defined it. */
+static PyObject *tpu_oom_type(void) {
+  PyObject *mods = PyImport_GetModuleDict();
+  PyObject *m = mods ? PyDict_GetItemString(mods, "torchtpu") : NULL; /* borrowed */
+  PyObject *t = m ? PyObject_GetAttrString(m, "OutOfMemoryError") : NULL;
+  if (!t) PyErr_Clear();
+  if (t && PyExceptionClass_Check(t)) {
+    Py_DECREF(t); /* the module keeps it */
+    return t;
+  }
+  Py_XDECREF(t);
+  return PyExc_MemoryError;
+}
+
 static PyObject *tpu_raise(tpu_status *s) {
   PyObject *exc = PyExc_RuntimeError;
   switch (tpu_status_code(s)) {
@@ -105,7 +120,7 @@ static PyObject *tpu_raise(tpu_status *s) {
     case TPU_ERR_TYPE: exc = PyExc_TypeError; break;
     case TPU_ERR_INDEX: exc = PyExc_IndexError; break;
     case TPU_ERR_UNIMPLEMENTED: exc = PyExc_NotImplementedError; break;
-    case TPU_ERR_MEMORY: exc = PyExc_MemoryError; break;
+    case TPU_ERR_MEMORY: exc = tpu_oom_type(); break;
     default: break;
   }
   PyErr_SetString(exc, tpu_status_message(s));
@@ -1369,7 +1384,7 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
                        "cache_evictions", (long long)x->cache_evictions);
   if (!d) return NULL;
   PyObject *more = Py_BuildValue(
-      "{sLsLsLsLsdsLsLsLsLsLsLsLsLsLsLsL}", "disk_cache_hits", (long long)x->disk_hits, "disk_cache_misses",
+      "{sLsLsLsLsdsLsLsLsLsLsLsLsLsLsLsLsL}", "disk_cache_hits", (long long)x->disk_hits, "disk_cache_misses",
       (long long)x->disk_misses, "disk_cache_writes", (long long)x->disk_writes, "disk_cache_corrupt",
       (long long)x->disk_corrupt, "disk_load_seconds", (double)x->disk_load_ns * 1e-9, "fused_programs_run",
       (long long)x->fused_programs, "fused_ops", (long long)x->fused_ops, "flushes_download",
@@ -1377,7 +1392,8 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
       "flushes_sync", (long long)x->flushes[TPU_FLUSH_SYNC], "flushes_mode", (long long)x->flushes[TPU_FLUSH_MODE],
       "flushes_size_cap", (long long)x->flushes[TPU_FLUSH_CAP], "flushes_optimizer_step",
       (long long)x->flushes[TPU_FLUSH_STEP], "flushes_backward", (long long)x->flushes[TPU_FLUSH_BACKWARD],
-      "backward_passes", (long long)x->backward_passes, "graph_replays", (long long)x->graph_replays);
+      "backward_passes", (long long)x->backward_passes, "graph_replays", (long long)x->graph_replays,
+      "fused_ops_pruned", (long long)x->ops_pruned);
   if (!more || PyDict_Update(d, more) < 0) {
     Py_XDECREF(more);
     Py_DECREF(d);
