@@ -10,7 +10,7 @@ BUILD   := build/ctest
 CORE    := csrc/core.c
 RT      := csrc/runtime/runtime.c
 HLO     := csrc/hlo/hlo.c
-CACHE   := csrc/cache/cache.c
+CACHE   := csrc/cache/cache.c csrc/cache/sha256.c
 
 .PHONY: setup build test check pytest coverage clean bench-setup
 

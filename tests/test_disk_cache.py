@@ -177,3 +177,166 @@ def test_a_different_plugin_build_does_not_reuse_entries(tmp_path):
     assert changed["disk_cache_hits"] == 0 and changed["programs_compiled"] == cold["programs_compiled"]
     back = run({"TORCHTPU_CACHE_DIR": d})
     assert back["programs_compiled"] == 0
+
+
+# The trust rules: a cache entry is code this process runs, so the folder is
+# the trust boundary (the user's own, written by nobody else) and every entry
+# carries a MAC under the folder's secret key; a checksum anyone can recompute
+# proves nothing.
+
+OP_SCRIPT = textwrap.dedent("""
+    import json, sys, warnings
+    warnings.simplefilter("always")
+    caught = []
+    warnings.showwarning = lambda m, *a, **k: caught.append(str(m))
+    import torch, torchtpu
+    x = torch.linspace(-1, 1, 64).reshape(8, 8)
+    y = getattr(torch, sys.argv[1])(x.to("tpu")).cpu()
+    m = torchtpu.metrics()
+    print(json.dumps({"right": torch.equal(y, getattr(torch, sys.argv[1])(x)), "warnings": [w for w in caught if "torchtpu" in w],
+                      **{k: m[k] for k in ("programs_compiled", "disk_cache_hits", "disk_cache_misses",
+                                           "disk_cache_writes", "disk_cache_corrupt", "disk_cache_refused")}}))
+""")
+
+HEADER = 64  # magic, key length, payload length, FNV-1a checksum, MAC (csrc/cache/cache.h)
+
+
+def run_op(op, d, umask=None):
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=d)
+    p = subprocess.run([sys.executable, "-c", OP_SCRIPT, op], env=env, capture_output=True, text=True, timeout=300,
+                       preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def fnv1a(data):
+    h = 14695981039346656037
+    for b in data:
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def parse(path):
+    data = open(path, "rb").read()
+    kl, pl = int.from_bytes(data[8:16], "little"), int.from_bytes(data[16:24], "little")
+    assert len(data) == HEADER + kl + pl
+    return data[:HEADER], data[HEADER:HEADER + kl], data[HEADER + kl:]
+
+
+def entry_of(d, marker):
+    """The path of the only entry whose key (the program text) holds marker."""
+    found = [os.path.join(d, f) for f in entries(d) if marker in parse(os.path.join(d, f))[1]]
+    assert len(found) == 1, (marker, entries(d))
+    return found[0]
+
+
+def rewrite(path, head, key, payload):
+    """head's magic and MAC with key and payload, lengths and checksum made right."""
+    head = (head[:8] + len(key).to_bytes(8, "little") + len(payload).to_bytes(8, "little")
+            + fnv1a(key + payload).to_bytes(8, "little") + head[32:])
+    with open(path, "wb") as f:
+        f.write(head + key + payload)
+
+
+def test_entry_with_another_programs_payload_is_not_run(tmp_path):
+    # the issue's reproducer: neg's key with abs's compiled code
+    d = str(tmp_path / "cache")
+    assert run_op("neg", d)["disk_cache_writes"] == 1
+    assert run_op("abs", d)["disk_cache_writes"] == 1
+    neg, ab = entry_of(d, b"negate"), entry_of(d, b"abs")
+    (nh, nk, npay), (ah, ak, apay) = parse(neg), parse(ab)
+    rewrite(neg, nh, nk, apay)
+    rewrite(ab, ah, ak, npay)
+    got = run_op("neg", d)
+    assert got["right"], "torch.neg ran another program from the cache"
+    assert got["disk_cache_hits"] == 0 and got["disk_cache_refused"] == 1 and got["programs_compiled"] == 1
+    assert len(got["warnings"]) == 1 and "tampered or foreign entry" in got["warnings"][0], got["warnings"]
+    assert got["disk_cache_corrupt"] == 0  # the checksum matched: only the MAC could tell
+    # the recompile replaced the entry; abs's (neg's code) is still refused
+    again = run_op("neg", d)
+    assert again["right"] and again["disk_cache_hits"] == 1 and again["warnings"] == []
+    other = run_op("abs", d)
+    assert other["right"] and other["disk_cache_refused"] == 1 and len(other["warnings"]) == 1
+
+
+def test_entry_copied_from_another_cache_folder_is_refused(tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    run_op("neg", a)
+    run_op("neg", b)
+    ea, eb = entry_of(a, b"negate"), entry_of(b, b"negate")
+    shutil.copy(eb, ea)  # a whole, well-formed entry, made under b's key
+    got = run_op("neg", a)
+    assert got["right"] and got["disk_cache_refused"] == 1 and len(got["warnings"]) == 1
+
+
+def test_folder_and_entries_are_private_whatever_the_umask(tmp_path):
+    d = str(tmp_path / "parent" / "cache")
+    got = run_op("neg", d, umask=0)
+    assert got["disk_cache_writes"] == 1
+    mode = lambda p: os.stat(p).st_mode & 0o7777
+    assert mode(d) == 0o700 and mode(tmp_path / "parent") == 0o700
+    assert mode(os.path.join(d, "hmac.key")) == 0o600
+    assert [mode(os.path.join(d, f)) for f in entries(d)] == [0o600]
+
+
+@pytest.mark.parametrize("perm", [0o775, 0o777])
+def test_folder_writable_by_others_is_refused_once(tmp_path, perm):
+    d = tmp_path / "cache"
+    d.mkdir()
+    d.chmod(perm)
+    got = run_op("neg", str(d))
+    assert got["right"] and got["programs_compiled"] == 1
+    assert got["disk_cache_writes"] == 0 and got["disk_cache_misses"] == 0
+    assert len(got["warnings"]) == 1 and "writable by group or others" in got["warnings"][0], got["warnings"]
+    assert "compilation cache disabled" in got["warnings"][0]
+    assert os.listdir(d) == []  # nothing written there
+
+
+def test_entry_writable_by_others_is_refused_once(tmp_path):
+    d = str(tmp_path / "cache")
+    run_op("neg", d)
+    run_op("abs", d)
+    for f in entries(d):
+        os.chmod(os.path.join(d, f), 0o666)
+    got = run_op("neg", d)
+    assert got["right"] and got["disk_cache_hits"] == 0 and got["disk_cache_refused"] == 1
+    assert len(got["warnings"]) == 1 and "writable by group or others" in got["warnings"][0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_folder_or_entry_of_another_user_is_refused(tmp_path):
+    d = str(tmp_path / "cache")
+    run_op("neg", d)
+    (e,) = entries(d)
+    os.chown(os.path.join(d, e), 65534, 65534)
+    got = run_op("neg", d)
+    assert got["right"] and got["disk_cache_refused"] == 1
+    assert len(got["warnings"]) == 1 and "owned by another user" in got["warnings"][0]
+    os.chown(d, 65534, 65534)
+    got = run_op("neg", d)
+    assert got["right"] and got["disk_cache_writes"] == 0
+    assert len(got["warnings"]) == 1 and "owned by another user" in got["warnings"][0]
+
+
+def test_default_folder_is_per_user_never_a_shared_one(monkeypatch):
+    import pwd
+
+    from torchtpu import _registry
+
+    monkeypatch.delenv("TORCHTPU_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere/xdg")
+    assert _registry.default_cache_dir() == "/somewhere/xdg/torchtpu"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/xdg")  # ignored (the XDG spec)
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert _registry.default_cache_dir() == "/home/someone/.cache/torchtpu"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.delenv("HOME")  # the passwd entry's home
+    assert _registry.default_cache_dir() == os.path.join(pwd.getpwuid(os.geteuid()).pw_dir, ".cache", "torchtpu")
+
+    def no_entry(uid):
+        raise KeyError(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    assert _registry.default_cache_dir() is None  # no home: no disk tier, not /tmp
+    with pytest.warns(UserWarning, match="compilation cache disabled"):
+        _registry.setup_disk_cache()

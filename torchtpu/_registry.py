@@ -742,23 +742,43 @@ def _patch_accelerator(device_module):
 
 
 def default_cache_dir():
-    """TORCHTPU_CACHE_DIR, else torchtpu/ under the user's cache folder
-    (XDG_CACHE_HOME or ~/.cache). An empty TORCHTPU_CACHE_DIR turns the disk
-    tier off (returns "")."""
+    """TORCHTPU_CACHE_DIR, else torchtpu/ under the user's own cache folder
+    (XDG_CACHE_HOME when it is an absolute path, else ~/.cache, ~ from HOME or
+    else the user's passwd entry). An empty TORCHTPU_CACHE_DIR turns the disk
+    tier off (returns ""); None when the user has no home folder to put it
+    in (never a shared folder such as /tmp: entries are code this process
+    runs)."""
     d = os.environ.get("TORCHTPU_CACHE_DIR")
     if d is not None:
         return d
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec: a relative path is ignored
+        home = os.environ.get("HOME", "")
+        if not os.path.isabs(home):
+            try:
+                import pwd
+
+                home = pwd.getpwuid(os.geteuid()).pw_dir
+            except (ImportError, KeyError):
+                home = ""
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
     return os.path.join(base, "torchtpu")
 
 
 def setup_disk_cache(directory=None, max_mb=None):
     """Turns on the disk tier of the compilation cache in directory (default:
-    default_cache_dir()); an unusable folder warns once and leaves programs
+    default_cache_dir()); an unusable folder (one that cannot be made, or is
+    not the user's own and private to writes) warns once and leaves programs
     cached in memory only."""
     import sys
 
     directory = default_cache_dir() if directory is None else directory
+    if directory is None:
+        warnings.warn("torchtpu: compilation cache disabled (no home folder to keep it in; set TORCHTPU_CACHE_DIR "
+                      "to a folder of your own); programs are cached in memory only", stacklevel=2)
+        directory = ""
     if max_mb is None:
         max_mb = float(os.environ.get("TORCHTPU_CACHE_SIZE_MB", "") or 4096)
     version = getattr(sys.modules.get("torchtpu"), "__version__", "unknown")

@@ -105,6 +105,7 @@ struct tpu_engine {
   tpu_dcache *disk;   /* owned; NULL when the disk tier is off */
   char *salt;         /* owned */
   bool disk_readonly; /* a write failed: entries are still read, no longer written */
+  bool disk_refused_told; /* an untrusted entry was reported (once a process) */
   char *warnings[8];  /* owned, pending for the binding */
   int nwarnings;
   int mode;           /* TPU_MODE_* */
@@ -292,6 +293,7 @@ void tpu_engine_set_disk_cache(tpu_engine *e, tpu_dcache *dc, const char *salt) 
   e->disk = dc;
   e->salt = dc ? strdup(salt ? salt : "") : NULL;
   e->disk_readonly = false;
+  e->disk_refused_told = false;
   if (dc && !e->salt) {
     tpu_dcache_free(dc);
     e->disk = NULL;
@@ -337,7 +339,9 @@ static uint8_t *tpu_disk_key(tpu_engine *e, const char *text, size_t len, size_t
 }
 
 /* A program from the disk tier, or NULL (a miss, or an entry that could not
- * be used: reported once, removed, and the caller compiles). */
+ * be used: a damaged one reported and removed, an untrusted one (someone
+ * else's, or a MAC that fails) reported once a process and never run; the
+ * caller compiles, and its put replaces the entry). */
 static tpu_rt_exec *tpu_disk_load(tpu_engine *e, const uint8_t *key, size_t keylen, const char *label) {
   int64_t t0 = tpu_now_ns();
   void *bytes = NULL;
@@ -348,6 +352,13 @@ static tpu_rt_exec *tpu_disk_load(tpu_engine *e, const uint8_t *key, size_t keyl
   if (r == TPU_DC_CORRUPT) {
     atomic_fetch_add(&e->metrics.disk_corrupt, 1);
     tpu_engine_warn(e, "torchtpu: removed a damaged compilation cache entry (%s); recompiling %s", why, label);
+  } else if (r == TPU_DC_REFUSED) {
+    atomic_fetch_add(&e->metrics.disk_refused, 1);
+    if (!e->disk_refused_told) {
+      e->disk_refused_told = true;
+      tpu_engine_warn(e, "torchtpu: ignored an untrusted compilation cache entry (%s); recompiling %s (further "
+                      "untrusted entries in this process are ignored without a warning)", why, label);
+    }
   } else if (r == TPU_DC_HIT) {
     tpu_status *s = tpu_rt_exec_deserialize(e->rt, bytes, n, &exec);
     if (s) {

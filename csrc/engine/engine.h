@@ -60,6 +60,7 @@ typedef struct {
   atomic_llong disk_misses;     /* programs not found there (compiled, then written) */
   atomic_llong disk_writes;
   atomic_llong disk_corrupt;    /* damaged entries found (removed, recompiled) */
+  atomic_llong disk_refused;    /* untrusted entries found (another owner, writable by others, a MAC that fails) */
   atomic_llong disk_load_ns;    /* reading and deserializing entries */
   atomic_llong fused_programs;  /* fused programs run */
   atomic_llong fused_ops;       /* recorded ops they ran */

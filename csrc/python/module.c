@@ -1384,9 +1384,9 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
                        "cache_evictions", (long long)x->cache_evictions);
   if (!d) return NULL;
   PyObject *more = Py_BuildValue(
-      "{sLsLsLsLsdsLsLsLsLsLsLsLsLsLsLsLsL}", "disk_cache_hits", (long long)x->disk_hits, "disk_cache_misses",
+      "{sLsLsLsLsLsdsLsLsLsLsLsLsLsLsLsLsLsL}", "disk_cache_hits", (long long)x->disk_hits, "disk_cache_misses",
       (long long)x->disk_misses, "disk_cache_writes", (long long)x->disk_writes, "disk_cache_corrupt",
-      (long long)x->disk_corrupt, "disk_load_seconds", (double)x->disk_load_ns * 1e-9, "fused_programs_run",
+      (long long)x->disk_corrupt, "disk_cache_refused", (long long)x->disk_refused, "disk_load_seconds", (double)x->disk_load_ns * 1e-9, "fused_programs_run",
       (long long)x->fused_programs, "fused_ops", (long long)x->fused_ops, "flushes_download",
       (long long)x->flushes[TPU_FLUSH_DOWNLOAD], "flushes_upload", (long long)x->flushes[TPU_FLUSH_UPLOAD],
       "flushes_sync", (long long)x->flushes[TPU_FLUSH_SYNC], "flushes_mode", (long long)x->flushes[TPU_FLUSH_MODE],
