@@ -87,4 +87,14 @@ bool tpu_dtype_is_int(tpu_dtype t);        /* signed or unsigned, not pred */
 /* torch.promote_types for two dtypes. */
 tpu_dtype tpu_dtype_promote(tpu_dtype a, tpu_dtype b);
 
+/* ---- settings from the environment -------------------------------------- */
+
+/* The whole number in environment variable name when it is one from lo to hi
+ * (surrounding blanks allowed), else dflt: garbage, overflow and values out of
+ * range fall back (torchtpu/_settings.py warns about them at import). */
+long tpu_env_long(const char *name, long dflt, long lo, long hi);
+/* 1/true/yes/on -> true, 0/false/no/off -> false (any case); unset, empty or
+ * anything else -> dflt. */
+bool tpu_env_flag(const char *name, bool dflt);
+
 #endif
