@@ -189,9 +189,10 @@ def check_xla_flags(path, text):
         return None
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            _, _, rows = _sections(f)
-            # read-only data: allocated PROGBITS sections, neither writable nor code
-            spans = [(r[4], r[4] + r[5]) for r in rows if r[1] == 1 and r[2] & 7 == 2]
+            _, by_name, _ = _sections(f)
+            # the string literals: .rodata (and the large-model .lrodata), PROGBITS
+            spans = [(off, off + size) for name, (kind, off, size, _) in by_name.items()
+                     if kind == 1 and name.split(".")[1:2] in (["rodata"], ["lrodata"])]
             unknown = [n for n in names
                        if not n or not any(m.find(n.encode() + b"\0", a, b) >= 0 for a, b in spans)]
     except (OSError, ValueError, struct.error):
