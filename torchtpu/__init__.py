@@ -5,12 +5,11 @@ registers the device. The work is done by the C core in torchtpu._C; this
 package only wires it into PyTorch.
 """
 
-import os as _os
 import weakref as _weakref
 
 import torch
 
-from . import _plugin, _registry
+from . import _plugin, _registry, _settings
 from . import device_module as _device_module
 from . import _C
 from ._C import metrics as _metrics
@@ -30,8 +29,11 @@ _registry.setup(_device_module)
 
 def metrics():
     """Counters of the core: ops dispatched, programs compiled, cache hits and
-    misses, compile and execute seconds, host<->device bytes, live buffers."""
-    return _metrics()
+    misses, compile and execute seconds, host<->device bytes, live buffers;
+    and ops_not_registered: lowered ATen overloads this torch lacks."""
+    m = _metrics()
+    m["ops_not_registered"] = len(_registry.NOT_REGISTERED)
+    return m
 
 
 _MODES = ("debug", "strict", "fused")
@@ -75,14 +77,7 @@ class eager_mode:
 
 
 def _initial_mode():
-    import warnings
-
-    mode = _os.environ.get("TORCHTPU_EAGER", "") or "strict"
-    if mode not in _MODES:
-        warnings.warn(f"torchtpu: TORCHTPU_EAGER={mode!r} is not a mode (debug, strict, fused); "
-                      "running in strict mode")
-        mode = "strict"
-    _C.eager_mode(_MODES.index(mode))
+    _C.eager_mode(_MODES.index(_settings.choice("TORCHTPU_EAGER", _MODES, "strict")))
 
 
 _initial_mode()
@@ -156,7 +151,7 @@ def _report_at_exit():
     print(metrics_report(), file=sys.stderr)
 
 
-if _os.environ.get("TORCHTPU_METRICS", "") not in ("", "0"):
+if _settings.flag("TORCHTPU_METRICS"):
     import atexit
 
     atexit.register(_report_at_exit)

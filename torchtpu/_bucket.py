@@ -25,10 +25,11 @@ a plain symbolic size, (s0, s1) for a batch and a sequence merged by a view.
 import functools
 import math
 import operator
-import os
 
 import sympy
 import torch
+
+from . import _settings
 
 aten = torch.ops.aten
 
@@ -36,7 +37,7 @@ _HOST_PAD_BYTES = 1 << 20
 # What floating-point inputs are padded with: nothing real may read it (the
 # tests pad with NaN, which any missing mask would let through).
 FLOAT_PAD = 0.0
-_MIN = max(1, int(os.environ.get("TORCHTPU_BUCKET_MIN", "") or 1))
+_MIN = _settings.integer("TORCHTPU_BUCKET_MIN")
 
 
 def bucket(n):

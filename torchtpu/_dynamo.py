@@ -18,15 +18,14 @@ shape buckets (see _bucket.py): one program per bucket, not per size.
 
 Registered lazily through the "torch_dynamo_backends" entry point.
 """
-import os
 import sys
 
 import torch
 
-from . import _C
+from . import _C, _settings
 
-_EXPLAIN = os.environ.get("TORCHTPU_EXPLAIN_RECOMPILES", "") not in ("", "0")
-_BUCKETS = os.environ.get("TORCHTPU_BUCKETS", "1") not in ("", "0")
+_EXPLAIN = _settings.flag("TORCHTPU_EXPLAIN_RECOMPILES")
+_BUCKETS = _settings.flag("TORCHTPU_BUCKETS")
 
 _MAX_PLANS = 8
 

@@ -11,13 +11,19 @@ import warnings
 import torch
 import torch.utils.backend_registration as _br
 
-from . import _C, _plugin
+from . import _C, _plugin, _settings
 
 _LIB = None
 _IMPL = None
 _REQUIRED = object()
 _FALLBACK_WARNED = set()
 _KERNELS = {}
+# ATen overloads with a torchtpu kernel that this torch lacks (or whose schema
+# torchtpu cannot read): not registered, so they raise NotImplementedError
+# (torchtpu.metrics()["ops_not_registered"] counts them).
+NOT_REGISTERED = set()
+# The torch versions torchtpu is tested with: [lowest, first untested) (pyproject.toml).
+TESTED_TORCH = ((2, 11), (2, 14))
 
 # ATen overloads run through torch._decomp decompositions (rare composite ops
 # only; everything else is a C lowering). The coverage report counts them.
@@ -340,7 +346,7 @@ def _fused_optimizer(op_id, opov, **flags):
     return fused
 
 
-def _attention(sdpa_row, backward_row):
+def _attention(sdpa_row, backward_row, fused, math):
     """scaled_dot_product_attention as one op (csrc/lower/emit_attention.c).
     torch picks an attention kernel per device only for its own devices; for
     this one it would run its math composition, some 15 ops each way. The
@@ -359,8 +365,6 @@ def _attention(sdpa_row, backward_row):
                                    ("logsumexp", "T", _REQUIRED), ("is_causal", "b", False), ("scale", "g", None),
                                    ("grad_mask", "b", False), ("query_order", "I", []), ("key_order", "I", []),
                                    ("value_order", "I", [])], 4, _REQUIRED)
-    fused = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
-    math = torch.ops.aten._scaled_dot_product_attention_math.default
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         dt = query.dtype
@@ -492,19 +496,24 @@ def _register_foreach():
     calls cost one call from torch each, not one dispatch per parameter. The
     others keep torch's own loop (which dispatches each item)."""
     done = []
-    for qual in torch._C._dispatch_get_all_op_names():
+    names = getattr(torch._C, "_dispatch_get_all_op_names", lambda: ())()
+    for qual in names:
         if not qual.startswith("aten::_foreach_"):
             continue
         name = qual[len("aten::"):]
         fname, _, ov = name.partition(".")
-        fs = getattr(getattr(torch.ops.aten, fname), ov or "default")._schema
+        try:
+            fs = getattr(getattr(torch.ops.aten, fname), ov or "default")._schema
+            found = _element_kernel(fs, fname.endswith("_"))
+        except (AttributeError, RuntimeError, NotImplementedError):
+            continue  # an op this torch lacks in part: torch's own loop serves it
         inplace = fname.endswith("_")
         if [str(r.type) for r in fs.returns] != ([] if inplace else ["List[Tensor]"]) or any(
                 a.kwarg_only and a.name == "out" for a in fs.arguments):
             continue  # out= overloads, and those returning anything else, keep torch's loop
         pos = _positional(fs)
         lists = sum(1 << i for i, a in enumerate(pos) if str(a.type).startswith("List["))
-        found = _element_kernel(fs, inplace) if lists & 1 else None
+        found = found if lists & 1 else None
         if found is None or (found[2] and str(pos[0].type) != "List[Tensor]"):
             continue
         k, kwnames, out_self = found
@@ -547,7 +556,7 @@ def _fallback(op, *args, **kwargs):
     """Ops without a lowering: NotImplementedError naming the overload, or,
     with TORCHTPU_CPU_FALLBACK=1, run on the CPU (warned once per op, counted)."""
     name = op._schema.name + (("." + op._schema.overload_name) if op._schema.overload_name else "")
-    if os.environ.get("TORCHTPU_CPU_FALLBACK", "") not in ("1", "true", "yes"):
+    if not _settings.flag("TORCHTPU_CPU_FALLBACK"):
         raise NotImplementedError(
             f"torchtpu: {name} is not lowered for the tpu device yet. "
             "Set TORCHTPU_CPU_FALLBACK=1 to run unsupported ops on the CPU.")
@@ -780,7 +789,7 @@ def setup_disk_cache(directory=None, max_mb=None):
                       "to a folder of your own); programs are cached in memory only", stacklevel=2)
         directory = ""
     if max_mb is None:
-        max_mb = float(os.environ.get("TORCHTPU_CACHE_SIZE_MB", "") or 4096)
+        max_mb = _settings.cache_size_mb()
     version = getattr(sys.modules.get("torchtpu"), "__version__", "unknown")
     try:
         _C.disk_cache(directory or None, int(max_mb * 2**20), f"torchtpu={version}")
@@ -798,11 +807,13 @@ def _skip_kernel_frames():
     a second at import)."""
     try:
         from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
-    except ImportError:
-        return
+
+        strategy = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
+    except (ImportError, AttributeError, TypeError):
+        return  # this torch lacks the hook: Dynamo may trace these frames (slower, not wrong)
 
     def skip(code):
-        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
+        set_code_exec_strategy(code, strategy)
 
     def walk(code):
         skip(code)
@@ -818,23 +829,74 @@ def _skip_kernel_frames():
                 walk(v.__code__)
 
 
+# The CPU plugin makes every device up front (1024: about 2 s and 60 MB more
+# than 1); torchtpu uses one device per process, so more is only for tests.
+MAX_DEVICES = 1024
+
+
 def _runtime_settings():
-    """(TORCHTPU_NUM_DEVICES, TORCHTPU_GPU_MEMORY_FRACTION), checked."""
+    """(TORCHTPU_NUM_DEVICES, TORCHTPU_GPU_MEMORY_FRACTION), checked; a bad
+    value is raised at the device's first use (RuntimeError naming it)."""
     raw = os.environ.get("TORCHTPU_NUM_DEVICES", "")
     try:
-        ndev = int(raw) if raw else 1
-        if ndev < 1:
+        ndev = int(raw.strip(), 10) if raw.strip() else 1
+        if not 1 <= ndev <= MAX_DEVICES:
             raise ValueError
     except ValueError:
-        raise RuntimeError(f"TORCHTPU_NUM_DEVICES={raw!r}: expected a positive whole number") from None
+        raise RuntimeError(f"TORCHTPU_NUM_DEVICES={raw!r}: expected a whole number from 1 to {MAX_DEVICES}") from None
     raw = os.environ.get("TORCHTPU_GPU_MEMORY_FRACTION", "")
     try:
-        fraction = float(raw) if raw else 0.0
-        if not 0.0 <= fraction <= 1.0:
+        fraction = float(raw) if raw.strip() else 0.0
+        if not 0.0 <= fraction <= 1.0:  # also false for nan
             raise ValueError
     except ValueError:
         raise RuntimeError(f"TORCHTPU_GPU_MEMORY_FRACTION={raw!r}: expected a number between 0 and 1") from None
     return ndev, fraction
+
+
+def _check_torch_version():
+    """One warning when this torch is outside the tested range."""
+    import re
+
+    m = re.match(r"(\d+)\.(\d+)", getattr(torch, "__version__", ""))
+    lo, hi = TESTED_TORCH
+    if m and lo <= (int(m[1]), int(m[2])) < hi:
+        return
+    warnings.warn(f"torchtpu is tested with torch {lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1}, not "
+                  f"{getattr(torch, '__version__', '?')}; ops this torch lacks or has changed are not registered "
+                  "(torchtpu.metrics()['ops_not_registered'])", stacklevel=2)
+
+
+def _overload(name):
+    """The overload aten::name ("op" or "op.overload"), or None when this torch
+    lacks it (recorded in NOT_REGISTERED)."""
+    base, _, ov = name.partition(".")
+    try:
+        return getattr(getattr(torch.ops.aten, base), ov or "default")
+    except (AttributeError, RuntimeError):
+        NOT_REGISTERED.add(name)
+        return None
+
+
+def _impl(name, fn, key="PrivateUse1"):
+    if _overload(name) is not None:
+        _IMPL.impl(name, fn, key)
+
+
+def _device_error():
+    """Why the device cannot be used, found without loading the plugin (raised
+    at its first use), or None."""
+    try:
+        path, platform = _plugin.find()
+        ndev, fraction = _runtime_settings()
+    except RuntimeError as e:
+        return ("", "", 1, 0.0), str(e)
+    why = _plugin.check(path)
+    if why is None and os.environ.get("XLA_FLAGS", "").strip():
+        why = _plugin.check_xla_flags(path, os.environ["XLA_FLAGS"])
+    if why is not None and os.environ.get("TORCHTPU_PJRT_PLUGIN"):
+        why = f"TORCHTPU_PJRT_PLUGIN: {why}"
+    return (path, platform, ndev, fraction), why
 
 
 def setup(device_module):
@@ -842,18 +904,24 @@ def setup(device_module):
     # The plugin is loaded at the device's first use (as CUDA's context is
     # made), so a missing plugin or a bad setting is raised there: `import
     # torch`, which imports torchtpu through the autoload, keeps working.
-    error = None
+    # So does a newer torch: what it lacks is not registered, and a torch
+    # without the hooks a Python device needs leaves the device unavailable.
+    _check_torch_version()
+    _settings.check()
+    (path, platform, ndev, fraction), error = _device_error()
     try:
-        path, platform = _plugin.find()
-        ndev, fraction = _runtime_settings()
-    except RuntimeError as e:
-        path, platform, ndev, fraction, error = "", "", 1, 0.0, str(e)
+        torch.utils.rename_privateuse1_backend("tpu")
+        _br._setup_privateuseone_for_python_backend("tpu", backend_module=device_module)
+        registered = True
+    except (AttributeError, TypeError, RuntimeError) as e:
+        registered = False
+        error = f"torchtpu cannot register the tpu device with torch {torch.__version__}: {e}"
+        warnings.warn(error, stacklevel=2)
     _C.init(path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty, fraction, error)
     device_module._setup_error = error
+    if not registered:
+        return
     setup_disk_cache()
-
-    torch.utils.rename_privateuse1_backend("tpu")
-    _br._setup_privateuseone_for_python_backend("tpu", backend_module=device_module)
 
     warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
     _IMPL = torch.library.Library("aten", "IMPL")
@@ -862,14 +930,15 @@ def setup(device_module):
         if name.startswith("tpu::"):
             internal[name] = op_id
             continue
-        base, _, overload = name.partition(".")
-        op = getattr(torch.ops.aten, base)
-        opov = getattr(op, overload or "default")
+        opov = _overload(name)
+        if opov is None:
+            continue
         schema = opov._schema
         try:
             spec = _spec(schema)
-        except NotImplementedError as e:
-            raise RuntimeError(f"torchtpu: cannot register aten::{name}: {e}") from None
+        except NotImplementedError:
+            NOT_REGISTERED.add(name)  # a schema this torch changed: left to the fallback
+            continue
         if name in _BIT_AWARE:
             k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED, _resolve_bits, _BIT_AWARE[name])
         else:
@@ -882,61 +951,68 @@ def setup(device_module):
         if name not in ("index.Tensor", "_index_put_impl_", "clone", "repeat_interleave.Tensor"):
             _IMPL.impl(name, k, "PrivateUse1")
 
-    c_clone = _KERNELS["clone"]
+    if "clone" in _KERNELS:
+        c_clone = _KERNELS["clone"]
 
-    def clone(self, memory_format=None):
-        # torch materialises lazily conjugated/negated inputs with clone
-        if self.is_conj() or self.is_neg():
-            return _resolve_bits(self)
-        return c_clone(self, memory_format=memory_format)
+        def clone(self, memory_format=None):
+            # torch materialises lazily conjugated/negated inputs with clone
+            if self.is_conj() or self.is_neg():
+                return _resolve_bits(self)
+            return c_clone(self, memory_format=memory_format)
 
-    _IMPL.impl("clone", clone, "PrivateUse1")
+        _IMPL.impl("clone", clone, "PrivateUse1")
 
-    index, index_put_impl = _wrap_indexing(_KERNELS["index.Tensor"], _KERNELS["_index_put_impl_"])
-    _IMPL.impl("index.Tensor", index, "PrivateUse1")
-    _IMPL.impl("_index_put_impl_", index_put_impl, "PrivateUse1")
-    _IMPL.impl("nonzero", _nonzero, "PrivateUse1")
-    _IMPL.impl("masked_select", _masked_select, "PrivateUse1")
-    _IMPL.impl("equal", _equal, "PrivateUse1")
+    if "index.Tensor" in _KERNELS and "_index_put_impl_" in _KERNELS:
+        index, index_put_impl = _wrap_indexing(_KERNELS["index.Tensor"], _KERNELS["_index_put_impl_"])
+        _IMPL.impl("index.Tensor", index, "PrivateUse1")
+        _IMPL.impl("_index_put_impl_", index_put_impl, "PrivateUse1")
+    _impl("nonzero", _nonzero)
+    _impl("masked_select", _masked_select)
+    _impl("equal", _equal)
     for name, fn in _wrap_unique().items():
-        _IMPL.impl(name, fn, "PrivateUse1")
+        _impl(name, fn)
 
     for name in ("view", "as_strided", "_reshape_alias", "alias", "_unsafe_view", "unfold",
                  "set_.source_Storage_storage_offset", "set_.source_Storage", "set_.source_Tensor",
                  "view.dtype", "view_as_real", "view_as_complex"):
-        base, _, overload = name.partition(".")
-        opov = getattr(getattr(torch.ops.aten, base), overload or "default")
-        _IMPL.impl(name, _redispatch_cpu(opov), "PrivateUse1")
+        opov = _overload(name)
+        if opov is not None:
+            _IMPL.impl(name, _redispatch_cpu(opov), "PrivateUse1")
     _register_foreach()
-    _IMPL.impl("_foreach_norm.Scalar", _foreach_norm(internal["tpu::foreach_norm"]), "PrivateUse1")
-    _IMPL.impl("set_", _set_empty, "PrivateUse1")
-    _IMPL.impl("resize_", _resize_, "PrivateUse1")
-    _IMPL.impl("_to_copy", _to_copy, "PrivateUse1")
-    _IMPL.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
-    _IMPL.impl("empty_strided", _empty_strided, "PrivateUse1")
-    _IMPL.impl("_efficientzerotensor", _efficientzerotensor, "PrivateUse1")
-    _IMPL.impl("_copy_from", _copy_from, "PrivateUse1")
-    _IMPL.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
-    _IMPL.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
+    _impl("_foreach_norm.Scalar", _foreach_norm(internal["tpu::foreach_norm"]))
+    _impl("set_", _set_empty)
+    _impl("resize_", _resize_)
+    _impl("_to_copy", _to_copy)
+    _impl("empty.memory_format", _empty_memory_format)
+    _impl("empty_strided", _empty_strided)
+    _impl("_efficientzerotensor", _efficientzerotensor)
+    _impl("_copy_from", _copy_from)
+    _impl("_copy_from_and_resize", _copy_from_and_resize)
+    _impl("_local_scalar_dense", _local_scalar_dense)
 
     for name, row, flags in (("_fused_adam_", "tpu::fused_adam", {"adamw": False}),
                              ("_fused_adamw_", "tpu::fused_adam", {"adamw": True}),
                              ("_fused_sgd_", "tpu::fused_sgd", {}), ("_fused_adagrad_", "tpu::fused_adagrad", {})):
-        for overload in ("default", "tensor_lr"):
-            opov = getattr(getattr(torch.ops.aten, name), overload)
-            qualified = name if overload == "default" else f"{name}.{overload}"
-            _IMPL.impl(qualified, _fused_optimizer(internal[row], opov, **flags), "PrivateUse1")
-    attn = _attention(internal["tpu::sdpa"], internal["tpu::sdpa_backward"])
-    _IMPL.impl("scaled_dot_product_attention", attn["sdpa"], "PrivateUse1")
-    _IMPL.impl("scaled_dot_product_attention", attn["sdpa"], "AutogradPrivateUse1")
-    _IMPL.impl("_scaled_dot_product_fused_attention_overrideable", attn["fused"], "PrivateUse1")
-    _IMPL.impl("_scaled_dot_product_fused_attention_overrideable_backward", attn["backward"], "PrivateUse1")
-    _IMPL.impl("_pin_memory", _pin_memory, "CPU")
-    _patch_printing()
-    _patch_storage_constructor()
-    _patch_module_moves()
-    _patch_matmul_precision(device_module)
-    _patch_accelerator(device_module)
+        for qualified in (name, f"{name}.tensor_lr"):
+            opov = _overload(qualified)
+            if opov is not None:
+                _IMPL.impl(qualified, _fused_optimizer(internal[row], opov, **flags), "PrivateUse1")
+    fused, math = (_overload("_scaled_dot_product_fused_attention_overrideable"),
+                   _overload("_scaled_dot_product_attention_math"))
+    if fused is not None and math is not None:  # else torch's own composition serves attention
+        attn = _attention(internal["tpu::sdpa"], internal["tpu::sdpa_backward"], fused, math)
+        _impl("scaled_dot_product_attention", attn["sdpa"])
+        _impl("scaled_dot_product_attention", attn["sdpa"], "AutogradPrivateUse1")
+        _impl("_scaled_dot_product_fused_attention_overrideable", attn["fused"])
+        _impl("_scaled_dot_product_fused_attention_overrideable_backward", attn["backward"])
+    _impl("_pin_memory", _pin_memory, "CPU")
+    for patch, args in ((_patch_printing, ()), (_patch_storage_constructor, ()), (_patch_module_moves, ()),
+                        (_patch_matmul_precision, (device_module,)), (_patch_accelerator, (device_module,))):
+        try:
+            patch(*args)
+        except (AttributeError, ImportError, TypeError) as e:
+            warnings.warn(f"torchtpu: {patch.__name__[1:]} skipped: torch {torch.__version__} lacks what it "
+                          f"patches ({e})", stacklevel=2)
     from . import _autocast
 
     _autocast.setup()

@@ -173,10 +173,9 @@ tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out) {
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
   e->rng_seed = TPU_DEFAULT_SEED;
-  const char *cap = getenv("TORCHTPU_FUSED_MAX_OPS");
-  e->fuse_cap = cap && atoi(cap) > 0 ? atoi(cap) : 4096;
-  const char *donate = getenv("TORCHTPU_DONATE");
-  e->donate = !(donate && strcmp(donate, "0") == 0);
+  /* bounds and defaults as in torchtpu/_settings.py, which warns about bad values */
+  e->fuse_cap = (int)tpu_env_long("TORCHTPU_FUSED_MAX_OPS", 4096, 1, 1 << 20);
+  e->donate = tpu_env_flag("TORCHTPU_DONATE", true);
   e->donate_waits = strcmp(tpu_rt_platform_name(e->rt), "cpu") == 0;
   e->exact_div = e->donate_waits;
   e->precision = TPU_HLO_PREC_HIGHEST;
@@ -684,8 +683,7 @@ static bool tpu_maps_near_limit(void) {
 static void tpu_cache_bound(tpu_engine *e) {
   static long limit = 0;
   if (!limit) {
-    const char *v = getenv("TORCHTPU_PROGRAM_CACHE_SIZE");
-    limit = v && atol(v) > 0 ? atol(v) : 4096;
+    limit = tpu_env_long("TORCHTPU_PROGRAM_CACHE_SIZE", 4096, 1, 1 << 20);
   }
   if ((long)e->cache_n < limit && !tpu_maps_near_limit()) return;
   for (size_t i = 0; i < e->cache_cap; i++) {

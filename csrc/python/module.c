@@ -1100,8 +1100,7 @@ static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
     return PyErr_NoMemory();
   st->rt_ndev = ndev;
   st->rt_fraction = fraction;
-  const char *ex = getenv("TORCHTPU_EXPLAIN_RECOMPILES");
-  st->explain = ex && *ex && strcmp(ex, "0") != 0;
+  st->explain = tpu_env_flag("TORCHTPU_EXPLAIN_RECOMPILES", false);
   Py_RETURN_NONE;
 }
 

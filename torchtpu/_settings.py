@@ -1,0 +1,117 @@
+"""The TORCHTPU_* environment variables. torchtpu is imported by every
+`import torch` (the autoload), so a bad value must not raise there: it warns,
+naming the variable and the value, and the default is used. The settings of
+the device's start (plugin, platform, number of devices, GPU memory) are
+checked in _registry._runtime_settings and raised at the device's first use.
+
+The C core reads TORCHTPU_FUSED_MAX_OPS, TORCHTPU_PROGRAM_CACHE_SIZE,
+TORCHTPU_DONATE and TORCHTPU_EXPLAIN_RECOMPILES itself (tpu_env_long and
+tpu_env_flag in csrc/core.c: same bounds, same defaults), and TORCHTPU_DEBUG
+and TORCHTPU_DUMP_HLO as "set: on"; check() warns about them here, once, at
+import."""
+
+import math
+import os
+import warnings
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+_WARNED = set()
+
+# name: (default, lowest, highest) of the whole-number settings
+INTEGERS = {
+    "TORCHTPU_FUSED_MAX_OPS": (4096, 1, 1 << 20),
+    "TORCHTPU_PROGRAM_CACHE_SIZE": (4096, 1, 1 << 20),
+    "TORCHTPU_BUCKET_MIN": (1, 1, 1 << 16),
+}
+# name: default of the on/off settings
+FLAGS = {
+    "TORCHTPU_DONATE": True,
+    "TORCHTPU_CPU_FALLBACK": False,
+    "TORCHTPU_METRICS": False,
+    "TORCHTPU_EXPLAIN_RECOMPILES": False,
+    "TORCHTPU_BUCKETS": True,
+}
+# read by the engine as "set: on" (any value, empty included)
+SET_IS_ON = ("TORCHTPU_DEBUG", "TORCHTPU_DUMP_HLO")
+CACHE_SIZE_MB = (4096.0, 0.0, float(1 << 24))  # 0: no limit; at most 16 TiB
+
+
+def _warn(name, raw, expected, used):
+    if (name, raw) in _WARNED:
+        return
+    _WARNED.add((name, raw))
+    warnings.warn(f"torchtpu: {name}={raw!r} is not {expected}; using {used}", stacklevel=3)
+
+
+def flag(name, default=None):
+    """An on/off setting: 1/true/yes/on or 0/false/no/off (any case); unset
+    or empty: the default."""
+    if default is None:
+        default = FLAGS[name]
+    raw = os.environ.get(name, "")
+    v = raw.strip().lower()
+    if not v:
+        return default
+    if v in _ON:
+        return True
+    if v in _OFF:
+        return False
+    _warn(name, raw, "1 or 0", "on" if default else "off")
+    return default
+
+
+def integer(name):
+    default, lo, hi = INTEGERS[name]
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return default
+    try:
+        v = int(raw.strip(), 10)
+    except ValueError:
+        v = None
+    if v is None or not lo <= v <= hi:
+        _warn(name, raw, f"a whole number from {lo} to {hi}", default)
+        return default
+    return v
+
+
+def cache_size_mb():
+    name, (default, lo, hi) = "TORCHTPU_CACHE_SIZE_MB", CACHE_SIZE_MB
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        v = math.nan
+    if not lo <= v <= hi:  # also false for nan
+        _warn(name, raw, f"a number of megabytes from {lo:.0f} to {hi:.0f}", f"{default:g}")
+        return default
+    return v
+
+
+def choice(name, choices, default):
+    raw = os.environ.get(name, "")
+    v = raw.strip().lower()
+    if not v:
+        return default
+    if v in choices:
+        return v
+    _warn(name, raw, "one of " + ", ".join(choices), default)
+    return default
+
+
+def check():
+    """Warns once about each bad setting (those read by the C core included)."""
+    for name in INTEGERS:
+        integer(name)
+    for name in FLAGS:
+        flag(name)
+    for name in SET_IS_ON:
+        raw = os.environ.get(name)
+        if raw is not None and raw.strip().lower() not in _ON and (name, raw) not in _WARNED:
+            _WARNED.add((name, raw))
+            warnings.warn(f"torchtpu: {name}={raw!r}: any value turns it on; unset it to turn it off",
+                          stacklevel=2)
+    cache_size_mb()
