@@ -273,7 +273,19 @@ tpu_hv tpu_lower_view_write(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offse
   if (t->view == TPU_VIEW_RANGE) return tpu_hlo_dynamic_update_slice(H, base, v, &offset);
   int64_t nn[2] = {n, 1};
   tpu_hv idx = tpu_hlo_reshape(H, tpu_view_indices(L, t, offset), 2, nn);
-  return tpu_lower_scatter_rows(L, base, idx, v, -1);
+  if (!tpu_tref_internal_overlap(t)) return tpu_lower_scatter_rows(L, base, idx, v, -1);
+  /* Elements that alias each other (an expanded view: only fills get here):
+   * as on CPU, only the elements the op changed are written, so an alias
+   * left as it was cannot overwrite one that changed. The others are sent
+   * to a spare slot past the end. */
+  tpu_hv old = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, base, idx), 1, &n);
+  tpu_hv changed = tpu_hlo_compare(H, TPU_HLO_NE, v, old);
+  int64_t one = 1, zero = 0;
+  tpu_hv spare = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, rn), 2, nn, NULL);
+  idx = tpu_hlo_select(H, tpu_hlo_reshape(H, changed, 2, nn), idx, spare);
+  tpu_hv parts[2] = {base, tpu_lower_full(L, tpu_hlo_type_make(tpu_hlo_typeof(H, base)->dtype, 1, &one), 0)};
+  tpu_hv ext = tpu_lower_scatter_rows(L, tpu_hlo_concat(H, parts, 2, 0), idx, v, -1);
+  return tpu_hlo_slice(H, ext, &zero, &rn, &one);
 }
 
 /* ---- inputs --------------------------------------------------------------------------- */
