@@ -441,6 +441,7 @@ class Gen:
         self.prog["order"].append(name)
         exec(input_line(name, spec), self.ns)
         self.prog["dtypes"][name] = dtype
+        self.prog.setdefault("shapes", {})[name] = list(self.ns[name].shape)
         return name
 
     def pick(self, pred=None, make=None, p_new=0.25):
@@ -507,6 +508,7 @@ class Gen:
                 self.count -= 1
                 return None
             self.prog["dtypes"][step["out"]] = str(v.dtype).replace("torch.", "")
+            self.prog.setdefault("shapes", {})[step["out"]] = list(v.shape)
         self.prog["steps"].append(step)
         return step
 
@@ -892,6 +894,14 @@ def _variants(prog):
         for start in range(0, n, size):
             yield _drop_steps(prog, set(range(start, min(n, start + size))))
         size //= 2
+    # a value computed by a step becomes an input of its dtype and shape
+    for i, s in enumerate(prog["steps"]):
+        out = s["out"]
+        if out and not s.get("view") and out in prog.get("shapes", {}) and prog["dtypes"].get(out) in DTYPES:
+            spec = {"shape": prog["shapes"][out], "dtype": prog["dtypes"][out], "kind": "normal", "seed": 0,
+                    "layout": "contig", "bound": 0, "special": 0.0}
+            yield dict(prog, steps=prog["steps"][:i] + prog["steps"][i + 1:], order=prog["order"] + [out],
+                       inputs=dict(prog["inputs"], **{out: spec}))
     # inputs: fewer elements, simpler layout and values
     for name in prog["order"]:
         spec = prog["inputs"][name]
