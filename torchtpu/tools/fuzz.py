@@ -341,7 +341,9 @@ def _gist(e):
     """An error message without its numbers and quoted names: the cause, for
     grouping failures."""
     import re
-    m = re.sub(r"'[^']*'|\"[^\"]*\"|`[^`]*`|\([^)]*\)|\[[^\]]*\]|-?\d+", "_", _first_line(e))
+    m = re.sub(r"\b(BFloat16|Float|Double|Half|Long|Int|Short|Byte|Char|Bool|bfloat16|float16|float32|float64|"
+               r"int64|int32|int16|int8|uint8|bool)\b", "_", _first_line(e))
+    m = re.sub(r"'[^']*'|\"[^\"]*\"|`[^`]*`|\([^)]*\)|\[[^\]]*\]|-?\d+", "_", m)
     return re.sub(r"\s+", " ", m)[:60].strip()
 
 
