@@ -12,7 +12,7 @@ RT      := csrc/runtime/runtime.c
 HLO     := csrc/hlo/hlo.c
 CACHE   := csrc/cache/cache.c csrc/cache/sha256.c
 
-.PHONY: setup build test check pytest coverage clean bench-setup
+.PHONY: setup build test check pytest coverage fuzz clean bench-setup
 
 setup:
 	$(PY) -m venv $(VENV)
@@ -69,6 +69,12 @@ test: build check pytest
 # docs/op_coverage.md and docs/op_coverage.json. Not part of `make test`.
 coverage: build
 	$(VPY) -m torchtpu.tools.op_coverage --dtypes float32,bfloat16,int64,bool --out docs/op_coverage
+
+# A long differential fuzzing run (random programs on tpu in every eager mode
+# against the CPU; failures minimized to reproducers under build/fuzz). A
+# short fixed-seed run is part of `make test` (tests/test_fuzz.py).
+fuzz: build
+	$(VPY) -m torchtpu.tools.fuzz --minutes 20 --seed 1 --out build/fuzz
 
 clean:
 	rm -rf build *.egg-info torchtpu/_C*.so
