@@ -14,11 +14,6 @@ PROGRAMS = 40
 # minimized reproducer when the test runs with -s. Remove an entry once its
 # bug is fixed; any other failure fails the test.
 KNOWN_OPEN = {
-    # in-place ops whose result dtype cannot be cast to self's (long.div_,
-    # bool.add_(1)) compute instead of raising
-    "error|RuntimeError->None:result type _ can't be cast to the desired output type _",
-    # writes into internally overlapping views (expand(...).copy_/clamp_) are not refused
-    "error|RuntimeError->None:unsupported operation: more than one element of the written-",
     # int64 tensor .fill_(-inf): the CPU refuses the scalar, tpu fills
     "error|RuntimeError->None:value cannot be converted to type int__t without overflow",
     # argmax of a bool tensor: the CPU refuses it, tpu computes
