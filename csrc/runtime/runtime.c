@@ -142,8 +142,17 @@ static void tpu_rt_export_unwind_stubs(void) {
 
 /* The CompileOptionsProto: executable_build_options (field 3) holding
  * num_replicas = 1 (field 4) and num_partitions = 1 (field 5). An empty
- * proto means zero replicas, which aborts XLA. */
-static const char tpu_compile_options[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
+ * proto means zero replicas, which aborts XLA. Then one entry of the
+ * env_option_overrides map (field 7: key, field 1; OptionOverrideProto,
+ * field 2, with bool_field = 2): xla_allow_excess_precision = false. XLA
+ * otherwise keeps bfloat16 and float16 intermediates of a fused program in
+ * float32, so a chain of half-type ops rounds once instead of after every
+ * op as torch does (fused mode gave other values than CPU torch). */
+static const char tpu_compile_options[] = {
+    0x1a, 0x04, 0x20, 0x01, 0x28, 0x01,                                       /* replicas, partitions */
+    0x3a, 0x20, 0x0a, 0x1a, 'x', 'l', 'a', '_', 'a', 'l', 'l', 'o', 'w', '_', /* env_option_overrides */
+    'e', 'x', 'c', 'e', 's', 's', '_', 'p', 'r', 'e', 'c', 'i', 's', 'i', 'o', 'n',
+    0x12, 0x02, 0x10, 0x00};
 
 tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out) {
   *out = NULL;
