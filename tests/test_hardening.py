@@ -207,3 +207,26 @@ def test_fused_mode_does_not_compute_or_allocate_dead_values():
 
     r = subprocess.run([sys.executable, "-c", _DEAD_VALUES], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("mode", ["debug", "strict", "fused"])
+def test_half_type_chains_round_after_every_op(mode):
+    """A chain of bfloat16/float16 ops rounds each result to its type, as CPU
+    torch does: XLA's excess precision (float32 intermediates inside a fused
+    program) is off. Checked without CPU torch's half kernels (whose rounding
+    depends on the host): every intermediate read back in float32 is a value
+    of the half type, and equals the chain computed in float64 with a rounding
+    to the type after each op."""
+    for dt in (torch.bfloat16, torch.float16):
+        x = torch.tensor([0.1, 0.7, 1.3, -2.9, 5.3, 0.33], dtype=dt)
+
+        def r(t):
+            return t.to(dt).double()
+
+        want = r(r(r(x.double() * 3) + 1) / 7)
+        with torchtpu.eager_mode(mode):
+            a = x.to("tpu")
+            b = (a * 3 + 1) / 7
+            got = b.float().cpu().double()  # in fused mode the float() joins the same program
+        assert torch.equal(got, r(got)), (dt, got)
+        assert torch.equal(got, want), (dt, got, want)
