@@ -230,3 +230,95 @@ def test_half_type_chains_round_after_every_op(mode):
             got = b.float().cpu().double()  # in fused mode the float() joins the same program
         assert torch.equal(got, r(got)), (dt, got)
         assert torch.equal(got, want), (dt, got, want)
+
+
+_BAD_VALUES = {
+    "gather": lambda d: torch.gather(torch.arange(6.0, device=d).view(2, 3), 1, torch.tensor([[0, 5], [1, 2]], device=d)),
+    "gather_negative": lambda d: torch.gather(torch.arange(6.0, device=d).view(2, 3), 1,
+                                              torch.tensor([[0, -1], [1, 2]], device=d)),
+    "index_select": lambda d: torch.index_select(torch.arange(6.0, device=d), 0, torch.tensor([7], device=d)),
+    "embedding": lambda d: torch.nn.functional.embedding(torch.tensor([3, 9], device=d), torch.ones(5, 2, device=d)),
+    "index": lambda d: torch.arange(6.0, device=d)[torch.tensor([6], device=d)],
+    "index_negative": lambda d: torch.arange(6.0, device=d)[torch.tensor([-7], device=d)],
+    "index_put_": lambda d: torch.zeros(3, device=d).index_put_((torch.tensor([3], device=d),), torch.tensor(1.0, device=d)),
+    "setitem": lambda d: (lambda x: x.__setitem__(torch.tensor([4], device=d), 2.0) or x)(torch.zeros(3, device=d)),
+    "take": lambda d: torch.take(torch.arange(6.0, device=d), torch.tensor([6], device=d)),
+    "scatter_": lambda d: torch.zeros(3, device=d).scatter_(0, torch.tensor([4], device=d), torch.ones(1, device=d)),
+    "scatter_add": lambda d: torch.zeros(3, device=d).scatter_add(0, torch.tensor([-1], device=d), torch.ones(1, device=d)),
+    "cross_entropy": lambda d: torch.nn.functional.cross_entropy(torch.randn(3, 4, device=d),
+                                                               torch.tensor([0, 4, 1], device=d)),
+    "nll_loss_negative": lambda d: torch.nn.functional.nll_loss(torch.randn(3, 4, device=d),
+                                                              torch.tensor([0, -2, 1], device=d)),
+    "cross_entropy_2d": lambda d: torch.nn.functional.cross_entropy(torch.randn(2, 4, 3, 3, device=d),
+                                                                  torch.full((2, 3, 3), 5, device=d)),
+    "floor_divide": lambda d: torch.tensor([5, 3], device=d) // torch.tensor([0, 2], device=d),
+    "div_trunc": lambda d: torch.div(torch.tensor([5, 3], device=d), torch.tensor([0, 2], device=d), rounding_mode="trunc"),
+    "remainder": lambda d: torch.tensor([5, 3], device=d) % torch.tensor([0, 2], device=d),
+    "remainder_scalar": lambda d: torch.remainder(torch.tensor([5, 3], device=d), 0),
+    "fmod": lambda d: torch.fmod(torch.tensor([5, 3], device=d), torch.tensor([2, 0], device=d)),
+}
+
+_GOOD_VALUES = {
+    "index_negative": lambda d: torch.arange(6.0, device=d)[torch.tensor([-6, 5], device=d)],
+    "take_negative": lambda d: torch.take(torch.arange(6.0, device=d), torch.tensor([-6, 5], device=d)),
+    "ignore_index": lambda d: torch.nn.functional.cross_entropy(torch.ones(3, 4, device=d),
+                                                              torch.tensor([0, -100, 1], device=d)),
+    "float_division_by_zero": lambda d: torch.tensor([5.0, 3.0], device=d) // torch.tensor([0.0, 2.0], device=d),
+    "embedding_last_row": lambda d: torch.nn.functional.embedding(torch.tensor([4], device=d),
+                                                                torch.arange(10.0, device=d).view(5, 2)),
+}
+
+
+@pytest.mark.parametrize("mode", ["debug", "strict", "fused"])
+@pytest.mark.parametrize("name", sorted(_BAD_VALUES))
+def test_value_checks_raise_as_on_cpu(name, mode):
+    """An index, a class target or an integer divisor that CPU torch rejects
+    raises the same exception type: at once in debug mode, at the next sync
+    point in strict and fused mode (the op itself returns)."""
+    fn = _BAD_VALUES[name]
+    with pytest.raises(Exception) as want:
+        fn("cpu")
+    with torchtpu.eager_mode(mode):
+        with pytest.raises(type(want.value)) as got:
+            fn("tpu").cpu()
+        assert "aten::" in str(got.value)
+        assert torch.ones(2, device="tpu").add(1).cpu().tolist() == [2.0, 2.0]  # nothing pending stays
+
+
+@pytest.mark.parametrize("mode", ["debug", "strict", "fused"])
+@pytest.mark.parametrize("name", sorted(_GOOD_VALUES))
+def test_value_checks_pass_valid_values(name, mode):
+    with torchtpu.eager_mode(mode):
+        assert _both(_GOOD_VALUES[name]) is None
+
+
+@pytest.mark.parametrize("mode", ["debug", "strict", "fused"])
+def test_a_failed_value_check_corrupts_nothing(mode):
+    """The bad op leaves what it writes as it was; the error surfaces at the
+    sync point in strict and fused mode."""
+    with torchtpu.eager_mode(mode):
+        x = torch.arange(4.0, device="tpu")
+        bad = torch.tensor([1, 7], device="tpu")
+        if mode == "debug":
+            with pytest.raises(IndexError):
+                x.index_put_((bad,), torch.tensor(9.0, device="tpu"))
+        else:
+            x.index_put_((bad,), torch.tensor(9.0, device="tpu"))   # returns: checked at the sync
+            x.scatter_(0, torch.tensor([5], device="tpu"), torch.ones(1, device="tpu"))
+            with pytest.raises(IndexError):
+                torch.tpu.synchronize()
+        assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_value_checks_can_be_turned_off():
+    import subprocess
+    import sys
+
+    code = ("import torch, torchtpu\n"
+            "x = torch.arange(4.0, device='tpu')[torch.tensor([1], device='tpu')]\n"
+            "print(x.cpu().tolist())\n"
+            "torch.arange(4.0, device='tpu')[torch.tensor([9], device='tpu')].cpu()\n"
+            "print('unchecked')\n")
+    env = dict(__import__("os").environ, TORCHTPU_VALUE_CHECKS="0")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0 and "unchecked" in r.stdout, r.stderr[-2000:]

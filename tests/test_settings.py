@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Read at import; a bad value warns, naming it, and the default is used.
 WARNED = ["TORCHTPU_EAGER", "TORCHTPU_FUSED_MAX_OPS", "TORCHTPU_DONATE", "TORCHTPU_CACHE_SIZE_MB",
           "TORCHTPU_METRICS", "TORCHTPU_EXPLAIN_RECOMPILES", "TORCHTPU_BUCKET_MIN", "TORCHTPU_BUCKETS",
-          "TORCHTPU_PROGRAM_CACHE_SIZE", "TORCHTPU_CPU_FALLBACK"]
+          "TORCHTPU_PROGRAM_CACHE_SIZE", "TORCHTPU_CPU_FALLBACK", "TORCHTPU_VALUE_CHECKS"]
 # Read when the device starts; a bad value is raised at its first use.
 AT_FIRST_USE = ["TORCHTPU_PJRT_PLUGIN", "TORCHTPU_PLATFORM", "TORCHTPU_NUM_DEVICES", "TORCHTPU_GPU_MEMORY_FRACTION"]
 # Any value turns them on (the engine's reading); another value than 1 warns.

@@ -5,7 +5,7 @@ the device's start (plugin, platform, number of devices, GPU memory) are
 checked in _registry._runtime_settings and raised at the device's first use.
 
 The C core reads TORCHTPU_FUSED_MAX_OPS, TORCHTPU_PROGRAM_CACHE_SIZE,
-TORCHTPU_DONATE and TORCHTPU_EXPLAIN_RECOMPILES itself (tpu_env_long and
+TORCHTPU_DONATE, TORCHTPU_VALUE_CHECKS and TORCHTPU_EXPLAIN_RECOMPILES itself (tpu_env_long and
 tpu_env_flag in csrc/core.c: same bounds, same defaults), and TORCHTPU_DEBUG
 and TORCHTPU_DUMP_HLO as "set: on"; check() warns about them here, once, at
 import."""
@@ -31,6 +31,7 @@ FLAGS = {
     "TORCHTPU_METRICS": False,
     "TORCHTPU_EXPLAIN_RECOMPILES": False,
     "TORCHTPU_BUCKETS": True,
+    "TORCHTPU_VALUE_CHECKS": True,
 }
 # read by the engine as "set: on" (any value, empty included)
 SET_IS_ON = ("TORCHTPU_DEBUG", "TORCHTPU_DUMP_HLO")

@@ -46,6 +46,8 @@ typedef struct {
   int nfin;
   int *fout;
   int nfout;
+  struct tpu_fcheck *fchk; /* fused programs: owned, the value checks, outputs after the nfout records */
+  int nfchk;
   /* fused programs compiled while recompiles are explained: hashes of the
    * key's parts (ops, how values flow, shared numbers, what is held) */
   uint64_t ex[4];
@@ -59,6 +61,12 @@ typedef struct tpu_fin {
   tpu_in_kind kind;
   int node, arg, item, rec;
 } tpu_fin;
+
+/* A value check of a fused program: the op it belongs to and its error. */
+typedef struct tpu_fcheck {
+  const char *op, *msg; /* static */
+  int code;
+} tpu_fcheck;
 
 /* A recorded op (fused mode): a deep copy of its parsed arguments (the
  * records they name are referenced by the graph), its signature and plans,
@@ -115,6 +123,11 @@ struct tpu_engine {
   } inflight[TPU_INFLIGHT];
   int ihead, icount;  /* a ring, oldest first */
   tpu_status *deferred; /* owned: the first asynchronous failure, until reported */
+  struct {
+    tpu_rt_buffer *buf; /* owned: a 0-d pred, true when the check failed */
+    tpu_fcheck what;
+  } *chk;               /* value checks of launched programs, read at the next sync point */
+  int nchk, capchk;
   tpu_node *nodes;      /* fused mode: the recorded ops, in order (owned) */
   int nnodes, capnodes, fuse_cap;
   bool donate;          /* fused programs take the buffers of records they rewrite */
@@ -176,6 +189,7 @@ tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out) {
   /* bounds and defaults as in torchtpu/_settings.py, which warns about bad values */
   e->fuse_cap = (int)tpu_env_long("TORCHTPU_FUSED_MAX_OPS", 4096, 1, 1 << 20);
   e->donate = tpu_env_flag("TORCHTPU_DONATE", true);
+  tpu_lower_value_checks = tpu_env_flag("TORCHTPU_VALUE_CHECKS", true);
   e->donate_waits = strcmp(tpu_rt_platform_name(e->rt), "cpu") == 0;
   e->exact_div = e->donate_waits;
   e->precision = TPU_HLO_PREC_HIGHEST;
@@ -192,6 +206,7 @@ static void tpu_cache_entry_free(tpu_cache_entry *c) {
   free(c->ret);
   free(c->fin);
   free(c->fout);
+  free(c->fchk);
   tpu_rt_exec_free(c->exec);
   free(c);
 }
@@ -205,6 +220,7 @@ void tpu_engine_free(tpu_engine *e) {
   tpu_nodes_release(e);
   free(e->nodes);
   tpu_status_free(tpu_engine_sync(e));
+  free(e->chk);
   tpu_dcache_free(e->disk);
   free(e->salt);
   for (int i = 0; i < e->nwarnings; i++) free(e->warnings[i]);
@@ -256,11 +272,50 @@ static void tpu_inflight_reap(tpu_engine *e) {
   while (e->icount && tpu_rt_event_ready(e->rt, e->inflight[e->ihead].ev)) tpu_inflight_pop(e);
 }
 
-/* Waits for every launched computation; the first error of one (once). */
+/* Reads the pending value checks (each waits for its program): the first
+ * that failed, as an error naming its op; every check is consumed. */
+static tpu_status *tpu_checks_read(tpu_engine *e) {
+  tpu_status *err = NULL;
+  for (int k = 0; k < e->nchk; k++) {
+    uint8_t bad = 0;
+    tpu_status *s = err ? NULL : tpu_rt_buffer_to_host(e->rt, e->chk[k].buf, &bad, 1);
+    tpu_rt_buffer_free(e->chk[k].buf);
+    if (s) tpu_status_free(s); /* the program's own failure is reported by the ring */
+    else if (bad && !err)
+      err = tpu_status_new((tpu_code)e->chk[k].what.code, "aten::%s: %s", e->chk[k].what.op, e->chk[k].what.msg);
+  }
+  e->nchk = 0;
+  return err;
+}
+
+/* Keeps a launched program's check (b owned) for the next sync point; with
+ * many pending, they are read now and a failure waits there. */
+static void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what) {
+  if (e->nchk == e->capchk) {
+    int cap = e->capchk ? 2 * e->capchk : 16;
+    void *n = cap <= 4096 ? realloc(e->chk, sizeof *e->chk * (size_t)cap) : NULL;
+    if (!n) {
+      tpu_status *s = tpu_checks_read(e);
+      if (s && !e->deferred) e->deferred = s;
+      else tpu_status_free(s);
+    } else {
+      e->chk = n;
+      e->capchk = cap;
+    }
+  }
+  e->chk[e->nchk].buf = b;
+  e->chk[e->nchk++].what = what;
+}
+
+/* Waits for every launched computation; the first error of one (once), then
+ * the first failed value check. */
 static tpu_status *tpu_engine_wait(tpu_engine *e) {
   while (e->icount) tpu_inflight_pop(e);
   tpu_status *s = e->deferred;
   e->deferred = NULL;
+  tpu_status *c = e->nchk ? tpu_checks_read(e) : NULL;
+  if (!s) return c;
+  tpu_status_free(c);
   return s;
 }
 
@@ -1122,6 +1177,9 @@ typedef struct {
   int nfin, capfin;
   int node;     /* the op being lowered */
   bool oom;
+  tpu_hv *chk;       /* owned: the ops' value checks */
+  tpu_fcheck *chkw;  /* owned until moved into the cache entry: their errors */
+  int nchk, capchk;
 } tpu_fuse_ctx;
 
 static void tpu_fuse_add(tpu_fuse_ctx *x, tpu_fin f) {
@@ -1214,6 +1272,23 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     int j = 0;
     for (int k = 0; k < L.nout; k++) {
       tpu_record *r = NULL;
+      if (L.out[k].kind == TPU_OUT_CHECK) {
+        if (x.nchk == x.capchk) {
+          int cap = x.capchk ? 2 * x.capchk : 8;
+          tpu_hv *a = realloc(x.chk, sizeof *a * (size_t)cap);
+          if (a) x.chk = a;
+          tpu_fcheck *w = a ? realloc(x.chkw, sizeof *w * (size_t)cap) : NULL;
+          if (w) x.chkw = w;
+          if (!a || !w) {
+            x.oom = true;
+            continue;
+          }
+          x.capchk = cap;
+        }
+        x.chk[x.nchk] = L.outv[k];
+        x.chkw[x.nchk++] = (tpu_fcheck){n->row->name, L.out[k].msg, L.out[k].arg};
+        continue;
+      }
       if (L.out[k].kind == TPU_OUT_WRITE) {
         tpu_in_plan p = {TPU_IN_RECORD, L.out[k].arg, L.out[k].item};
         r = tpu_arg_tref(n->args, &p)->rec;
@@ -1226,7 +1301,7 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     }
   }
   int nres = 0;
-  tpu_hv *res = malloc(sizeof *res * (size_t)(tab->n ? tab->n : 1));
+  tpu_hv *res = malloc(sizeof *res * (size_t)(tab->n + x.nchk + 1));
   int *fout = malloc(sizeof *fout * (size_t)(tab->n ? tab->n : 1));
   if (!res || !fout || x.oom) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   for (int k = 0; k < tab->n && !s; k++) {
@@ -1240,9 +1315,13 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
       fout[nres++] = k;
     }
   }
+  /* the value checks follow the records (none when no value is live) */
+  int nchk = nres ? x.nchk : 0;
+  for (int k = 0; k < nchk && !s; k++) res[nres + k] = x.chk[k];
+  free(x.chk);
   char *text = NULL;
   size_t len = 0;
-  if (!s) s = tpu_hlo_finish(H, res, nres, &text, &len);
+  if (!s) s = tpu_hlo_finish(H, res, nres + nchk, &text, &len);
   tpu_hlo_free(H);
   free(res);
   if (!s && getenv("TORCHTPU_DUMP_HLO")) fprintf(stderr, "-- fused program of %d ops\n%s\n", e->nnodes, text);
@@ -1259,6 +1338,7 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     free(c);
     free(fout);
     free(x.fin);
+    free(x.chkw);
     tpu_rt_exec_free(exec);
     return s;
   }
@@ -1270,6 +1350,8 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   c->nfin = x.nfin;
   c->fout = fout;
   c->nfout = nres;
+  c->fchk = x.chkw;
+  c->nfchk = nchk;
   if (!tpu_cache_insert(e, c)) {
     tpu_cache_entry_free(c);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
@@ -1284,7 +1366,7 @@ static tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *t
   int nin = c->nfin;
   tpu_rt_buffer **inbuf = calloc((size_t)nin + 1, sizeof *inbuf);
   tpu_rt_buffer **temps = calloc((size_t)nin + 1, sizeof *temps);
-  tpu_rt_buffer **outbuf = calloc((size_t)c->nfout, sizeof *outbuf);
+  tpu_rt_buffer **outbuf = calloc((size_t)(c->nfout + c->nfchk), sizeof *outbuf);
   tpu_status *s = (!inbuf || !temps || !outbuf) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
   int ntemp = 0;
   e->epoch++;
@@ -1308,6 +1390,7 @@ static tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *t
       tpu_rt_buffer_free(r->buf);
       r->buf = outbuf[k];
     }
+    for (int k = 0; k < c->nfchk; k++) tpu_check_push(e, outbuf[c->nfout + k], c->fchk[k]);
     atomic_fetch_add(&e->metrics.fused_programs, 1);
     atomic_fetch_add(&e->metrics.fused_ops, e->nnodes);
   }
@@ -1635,9 +1718,13 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
       res->outs[nnew] = r;
       res->types[nnew] = o->type;
       nnew++;
+    } else if (o->kind == TPU_OUT_CHECK && outbuf[k]) {
+      tpu_check_push(e, outbuf[k], (tpu_fcheck){row->name, o->msg, o->arg});
+      outbuf[k] = NULL;
     }
   }
   for (int k = 0; k < c->nout; k++) tpu_rt_buffer_free(outbuf[k]);
+  if (!s && e->mode == TPU_MODE_DEBUG && e->nchk) s = tpu_checks_read(e); /* debug: raised by the op */
   res->nout = nnew;
   res->nret = c->nret;
   memcpy(res->ret, c->ret, sizeof(tpu_ret_plan) * (size_t)c->nret);
@@ -2035,7 +2122,7 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
   int nin_p = c->nfin;
   tpu_rt_buffer **inbuf = calloc((size_t)nin_p + 1, sizeof *inbuf);
   tpu_rt_buffer **temps = calloc((size_t)nin_p + 1, sizeof *temps);
-  tpu_rt_buffer **outbuf = calloc((size_t)c->nfout + 1, sizeof *outbuf);
+  tpu_rt_buffer **outbuf = calloc((size_t)(c->nfout + c->nfchk) + 1, sizeof *outbuf);
   tpu_record **fresh = calloc((size_t)p->nnew + 1, sizeof *fresh);
   if (!inbuf || !temps || !outbuf || !fresh) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   int ntemp = 0;
@@ -2075,6 +2162,7 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
       tpu_rt_buffer_free(r->buf);
       r->buf = outbuf[k];
     }
+    for (int k = 0; k < c->nfchk; k++) tpu_check_push(e, outbuf[c->nfout + k], c->fchk[k]);
     for (int j = 0; j < p->nout; j++) {
       const tpu_plan_src *o = &p->osrc[j];
       outs[j] = o->kind == TPU_SRC_IN ? ins[o->idx].rec : o->kind == TPU_SRC_HELD ? p->held[o->idx] : fresh[o->idx];

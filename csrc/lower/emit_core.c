@@ -73,6 +73,7 @@ void tpu_emit_div_rounding(tpu_lower *L, const char *mode) {
   tpu_dtype out_dt = dt;
   dt = tpu_acc_type(dt);
   tpu_hv a = tpu_lower_input(L, 0, dt), b = tpu_lower_input(L, 1, dt);
+  tpu_lower_check_divisor(L, b);
   tpu_hv q = tpu_lower_binary(L, TPU_HLO_DIV, a, b);
   if (strcmp(mode, "trunc") == 0) {
     /* torch's CPU kernel rounds the quotient to the half type before truncating */
@@ -131,6 +132,7 @@ void tpu_emit_remainder(tpu_lower *L) {
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
   tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
   tpu_lower_broadcast_all(L, v, 2);
+  tpu_lower_check_divisor(L, v[1]);
   tpu_hv r = tpu_hlo_binary(H, TPU_HLO_REM, v[0], v[1]);
   tpu_hv z = tpu_lower_full_like(L, r, 0);
   tpu_hv fix = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, r, z),

@@ -212,6 +212,7 @@ void tpu_emit_fmod(tpu_lower *L) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"fmod_cpu\" not implemented for 'Bool'");
     return;
   }
+  tpu_lower_check_divisor(L, v[1]);
   tpu_lower_out(L, tpu_hlo_binary(H, TPU_HLO_REM, v[0], v[1]));
 }
 

@@ -112,6 +112,8 @@ void tpu_emit_gather(tpu_lower *L) {
   }
   int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
   tpu_hv idx = tpu_lower_tensor(L, 2, -1);
+  tpu_lower_check_range(L, idx, t->sizes[d], false, TPU_ERR_RUNTIME,
+                        "index out of bounds: gather's indices must be in [0, size) of the dimension");
   tpu_hlo_type st = *T(L, idx);
   tpu_hv coords = tpu_coords_along(L, idx, d);
   tpu_hv v = tpu_point_gather(L, x, coords);
@@ -152,6 +154,8 @@ static void tpu_emit_scatter_impl(tpu_lower *L, int mode /* 0 replace, 1 add, 2 
   tpu_dtype dt = t->dtype;
   int64_t d = t->rank ? tpu_lower_dim(L, L->args[1].i, t->rank) : 0;
   tpu_hv idx = tpu_lower_tensor(L, 2, -1);
+  tpu_lower_check_range(L, idx, t->rank ? t->sizes[d] : 1, false, TPU_ERR_RUNTIME,
+                        "index out of bounds: scatter's indices must be in [0, size) of the dimension");
   tpu_hlo_type ishape = *T(L, idx);
   tpu_hv upd;
   if (L->args[3].kind == TPU_ARG_TENSOR) {
@@ -184,11 +188,12 @@ void tpu_emit_index_select(tpu_lower *L) {
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), TPU_S64);
   int64_t n = tpu_hlo_type_numel(T(L, idx)), n1[2] = {n, 1};
+  int64_t d = t->rank ? tpu_lower_dim(L, L->args[1].i, t->rank) : 0;
+  tpu_lower_check_range(L, idx, t->rank ? t->sizes[d] : 1, false, TPU_ERR_INDEX, "index out of range in self");
   if (t->rank == 0) {
     tpu_lower_out(L, x);
     return;
   }
-  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
   int64_t perm[TPU_MAX_RANK], inv[TPU_MAX_RANK];
   tpu_hv xf = tpu_dim_to_front(L, x, d, perm, inv);
   tpu_hv g = tpu_lower_gather_rows(L, xf, tpu_hlo_reshape(H, idx, 2, n1));
@@ -346,7 +351,10 @@ static bool tpu_adv_parse(tpu_lower *L, int ii, const tpu_tref *t, tpu_adv *a) {
       tpu_lower_fail(L, TPU_ERR_INDEX, "tensors used as indices must be long, int, byte or bool tensors");
       return false;
     }
-    vals[a->k] = tpu_wrap_index(L, tpu_lower_tensor(L, ii, j), t->sizes[j]);
+    tpu_hv raw = tpu_lower_tensor(L, ii, j);
+    tpu_lower_check_range(L, raw, t->sizes[j], true, TPU_ERR_INDEX,
+                          "index out of bounds: an index is not in [-size, size) of its dimension");
+    vals[a->k] = tpu_wrap_index(L, raw, t->sizes[j]);
     a->pos[a->k++] = j;
   }
   if (a->k == 0) {
@@ -680,6 +688,8 @@ void tpu_emit_take(tpu_lower *L) {
     return;
   }
   tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &n);
+  tpu_lower_check_range(L, idx, n, true, TPU_ERR_INDEX,
+                        "out of range: take's indices must be in [-numel, numel) of the tensor");
   tpu_hv w = tpu_hlo_reshape(H, tpu_wrap_index(L, idx, n), 2, m1);
   tpu_lower_out(L, tpu_hlo_reshape(H, tpu_lower_gather_rows(L, x, w), it.rank, it.dims));
 }

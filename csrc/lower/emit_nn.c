@@ -452,6 +452,7 @@ static void tpu_nll_common(tpu_lower *L, int self_i, int target_i, int weight_i,
   }
   int64_t nc[2] = {N, C};
   tg = tpu_hlo_reshape(H, tg, 1, &N);
+  tpu_lower_check_targets(L, tg, C, L->args[ignore_i].i);
   tpu_hv tgb = tpu_hlo_broadcast_in_dim(H, tg, 2, nc, (int64_t[]){0});
   tpu_hv cls = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nc), 1);
   tpu_hv hot = tpu_hlo_compare(H, TPU_HLO_EQ, tgb, cls);
@@ -618,6 +619,7 @@ void tpu_emit_embedding(tpu_lower *L) {
   int64_t n = 1, D = w->sizes[1];
   for (int i = 0; i < ix->rank; i++) n *= ix->sizes[i];
   tpu_hv idx = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, 1, -1), TPU_S64), 2, (int64_t[]){n, 1});
+  tpu_lower_check_range(L, idx, w->sizes[0], false, TPU_ERR_INDEX, "index out of range in self");
   tpu_hv r = tpu_lower_gather_rows(L, tpu_lower_tensor(L, 0, -1), idx);
   int64_t od[TPU_MAX_RANK + 1];
   for (int i = 0; i < ix->rank; i++) od[i] = ix->sizes[i];

@@ -456,6 +456,7 @@ static bool tpu_nll2d_common(tpu_lower *L, int si, int ti, int wi, int ii, tpu_h
     }
   }
   tpu_hv tg = tpu_hlo_convert(H, tpu_lower_tensor(L, ti, -1), TPU_S64);
+  tpu_lower_check_targets(L, tg, C, L->args[ii].i);
   const tpu_hlo_type tt = *T(L, tg);
   tpu_hv h = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_broadcast_in_dim(H, tg, 4, s->sizes, (int64_t[]){0, 2, 3}),
                              tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 4, s->sizes), 1));

@@ -554,10 +554,60 @@ int tpu_lower_out(tpu_lower *L, tpu_hv v) {
   const tpu_hlo_type *t = tpu_hlo_typeof(L->hlo, v);
   int newidx = 0;
   for (int k = 0; k < L->nout; k++) newidx += L->out[k].kind == TPU_OUT_NEW;
-  L->out[L->nout] = (tpu_out_plan){TPU_OUT_NEW, -1, -1, *t};
+  L->out[L->nout] = (tpu_out_plan){TPU_OUT_NEW, -1, -1, *t, NULL};
   int64_t n = tpu_hlo_type_numel(t);
   L->outv[L->nout++] = tpu_hlo_reshape(L->hlo, v, 1, &n);
   return newidx;
+}
+
+bool tpu_lower_value_checks = true;
+
+void tpu_lower_check(tpu_lower *L, tpu_hv bad, tpu_code code, const char *msg) {
+  if (!tpu_lower_value_checks || bad == TPU_HV_NONE) return;
+  tpu_hlo *H = L->hlo;
+  const tpu_hlo_type *bt = tpu_hlo_typeof(H, bad);
+  if (bt->dtype != TPU_PRED) return;
+  if (bt->rank > 0) {
+    int64_t dims[TPU_MAX_RANK];
+    for (int d = 0; d < bt->rank; d++) dims[d] = d;
+    bad = tpu_hlo_reduce(H, bad, tpu_hlo_constant_int(H, TPU_PRED, 0), dims, bt->rank, TPU_HLO_OR);
+  }
+  if (L->check == TPU_HV_NONE) {
+    L->check = bad;
+    L->check_code = code;
+    L->check_msg = msg;
+  } else {
+    L->check = tpu_hlo_binary(H, TPU_HLO_OR, L->check, bad); /* the first check's error names the call */
+  }
+}
+
+void tpu_lower_check_range(tpu_lower *L, tpu_hv idx, int64_t n, bool negative, tpu_code code, const char *msg) {
+  if (!tpu_lower_value_checks || idx == TPU_HV_NONE) return;
+  tpu_hlo *H = L->hlo;
+  idx = tpu_hlo_convert(H, idx, TPU_S64);
+  tpu_hlo_type t = *tpu_hlo_typeof(H, idx);
+  tpu_hv lo = tpu_hlo_compare(H, TPU_HLO_LT, idx, tpu_lower_full(L, t, negative ? -(double)n : 0));
+  tpu_hv hi = tpu_hlo_compare(H, TPU_HLO_GE, idx, tpu_lower_full(L, t, (double)n));
+  tpu_lower_check(L, tpu_hlo_binary(H, TPU_HLO_OR, lo, hi), code, msg);
+}
+
+void tpu_lower_check_targets(tpu_lower *L, tpu_hv tg, int64_t C, int64_t ignore_index) {
+  if (!tpu_lower_value_checks || tg == TPU_HV_NONE) return;
+  tpu_hlo *H = L->hlo;
+  tpu_hlo_type t = *tpu_hlo_typeof(H, tg);
+  tpu_hv lo = tpu_hlo_compare(H, TPU_HLO_LT, tg, tpu_lower_full(L, t, 0));
+  tpu_hv hi = tpu_hlo_compare(H, TPU_HLO_GE, tg, tpu_lower_full(L, t, (double)C));
+  tpu_hv kept = tpu_hlo_compare(H, TPU_HLO_NE, tg, tpu_lower_full(L, t, (double)ignore_index));
+  tpu_lower_check(L, tpu_hlo_binary(H, TPU_HLO_AND, kept, tpu_hlo_binary(H, TPU_HLO_OR, lo, hi)), TPU_ERR_INDEX,
+                  "Target is out of bounds: a class index not in [0, number of classes) and not ignore_index");
+}
+
+void tpu_lower_check_divisor(tpu_lower *L, tpu_hv b) {
+  if (!tpu_lower_value_checks || b == TPU_HV_NONE) return;
+  tpu_hlo_type t = *tpu_hlo_typeof(L->hlo, b);
+  if (!tpu_dtype_is_int(t.dtype)) return;
+  tpu_lower_check(L, tpu_hlo_compare(L->hlo, TPU_HLO_EQ, b, tpu_lower_full(L, t, 0)), TPU_ERR_RUNTIME,
+                  "ZeroDivisionError (integer division by zero)");
 }
 
 void tpu_lower_write(tpu_lower *L, int i, int item, tpu_hv v) {
@@ -577,11 +627,14 @@ void tpu_lower_write(tpu_lower *L, int i, int item, tpu_hv v) {
     v = tpu_hlo_unary(L->hlo, TPU_HLO_REAL, v);
   v = tpu_hlo_convert(L->hlo, v, t->dtype);
   v = tpu_lower_broadcast_to(L, v, t->rank, t->sizes);
-  tpu_hv base = t->view == TPU_VIEW_WHOLE ? TPU_HV_NONE : tpu_lower_base(L, t, i, item);
+  bool guard = L->check != TPU_HV_NONE;
+  tpu_hv base = t->view == TPU_VIEW_WHOLE && !guard ? TPU_HV_NONE : tpu_lower_base(L, t, i, item);
   tpu_hv nb = tpu_lower_view_write(L, t, base, t->offv, v);
+  if (guard) /* an invalid input leaves the tensor as it was */
+    nb = tpu_hlo_select(L->hlo, tpu_lower_broadcast_to(L, L->check, 1, tpu_hlo_typeof(L->hlo, nb)->dims), base, nb);
   if (t->rec_dtype != TPU_INVALID && t->rec_dtype != t->dtype)
     nb = tpu_lower_reinterpret(L, nb, t->dtype, t->rec_dtype);
-  L->out[L->nout] = (tpu_out_plan){TPU_OUT_WRITE, i, item, *tpu_hlo_typeof(L->hlo, nb)};
+  L->out[L->nout] = (tpu_out_plan){TPU_OUT_WRITE, i, item, *tpu_hlo_typeof(L->hlo, nb), NULL};
   L->outv[L->nout++] = nb;
   /* Later reads in the same program see the new contents. */
   t->value = v;
@@ -701,7 +754,20 @@ static bool tpu_lower_castable(tpu_lower *L, tpu_hv v, tpu_dtype to, bool exact)
   return false;
 }
 
+/* The call's value check becomes an output (after every other). */
+static void tpu_lower_check_out(tpu_lower *L) {
+  if (L->check == TPU_HV_NONE || !tpu_hlo_ok(L->hlo)) return;
+  if (L->nout >= TPU_MAX_OUTS) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: too many outputs", L->opname);
+    return;
+  }
+  L->out[L->nout] = (tpu_out_plan){TPU_OUT_CHECK, (int)L->check_code, -1, *tpu_hlo_typeof(L->hlo, L->check),
+                                   L->check_msg};
+  L->outv[L->nout++] = L->check;
+}
+
 void tpu_lower_run(tpu_lower *L, const tpu_op_row *row) {
+  L->check = TPU_HV_NONE;
   for (int i = 0; i < L->nargs; i++) {
     tpu_arg *a = &L->args[i];
     a->value = L->shared && a->kind == TPU_ARG_SCALAR ? L->shared[i] : TPU_HV_NONE;
@@ -760,8 +826,10 @@ void tpu_lower_run(tpu_lower *L, const tpu_op_row *row) {
         tpu_lower_return_arg(L, i, -1);
       }
     }
+    tpu_lower_check_out(L);
     return;
   }
+  tpu_lower_check_out(L);
   if (L->nret == 0) {
     int newidx = 0;
     for (int k = 0; k < L->nout; k++)

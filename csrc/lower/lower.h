@@ -109,11 +109,12 @@ typedef struct {
 
 /* Program outputs: a new tensor, or the new flat buffer of an argument's
  * record (an in-place write), or the next RNG state. */
-typedef enum { TPU_OUT_NEW, TPU_OUT_WRITE, TPU_OUT_RNG } tpu_out_kind;
+typedef enum { TPU_OUT_NEW, TPU_OUT_WRITE, TPU_OUT_RNG, TPU_OUT_CHECK } tpu_out_kind;
 typedef struct {
   tpu_out_kind kind;
-  int arg, item;        /* WRITE: which tensor argument */
+  int arg, item;        /* WRITE: which tensor argument; CHECK: arg is the error's tpu_code */
   tpu_hlo_type type;    /* NEW: the tensor's type (contiguous) */
+  const char *msg;      /* CHECK: the error's message (static storage) */
 } tpu_out_plan;
 
 /* What the call returns to Python: new output k, or tensor argument a. */
@@ -155,6 +156,11 @@ struct tpu_lower {
   /* Fused lowering: per argument, an earlier call's program input that this
    * call's Python number reads too (TPU_HV_NONE: its own); NULL: none. */
   const tpu_hv *shared;
+  /* A value check of this call (tpu_lower_check): a 0-d pred, true when an
+   * input is invalid, with the error to raise; TPU_HV_NONE: none. */
+  tpu_hv check;
+  tpu_code check_code;
+  const char *check_msg;
 };
 
 typedef void (*tpu_emit_fn)(tpu_lower *L);
@@ -224,6 +230,26 @@ tpu_hv tpu_lower_binary(tpu_lower *L, tpu_hlo_op op, tpu_hv a, tpu_hv b);
 /* 0-d constant broadcast to v's shape and dtype. */
 tpu_hv tpu_lower_full_like(tpu_lower *L, tpu_hv like, double value);
 tpu_hv tpu_lower_full(tpu_lower *L, tpu_hlo_type t, double value);
+
+/* A check that needs tensor values (an index in range, a class target in
+ * range, a nonzero integer divisor), as CUDA's device-side asserts: bad (a
+ * pred of any shape) is true where an input is invalid. The program computes
+ * whether any is; then the call's writes leave their tensors as they were,
+ * and the error (code, msg: a string literal) is raised at the next sync
+ * point (at once in debug mode). Register it before the call's writes.
+ * TORCHTPU_VALUE_CHECKS=0 makes no checks. */
+void tpu_lower_check(tpu_lower *L, tpu_hv bad, tpu_code code, const char *msg);
+/* A check that integer idx lies in [-n, n) (negative: indices may count
+ * from the end) or [0, n). */
+void tpu_lower_check_range(tpu_lower *L, tpu_hv idx, int64_t n, bool negative, tpu_code code, const char *msg);
+/* A check of class targets tg (s64) against C classes: each in [0, C) or
+ * the ignored index (the losses' "Target ... is out of bounds"). */
+void tpu_lower_check_targets(tpu_lower *L, tpu_hv tg, int64_t C, int64_t ignore_index);
+/* A check that an integer divisor b has no zero ("ZeroDivisionError", as
+ * CPU torch); nothing for floats. */
+void tpu_lower_check_divisor(tpu_lower *L, tpu_hv b);
+/* Whether value checks are made (the engine sets this once). */
+extern bool tpu_lower_value_checks;
 
 /* Declare a new output tensor; returns its index. */
 int tpu_lower_out(tpu_lower *L, tpu_hv v);
