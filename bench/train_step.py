@@ -177,9 +177,9 @@ def child(example, device, mode, steps, long_steps):
     print("RESULT " + json.dumps(out))
 
 
-def run(example, device, mode, steps, long_steps=0):
+def run(example, device, mode, steps, long_steps=0, **env_extra):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", example, device, mode, str(steps), str(long_steps)]
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=os.environ.get("TORCHTPU_CACHE_DIR", ""))
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=os.environ.get("TORCHTPU_CACHE_DIR", ""), **env_extra)
     return _result(subprocess.run(cmd, capture_output=True, text=True, env=env), f"{example} {device} {mode}")
 
 
@@ -212,6 +212,21 @@ def rounds(ex, steps, n):
           f"(median of {n} rounds; {min(ratios):.2f}-{max(ratios):.2f})")
 
 
+def check_rounds(ex, steps, n, modes=("strict", "fused")):
+    """What the value checks cost: each mode with TORCHTPU_VALUE_CHECKS on and
+    off in alternating fresh processes, n times; the median of the pairs'
+    ratios (on / off)."""
+    for mode in modes:
+        ratios = []
+        for i in range(n):
+            on = run(ex, "tpu", mode, steps, TORCHTPU_VALUE_CHECKS="1")["step_ms"]
+            off = run(ex, "tpu", mode, steps, TORCHTPU_VALUE_CHECKS="0")["step_ms"]
+            ratios.append(on / off)
+            print(f"{ex:<8}{mode} round {i + 1}: checks on {on:.2f} ms, off {off:.2f} ms, {on / off:.3f}x")
+        print(f"{ex:<8}{mode}: value checks cost {100 * (statistics.median(ratios) - 1):+.1f}% "
+              f"(median of {n} rounds; {min(ratios):.3f}-{max(ratios):.3f}x)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
@@ -222,10 +237,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=0,
                     help="then this many more rounds of strict and fused, alternating (noisy machines)")
     ap.add_argument("--child", nargs=5)
+    ap.add_argument("--check-rounds", type=int, default=0,
+                    help="the GPT step with value checks on and off, strict and fused, in N alternating rounds")
     args = ap.parse_args()
     if args.child:
         ex, dev, mode, steps, long_steps = args.child
         return child(ex, dev, mode, int(steps), int(long_steps))
+    if args.check_rounds:
+        return check_rounds("gpt", args.steps, args.check_rounds)
     jax_py = jax_python() if args.compile else None
     if args.compile and not jax_py:
         print("jax: not in a bench environment (make bench-setup); the JAX row is left out")
