@@ -256,6 +256,13 @@ _BAD_VALUES = {
     "remainder": lambda d: torch.tensor([5, 3], device=d) % torch.tensor([0, 2], device=d),
     "remainder_scalar": lambda d: torch.remainder(torch.tensor([5, 3], device=d), 0),
     "fmod": lambda d: torch.fmod(torch.tensor([5, 3], device=d), torch.tensor([2, 0], device=d)),
+    "bernoulli": lambda d: torch.bernoulli(torch.tensor([0.5, 1.5], device=d)),
+    "bernoulli_": lambda d: torch.empty(2, device=d).bernoulli_(torch.tensor([-0.1, 0.5], device=d)),
+    "multinomial_negative": lambda d: torch.multinomial(torch.tensor([0.5, -1.0], device=d), 1),
+    "multinomial_nan": lambda d: torch.multinomial(torch.tensor([[0.5, NAN]], device=d), 1),
+    "multinomial_zero_sum": lambda d: torch.multinomial(torch.tensor([0.0, 0.0], device=d), 1),
+    "binary_cross_entropy": lambda d: torch.nn.functional.binary_cross_entropy(torch.tensor([1.5], device=d),
+                                                                             torch.tensor([1.0], device=d)),
 }
 
 _GOOD_VALUES = {

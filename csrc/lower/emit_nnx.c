@@ -163,6 +163,10 @@ void tpu_emit_binary_cross_entropy(tpu_lower *L) {
   }
   tpu_dtype dt = s->dtype, acc = tpu_acc_type(dt);
   tpu_hv x = tpu_lower_input(L, 0, acc), y = tpu_lower_input(L, 1, acc);
+  tpu_hv inside = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, x, tpu_k(L, x, 0)),
+                                 tpu_hlo_compare(H, TPU_HLO_LE, x, tpu_k(L, x, 1)));
+  tpu_lower_check(L, tpu_hlo_unary(H, TPU_HLO_NOT, inside), TPU_ERR_RUNTIME,
+                  "all elements of input should be between 0 and 1");
   tpu_hv lx = tpu_hlo_binary(H, TPU_HLO_MAX, tpu_hlo_unary(H, TPU_HLO_LOG, x), tpu_k(L, x, -100));
   tpu_hv l1x = tpu_hlo_binary(H, TPU_HLO_MAX, tpu_hlo_unary(H, TPU_HLO_LOG1P, tpu_hlo_unary(H, TPU_HLO_NEG, x)),
                               tpu_k(L, x, -100));
@@ -550,10 +554,19 @@ static void tpu_rand_write_self(tpu_lower *L, tpu_hv v) {
   tpu_lower_return_arg(L, 0, -1);
 }
 
+/* A value check: every probability in [0, 1] (NaN is not), as bernoulli's. */
+static void tpu_check_probability(tpu_lower *L, tpu_hv p) {
+  tpu_hv ok = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, p, tpu_k(L, p, 0)),
+                             tpu_hlo_compare(H, TPU_HLO_LE, p, tpu_k(L, p, 1)));
+  tpu_lower_check(L, tpu_hlo_unary(H, TPU_HLO_NOT, ok), TPU_ERR_RUNTIME,
+                  "Expected p_in >= 0 && p_in <= 1 to be true, but got false (a probability outside [0, 1])");
+}
+
 /* bernoulli_.Tensor(self, p, *, generator): self[i] = u < p[i] (p broadcast) */
 void tpu_emit_bernoulli_tensor(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   tpu_hv p = tpu_lower_input(L, 1, TPU_F64);
+  tpu_check_probability(L, p);
   p = tpu_lower_broadcast_to(L, p, t->rank, t->sizes);
   tpu_hv u = tpu_hlo_convert(H, tpu_lower_uniform(L, TPU_F32, t->rank, t->sizes), TPU_F64);
   tpu_rand_write_self(L, tpu_hlo_compare(H, TPU_HLO_LT, u, p));
@@ -564,6 +577,7 @@ void tpu_emit_bernoulli_self(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   if (!tpu_rand_float_self(L, "bernoulli_tensor_cpu_self_")) return;
   tpu_hv p = tpu_lower_input(L, 0, TPU_F64);
+  tpu_check_probability(L, p);
   tpu_hv u = tpu_hlo_convert(H, tpu_lower_uniform(L, TPU_F32, t->rank, t->sizes), TPU_F64);
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_LT, u, p), t->dtype));
 }
@@ -791,7 +805,19 @@ void tpu_emit_multinomial(tpu_lower *L) {
     return;
   }
   int64_t nc[2] = {N, C};
-  tpu_hv lp = tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_reshape(H, tpu_lower_input(L, 0, TPU_F32), 2, nc));
+  tpu_hv pr = tpu_hlo_reshape(H, tpu_lower_input(L, 0, TPU_F32), 2, nc);
+  {
+    /* probabilities finite and >= 0, and each row's sum above 0 */
+    tpu_hv okv = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, pr, tpu_k(L, pr, 0)),
+                                tpu_hlo_compare(H, TPU_HLO_LT, pr, tpu_k(L, pr, INFINITY)));
+    tpu_lower_check(L, tpu_hlo_unary(H, TPU_HLO_NOT, okv), TPU_ERR_RUNTIME,
+                    "probability tensor contains either `inf`, `nan` or element < 0");
+    int64_t one = 1;
+    tpu_hv sum = tpu_hlo_reduce(H, pr, tpu_hlo_constant(H, TPU_F32, 0), &one, 1, TPU_HLO_ADD);
+    tpu_lower_check(L, tpu_hlo_compare(H, TPU_HLO_LE, sum, tpu_k(L, sum, 0)), TPU_ERR_RUNTIME,
+                    "invalid multinomial distribution (sum of probabilities <= 0)");
+  }
+  tpu_hv lp = tpu_hlo_unary(H, TPU_HLO_LOG, pr);
   tpu_hv r;
   if (repl) {
     int64_t nsc[3] = {N, S, C};
