@@ -209,6 +209,8 @@ static void tpu_emit_index_combine(tpu_lower *L, bool add) {
   tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 3, -1), dt);
   tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), TPU_S64);
   int64_t n = tpu_hlo_type_numel(T(L, idx)), n1[2] = {n, 1};
+  tpu_lower_check_range(L, idx, t->rank ? t->sizes[tpu_lower_dim(L, L->args[1].i, t->rank)] : 1, false, TPU_ERR_INDEX,
+                        add ? "index out of range in self" : "index_copy_(): an index is out of bounds for the dimension");
   if (add && L->nargs > 4 && L->args[4].kind == TPU_ARG_SCALAR && !L->args[4].is_default)
     src = tpu_mul(L, src, tpu_lower_broadcast_to(L, tpu_lower_scalar(L, 4, dt), T(L, src)->rank, T(L, src)->dims));
   if (t->rank == 0) {
@@ -242,7 +244,9 @@ void tpu_emit_index_fill(tpu_lower *L) {
   }
   int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
   int64_t sz = t->sizes[d];
-  tpu_hv idx = tpu_wrap_index(L, tpu_lower_tensor(L, 2, -1), sz);
+  tpu_hv raw = tpu_lower_tensor(L, 2, -1);
+  tpu_lower_check_range(L, raw, sz, true, TPU_ERR_INDEX, "index out of bounds: an index is not in [-size, size)");
+  tpu_hv idx = tpu_wrap_index(L, raw, sz);
   int64_t n = tpu_hlo_type_numel(T(L, idx));
   idx = tpu_hlo_reshape(H, idx, 1, &n);
   int64_t md[2] = {sz, n}, b1[1] = {1};
@@ -714,6 +718,7 @@ void tpu_emit_put(tpu_lower *L) {
     return;
   }
   tpu_hv xf = tpu_hlo_reshape(H, x, 1, &n);
+  tpu_lower_check_range(L, idx, n, true, TPU_ERR_INDEX, "out of range: put_'s indices must be in [-numel, numel)");
   tpu_hv w = tpu_hlo_reshape(H, tpu_wrap_index(L, idx, n), 2, m1);
   int region = tpu_arg_bool(L, 3) ? tpu_reduce_region(L, dt, TPU_RED_SUM) : -1;
   tpu_hv r = tpu_lower_scatter_rows(L, xf, w, tpu_hlo_reshape(H, src, 1, &m), region);
