@@ -55,6 +55,7 @@ def child(example, device, mode, steps, long_steps):
     # "<mode>/read10": the loop reads the loss back every 10 steps instead of
     # every step (as training loops that log every N steps do); the step time
     # is then that of blocks of 10 steps, each ending with the read.
+    mode, ab, _ = mode.partition("/checks-ab")
     mode, _, reads = mode.partition("/read")
     read_every = int(reads) if reads else 1
     compiled = mode in ("compiled", "compiled-step", "compiled-graph", "inductor")
@@ -158,6 +159,8 @@ def child(example, device, mode, steps, long_steps):
     for i in range(total):
         if i < 3:
             first.append(rss_mb())
+        if ab:
+            torchtpu._C.value_checks(i % 2 == 0)  # alternate: even steps checked, odd steps not
         t0 = time.perf_counter()
         for k in range(read_every):
             step(read=k == read_every - 1)
@@ -174,6 +177,10 @@ def child(example, device, mode, steps, long_steps):
         "rss_after_warmup_mb": rss[0] if rss else None,
         "rss_end_mb": rss[-1] if rss else None,
     }
+    if ab:
+        pairs = [times[i] / times[i + 1] for i in range(6, len(times) - 1, 2)]
+        out["checks_ratio"] = statistics.median(pairs)
+        out["checks_ratio_range"] = [min(pairs), max(pairs)]
     print("RESULT " + json.dumps(out))
 
 
@@ -212,6 +219,18 @@ def rounds(ex, steps, n):
           f"(median of {n} rounds; {min(ratios):.2f}-{max(ratios):.2f})")
 
 
+def check_ab(ex, steps, modes=("strict", "fused")):
+    """What the value checks cost, in one process: steps alternate with the
+    checks on and off (both programs cached), and the median of the ratios
+    of neighbouring steps is quoted (a busy moment of a shared machine
+    slows both steps of a pair)."""
+    for mode in modes:
+        r = run(ex, "tpu", mode + "/checks-ab", steps)
+        lo, hi = r["checks_ratio_range"]
+        print(f"{ex:<8}{mode}: value checks cost {100 * (r['checks_ratio'] - 1):+.1f}% (median of {steps // 2} "
+              f"pairs of neighbouring steps; {lo:.3f}-{hi:.3f}x)")
+
+
 def check_rounds(ex, steps, n, modes=("strict", "fused")):
     """What the value checks cost: each mode with TORCHTPU_VALUE_CHECKS on and
     off in alternating fresh processes, n times; the median of the pairs'
@@ -237,6 +256,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=0,
                     help="then this many more rounds of strict and fused, alternating (noisy machines)")
     ap.add_argument("--child", nargs=5)
+    ap.add_argument("--check-ab", action="store_true",
+                    help="the GPT step with value checks on and off in alternate steps of one process")
     ap.add_argument("--check-rounds", type=int, default=0,
                     help="the GPT step with value checks on and off, strict and fused, in N alternating rounds")
     args = ap.parse_args()
@@ -245,6 +266,8 @@ def main():
         return child(ex, dev, mode, int(steps), int(long_steps))
     if args.check_rounds:
         return check_rounds("gpt", args.steps, args.check_rounds)
+    if args.check_ab:
+        return check_ab("gpt", args.steps)
     jax_py = jax_python() if args.compile else None
     if args.compile and not jax_py:
         print("jax: not in a bench environment (make bench-setup); the JAX row is left out")

@@ -1515,6 +1515,7 @@ static tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab,
    * live. The same training step gives the same key every time. */
   tpu_sig_i64(&sig, -1);
   tpu_sig_i64(&sig, e->precision);
+  tpu_sig_i64(&sig, tpu_lower_value_checks); /* programs with and without checks differ */
   /* With recompiles explained, the key's parts are hashed apart too: a
    * program compiled for the same ops as an earlier one says which part
    * differs. */
@@ -1657,6 +1658,7 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
   tpu_sig sig = {sigbuf, 0, sizeof sigbuf, false, false};
   tpu_sig_build(&sig, op_id, args, nargs);
   tpu_sig_i64(&sig, e->precision);
+  tpu_sig_i64(&sig, tpu_lower_value_checks); /* programs with and without checks differ */
   if (sig.oom) {
     tpu_sig_done(&sig);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");

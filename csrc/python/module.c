@@ -1440,6 +1440,17 @@ static PyObject *tpu_py_matmul_precision(PyObject *m, PyObject *args) {
   return PyLong_FromLong((long)tpu_engine_precision(st->eng));
 }
 
+/* value_checks([on]) -> on: whether programs make value checks (read from
+ * TORCHTPU_VALUE_CHECKS when the device starts; part of every program's key,
+ * so both kinds can be cached at once, as the benchmark compares them). */
+static PyObject *tpu_py_value_checks(PyObject *m, PyObject *args) {
+  int on = -1;
+  if (!PyArg_ParseTuple(args, "|p", &on)) return NULL;
+  if (!tpu_need_engine(tpu_state(m))) return NULL;
+  if (on >= 0) tpu_lower_value_checks = on;
+  return PyBool_FromLong(tpu_lower_value_checks);
+}
+
 /* Opens dir as the disk tier (NULL or "": off). NULL on success. */
 static tpu_status *tpu_disk_cache_open(tpu_mod_state *st, const char *dir, long long max_bytes, const char *extra) {
   if (!dir || !*dir) {
@@ -1955,6 +1966,7 @@ static PyMethodDef tpu_methods[] = {
     {"metrics", tpu_py_metrics, METH_NOARGS, "Counters."},
     {"memory", tpu_py_memory, METH_VARARGS, "memory(reset_peak=False) -> byte counts"},
     {"matmul_precision", tpu_py_matmul_precision, METH_VARARGS, "matmul_precision([p]) -> p"},
+    {"value_checks", tpu_py_value_checks, METH_VARARGS, "value_checks([on]) -> on"},
     {"disk_cache", tpu_py_disk_cache, METH_VARARGS, "disk_cache(dir, max_bytes, extra_salt)"},
     {"eager_mode", tpu_py_eager_mode, METH_VARARGS, "eager_mode([mode]) -> mode (0 debug, 1 strict)"},
     {"synchronize", tpu_py_synchronize, METH_NOARGS, "Wait for every launched computation."},
