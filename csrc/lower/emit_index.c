@@ -6,6 +6,7 @@
  * (or scatter, for index_put). Negative indices wrap where torch allows. */
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "emit.h"
@@ -111,6 +112,23 @@ void tpu_emit_gather(tpu_lower *L) {
     return;
   }
   int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  if (it->rank != t->rank) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Index tensor must have the same number of dimensions as input tensor");
+    return;
+  }
+  for (int i = 0; i < t->rank; i++) {
+    if (i == d || it->sizes[i] <= t->sizes[i]) continue;
+    char a[256], b[256];
+    size_t na = 0, nb = 0;
+    a[0] = b[0] = 0;
+    for (int k = 0; k < t->rank; k++) {
+      na += (size_t)snprintf(a + na, sizeof a - na, "%s%lld", k ? ", " : "", (long long)it->sizes[k]);
+      nb += (size_t)snprintf(b + nb, sizeof b - nb, "%s%lld", k ? ", " : "", (long long)t->sizes[k]);
+    }
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Size does not match at dimension %d expected index [%s] to be no larger than "
+                   "self [%s] apart from dimension %lld", i, a, b, (long long)d);
+    return;
+  }
   tpu_hv idx = tpu_lower_tensor(L, 2, -1);
   tpu_hlo_type st = *T(L, idx);
   tpu_hv coords = tpu_coords_along(L, idx, d);
@@ -293,6 +311,11 @@ void tpu_emit_roll(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   int ns = L->args[1].nints, nd = L->args[2].nints;
+  if (nd > 0 && t->rank == 0) {
+    tpu_lower_fail(L, TPU_ERR_INDEX, "Dimension specified as %lld but tensor has no dimensions",
+                   (long long)L->args[2].ints[0]);
+    return;
+  }
   if (nd == 0) {
     if (ns != 1) {
       tpu_lower_fail(L, TPU_ERR_RUNTIME, "shifts and dimensions must align. shifts: %d, dims:0", ns);
@@ -502,6 +525,11 @@ void tpu_emit_nonzero_static(tpu_lower *L) {
 void tpu_emit_masked_scatter(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   tpu_dtype dt = t->dtype;
+  if (L->args[1].kind == TPU_ARG_TENSOR && L->args[1].t.dtype != TPU_PRED) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "masked_scatter_ only supports boolean masks, but got mask with dtype %s",
+                   tpu_dtype_c10_name(L->args[1].t.dtype));
+    return;
+  }
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   tpu_hv m = tpu_lower_broadcast_to(L, tpu_lower_input(L, 1, TPU_PRED), t->rank, t->sizes);
   int64_t n = 1;

@@ -165,6 +165,32 @@ def _to_tpu(x):
     return y
 
 
+def _aliasing_to_tpu():
+    """A _to_tpu that keeps aliasing: tensors that share a CPU storage (the
+    same tensor passed twice, an out= that is a view of an input) become
+    views of one tpu copy of that storage, so the op sees the overlap the CPU
+    sees. Tensors on other devices (meta) are left as they are."""
+    import torch
+    flats = {}
+
+    def conv(x):
+        if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+            return x
+        if x.layout != torch.strided or x.is_conj() or x.is_neg() or x.numel() == 0:
+            return _to_tpu(x)
+        st = x.untyped_storage()
+        key = (st.data_ptr(), x.dtype)
+        if key not in flats:
+            n = st.nbytes() // x.element_size()
+            flat = torch.empty(0, dtype=x.dtype).set_(st, 0, [n], [1])
+            flats[key] = flat.detach().to("tpu")
+        y = flats[key].as_strided(x.size(), x.stride(), x.storage_offset())
+        if x.requires_grad:
+            y = y.detach().requires_grad_(True)
+        return y
+    return conv
+
+
 def _tree_map(fn, x):
     if isinstance(x, (list, tuple)):
         vals = [_tree_map(fn, v) for v in x]
@@ -407,7 +433,7 @@ def run_error_entry(op):
             cpu_exc = exc
         torch.manual_seed(0)
         try:
-            ts = s.transform(_to_tpu)
+            ts = s.transform(_aliasing_to_tpu())
             _force(op(ts.input, *ts.args, **ts.kwargs))
             tpu_exc = None
         except Exception as exc:
