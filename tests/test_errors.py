@@ -244,3 +244,31 @@ def test_rank_above_the_limit_is_a_runtime_error():
         torch.ones([1] * 9, device="tpu")
     with pytest.raises(RuntimeError, match="up to 8 dims"):
         torch.ones([1] * 9).to("tpu")
+
+
+# ---- indexing over empty dims, index_put dtypes, arange into an integer out= ----------------------
+
+CASES_INDEX = {
+    "index empty on empty": (lambda d: torch.ones(0, 4, 0, dtype=BF16, device=d)[torch.zeros(0, dtype=I64, device=d)],
+                             None),
+    "index a size-0 dim": (lambda d: t(3, 0, dev=d)[:, torch.zeros(2, dtype=I64, device=d)],
+                           "index is out of bounds for dimension with size 0"),
+    "index_put_ dtypes": (lambda d: t(3, dev=d).index_put_((torch.zeros(0, dtype=I64, device=d),),
+                                                           torch.zeros(0, dtype=I64, device=d), accumulate=True),
+                          "Index put requires the source and destination dtypes match, got Float for the destination "
+                          "and Long for the source."),
+    "setitem dtypes": (lambda d: t(3, dev=d).__setitem__(torch.tensor([0], device=d), torch.tensor([5], device=d)),
+                       "Index put requires the source and destination dtypes match"),
+    "index_put_ empty values": (lambda d: t(3, dev=d).index_put_((torch.zeros(0, dtype=I64, device=d),),
+                                                                 torch.zeros(0, device=d), accumulate=True), None),
+    "arange int out step 0.5": (lambda d: torch.arange(0, 64, 0.5, out=torch.empty(0, dtype=I64, device=d)),
+                                "step must be nonzero"),
+    "cat out aliases input": (lambda d: (lambda x: torch.cat((x, x), out=x))(t(4, 6, dev=d)), "unsupported operation"),
+    "cat out": (lambda d: torch.cat((t(2, 3, dev=d), t(1, 3, dev=d)), out=torch.empty(3, 3, device=d)), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES_INDEX))
+def test_index_errors(name):
+    fn, match = CASES_INDEX[name]
+    same_as_cpu(fn, match)

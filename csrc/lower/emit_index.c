@@ -369,6 +369,10 @@ static bool tpu_adv_parse(tpu_lower *L, int ii, const tpu_tref *t, tpu_adv *a) {
       tpu_lower_fail(L, TPU_ERR_INDEX, "tensors used as indices must be long, int, byte or bool tensors");
       return false;
     }
+    if (t->sizes[j] == 0 && !e->zero_size) {
+      tpu_lower_fail(L, TPU_ERR_INDEX, "index is out of bounds for dimension with size 0");
+      return false;
+    }
     vals[a->k] = tpu_wrap_index(L, tpu_lower_tensor(L, ii, j), t->sizes[j]);
     a->pos[a->k++] = j;
   }
@@ -436,7 +440,8 @@ void tpu_emit_index(tpu_lower *L) {
     }
   }
   g.index_vector_dim = a.brank;
-  tpu_hv r = tpu_hlo_gather(H, x, a.stacked, &g, slice, rt);
+  /* nothing to gather (an empty index or an empty kept dim): zeros of the shape */
+  tpu_hv r = tpu_hlo_type_numel(&rt) == 0 ? tpu_lower_full(L, rt, 0) : tpu_hlo_gather(H, x, a.stacked, &g, slice, rt);
   int64_t op[TPU_MAX_RANK];
   int rr;
   tpu_adv_result_perm(&a, op, &rr);
@@ -446,6 +451,12 @@ void tpu_emit_index(tpu_lower *L) {
 /* _index_put_impl_(self, indices, values, accumulate=False, unsafe=False) */
 void tpu_emit_index_put(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
+  if (L->args[2].kind == TPU_ARG_TENSOR && L->args[2].t.dtype != t->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Index put requires the source and destination dtypes match, got %s for the "
+                   "destination and %s for the source.", tpu_dtype_c10_name(t->dtype),
+                   tpu_dtype_c10_name(L->args[2].t.dtype));
+    return;
+  }
   tpu_adv a;
   if (!tpu_adv_parse(L, 1, t, &a)) return;
   tpu_dtype dt = t->dtype;
@@ -473,8 +484,10 @@ void tpu_emit_index_put(tpu_lower *L) {
     }
   }
   d.index_vector_dim = a.brank;
-  int region = tpu_arg_bool(L, 3) ? tpu_combine_region(L, dt, TPU_HLO_ADD) : -1;
-  tpu_hv r = tpu_hlo_scatter(H, x, a.stacked, v, &d, region);
+  /* nothing to write (no index, or empty slices): self unchanged */
+  bool empty = tpu_hlo_type_numel(T(L, v)) == 0 || tpu_hlo_type_numel(&xt) == 0;
+  int region = !empty && tpu_arg_bool(L, 3) ? tpu_combine_region(L, dt, TPU_HLO_ADD) : -1;
+  tpu_hv r = empty ? x : tpu_hlo_scatter(H, x, a.stacked, v, &d, region);
   int64_t back[TPU_MAX_RANK];
   for (int i = 0; i < t->rank; i++) back[a.perm[i]] = i;
   tpu_lower_out(L, tpu_hlo_transpose(H, r, back));

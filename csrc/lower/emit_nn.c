@@ -703,6 +703,12 @@ void tpu_emit_arange(tpu_lower *L) {
   bool is_float = s->skind == TPU_SCALAR_FLOAT || e->skind == TPU_SCALAR_FLOAT || st->skind == TPU_SCALAR_FLOAT;
   tpu_dtype dt = (ns < L->nargs && L->args[ns].kind == TPU_ARG_DTYPE) ? L->args[ns].dtype : (is_float ? TPU_F32 : TPU_S64);
   double a = s->f, b = e->f, c = st->f;
+  if ((L->flags & TPU_OP_OUT) && L->args[L->nargs - 1].kind == TPU_ARG_TENSOR &&
+      tpu_dtype_is_int(L->args[L->nargs - 1].t.dtype) && (int64_t)c == 0) {
+    /* an integer out= takes the step as an integer, as torch does */
+    tpu_lower_fail(L, TPU_ERR_VALUE, "step must be nonzero");
+    return;
+  }
   if (c == 0) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "step must be nonzero");
     return;
