@@ -151,6 +151,26 @@ def test_resized_out_that_aliases_an_input():
         same_as_cpu(fn, "unsupported operation")
 
 
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+def test_resized_out_that_is_an_input_is_allowed_where_torch_allows_it():
+    """torch lets sum(x, 0, out=x) and mm(x, x.t(), out=x) resize x (what
+    the CPU then computes reads the resized x: only the refusal is compared)."""
+    def summed(d):
+        x = torch.arange(12.0, device=d).reshape(3, 4)
+        torch.sum(x, 0, out=x)
+        return x
+
+    def mm(d):
+        x = torch.arange(12.0, device=d).reshape(3, 4)
+        torch.mm(x, x.t(), out=x)
+        return x
+    for fn in (summed, mm):
+        assert _run(fn, "cpu")[1] is None
+        r, e = _run(fn, "tpu")
+        assert e is None, e
+        assert r.shape == _run(fn, "cpu")[0].shape
+
+
 def test_builder_errors_are_runtime_errors_naming_the_op():
     """An input an emitter does not check reaches the StableHLO builder: the
     user sees a RuntimeError naming the aten op, not a TypeError of the builder."""

@@ -854,8 +854,8 @@ static tpu_tref *tpu_arg_tref(tpu_arg *args, const tpu_in_plan *p) {
  * allowed, as in torch. */
 static tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const tpu_cache_entry *c) {
   /* the tensors written: in-place and out= writes, then out= tensors that
-   * are resized to take a result (any overlap of those with an input is
-   * refused: they cannot be the input itself) */
+   * are resized to take a result (for NO_ALIAS ops, any overlap of those
+   * with an input is refused: they cannot be the input itself) */
   for (int w = 0; w < c->nout + c->nret; w++) {
     tpu_in_plan wp;
     bool resized = w >= c->nout;
@@ -864,7 +864,9 @@ static tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const
       wp = (tpu_in_plan){TPU_IN_RECORD, c->out[w].arg, c->out[w].item};
     } else {
       const tpu_ret_plan *r = &c->ret[w - c->nout];
-      if (!r->resize || r->arg < 0 || args[r->arg].kind != TPU_ARG_TENSOR) continue;
+      /* only ops that refuse any alias (torch lets sum(x, 0, out=x) resize x) */
+      if (!(row->flags & TPU_OP_NO_ALIAS) || !r->resize || r->arg < 0 || args[r->arg].kind != TPU_ARG_TENSOR)
+        continue;
       wp = (tpu_in_plan){TPU_IN_RECORD, r->arg, -1};
     }
     const tpu_tref *wt = tpu_arg_tref(args, &wp);

@@ -3,6 +3,7 @@
     python -m torchtpu.tools.op_coverage [--dtypes float32,bfloat16,int64,bool]
                                          [--ops NAME,...] [--jobs N]
                                          [--out docs/op_coverage] [--no-grad]
+                                         [--no-errors | --errors-only]
 
 For every entry of torch's OpInfo `op_db` and every requested dtype the op
 supports on the CPU, each sample input runs on `tpu` and on the CPU and the
@@ -18,6 +19,12 @@ counted. Each (op, dtype) is classified:
     crash        the worker process died (the op is named; the run goes on)
     timeout      a sample ran past the per-op time limit
     no_samples   the CPU refused every sample (nothing to compare)
+
+An error-input pass runs each entry's OpInfo `error_inputs` (inputs PyTorch
+documents as refused) on the CPU and on tpu, with aliasing kept (an out= that
+is an input stays one), and counts those the CPU rejects: same exception type
+on tpu, another type, or no error (--errors-only reruns just this pass and
+keeps an existing report's forward results).
 
 Ops run in worker processes, one op at a time, so a crash or a hang is
 recorded against the op that caused it and the run continues. The report is
@@ -723,7 +730,9 @@ def write_report(results, out_prefix, dtypes, meta):
         lines += ["## Error inputs", "",
                   "Each entry's OpInfo `error_inputs` (inputs PyTorch documents as refused), run on the CPU and "
                   "on `tpu` (forced to the host, so a late error counts). An input counts when the CPU rejects "
-                  "it; it matches when `tpu` rejects it with the same exception type.", "",
+                  "it; it matches when `tpu` rejects it with the same exception type."
+                  + (f" Run: {meta['errors_date']}, {meta['errors_seconds']:.0f} s." if meta.get("errors_date") else ""),
+                  "",
                   "| entries | with error inputs | CPU rejects | same type | other type | no error | "
                   "crash (entries) | timeout (entries) | CPU accepts (not counted) |",
                   "|---|---|---|---|---|---|---|---|---|",
@@ -790,7 +799,7 @@ def main(argv=None):
         p.error(f"unknown dtype(s) {bad}; choose from {DTYPES}")
     names = set(x.strip() for x in a.ops.split(",")) if a.ops else None
     jobs, unsupported = all_jobs([] if a.errors_only else dtypes, names, errors=not a.no_errors)
-    kept = {}
+    kept, old_meta = {}, None
     if a.errors_only and os.path.exists(a.out + ".json"):
         with open(a.out + ".json") as f:
             old = json.load(f)
@@ -799,6 +808,7 @@ def main(argv=None):
             if d != ERRORS:
                 kept[(n, d)] = r
         unsupported = [tuple(x) for x in old.get("meta", {}).get("unsupported", [])]
+        old_meta = old.get("meta", {})
     if names:
         known = {n for n, _ in jobs} | {n for n, _ in unsupported}
         unknown = names - known
@@ -830,6 +840,8 @@ def main(argv=None):
         pass
     meta = {"date": time.strftime("%Y-%m-%d"), "seconds": time.time() - t0, "platform": platform,
             "unsupported": unsupported, "dtypes": dtypes}
+    if old_meta and kept:  # the forward results are the old run's: so are its date and time
+        meta = dict(old_meta, unsupported=unsupported, errors_date=meta["date"], errors_seconds=meta["seconds"])
     summary = write_report(results, a.out, dtypes, meta)
     for d in dtypes:
         if d in summary:
