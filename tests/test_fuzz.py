@@ -13,25 +13,7 @@ PROGRAMS = 40
 # signature (what `fuzz` groups failures by). Each is printed with its
 # minimized reproducer when the test runs with -s. Remove an entry once its
 # bug is fixed; any other failure fails the test.
-KNOWN_OPEN = {
-    # int64 tensor .fill_(-inf): the CPU refuses the scalar, tpu fills
-    "error|RuntimeError->None:value cannot be converted to type int__t without overflow",
-    # argmax of a bool tensor: the CPU refuses it, tpu computes
-    "error|RuntimeError->None:argmax_: does not support _ input",
-    # float - bool: the CPU refuses it, tpu computes
-    "error|RuntimeError->None:Subtraction, the _ operator, with a _ tensor is not supporte",
-    # torch.sign(nan) is 0 on the CPU, nan on tpu
-    "mismatch|sign:nan",
-    # shape errors raised as ValueError where the CPU raises RuntimeError
-    "error|RuntimeError->ValueError:output with shape _ doesn't match the broadcast shape _",
-    "error|RuntimeError->ValueError:The size of tensor a _ must match the size of tensor b _ at",
-    # an op the CPU does not implement for a dtype (clamp of bool) that tpu computes
-    "error|NotImplementedError->None:_ not implemented for _",
-    # narrow(0, 4, 0).copy_(2 elements): the CPU refuses the broadcast, tpu does not
-    "error|RuntimeError->None:The size of tensor a _ must match the size of tensor b _ at",
-    # an op the CPU does not implement for a dtype (bitwise_or of float): tpu raises RuntimeError
-    "error|NotImplementedError->RuntimeError:_ not implemented for _",
-}
+KNOWN_OPEN = set()  # the fixed-seed run meets no open failure
 
 
 def test_fixed_seed_run(tmp_path, capsys):

@@ -260,6 +260,46 @@ def _masked_select(self, mask):
     return a[m]
 
 
+def _check_out_overlap(out, *inputs):
+    """torch's refusals of an out= tensor that overlaps itself or an input."""
+    if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape)):
+        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a single "
+                           "memory location. Please clone() the tensor before performing the operation.")
+    if out.numel() == 0:
+        return
+    o0 = out.data_ptr()
+    o1 = o0 + out.element_size() * (1 + sum((s - 1) * st for s, st in zip(out.shape, out.stride())))
+    for x in inputs:
+        if x.device != out.device or x.numel() == 0:
+            continue
+        x0 = x.data_ptr()
+        x1 = x0 + x.element_size() * (1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride())))
+        if x0 < o1 and o0 < x1:
+            raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor "
+                               "refer to a single memory location. Please clone() the tensor before performing the "
+                               "operation.")
+
+
+def _masked_select_out(self, mask, *, out):
+    _check_out_overlap(out, self, mask)
+    r = _masked_select(self, mask)
+    if r.dtype != out.dtype:
+        raise RuntimeError("masked_select(): self and result must have the same scalar type")
+    if out.shape != r.shape:
+        out.resize_(r.shape)
+    return out.copy_(r)
+
+
+def _narrow_copy(self, dim, start, length):
+    """narrow_copy: torch's CPU kernel refuses a dim past the last with a
+    RuntimeError (narrow's own check is an IndexError)."""
+    if self.dim() == 0:
+        raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
+    if dim >= self.dim():
+        raise RuntimeError(f"narrow_copy(): dim {dim} is out of range for a tensor of {self.dim()} dims")
+    return self.narrow(dim, start, length).clone()
+
+
 def _unique_count(self, consecutive):
     """Distinct values (or runs, when consecutive) of self: counted on the
     device, read back once."""
@@ -968,6 +1008,8 @@ def setup(device_module):
         _IMPL.impl("_index_put_impl_", index_put_impl, "PrivateUse1")
     _impl("nonzero", _nonzero)
     _impl("masked_select", _masked_select)
+    _impl("masked_select.out", _masked_select_out)
+    _impl("narrow_copy", _narrow_copy)
     _impl("equal", _equal)
     for name, fn in _wrap_unique().items():
         _impl(name, fn)

@@ -841,6 +841,14 @@ static tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row,
   size_t len = 0;
   tpu_status *s = tpu_hlo_finish(L.hlo, L.outv, L.nout, &text, &len);
   tpu_hlo_free(L.hlo);
+  if (s && strncmp(tpu_status_message(s), "stablehlo.", 10) == 0 && tpu_status_code(s) != TPU_ERR_MEMORY) {
+    /* The builder refused what an emitter built: an input the emitter does
+     * not check for. A RuntimeError naming the op, never another type. */
+    tpu_status *r = tpu_status_new(TPU_ERR_RUNTIME, "aten::%s: these arguments are not supported on tpu (the "
+                                   "lowering built an invalid program: %s)", row->name, tpu_status_message(s));
+    tpu_status_free(s);
+    return r;
+  }
   if (s) return s;
   if (compile && getenv("TORCHTPU_DUMP_HLO")) fprintf(stderr, "-- %s\n%s\n", row->name, text);
   tpu_rt_exec *exec = NULL;
@@ -900,9 +908,22 @@ static tpu_tref *tpu_arg_tref(tpu_arg *args, const tpu_in_plan *p) {
  * of one record are compared; views whose overlap is too hard to tell are
  * allowed, as in torch. */
 static tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const tpu_cache_entry *c) {
-  for (int w = 0; w < c->nout; w++) {
-    if (c->out[w].kind != TPU_OUT_WRITE) continue;
-    tpu_in_plan wp = {TPU_IN_RECORD, c->out[w].arg, c->out[w].item};
+  /* the tensors written: in-place and out= writes, then out= tensors that
+   * are resized to take a result (for NO_ALIAS ops, any overlap of those
+   * with an input is refused: they cannot be the input itself) */
+  for (int w = 0; w < c->nout + c->nret; w++) {
+    tpu_in_plan wp;
+    bool resized = w >= c->nout;
+    if (!resized) {
+      if (c->out[w].kind != TPU_OUT_WRITE) continue;
+      wp = (tpu_in_plan){TPU_IN_RECORD, c->out[w].arg, c->out[w].item};
+    } else {
+      const tpu_ret_plan *r = &c->ret[w - c->nout];
+      /* only ops that refuse any alias (torch lets sum(x, 0, out=x) resize x) */
+      if (!(row->flags & TPU_OP_NO_ALIAS) || !r->resize || r->arg < 0 || args[r->arg].kind != TPU_ARG_TENSOR)
+        continue;
+      wp = (tpu_in_plan){TPU_IN_RECORD, r->arg, -1};
+    }
     const tpu_tref *wt = tpu_arg_tref(args, &wp);
     if (!(row->flags & TPU_OP_FILLS) && tpu_tref_internal_overlap(wt))
       return tpu_status_new(TPU_ERR_RUNTIME, "aten::%s: unsupported operation: more than one element of the "
@@ -912,7 +933,7 @@ static tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const
       const tpu_in_plan *p = &c->in[k];
       if (p->kind != TPU_IN_RECORD || (p->arg == wp.arg && p->item == wp.item)) continue;
       int lap = tpu_tref_overlap(wt, tpu_arg_tref(args, p));
-      if (lap == TPU_OVERLAP_PARTIAL || (lap == TPU_OVERLAP_FULL && (row->flags & TPU_OP_NO_ALIAS)))
+      if (lap == TPU_OVERLAP_PARTIAL || (lap == TPU_OVERLAP_FULL && (resized || (row->flags & TPU_OP_NO_ALIAS))))
         return tpu_status_new(TPU_ERR_RUNTIME, "aten::%s: unsupported operation: some elements of the input tensor "
                               "and the written-to tensor refer to a single memory location. Please clone() the "
                               "tensor before performing the operation.", row->name);
@@ -1642,6 +1663,15 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
                             tpu_arg *args, int nargs, tpu_engine_result *res) {
   res->nout = res->nret = 0; /* only the counted entries are read (12 KB: not cleared) */
   atomic_fetch_add(&e->metrics.ops_dispatched, 1);
+  if (row->flags & TPU_OP_FILL_VALUE) /* checked on every call: the value is not part of the program */
+    for (int i = 1; i < nargs; i++) {
+      tpu_status *s = tpu_scalar_check(&args[i], args[0].t.dtype);
+      if (s) return s;
+    }
+  if (row->flags & TPU_OP_CHECK_ARGS) {
+    tpu_status *s = tpu_check_args(row->name, args, nargs);
+    if (s) return s;
+  }
   if (tpu_fill_by_upload(e, op_id, args, nargs)) {
     tpu_record *r = args[0].t.rec;
     void *zeros = calloc((size_t)r->numel * tpu_dtype_size(r->dtype) + 1, 1);

@@ -28,6 +28,8 @@ bool tpu_arg_bool(tpu_lower *L, int i);
 tpu_hv tpu_reduce_sum(tpu_lower *L, tpu_hv x, const int64_t *dims, int n);
 /* The identity of max (is_max) or min for dt. */
 tpu_hv tpu_init_value(tpu_lower *L, tpu_dtype dt, bool is_max);
+/* sign as torch's CPU kernel computes it: NaN gives 0. */
+tpu_hv tpu_sign_v(tpu_lower *L, tpu_hv x);
 /* max/min over dims, NaN-propagating like torch. */
 tpu_hv tpu_reduce_extreme(tpu_lower *L, tpu_hv x, const int64_t *dims, int n, bool is_max);
 /* (values, first indices) of the max/min along dim; NaN counts as extreme. */

@@ -10,6 +10,7 @@
  * Half types compute in f32, as torch's CPU kernels accumulate.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "emit.h"
@@ -611,6 +612,18 @@ static bool tpu_arg_flag(tpu_lower *L, int i) { return i < L->nargs && L->args[i
 static void tpu_emit_max_pool_nd(tpu_lower *L, int nsp) {
   tpu_pool P;
   const char *name = nsp == 2 ? "max_pool2d" : "max_pool3d";
+  const tpu_tref *in = &L->args[0].t;
+  for (int d = in->rank == nsp + 2 ? 1 : 0; d < in->rank && in->rank >= nsp + 1; d++)
+    if (in->sizes[d] == 0) {
+      char shp[256];
+      size_t n = 0;
+      for (int k = 0; k < in->rank; k++)
+        n += (size_t)snprintf(shp + n, sizeof shp - n, "%s%lld", k ? ", " : "", (long long)in->sizes[k]);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s_with_indices_out_cpu_template(): Expected input's non-batch dimensions to "
+                     "have positive length, but input has a shape of [%s] and non-batch dimension %d has length zero!",
+                     name, shp, d);
+      return;
+    }
   if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, true, tpu_arg_flag(L, 5), false, name, &P)) {
     tpu_hv v, i;
     tpu_pool_max(L, 0, &P, &v, &i);

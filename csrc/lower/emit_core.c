@@ -24,9 +24,30 @@ void tpu_emit_add(tpu_lower *L) {
   tpu_lower_out(L, tpu_lower_binary(L, dt == TPU_PRED ? TPU_HLO_OR : TPU_HLO_ADD, v[0], v[1]));
 }
 
+/* Whether argument i is a bool tensor or a Python bool. */
+static bool tpu_arg_is_bool(tpu_lower *L, int i) {
+  if (i >= L->nargs) return false;
+  const tpu_arg *a = &L->args[i];
+  if (a->kind == TPU_ARG_TENSOR) return a->t.dtype == TPU_PRED;
+  return a->kind == TPU_ARG_SCALAR && a->skind == TPU_SCALAR_BOOL;
+}
+
+/* torch's sub_check: no subtraction with a bool operand. */
+static bool tpu_refuse_bool_sub(tpu_lower *L) {
+  bool a = tpu_arg_is_bool(L, 0), b = tpu_arg_is_bool(L, 1);
+  if (a && b)
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Subtraction, the `-` operator, with two bool tensors is not supported. "
+                                    "Use the `^` or `logical_xor()` operator instead.");
+  else if (a || b)
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Subtraction, the `-` operator, with a bool tensor is not supported. "
+                                    "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
+  return a || b;
+}
+
 /* Binary arithmetic on promoted operands 0 and 1; int results for true
  * division are floats (float_result). */
 static void tpu_emit_arith(tpu_lower *L, tpu_hlo_op op, bool float_result) {
+  if (op == TPU_HLO_SUB && tpu_refuse_bool_sub(L)) return;
   int idx[2] = {0, 1};
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
   if (float_result) dt = tpu_lower_float_type(dt);
@@ -48,6 +69,7 @@ void tpu_emit_atan2(tpu_lower *L) { tpu_emit_arith(L, TPU_HLO_ATAN2, true); }
 
 /* rsub(self, other, alpha): other - alpha * self */
 void tpu_emit_rsub(tpu_lower *L) {
+  if (tpu_refuse_bool_sub(L)) return;
   int idx[2] = {0, 1};
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
   tpu_hv a = tpu_lower_input(L, 0, dt), b = tpu_lower_input(L, 1, dt);
@@ -67,6 +89,11 @@ void tpu_emit_div_rounding(tpu_lower *L, const char *mode) {
   if (!mode) {
     dt = tpu_lower_float_type(dt);
     tpu_lower_out(L, tpu_lower_binary(L, TPU_HLO_DIV, tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)));
+    return;
+  }
+  if (dt == TPU_PRED) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"%s_cpu\" not implemented for 'Bool'",
+                   strcmp(mode, "floor") == 0 ? "div_floor" : "div_trunc");
     return;
   }
   /* half types divide and round in f32, then round once to the result type */
@@ -144,6 +171,15 @@ void tpu_emit_remainder(tpu_lower *L) {
 void tpu_emit_pow(tpu_lower *L) {
   int idx[2] = {0, 1};
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  if (dt == TPU_PRED && L->args[1].kind != TPU_ARG_SCALAR) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"pow\" not implemented for 'Bool'");
+    return;
+  }
+  if (dt == TPU_PRED) { /* bool tensor ** a Python bool: computed as integers */
+    tpu_hv r = tpu_lower_binary(L, TPU_HLO_POW, tpu_lower_input(L, 0, TPU_S32), tpu_lower_input(L, 1, TPU_S32));
+    tpu_lower_out(L, tpu_hlo_convert(H, r, TPU_PRED));
+    return;
+  }
   tpu_lower_out(L, tpu_lower_binary(L, TPU_HLO_POW, tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)));
 }
 
@@ -196,9 +232,15 @@ void tpu_emit_round(tpu_lower *L) {
   if (!tpu_dtype_is_float(L->args[0].t.dtype)) tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
   else tpu_emit_unary_op(L, TPU_HLO_ROUND_EVEN, false);
 }
+/* sign as torch's CPU kernel computes it, (0 < x) - (x < 0): NaN gives 0. */
+tpu_hv tpu_sign_v(tpu_lower *L, tpu_hv x) {
+  tpu_hv s = tpu_hlo_unary(H, TPU_HLO_SIGN, x);
+  if (!tpu_dtype_is_float(T(L, x)->dtype)) return s;
+  return tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), tpu_lower_full_like(L, x, 0), s);
+}
 void tpu_emit_sign(tpu_lower *L) {
   if (L->args[0].t.dtype == TPU_PRED) tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
-  else tpu_emit_unary_op(L, TPU_HLO_SIGN, false);
+  else tpu_lower_out(L, tpu_sign_v(L, tpu_lower_tensor(L, 0, -1)));
 }
 void tpu_emit_reciprocal(tpu_lower *L) {
   tpu_dtype dt = tpu_lower_float_type(L->args[0].t.dtype);
@@ -216,7 +258,8 @@ void tpu_emit_logical_not(tpu_lower *L) {
 }
 void tpu_emit_bitwise_not(tpu_lower *L) {
   if (tpu_dtype_is_float(L->args[0].t.dtype))
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"bitwise_not_cpu\" not implemented for '%s'", tpu_dtype_name(L->args[0].t.dtype));
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"bitwise_not_cpu\" not implemented for '%s'",
+                   tpu_dtype_c10_name(L->args[0].t.dtype));
   tpu_lower_out(L, tpu_hlo_unary(H, TPU_HLO_NOT, tpu_lower_tensor(L, 0, -1)));
 }
 static void tpu_emit_logical(tpu_lower *L, tpu_hlo_op op) {
@@ -229,8 +272,10 @@ void tpu_emit_logical_xor(tpu_lower *L) { tpu_emit_logical(L, TPU_HLO_XOR); }
 static void tpu_emit_bitwise(tpu_lower *L, tpu_hlo_op op) {
   int idx[2] = {0, 1};
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
-  if (tpu_dtype_is_float(dt))
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "bitwise ops are not implemented for '%s'", tpu_dtype_name(dt));
+  if (tpu_dtype_is_float(dt) || tpu_dtype_is_complex(dt))
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"%s_cpu\" not implemented for '%s'",
+                   op == TPU_HLO_AND ? "bitwise_and" : op == TPU_HLO_OR ? "bitwise_or" : "bitwise_xor",
+                   tpu_dtype_c10_name(dt));
   tpu_lower_out(L, tpu_lower_binary(L, op, tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)));
 }
 void tpu_emit_bitwise_and(tpu_lower *L) { tpu_emit_bitwise(L, TPU_HLO_AND); }
@@ -272,6 +317,10 @@ static bool tpu_gelu_tanh(tpu_lower *L, int i) {
 }
 
 void tpu_emit_gelu(tpu_lower *L) {
+  if (L->nargs > 1 && L->args[1].kind == TPU_ARG_STR && strcmp(L->args[1].str, "none") && strcmp(L->args[1].str, "tanh")) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "approximate argument must be either none or tanh.");
+    return;
+  }
   tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
   tpu_hv x = tpu_lower_input(L, 0, acc), y;
   if (tpu_gelu_tanh(L, 1)) {
@@ -375,8 +424,19 @@ void tpu_emit_masked_fill(tpu_lower *L) {
   tpu_dtype dt = L->args[0].t.dtype;
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   tpu_hv m = tpu_lower_input(L, 1, TPU_PRED);
-  tpu_hv val = L->args[2].kind == TPU_ARG_SCALAR ? tpu_lower_scalar(L, 2, dt)
-                                                 : tpu_hlo_reshape(H, tpu_lower_input(L, 2, dt), 0, NULL);
+  tpu_hv val;
+  if (L->args[2].kind == TPU_ARG_SCALAR) {
+    val = tpu_lower_scalar(L, 2, dt);
+  } else {
+    if (L->args[2].t.rank != 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "masked_fill_ only supports a 0-dimensional value tensor, but got tensor "
+                     "with %d dimension(s).", L->args[2].t.rank);
+      return;
+    }
+    val = tpu_lower_tensor(L, 2, -1);
+    if (tpu_dtype_is_complex(T(L, val)->dtype) && !tpu_dtype_is_complex(dt)) val = tpu_hlo_unary(H, TPU_HLO_REAL, val);
+    val = tpu_hlo_reshape(H, tpu_hlo_convert(H, val, dt), 0, NULL);
+  }
   /* out of place, self and mask broadcast together; in place, mask to self */
   if (!(L->flags & TPU_OP_INPLACE)) {
     tpu_hv v[2] = {x, m};
@@ -392,6 +452,10 @@ void tpu_emit_masked_fill(tpu_lower *L) {
 void tpu_emit_clamp(tpu_lower *L) {
   int idx[3] = {0, 1, 2};
   tpu_dtype dt = tpu_lower_result_type(L, idx, 3);
+  if (dt == TPU_PRED && (L->args[1].kind == TPU_ARG_TENSOR || L->args[2].kind == TPU_ARG_TENSOR)) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"clamp_cpu\" not implemented for 'Bool'");
+    return;
+  }
   tpu_hv x = tpu_lower_input(L, 0, dt);
   if (tpu_lower_is_none(L, 1) && tpu_lower_is_none(L, 2))
     tpu_lower_fail(L, TPU_ERR_VALUE, "torch.clamp: At least one of 'min' or 'max' must not be None");

@@ -84,7 +84,7 @@ static tpu_hv tpu_trunc_v(tpu_lower *L, tpu_hv x) {
 /* trunc and frac keep the dtype; ints are their own trunc. */
 void tpu_emit_trunc(tpu_lower *L) {
   if (L->args[0].t.dtype == TPU_PRED) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"trunc_cpu\" not implemented for 'Bool'");
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"trunc_vml_cpu\" not implemented for 'Bool'");
     return;
   }
   tpu_lower_out(L, tpu_trunc_v(L, tpu_lower_tensor(L, 0, -1)));
@@ -92,7 +92,7 @@ void tpu_emit_trunc(tpu_lower *L) {
 void tpu_emit_frac(tpu_lower *L) {
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   if (!tpu_dtype_is_float(T(L, x)->dtype)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"frac_cpu\" not implemented for '%s'", tpu_dtype_name(T(L, x)->dtype));
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"frac_cpu\" not implemented for '%s'", tpu_dtype_c10_name(T(L, x)->dtype));
     return;
   }
   tpu_lower_out(L, tpu_sub(L, x, tpu_trunc_v(L, x)));
@@ -110,7 +110,7 @@ void tpu_emit_sgn(tpu_lower *L) {
     tpu_hv z = tpu_cmp(L, TPU_HLO_EQ, a, tpu_k(L, a, 0));
     tpu_lower_out(L, tpu_sel(L, z, tpu_k(L, x, 0), tpu_div(L, x, ac)));
   } else {
-    tpu_lower_out(L, tpu_un(L, TPU_HLO_SIGN, x));
+    tpu_lower_out(L, tpu_sign_v(L, x));
   }
 }
 

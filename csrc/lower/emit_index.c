@@ -6,6 +6,7 @@
  * (or scatter, for index_put). Negative indices wrap where torch allows. */
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "emit.h"
@@ -111,6 +112,23 @@ void tpu_emit_gather(tpu_lower *L) {
     return;
   }
   int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  if (it->rank != t->rank) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Index tensor must have the same number of dimensions as input tensor");
+    return;
+  }
+  for (int i = 0; i < t->rank; i++) {
+    if (i == d || it->sizes[i] <= t->sizes[i]) continue;
+    char a[256], b[256];
+    size_t na = 0, nb = 0;
+    a[0] = b[0] = 0;
+    for (int k = 0; k < t->rank; k++) {
+      na += (size_t)snprintf(a + na, sizeof a - na, "%s%lld", k ? ", " : "", (long long)it->sizes[k]);
+      nb += (size_t)snprintf(b + nb, sizeof b - nb, "%s%lld", k ? ", " : "", (long long)t->sizes[k]);
+    }
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Size does not match at dimension %d expected index [%s] to be no larger than "
+                   "self [%s] apart from dimension %lld", i, a, b, (long long)d);
+    return;
+  }
   tpu_hv idx = tpu_lower_tensor(L, 2, -1);
   tpu_lower_check_range(L, idx, t->sizes[d], false, TPU_ERR_RUNTIME,
                         "index out of bounds: gather's indices must be in [0, size) of the dimension");
@@ -302,6 +320,11 @@ void tpu_emit_roll(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   int ns = L->args[1].nints, nd = L->args[2].nints;
+  if (nd > 0 && t->rank == 0) {
+    tpu_lower_fail(L, TPU_ERR_INDEX, "Dimension specified as %lld but tensor has no dimensions",
+                   (long long)L->args[2].ints[0]);
+    return;
+  }
   if (nd == 0) {
     if (ns != 1) {
       tpu_lower_fail(L, TPU_ERR_RUNTIME, "shifts and dimensions must align. shifts: %d, dims:0", ns);
@@ -353,6 +376,10 @@ static bool tpu_adv_parse(tpu_lower *L, int ii, const tpu_tref *t, tpu_adv *a) {
     }
     if (!tpu_dtype_is_int(e->dtype)) {
       tpu_lower_fail(L, TPU_ERR_INDEX, "tensors used as indices must be long, int, byte or bool tensors");
+      return false;
+    }
+    if (t->sizes[j] == 0 && !e->zero_size) {
+      tpu_lower_fail(L, TPU_ERR_INDEX, "index is out of bounds for dimension with size 0");
       return false;
     }
     tpu_hv raw = tpu_lower_tensor(L, ii, j);
@@ -425,7 +452,8 @@ void tpu_emit_index(tpu_lower *L) {
     }
   }
   g.index_vector_dim = a.brank;
-  tpu_hv r = tpu_hlo_gather(H, x, a.stacked, &g, slice, rt);
+  /* nothing to gather (an empty index or an empty kept dim): zeros of the shape */
+  tpu_hv r = tpu_hlo_type_numel(&rt) == 0 ? tpu_lower_full(L, rt, 0) : tpu_hlo_gather(H, x, a.stacked, &g, slice, rt);
   int64_t op[TPU_MAX_RANK];
   int rr;
   tpu_adv_result_perm(&a, op, &rr);
@@ -435,6 +463,12 @@ void tpu_emit_index(tpu_lower *L) {
 /* _index_put_impl_(self, indices, values, accumulate=False, unsafe=False) */
 void tpu_emit_index_put(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
+  if (L->args[2].kind == TPU_ARG_TENSOR && L->args[2].t.dtype != t->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Index put requires the source and destination dtypes match, got %s for the "
+                   "destination and %s for the source.", tpu_dtype_c10_name(t->dtype),
+                   tpu_dtype_c10_name(L->args[2].t.dtype));
+    return;
+  }
   tpu_adv a;
   if (!tpu_adv_parse(L, 1, t, &a)) return;
   tpu_dtype dt = t->dtype;
@@ -462,8 +496,10 @@ void tpu_emit_index_put(tpu_lower *L) {
     }
   }
   d.index_vector_dim = a.brank;
-  int region = tpu_arg_bool(L, 3) ? tpu_combine_region(L, dt, TPU_HLO_ADD) : -1;
-  tpu_hv r = tpu_hlo_scatter(H, x, a.stacked, v, &d, region);
+  /* nothing to write (no index, or empty slices): self unchanged */
+  bool empty = tpu_hlo_type_numel(T(L, v)) == 0 || tpu_hlo_type_numel(&xt) == 0;
+  int region = !empty && tpu_arg_bool(L, 3) ? tpu_combine_region(L, dt, TPU_HLO_ADD) : -1;
+  tpu_hv r = empty ? x : tpu_hlo_scatter(H, x, a.stacked, v, &d, region);
   int64_t back[TPU_MAX_RANK];
   for (int i = 0; i < t->rank; i++) back[a.perm[i]] = i;
   tpu_lower_out(L, tpu_hlo_transpose(H, r, back));
@@ -514,6 +550,11 @@ void tpu_emit_nonzero_static(tpu_lower *L) {
 void tpu_emit_masked_scatter(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   tpu_dtype dt = t->dtype;
+  if (L->args[1].kind == TPU_ARG_TENSOR && L->args[1].t.dtype != TPU_PRED) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "masked_scatter_ only supports boolean masks, but got mask with dtype %s",
+                   tpu_dtype_c10_name(L->args[1].t.dtype));
+    return;
+  }
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   tpu_hv m = tpu_lower_broadcast_to(L, tpu_lower_input(L, 1, TPU_PRED), t->rank, t->sizes);
   int64_t n = 1;

@@ -103,6 +103,12 @@ static void tpu_emit_amaxmin(tpu_lower *L, bool is_max) {
   int64_t dims[TPU_MAX_RANK];
   bool mask[TPU_MAX_RANK];
   int n = tpu_red_dims(L, 1, t->rank, dims, mask);
+  bool all = L->nargs < 2 || L->args[1].kind == TPU_ARG_NONE || (L->args[1].kind == TPU_ARG_INTS && L->args[1].nints == 0);
+  int64_t numel = 1;
+  for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
+  if (all && numel == 0)
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): Expected reduction dim to be specified for input.numel() == 0. "
+                   "Specify the reduction dim with the 'dim' argument.", is_max ? "amax" : "amin");
   for (int i = 0; i < n; i++)
     if (t->sizes[dims[i]] == 0)
       tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.",
@@ -193,6 +199,10 @@ static void tpu_emit_argext(tpu_lower *L, bool is_max) {
   tpu_tref *t = &L->args[0].t;
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   bool keep = tpu_arg_bool(L, 2);
+  if (t->dtype == TPU_PRED) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): does not support bool input", is_max ? "argmax" : "argmin");
+    return;
+  }
   if (tpu_lower_is_none(L, 1)) {
     int64_t n = 1;
     for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
@@ -215,6 +225,11 @@ static void tpu_emit_argext(tpu_lower *L, bool is_max) {
     return;
   }
   tpu_hlo_type in = *T(L, x);
+  if (in.dims[d] == 0) {
+    tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.",
+                   is_max ? "argmax" : "argmin", (long long)d);
+    return;
+  }
   tpu_hv v, i;
   tpu_arg_extreme(L, x, d, is_max, &v, &i);
   bool mask[TPU_MAX_RANK] = {0};
@@ -525,6 +540,11 @@ void tpu_emit_nll_loss_backward(tpu_lower *L) {
 void tpu_emit_native_layer_norm(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   int nn = L->args[1].nints, axis = t->rank - nn;
+  if (nn == 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+                   "least one element, but got normalized_shape = []");
+    return;
+  }
   if (axis < 0) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "Given normalized_shape has too many dimensions for the input");
     return;
@@ -685,6 +705,12 @@ void tpu_emit_arange(tpu_lower *L) {
   bool is_float = s->skind == TPU_SCALAR_FLOAT || e->skind == TPU_SCALAR_FLOAT || st->skind == TPU_SCALAR_FLOAT;
   tpu_dtype dt = (ns < L->nargs && L->args[ns].kind == TPU_ARG_DTYPE) ? L->args[ns].dtype : (is_float ? TPU_F32 : TPU_S64);
   double a = s->f, b = e->f, c = st->f;
+  if ((L->flags & TPU_OP_OUT) && L->args[L->nargs - 1].kind == TPU_ARG_TENSOR &&
+      tpu_dtype_is_int(L->args[L->nargs - 1].t.dtype) && (int64_t)c == 0) {
+    /* an integer out= takes the step as an integer, as torch does */
+    tpu_lower_fail(L, TPU_ERR_VALUE, "step must be nonzero");
+    return;
+  }
   if (c == 0) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "step must be nonzero");
     return;

@@ -800,6 +800,10 @@ void tpu_emit_multinomial(tpu_lower *L) {
     return;
   }
   int64_t C = t->sizes[t->rank - 1], N = t->rank == 2 ? t->sizes[0] : 1;
+  if (C > (1 << 24)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "number of categories cannot exceed 2^24");
+    return;
+  }
   if (!repl && S > C) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
     return;

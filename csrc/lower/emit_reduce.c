@@ -509,7 +509,7 @@ void tpu_emit_kthvalue(tpu_lower *L) {
   int64_t d = t->rank ? tpu_lower_dim(L, L->args[2].i, t->rank) : 0;
   int64_t n = t->rank ? t->sizes[d] : 1;
   if (k < 1 || k > n) {
-    tpu_lower_fail(L, TPU_ERR_INDEX, "kthvalue(): selected number k out of range for dimension %lld", (long long)d);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "kthvalue(): selected number k out of range for dimension %lld", (long long)d);
     return;
   }
   tpu_hv x = tpu_lower_tensor(L, 0, -1), v, i;

@@ -15,6 +15,7 @@
 #include "lower.h"
 
 #include <stdio.h>
+#include <math.h>
 #include <string.h>
 
 #define TPU_OP(id, name, emit, flags) void emit(tpu_lower *L);
@@ -459,32 +460,145 @@ tpu_dtype tpu_lower_float_type(tpu_dtype dt) {
 
 /* ---- shapes ----------------------------------------------------------------------------- */
 
+/* Fails L with torch's message unless a value of type t broadcasts to exactly
+ * dims: "The size of tensor a ... must match ..." when the two shapes do not
+ * broadcast at all, "output with shape [..] doesn't match the broadcast shape
+ * [..]" when they broadcast to a larger shape (an in-place or out= write). */
+/* c10's names of the C++ types in "value cannot be converted to type ..." */
+static const char *tpu_cxx_type_name(tpu_dtype dt) {
+  switch (dt) {
+    case TPU_S8: return "int8_t";
+    case TPU_S16: return "int16_t";
+    case TPU_S32: return "int";
+    case TPU_S64: return "int64_t";
+    case TPU_U8: return "uint8_t";
+    case TPU_U16: return "uint16_t";
+    case TPU_U32: return "uint32_t";
+    case TPU_U64: return "uint64_t";
+    case TPU_F16: return "c10::Half";
+    case TPU_BF16: return "c10::BFloat16";
+    case TPU_F32: return "float";
+    case TPU_F64: return "double";
+    case TPU_C64: return "c10::complex<float>";
+    case TPU_C128: return "c10::complex<double>";
+    default: return "bool";
+  }
+}
+
+tpu_status *tpu_scalar_check(const tpu_arg *a, tpu_dtype dt) {
+  if (a->kind != TPU_ARG_SCALAR || a->skind == TPU_SCALAR_BOOL || dt == TPU_PRED) return NULL;
+  bool over = false;
+  double lo = 0, hi = 0;
+  switch (dt) {
+    case TPU_S8: lo = -128, hi = 127; break;
+    case TPU_S16: lo = -32768, hi = 32767; break;
+    case TPU_S32: lo = -2147483648.0, hi = 2147483647.0; break;
+    case TPU_S64: lo = -9223372036854775808.0, hi = 9223372036854775807.0; break;
+    case TPU_U8: hi = 255; break;
+    case TPU_U16: hi = 65535; break;
+    case TPU_U32: hi = 4294967295.0; break;
+    case TPU_U64: hi = 18446744073709551615.0; break;
+    case TPU_F16: hi = 65504; break;
+    case TPU_BF16: hi = 3.3895313892515355e38; break;
+    case TPU_F32: case TPU_C64: hi = 3.4028234663852886e38; break;
+    default: hi = INFINITY; break;
+  }
+  if (tpu_dtype_is_float(dt) || tpu_dtype_is_complex(dt)) lo = -hi;
+  if (a->skind == TPU_SCALAR_COMPLEX && !tpu_dtype_is_complex(dt) && a->f_imag != 0) over = true;
+  if (a->skind == TPU_SCALAR_INT) {
+    if (tpu_dtype_is_unsigned_int(dt))  /* c10 lets a negative wrap when its magnitude fits */
+      over = (double)a->i > hi || (a->i < 0 && -(double)a->i > hi);
+    else if (dt == TPU_S64 || dt == TPU_U64)
+      over = false;
+    else
+      over = (double)a->i < lo || (double)a->i > hi;
+  } else if (!over) {
+    double f = a->f;
+    if (tpu_dtype_is_int(dt))
+      over = f != f || f < lo || f > hi || (dt == TPU_S64 && f >= 9223372036854775808.0);
+    else
+      over = !isinf(f) && f == f && (f < lo || f > hi);
+  }
+  if (!over) return NULL;
+  return tpu_status_new(TPU_ERR_RUNTIME, "value cannot be converted to type %s without overflow", tpu_cxx_type_name(dt));
+}
+
+static double tpu_scalar_value(const tpu_arg *args, int nargs, int i, double dflt) {
+  if (i >= nargs) return dflt;
+  if (args[i].kind == TPU_ARG_FLOAT) return args[i].f;
+  if (args[i].kind == TPU_ARG_INT) return (double)args[i].i;
+  if (args[i].kind != TPU_ARG_SCALAR) return dflt;
+  return args[i].skind == TPU_SCALAR_INT ? (double)args[i].i : args[i].f;
+}
+
+tpu_status *tpu_check_args(const char *op, const tpu_arg *args, int nargs) {
+  if (strcmp(op, "uniform_") == 0) {
+    double from = tpu_scalar_value(args, nargs, 1, 0), to = tpu_scalar_value(args, nargs, 2, 1);
+    if (from > to)
+      return tpu_status_new(TPU_ERR_RUNTIME, "uniform_ expects to return a [from, to) range, but found from=%g > to=%g",
+                            from, to);
+  } else if (strcmp(op, "cauchy_") == 0) {
+    double sigma = tpu_scalar_value(args, nargs, 2, 1);
+    if (!(sigma > 0))
+      return tpu_status_new(TPU_ERR_RUNTIME, "cauchy_ expects sigma > 0.0, but found sigma=%g", sigma);
+  }
+  return NULL;
+}
+
+tpu_status *tpu_broadcast_check(int rank, const int64_t *dims, int vrank, const int64_t *vdims) {
+  int br = vrank > rank ? vrank : rank;
+  int64_t b[TPU_MAX_RANK];
+  bool grows = vrank > rank;
+  for (int i = 0; i < br; i++) {
+    int ia = i - (br - rank), ib = i - (br - vrank);
+    int64_t a = ia >= 0 ? dims[ia] : 1, v = ib >= 0 ? vdims[ib] : 1;
+    if (a == v || v == 1) {
+      b[i] = a;
+    } else if (a == 1) {
+      b[i] = v;
+      grows = true;
+    } else {
+      return tpu_status_new(TPU_ERR_RUNTIME,
+                            "The size of tensor a (%lld) must match the size of tensor b (%lld) at non-singleton "
+                            "dimension %d", (long long)a, (long long)v, i);
+    }
+  }
+  if (!grows) return NULL;
+  char want[640], got[640];
+  size_t nw = 0, ng = 0;
+  want[0] = got[0] = 0;
+  for (int i = 0; i < rank && nw < sizeof want - 32; i++)
+    nw += (size_t)snprintf(want + nw, sizeof want - nw, "%s%lld", i ? ", " : "", (long long)dims[i]);
+  for (int i = 0; i < br && ng < sizeof got - 32; i++)
+    ng += (size_t)snprintf(got + ng, sizeof got - ng, "%s%lld", i ? ", " : "", (long long)b[i]);
+  return tpu_status_new(TPU_ERR_RUNTIME, "output with shape [%s] doesn't match the broadcast shape [%s]", want, got);
+}
+
+/* Fails L with tpu_broadcast_check's message unless t broadcasts to dims. */
+static bool tpu_lower_fits(tpu_lower *L, const tpu_hlo_type *t, int rank, const int64_t *dims) {
+  tpu_status *s = tpu_broadcast_check(rank, dims, t->rank, t->dims);
+  if (!s) return true;
+  tpu_lower_fail(L, tpu_status_code(s), "%s", tpu_status_message(s));
+  tpu_status_free(s);
+  return false;
+}
+
 tpu_hv tpu_lower_broadcast_to(tpu_lower *L, tpu_hv v, int rank, const int64_t *dims) {
   const tpu_hlo_type *t = tpu_hlo_typeof(L->hlo, v);
   if (t->dtype == TPU_INVALID) return TPU_HV_NONE;
   if (t->rank == rank && memcmp(t->dims, dims, sizeof(int64_t) * (size_t)rank) == 0) return v;
-  if (t->rank > rank) goto bad;
+  if (!tpu_lower_fits(L, t, rank, dims)) return TPU_HV_NONE;
   int64_t bd[TPU_MAX_RANK], keep[TPU_MAX_RANK];
   int nk = 0, off = rank - t->rank;
   for (int i = 0; i < t->rank; i++) {
     if (t->dims[i] == dims[off + i]) {
       bd[nk] = off + i;
       keep[nk++] = t->dims[i];
-    } else if (t->dims[i] != 1) {
-      goto bad;
     }
   }
   /* Size-1 dims that are expanded are dropped first. */
   v = tpu_hlo_reshape(L->hlo, v, nk, keep);
   return tpu_hlo_broadcast_in_dim(L->hlo, v, rank, dims, bd);
-bad: {
-  char a[128], b[128];
-  tpu_hlo_type want = tpu_hlo_type_make(t->dtype, rank, dims);
-  tpu_hlo_type_str(t, a, sizeof a);
-  tpu_hlo_type_str(&want, b, sizeof b);
-  tpu_lower_fail(L, TPU_ERR_VALUE, "%s: cannot broadcast %s to %s", L->opname, a, b);
-  return TPU_HV_NONE;
-}
 }
 
 void tpu_lower_broadcast_all(tpu_lower *L, tpu_hv *vs, int n) {
@@ -508,7 +622,7 @@ void tpu_lower_broadcast_all(tpu_lower *L, tpu_hv *vs, int n) {
         dims[off + i] = b;
         continue;
       }
-      tpu_lower_fail(L, TPU_ERR_VALUE,
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
                      "The size of tensor a (%lld) must match the size of tensor b (%lld) at non-singleton dimension %d",
                      (long long)a, (long long)b, off + i);
       return;
@@ -612,7 +726,11 @@ void tpu_lower_check_divisor(tpu_lower *L, tpu_hv b) {
 
 void tpu_lower_write(tpu_lower *L, int i, int item, tpu_hv v) {
   tpu_tref *t = tpu_lower_tref(L, i, item);
-  if (t && t->zero_size) return; /* nothing to write */
+  if (t && t->zero_size) { /* nothing to write, but the shapes must still fit */
+    const tpu_hlo_type *vt = tpu_hlo_typeof(L->hlo, v);
+    if (vt->dtype != TPU_INVALID) tpu_lower_fits(L, vt, t->rank, t->sizes);
+    return;
+  }
   if (!t || !t->rec) {
     tpu_lower_fail(L, TPU_ERR_TYPE, "%s: argument %d is not a tpu tensor to write into", L->opname, i);
     return;

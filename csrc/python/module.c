@@ -296,7 +296,12 @@ static int tpu_int64_seq(PyObject *seq, int64_t *out, int max, const char *what)
   Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
   if (n > max) {
     Py_DECREF(fast);
-    PyErr_Format(PyExc_ValueError, "%s: at most %d entries supported, got %zd", what, max, n);
+    if (max != TPU_MAX_RANK)
+      PyErr_Format(PyExc_ValueError, "%s: at most %d entries supported, got %zd", what, max, n);
+    else if (n > 64) /* torch's own limit */
+      PyErr_SetString(PyExc_RuntimeError, "only tensors with up to 64 dims are supported");
+    else
+      PyErr_Format(PyExc_RuntimeError, "tpu supports tensors of up to %d dims (%s of %zd dims)", TPU_MAX_RANK, what, n);
     return -1;
   }
   for (Py_ssize_t i = 0; i < n; i++) {
@@ -1267,7 +1272,18 @@ static PyObject *tpu_py_copy_from(PyObject *m, PyObject *args) {
   if (!n) return NULL;
   long long dst_numel = PyLong_AsLongLong(n);
   Py_DECREF(n);
-  if (dst_numel == 0) return Py_NewRef(dst_o);
+  if (dst_numel == 0) { /* nothing to copy, but the shapes must fit as torch's copy_ checks */
+    int64_t ds[TPU_MAX_RANK], ss[TPU_MAX_RANK];
+    PyObject *dsh = PyObject_GetAttr(dst_o, st->s_shape), *ssh = dsh ? PyObject_GetAttr(src_o, st->s_shape) : NULL;
+    int dr = ssh ? tpu_int64_seq(dsh, ds, TPU_MAX_RANK, "shape") : -1;
+    int sr = dr >= 0 ? tpu_int64_seq(ssh, ss, TPU_MAX_RANK, "shape") : -1;
+    Py_XDECREF(dsh);
+    Py_XDECREF(ssh);
+    if (sr < 0) return NULL;
+    tpu_status *s = tpu_broadcast_check(dr, ds, sr, ss);
+    if (s) return tpu_raise(s);
+    return Py_NewRef(dst_o);
+  }
 
   if (!dst_cpu && !src_cpu) {
     if (!tpu_py_to_tref_args(st, dst_o, &a[0], "_copy_from") || !tpu_py_to_tref_args(st, src_o, &a[1], "_copy_from"))

@@ -3,6 +3,7 @@
     python -m torchtpu.tools.op_coverage [--dtypes float32,bfloat16,int64,bool]
                                          [--ops NAME,...] [--jobs N]
                                          [--out docs/op_coverage] [--no-grad]
+                                         [--no-errors | --errors-only]
 
 For every entry of torch's OpInfo `op_db` and every requested dtype the op
 supports on the CPU, each sample input runs on `tpu` and on the CPU and the
@@ -18,6 +19,12 @@ counted. Each (op, dtype) is classified:
     crash        the worker process died (the op is named; the run goes on)
     timeout      a sample ran past the per-op time limit
     no_samples   the CPU refused every sample (nothing to compare)
+
+An error-input pass runs each entry's OpInfo `error_inputs` (inputs PyTorch
+documents as refused) on the CPU and on tpu, with aliasing kept (an out= that
+is an input stays one), and counts those the CPU rejects: same exception type
+on tpu, another type, or no error (--errors-only reruns just this pass and
+keeps an existing report's forward results).
 
 Ops run in worker processes, one op at a time, so a crash or a hang is
 recorded against the op that caused it and the run continues. The report is
@@ -128,6 +135,8 @@ TOLERANCES = {
 HOST_ARGS = {"tensor_split": (0,)}
 
 PER_OP_SECONDS = 900
+# The pseudo-dtype of a job that runs an entry's OpInfo error inputs.
+ERRORS = "errors"
 RESULT_TAG = "@@OPCOV "
 
 
@@ -161,6 +170,32 @@ def _to_tpu(x):
     if x.requires_grad:
         y.requires_grad_(True)
     return y
+
+
+def _aliasing_to_tpu():
+    """A _to_tpu that keeps aliasing: tensors that share a CPU storage (the
+    same tensor passed twice, an out= that is a view of an input) become
+    views of one tpu copy of that storage, so the op sees the overlap the CPU
+    sees. Tensors on other devices (meta) are left as they are."""
+    import torch
+    flats = {}
+
+    def conv(x):
+        if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+            return x
+        if x.layout != torch.strided or x.is_conj() or x.is_neg() or x.numel() == 0:
+            return _to_tpu(x)
+        st = x.untyped_storage()
+        key = (st.data_ptr(), x.dtype)
+        if key not in flats:
+            n = st.nbytes() // x.element_size()
+            flat = torch.empty(0, dtype=x.dtype).set_(st, 0, [n], [1])
+            flats[key] = flat.detach().to("tpu")
+        y = flats[key].as_strided(x.size(), x.stride(), x.storage_offset())
+        if x.requires_grad:
+            y = y.detach().requires_grad_(True)
+        return y
+    return conv
 
 
 def _tree_map(fn, x):
@@ -359,6 +394,71 @@ def run_entry(op, dtype_name, grad=True):
     return res
 
 
+def _force(x):
+    """Bring every tensor of a result to the host, so that an error the
+    device would report late is raised here."""
+    import torch
+    for t in _leaves(x, []):
+        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+            t.detach().cpu()
+
+
+def _describe_error_input(e):
+    s = e.sample_input
+    def d(x):
+        import torch
+        if isinstance(x, torch.Tensor):
+            return f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}"
+        if isinstance(x, (list, tuple)):
+            return "(" + ", ".join(d(v) for v in x) + ")"
+        return repr(x)[:40]
+    parts = [d(s.input)] + [d(a) for a in s.args] + [f"{k}={d(v)}" for k, v in s.kwargs.items()]
+    return ", ".join(parts)[:200]
+
+
+def run_error_entry(op):
+    """Run every OpInfo error input of one entry on the CPU and on tpu.
+    Returns counts: same (both raise the same exception type), other (tpu
+    raises another type), none (tpu raises nothing), cpu_none (the CPU raises
+    nothing either: not counted), and the details of those that differ."""
+    import torch
+    res = {"status": "errors", "same": 0, "other": 0, "none": 0, "cpu_none": 0, "details": []}
+    try:
+        errs = list(op.error_inputs("cpu"))
+    except Exception as e:
+        res["status"] = "no_error_inputs"
+        res["detail"] = f"error_inputs: {type(e).__name__}: {e}"[:300]
+        return res
+    for e in errs:
+        s = e.sample_input
+        torch.manual_seed(0)
+        try:
+            _force(op(s.input, *s.args, **s.kwargs))
+            res["cpu_none"] += 1
+            continue
+        except Exception as exc:
+            cpu_exc = exc
+        torch.manual_seed(0)
+        try:
+            ts = s.transform(_aliasing_to_tpu())
+            _force(op(ts.input, *ts.args, **ts.kwargs))
+            tpu_exc = None
+        except Exception as exc:
+            tpu_exc = exc
+        what = _describe_error_input(e)
+        cpu_t = type(cpu_exc).__name__
+        if tpu_exc is None:
+            res["none"] += 1
+            res["details"].append({"kind": "none", "input": what, "cpu": f"{cpu_t}: {str(cpu_exc)[:150]}"})
+        elif type(tpu_exc) is type(cpu_exc):
+            res["same"] += 1
+        else:
+            res["other"] += 1
+            res["details"].append({"kind": "other", "input": what, "cpu": f"{cpu_t}: {str(cpu_exc)[:150]}",
+                                   "tpu": f"{type(tpu_exc).__name__}: {str(tpu_exc)[:150]}"})
+    return res
+
+
 def _worker():
     """Read 'name<TAB>dtype<TAB>grad' lines, answer one tagged JSON line each."""
     import warnings
@@ -375,7 +475,10 @@ def _worker():
         name, dtype_name, grad = line.rstrip("\n").split("\t")
         t0 = time.time()
         try:
-            r = run_entry(by_name[name], dtype_name, grad == "1")
+            if dtype_name == ERRORS:
+                r = run_error_entry(by_name[name])
+            else:
+                r = run_entry(by_name[name], dtype_name, grad == "1")
         except Exception as e:  # a bug of the harness itself, reported as such
             r = {"status": "error", "detail": "harness: " + traceback.format_exc(limit=2)[-300:],
                  "samples": 0, "grad": None, "grad_detail": ""}
@@ -482,7 +585,7 @@ def run(jobs, nworkers=1, grad=True, progress=None, per_op_seconds=PER_OP_SECOND
     return results
 
 
-def all_jobs(dtypes=DTYPES, names=None):
+def all_jobs(dtypes=DTYPES, names=None, errors=False):
     import torch
     from torch.testing._internal.common_methods_invocations import op_db
     jobs, unsupported = [], []
@@ -490,6 +593,8 @@ def all_jobs(dtypes=DTYPES, names=None):
         name = entry_name(op)
         if names is not None and name not in names:
             continue
+        if errors:
+            jobs.append((name, ERRORS))
         supported = op.supported_dtypes("cpu")
         for d in dtypes:
             if getattr(torch, d) in supported:
@@ -511,6 +616,8 @@ def decomposed_ops():
 def summarize(results):
     by_dtype = {}
     for (name, d), r in results.items():
+        if d == ERRORS:
+            continue
         s = by_dtype.setdefault(d, {"entries": 0, "status": {}, "grad_entries": 0, "grad_pass": 0,
                                     "grad_status": {}})
         s["entries"] += 1
@@ -520,6 +627,27 @@ def summarize(results):
             s["grad_status"][r["grad"]] = s["grad_status"].get(r["grad"], 0) + 1
             s["grad_pass"] += r["grad"] == "pass"
     return by_dtype
+
+
+def summarize_errors(results):
+    """Totals of the error-input pass: inputs the CPU rejects, and of those how
+    many tpu rejects with the same type, another type, or not at all; entries
+    whose worker crashed or timed out (their inputs are not counted)."""
+    t = {"entries": 0, "with_inputs": 0, "cpu_rejects": 0, "same": 0, "other": 0, "none": 0, "cpu_none": 0,
+         "crash": 0, "timeout": 0}
+    for (name, d), r in results.items():
+        if d != ERRORS:
+            continue
+        t["entries"] += 1
+        if r["status"] in ("crash", "timeout", "error"):
+            t["crash" if r["status"] != "timeout" else "timeout"] += 1
+            continue
+        n = r.get("same", 0) + r.get("other", 0) + r.get("none", 0)
+        t["with_inputs"] += (n + r.get("cpu_none", 0)) > 0
+        t["cpu_rejects"] += n
+        for k in ("same", "other", "none", "cpu_none"):
+            t[k] += r.get(k, 0)
+    return t
 
 
 def missing_overloads(results):
@@ -545,6 +673,7 @@ def write_report(results, out_prefix, dtypes, meta):
         "summary": summary,
         "decomposed": decomposed_ops(),
         "missing_overloads": missing_overloads(results),
+        "error_inputs": summarize_errors(results),
         "results": {f"{n}|{d}": r for (n, d), r in sorted(results.items())},
     }
     os.makedirs(os.path.dirname(out_prefix) or ".", exist_ok=True)
@@ -596,6 +725,31 @@ def write_report(results, out_prefix, dtypes, meta):
               "the CPU's indices point at (exactly equal indices when the sample asks for a stable sort).",
               "", "Compared in full except for their samples in training mode (dropout inside): "
               + ", ".join(f"`{x}`" for x in sorted(RANDOM_IN_TRAINING)) + ".", ""]
+    et = data["error_inputs"]
+    if et["entries"]:
+        lines += ["## Error inputs", "",
+                  "Each entry's OpInfo `error_inputs` (inputs PyTorch documents as refused), run on the CPU and "
+                  "on `tpu` (forced to the host, so a late error counts). An input counts when the CPU rejects "
+                  "it; it matches when `tpu` rejects it with the same exception type."
+                  + (f" Run: {meta['errors_date']}, {meta['errors_seconds']:.0f} s." if meta.get("errors_date") else ""),
+                  "",
+                  "| entries | with error inputs | CPU rejects | same type | other type | no error | "
+                  "crash (entries) | timeout (entries) | CPU accepts (not counted) |",
+                  "|---|---|---|---|---|---|---|---|---|",
+                  f"| {et['entries']} | {et['with_inputs']} | {et['cpu_rejects']} | {et['same']} | {et['other']} | "
+                  f"{et['none']} | {et['crash']} | {et['timeout']} | {et['cpu_none']} |", ""]
+        diff = []
+        for (n, d), r in sorted(results.items()):
+            if d != ERRORS:
+                continue
+            if r["status"] in ("crash", "timeout", "error"):
+                diff.append(f"| {n} | - | {r['status']}: {_md(r.get('detail', ''))} | |")
+            for x in r.get("details", []):
+                diff.append(f"| {n} | {_md(x['input'])} | {_md(x['cpu'])} | "
+                            f"{_md(x.get('tpu', 'no error'))} |")
+        if diff:
+            lines += ["Error inputs `tpu` does not reject as the CPU does:", "",
+                      "| entry | input | CPU | tpu |", "|---|---|---|---|"] + diff + [""]
     lines += ["## Per op", "", "| op | " + " | ".join(dtypes) + " | gradient (float32) |",
               "|---|" + "---|" * (len(dtypes) + 1)]
     names = sorted({n for n, _ in results} | {n for n, _ in meta.get("unsupported", [])})
@@ -631,6 +785,9 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     p.add_argument("--out", default="docs/op_coverage")
     p.add_argument("--no-grad", action="store_true")
+    p.add_argument("--no-errors", action="store_true", help="skip the error-input pass")
+    p.add_argument("--errors-only", action="store_true",
+                   help="run only the error-input pass; the forward results of an existing report at --out are kept")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
@@ -641,7 +798,17 @@ def main(argv=None):
     if bad:
         p.error(f"unknown dtype(s) {bad}; choose from {DTYPES}")
     names = set(x.strip() for x in a.ops.split(",")) if a.ops else None
-    jobs, unsupported = all_jobs(dtypes, names)
+    jobs, unsupported = all_jobs([] if a.errors_only else dtypes, names, errors=not a.no_errors)
+    kept, old_meta = {}, None
+    if a.errors_only and os.path.exists(a.out + ".json"):
+        with open(a.out + ".json") as f:
+            old = json.load(f)
+        for k, r in old.get("results", {}).items():
+            n, d = k.rsplit("|", 1)
+            if d != ERRORS:
+                kept[(n, d)] = r
+        unsupported = [tuple(x) for x in old.get("meta", {}).get("unsupported", [])]
+        old_meta = old.get("meta", {})
     if names:
         known = {n for n, _ in jobs} | {n for n, _ in unsupported}
         unknown = names - known
@@ -652,6 +819,10 @@ def main(argv=None):
     def progress(done, total, job, r):
         if a.quiet:
             return
+        if job[1] == ERRORS and r["status"] == "errors":
+            print(f"[{done}/{total}] {job[0]} error inputs: same {r['same']} other {r['other']} none {r['none']} "
+                  f"({r.get('seconds', 0)} s)", flush=True)
+            return
         g = "" if r.get("grad") in (None,) else f" grad={r['grad']}"
         det = "" if r["status"] == "pass" else f"  {r['detail'][:120]}"
         gd = f"  [{r['grad_detail'][:100]}]" if r.get("grad") not in (None, "pass") else ""
@@ -659,6 +830,7 @@ def main(argv=None):
               flush=True)
 
     results = run(jobs, a.jobs, grad=not a.no_grad, progress=progress)
+    results.update({k: v for k, v in kept.items() if k not in results})
     import torch  # noqa: F401
     platform = ""
     try:
@@ -668,12 +840,18 @@ def main(argv=None):
         pass
     meta = {"date": time.strftime("%Y-%m-%d"), "seconds": time.time() - t0, "platform": platform,
             "unsupported": unsupported, "dtypes": dtypes}
+    if old_meta and kept:  # the forward results are the old run's: so are its date and time
+        meta = dict(old_meta, unsupported=unsupported, errors_date=meta["date"], errors_seconds=meta["seconds"])
     summary = write_report(results, a.out, dtypes, meta)
     for d in dtypes:
         if d in summary:
             s = summary[d]
             print(f"{d}: {s['status'].get('pass', 0)}/{s['entries']} pass {s['status']}; "
                   f"gradients {s['grad_pass']}/{s['grad_entries']} {s['grad_status']}")
+    et = summarize_errors(results)
+    if et["entries"]:
+        print(f"error inputs: {et['cpu_rejects']} the CPU rejects: same type {et['same']}, other type "
+              f"{et['other']}, no error {et['none']}; crashed entries {et['crash']}, timeouts {et['timeout']}")
     print(f"report: {a.out}.md, {a.out}.json ({time.time() - t0:.0f} s)")
     return 0
 
