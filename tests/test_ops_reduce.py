@@ -185,6 +185,13 @@ def test_histc_equal():
         got = torch.histogram(x.to("tpu"), **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
         close(got.hist, want.hist)
         close(got.bin_edges, want.bin_edges)
+    # no elements: zeros, or 0/0 (NaN) with density, as the CPU
+    e = torch.empty(5, 0, 5)
+    for kw in [dict(bins=torch.tensor([0.0, 1.0, 2.0])), dict(bins=torch.tensor([0.0, 1.0]), density=True),
+               dict(bins=3, density=True)]:
+        want = torch.histogram(e, **kw)
+        got = torch.histogram(e.to("tpu"), **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+        torch.testing.assert_close(got.hist.cpu(), want.hist, equal_nan=True)
     assert torch.equal(x.to("tpu"), x.clone().to("tpu"))
     assert not torch.equal(x.to("tpu"), (x + 1).to("tpu"))
     with pytest.raises(RuntimeError):

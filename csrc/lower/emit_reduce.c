@@ -946,9 +946,9 @@ void tpu_emit_histogram_bins_tensor(tpu_lower *L) {
   int64_t N = 1, bins = e->sizes[0] - 1;
   for (int k = 0; k < t->rank; k++) N *= t->sizes[k];
   tpu_hv edges = tpu_lower_tensor(L, 1, -1);
-  if (bins == 0 || N == 0) {
+  if (bins == 0) {
     tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &bins), 0));
-  } else {
+  } else { /* no elements: zeros, or 0/0 with density, as the CPU */
     tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &N);
     tpu_lower_out(L, tpu_hist_count(L, x, N, edges, bins, has_w, 2, tpu_arg_bool(L, 3)));
   }
