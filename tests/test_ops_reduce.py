@@ -204,3 +204,27 @@ def test_logsumexp_isclose():
     y = x + 1e-7
     close(torch.isclose(x.to("tpu"), y.to("tpu")), torch.isclose(x, y))
     assert torch.allclose(x.to("tpu"), y.to("tpu"))
+
+
+
+def test_hash_tensor():
+    """xor of the 64-bit patterns (floats widened to double, signed integers
+    sign-extended, bool and unsigned zero-extended); the CPU's errors."""
+    g = torch.Generator().manual_seed(0)
+    cases = [
+        (torch.tensor([-1, 2, 3]), {}), (torch.tensor([True, False, True]), {}),
+        (torch.tensor([255, 3], dtype=torch.uint8), {}), (torch.tensor([-1, 5], dtype=torch.int8), {}),
+        (torch.tensor([-1.5, 2.25], dtype=torch.bfloat16), {}), (torch.randn(4, 5, generator=g), {}),
+        (torch.randn(4, 5, generator=g), dict(dim=1)), (torch.randn(4, 5, 3, generator=g), dict(dim=(0, 2), keepdim=True)),
+        (torch.empty(0, 3), dict(dim=1)), (torch.tensor(3.0), {}),
+        (torch.tensor([float("nan"), -0.0, float("inf")]), {}), (torch.randn(3, 4, generator=g).double(), dict(dim=0)),
+    ]
+    for x, kw in cases:
+        a, b = torch.hash_tensor(x, **kw), torch.hash_tensor(x.to("tpu"), **kw).cpu()
+        assert a.dtype == b.dtype == torch.uint64 and a.shape == b.shape and torch.equal(a, b), (x, kw, a, b)
+    for x, kw in [(torch.empty(0), {}), (torch.empty(2, 0), dict(dim=1)), (torch.tensor([1j]), {}), (torch.ones(3), dict(mode=1))]:
+        with pytest.raises(Exception) as want:
+            torch.hash_tensor(x, **kw)
+        with pytest.raises(want.type) as got:
+            torch.hash_tensor(x.to("tpu"), **kw)
+        assert str(got.value).split("\n")[0] == str(want.value).split("\n")[0]

@@ -954,3 +954,44 @@ void tpu_emit_histogram_bins_tensor(tpu_lower *L) {
   }
   tpu_lower_out(L, edges);
 }
+
+/* hash_tensor(self, dim=[], *, keepdim=False, mode=0): the xor of the
+ * elements' 64-bit patterns over dim (uint64). Floats are widened to double,
+ * signed integers to int64 (sign-extended), bool and unsigned integers
+ * zero-extended, as the CPU does before it xors. */
+void tpu_emit_hash_tensor(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (L->args[3].i != 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Unknown hash_tensor mode: %lld", (long long)L->args[3].i);
+    return;
+  }
+  if (tpu_dtype_is_complex(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"xor_sum_cpu\" not implemented for '%s'", tpu_dtype_c10_name(t->dtype));
+    return;
+  }
+  int64_t dims[TPU_MAX_RANK], numel = 1;
+  bool mask[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
+  bool all = L->args[1].kind != TPU_ARG_INTS || L->args[1].nints == 0;
+  if (all && numel == 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "hash_tensor: Expected reduction dim to be specified for input.numel() == 0. "
+                   "Specify the reduction dim with the 'dim' argument.");
+    return;
+  }
+  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
+  for (int i = 0; i < n; i++)
+    if (t->sizes[dims[i]] == 0) {
+      tpu_lower_fail(L, TPU_ERR_INDEX, "hash_tensor: Expected reduction dim %lld to have non-zero size.", (long long)dims[i]);
+      return;
+    }
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hlo_type in = *T(L, x);
+  if (tpu_dtype_is_float(t->dtype))
+    x = tpu_hlo_bitcast_convert(H, tpu_hlo_convert(H, x, TPU_F64), TPU_U64);
+  else if (tpu_dtype_is_signed_int(t->dtype))
+    x = tpu_hlo_bitcast_convert(H, tpu_hlo_convert(H, x, TPU_S64), TPU_U64);
+  else
+    x = tpu_hlo_convert(H, x, TPU_U64);
+  tpu_hv r = tpu_hlo_reduce(H, x, tpu_hlo_constant_int(H, TPU_U64, 0), dims, n, TPU_HLO_XOR);
+  tpu_lower_out(L, tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2)));
+}
