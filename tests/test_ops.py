@@ -603,3 +603,21 @@ def test_torch_func_transforms():
     f = lambda v: (v.sin() * v).sum()  # noqa: E731
     for fn in (lambda t: vmap(grad(f))(t), lambda t: jacrev(torch.exp)(t[0]), lambda t: hessian(f)(t[0])):
         torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
+def test_angle(dtype):
+    if dtype == torch.complex64:
+        x = torch.tensor([1 + 1j, -2j, -3 + 0j, 0j, complex(float("nan"), 1.0)], dtype=dtype)
+    elif dtype.is_floating_point:
+        x = torch.tensor([-1.0, 0.0, -0.0, 2.0, -float("inf"), float("inf")]
+                         + ([float("nan")] if dtype == torch.float32 else []), dtype=dtype)
+    else:
+        x = make((3, 5), dtype)
+    check(torch.angle, x)
+    check(lambda t: torch.angle(t, out=torch.empty(0, dtype=torch.angle(t).dtype, device=t.device)), x)
+    if dtype == torch.float32:
+        a, b = x.clone().requires_grad_(), x.clone().to("tpu").requires_grad_()
+        torch.angle(a).sum().backward()
+        torch.angle(b).sum().backward()
+        torch.testing.assert_close(b.grad.cpu(), a.grad, equal_nan=True)

@@ -261,3 +261,59 @@ def test_grid_sample_3d_and_errors():
     check(lambda x, g: F.grid_sample(x, g, mode="nearest", align_corners=True), x, g)
     with pytest.raises(RuntimeError):
         F.grid_sample(tpu(x), tpu(g.double()), align_corners=False)
+
+
+@pytest.mark.parametrize("nsp,shape,k,osz", [
+    (2, (2, 3, 11, 9), (2, 3), (5, 4)),
+    (2, (3, 10, 10), 2, (4, 7)),
+    (2, (1, 2, 7, 7), 3, (1, 5)),
+    (3, (2, 2, 7, 8, 9), (2, 3, 2), (3, 4, 5)),
+    (3, (2, 6, 6, 6), 2, (1, 2, 4)),
+])
+def test_fractional_max_pool(nsp, shape, k, osz):
+    g = torch.Generator().manual_seed(0)
+    f = F.fractional_max_pool2d if nsp == 2 else F.fractional_max_pool3d
+    x = torch.randn(shape, generator=g)
+    x[..., 1:3, :] = 1.0  # ties: the first of equal values
+    x[..., 0, 0] = float("nan")
+    n = shape[0] if len(shape) == nsp + 2 else 1
+    rs = torch.rand(n + 1, shape[-nsp - 1], nsp, generator=g)  # extra batch rows are not used
+    a, ai = f(x, k, output_size=osz, return_indices=True, _random_samples=rs)
+    b, bi = f(x.to("tpu"), k, output_size=osz, return_indices=True, _random_samples=rs.to("tpu"))
+    torch.testing.assert_close(b.cpu(), a, equal_nan=True)
+    assert bi.dtype == torch.int64 and torch.equal(bi.cpu(), ai)
+    # bfloat16: the same windows (alpha in bfloat16 as on the CPU)
+    xb, rb = x.bfloat16(), rs.bfloat16()
+    a, ai = f(xb, k, output_size=osz, return_indices=True, _random_samples=rb)
+    b, bi = f(xb.to("tpu"), k, output_size=osz, return_indices=True, _random_samples=rb.to("tpu"))
+    torch.testing.assert_close(b.cpu(), a, equal_nan=True)
+    assert torch.equal(bi.cpu(), ai)
+    # gradient
+    xc = torch.randn(shape, generator=g).requires_grad_()
+    xt = xc.detach().to("tpu").requires_grad_()
+    go = torch.randn(a.shape, generator=g)
+    f(xc, k, output_size=osz, _random_samples=rs).backward(go)
+    f(xt, k, output_size=osz, _random_samples=rs.to("tpu")).backward(go.to("tpu"))
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+    # samples drawn on the device: shapes and a valid max
+    y, yi = f(x.to("tpu").nan_to_num(), k, output_size=osz, return_indices=True)
+    assert y.shape == a.shape and yi.shape == a.shape
+    flat = x.nan_to_num().flatten(-nsp)
+    torch.testing.assert_close(y.cpu(), flat.gather(-1, yi.cpu().flatten(-nsp)).view(a.shape))
+
+
+def test_fractional_max_pool_errors():
+    x = torch.randn(1, 2, 6, 6)
+    for args, kw in [((x, 2), dict(output_size=(6, 5), _random_samples=torch.rand(1, 2, 2))),
+                     ((x, 2), dict(output_size=(3, 3), _random_samples=torch.rand(1, 3, 2))),
+                     ((x, 2), dict(output_size=(3, 3), _random_samples=torch.rand(1, 2, 3))),
+                     ((x, 2), dict(output_size=(3, 3), _random_samples=torch.rand(1, 2, 2).double())),
+                     ((x[0, 0], 2), dict(output_size=(3, 3), _random_samples=torch.rand(1, 1, 2)))]:
+        with pytest.raises(RuntimeError) as want:
+            F.fractional_max_pool2d(*args, **kw)
+        with pytest.raises(RuntimeError) as got:
+            F.fractional_max_pool2d(*[tpu(a) for a in args], **{k: tpu(v) for k, v in kw.items()})
+        assert str(got.value).split("\n")[0] == str(want.value).split("\n")[0]
+    x3 = torch.randn(1, 6, 6, 6)
+    with pytest.raises(RuntimeError, match="pool time 2 too large relative to input time 6"):
+        F.fractional_max_pool3d(x3.to("tpu"), 2, output_size=(5, 4, 4), _random_samples=torch.rand(1, 1, 3, device="tpu"))

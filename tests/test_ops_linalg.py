@@ -267,3 +267,60 @@ def test_matmuls_of_lazily_conjugated_tensors():
         grads.append([x.grad.cpu() for x in leaves])
     for gc, gt in zip(*grads):
         torch.testing.assert_close(gt, gc, rtol=1e-4, atol=1e-4)
+
+
+def _sym(g, *shape):
+    a = torch.randn(*shape, generator=g)
+    return a + a.mT
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7])
+def test_ldl_factor_and_solve(n):
+    """Bunch-Kaufman as LAPACK's sytrf: the same pivots (1x1 and 2x2 blocks,
+    1-based, negative for 2x2), LD (upper triangle zero) and info; ldl_solve
+    as sytrs, with broadcast batches."""
+    g = torch.Generator().manual_seed(n)
+    for trial in range(8):
+        A = _sym(g, 3, n, n)
+        if trial == 1:
+            A[..., 0, 0] = 0  # forces a 2x2 pivot or an interchange
+        if trial == 2:
+            A[1] = 0  # singular: info = 1
+        LD, piv, info = torch.linalg.ldl_factor_ex(A)
+        LD2, piv2, info2 = torch.linalg.ldl_factor_ex(A.to("tpu"))
+        assert piv2.dtype == torch.int32 and info2.dtype == torch.int32
+        assert torch.equal(piv2.cpu(), piv) and torch.equal(info2.cpu(), info)
+        close(LD2, LD, tol=1e-4)
+        if trial == 2:
+            continue
+        for bshape in [(3, n, 2), (n, 4)]:
+            b = torch.randn(bshape, generator=g)
+            want = torch.linalg.ldl_solve(LD, piv, b)
+            got = torch.linalg.ldl_solve(LD.to("tpu"), piv.to("tpu"), b.to("tpu"))
+            close(got, want, tol=1e-3)
+    # the upper triangle, and hermitian=True for a real matrix (the same factorization)
+    A = _sym(g, n, n)
+    LD, piv = torch.linalg.ldl_factor(A, hermitian=True)
+    LD2, piv2 = torch.linalg.ldl_factor(A.to("tpu"), hermitian=True)
+    close(LD2, LD)
+    assert torch.equal(piv2.cpu(), piv)
+    # only the lower triangle is read
+    close(torch.linalg.ldl_factor(A.tril().to("tpu"))[0], LD)
+
+
+def test_ldl_empty_and_errors():
+    for shape in [(0, 0), (0, 2, 2), (2, 0, 0)]:
+        a = torch.zeros(shape)
+        LD, piv, info = torch.linalg.ldl_factor_ex(a)
+        LD2, piv2, info2 = torch.linalg.ldl_factor_ex(a.to("tpu"))
+        assert LD2.shape == LD.shape and piv2.shape == piv.shape and info2.shape == info.shape
+    LD, piv = torch.linalg.ldl_factor(_sym(torch.Generator().manual_seed(0), 3, 3))
+    assert torch.linalg.ldl_solve(LD.to("tpu"), piv.to("tpu"), torch.zeros(3, 0, device="tpu")).shape == (3, 0)
+    for fn, args in [(torch.linalg.ldl_factor, (torch.ones(3, 2),)),
+                     (torch.linalg.ldl_factor, (torch.ones(3),)),
+                     (torch.linalg.ldl_solve, (LD, piv, torch.ones(3))),
+                     (torch.linalg.ldl_solve, (LD, piv, torch.ones(3, 2, dtype=torch.float64)))]:
+        with pytest.raises(Exception) as want:
+            fn(*args)
+        with pytest.raises(want.type):
+            fn(*[a.to("tpu") for a in args])

@@ -43,6 +43,9 @@ UNARY = {
     "scaled_modified_bessel_k1": (S.scaled_modified_bessel_k1, WIDE),
     "bessel_j0": (S.bessel_j0, torch.cat([WIDE, torch.linspace(-60, 60, 241)])),
     "bessel_j1": (S.bessel_j1, torch.cat([WIDE, torch.linspace(-60, 60, 241)])),
+    "bessel_y0": (S.bessel_y0, torch.cat([WIDE, torch.linspace(0.01, 60, 600), torch.tensor([-0.0, 1e-30, 24.99, 25.01])])),
+    "bessel_y1": (S.bessel_y1, torch.cat([WIDE, torch.linspace(0.01, 60, 600), torch.tensor([-0.0, 1e-30, 24.99, 25.01])])),
+    "airy_ai": (S.airy_ai, torch.cat([WIDE, torch.linspace(-30, 30, 1201), torch.tensor([-10.01, -9.99, 0.999, 1.001, 200.0])])),
 }
 
 

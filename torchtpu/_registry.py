@@ -3,6 +3,7 @@ a PrivateUse1 kernel. Thin by design: argument parsing, lowering and execution
 are in the C core."""
 
 import functools
+import math
 import os
 import sys
 import types
@@ -253,6 +254,47 @@ def _equal(self, other):
     if self.shape != other.shape:
         return False
     return bool(torch.eq(self, other.to(self.device)).all().item())
+
+
+def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
+    """Each dim's edges: a linspace over the given range or the data's min and
+    max (read back, as the CPU reads them), a single point widened by half a
+    unit each way, [0, 1] with no data; the counting is a C lowering
+    (_histogramdd_from_bin_tensors)."""
+    if self.dim() < 2:
+        raise RuntimeError(f"torch.histogramdd: input tensor should have at least 2 dimensions, but got {self.dim()}")
+    D = self.shape[-1]
+    if len(bins) != D:
+        raise RuntimeError(f"torch.histogramdd: expected {D} sequences of bin edges for each of the {D} dimensions "
+                           f"of the input, but got {len(bins)}")
+    if range is not None and len(range) != 2 * D:
+        raise RuntimeError(f"torch.histogramdd: for a {D}-dimensional histogram, range should have {2 * D} elements, "
+                           f"but got {len(range)}")
+    x = self.reshape(-1, D)
+    edges = []
+    for d in list(enumerate(bins)):
+        d = d[0]
+        if bins[d] <= 0:
+            raise RuntimeError(f"torch.histogramdd(): bins must be > 0, but got {bins[d]} for dim {d}")
+        if range is not None:
+            lo, hi = float(range[2 * d]), float(range[2 * d + 1])
+        elif x.shape[0] > 0:
+            lo, hi = float(x[:, d].min().item()), float(x[:, d].max().item())
+        else:
+            lo, hi = 0.0, 1.0
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise RuntimeError(f"torch.histogramdd: dimension {d}'s range [{lo}, {hi}] is not finite")
+        if lo > hi:
+            raise RuntimeError(f"torch.histogramdd: min should not exceed max, but got min {lo} max {hi} for dimension {d}")
+        if lo == hi:
+            lo, hi = lo - 0.5, hi + 0.5
+        edges.append(torch.linspace(lo, hi, bins[d] + 1, dtype=self.dtype, device=self.device))
+    return edges
+
+
+def _histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=False):
+    edges = _histogramdd_bin_edges(self, bins, range=range, weight=weight, density=density)
+    return torch.ops.aten._histogramdd_from_bin_tensors(self, edges, weight=weight, density=density)
 
 
 def _masked_select(self, mask):
@@ -1010,6 +1052,8 @@ def setup(device_module):
     _impl("masked_select", _masked_select)
     _impl("masked_select.out", _masked_select_out)
     _impl("narrow_copy", _narrow_copy)
+    _impl("_histogramdd_bin_edges", _histogramdd_bin_edges)
+    _impl("_histogramdd_from_bin_cts", _histogramdd_from_bin_cts)
     _impl("equal", _equal)
     for name, fn in _wrap_unique().items():
         _impl(name, fn)

@@ -1769,3 +1769,154 @@ static void tpu_emit_grid_sampler_backward(tpu_lower *L, int nsp) {
 }
 void tpu_emit_grid_sampler_2d_backward(tpu_lower *L) { tpu_emit_grid_sampler_backward(L, 2); }
 void tpu_emit_grid_sampler_3d_backward(tpu_lower *L) { tpu_emit_grid_sampler_backward(L, 3); }
+
+/* fractional_max_pool{2,3}d(self, kernel_size, output_size, random_samples) -> (out, indices).
+ * Window starts per plane and dim as ATen draws them from the plane's sample
+ * u: alpha = (in - k) / (out - 1) in the input's dtype, start_i =
+ * int((i + u) alpha) - int(u alpha), the last window at in - k. The samples
+ * are (N, C, nsp); the 2-d op reads its width from sample 0 and its height
+ * from sample 1, the 3-d op (t, h, w) in order. The max keeps the first of
+ * equal values and the last NaN (row-major window order), as the CPU. */
+static void tpu_emit_fractional_max_nd(tpu_lower *L, int nsp) {
+  const char *name = nsp == 2 ? "fractional_max_pool2d" : "fractional_max_pool3d";
+  tpu_tref *t = &L->args[0].t, *rs = &L->args[3].t;
+  if (t->rank != nsp + 1 && t->rank != nsp + 2) {
+    char sz[256] = "";
+    size_t used = 0;
+    for (int i = 0; i < t->rank && used < sizeof sz - 32; i++)
+      used += (size_t)snprintf(sz + used, sizeof sz - used, "%s%lld", i ? ", " : "", (long long)t->sizes[i]);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): Expected %dD or %dD tensor, but got: [%s]", name, nsp + 1, nsp + 2, sz);
+    return;
+  }
+  if (L->args[1].kind != TPU_ARG_INTS || L->args[1].nints != nsp || L->args[2].kind != TPU_ARG_INTS || L->args[2].nints != nsp) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: kernel_size and output_size must have %d elements", name, nsp);
+    return;
+  }
+  if (rs->dtype != t->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expect _random_samples to have the same dtype as input");
+    return;
+  }
+  if (rs->rank != 3) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expect _random_samples to have 3 dimensions, got %d", rs->rank);
+    return;
+  }
+  int lead = t->rank - nsp;
+  int64_t nbatch = lead == 2 ? t->sizes[0] : 1, nchan = t->sizes[lead - 1];
+  if (rs->sizes[0] < nbatch) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expect _random_samples.size(0) no less then input batch size.");
+    return;
+  }
+  if (rs->sizes[1] != nchan) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expect _random_samples.size(1) equals to input channel size.");
+    return;
+  }
+  if (rs->sizes[2] != nsp) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expect _random_samples.size(2) equals to %d; got %lld.", nsp, (long long)rs->sizes[2]);
+    return;
+  }
+  if (!tpu_dtype_is_float(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s\" not implemented for '%s'", name, tpu_dtype_name(t->dtype));
+    return;
+  }
+  int64_t planes = 1, in_n = 1, on = 1, in[3], k[3], o[3];
+  for (int i = 0; i < lead; i++) planes *= t->sizes[i];
+  static const char *dn[3] = {"time", "height", "width"};
+  for (int d = 0; d < nsp; d++) {
+    in[d] = t->sizes[lead + d];
+    k[d] = L->args[1].ints[d];
+    o[d] = L->args[2].ints[d];
+    in_n *= in[d];
+    on *= o[d];
+    const char *w = dn[d + 3 - nsp];
+    if (k[d] <= 0 || o[d] <= 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): kernel_size and output_size must be greater than zero", name);
+      return;
+    }
+    /* the 3-d op wants the windows to leave room (strictly), as the CPU */
+    if (o[d] + k[d] - 1 > in[d] || (nsp == 3 && o[d] + k[d] - 1 == in[d])) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): pool %s %lld too large relative to input %s %lld", nsp == 3 ? "fractional_max_pool3d_out" : name,
+                     w, (long long)k[d], w, (long long)in[d]);
+      return;
+    }
+  }
+  tpu_dtype dt = t->dtype;
+  int64_t od[4], er = nsp + 1, outd[TPU_MAX_RANK];
+  od[0] = planes;
+  for (int d = 0; d < nsp; d++) od[d + 1] = o[d];
+  for (int i = 0; i < lead; i++) outd[i] = t->sizes[i];
+  for (int d = 0; d < nsp; d++) outd[lead + d] = o[d];
+  if (planes == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, t->rank, outd), 0));
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, t->rank, outd), 0));
+    return;
+  }
+  int64_t pd2[2] = {planes, nsp};
+  tpu_hv u = tpu_lower_tensor(L, 3, -1);
+  if (rs->sizes[0] != nbatch) { /* extra samples are not used */
+    int64_t lo3[3] = {0, 0, 0}, hi3[3] = {nbatch, nchan, nsp}, st3[3] = {1, 1, 1};
+    u = tpu_hlo_slice(H, u, lo3, hi3, st3);
+  }
+  u = tpu_hlo_reshape(H, u, 2, pd2);
+  /* starts[d]: s64 (planes, o[d]) broadcast to (planes, o...) */
+  tpu_hv start[3];
+  for (int d = 0; d < nsp; d++) {
+    int si = nsp == 2 ? 1 - d : d;
+    int64_t lo[2] = {0, si}, hi[2] = {planes, si + 1}, one[2] = {1, 1}, p1 = planes;
+    tpu_hv ud = tpu_hlo_reshape(H, tpu_hlo_slice(H, u, lo, hi, one), 1, &p1);
+    int64_t sd[2] = {planes, o[d]}, b0 = 0;
+    tpu_hv s;
+    if (o[d] == 1) {
+      s = tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 2, sd), (double)(in[d] - k[d]));
+    } else {
+      tpu_hv alpha = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_constant(H, dt, (double)(in[d] - k[d])), tpu_hlo_constant(H, dt, (double)(o[d] - 1)));
+      tpu_hv ub = tpu_hlo_broadcast_in_dim(H, ud, 2, sd, &b0);
+      tpu_hv ab = tpu_hlo_broadcast_in_dim(H, alpha, 2, sd, NULL);
+      tpu_hv io = tpu_hlo_iota(H, tpu_hlo_type_make(dt, 2, sd), 1);
+      tpu_hv a = tpu_hlo_convert(H, tpu_mul(L, tpu_add(L, io, ub), ab), TPU_S64);
+      tpu_hv b = tpu_hlo_convert(H, tpu_mul(L, ub, ab), TPU_S64);
+      s = tpu_sub(L, a, b);
+      tpu_hv last = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, sd), 1), tpu_k(L, s, (double)(o[d] - 1)));
+      s = tpu_hlo_select(H, last, tpu_k(L, s, (double)(in[d] - k[d])), s);
+    }
+    int64_t bd[2] = {0, d + 1};
+    start[d] = tpu_hlo_broadcast_in_dim(H, s, (int)er, od, bd);
+  }
+  int64_t flat_n = planes * in_n, n = planes * on, f1[2] = {flat_n, 1}, n1[2] = {n, 1};
+  tpu_hv xf = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 2, f1);
+  tpu_hv pbase = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, (int)er, od), 0);
+  pbase = tpu_mul(L, pbase, tpu_k(L, pbase, (double)in_n));
+  tpu_hv acc = TPU_HV_NONE, ai = TPU_HV_NONE;
+  int64_t nk = 1;
+  for (int d = 0; d < nsp; d++) nk *= k[d];
+  for (int64_t w = 0; w < nk; w++) {
+    int64_t rem = w, off[3];
+    for (int d = nsp - 1; d >= 0; d--) {
+      off[d] = rem % k[d];
+      rem /= k[d];
+    }
+    tpu_hv flat = TPU_HV_NONE;
+    for (int d = 0; d < nsp; d++) {
+      int64_t stride = 1;
+      for (int e = d + 1; e < nsp; e++) stride *= in[e];
+      tpu_hv c = tpu_mul(L, tpu_add(L, start[d], tpu_k(L, start[d], (double)off[d])), tpu_k(L, start[d], (double)stride));
+      flat = flat == TPU_HV_NONE ? c : tpu_add(L, flat, c);
+    }
+    tpu_hv g = tpu_lower_gather_rows(L, xf, tpu_hlo_reshape(H, tpu_add(L, flat, pbase), 2, n1));
+    tpu_hv v = tpu_hlo_reshape(H, g, (int)er, od);
+    if (acc == TPU_HV_NONE) {
+      acc = v;
+      ai = flat;
+      continue;
+    }
+    tpu_hv take = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_GT, v, acc), tpu_hlo_compare(H, TPU_HLO_NE, v, v));
+    acc = tpu_hlo_select(H, take, v, acc);
+    ai = tpu_hlo_select(H, take, flat, ai);
+  }
+  tpu_lower_out(L, tpu_hlo_reshape(H, acc, t->rank, outd));
+  tpu_lower_out(L, tpu_hlo_reshape(H, ai, t->rank, outd));
+}
+void tpu_emit_fractional_max_pool2d(tpu_lower *L) { tpu_emit_fractional_max_nd(L, 2); }
+void tpu_emit_fractional_max_pool3d(tpu_lower *L) { tpu_emit_fractional_max_nd(L, 3); }
+
+/* fractional_max_pool{2,3}d_backward(grad_output, self, kernel_size, output_size, indices) */
+void tpu_emit_fractional_max_pool_backward(tpu_lower *L) { tpu_lower_out(L, tpu_pool_max_backward(L, 0, 1, 4, L->args[2].nints == 3 ? 3 : 2)); }

@@ -671,3 +671,17 @@ void tpu_emit_conj_physical(tpu_lower *L) {
   tpu_hv re = tpu_un(L, TPU_HLO_REAL, x), im = tpu_un(L, TPU_HLO_IMAG, x);
   tpu_lower_out(L, tpu_hlo_binary(H, TPU_HLO_COMPLEX, re, tpu_un(L, TPU_HLO_NEG, im)));
 }
+
+/* angle: atan2(imag, real) for complex inputs; for real ones pi below zero,
+ * 0 otherwise, NaN kept (integers and bool give the default float type). */
+void tpu_emit_angle(tpu_lower *L) {
+  tpu_dtype in = tpu_arg_dtype(L, 0);
+  if (tpu_dtype_is_complex(in)) {
+    tpu_hv z = tpu_lower_tensor(L, 0, -1);
+    tpu_lower_out(L, tpu_hlo_binary(H, TPU_HLO_ATAN2, tpu_un(L, TPU_HLO_IMAG, z), tpu_un(L, TPU_HLO_REAL, z)));
+    return;
+  }
+  tpu_hv x = tpu_float_in(L, 0);
+  tpu_hv r = tpu_sel(L, tpu_cmp(L, TPU_HLO_LT, x, tpu_k(L, x, 0)), tpu_k(L, x, 3.14159265358979323846), tpu_k(L, x, 0));
+  tpu_lower_out(L, tpu_sel(L, tpu_isnan(L, x), x, r));
+}

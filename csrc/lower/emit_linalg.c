@@ -1737,3 +1737,350 @@ void tpu_emit_linalg_lstsq(tpu_lower *L) {
   }
   tpu_lower_out(L, with_sv ? S : empty);
 }
+
+/* ---- LDL^T: Bunch-Kaufman, as LAPACK's sytrf/sytrs (lower) ------------------------------------ */
+
+/* Shapes: the batch is flattened, a is [B, n, n]; per-matrix scalars are [B]. */
+typedef struct {
+  int64_t B, n;
+  int64_t d3[3], d2[2];
+} tpu_ldl_sh;
+
+static tpu_hv ldl_b2(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv x) { /* [B] -> [B, n] */
+  int64_t b0 = 0;
+  return tpu_hlo_broadcast_in_dim(H, x, 2, s->d2, &b0);
+}
+static tpu_hv ldl_b3(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv x) { /* [B] -> [B, n, n] */
+  int64_t b0 = 0;
+  return tpu_hlo_broadcast_in_dim(H, x, 3, s->d3, &b0);
+}
+static tpu_hv ldl_asrow(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv v) { /* [B, n] -> [B, i, j] = v[b, j] */
+  int64_t bd[2] = {0, 2};
+  return tpu_hlo_broadcast_in_dim(H, v, 3, s->d3, bd);
+}
+static tpu_hv ldl_ascol(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv v) { /* [B, n] -> [B, i, j] = v[b, i] */
+  int64_t bd[2] = {0, 1};
+  return tpu_hlo_broadcast_in_dim(H, v, 3, s->d3, bd);
+}
+static tpu_hv ldl_iota3(tpu_lower *L, const tpu_ldl_sh *s, int d) { return tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 3, s->d3), d); }
+static tpu_hv ldl_iota2(tpu_lower *L, const tpu_ldl_sh *s) { return tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, s->d2), 1); }
+static tpu_hv ldl_eq(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_compare(H, TPU_HLO_EQ, a, b); }
+static tpu_hv ldl_and(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_AND, a, b); }
+static tpu_hv ldl_or(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_OR, a, b); }
+static tpu_hv ldl_not(tpu_lower *L, tpu_hv a) { return tpu_hlo_unary(H, TPU_HLO_NOT, a); }
+static tpu_hv ldl_sel(tpu_lower *L, tpu_hv p, tpu_hv a, tpu_hv b) { return tpu_hlo_select(H, p, a, b); }
+static tpu_hv ldl_div(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_DIV, a, b); }
+/* row i ([B]) of a [B, n, n]: [B, n] */
+static tpu_hv ldl_row(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv a, tpu_hv i) {
+  return tpu_pick(L, ldl_eq(L, ldl_iota3(L, s, 1), ldl_b3(L, s, i)), a, 1);
+}
+/* column j ([B]) of a [B, n, n]: [B, n] */
+static tpu_hv ldl_col(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv a, tpu_hv j) {
+  return tpu_pick(L, ldl_eq(L, ldl_iota3(L, s, 2), ldl_b3(L, s, j)), a, 2);
+}
+/* v[b, i_b] of v [B, n] */
+static tpu_hv ldl_at(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv v, tpu_hv i) {
+  return tpu_pick(L, ldl_eq(L, ldl_iota2(L, s), ldl_b2(L, s, i)), v, 1);
+}
+/* a [B, n, m] with rows i and j ([B]) swapped */
+static tpu_hv ldl_swap_rows(tpu_lower *L, tpu_hv a, tpu_hv i, tpu_hv j) {
+  const tpu_hlo_type t = *T(L, a);
+  int64_t b0 = 0, bd[2] = {0, 2}, rd[2] = {t.dims[0], t.dims[2]};
+  tpu_hv row = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 3, t.dims), 1);
+  tpu_hv isi = ldl_eq(L, row, tpu_hlo_broadcast_in_dim(H, i, 3, t.dims, &b0));
+  tpu_hv isj = ldl_eq(L, row, tpu_hlo_broadcast_in_dim(H, j, 3, t.dims, &b0));
+  tpu_hv ri = tpu_pick(L, isi, a, 1), rj = tpu_pick(L, isj, a, 1);
+  (void)rd;
+  tpu_hv rib = tpu_hlo_broadcast_in_dim(H, ri, 3, t.dims, bd), rjb = tpu_hlo_broadcast_in_dim(H, rj, 3, t.dims, bd);
+  return ldl_sel(L, isi, rjb, ldl_sel(L, isj, rib, a));
+}
+
+#define TPU_BK_ALPHA 0.64038820320220756872 /* (1 + sqrt(17)) / 8 */
+
+/* One step of the factorization at each matrix's own k; the trailing block
+ * a[k:, k:] is kept symmetric (both triangles), the finished columns of L
+ * below the diagonal. Returns the new state through the pointers. */
+static void ldl_factor_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv *pa, tpu_hv *pk, tpu_hv *ppiv, tpu_hv *pinfo) {
+  tpu_hv A = *pa, k = *pk, piv = *ppiv, info = *pinfo;
+  tpu_dtype dt = T(L, A)->dtype;
+  int64_t n = s->n, d1 = 1;
+  tpu_hv active = tpu_hlo_compare(H, TPU_HLO_LT, k, tpu_k(L, k, (double)n));
+  tpu_hv rows2 = ldl_iota2(L, s);
+  tpu_hv row3 = ldl_iota3(L, s, 1), col3 = ldl_iota3(L, s, 2);
+  tpu_hv one = tpu_k(L, k, 1);
+  /* column k: the pivot candidate and the largest entry below it */
+  tpu_hv ck = ldl_col(L, s, A, k);
+  tpu_hv akk = ldl_at(L, s, ck, k), absakk = tpu_hlo_unary(H, TPU_HLO_ABS, akk);
+  tpu_hv below = tpu_hlo_compare(H, TPU_HLO_GT, rows2, ldl_b2(L, s, k));
+  tpu_hv mag = ldl_sel(L, below, tpu_hlo_unary(H, TPU_HLO_ABS, ck), tpu_k(L, ck, -1));
+  tpu_hv colmax = tpu_hlo_reduce(H, mag, tpu_hlo_constant(H, dt, -INFINITY), &d1, 1, TPU_HLO_MAX);
+  tpu_hv ismax = ldl_and(L, below, ldl_eq(L, mag, ldl_b2(L, s, colmax)));
+  tpu_hv imax = tpu_hlo_reduce(H, ldl_sel(L, ismax, rows2, tpu_k(L, rows2, (double)n)), tpu_hlo_constant_int(H, TPU_S64, n), &d1, 1,
+                               TPU_HLO_MIN);
+  imax = ldl_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, imax, tpu_k(L, imax, (double)n)), k, imax);
+  colmax = tpu_hlo_binary(H, TPU_HLO_MAX, colmax, tpu_k(L, colmax, 0));
+  tpu_hv zero = ldl_or(L, ldl_eq(L, tpu_hlo_binary(H, TPU_HLO_MAX, absakk, colmax), tpu_k(L, colmax, 0)),
+                       tpu_hlo_compare(H, TPU_HLO_NE, absakk, absakk));
+  /* the largest off-diagonal entry of row imax in the trailing block */
+  tpu_hv ri = ldl_row(L, s, A, imax);
+  tpu_hv inr = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GE, rows2, ldl_b2(L, s, k)), tpu_hlo_compare(H, TPU_HLO_NE, rows2, ldl_b2(L, s, imax)));
+  tpu_hv rowmax = tpu_hlo_reduce(H, ldl_sel(L, inr, tpu_hlo_unary(H, TPU_HLO_ABS, ri), tpu_k(L, ri, 0)), tpu_hlo_constant(H, dt, 0), &d1,
+                                 1, TPU_HLO_MAX);
+  tpu_hv aimax = tpu_hlo_unary(H, TPU_HLO_ABS, ldl_at(L, s, ri, imax));
+  tpu_hv acol = tpu_mul(L, colmax, tpu_k(L, colmax, TPU_BK_ALPHA));
+  tpu_hv c1 = tpu_hlo_compare(H, TPU_HLO_GE, absakk, acol);
+  tpu_hv c2 = tpu_hlo_compare(H, TPU_HLO_GE, absakk, tpu_mul(L, acol, ldl_div(L, colmax, rowmax)));
+  tpu_hv c3 = tpu_hlo_compare(H, TPU_HLO_GE, aimax, tpu_mul(L, rowmax, tpu_k(L, rowmax, TPU_BK_ALPHA)));
+  tpu_hv nopiv = ldl_or(L, zero, ldl_or(L, c1, c2));
+  tpu_hv two = ldl_and(L, ldl_not(L, nopiv), ldl_not(L, c3));
+  tpu_hv kp = ldl_sel(L, nopiv, k, imax);
+  tpu_hv kk = ldl_sel(L, two, tpu_add(L, k, one), k);
+  /* swap kk and kp in the trailing block (rows and columns) */
+  tpu_hv trail = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GE, row3, ldl_b3(L, s, k)), tpu_hlo_compare(H, TPU_HLO_GE, col3, ldl_b3(L, s, k)));
+  tpu_hv As = ldl_swap_rows(L, A, kk, kp);
+  As = tpu_mT(L, ldl_swap_rows(L, tpu_mT(L, As), kk, kp));
+  As = ldl_sel(L, trail, As, A);
+  /* 1x1 pivot: A(i, j) += x_i (-x_j / d) for i, j > k; column k scaled by 1/d */
+  tpu_hv x = ldl_col(L, s, As, k);
+  tpu_hv d11 = ldl_div(L, tpu_k(L, akk, 1), ldl_at(L, s, x, k));
+  x = ldl_sel(L, below, x, tpu_k(L, x, 0));
+  tpu_hv tmp = tpu_mul(L, ldl_b2(L, s, tpu_hlo_unary(H, TPU_HLO_NEG, d11)), x);
+  tpu_hv rest1 = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k)), tpu_hlo_compare(H, TPU_HLO_GT, col3, ldl_b3(L, s, k)));
+  tpu_hv A1 = ldl_sel(L, rest1, tpu_add(L, As, tpu_mul(L, ldl_ascol(L, s, x), ldl_asrow(L, s, tmp))), As);
+  tpu_hv colk3 = ldl_and(L, ldl_eq(L, col3, ldl_b3(L, s, k)), tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k)));
+  A1 = ldl_sel(L, colk3, ldl_ascol(L, s, tpu_mul(L, x, ldl_b2(L, s, d11))), A1);
+  /* 2x2 pivot on (k, k+1): for i >= j >= k+2, A(i, j) -= A(i,k) wk_j + A(i,k+1) wkp1_j */
+  tpu_hv k1 = tpu_add(L, k, one);
+  tpu_hv c0 = ldl_col(L, s, As, k), c1v = ldl_col(L, s, As, k1);
+  tpu_hv d21 = ldl_at(L, s, c0, k1);
+  tpu_hv e11 = ldl_div(L, ldl_at(L, s, c1v, k1), d21), e22 = ldl_div(L, ldl_at(L, s, c0, k), d21);
+  tpu_hv t = ldl_div(L, tpu_k(L, e11, 1), tpu_sub(L, tpu_mul(L, e11, e22), tpu_k(L, e11, 1)));
+  tpu_hv f21 = ldl_div(L, t, d21);
+  tpu_hv below2 = tpu_hlo_compare(H, TPU_HLO_GT, rows2, ldl_b2(L, s, k1));
+  c0 = ldl_sel(L, below2, c0, tpu_k(L, c0, 0));
+  c1v = ldl_sel(L, below2, c1v, tpu_k(L, c1v, 0));
+  tpu_hv wk = tpu_mul(L, ldl_b2(L, s, f21), tpu_sub(L, tpu_mul(L, ldl_b2(L, s, e11), c0), c1v));
+  tpu_hv wkp1 = tpu_mul(L, ldl_b2(L, s, f21), tpu_sub(L, tpu_mul(L, ldl_b2(L, s, e22), c1v), c0));
+  tpu_hv rest2 = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k1)), tpu_hlo_compare(H, TPU_HLO_GT, col3, ldl_b3(L, s, k1)));
+  tpu_hv up = tpu_sub(L, tpu_sub(L, As, tpu_mul(L, ldl_ascol(L, s, c0), ldl_asrow(L, s, wk))), tpu_mul(L, ldl_ascol(L, s, c1v), ldl_asrow(L, s, wkp1)));
+  tpu_hv A2 = ldl_sel(L, rest2, up, As);
+  tpu_hv b2r = tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k1));
+  A2 = ldl_sel(L, ldl_and(L, ldl_eq(L, col3, ldl_b3(L, s, k)), b2r), ldl_ascol(L, s, wk), A2);
+  A2 = ldl_sel(L, ldl_and(L, ldl_eq(L, col3, ldl_b3(L, s, k1)), b2r), ldl_ascol(L, s, wkp1), A2);
+  /* the chosen update; the lower triangle is what LAPACK computes, mirrored up */
+  tpu_hv An = ldl_sel(L, ldl_b3(L, s, zero), As, ldl_sel(L, ldl_b3(L, s, two), A2, A1));
+  An = ldl_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, row3, col3), An, tpu_mT(L, An));
+  An = ldl_sel(L, ldl_b3(L, s, active), An, A);
+  /* pivots (1-based; a 2x2 block marks both rows with -(kp + 1)) and info */
+  tpu_hv kp1 = tpu_hlo_convert(H, tpu_add(L, kp, one), TPU_S32);
+  tpu_hv pv = ldl_sel(L, two, tpu_hlo_unary(H, TPU_HLO_NEG, kp1), kp1);
+  tpu_hv atk = ldl_eq(L, rows2, ldl_b2(L, s, k));
+  tpu_hv atk1 = ldl_and(L, ldl_b2(L, s, two), ldl_eq(L, rows2, ldl_b2(L, s, k1)));
+  tpu_hv pn = ldl_sel(L, ldl_or(L, atk, atk1), ldl_b2(L, s, pv), piv);
+  piv = ldl_sel(L, ldl_b2(L, s, active), pn, piv);
+  tpu_hv setinfo = ldl_and(L, ldl_and(L, active, zero), ldl_eq(L, info, tpu_k(L, info, 0)));
+  info = ldl_sel(L, setinfo, tpu_hlo_convert(H, tpu_add(L, k, one), TPU_S32), info);
+  *pa = An;
+  *pk = ldl_sel(L, active, tpu_add(L, k, ldl_sel(L, two, tpu_k(L, k, 2), one)), k);
+  *ppiv = piv;
+  *pinfo = info;
+}
+
+/* linalg_ldl_factor_ex(self, *, hermitian=False, check_errors=False) -> (LD, pivots, info) */
+void tpu_emit_linalg_ldl_factor_ex(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "torch.linalg.ldl_factor_ex")) return;
+  tpu_tref *t = &L->args[0].t;
+  int r = t->rank, nb = r - 2;
+  int64_t n = t->sizes[r - 1], B = 1;
+  for (int i = 0; i < nb; i++) B *= t->sizes[i];
+  int64_t pd[TPU_MAX_RANK];
+  memcpy(pd, t->sizes, sizeof(int64_t) * (size_t)(r - 1));
+  tpu_dtype dt = t->dtype;
+  if (B == 0 || n == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, r, t->sizes), 0));
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S32, r - 1, pd), 0));
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S32, nb, t->sizes), 0));
+    return;
+  }
+  tpu_ldl_sh s = {B, n, {B, n, n}, {B, n}};
+  tpu_hv a = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 3, s.d3);
+  /* the symmetric matrix of the lower triangle */
+  tpu_hv r3 = ldl_iota3(L, &s, 1), c3 = ldl_iota3(L, &s, 2);
+  a = ldl_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, r3, c3), a, tpu_mT(L, a));
+  tpu_hv init[5] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &B), 0),
+                    tpu_lower_full(L, tpu_hlo_type_make(TPU_S32, 2, s.d2), 0), tpu_lower_full(L, tpu_hlo_type_make(TPU_S32, 1, &B), 0)};
+  tpu_hlo_type ts[5];
+  for (int i = 0; i < 5; i++) ts[i] = *T(L, init[i]);
+  int cond = tpu_count_cond(L, ts, 5, n);
+  tpu_hv v[5];
+  tpu_hlo_region_begin(H, ts, 5, v);
+  ldl_factor_step(L, &s, &v[1], &v[2], &v[3], &v[4]);
+  v[0] = tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1));
+  int body = tpu_hlo_region_end(H, v, 5);
+  tpu_hv fin[5];
+  if (!tpu_while(L, init, 5, cond, body, fin)) return;
+  tpu_hv ld = ldl_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, r3, c3), fin[1], tpu_k(L, fin[1], 0));
+  tpu_lower_out(L, tpu_hlo_reshape(H, ld, r, t->sizes));
+  tpu_lower_out(L, tpu_hlo_reshape(H, fin[3], r - 1, pd));
+  tpu_lower_out(L, tpu_hlo_reshape(H, fin[4], nb, t->sizes));
+}
+
+/* Rows of b [B, n, m] at i ([B]): [B, m] */
+static tpu_hv ldl_brow(tpu_lower *L, tpu_hv b, tpu_hv i) {
+  const tpu_hlo_type t = *T(L, b);
+  int64_t b0 = 0;
+  tpu_hv row = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 3, t.dims), 1);
+  return tpu_pick(L, ldl_eq(L, row, tpu_hlo_broadcast_in_dim(H, i, 3, t.dims, &b0)), b, 1);
+}
+
+/* One step of sytrs's solve with L D (forward) or L^T (backward) at each
+ * matrix's own k (backward: k is the last row of its block). */
+static void ldl_solve_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv ld, tpu_hv piv, bool fwd, tpu_hv *pb, tpu_hv *pk) {
+  tpu_hv Bm = *pb, k = *pk;
+  const tpu_hlo_type bt = *T(L, Bm);
+  int64_t n = s->n, b0 = 0, bdr[2] = {0, 2}, bdc[2] = {0, 1};
+  tpu_hv one = tpu_k(L, k, 1);
+  tpu_hv active = fwd ? tpu_hlo_compare(H, TPU_HLO_LT, k, tpu_k(L, k, (double)n)) : tpu_hlo_compare(H, TPU_HLO_GE, k, tpu_k(L, k, 0));
+  tpu_hv kc = tpu_hlo_clamp(H, tpu_k(L, k, 0), k, tpu_k(L, k, (double)(n - 1)));
+  tpu_hv rows2 = ldl_iota2(L, s);
+  tpu_hv pk_ = tpu_hlo_convert(H, ldl_at(L, s, tpu_hlo_convert(H, piv, TPU_S64), kc), TPU_S64);
+  tpu_hv two = tpu_hlo_compare(H, TPU_HLO_LT, pk_, tpu_k(L, pk_, 0));
+  tpu_hv kp = ldl_sel(L, two, tpu_sub(L, tpu_hlo_unary(H, TPU_HLO_NEG, pk_), one), tpu_sub(L, pk_, one));
+  tpu_hv rowb = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 3, bt.dims), 1);
+  tpu_hv Bn;
+  if (fwd) {
+    tpu_hv k1 = tpu_add(L, k, one);
+    tpu_hv kc1 = tpu_hlo_clamp(H, tpu_k(L, k, 0), k1, tpu_k(L, k, (double)(n - 1)));
+    /* 1x1: swap k, kp; B[i] -= LD[i, k] B[k] (i > k); B[k] /= LD[k, k] */
+    tpu_hv B1 = ldl_swap_rows(L, Bm, kc, kp);
+    tpu_hv lk = ldl_col(L, s, ld, kc);
+    tpu_hv lkb = ldl_sel(L, tpu_hlo_compare(H, TPU_HLO_GT, rows2, ldl_b2(L, s, kc)), lk, tpu_k(L, lk, 0));
+    tpu_hv bk = ldl_brow(L, B1, kc);
+    /* products only where they apply: 0 * inf would make NaN elsewhere */
+    tpu_hv gt1 = tpu_hlo_compare(H, TPU_HLO_GT, rowb, tpu_hlo_broadcast_in_dim(H, kc, 3, bt.dims, &b0));
+    B1 = ldl_sel(L, gt1, tpu_sub(L, B1, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lkb, 3, bt.dims, bdc), tpu_hlo_broadcast_in_dim(H, bk, 3, bt.dims, bdr))), B1);
+    tpu_hv dk = ldl_div(L, tpu_k(L, ldl_at(L, s, lk, kc), 1), ldl_at(L, s, lk, kc));
+    tpu_hv isk = ldl_eq(L, rowb, tpu_hlo_broadcast_in_dim(H, kc, 3, bt.dims, &b0));
+    B1 = ldl_sel(L, isk, tpu_mul(L, B1, tpu_hlo_broadcast_in_dim(H, dk, 3, bt.dims, &b0)), B1);
+    /* 2x2 on (k, k+1): swap k+1, kp; eliminate below with both columns; solve the block */
+    tpu_hv B2 = ldl_swap_rows(L, Bm, kc1, kp);
+    tpu_hv l1 = ldl_col(L, s, ld, kc1);
+    tpu_hv below2 = tpu_hlo_compare(H, TPU_HLO_GT, rows2, ldl_b2(L, s, kc1));
+    tpu_hv lkz = ldl_sel(L, below2, lk, tpu_k(L, lk, 0)), l1z = ldl_sel(L, below2, l1, tpu_k(L, l1, 0));
+    tpu_hv b1 = ldl_brow(L, B2, kc), b2 = ldl_brow(L, B2, kc1);
+    tpu_hv gt2 = tpu_hlo_compare(H, TPU_HLO_GT, rowb, tpu_hlo_broadcast_in_dim(H, kc1, 3, bt.dims, &b0));
+    tpu_hv u2 = tpu_sub(L, B2, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lkz, 3, bt.dims, bdc), tpu_hlo_broadcast_in_dim(H, b1, 3, bt.dims, bdr)));
+    u2 = tpu_sub(L, u2, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, l1z, 3, bt.dims, bdc), tpu_hlo_broadcast_in_dim(H, b2, 3, bt.dims, bdr)));
+    B2 = ldl_sel(L, gt2, u2, B2);
+    tpu_hv akm1k = ldl_at(L, s, lk, kc1);
+    tpu_hv akm1 = ldl_div(L, ldl_at(L, s, lk, kc), akm1k), ak = ldl_div(L, ldl_at(L, s, l1, kc1), akm1k);
+    tpu_hv denom = tpu_sub(L, tpu_mul(L, akm1, ak), tpu_k(L, ak, 1));
+    int64_t m = bt.dims[2], bm[2] = {s->B, m};
+    tpu_hv akm1kb = tpu_hlo_broadcast_in_dim(H, akm1k, 2, bm, &b0), denb = tpu_hlo_broadcast_in_dim(H, denom, 2, bm, &b0);
+    tpu_hv bkm1 = ldl_div(L, b1, akm1kb), bkk = ldl_div(L, b2, akm1kb);
+    tpu_hv n1 = ldl_div(L, tpu_sub(L, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, ak, 2, bm, &b0), bkm1), bkk), denb);
+    tpu_hv n2 = ldl_div(L, tpu_sub(L, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, akm1, 2, bm, &b0), bkk), bkm1), denb);
+    tpu_hv isk1 = ldl_eq(L, rowb, tpu_hlo_broadcast_in_dim(H, kc1, 3, bt.dims, &b0));
+    B2 = ldl_sel(L, isk, tpu_hlo_broadcast_in_dim(H, n1, 3, bt.dims, bdr), ldl_sel(L, isk1, tpu_hlo_broadcast_in_dim(H, n2, 3, bt.dims, bdr), B2));
+    Bn = ldl_sel(L, tpu_hlo_broadcast_in_dim(H, two, 3, bt.dims, &b0), B2, B1);
+    *pk = ldl_sel(L, active, tpu_add(L, k, ldl_sel(L, two, tpu_k(L, k, 2), one)), k);
+  } else {
+    tpu_hv km1 = tpu_hlo_clamp(H, tpu_k(L, k, 0), tpu_sub(L, k, one), tpu_k(L, k, (double)(n - 1)));
+    tpu_hv below = tpu_hlo_compare(H, TPU_HLO_GT, rows2, ldl_b2(L, s, kc));
+    tpu_hv lk = ldl_col(L, s, ld, kc);
+    lk = ldl_sel(L, below, lk, tpu_k(L, lk, 0));
+    int64_t d1 = 1;
+    /* B[k] -= sum_{i > k} LD[i, k] B[i] */
+    tpu_hv below3 = tpu_hlo_broadcast_in_dim(H, below, 3, bt.dims, bdc);
+    tpu_hv zb = tpu_k(L, Bm, 0);
+    tpu_hv sk = tpu_hlo_reduce(H, ldl_sel(L, below3, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lk, 3, bt.dims, bdc), Bm), zb),
+                               tpu_hlo_constant(H, bt.dtype, 0), &d1, 1, TPU_HLO_ADD);
+    tpu_hv isk = ldl_eq(L, rowb, tpu_hlo_broadcast_in_dim(H, kc, 3, bt.dims, &b0));
+    tpu_hv B1 = ldl_sel(L, isk, tpu_sub(L, Bm, tpu_hlo_broadcast_in_dim(H, sk, 3, bt.dims, bdr)), Bm);
+    /* 2x2 (rows k-1, k): also B[k-1] -= sum_{i > k} LD[i, k-1] B[i] */
+    tpu_hv lm = ldl_col(L, s, ld, km1);
+    lm = ldl_sel(L, below, lm, tpu_k(L, lm, 0));
+    tpu_hv sm = tpu_hlo_reduce(H, ldl_sel(L, below3, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lm, 3, bt.dims, bdc), Bm), zb),
+                               tpu_hlo_constant(H, bt.dtype, 0), &d1, 1, TPU_HLO_ADD);
+    tpu_hv ism = ldl_eq(L, rowb, tpu_hlo_broadcast_in_dim(H, km1, 3, bt.dims, &b0));
+    tpu_hv B2 = ldl_sel(L, ldl_and(L, ism, tpu_hlo_broadcast_in_dim(H, two, 3, bt.dims, &b0)),
+                        tpu_sub(L, B1, tpu_hlo_broadcast_in_dim(H, sm, 3, bt.dims, bdr)), B1);
+    Bn = ldl_swap_rows(L, B2, kc, kp);
+    *pk = ldl_sel(L, active, tpu_sub(L, k, ldl_sel(L, two, tpu_k(L, k, 2), one)), k);
+  }
+  *pb = ldl_sel(L, tpu_hlo_broadcast_in_dim(H, active, 3, bt.dims, &b0), Bn, Bm);
+}
+
+/* linalg_ldl_solve(LD, pivots, B, *, hermitian=False) */
+void tpu_emit_linalg_ldl_solve(tpu_lower *L) {
+  if (!tpu_check_matrix(L, 0, true, "torch.linalg.ldl_solve")) return;
+  tpu_tref *ld = &L->args[0].t, *pv = &L->args[1].t, *b = &L->args[2].t;
+  if (b->rank < 2) { /* as the CPU, which first looks at B's dim -2 */
+    int rk = b->rank > 0 ? b->rank : 1;
+    tpu_lower_fail(L, TPU_ERR_INDEX, "Dimension out of range (expected to be in range of [%d, %d], but got -2)", -rk, rk - 1);
+    return;
+  }
+  int64_t n = ld->sizes[ld->rank - 1];
+  if (pv->dtype != TPU_S32) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.ldl_solve: Expected pivots to be integers. Got %s", tpu_dtype_name(pv->dtype));
+    return;
+  }
+  if (b->dtype != ld->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.ldl_solve: LD dtype %s does not match b dtype %s", tpu_dtype_c10_name(ld->dtype),
+                   tpu_dtype_c10_name(b->dtype));
+    return;
+  }
+  if (pv->rank != ld->rank - 1 || pv->sizes[pv->rank - 1] != n || b->sizes[b->rank - 2] != n) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.ldl_solve: Incompatible shapes of LD, pivots and B");
+    return;
+  }
+  /* the common batch shape */
+  int nb = ld->rank - 2 > b->rank - 2 ? ld->rank - 2 : b->rank - 2;
+  int64_t bs[TPU_MAX_RANK];
+  for (int i = 0; i < nb; i++) {
+    int il = i - (nb - (ld->rank - 2)), ib = i - (nb - (b->rank - 2));
+    int64_t sl = il >= 0 ? ld->sizes[il] : 1, sb = ib >= 0 ? b->sizes[ib] : 1;
+    if (sl != sb && sl != 1 && sb != 1) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.ldl_solve: the batch dimensions of LD and B do not broadcast");
+      return;
+    }
+    bs[i] = sl == 1 ? sb : sl;
+  }
+  int64_t m = b->sizes[b->rank - 1], B = 1;
+  for (int i = 0; i < nb; i++) B *= bs[i];
+  int64_t od[TPU_MAX_RANK], lshape[TPU_MAX_RANK], pshape[TPU_MAX_RANK];
+  memcpy(od, bs, sizeof(int64_t) * (size_t)nb);
+  memcpy(lshape, bs, sizeof(int64_t) * (size_t)nb);
+  memcpy(pshape, bs, sizeof(int64_t) * (size_t)nb);
+  od[nb] = n;
+  od[nb + 1] = m;
+  lshape[nb] = n;
+  lshape[nb + 1] = n;
+  pshape[nb] = n;
+  if (B == 0 || n == 0 || m == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(b->dtype, nb + 2, od), 0));
+    return;
+  }
+  tpu_ldl_sh s = {B, n, {B, n, n}, {B, n}};
+  int64_t b3[3] = {B, n, m};
+  tpu_hv LDv = tpu_hlo_reshape(H, tpu_lower_broadcast_to(L, tpu_lower_tensor(L, 0, -1), nb + 2, lshape), 3, s.d3);
+  tpu_hv P = tpu_hlo_reshape(H, tpu_lower_broadcast_to(L, tpu_lower_tensor(L, 1, -1), nb + 1, pshape), 2, s.d2);
+  tpu_hv Bm = tpu_hlo_reshape(H, tpu_lower_broadcast_to(L, tpu_lower_tensor(L, 2, -1), nb + 2, od), 3, b3);
+  for (int pass = 0; pass < 2; pass++) {
+    bool fwd = pass == 0;
+    tpu_hv init[5] = {tpu_hlo_constant_int(H, TPU_S64, 0), Bm, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &B), fwd ? 0 : (double)(n - 1)),
+                      LDv, P};
+    tpu_hlo_type ts[5];
+    for (int i = 0; i < 5; i++) ts[i] = *T(L, init[i]);
+    int cond = tpu_count_cond(L, ts, 5, n);
+    tpu_hv v[5];
+    tpu_hlo_region_begin(H, ts, 5, v);
+    ldl_solve_step(L, &s, v[3], v[4], fwd, &v[1], &v[2]);
+    v[0] = tpu_add(L, v[0], tpu_hlo_constant_int(H, TPU_S64, 1));
+    int body = tpu_hlo_region_end(H, v, 5);
+    tpu_hv fin[5];
+    if (!tpu_while(L, init, 5, cond, body, fin)) return;
+    Bm = fin[1];
+  }
+  tpu_lower_out(L, tpu_hlo_reshape(H, Bm, nb + 2, od));
+}

@@ -946,11 +946,169 @@ void tpu_emit_histogram_bins_tensor(tpu_lower *L) {
   int64_t N = 1, bins = e->sizes[0] - 1;
   for (int k = 0; k < t->rank; k++) N *= t->sizes[k];
   tpu_hv edges = tpu_lower_tensor(L, 1, -1);
-  if (bins == 0 || N == 0) {
+  if (bins == 0) {
     tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &bins), 0));
-  } else {
+  } else { /* no elements: zeros, or 0/0 with density, as the CPU */
     tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &N);
     tpu_lower_out(L, tpu_hist_count(L, x, N, edges, bins, has_w, 2, tpu_arg_bool(L, 3)));
   }
   tpu_lower_out(L, edges);
+}
+
+/* hash_tensor(self, dim=[], *, keepdim=False, mode=0): the xor of the
+ * elements' 64-bit patterns over dim (uint64). Floats are widened to double,
+ * signed integers to int64 (sign-extended), bool and unsigned integers
+ * zero-extended, as the CPU does before it xors. */
+void tpu_emit_hash_tensor(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  if (L->args[3].i != 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Unknown hash_tensor mode: %lld", (long long)L->args[3].i);
+    return;
+  }
+  if (tpu_dtype_is_complex(t->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"xor_sum_cpu\" not implemented for '%s'", tpu_dtype_c10_name(t->dtype));
+    return;
+  }
+  int64_t dims[TPU_MAX_RANK], numel = 1;
+  bool mask[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
+  bool all = L->args[1].kind != TPU_ARG_INTS || L->args[1].nints == 0;
+  if (all && numel == 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "hash_tensor: Expected reduction dim to be specified for input.numel() == 0. "
+                   "Specify the reduction dim with the 'dim' argument.");
+    return;
+  }
+  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
+  for (int i = 0; i < n; i++)
+    if (t->sizes[dims[i]] == 0) {
+      tpu_lower_fail(L, TPU_ERR_INDEX, "hash_tensor: Expected reduction dim %lld to have non-zero size.", (long long)dims[i]);
+      return;
+    }
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hlo_type in = *T(L, x);
+  if (tpu_dtype_is_float(t->dtype))
+    x = tpu_hlo_bitcast_convert(H, tpu_hlo_convert(H, x, TPU_F64), TPU_U64);
+  else if (tpu_dtype_is_signed_int(t->dtype))
+    x = tpu_hlo_bitcast_convert(H, tpu_hlo_convert(H, x, TPU_S64), TPU_U64);
+  else
+    x = tpu_hlo_convert(H, x, TPU_U64);
+  tpu_hv r = tpu_hlo_reduce(H, x, tpu_hlo_constant_int(H, TPU_U64, 0), dims, n, TPU_HLO_XOR);
+  tpu_lower_out(L, tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2)));
+}
+
+/* _histogramdd_from_bin_tensors(self [..., D], bins (D edge tensors), *, weight=None, density=False).
+ * An element counts when every coordinate lies within its dim's first and
+ * last edge; its bin along a dim is found as the CPU's binary search
+ * (std::upper_bound over the edges, step by step, so edges that are not
+ * sorted land where they land on the CPU), the last edge belonging to the
+ * last bin. density divides by the total and by each dim's bin widths. */
+void tpu_emit_histogramdd_from_bin_tensors(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_dtype dt = t->dtype;
+  if (t->rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: input tensor should have at least 2 dimensions, but got %d", t->rank);
+    return;
+  }
+  int64_t D = t->sizes[t->rank - 1], N = 1;
+  for (int i = 0; i < t->rank - 1; i++) N *= t->sizes[i];
+  if (!tpu_dtype_is_float(dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"histogramdd\" not implemented for '%s'", tpu_dtype_c10_name(dt));
+    return;
+  }
+  if (L->args[1].kind != TPU_ARG_TENSORS || L->args[1].nlist != D || D > TPU_MAX_RANK) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: expected %lld sequences of bin edges for each of the %lld dimensions of the "
+                   "input, but got %d", (long long)D, (long long)D, L->args[1].kind == TPU_ARG_TENSORS ? L->args[1].nlist : 0);
+    return;
+  }
+  int64_t nb[TPU_MAX_RANK], total = 1;
+  for (int d = 0; d < D; d++) {
+    tpu_tref *e = &L->args[1].list[d];
+    if (e->dtype != dt || e->rank != 1 || e->sizes[0] < 1) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: bins tensor should have one dimension and the same dtype as the input "
+                     "tensor, with at least one element, for dim %d", d);
+      return;
+    }
+    nb[d] = e->sizes[0] - 1;
+    total *= nb[d];
+  }
+  bool has_w = L->args[2].kind == TPU_ARG_TENSOR, density = tpu_arg_bool(L, 3);
+  if (has_w) {
+    tpu_tref *w = &L->args[2].t;
+    bool same = w->rank == t->rank - 1 && w->dtype == dt;
+    for (int i = 0; same && i < w->rank; i++) same = w->sizes[i] == t->sizes[i];
+    if (!same) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: if weight tensor is provided it should have the same shape as the input "
+                     "tensor excluding its innermost dimension, and the same dtype");
+      return;
+    }
+  }
+  tpu_hlo_type ht = tpu_hlo_type_make(dt, (int)D, nb);
+  if (total == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, ht, 0));
+    return;
+  }
+  tpu_hv hist;
+  if (N == 0) {
+    hist = tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &total), 0);
+  } else {
+    int64_t nd[2] = {N, D}, b0 = 0;
+    tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 2, nd);
+    tpu_hv in = TPU_HV_NONE, flat = TPU_HV_NONE;
+    int64_t stride = total;
+    for (int d = 0; d < D; d++) {
+      int64_t m = nb[d] + 1, lo[2] = {0, d}, hi[2] = {N, d + 1}, one[2] = {1, 1}, nm[2] = {N, m}, b1 = 1;
+      tpu_hv v = tpu_hlo_reshape(H, tpu_hlo_slice(H, x, lo, hi, one), 1, &N);
+      tpu_hv e = tpu_lower_tensor(L, 1, d);
+      int64_t z = 0, l1 = 1, s1 = 1, lm = m - 1;
+      tpu_hv e0 = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, tpu_hlo_slice(H, e, &z, &l1, &s1), 0, NULL), 1, &N, NULL);
+      tpu_hv eN = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, tpu_hlo_slice(H, e, &lm, &m, &s1), 0, NULL), 1, &N, NULL);
+      tpu_hv ok = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, v, e0), tpu_hlo_compare(H, TPU_HLO_LE, v, eN));
+      in = d == 0 ? ok : tpu_hlo_binary(H, TPU_HLO_AND, in, ok);
+      /* upper_bound: first, len per element */
+      tpu_hv eb = tpu_hlo_broadcast_in_dim(H, e, 2, nm, &b1);
+      tpu_hv io = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nm), 1);
+      tpu_hv first = tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &N), 0);
+      tpu_hv len = tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &N), (double)m);
+      for (int64_t step = m; step > 0; step >>= 1) { /* at most floor(log2 m) + 1 halvings */
+        tpu_hv half = tpu_hlo_binary(H, TPU_HLO_SHR_A, len, tpu_k(L, len, 1));
+        tpu_hv mid = tpu_add(L, first, half);
+        tpu_hv em = tpu_hlo_reduce(H, tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, io, tpu_hlo_broadcast_in_dim(H, mid, 2, nm, &b0)), eb,
+                                                     tpu_k(L, eb, 0)),
+                                   tpu_hlo_constant(H, dt, 0), &b1, 1, TPU_HLO_ADD);
+        tpu_hv lt = tpu_hlo_compare(H, TPU_HLO_LT, v, em);
+        tpu_hv live = tpu_hlo_compare(H, TPU_HLO_GT, len, tpu_k(L, len, 0));
+        tpu_hv nfirst = tpu_hlo_select(H, lt, first, tpu_add(L, mid, tpu_k(L, mid, 1)));
+        tpu_hv nlen = tpu_hlo_select(H, lt, half, tpu_sub(L, tpu_sub(L, len, half), tpu_k(L, len, 1)));
+        first = tpu_hlo_select(H, live, nfirst, first);
+        len = tpu_hlo_select(H, live, nlen, len);
+      }
+      tpu_hv pos = tpu_sub(L, first, tpu_k(L, first, 1));
+      pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, pos, tpu_k(L, pos, (double)(m - 1))), tpu_k(L, pos, (double)(m - 2)), pos);
+      stride /= nb[d];
+      tpu_hv c = tpu_mul(L, pos, tpu_k(L, pos, (double)stride));
+      flat = d == 0 ? c : tpu_add(L, flat, c);
+    }
+    flat = tpu_hlo_select(H, in, flat, tpu_k(L, flat, -1));
+    int64_t nt[2] = {N, total};
+    tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_broadcast_in_dim(H, flat, 2, nt, &b0), tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nt), 1));
+    tpu_dtype acc = tpu_acc_type(dt);
+    tpu_hv w = has_w ? tpu_hlo_convert(H, tpu_hlo_reshape(H, tpu_lower_tensor(L, 2, -1), 1, &N), acc)
+                     : tpu_lower_full(L, tpu_hlo_type_make(acc, 1, &N), 1);
+    tpu_hv wb = tpu_hlo_broadcast_in_dim(H, w, 2, nt, &b0);
+    hist = tpu_hlo_convert(H, tpu_reduce_sum(L, tpu_hlo_select(H, hit, wb, tpu_k(L, wb, 0)), &b0, 1), dt);
+  }
+  hist = tpu_hlo_reshape(H, hist, (int)D, nb);
+  if (density) {
+    int64_t all[TPU_MAX_RANK];
+    for (int d = 0; d < D; d++) all[d] = d;
+    tpu_hv s = tpu_reduce_sum(L, hist, all, (int)D);
+    hist = tpu_hlo_binary(H, TPU_HLO_DIV, hist, tpu_hlo_broadcast_in_dim(H, s, (int)D, nb, NULL));
+    for (int d = 0; d < D; d++) {
+      int64_t m = nb[d] + 1, one = 1, z = 0, s1 = 1, bdd = d;
+      tpu_hv e = tpu_lower_tensor(L, 1, d);
+      tpu_hv width = tpu_sub(L, tpu_hlo_slice(H, e, &one, &m, &s1), tpu_hlo_slice(H, e, &z, &nb[d], &s1));
+      hist = tpu_hlo_binary(H, TPU_HLO_DIV, hist, tpu_hlo_broadcast_in_dim(H, width, (int)D, nb, &bdd));
+    }
+  }
+  tpu_lower_out(L, hist);
 }

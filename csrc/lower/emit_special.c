@@ -744,3 +744,184 @@ static tpu_hv sp_j0(tpu_lower *L, tpu_hv x) { return sp_jn(L, x, 0); }
 static tpu_hv sp_j1(tpu_lower *L, tpu_hv x) { return sp_jn(L, x, 1); }
 void tpu_emit_special_bessel_j0(tpu_lower *L) { sp_unary_at(L, 0, sp_j0); }
 void tpu_emit_special_bessel_j1(tpu_lower *L) { sp_unary_at(L, 0, sp_j1); }
+
+/* ---- Bessel functions of the second kind ---------------------------------------------- */
+
+/* Y_n(x), n = 0, 1, x > 0. Up to x = 25 Neumann's series
+ *   Y0 = (2/pi) (log(x/2) + gamma) J0 - (4/pi) sum_k (-1)^k J_2k / k
+ *   Y1 = -Y0' = (2/pi) ((log(x/2) + gamma) J1 - J0 / x)
+ *              + (2/pi) sum_k (-1)^k (J_{2k-1} - J_{2k+1}) / k,
+ * whose terms fall with J_2k (no cancellation), truncated at k = 25. Every
+ * J_m comes from Bessel's integral J_m = 1/N sum_j cos(m t_j - x sin t_j) on
+ * N = 128 nodes, so a fixed combination sum_m a_m J_m is
+ * 1/N sum_j (C_j cos(x sin t_j) + S_j sin(x sin t_j)) with C_j, S_j
+ * constants; nodes with equal |sin t_j| are folded, leaving 33 cos/sin pairs.
+ * Above 25 Hankel's expansion Y_n ~ sqrt(2/(pi x)) (P sin chi + Q cos chi).
+ * torch: -inf at 0, NaN below 0 and at +-inf. */
+#define SP_Y_SWITCH 25.0
+#define SP_Y_NODES 128
+#define SP_Y_TERMS 25
+static tpu_hv sp_yn(tpu_lower *L, tpu_hv x, int nu) {
+  enum { M = SP_Y_NODES / 4 + 1 };
+  /* folded constants: for the sum over the Neumann terms (cs, ss), for J0
+   * (c0), and for J1 (c1, s1) */
+  double cs[M] = {0}, ss[M] = {0}, c0[M] = {0}, c1[M] = {0}, s1[M] = {0};
+  for (int j = 0; j < SP_Y_NODES; j++) {
+    double t = 2 * SP_PI * j / SP_Y_NODES, st = sin(t);
+    int m = j % (SP_Y_NODES / 2);
+    if (m > SP_Y_NODES / 4) m = SP_Y_NODES / 2 - m;
+    double sg = st < -1e-12 ? -1.0 : 1.0; /* sin(x sin t) is odd in sin t */
+    double a = 0, b = 0;
+    for (int k = 1; k <= SP_Y_TERMS; k++) {
+      double w = (k % 2 ? -1.0 : 1.0) / k;
+      if (nu == 0) {
+        a += w * cos(2 * k * t);
+        b += w * sin(2 * k * t);
+      } else {
+        a += w * (cos((2 * k - 1) * t) - cos((2 * k + 1) * t));
+        b += w * (sin((2 * k - 1) * t) - sin((2 * k + 1) * t));
+      }
+    }
+    cs[m] += a;
+    ss[m] += sg * b;
+    c0[m] += 1.0;
+    c1[m] += cos(t);
+    s1[m] += sg * sin(t);
+  }
+  tpu_hv xs = tpu_hlo_clamp(H, tpu_k(L, x, 1e-30), x, tpu_k(L, x, SP_Y_SWITCH));
+  tpu_hv sum = tpu_k(L, x, 0), j0 = tpu_k(L, x, 0), j1 = tpu_k(L, x, 0);
+  for (int m = 0; m < M; m++) {
+    double st = sin(2 * SP_PI * m / SP_Y_NODES);
+    tpu_hv s = sp_mulk(L, xs, st);
+    tpu_hv c = sp_un(L, TPU_HLO_COS, s), d = sp_un(L, TPU_HLO_SIN, s);
+    sum = tpu_add(L, sum, tpu_add(L, sp_mulk(L, c, cs[m]), sp_mulk(L, d, ss[m])));
+    j0 = tpu_add(L, j0, sp_mulk(L, c, c0[m]));
+    if (nu) j1 = tpu_add(L, j1, tpu_add(L, sp_mulk(L, c, c1[m]), sp_mulk(L, d, s1[m])));
+  }
+  const double inv_n = 1.0 / SP_Y_NODES;
+  sum = sp_mulk(L, sum, inv_n);
+  j0 = sp_mulk(L, j0, inv_n);
+  tpu_hv lg = sp_addk(L, sp_un(L, TPU_HLO_LOG, sp_mulk(L, xs, 0.5)), SP_EULER);
+  tpu_hv ser;
+  if (nu == 0) {
+    ser = tpu_sub(L, sp_mulk(L, tpu_mul(L, lg, j0), 2 / SP_PI), sp_mulk(L, sum, 4 / SP_PI));
+  } else {
+    j1 = sp_mulk(L, j1, inv_n);
+    tpu_hv t = tpu_sub(L, tpu_mul(L, lg, j1), sp_div(L, j0, xs));
+    ser = sp_mulk(L, tpu_add(L, t, sum), 2 / SP_PI);
+  }
+  /* Hankel's expansion on x clamped from below */
+  tpu_hv xl = tpu_hlo_binary(H, TPU_HLO_MAX, x, tpu_k(L, x, SP_Y_SWITCH));
+  tpu_hv inv = sp_div(L, tpu_k(L, xl, 1), xl), inv2 = tpu_mul(L, inv, inv);
+  double mu = 4.0 * nu * nu;
+  double p[3] = {1.0, -(mu - 1) * (mu - 9) / (2.0 * 64), (mu - 1) * (mu - 9) * (mu - 25) * (mu - 49) / (24.0 * 4096)};
+  double q[3] = {(mu - 1) / 8.0, -(mu - 1) * (mu - 9) * (mu - 25) / (6.0 * 512),
+                 (mu - 1) * (mu - 9) * (mu - 25) * (mu - 49) * (mu - 81) / (120.0 * 32768)};
+  tpu_hv P = sp_poly(L, inv2, p, 3), Q = tpu_mul(L, sp_poly(L, inv2, q, 3), inv);
+  tpu_hv chi = sp_addk(L, xl, -(nu * 0.5 + 0.25) * SP_PI);
+  tpu_hv asy = tpu_add(L, tpu_mul(L, P, sp_un(L, TPU_HLO_SIN, chi)), tpu_mul(L, Q, sp_un(L, TPU_HLO_COS, chi)));
+  asy = tpu_mul(L, asy, sp_un(L, TPU_HLO_SQRT, sp_mulk(L, inv, 2.0 / SP_PI)));
+  tpu_hv r = sp_sel(L, sp_cmpk(L, TPU_HLO_LE, x, SP_Y_SWITCH), ser, asy);
+  r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), tpu_k(L, x, -INFINITY), r);
+  tpu_hv bad = sp_or(L, sp_or(L, sp_cmpk(L, TPU_HLO_LT, x, 0), sp_isnan(L, x)), sp_cmpk(L, TPU_HLO_EQ, x, INFINITY));
+  return sp_sel(L, bad, tpu_k(L, x, NAN), r);
+}
+static tpu_hv sp_y0(tpu_lower *L, tpu_hv x) { return sp_yn(L, x, 0); }
+static tpu_hv sp_y1(tpu_lower *L, tpu_hv x) { return sp_yn(L, x, 1); }
+void tpu_emit_special_bessel_y0(tpu_lower *L) { sp_unary_at(L, 0, sp_y0); }
+void tpu_emit_special_bessel_y1(tpu_lower *L) { sp_unary_at(L, 0, sp_y1); }
+
+/* ---- Airy function -------------------------------------------------------------------- */
+
+/* Ai(x). Three ranges, each well conditioned in f32:
+ * - x >= 1: Ai = 1/pi sqrt(x/3) K_{1/3}(zeta), zeta = 2/3 x^{3/2}, with
+ *   e^zeta K_nu(zeta) = int_0^inf exp(-zeta (cosh t - 1)) cosh(nu t) dt by the
+ *   trapezoid rule (as for K0, K1 above);
+ * - -10 <= x < 1: Taylor polynomials of degree 18 on unit pieces centred at
+ *   -9.5, ..., 0.5. Their coefficients come from Ai'' = x Ai:
+ *   a_{n+2} = (c a_n + a_{n-1}) / ((n+1)(n+2)); the values at the centres by
+ *   Taylor steps in double from Ai(0), Ai'(0) (stable towards negative x,
+ *   where Ai oscillates);
+ * - x < -10: the asymptotic expansion
+ *   Ai(-z) ~ z^{-1/4}/sqrt(pi) (sin(zeta + pi/4) P - cos(zeta + pi/4) Q)
+ *   with P, Q the even and odd terms of sum (-1)^.. u_k zeta^-k.
+ * torch: NaN at +-inf and NaN. */
+#define SP_AI0 0.355028053887817239260
+#define SP_AIP0 (-0.258819403792806798405)
+#define SP_AI_DEG 19
+#define SP_AI_PIECES 11
+/* Taylor coefficients a[0..n) of Ai at c from its value y and slope yp there */
+static void sp_ai_taylor(double c, double y, double yp, double *a, int n) {
+  a[0] = y;
+  a[1] = yp;
+  for (int k = 0; k + 2 < n; k++) a[k + 2] = (c * a[k] + (k ? a[k - 1] : 0.0)) / ((k + 1.0) * (k + 2.0));
+}
+/* one Taylor step of h from c: (y, yp) at c + h */
+static void sp_ai_step(double c, double h, double *y, double *yp) {
+  double a[48];
+  sp_ai_taylor(c, *y, *yp, a, 48);
+  double v = 0, d = 0;
+  for (int k = 47; k >= 0; k--) v = v * h + a[k];
+  for (int k = 47; k >= 1; k--) d = d * h + k * a[k];
+  *y = v;
+  *yp = d;
+}
+static tpu_hv sp_airy_ai(tpu_lower *L, tpu_hv x) {
+  /* x >= 1 */
+  tpu_hv xq = tpu_hlo_binary(H, TPU_HLO_MAX, x, tpu_k(L, x, 1.0));
+  tpu_hv sq = sp_un(L, TPU_HLO_SQRT, xq);
+  tpu_hv zeta = sp_mulk(L, tpu_mul(L, xq, sq), 2.0 / 3.0);
+  tpu_hv nz = sp_un(L, TPU_HLO_NEG, zeta);
+  const double h = 0.125;
+  tpu_hv acc = tpu_k(L, x, 0);
+  for (int j = 0; j <= 48; j++) {
+    double t = j * h, s = sinh(t / 2);
+    double rate = 2 * s * s, w = h * (j ? 1.0 : 0.5) * cosh(t / 3);
+    acc = tpu_add(L, acc, sp_mulk(L, sp_un(L, TPU_HLO_EXP, sp_mulk(L, nz, rate)), w));
+  }
+  tpu_hv big = tpu_mul(L, tpu_mul(L, acc, sp_un(L, TPU_HLO_EXP, nz)), sp_mulk(L, sq, 1.0 / (SP_PI * sqrt(3.0))));
+  /* -10 <= x < 1: the pieces */
+  double y = SP_AI0, yp = SP_AIP0, c = 0.0;
+  double cy[SP_AI_PIECES], cyp[SP_AI_PIECES];
+  sp_ai_step(0.0, 0.5, &y, &yp); /* the last piece, centred at 0.5 */
+  cy[SP_AI_PIECES - 1] = y;
+  cyp[SP_AI_PIECES - 1] = yp;
+  y = SP_AI0;
+  yp = SP_AIP0;
+  for (int i = SP_AI_PIECES - 2; i >= 0; i--) {
+    double h2 = (i == SP_AI_PIECES - 2) ? -0.5 : -1.0;
+    sp_ai_step(c, h2, &y, &yp);
+    c += h2;
+    cy[i] = y;
+    cyp[i] = yp;
+  }
+  tpu_hv mid = tpu_k(L, x, 0);
+  /* floor first: x + 10 can round up to the next integer */
+  tpu_hv piece = tpu_hlo_clamp(H, tpu_k(L, x, 0), sp_addk(L, sp_un(L, TPU_HLO_FLOOR, x), 10.0), tpu_k(L, x, SP_AI_PIECES - 1));
+  for (int i = 0; i < SP_AI_PIECES; i++) {
+    double ci = -9.5 + i, a[SP_AI_DEG];
+    sp_ai_taylor(ci, cy[i], cyp[i], a, SP_AI_DEG);
+    tpu_hv p = sp_poly(L, sp_addk(L, x, -ci), a, SP_AI_DEG);
+    mid = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, piece, i), p, mid);
+  }
+  /* x < -10: on z = -x clamped from below */
+  tpu_hv z = tpu_hlo_binary(H, TPU_HLO_MAX, sp_un(L, TPU_HLO_NEG, x), tpu_k(L, x, 10.0));
+  tpu_hv sz = sp_un(L, TPU_HLO_SQRT, z);
+  tpu_hv ze = sp_mulk(L, tpu_mul(L, z, sz), 2.0 / 3.0);
+  tpu_hv iz = sp_div(L, tpu_k(L, ze, 1), ze), iz2 = tpu_mul(L, iz, iz);
+  double u[8], pc[4], qc[4];
+  u[0] = 1.0;
+  for (int k = 1; k < 8; k++) u[k] = u[k - 1] * (6.0 * k - 5) * (6.0 * k - 3) * (6.0 * k - 1) / ((2.0 * k - 1) * 216.0 * k);
+  for (int k = 0; k < 4; k++) {
+    pc[k] = (k % 2 ? -1.0 : 1.0) * u[2 * k];
+    qc[k] = (k % 2 ? -1.0 : 1.0) * u[2 * k + 1];
+  }
+  tpu_hv P = sp_poly(L, iz2, pc, 4), Q = tpu_mul(L, sp_poly(L, iz2, qc, 4), iz);
+  tpu_hv ph = sp_addk(L, ze, SP_PI / 4);
+  tpu_hv asy = tpu_sub(L, tpu_mul(L, sp_un(L, TPU_HLO_SIN, ph), P), tpu_mul(L, sp_un(L, TPU_HLO_COS, ph), Q));
+  asy = sp_div(L, sp_mulk(L, asy, 1.0 / SP_SQRTPI), sp_un(L, TPU_HLO_SQRT, sz));
+  tpu_hv r = sp_sel(L, sp_cmpk(L, TPU_HLO_GE, x, 1.0), big, sp_sel(L, sp_cmpk(L, TPU_HLO_GE, x, -10.0), mid, asy));
+  tpu_hv bad = sp_or(L, sp_isnan(L, x), sp_cmpk(L, TPU_HLO_EQ, sp_un(L, TPU_HLO_ABS, x), INFINITY));
+  return sp_sel(L, bad, tpu_k(L, x, NAN), r);
+}
+void tpu_emit_special_airy_ai(tpu_lower *L) { sp_unary_at(L, 0, sp_airy_ai); }
