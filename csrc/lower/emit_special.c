@@ -715,6 +715,22 @@ void tpu_emit_special_scaled_modified_bessel_k1(tpu_lower *L) { sp_unary_at(L, 0
  * expansion J_n ~ sqrt(2/(pi x)) (P cos chi - Q sin chi), chi = x - (n/2 + 1/4) pi. */
 #define SP_J_SWITCH 40.0
 #define SP_J_NODES 64
+
+/* Hankel's asymptotic expansion of J_nu (y: Y_nu) at xl (large, positive):
+ * sqrt(2 / (pi xl)) (P cos chi - Q sin chi), or (P sin chi + Q cos chi) for
+ * Y, with chi = xl - (nu / 2 + 1 / 4) pi and three terms of P and Q. */
+static tpu_hv sp_hankel(tpu_lower *L, tpu_hv xl, int nu, bool y) {
+  tpu_hv inv = sp_div(L, tpu_k(L, xl, 1), xl), inv2 = tpu_mul(L, inv, inv);
+  double mu = 4.0 * nu * nu;
+  double p[3] = {1.0, -(mu - 1) * (mu - 9) / (2.0 * 64), (mu - 1) * (mu - 9) * (mu - 25) * (mu - 49) / (24.0 * 4096)};
+  double q[3] = {(mu - 1) / 8.0, -(mu - 1) * (mu - 9) * (mu - 25) / (6.0 * 512),
+                 (mu - 1) * (mu - 9) * (mu - 25) * (mu - 49) * (mu - 81) / (120.0 * 32768)};
+  tpu_hv P = sp_poly(L, inv2, p, 3), Q = tpu_mul(L, sp_poly(L, inv2, q, 3), inv);
+  tpu_hv chi = sp_addk(L, xl, -(nu * 0.5 + 0.25) * SP_PI);
+  tpu_hv c = sp_un(L, TPU_HLO_COS, chi), sn = sp_un(L, TPU_HLO_SIN, chi);
+  tpu_hv a = y ? tpu_add(L, tpu_mul(L, P, sn), tpu_mul(L, Q, c)) : tpu_sub(L, tpu_mul(L, P, c), tpu_mul(L, Q, sn));
+  return tpu_mul(L, a, sp_un(L, TPU_HLO_SQRT, sp_mulk(L, inv, 2.0 / SP_PI)));
+}
 static tpu_hv sp_jn(tpu_lower *L, tpu_hv x, int nu) {
   tpu_hv xs = tpu_hlo_clamp(H, tpu_k(L, x, -SP_J_SWITCH), x, tpu_k(L, x, SP_J_SWITCH));
   tpu_hv acc = tpu_k(L, x, 0);
@@ -727,15 +743,7 @@ static tpu_hv sp_jn(tpu_lower *L, tpu_hv x, int nu) {
   /* asymptotic on |x| clamped from below; J_1 is odd */
   tpu_hv ax = sp_un(L, TPU_HLO_ABS, x);
   tpu_hv xl = tpu_hlo_binary(H, TPU_HLO_MAX, ax, tpu_k(L, ax, SP_J_SWITCH));
-  tpu_hv inv = sp_div(L, tpu_k(L, xl, 1), xl), inv2 = tpu_mul(L, inv, inv);
-  double mu = 4.0 * nu * nu;
-  double p[3] = {1.0, -(mu - 1) * (mu - 9) / (2.0 * 64), (mu - 1) * (mu - 9) * (mu - 25) * (mu - 49) / (24.0 * 4096)};
-  double q[3] = {(mu - 1) / 8.0, -(mu - 1) * (mu - 9) * (mu - 25) / (6.0 * 512),
-                 (mu - 1) * (mu - 9) * (mu - 25) * (mu - 49) * (mu - 81) / (120.0 * 32768)};
-  tpu_hv P = sp_poly(L, inv2, p, 3), Q = tpu_mul(L, sp_poly(L, inv2, q, 3), inv);
-  tpu_hv chi = sp_addk(L, xl, -(nu * 0.5 + 0.25) * SP_PI);
-  tpu_hv asy = tpu_sub(L, tpu_mul(L, P, sp_un(L, TPU_HLO_COS, chi)), tpu_mul(L, Q, sp_un(L, TPU_HLO_SIN, chi)));
-  asy = tpu_mul(L, asy, sp_un(L, TPU_HLO_SQRT, sp_mulk(L, inv, 2.0 / SP_PI)));
+  tpu_hv asy = sp_hankel(L, xl, nu, false);
   if (nu) asy = sp_sel(L, sp_cmpk(L, TPU_HLO_LT, x, 0), sp_un(L, TPU_HLO_NEG, asy), asy);
   /* +-inf: NaN from cos(inf), as torch */
   return sp_sel(L, sp_cmpk(L, TPU_HLO_LE, ax, SP_J_SWITCH), quad, asy);
@@ -812,15 +820,7 @@ static tpu_hv sp_yn(tpu_lower *L, tpu_hv x, int nu) {
   }
   /* Hankel's expansion on x clamped from below */
   tpu_hv xl = tpu_hlo_binary(H, TPU_HLO_MAX, x, tpu_k(L, x, SP_Y_SWITCH));
-  tpu_hv inv = sp_div(L, tpu_k(L, xl, 1), xl), inv2 = tpu_mul(L, inv, inv);
-  double mu = 4.0 * nu * nu;
-  double p[3] = {1.0, -(mu - 1) * (mu - 9) / (2.0 * 64), (mu - 1) * (mu - 9) * (mu - 25) * (mu - 49) / (24.0 * 4096)};
-  double q[3] = {(mu - 1) / 8.0, -(mu - 1) * (mu - 9) * (mu - 25) / (6.0 * 512),
-                 (mu - 1) * (mu - 9) * (mu - 25) * (mu - 49) * (mu - 81) / (120.0 * 32768)};
-  tpu_hv P = sp_poly(L, inv2, p, 3), Q = tpu_mul(L, sp_poly(L, inv2, q, 3), inv);
-  tpu_hv chi = sp_addk(L, xl, -(nu * 0.5 + 0.25) * SP_PI);
-  tpu_hv asy = tpu_add(L, tpu_mul(L, P, sp_un(L, TPU_HLO_SIN, chi)), tpu_mul(L, Q, sp_un(L, TPU_HLO_COS, chi)));
-  asy = tpu_mul(L, asy, sp_un(L, TPU_HLO_SQRT, sp_mulk(L, inv, 2.0 / SP_PI)));
+  tpu_hv asy = sp_hankel(L, xl, nu, true);
   tpu_hv r = sp_sel(L, sp_cmpk(L, TPU_HLO_LE, x, SP_Y_SWITCH), ser, asy);
   r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), tpu_k(L, x, -INFINITY), r);
   tpu_hv bad = sp_or(L, sp_or(L, sp_cmpk(L, TPU_HLO_LT, x, 0), sp_isnan(L, x)), sp_cmpk(L, TPU_HLO_EQ, x, INFINITY));
