@@ -62,34 +62,31 @@ def flag(name, default=None):
     return default
 
 
-def integer(name):
-    default, lo, hi = INTEGERS[name]
+def _bounded(name, parse, default, lo, hi, expected, shown):
+    """A number parsed from the variable, from lo to hi; else (garbage, NaN,
+    out of range) one warning and the default."""
     raw = os.environ.get(name, "")
     if not raw.strip():
         return default
     try:
-        v = int(raw.strip(), 10)
-    except ValueError:
-        v = None
-    if v is None or not lo <= v <= hi:
-        _warn(name, raw, f"a whole number from {lo} to {hi}", default)
-        return default
-    return v
-
-
-def cache_size_mb():
-    name, (default, lo, hi) = "TORCHTPU_CACHE_SIZE_MB", CACHE_SIZE_MB
-    raw = os.environ.get(name, "")
-    if not raw.strip():
-        return default
-    try:
-        v = float(raw)
+        v = parse(raw.strip())
     except ValueError:
         v = math.nan
     if not lo <= v <= hi:  # also false for nan
-        _warn(name, raw, f"a number of megabytes from {lo:.0f} to {hi:.0f}", f"{default:g}")
+        _warn(name, raw, expected, shown)
         return default
     return v
+
+
+def integer(name):
+    default, lo, hi = INTEGERS[name]
+    return _bounded(name, lambda r: int(r, 10), default, lo, hi, f"a whole number from {lo} to {hi}", default)
+
+
+def cache_size_mb():
+    default, lo, hi = CACHE_SIZE_MB
+    return _bounded("TORCHTPU_CACHE_SIZE_MB", float, default, lo, hi,
+                    f"a number of megabytes from {lo:.0f} to {hi:.0f}", f"{default:g}")
 
 
 def choice(name, choices, default):
