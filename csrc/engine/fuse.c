@@ -1,0 +1,584 @@
+/* fuse.c: fused mode.
+ *
+ * Ops are recorded (a deep copy of their arguments and their plans; their
+ * outputs are records without buffers) until a sync point flushes them: the
+ * ops nobody needs are dropped, the rest are keyed by their signatures and
+ * how values flow between them, and lowered into one program (or found in
+ * the cache), which computes the final value of every record still held.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_impl.h"
+
+/* ---- fused mode ------------------------------------------------------------------ */
+
+static void tpu_graph_ref(tpu_record *r) {
+  tpu_record_ref(r);
+  atomic_fetch_add(&r->graph_refs, 1);
+}
+
+static void tpu_graph_unref(tpu_record *r) {
+  atomic_fetch_sub(&r->graph_refs, 1);
+  tpu_record_unref(r);
+}
+
+/* Something besides the recording holds the record (a tensor, a result
+ * being returned): its final value must be computed. */
+static bool tpu_record_live(tpu_record *r) { return atomic_load(&r->refs) > atomic_load(&r->graph_refs); }
+
+static void tpu_node_release(tpu_node *n) {
+  for (int i = 0; i < n->nargs; i++) {
+    tpu_arg *a = &n->args[i];
+    if (a->kind == TPU_ARG_TENSOR && a->t.rec) tpu_graph_unref(a->t.rec);
+    if (a->kind == TPU_ARG_TENSORS)
+      for (int j = 0; j < a->nlist; j++)
+        if (a->list[j].rec) tpu_graph_unref(a->list[j].rec);
+  }
+  for (int j = 0; j < n->nnew; j++) tpu_graph_unref(n->outrec[j]);
+  free(n->args); /* the node's one block: args, lists, outrec, sig */
+}
+
+void tpu_nodes_release(tpu_engine *e) {
+  for (int i = 0; i < e->nnodes; i++) tpu_node_release(&e->nodes[i]);
+  e->nnodes = 0;
+  e->fe_first = 0; /* a foreach call's later items start the next recording */
+}
+
+/* A Python number that the group's first node of the same op takes in the
+ * same place with the same bits (the same scalar passed with every tensor of
+ * a foreach list, or equal items of a scalar list) is read from that node's
+ * program input. Equal bits are what makes sharing right; the flush's key
+ * holds the choice, so a step that shares differently is another program. */
+static void tpu_node_share(const tpu_engine *e, tpu_node *n) {
+  for (int j = e->fe_first; j < e->nnodes; j++) {
+    const tpu_node *p = &e->nodes[j];
+    if (p->group != n->group || p->op_id != n->op_id || p->nargs != n->nargs) continue;
+    for (int a = 0; a < n->nargs; a++) {
+      if (n->args[a].kind != TPU_ARG_SCALAR || p->args[a].kind != TPU_ARG_SCALAR) continue;
+      uint8_t x[16], y[16];
+      if (tpu_scalar_bits(&n->args[a], x) == tpu_scalar_bits(&p->args[a], y) && !memcmp(x, y, sizeof x))
+        n->share |= 1u << a;
+    }
+    n->share_from = j;
+    return;
+  }
+}
+
+/* Record one op: its outputs are new records without buffers, returned at
+ * once; nothing runs. */
+tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
+                                     const tpu_sig *sig, tpu_cache_entry *c, tpu_engine_result *res) {
+  if (e->nnodes >= e->fuse_cap) {
+    tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_CAP);
+    if (s) return s;
+  }
+  if (e->nnodes == e->capnodes) {
+    int cap = e->capnodes ? 2 * e->capnodes : 256;
+    tpu_node *g = realloc(e->nodes, sizeof *g * (size_t)cap);
+    if (!g) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+    e->nodes = g;
+    e->capnodes = cap;
+  }
+  tpu_node *n = &e->nodes[e->nnodes];
+  memset(n, 0, sizeof *n);
+  int nnew = 0;
+  for (int k = 0; k < c->nout; k++) nnew += c->out[k].kind == TPU_OUT_NEW;
+  /* One block per node (ops are recorded by the hundred per step): the
+   * arguments, their tensor lists, the output records, the signature. */
+  size_t nlist = 0;
+  for (int i = 0; i < nargs; i++)
+    if (args[i].kind == TPU_ARG_TENSORS) nlist += (size_t)args[i].nlist;
+  size_t at = sizeof(tpu_arg) * (size_t)nargs, lt = sizeof(tpu_tref) * nlist, ot = sizeof(tpu_record *) * (size_t)nnew;
+  uint8_t *block = malloc(at + lt + ot + sig->n + 1);
+  if (!block) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  n->args = (tpu_arg *)block;
+  tpu_tref *lists = (tpu_tref *)(block + at);
+  n->outrec = (tpu_record **)(block + at + lt);
+  n->sig = block + at + lt + ot;
+  for (int i = 0; i < nargs; i++) memcpy(&n->args[i], &args[i], tpu_arg_size(&args[i]));
+  if (nnew) memset(n->outrec, 0, ot);
+  for (int i = 0; i < nargs; i++) {
+    tpu_arg *a = &n->args[i];
+    if (a->kind != TPU_ARG_TENSORS) continue;
+    if (a->nlist) memcpy(lists, args[i].list, sizeof *lists * (size_t)a->nlist);
+    a->list = lists;
+    lists += a->nlist;
+  }
+  n->row = row;
+  n->op_id = op_id;
+  n->nargs = nargs;
+  memcpy(n->sig, sig->p, sig->n);
+  n->siglen = sig->n;
+  n->group = e->fe_group;
+  if (n->group) tpu_node_share(e, n);
+  for (int i = 0; i < nargs; i++) {
+    tpu_arg *a = &n->args[i];
+    if (a->kind == TPU_ARG_TENSOR && a->t.rec) tpu_graph_ref(a->t.rec);
+    if (a->kind == TPU_ARG_TENSORS)
+      for (int j = 0; j < a->nlist; j++)
+        if (a->list[j].rec) tpu_graph_ref(a->list[j].rec);
+  }
+  for (int k = 0; k < c->nout; k++) {
+    const tpu_out_plan *o = &c->out[k];
+    if (o->kind != TPU_OUT_NEW) continue;
+    tpu_record *r = tpu_record_new(e, o->type.dtype, tpu_hlo_type_numel(&o->type));
+    if (!r) {
+      n->nnew = res->nout;
+      tpu_node_release(n);
+      tpu_engine_result_release(res);
+      return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+    }
+    tpu_graph_ref(r);
+    n->outrec[res->nout] = r;
+    res->outs[res->nout] = r; /* the caller's reference */
+    res->types[res->nout] = o->type;
+    res->nout++;
+  }
+  n->nnew = nnew;
+  n->rng_offset = e->rng_offset;
+  e->rng_offset += (uint64_t)c->rng_words;
+  res->nret = c->nret;
+  memcpy(res->ret, c->ret, sizeof(tpu_ret_plan) * (size_t)c->nret);
+  e->nnodes++;
+  return NULL;
+}
+
+/* The flush's state, seen by the lowering hooks. */
+typedef struct {
+  tpu_fin *fin; /* owned until moved into the cache entry */
+  int nfin, capfin;
+  int node;     /* the op being lowered */
+  bool oom;
+  tpu_hv *chk;       /* owned: the ops' value checks */
+  tpu_fcheck *chkw;  /* owned until moved into the cache entry: their errors */
+  int nchk, capchk;
+} tpu_fuse_ctx;
+
+static void tpu_fuse_add(tpu_fuse_ctx *x, tpu_fin f) {
+  if (x->nfin == x->capfin) {
+    int cap = x->capfin ? 2 * x->capfin : 64;
+    tpu_fin *g = realloc(x->fin, sizeof *g * (size_t)cap);
+    if (!g) {
+      x->oom = true;
+      return;
+    }
+    x->fin = g;
+    x->capfin = cap;
+  }
+  x->fin[x->nfin++] = f;
+}
+
+static tpu_hv tpu_fuse_record_hook(tpu_lower *L, tpu_record *rec) {
+  tpu_fuse_ctx *x = L->fuse;
+  if (rec->fuse_val != TPU_HV_NONE) return rec->fuse_val;
+  tpu_fuse_add(x, (tpu_fin){TPU_IN_RECORD, x->node, -1, -1, rec->fuse_id});
+  int64_t n = rec->numel;
+  rec->fuse_val = rec->fuse_param = tpu_hlo_param(L->hlo, tpu_hlo_type_make(rec->dtype, 1, &n));
+  return rec->fuse_val;
+}
+
+static void tpu_fuse_input_hook(tpu_lower *L, tpu_in_kind kind, int arg, int item) {
+  tpu_fuse_ctx *x = L->fuse;
+  tpu_fuse_add(x, (tpu_fin){kind, x->node, arg, item, -1});
+}
+
+
+static int tpu_fuse_id(tpu_rectab *t, tpu_record *r, uint64_t epoch) {
+  if (r->fuse_epoch == epoch) return r->fuse_id;
+  if (t->n == t->cap) {
+    int cap = t->cap ? 2 * t->cap : 128;
+    tpu_record **g = realloc(t->r, sizeof *g * (size_t)cap);
+    if (!g) {
+      t->oom = true;
+      return -1;
+    }
+    t->r = g;
+    t->cap = cap;
+  }
+  r->fuse_epoch = epoch;
+  r->fuse_id = t->n;
+  r->fuse_val = r->fuse_param = TPU_HV_NONE;
+  r->fuse_def = false;
+  t->r[t->n++] = r;
+  return r->fuse_id;
+}
+
+/* Lowers the recorded ops into one program (compiled through the cache
+ * tiers) and builds the entry that says how to feed and unpack it. */
+static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig *sig, uint64_t h,
+                                  tpu_cache_entry **out) {
+  *out = NULL;
+  tpu_fuse_ctx x = {0};
+  tpu_hlo *H = tpu_hlo_new();
+  if (!H) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  tpu_hlo_set_exact_division(H, e->exact_div);
+  tpu_status *s = NULL;
+  for (int i = 0; i < e->nnodes && tpu_hlo_ok(H); i++) {
+    tpu_node *n = &e->nodes[i];
+    tpu_lower L;
+    memset(&L, 0, sizeof L);
+    L.hlo = H;
+    L.args = n->args;
+    L.nargs = n->nargs;
+    L.opname = n->row->name;
+    L.flags = n->row->flags;
+    L.rng_state = TPU_HV_NONE;
+    L.precision = e->precision;
+    L.fuse = &x;
+    L.fuse_record = tpu_fuse_record_hook;
+    L.fuse_input = tpu_fuse_input_hook;
+    x.node = i;
+    tpu_hv shared[TPU_MAX_ARGS];
+    if (n->share) {
+      const tpu_node *p = &e->nodes[n->share_from];
+      for (int a = 0; a < n->nargs; a++) shared[a] = n->share >> a & 1 ? p->args[a].value : TPU_HV_NONE;
+      L.shared = shared;
+    }
+    tpu_lower_run(&L, n->row);
+    if (!tpu_hlo_ok(H)) break;
+    int j = 0;
+    for (int k = 0; k < L.nout; k++) {
+      tpu_record *r = NULL;
+      if (L.out[k].kind == TPU_OUT_CHECK) {
+        if (x.nchk == x.capchk) {
+          int cap = x.capchk ? 2 * x.capchk : 8;
+          tpu_hv *a = realloc(x.chk, sizeof *a * (size_t)cap);
+          if (a) x.chk = a;
+          tpu_fcheck *w = a ? realloc(x.chkw, sizeof *w * (size_t)cap) : NULL;
+          if (w) x.chkw = w;
+          if (!a || !w) {
+            x.oom = true;
+            continue;
+          }
+          x.capchk = cap;
+        }
+        x.chk[x.nchk] = L.outv[k];
+        x.chkw[x.nchk++] = (tpu_fcheck){n->row->name, L.out[k].msg, L.out[k].arg};
+        continue;
+      }
+      if (L.out[k].kind == TPU_OUT_WRITE) {
+        tpu_in_plan p = {TPU_IN_RECORD, L.out[k].arg, L.out[k].item};
+        r = tpu_arg_tref(n->args, &p)->rec;
+      } else if (L.out[k].kind == TPU_OUT_NEW && j < n->nnew) {
+        r = n->outrec[j++];
+      }
+      if (!r) continue;
+      r->fuse_val = L.outv[k];
+      r->fuse_def = true;
+    }
+  }
+  int nres = 0;
+  tpu_hv *res = malloc(sizeof *res * (size_t)(tab->n + x.nchk + 1));
+  int *fout = malloc(sizeof *fout * (size_t)(tab->n ? tab->n : 1));
+  if (!res || !fout || x.oom) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  for (int k = 0; k < tab->n && !s; k++) {
+    tpu_record *r = tab->r[k];
+    if (r->fuse_def && tpu_record_live(r)) {
+      /* A record read and rewritten (a parameter, an optimizer moment) gives
+       * its old buffer to the program for the new value: no copy, no second
+       * buffer. */
+      if (r->fuse_param != TPU_HV_NONE && e->donate) tpu_hlo_param_alias(H, r->fuse_param, nres);
+      res[nres] = r->fuse_val;
+      fout[nres++] = k;
+    }
+  }
+  /* the value checks follow the records (none when no value is live) */
+  int nchk = nres ? x.nchk : 0;
+  for (int k = 0; k < nchk && !s; k++) res[nres + k] = x.chk[k];
+  free(x.chk);
+  char *text = NULL;
+  size_t len = 0;
+  if (!s) s = tpu_hlo_finish(H, res, nres + nchk, &text, &len);
+  tpu_hlo_free(H);
+  free(res);
+  if (!s && getenv("TORCHTPU_DUMP_HLO")) fprintf(stderr, "-- fused program of %d ops\n%s\n", e->nnodes, text);
+  tpu_rt_exec *exec = NULL;
+  if (!s && nres) {
+    char label[96];
+    snprintf(label, sizeof label, "a fused program of %d ops", e->nnodes);
+    s = tpu_engine_compile(e, text, len, label, &exec);
+  }
+  free(text);
+  tpu_cache_entry *c = s ? NULL : calloc(1, sizeof *c);
+  if (!s && (!c || !(c->key = malloc(sig->n)))) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  if (s) {
+    free(c);
+    free(fout);
+    free(x.fin);
+    free(x.chkw);
+    tpu_rt_exec_free(exec);
+    return s;
+  }
+  memcpy(c->key, sig->p, sig->n);
+  c->keylen = sig->n;
+  c->hash = h;
+  c->exec = exec;
+  c->fin = x.fin;
+  c->nfin = x.nfin;
+  c->fout = fout;
+  c->nfout = nres;
+  c->fchk = x.chkw;
+  c->nfchk = nchk;
+  if (!tpu_cache_insert(e, c)) {
+    tpu_cache_entry_free(c);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  *out = c;
+  return NULL;
+}
+
+/* Feeds and runs a fused program; its outputs become the records' buffers. */
+tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
+  if (!c->nfout) return NULL; /* every value it would compute is dead */
+  int nin = c->nfin;
+  tpu_rt_buffer **inbuf = calloc((size_t)nin + 1, sizeof *inbuf);
+  tpu_rt_buffer **temps = calloc((size_t)nin + 1, sizeof *temps);
+  tpu_rt_buffer **outbuf = calloc((size_t)(c->nfout + c->nfchk), sizeof *outbuf);
+  tpu_status *s = (!inbuf || !temps || !outbuf) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
+  int ntemp = 0;
+  e->epoch++;
+  for (int k = 0; k < nin && !s; k++) {
+    const tpu_fin *f = &c->fin[k];
+    tpu_node *n = &e->nodes[f->node];
+    tpu_in_plan p = {f->kind, f->arg, f->item};
+    tpu_record *r = f->kind == TPU_IN_RECORD ? tab->r[f->rec] : NULL;
+    s = tpu_input_buffer(e, &p, n->args, r, n->rng_offset, &inbuf[k], &temps[ntemp]);
+    if (s) s = tpu_status_prefix(s, "running a fused program of %d ops (an input of aten::%s)", e->nnodes, n->row->name);
+    else if (temps[ntemp]) ntemp++;
+  }
+  if (!s) {
+    s = tpu_engine_launch(e, c->exec, inbuf, nin, outbuf, NULL);
+    if (s) s = tpu_status_prefix(s, "running a fused program of %d ops", e->nnodes);
+  }
+  for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);
+  if (!s) {
+    for (int k = 0; k < c->nfout; k++) {
+      tpu_record *r = tab->r[c->fout[k]];
+      tpu_rt_buffer_free(r->buf);
+      r->buf = outbuf[k];
+    }
+    for (int k = 0; k < c->nfchk; k++) tpu_check_push(e, outbuf[c->nfout + k], c->fchk[k]);
+    atomic_fetch_add(&e->metrics.fused_programs, 1);
+    atomic_fetch_add(&e->metrics.fused_ops, e->nnodes);
+  }
+  free(inbuf);
+  free(temps);
+  free(outbuf);
+  return s;
+}
+
+/* A fused program was compiled (recompiles explained): when a program for the
+ * same ops is in the cache, say which part of the key differs. */
+static void tpu_fuse_explain(tpu_engine *e, tpu_cache_entry *c, const uint64_t ex[4]) {
+  memcpy(c->ex, ex, sizeof c->ex);
+  c->ex_nodes = e->nnodes;
+  const tpu_cache_entry *old = NULL;
+  for (size_t i = 0; i < e->cache_cap && !old; i++) {
+    const tpu_cache_entry *o = e->cache[i];
+    if (o && o != c && o->ex_nodes == c->ex_nodes && o->ex[0] == ex[0]) old = o;
+  }
+  if (!old || e->nnotes == (int)(sizeof e->notes / sizeof e->notes[0])) return;
+  const char *parts[3];
+  int np = 0;
+  if (old->ex[1] != ex[1]) parts[np++] = "which tensors the ops read and write";
+  if (old->ex[2] != ex[2]) parts[np++] = "which numbers of a torch._foreach_* call are equal";
+  if (old->ex[3] != ex[3])
+    parts[np++] = "which of the tensors it computes are still held when it runs (one kept in one step and not in another)";
+  char what[512] = "";
+  for (int k = 0, o = 0; k < np; k++) o += snprintf(what + o, sizeof what - (size_t)o, "%s%s", k ? "; " : "", parts[k]);
+  char *note = np ? tpu_strfmt("torchtpu: recompiling a fused program of %d ops (the same ops were compiled before "
+                               "into another program): %s differs",
+                               e->nnodes, what)
+                  : tpu_strfmt("torchtpu: recompiling a fused program of %d ops compiled before with the same inputs "
+                               "(the program cache was emptied, or the matmul precision changed)",
+                               e->nnodes);
+  if (note) e->notes[e->nnotes++] = note;
+}
+
+/* Whether node n names a record marked needed in this flush (epoch), and if
+ * mark, marks all it names. */
+static bool tpu_node_needs(tpu_node *n, uint64_t epoch, bool mark) {
+  bool hit = false;
+  for (int a = 0; a < n->nargs && (mark || !hit); a++) {
+    tpu_arg *x = &n->args[a];
+    int cnt = x->kind == TPU_ARG_TENSORS ? x->nlist : x->kind == TPU_ARG_TENSOR ? 1 : 0;
+    for (int j = 0; j < cnt; j++) {
+      tpu_record *r = x->kind == TPU_ARG_TENSORS ? x->list[j].rec : x->t.rec;
+      if (!r) continue;
+      hit |= r->need_epoch == epoch;
+      if (mark) r->need_epoch = epoch;
+    }
+  }
+  for (int j = 0; j < n->nnew && (mark || !hit); j++) {
+    hit |= n->outrec[j]->need_epoch == epoch;
+    if (mark) n->outrec[j]->need_epoch = epoch;
+  }
+  return hit;
+}
+
+/* Drops the recorded ops whose results nobody needs: an op is kept when a
+ * record it names (reads, writes or makes) is live at the flush or named by
+ * a kept op after it. The others are released before the program is built,
+ * so neither their results nor their inputs take memory (an op on a dead
+ * tensor that was never written would otherwise get a buffer of zeros as
+ * its input). Not while a graph is captured (its replays decide). */
+static void tpu_nodes_prune(tpu_engine *e, uint64_t epoch) {
+  if (e->capturing || e->nnodes == 0) return;
+  bool *keep = calloc((size_t)e->nnodes, 1);
+  if (!keep) return; /* keeping every op is always right */
+  for (int i = 0; i < e->nnodes; i++) {
+    tpu_node *n = &e->nodes[i];
+    for (int a = 0; a < n->nargs; a++) {
+      tpu_arg *x = &n->args[a];
+      int cnt = x->kind == TPU_ARG_TENSORS ? x->nlist : x->kind == TPU_ARG_TENSOR ? 1 : 0;
+      for (int j = 0; j < cnt; j++) {
+        tpu_record *r = x->kind == TPU_ARG_TENSORS ? x->list[j].rec : x->t.rec;
+        if (r && tpu_record_live(r)) r->need_epoch = epoch;
+      }
+    }
+    for (int j = 0; j < n->nnew; j++)
+      if (tpu_record_live(n->outrec[j])) n->outrec[j]->need_epoch = epoch;
+  }
+  int dropped = 0;
+  for (int i = e->nnodes - 1; i >= 0; i--) {
+    tpu_node *n = &e->nodes[i];
+    keep[i] = keep[i] || tpu_node_needs(n, epoch, false);
+    if (!keep[i]) {
+      dropped++;
+      continue;
+    }
+    tpu_node_needs(n, epoch, true);
+    if (n->share) keep[n->share_from] = true; /* its program input is read */
+  }
+  if (dropped) {
+    int *at = malloc(sizeof *at * (size_t)e->nnodes);
+    if (at) {
+      int w = 0;
+      for (int i = 0; i < e->nnodes; i++) {
+        at[i] = w;
+        if (keep[i]) e->nodes[w++] = e->nodes[i];
+        else tpu_node_release(&e->nodes[i]);
+      }
+      for (int i = 0; i < w; i++)
+        if (e->nodes[i].share) e->nodes[i].share_from = at[e->nodes[i].share_from];
+      e->nnodes = w;
+      atomic_fetch_add(&e->metrics.ops_pruned, dropped);
+      free(at);
+    }
+  }
+  free(keep);
+}
+
+/* Keys the recorded ops and finds (or lowers and compiles) their program;
+ * tab receives the flush's record table (the caller frees tab->r). */
+tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab, tpu_cache_entry **out) {
+  *out = NULL;
+  atomic_fetch_add(&e->metrics.flushes[reason], 1);
+  uint64_t epoch = ++e->fuse_epoch;
+  tpu_nodes_prune(e, epoch);
+  tpu_sig sig = {0};
+  /* The key: every op's signature and which record each of its tensors
+   * names (flush-local ids, in order of first use), then which records are
+   * live. The same training step gives the same key every time. */
+  tpu_sig_i64(&sig, -1);
+  tpu_sig_i64(&sig, e->precision);
+  tpu_sig_i64(&sig, tpu_lower_value_checks); /* programs with and without checks differ */
+  /* With recompiles explained, the key's parts are hashed apart too: a
+   * program compiled for the same ops as an earlier one says which part
+   * differs. */
+  uint64_t ex[4] = {0};
+  for (int i = 0; i < e->nnodes; i++) {
+    tpu_node *n = &e->nodes[i];
+    size_t at = sig.n;
+    tpu_sig_put(&sig, n->sig, n->siglen);
+    int64_t share = n->share ? (int64_t)((uint64_t)n->share << 32 | (uint32_t)n->share_from) : 0;
+    tpu_sig_i64(&sig, share);
+    size_t flow = sig.n;
+    for (int a = 0; a < n->nargs; a++) {
+      tpu_arg *x = &n->args[a];
+      if (x->kind == TPU_ARG_TENSOR && x->t.rec) tpu_sig_i64(&sig, tpu_fuse_id(tab, x->t.rec, epoch));
+      if (x->kind == TPU_ARG_TENSORS)
+        for (int j = 0; j < x->nlist; j++)
+          if (x->list[j].rec) tpu_sig_i64(&sig, tpu_fuse_id(tab, x->list[j].rec, epoch));
+    }
+    for (int j = 0; j < n->nnew; j++) tpu_sig_i64(&sig, tpu_fuse_id(tab, n->outrec[j], epoch));
+    if (e->explain && !sig.oom) {
+      ex[0] = tpu_hash64(&ex[0], sizeof ex[0]) ^ tpu_hash64(sig.p + at, n->siglen);
+      ex[1] = tpu_hash64(&ex[1], sizeof ex[1]) ^ tpu_hash64(sig.p + flow, sig.n - flow);
+      ex[2] = tpu_hash64(&ex[2], sizeof ex[2]) ^ (uint64_t)share;
+    }
+  }
+  size_t live = sig.n;
+  for (int k = 0; k < tab->n; k++) tpu_sig_i64(&sig, tpu_record_live(tab->r[k]));
+  if (e->explain && !sig.oom) ex[3] = tpu_hash64(sig.p + live, sig.n - live);
+  tpu_status *s = (sig.oom || tab->oom) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
+  if (!s) {
+    uint64_t h = tpu_hash64(sig.p, sig.n);
+    *out = tpu_cache_find(e, &sig, h);
+    if (*out) {
+      atomic_fetch_add(&e->metrics.cache_hits, 1);
+    } else {
+      atomic_fetch_add(&e->metrics.cache_misses, 1);
+      s = tpu_fuse_lower(e, tab, &sig, h, out);
+      if (!s && e->explain) tpu_fuse_explain(e, *out, ex);
+    }
+  }
+  tpu_sig_done(&sig);
+  return s;
+}
+
+/* What a flush during a torch.tpu.graph capture was for, for its error. */
+static const char *tpu_flush_what(int reason) {
+  switch (reason) {
+    case TPU_FLUSH_DOWNLOAD: return "reading a value the graph computes (.item(), .cpu(), printing, a data-dependent shape)";
+    case TPU_FLUSH_UPLOAD: return "copying host data into a tensor the graph writes";
+    case TPU_FLUSH_SYNC: return "synchronizing";
+    case TPU_FLUSH_CAP: return "recording more ops than TORCHTPU_FUSED_MAX_OPS (raise it)";
+    default: return "changing the eager mode or running a compiled graph";
+  }
+}
+
+tpu_status *tpu_engine_flush(tpu_engine *e, int reason) {
+  if (!e->nnodes) return NULL;
+  if (e->capturing && e->capture_whole)
+    return tpu_status_new(TPU_ERR_RUNTIME,
+                          "%s is not allowed while a graph is captured (torch.tpu.graph): the captured ops run "
+                          "at replay(), so read or copy values outside the capture",
+                          tpu_flush_what(reason));
+  if (e->capturing) e->capture_split = true;
+  tpu_rectab tab = {0};
+  tpu_cache_entry *c = NULL;
+  tpu_status *s = tpu_flush_prepare(e, reason, &tab, &c);
+  if (!s) s = tpu_fuse_run(e, c, &tab);
+  free(tab.r);
+  tpu_nodes_release(e);
+  return s;
+}
+
+/* At most TPU_STEPS_AHEAD launched steps in flight: the host waits for the oldest. */
+void tpu_steps_throttle(tpu_engine *e) {
+  while (e->icount > TPU_STEPS_AHEAD) tpu_inflight_pop(e);
+}
+
+static tpu_status *tpu_engine_launch_step(tpu_engine *e, int reason) {
+  if (e->mode != TPU_MODE_FUSED || e->capturing) return NULL; /* a capture is one program */
+  tpu_status *s = tpu_engine_flush(e, reason);
+  if (!s) tpu_steps_throttle(e);
+  return s;
+}
+
+tpu_status *tpu_engine_flush_step(tpu_engine *e) { return tpu_engine_launch_step(e, TPU_FLUSH_STEP); }
+
+tpu_status *tpu_engine_backward_begins(tpu_engine *e) {
+  if (e->mode != TPU_MODE_FUSED) return NULL;
+  atomic_fetch_add(&e->metrics.backward_passes, 1);
+  return tpu_engine_launch_step(e, TPU_FLUSH_BACKWARD);
+}
+
+bool tpu_engine_idle(tpu_engine *e) {
+  tpu_inflight_reap(e);
+  return e->icount == 0 && e->nnodes == 0;
+}

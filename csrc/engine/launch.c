@@ -1,0 +1,240 @@
+/* launch.c: feeding and launching programs.
+ *
+ * Program inputs are records' buffers, small cached buffers for scalars
+ * (Python numbers, view offsets) and the generator's state. Outside debug
+ * mode a launched program's completion event joins a ring; a failure is
+ * reported at the next sync point, as is a failed value check (a 0-d flag a
+ * program computes; see lower.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_impl.h"
+
+/* Waits for the oldest launched computation; keeps its error if it is the
+ * first one. */
+void tpu_inflight_pop(tpu_engine *e) {
+  int k = e->ihead;
+  tpu_status *s = tpu_rt_event_wait(e->rt, e->inflight[k].ev);
+  if (s && !e->deferred && e->inflight[k].op)
+    e->deferred = tpu_status_prefix(s, "aten::%s failed (it ran asynchronously in strict eager mode; "
+                                       "set TORCHTPU_EAGER=debug to stop at the failing op)", e->inflight[k].op);
+  else if (s && !e->deferred)
+    e->deferred = tpu_status_prefix(s, "a fused program failed (set TORCHTPU_EAGER=debug to stop at the "
+                                       "failing op)");
+  else
+    tpu_status_free(s);
+  e->inflight[k].ev = NULL;
+  e->ihead = (e->ihead + 1) % TPU_INFLIGHT;
+  e->icount--;
+}
+
+/* Frees the finished computations at the front, without blocking. */
+void tpu_inflight_reap(tpu_engine *e) {
+  while (e->icount && tpu_rt_event_ready(e->rt, e->inflight[e->ihead].ev)) tpu_inflight_pop(e);
+}
+
+/* Reads the pending value checks (each waits for its program): the first
+ * that failed, as an error naming its op; every check is consumed. */
+tpu_status *tpu_checks_read(tpu_engine *e) {
+  tpu_status *err = NULL;
+  for (int k = 0; k < e->nchk; k++) {
+    uint8_t bad = 0;
+    tpu_status *s = err ? NULL : tpu_rt_buffer_to_host(e->rt, e->chk[k].buf, &bad, 1);
+    tpu_rt_buffer_free(e->chk[k].buf);
+    if (s) tpu_status_free(s); /* the program's own failure is reported by the ring */
+    else if (bad && !err)
+      err = tpu_status_new((tpu_code)e->chk[k].what.code, "aten::%s: %s", e->chk[k].what.op, e->chk[k].what.msg);
+  }
+  e->nchk = 0;
+  return err;
+}
+
+/* Keeps a launched program's check (b owned) for the next sync point; with
+ * many pending, they are read now and a failure waits there. */
+void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what) {
+  if (e->nchk == e->capchk) {
+    int cap = e->capchk ? 2 * e->capchk : 16;
+    void *n = cap <= 4096 ? realloc(e->chk, sizeof *e->chk * (size_t)cap) : NULL;
+    if (!n) {
+      tpu_status *s = tpu_checks_read(e);
+      if (s && !e->deferred) e->deferred = s;
+      else tpu_status_free(s);
+    } else {
+      e->chk = n;
+      e->capchk = cap;
+    }
+  }
+  e->chk[e->nchk].buf = b;
+  e->chk[e->nchk++].what = what;
+}
+
+/* Waits for every launched computation; the first error of one (once), then
+ * the first failed value check. */
+tpu_status *tpu_engine_wait(tpu_engine *e) {
+  while (e->icount) tpu_inflight_pop(e);
+  tpu_status *s = e->deferred;
+  e->deferred = NULL;
+  tpu_status *c = e->nchk ? tpu_checks_read(e) : NULL;
+  if (!s) return c;
+  tpu_status_free(c);
+  return s;
+}
+
+/* torch's refusals of a write that aliases itself or what the op reads
+ * (TensorIterator's memory-overlap checks): checked on every call from the
+ * program's plans, which say which tensors it writes and reads. Two views
+ * of one record are compared; views whose overlap is too hard to tell are
+ * allowed, as in torch. */
+tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const tpu_cache_entry *c) {
+  /* the tensors written: in-place and out= writes, then out= tensors that
+   * are resized to take a result (for NO_ALIAS ops, any overlap of those
+   * with an input is refused: they cannot be the input itself) */
+  for (int w = 0; w < c->nout + c->nret; w++) {
+    tpu_in_plan wp;
+    bool resized = w >= c->nout;
+    if (!resized) {
+      if (c->out[w].kind != TPU_OUT_WRITE) continue;
+      wp = (tpu_in_plan){TPU_IN_RECORD, c->out[w].arg, c->out[w].item};
+    } else {
+      const tpu_ret_plan *r = &c->ret[w - c->nout];
+      /* only ops that refuse any alias (torch lets sum(x, 0, out=x) resize x) */
+      if (!(row->flags & TPU_OP_NO_ALIAS) || !r->resize || r->arg < 0 || args[r->arg].kind != TPU_ARG_TENSOR)
+        continue;
+      wp = (tpu_in_plan){TPU_IN_RECORD, r->arg, -1};
+    }
+    const tpu_tref *wt = tpu_arg_tref(args, &wp);
+    if (!(row->flags & TPU_OP_FILLS) && tpu_tref_internal_overlap(wt))
+      return tpu_status_new(TPU_ERR_RUNTIME, "aten::%s: unsupported operation: more than one element of the "
+                            "written-to tensor refers to a single memory location. Please clone() the tensor before "
+                            "performing the operation.", row->name);
+    for (int k = 0; k < c->nin; k++) {
+      const tpu_in_plan *p = &c->in[k];
+      if (p->kind != TPU_IN_RECORD || (p->arg == wp.arg && p->item == wp.item)) continue;
+      int lap = tpu_tref_overlap(wt, tpu_arg_tref(args, p));
+      if (lap == TPU_OVERLAP_PARTIAL || (lap == TPU_OVERLAP_FULL && (resized || (row->flags & TPU_OP_NO_ALIAS))))
+        return tpu_status_new(TPU_ERR_RUNTIME, "aten::%s: unsupported operation: some elements of the input tensor "
+                              "and the written-to tensor refer to a single memory location. Please clone() the "
+                              "tensor before performing the operation.", row->name);
+    }
+  }
+  return NULL;
+}
+
+/* A 0-d device buffer holding these bytes, borrowed from the engine's
+ * scalar cache for the current call. A slot already used by this call is
+ * never evicted: the colliding value gets an owned buffer in *temp instead. */
+static tpu_status *tpu_scalar_buffer(tpu_engine *e, tpu_dtype dt, const void *bytes, tpu_rt_buffer **out,
+                                     tpu_rt_buffer **temp) {
+  uint8_t key[16] = {0};
+  size_t n = tpu_dtype_size(dt);
+  memcpy(key, bytes, n);
+  uint64_t h = tpu_hash64(key, sizeof key) ^ (uint64_t)dt * 0x9e3779b97f4a7c15ull;
+  tpu_scalar_slot *slot = &e->scalars[h % TPU_SCALAR_SLOTS];
+  *temp = NULL;
+  if (slot->buf && slot->dtype == dt && memcmp(slot->bits, key, sizeof key) == 0) {
+    slot->epoch = e->epoch;
+    *out = slot->buf;
+    return NULL;
+  }
+  tpu_rt_buffer *b = NULL;
+  tpu_status *s = tpu_rt_buffer_from_host(e->rt, key, dt, NULL, 0, &b);
+  if (s) return s;
+  if (slot->buf && slot->epoch == e->epoch) {
+    *temp = *out = b;
+    return NULL;
+  }
+  slot->epoch = e->epoch;
+  tpu_rt_buffer_free(slot->buf);
+  slot->buf = b;
+  slot->dtype = dt;
+  memcpy(slot->bits, key, sizeof key);
+  *out = b;
+  return NULL;
+}
+
+/* The dtype and bytes of a Python number as a program input. */
+tpu_dtype tpu_scalar_bits(const tpu_arg *a, uint8_t bits[16]) {
+  memset(bits, 0, 16);
+  switch (a->skind) {
+    case TPU_SCALAR_BOOL: bits[0] = a->i != 0; return TPU_PRED;
+    case TPU_SCALAR_INT: memcpy(bits, &a->i, sizeof a->i); return TPU_S64;
+    case TPU_SCALAR_FLOAT: memcpy(bits, &a->f, sizeof a->f); return TPU_F64;
+    default: {
+      double c[2] = {a->f, a->f_imag};
+      memcpy(bits, c, sizeof c);
+      return TPU_C128;
+    }
+  }
+}
+
+static tpu_status *tpu_scalar_upload(tpu_engine *e, const tpu_arg *a, tpu_rt_buffer **out, tpu_rt_buffer **temp) {
+  uint8_t bits[16];
+  tpu_dtype dt = tpu_scalar_bits(a, bits);
+  return tpu_scalar_buffer(e, dt, bits, out, temp);
+}
+
+/* The device buffer of one program input: borrowed (a record's buffer, a
+ * cached scalar), or owned in *temp (a colliding scalar, the RNG state).
+ * rec: the record of a RECORD input; rng_offset: the generator's offset
+ * reserved for the call. */
+tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec,
+                                    uint64_t rng_offset, tpu_rt_buffer **b, tpu_rt_buffer **temp) {
+  *b = *temp = NULL;
+  switch (p->kind) {
+    case TPU_IN_RECORD: {
+      tpu_status *s = tpu_record_materialize(e, rec);
+      *b = rec->buf;
+      return s;
+    }
+    case TPU_IN_SCALAR: return tpu_scalar_upload(e, &args[p->arg], b, temp);
+    case TPU_IN_HOST_TENSOR: {
+      tpu_tref *t = tpu_arg_tref(args, p);
+      return tpu_scalar_buffer(e, t->dtype, t->host_bytes, b, temp);
+    }
+    case TPU_IN_OFFSET: {
+      int64_t off = tpu_arg_tref(args, p)->offset;
+      return tpu_scalar_buffer(e, TPU_S64, &off, b, temp);
+    }
+    case TPU_IN_RNG: {
+      uint64_t st[2] = {e->rng_seed, rng_offset};
+      int64_t two = 2;
+      tpu_status *s = tpu_rt_buffer_from_host(e->rt, st, TPU_U64, &two, 1, b);
+      *temp = *b;
+      return s;
+    }
+  }
+  return tpu_status_new(TPU_ERR_RUNTIME, "unknown program input kind %d", (int)p->kind);
+}
+
+/* Runs exec: to completion in debug mode, else launched (the completion
+ * event joins the in-flight ring under `name`, the op's table name or NULL
+ * for a fused program, for error messages). */
+tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **in, int nin,
+                                     tpu_rt_buffer **out, const char *name) {
+  int64_t t0 = tpu_now_ns();
+  tpu_status *s;
+  if (e->mode != TPU_MODE_DEBUG) {
+    tpu_inflight_reap(e);
+    if (e->icount == TPU_INFLIGHT) tpu_inflight_pop(e);
+    tpu_rt_event *done = NULL;
+    /* The CPU plugin blocks the caller when it is given a buffer that a
+     * running computation still reads: with computations in flight, a
+     * program that would take its inputs' buffers writes new ones instead,
+     * so that the host runs ahead (other plugins order donation on the
+     * device and always donate). */
+    if (e->icount && e->donate_waits) s = tpu_rt_execute_keep(e->rt, exec, in, nin, out, &done);
+    else s = tpu_rt_execute_async(e->rt, exec, in, nin, out, &done);
+    if (done) {
+      int k = (e->ihead + e->icount) % TPU_INFLIGHT;
+      e->inflight[k].ev = done;
+      e->inflight[k].op = name;
+      e->icount++;
+    }
+  } else {
+    s = tpu_rt_execute(e->rt, exec, in, nin, out);
+  }
+  atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
+  return s;
+}

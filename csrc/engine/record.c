@@ -1,0 +1,112 @@
+/* record.c: the record registry.
+ *
+ * An open-addressing set of live record addresses guarded by a mutex: torch
+ * frees storages from any thread, with or without the GIL, and a pointer
+ * coming back from Python is looked up before use.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+
+#include "engine_impl.h"
+
+static size_t tpu_ptr_slot(const void *p, size_t cap) {
+  uint64_t x = (uint64_t)(uintptr_t)p;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return (size_t)(x & (cap - 1));
+}
+
+/* ---- records ------------------------------------------------------------------ */
+
+static bool tpu_reg_grow(tpu_engine *e) {
+  size_t cap = e->reg_cap * 2;
+  tpu_record **n = calloc(cap, sizeof *n);
+  if (!n) return false;
+  for (size_t i = 0; i < e->reg_cap; i++) {
+    tpu_record *r = e->reg[i];
+    if (!r || r == TPU_TOMB) continue;
+    size_t j = tpu_ptr_slot(r, cap);
+    while (n[j]) j = (j + 1) & (cap - 1);
+    n[j] = r;
+  }
+  free(e->reg);
+  e->reg = n;
+  e->reg_cap = cap;
+  e->reg_used = e->reg_live;
+  return true;
+}
+
+tpu_record *tpu_record_new(tpu_engine *e, tpu_dtype dt, int64_t numel) {
+  tpu_record *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->magic = TPU_RECORD_MAGIC;
+  atomic_init(&r->refs, 1);
+  r->dtype = dt;
+  r->numel = numel;
+  r->eng = e;
+  pthread_mutex_lock(&e->reg_lock);
+  r->birth = e->records_made++;
+  if ((e->reg_used + 1) * 2 > e->reg_cap && !tpu_reg_grow(e)) {
+    pthread_mutex_unlock(&e->reg_lock);
+    free(r);
+    return NULL;
+  }
+  size_t j = tpu_ptr_slot(r, e->reg_cap);
+  while (e->reg[j] && e->reg[j] != TPU_TOMB) j = (j + 1) & (e->reg_cap - 1);
+  if (!e->reg[j]) e->reg_used++;
+  e->reg[j] = r;
+  e->reg_live++;
+  pthread_mutex_unlock(&e->reg_lock);
+  atomic_fetch_add(&e->metrics.records_live, 1);
+  return r;
+}
+
+void tpu_record_ref(tpu_record *r) { atomic_fetch_add(&r->refs, 1); }
+
+void tpu_record_unref(tpu_record *r) {
+  if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
+  tpu_engine *e = r->eng;
+  if (e) {
+    pthread_mutex_lock(&e->reg_lock);
+    size_t j = tpu_ptr_slot(r, e->reg_cap);
+    while (e->reg[j] && e->reg[j] != r) j = (j + 1) & (e->reg_cap - 1);
+    if (e->reg[j] == r) {
+      e->reg[j] = TPU_TOMB;
+      e->reg_live--;
+    }
+    pthread_mutex_unlock(&e->reg_lock);
+    atomic_fetch_sub(&e->metrics.records_live, 1);
+  }
+  tpu_rt_buffer_free(r->buf);
+  r->magic = 0;
+  free(r);
+}
+
+tpu_record *tpu_engine_find_record(tpu_engine *e, const void *addr) {
+  if (!addr) return NULL;
+  tpu_record *found = NULL;
+  pthread_mutex_lock(&e->reg_lock);
+  size_t j = tpu_ptr_slot(addr, e->reg_cap);
+  while (e->reg[j]) {
+    if ((const void *)e->reg[j] == addr) {
+      found = e->reg[j];
+      break;
+    }
+    j = (j + 1) & (e->reg_cap - 1);
+  }
+  pthread_mutex_unlock(&e->reg_lock);
+  return found;
+}
+
+/* A never-written record reads as zeros: give it a zero buffer. */
+tpu_status *tpu_record_materialize(tpu_engine *e, tpu_record *r) {
+  if (r->buf) return NULL;
+  size_t nb = (size_t)r->numel * tpu_dtype_size(r->dtype);
+  void *zeros = calloc(nb ? nb : 1, 1);
+  if (!zeros) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", nb);
+  int64_t n = r->numel;
+  tpu_status *s = tpu_rt_buffer_from_host(e->rt, zeros, r->dtype, &n, 1, &r->buf);
+  free(zeros);
+  return s;
+}
