@@ -6,8 +6,6 @@
  */
 #include "core.h"
 
-#include <ctype.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,42 +211,4 @@ bool tpu_storage_numel(int rank, const int64_t *sizes, const int64_t *strides, s
   if (__builtin_mul_overflow(n, (int64_t)itemsize, &bytes)) return false;
   *numel = n;
   return true;
-}
-
-/* ---- settings from the environment ---------------------------------------- */
-
-long tpu_env_long(const char *name, long dflt, long lo, long hi) {
-  const char *v = getenv(name);
-  if (!v) return dflt;
-  while (isspace((unsigned char)*v)) v++;
-  if (!*v) return dflt;
-  char *end;
-  errno = 0;
-  long x = strtol(v, &end, 10);
-  while (isspace((unsigned char)*end)) end++;
-  if (end == v || *end || errno == ERANGE || x < lo || x > hi) return dflt;
-  return x;
-}
-
-/* Whether the n characters at v are one of words (lower case), in any case. */
-static bool tpu_word_in(const char *v, size_t n, const char *const *words) {
-  for (; *words; words++) {
-    size_t i = 0;
-    while (i < n && (*words)[i] && tolower((unsigned char)v[i]) == (*words)[i]) i++;
-    if (i == n && !(*words)[i]) return true;
-  }
-  return false;
-}
-
-bool tpu_env_flag(const char *name, bool dflt) {
-  static const char *const on[] = {"1", "true", "yes", "on", NULL};
-  static const char *const off[] = {"0", "false", "no", "off", NULL};
-  const char *v = getenv(name);
-  if (!v) return dflt;
-  while (isspace((unsigned char)*v)) v++;
-  size_t n = strlen(v);
-  while (n && isspace((unsigned char)v[n - 1])) n--;
-  if (tpu_word_in(v, n, on)) return true;
-  if (tpu_word_in(v, n, off)) return false;
-  return dflt;
 }

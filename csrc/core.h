@@ -97,14 +97,4 @@ tpu_dtype tpu_dtype_promote(tpu_dtype a, tpu_dtype b);
  * overflowed"), or a size or a stride is negative (as torch): never an overflowing multiplication. */
 bool tpu_storage_numel(int rank, const int64_t *sizes, const int64_t *strides, size_t itemsize, int64_t *numel);
 
-/* ---- settings from the environment -------------------------------------- */
-
-/* The whole number in environment variable name when it is one from lo to hi
- * (surrounding blanks allowed), else dflt: garbage, overflow and values out of
- * range fall back (torchtpu/_settings.py warns about them at import). */
-long tpu_env_long(const char *name, long dflt, long lo, long hi);
-/* 1/true/yes/on -> true, 0/false/no/off -> false (any case); unset, empty or
- * anything else -> dflt. */
-bool tpu_env_flag(const char *name, bool dflt);
-
 #endif

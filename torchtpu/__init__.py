@@ -36,12 +36,9 @@ def metrics():
     return m
 
 
-_MODES = ("debug", "strict", "fused")
-
-
 def get_eager_mode():
     """The current eager mode: "debug", "strict" or "fused"."""
-    return _MODES[_C.eager_mode()]
+    return _C.eager_mode()
 
 
 class eager_mode:
@@ -62,25 +59,16 @@ class eager_mode:
     """
 
     def __init__(self, mode):
-        if mode not in _MODES:
-            raise ValueError(f"torchtpu.eager_mode: expected 'debug', 'strict' or 'fused', got {mode!r}")
         self.previous = get_eager_mode()
         self.mode = mode
-        _C.eager_mode(_MODES.index(mode))
+        _C.eager_mode(mode)  # raises ValueError for an unknown mode
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        _C.eager_mode(_MODES.index(self.previous))
+        _C.eager_mode(self.previous)
         return False
-
-
-def _initial_mode():
-    _C.eager_mode(_MODES.index(_settings.choice("TORCHTPU_EAGER", _MODES, "strict")))
-
-
-_initial_mode()
 
 
 _backward_passes_seen = _weakref.WeakKeyDictionary()  # optimizer -> _C.backward_passes() at its last step

@@ -999,7 +999,8 @@ def setup(device_module):
         registered = False
         error = f"torchtpu cannot register the tpu device with torch {torch.__version__}: {e}"
         warnings.warn(error, stacklevel=2)
-    _C.init(path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty, fraction, error)
+    _C.init(path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty, fraction, error,
+            _settings.engine(_C.modes()))
     device_module._setup_error = error
     if not registered:
         return

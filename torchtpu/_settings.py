@@ -4,11 +4,10 @@ naming the variable and the value, and the default is used. The settings of
 the device's start (plugin, platform, number of devices, GPU memory) are
 checked in _registry._runtime_settings and raised at the device's first use.
 
-The C core reads TORCHTPU_FUSED_MAX_OPS, TORCHTPU_PROGRAM_CACHE_SIZE,
-TORCHTPU_DONATE, TORCHTPU_VALUE_CHECKS and TORCHTPU_EXPLAIN_RECOMPILES itself (tpu_env_long and
-tpu_env_flag in csrc/core.c: same bounds, same defaults), and TORCHTPU_DEBUG
-and TORCHTPU_DUMP_HLO as "set: on"; check() warns about them here, once, at
-import."""
+Every variable is read here, once, at import; engine() gives the C core's
+engine its settings (the eager mode, fused-mode and program-cache sizes,
+donation, value checks, explained recompiles, and TORCHTPU_DEBUG and
+TORCHTPU_DUMP_HLO, which any value turns on)."""
 
 import math
 import os
@@ -98,6 +97,20 @@ def choice(name, choices, default):
         return v
     _warn(name, raw, "one of " + ", ".join(choices), default)
     return default
+
+
+def engine(modes):
+    """The engine's settings for _C.init (modes: the eager modes' names)."""
+    return {
+        "mode": choice("TORCHTPU_EAGER", modes, "strict"),
+        "fused_max_ops": integer("TORCHTPU_FUSED_MAX_OPS"),
+        "program_cache_size": integer("TORCHTPU_PROGRAM_CACHE_SIZE"),
+        "donate": flag("TORCHTPU_DONATE"),
+        "value_checks": flag("TORCHTPU_VALUE_CHECKS"),
+        "explain": flag("TORCHTPU_EXPLAIN_RECOMPILES"),
+        "debug": os.environ.get("TORCHTPU_DEBUG") is not None,
+        "dump_hlo": os.environ.get("TORCHTPU_DUMP_HLO") is not None,
+    }
 
 
 def check():

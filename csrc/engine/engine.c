@@ -15,36 +15,93 @@
 
 #include "engine_impl.h"
 
-tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out) {
+const char *const tpu_mode_names[TPU_MODE_COUNT] = {
+#define X(id, name) name,
+    TPU_MODES(X)
+#undef X
+};
+
+const char *const tpu_flush_names[TPU_FLUSH_COUNT] = {
+#define X(id, name) name,
+    TPU_FLUSH_REASONS(X)
+#undef X
+};
+
+void tpu_engine_options_init(tpu_engine_options *o) {
+  memset(o, 0, sizeof *o);
+  o->mode = TPU_MODE_STRICT;
+  o->fuse_cap = 4096;
+  o->program_cache_size = 4096;
+  o->donate = true;
+  o->value_checks = true;
+}
+
+/* A copy of s (NULL stays NULL); false when out of memory. */
+static bool tpu_dup(const char *s, char **out) {
+  *out = s ? strdup(s) : NULL;
+  return !s || *out;
+}
+
+tpu_status *tpu_engine_new(const tpu_engine_options *o, tpu_engine **out) {
   *out = NULL;
   tpu_engine *e = calloc(1, sizeof *e);
   if (!e) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-  tpu_status *s = tpu_rt_open(opts, &e->rt);
-  if (s) {
-    free(e);
-    return s;
-  }
   pthread_mutex_init(&e->reg_lock, NULL);
   e->reg_cap = 1024;
   e->reg = calloc(e->reg_cap, sizeof *e->reg);
   e->cache_cap = 256;
   e->cache = calloc(e->cache_cap, sizeof *e->cache);
-  if (!e->reg || !e->cache) {
+  e->rt_opts = o->rt;
+  bool ok = tpu_dup(o->rt.plugin_path, (char **)&e->rt_opts.plugin_path) &&
+            tpu_dup(o->rt.platform, (char **)&e->rt_opts.platform) && tpu_dup(o->rt_error, &e->rt_error);
+  if (!e->reg || !e->cache || !ok) {
     tpu_engine_free(e);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
+  e->rt_error_code = TPU_ERR_RUNTIME;
   e->rng_seed = TPU_DEFAULT_SEED;
-  /* bounds and defaults as in torchtpu/_settings.py, which warns about bad values */
-  e->fuse_cap = (int)tpu_env_long("TORCHTPU_FUSED_MAX_OPS", 4096, 1, 1 << 20);
-  e->donate = tpu_env_flag("TORCHTPU_DONATE", true);
-  tpu_lower_value_checks = tpu_env_flag("TORCHTPU_VALUE_CHECKS", true);
-  e->donate_waits = strcmp(tpu_rt_platform_name(e->rt), "cpu") == 0;
-  e->exact_div = e->donate_waits;
+  e->mode = o->mode < TPU_MODE_COUNT ? o->mode : TPU_MODE_STRICT;
+  e->fuse_cap = o->fuse_cap > 0 ? o->fuse_cap : 1;
+  e->program_cache_size = o->program_cache_size > 0 ? o->program_cache_size : 1;
+  e->maps_limit = -2;
+  e->donate = o->donate;
+  e->value_checks = o->value_checks;
+  e->explain = o->explain;
+  e->debug = o->debug;
+  e->dump_hlo = o->dump_hlo;
   e->precision = TPU_HLO_PREC_HIGHEST;
   *out = e;
   return NULL;
 }
 
+bool tpu_engine_started(const tpu_engine *e) { return e->rt != NULL; }
+
+static tpu_status *tpu_disk_open(tpu_engine *e, const char *dir, int64_t max_bytes, const char *extra);
+
+tpu_status *tpu_engine_start(tpu_engine *e) {
+  if (e->rt) return NULL;
+  if (e->rt_error) return tpu_status_new(e->rt_error_code, "%s", e->rt_error);
+  if (!e->rt_opts.plugin_path)
+    return tpu_status_new(TPU_ERR_RUNTIME, "torchtpu runtime is not initialised (import torchtpu first)");
+  tpu_status *s = tpu_rt_open(&e->rt_opts, &e->rt);
+  if (s) { /* every later use raises the same error */
+    e->rt_error_code = tpu_status_code(s);
+    e->rt_error = strdup(tpu_status_message(s));
+    return s;
+  }
+  e->donate_waits = strcmp(tpu_rt_platform_name(e->rt), "cpu") == 0;
+  e->exact_div = e->donate_waits;
+  if (e->disk_pending) {
+    e->disk_pending = false;
+    tpu_status *c = tpu_disk_open(e, e->disk_dir, e->disk_max, e->disk_extra);
+    if (c) { /* an unusable folder: programs stay cached in memory */
+      tpu_engine_warn(e, "torchtpu: compilation cache disabled (%s); programs are cached in memory only",
+                      tpu_status_message(c));
+      tpu_status_free(c);
+    }
+  }
+  return NULL;
+}
 void tpu_engine_free(tpu_engine *e) {
   if (!e) return;
   for (int i = 0; i < e->nnotes; i++) free(e->notes[i]);
@@ -55,6 +112,8 @@ void tpu_engine_free(tpu_engine *e) {
   free(e->chk);
   tpu_dcache_free(e->disk);
   free(e->salt);
+  free(e->disk_dir);
+  free(e->disk_extra);
   for (int i = 0; i < e->nwarnings; i++) free(e->warnings[i]);
   for (int i = 0; i < TPU_SCALAR_SLOTS; i++) tpu_rt_buffer_free(e->scalars[i].buf);
   for (size_t i = 0; i < e->cache_cap; i++) tpu_cache_entry_free(e->cache[i]);
@@ -72,6 +131,9 @@ void tpu_engine_free(tpu_engine *e) {
   free(e->reg);
   pthread_mutex_destroy(&e->reg_lock);
   tpu_rt_close(e->rt);
+  free((char *)e->rt_opts.plugin_path);
+  free((char *)e->rt_opts.platform);
+  free(e->rt_error);
   free(e);
 }
 
@@ -92,10 +154,10 @@ tpu_status *tpu_engine_sync(tpu_engine *e) {
   return tpu_engine_wait(e);
 }
 
-void tpu_engine_set_mode(tpu_engine *e, int mode) {
-  e->mode = (mode == TPU_MODE_STRICT || mode == TPU_MODE_FUSED) ? mode : TPU_MODE_DEBUG;
-}
-int tpu_engine_mode(tpu_engine *e) { return e->mode; }
+void tpu_engine_set_mode(tpu_engine *e, tpu_mode mode) { e->mode = mode; }
+tpu_mode tpu_engine_mode(tpu_engine *e) { return e->mode; }
+void tpu_engine_set_value_checks(tpu_engine *e, bool on) { e->value_checks = on; }
+bool tpu_engine_value_checks(const tpu_engine *e) { return e->value_checks; }
 
 void tpu_engine_foreach(tpu_engine *e, bool begin) {
   if (begin && !++e->fe_groups) e->fe_groups = 1; /* 0 means no call */
@@ -103,19 +165,44 @@ void tpu_engine_foreach(tpu_engine *e, bool begin) {
   e->fe_first = e->nnodes;
 }
 
-void tpu_engine_set_disk_cache(tpu_engine *e, tpu_dcache *dc, const char *salt) {
+/* Opens dir as the disk tier (NULL or "": off); the runtime is open. */
+static tpu_status *tpu_disk_open(tpu_engine *e, const char *dir, int64_t max_bytes, const char *extra) {
   tpu_dcache_free(e->disk);
   free(e->salt);
-  e->disk = dc;
-  e->salt = dc ? strdup(salt ? salt : "") : NULL;
+  e->disk = NULL;
+  e->salt = NULL;
   e->disk_readonly = false;
   e->disk_refused_told = false;
-  if (dc && !e->salt) {
+  if (!dir || !*dir) return NULL;
+  tpu_dcache *dc = NULL;
+  tpu_status *s = tpu_dcache_open(dir, max_bytes, &dc);
+  if (s) return s;
+  char *base = tpu_rt_cache_salt(e->rt);
+  e->salt = base ? tpu_strfmt("%s;%s", base, extra ? extra : "") : NULL;
+  free(base);
+  if (!e->salt) {
     tpu_dcache_free(dc);
-    e->disk = NULL;
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
+  e->disk = dc;
+  return NULL;
 }
 
+tpu_status *tpu_engine_set_disk_cache(tpu_engine *e, const char *dir, int64_t max_bytes, const char *extra) {
+  if (e->rt) return tpu_disk_open(e, dir, max_bytes, extra);
+  char *d = NULL, *x = NULL;
+  if (!tpu_dup(dir, &d) || !tpu_dup(extra, &x)) {
+    free(d);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  free(e->disk_dir);
+  free(e->disk_extra);
+  e->disk_dir = d;
+  e->disk_extra = x;
+  e->disk_max = max_bytes;
+  e->disk_pending = true;
+  return NULL;
+}
 void tpu_engine_warn(tpu_engine *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void tpu_engine_warn(tpu_engine *e, const char *fmt, ...) {
   if (e->nwarnings == (int)(sizeof e->warnings / sizeof e->warnings[0])) return;
@@ -128,7 +215,6 @@ void tpu_engine_warn(tpu_engine *e, const char *fmt, ...) {
   if (w) e->warnings[e->nwarnings++] = w;
 }
 
-void tpu_engine_set_explain(tpu_engine *e, bool on) { e->explain = on; }
 
 /* The oldest of n owned messages, now the caller's; NULL when none. */
 static char *tpu_messages_take(char **q, int *n) {
@@ -247,7 +333,7 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
   tpu_sig sig = {sigbuf, 0, sizeof sigbuf, false, false};
   tpu_sig_build(&sig, op_id, args, nargs);
   tpu_sig_i64(&sig, e->precision);
-  tpu_sig_i64(&sig, tpu_lower_value_checks); /* programs with and without checks differ */
+  tpu_sig_i64(&sig, e->value_checks); /* programs with and without checks differ */
   if (sig.oom) {
     tpu_sig_done(&sig);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");

@@ -44,34 +44,102 @@ typedef struct tpu_record {
   uint64_t birth;       /* records created before it (graph capture tells new from old) */
 } tpu_record;
 
+/* Why recorded ops ran (fused mode): the enum, and the names of the
+ * torchtpu.metrics() counters ("flushes_<name>"). */
+#define TPU_FLUSH_REASONS(X) \
+  X(DOWNLOAD, "download")    \
+  X(UPLOAD, "upload")        \
+  X(SYNC, "sync")            \
+  X(MODE, "mode")            \
+  X(CAP, "size_cap")         \
+  X(STEP, "optimizer_step")  \
+  X(BACKWARD, "backward")
+typedef enum {
+#define X(id, name) TPU_FLUSH_##id,
+  TPU_FLUSH_REASONS(X)
+#undef X
+  TPU_FLUSH_COUNT
+} tpu_flush_reason;
+extern const char *const tpu_flush_names[TPU_FLUSH_COUNT];
+
+/* The engine's counters: field, the name torchtpu.metrics() gives it, and
+ * whether it counts nanoseconds (shown in seconds). */
+#define TPU_METRICS(X)                                                                        \
+  X(ops_dispatched, "ops_dispatched", 0)                                                      \
+  X(programs_compiled, "programs_compiled", 0)                                                \
+  X(cache_hits, "cache_hits", 0)                                                              \
+  X(cache_misses, "cache_misses", 0)                                                          \
+  X(compile_ns, "compile_seconds", 1)                                                         \
+  X(execute_ns, "execute_seconds", 1)                                                         \
+  X(h2d_bytes, "h2d_bytes", 0)                                                                \
+  X(d2h_bytes, "d2h_bytes", 0)                                                                \
+  X(records_live, "live_records", 0)                                                          \
+  X(fallback_ops, "fallback_ops", 0)                                                          \
+  X(cache_evictions, "cache_evictions", 0) /* times the program cache was emptied */          \
+  X(disk_hits, "disk_cache_hits", 0)       /* programs loaded from the disk cache */          \
+  X(disk_misses, "disk_cache_misses", 0)   /* not found there (compiled, then written) */     \
+  X(disk_writes, "disk_cache_writes", 0)                                                      \
+  X(disk_corrupt, "disk_cache_corrupt", 0) /* damaged entries found (removed, recompiled) */  \
+  X(disk_refused, "disk_cache_refused", 0) /* untrusted entries (not ours, bad MAC, ...) */   \
+  X(disk_load_ns, "disk_load_seconds", 1)  /* reading and deserializing entries */            \
+  X(fused_programs, "fused_programs_run", 0)                                                  \
+  X(fused_ops, "fused_ops", 0)             /* recorded ops the fused programs ran */          \
+  X(backward_passes, "backward_passes", 0) /* fused mode: tpu_engine_backward_begins */       \
+  X(graph_replays, "graph_replays", 0)     /* captured graphs run straight from their plan */ \
+  X(ops_pruned, "fused_ops_pruned", 0)     /* recorded ops dropped at a flush (not needed) */
 typedef struct {
-  atomic_llong ops_dispatched;
-  atomic_llong programs_compiled;
-  atomic_llong cache_hits;
-  atomic_llong cache_misses;
-  atomic_llong compile_ns;
-  atomic_llong execute_ns;
-  atomic_llong h2d_bytes;
-  atomic_llong d2h_bytes;
-  atomic_llong records_live;
-  atomic_llong fallback_ops;
-  atomic_llong cache_evictions; /* times the program cache was emptied */
-  atomic_llong disk_hits;       /* programs loaded from the disk cache */
-  atomic_llong disk_misses;     /* programs not found there (compiled, then written) */
-  atomic_llong disk_writes;
-  atomic_llong disk_corrupt;    /* damaged entries found (removed, recompiled) */
-  atomic_llong disk_refused;    /* untrusted entries found (another owner, writable by others, a MAC that fails) */
-  atomic_llong disk_load_ns;    /* reading and deserializing entries */
-  atomic_llong fused_programs;  /* fused programs run */
-  atomic_llong fused_ops;       /* recorded ops they ran */
-  atomic_llong flushes[7];      /* by reason: TPU_FLUSH_* */
-  atomic_llong backward_passes; /* fused mode: backward passes begun (tpu_engine_backward_begins) */
-  atomic_llong graph_replays;   /* captured graphs run straight from their plan */
-  atomic_llong ops_pruned;      /* fused mode: recorded ops dropped at a flush (nothing needed their results) */
+#define X(field, name, ns) atomic_llong field;
+  TPU_METRICS(X)
+#undef X
+  atomic_llong flushes[TPU_FLUSH_COUNT]; /* by reason */
 } tpu_metrics;
 
-tpu_status *tpu_engine_new(const tpu_rt_options *opts, tpu_engine **out);
+/* Eager modes. DEBUG: every op runs to completion before it returns, so an
+ * error names the op at once. STRICT: ops return once launched (the plugin
+ * orders dependent work); a failure of the computation itself is reported
+ * at the next sync point (a download, tpu_engine_sync), naming the op.
+ * FUSED: ops are recorded, not run; their outputs are records without
+ * buffers. A sync point (a download, an upload into a record the recorded
+ * ops use, tpu_engine_sync, a mode switch, the size cap) compiles every
+ * recorded op into one program (cached by the ops' signatures and how
+ * their values flow) and runs it; it computes the final value of each
+ * record something outside the recording still holds. */
+#define TPU_MODES(X) X(DEBUG, "debug") X(STRICT, "strict") X(FUSED, "fused")
+typedef enum {
+#define X(id, name) TPU_MODE_##id,
+  TPU_MODES(X)
+#undef X
+  TPU_MODE_COUNT
+} tpu_mode;
+extern const char *const tpu_mode_names[TPU_MODE_COUNT];
+
+/* The engine's settings, given once when it is made (the Python package
+ * reads them from the TORCHTPU_* variables and checks their bounds). */
+typedef struct {
+  tpu_rt_options rt;       /* the plugin to open at the first use (strings copied) */
+  const char *rt_error;    /* why that plugin cannot be used (copied; raised at the first use), or NULL */
+  tpu_mode mode;           /* the eager mode to start in */
+  int fuse_cap;            /* fused mode: recorded ops that make a flush (TORCHTPU_FUSED_MAX_OPS) */
+  long program_cache_size; /* programs kept in memory (TORCHTPU_PROGRAM_CACHE_SIZE) */
+  bool donate;             /* fused programs take the buffers of records they rewrite */
+  bool value_checks;       /* programs make the checks that need tensor values */
+  bool explain;            /* explain recompiles of fused programs */
+  bool debug;              /* print the program of a failed compilation */
+  bool dump_hlo;           /* print every program compiled */
+} tpu_engine_options;
+/* The defaults (no plugin). */
+void tpu_engine_options_init(tpu_engine_options *o);
+
+/* A new engine with these settings; the runtime is not opened yet. */
+tpu_status *tpu_engine_new(const tpu_engine_options *o, tpu_engine **out);
+/* Opens the runtime (the plugin, its client) unless it is open: at the
+ * device's first use, as CUDA makes its context, so that a process that never
+ * uses the device never loads the plugin. A failure is returned again by
+ * every later start. */
+tpu_status *tpu_engine_start(tpu_engine *e);
+bool tpu_engine_started(const tpu_engine *e);
 void tpu_engine_free(tpu_engine *e);
+/* The runtime; NULL before the start. */
 tpu_rt *tpu_engine_rt(tpu_engine *e);
 tpu_metrics *tpu_engine_metrics(tpu_engine *e);
 /* The generator's seed until one is set (CUDA's default seed). */
@@ -80,33 +148,23 @@ tpu_metrics *tpu_engine_metrics(tpu_engine *e);
  * highest -> HIGHEST, high -> HIGH, medium -> DEFAULT); HIGHEST at start. */
 void tpu_engine_set_precision(tpu_engine *e, tpu_hlo_precision p);
 tpu_hlo_precision tpu_engine_precision(tpu_engine *e);
+/* Whether new programs make value checks (part of every program's key). */
+void tpu_engine_set_value_checks(tpu_engine *e, bool on);
+bool tpu_engine_value_checks(const tpu_engine *e);
 void tpu_engine_rng_state(tpu_engine *e, uint64_t *seed, uint64_t *offset);
 void tpu_engine_set_rng_state(tpu_engine *e, uint64_t seed, uint64_t offset);
-/* Eager modes. DEBUG: every op runs to completion before it returns, so an
- * error names the op at once. STRICT: ops return once launched (the plugin
- * orders dependent work); a failure of the computation itself is reported
- * at the next sync point (a download, tpu_engine_sync), naming the op. */
-enum { TPU_MODE_DEBUG = 0, TPU_MODE_STRICT = 1, TPU_MODE_FUSED = 2 };
-/* FUSED: ops are recorded, not run; their outputs are records without
- * buffers. A sync point (a download, an upload into a record the recorded
- * ops use, tpu_engine_sync, a mode switch, the size cap) compiles every
- * recorded op into one program (cached by the ops' signatures and how
- * their values flow) and runs it; it computes the final value of each
- * record something outside the recording still holds. */
-void tpu_engine_set_mode(tpu_engine *e, int mode);
+void tpu_engine_set_mode(tpu_engine *e, tpu_mode mode);
 /* The ops recorded between begin and end are the items of one
  * torch._foreach_* call: in fused mode a Python number that they take with
  * the same value (a learning rate, a beta) is one program input, not one per
  * tensor of the list. */
 void tpu_engine_foreach(tpu_engine *e, bool begin);
-int tpu_engine_mode(tpu_engine *e);
+tpu_mode tpu_engine_mode(tpu_engine *e);
 /* Waits for every launched computation (running the recorded ops first);
  * the first error of one (once). */
 tpu_status *tpu_engine_sync(tpu_engine *e);
-enum { TPU_FLUSH_DOWNLOAD, TPU_FLUSH_UPLOAD, TPU_FLUSH_SYNC, TPU_FLUSH_MODE, TPU_FLUSH_CAP, TPU_FLUSH_STEP,
-       TPU_FLUSH_BACKWARD };
-/* Runs the ops recorded in fused mode as one program (reason: TPU_FLUSH_*). */
-tpu_status *tpu_engine_flush(tpu_engine *e, int reason);
+/* Runs the ops recorded in fused mode as one program. */
+tpu_status *tpu_engine_flush(tpu_engine *e, tpu_flush_reason reason);
 /* The end of a training step (an optimizer stepped): flushes without waiting
  * for the program, but lets at most TPU_STEPS_AHEAD launched programs be in
  * flight (the host waits for older ones), so that a fast host does not pile
@@ -126,9 +184,13 @@ tpu_status *tpu_engine_backward_begins(tpu_engine *e);
  * not block; finished computations are reaped). */
 bool tpu_engine_idle(tpu_engine *e);
 
-/* The disk tier: dc (owned by the engine from now on; NULL turns it off)
- * and the salt of every key (copied). */
-void tpu_engine_set_disk_cache(tpu_engine *e, tpu_dcache *dc, const char *salt);
+/* The disk tier of the program cache in folder dir (NULL or "": off),
+ * bounded to max_bytes (0: no bound); its keys are salted with the
+ * runtime's salt and extra. Before the start the folder is only noted and
+ * the start opens it, warning (tpu_engine_take_warning) if it cannot be
+ * used; after the start an unusable folder is returned as an error (the
+ * tier is then off). */
+tpu_status *tpu_engine_set_disk_cache(tpu_engine *e, const char *dir, int64_t max_bytes, const char *extra);
 /* Warnings of the disk tier (a corrupt entry, an unwritable folder), oldest
  * first; owned by the caller, NULL when none. The binding turns them into
  * Python warnings after each call. */
@@ -136,7 +198,6 @@ char *tpu_engine_take_warning(tpu_engine *e);
 /* TORCHTPU_EXPLAIN_RECOMPILES: a fused program compiled for the same ops as
  * one in the cache leaves a note saying what differs, taken (owned by the
  * caller, oldest first, NULL when none) by the binding, which prints it. */
-void tpu_engine_set_explain(tpu_engine *e, bool on);
 char *tpu_engine_take_note(tpu_engine *e);
 /* Number of entries in the in-memory program cache. */
 int64_t tpu_engine_cache_size(tpu_engine *e);

@@ -94,7 +94,17 @@ typedef struct {
 } tpu_scalar_slot;
 
 struct tpu_engine {
-  tpu_rt *rt; /* owned */
+  tpu_rt *rt; /* owned; NULL until the start */
+  tpu_rt_options rt_opts; /* the strings owned */
+  char *rt_error;         /* owned or NULL: why the runtime cannot start (every start returns it) */
+  tpu_code rt_error_code;
+  long program_cache_size; /* programs kept in memory before the cache is emptied */
+  long maps_limit;         /* vm.max_map_count; -2 until read, -1 unknown */
+  long maps_calls;         /* insertions since the mappings were last counted */
+  bool value_checks, debug, dump_hlo;
+  bool disk_pending;       /* set_disk_cache was called before the start */
+  char *disk_dir, *disk_extra; /* owned: its folder and salt, opened at the start */
+  int64_t disk_max;
   tpu_scalar_slot scalars[TPU_SCALAR_SLOTS];
   uint64_t epoch; /* calls started */
   tpu_metrics metrics;
@@ -111,7 +121,7 @@ struct tpu_engine {
   bool disk_refused_told; /* an untrusted entry was reported (once a process) */
   char *warnings[8];  /* owned, pending for the binding */
   int nwarnings;
-  int mode;           /* TPU_MODE_* */
+  tpu_mode mode;
   struct {
     tpu_rt_event *ev; /* owned */
     const char *op;   /* the table's name (static); NULL for a fused program */
@@ -211,7 +221,7 @@ tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **
 tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
                               const tpu_sig *sig, tpu_cache_entry *c, tpu_engine_result *res);
 void tpu_nodes_release(tpu_engine *e);
-tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab, tpu_cache_entry **out);
+tpu_status *tpu_flush_prepare(tpu_engine *e, tpu_flush_reason reason, tpu_rectab *tab, tpu_cache_entry **out);
 tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab);
 void tpu_steps_throttle(tpu_engine *e);
 

@@ -227,6 +227,7 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     L.flags = n->row->flags;
     L.rng_state = TPU_HV_NONE;
     L.precision = e->precision;
+    L.value_checks = e->value_checks;
     L.fuse = &x;
     L.fuse_record = tpu_fuse_record_hook;
     L.fuse_input = tpu_fuse_input_hook;
@@ -294,7 +295,7 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   if (!s) s = tpu_hlo_finish(H, res, nres + nchk, &text, &len);
   tpu_hlo_free(H);
   free(res);
-  if (!s && getenv("TORCHTPU_DUMP_HLO")) fprintf(stderr, "-- fused program of %d ops\n%s\n", e->nnodes, text);
+  if (!s && e->dump_hlo) fprintf(stderr, "-- fused program of %d ops\n%s\n", e->nnodes, text);
   tpu_rt_exec *exec = NULL;
   if (!s && nres) {
     char label[96];
@@ -474,7 +475,7 @@ static void tpu_nodes_prune(tpu_engine *e, uint64_t epoch) {
 
 /* Keys the recorded ops and finds (or lowers and compiles) their program;
  * tab receives the flush's record table (the caller frees tab->r). */
-tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab, tpu_cache_entry **out) {
+tpu_status *tpu_flush_prepare(tpu_engine *e, tpu_flush_reason reason, tpu_rectab *tab, tpu_cache_entry **out) {
   *out = NULL;
   atomic_fetch_add(&e->metrics.flushes[reason], 1);
   uint64_t epoch = ++e->fuse_epoch;
@@ -485,7 +486,7 @@ tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab, tpu_ca
    * live. The same training step gives the same key every time. */
   tpu_sig_i64(&sig, -1);
   tpu_sig_i64(&sig, e->precision);
-  tpu_sig_i64(&sig, tpu_lower_value_checks); /* programs with and without checks differ */
+  tpu_sig_i64(&sig, e->value_checks); /* programs with and without checks differ */
   /* With recompiles explained, the key's parts are hashed apart too: a
    * program compiled for the same ops as an earlier one says which part
    * differs. */
@@ -531,7 +532,7 @@ tpu_status *tpu_flush_prepare(tpu_engine *e, int reason, tpu_rectab *tab, tpu_ca
 }
 
 /* What a flush during a torch.tpu.graph capture was for, for its error. */
-static const char *tpu_flush_what(int reason) {
+static const char *tpu_flush_what(tpu_flush_reason reason) {
   switch (reason) {
     case TPU_FLUSH_DOWNLOAD: return "reading a value the graph computes (.item(), .cpu(), printing, a data-dependent shape)";
     case TPU_FLUSH_UPLOAD: return "copying host data into a tensor the graph writes";
@@ -541,7 +542,7 @@ static const char *tpu_flush_what(int reason) {
   }
 }
 
-tpu_status *tpu_engine_flush(tpu_engine *e, int reason) {
+tpu_status *tpu_engine_flush(tpu_engine *e, tpu_flush_reason reason) {
   if (!e->nnodes) return NULL;
   if (e->capturing && e->capture_whole)
     return tpu_status_new(TPU_ERR_RUNTIME,
@@ -563,7 +564,7 @@ void tpu_steps_throttle(tpu_engine *e) {
   while (e->icount > TPU_STEPS_AHEAD) tpu_inflight_pop(e);
 }
 
-static tpu_status *tpu_engine_launch_step(tpu_engine *e, int reason) {
+static tpu_status *tpu_engine_launch_step(tpu_engine *e, tpu_flush_reason reason) {
   if (e->mode != TPU_MODE_FUSED || e->capturing) return NULL; /* a capture is one program */
   tpu_status *s = tpu_engine_flush(e, reason);
   if (!s) tpu_steps_throttle(e);

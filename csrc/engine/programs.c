@@ -217,27 +217,22 @@ static long tpu_count_lines(const char *path) {
   return n;
 }
 
-static bool tpu_maps_near_limit(void) {
-  static long limit = -2, calls = 0;
-  if (limit == -2) {
+static bool tpu_maps_near_limit(tpu_engine *e) {
+  if (e->maps_limit == -2) {
     FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
-    limit = -1;
+    e->maps_limit = -1;
     if (f) {
-      if (fscanf(f, "%ld", &limit) != 1) limit = -1;
+      if (fscanf(f, "%ld", &e->maps_limit) != 1) e->maps_limit = -1;
       fclose(f);
     }
   }
-  if (limit <= 0 || calls++ % 16) return false;
+  if (e->maps_limit <= 0 || e->maps_calls++ % 16) return false;
   long n = tpu_count_lines("/proc/self/maps");
-  return n > limit / 2;
+  return n > e->maps_limit / 2;
 }
 
 static void tpu_cache_bound(tpu_engine *e) {
-  static long limit = 0;
-  if (!limit) {
-    limit = tpu_env_long("TORCHTPU_PROGRAM_CACHE_SIZE", 4096, 1, 1 << 20);
-  }
-  if ((long)e->cache_n < limit && !tpu_maps_near_limit()) return;
+  if ((long)e->cache_n < e->program_cache_size && !tpu_maps_near_limit(e)) return;
   for (size_t i = 0; i < e->cache_cap; i++) {
     tpu_cache_entry_free(e->cache[i]);
     e->cache[i] = NULL;
@@ -310,7 +305,7 @@ tpu_status *tpu_engine_compile(tpu_engine *e, const char *text, size_t len, cons
   free(dkey);
   if (s) {
     s = tpu_status_prefix(s, "compiling %s", name);
-    if (getenv("TORCHTPU_DEBUG")) fprintf(stderr, "%s\n", text);
+    if (e->debug) fprintf(stderr, "%s\n", text);
   }
   return s;
 }
@@ -333,6 +328,7 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row,
   L.flags = row->flags;
   L.rng_state = TPU_HV_NONE;
   L.precision = e->precision;
+  L.value_checks = e->value_checks;
   tpu_lower_run(&L, row);
   char *text = NULL;
   size_t len = 0;
@@ -347,7 +343,7 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row,
     return r;
   }
   if (s) return s;
-  if (compile && getenv("TORCHTPU_DUMP_HLO")) fprintf(stderr, "-- %s\n%s\n", row->name, text);
+  if (compile && e->dump_hlo) fprintf(stderr, "-- %s\n%s\n", row->name, text);
   tpu_rt_exec *exec = NULL;
   char label[160];
   snprintf(label, sizeof label, "aten::%s", row->name);

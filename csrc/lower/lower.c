@@ -674,10 +674,9 @@ int tpu_lower_out(tpu_lower *L, tpu_hv v) {
   return newidx;
 }
 
-bool tpu_lower_value_checks = true;
 
 void tpu_lower_check(tpu_lower *L, tpu_hv bad, tpu_code code, const char *msg) {
-  if (!tpu_lower_value_checks || bad == TPU_HV_NONE) return;
+  if (!L->value_checks || bad == TPU_HV_NONE) return;
   tpu_hlo *H = L->hlo;
   const tpu_hlo_type *bt = tpu_hlo_typeof(H, bad);
   if (bt->dtype != TPU_PRED) return;
@@ -696,7 +695,7 @@ void tpu_lower_check(tpu_lower *L, tpu_hv bad, tpu_code code, const char *msg) {
 }
 
 void tpu_lower_check_range(tpu_lower *L, tpu_hv idx, int64_t n, bool negative, tpu_code code, const char *msg) {
-  if (!tpu_lower_value_checks || idx == TPU_HV_NONE) return;
+  if (!L->value_checks || idx == TPU_HV_NONE) return;
   tpu_hlo *H = L->hlo;
   idx = tpu_hlo_convert(H, idx, TPU_S64);
   tpu_hlo_type t = *tpu_hlo_typeof(H, idx);
@@ -706,7 +705,7 @@ void tpu_lower_check_range(tpu_lower *L, tpu_hv idx, int64_t n, bool negative, t
 }
 
 void tpu_lower_check_targets(tpu_lower *L, tpu_hv tg, int64_t C, int64_t ignore_index) {
-  if (!tpu_lower_value_checks || tg == TPU_HV_NONE) return;
+  if (!L->value_checks || tg == TPU_HV_NONE) return;
   tpu_hlo *H = L->hlo;
   tpu_hlo_type t = *tpu_hlo_typeof(H, tg);
   tpu_hv lo = tpu_hlo_compare(H, TPU_HLO_LT, tg, tpu_lower_full(L, t, 0));
@@ -717,7 +716,7 @@ void tpu_lower_check_targets(tpu_lower *L, tpu_hv tg, int64_t C, int64_t ignore_
 }
 
 void tpu_lower_check_divisor(tpu_lower *L, tpu_hv b) {
-  if (!tpu_lower_value_checks || b == TPU_HV_NONE) return;
+  if (!L->value_checks || b == TPU_HV_NONE) return;
   tpu_hlo_type t = *tpu_hlo_typeof(L->hlo, b);
   if (!tpu_dtype_is_int(t.dtype)) return;
   tpu_lower_check(L, tpu_hlo_compare(L->hlo, TPU_HLO_EQ, b, tpu_lower_full(L, t, 0)), TPU_ERR_RUNTIME,

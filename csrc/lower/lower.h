@@ -145,6 +145,7 @@ struct tpu_lower {
   tpu_hv rng_state;  /* tensor<2xui64> */
   int64_t rng_words; /* random words drawn: the generator's advance */
   tpu_hlo_precision precision; /* of f32 matmuls and convolutions */
+  bool value_checks;           /* make the checks that need tensor values (tpu_lower_check) */
   /* Fused lowering (engine.c): many calls share one builder. fuse_record
    * gives a record's current flat value (rec->numel elements of rec->dtype),
    * a program input or an earlier call's result, instead of a new input;
@@ -260,8 +261,6 @@ void tpu_lower_check_targets(tpu_lower *L, tpu_hv tg, int64_t C, int64_t ignore_
 /* A check that an integer divisor b has no zero ("ZeroDivisionError", as
  * CPU torch); nothing for floats. */
 void tpu_lower_check_divisor(tpu_lower *L, tpu_hv b);
-/* Whether value checks are made (the engine sets this once). */
-extern bool tpu_lower_value_checks;
 
 /* Declare a new output tensor; returns its index. */
 int tpu_lower_out(tpu_lower *L, tpu_hv v);

@@ -62,7 +62,7 @@ typedef struct {
 /* ---- module state ------------------------------------------------------------ */
 
 typedef struct {
-  tpu_engine *eng;                 /* owned */
+  tpu_engine *eng;                 /* owned; made by init(), its runtime started at the first use */
   PyObject *from_dlpack;           /* torch._C._from_dlpack */
   PyObject *torch_empty;           /* torch.empty */
   PyObject *dtypes[TPU_NUM_DTYPES]; /* torch.dtype objects by tpu_dtype */
@@ -76,22 +76,6 @@ typedef struct {
   bool in_backward;                /* the last op ran on an autograd engine thread (fused mode) */
   char **explained[TPU_NUM_OPS];   /* owned: the last compiled call's argument descriptions */
   int nexplained[TPU_NUM_OPS];
-  /* The runtime (plugin, client, engine) starts at the first use of the
-   * device (tpu_need_engine), as CUDA's context does: `import torch` with
-   * torchtpu installed loads no plugin, and a process that never touches the
-   * device (a CPU-only script, a data-loader or compile worker) never opens
-   * it (a TPU admits one process). What init() and the settings made before
-   * then hold is kept here and applied when it starts. */
-  char *rt_path, *rt_platform;     /* owned; NULL until init() */
-  char *rt_error;                  /* owned or NULL: why the plugin cannot be used (raised at first use) */
-  int rt_ndev;
-  double rt_fraction;
-  int pend_mode, pend_precision;   /* the value + 1; 0: not set */
-  bool pend_rng;
-  uint64_t pend_seed, pend_offset;
-  bool pend_cache;                 /* disk_cache() was called */
-  char *pend_cache_dir, *pend_cache_extra; /* owned */
-  long long pend_cache_max;
 } tpu_mod_state;
 
 static PyModuleDef tpu_module_def;
@@ -113,6 +97,19 @@ static PyObject *tpu_oom_type(void) {
   return PyExc_MemoryError;
 }
 
+/* The eager mode named by a str; -1 with ValueError for another name. */
+static int tpu_mode_from_py(PyObject *name, tpu_mode *out) {
+  const char *s = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+  for (int i = 0; s && i < TPU_MODE_COUNT; i++)
+    if (strcmp(s, tpu_mode_names[i]) == 0) {
+      *out = (tpu_mode)i;
+      return 0;
+    }
+  if (PyErr_Occurred()) return -1;
+  PyErr_Format(PyExc_ValueError, "torchtpu.eager_mode: expected 'debug', 'strict' or 'fused', got %R", name);
+  return -1;
+}
+
 static PyObject *tpu_raise(tpu_status *s) {
   PyObject *exc = PyExc_RuntimeError;
   switch (tpu_status_code(s)) {
@@ -128,28 +125,30 @@ static PyObject *tpu_raise(tpu_status *s) {
   return NULL;
 }
 
-static tpu_status *tpu_disk_cache_open(tpu_mod_state *st, const char *dir, long long max_bytes, const char *extra);
-
-/* Replaces *field (owned) with a copy of v (NULL: none); -1 when out of
- * memory, *field unchanged. */
-static int tpu_str_set(char **field, const char *v) {
-  char *c = v ? strdup(v) : NULL;
-  if (v && !c) return -1;
-  free(*field);
-  *field = c;
-  return 0;
-}
-
 /* Set in a child forked after the runtime started (a pthread_atfork handler:
  * no system call on the path of every op). */
 static volatile sig_atomic_t tpu_forked_after_start;
 static void tpu_atfork_child(void) { tpu_forked_after_start = 1; }
 
-/* The engine, started on first use with the settings made before (see
- * tpu_mod_state); NULL with an exception set when the plugin cannot be
- * loaded (each use then raises the same error). */
+static int tpu_flush_warnings(tpu_mod_state *st);
+
+/* The engine, made by init(); NULL with an exception set before. */
+static tpu_engine *tpu_eng(tpu_mod_state *st) {
+  if (!st->eng) PyErr_SetString(PyExc_RuntimeError, "torchtpu runtime is not initialised (import torchtpu first)");
+  return st->eng;
+}
+
+/* The engine with its runtime started (at the device's first use, as CUDA's
+ * context is made: `import torch` with torchtpu installed loads no plugin,
+ * and a process that never touches the device, a CPU-only script, a
+ * data-loader or compile worker, never opens it; a TPU admits one process).
+ * NULL with an exception set when the plugin cannot be used (each use then
+ * raises the same error). */
 static tpu_engine *tpu_need_engine(tpu_mod_state *st) {
-  if (st->eng && tpu_forked_after_start) {
+  tpu_engine *e = tpu_eng(st);
+  if (!e) return NULL;
+  if (tpu_engine_started(e)) {
+    if (!tpu_forked_after_start) return e;
     /* the plugin's threads did not survive fork(): its client cannot be used */
     PyErr_SetString(PyExc_RuntimeError,
                     "the tpu runtime was started before this process was forked and cannot be used in the child; "
@@ -157,36 +156,12 @@ static tpu_engine *tpu_need_engine(tpu_mod_state *st) {
                     "use the tpu only after forking");
     return NULL;
   }
-  if (st->eng) return st->eng;
-  if (st->rt_error) {
-    PyErr_SetString(PyExc_RuntimeError, st->rt_error);
-    return NULL;
-  }
-  if (!st->rt_path) {
-    PyErr_SetString(PyExc_RuntimeError, "torchtpu runtime is not initialised (import torchtpu first)");
-    return NULL;
-  }
-  tpu_rt_options o = {st->rt_path, st->rt_platform, st->rt_ndev, st->rt_fraction};
-  tpu_engine *e = NULL;
-  tpu_status *s = tpu_engine_new(&o, &e);
+  tpu_status *s = tpu_engine_start(e);
   if (s) return tpu_raise(s), NULL;
-  st->eng = e;
   pthread_atfork(NULL, NULL, tpu_atfork_child);
-  if (st->pend_mode) tpu_engine_set_mode(e, st->pend_mode - 1);
-  tpu_engine_set_explain(e, st->explain);
-  if (st->pend_precision) tpu_engine_set_precision(e, (tpu_hlo_precision)(st->pend_precision - 1));
-  if (st->pend_rng) tpu_engine_set_rng_state(e, st->pend_seed, st->pend_offset);
-  tpu_status *c = st->pend_cache && st->pend_cache_dir
-                     ? tpu_disk_cache_open(st, st->pend_cache_dir, st->pend_cache_max, st->pend_cache_extra)
-                     : NULL;
-  if (c) {
-    /* an unusable folder: programs stay cached in memory, as setup_disk_cache does */
-    int w = PyErr_WarnFormat(PyExc_UserWarning, 1,
-                             "torchtpu: compilation cache disabled (%s); programs are cached in memory only",
-                             tpu_status_message(c));
-    tpu_status_free(c);
-    if (w < 0) return NULL; /* warnings raised as errors: the engine is up, the next call goes on */
-  }
+  /* the start's warnings (a cache folder that cannot be used); raised as
+   * errors by a warnings filter, the engine is up and the next call goes on */
+  if (tpu_flush_warnings(st) < 0) return NULL;
   return e;
 }
 
@@ -1080,17 +1055,56 @@ static PyObject *tpu_py_kernel(PyObject *m, PyObject *args) {
 
 /* ---- module functions ------------------------------------------------------------------ */
 
+/* The engine's settings from init()'s dict (every key present; the package
+ * reads them from the environment and bounds them). */
+static int tpu_options_from_dict(PyObject *d, tpu_engine_options *o) {
+  if (!PyDict_Check(d)) {
+    PyErr_SetString(PyExc_TypeError, "init: settings must be a dict");
+    return -1;
+  }
+  const char *ints[] = {"fused_max_ops", "program_cache_size"};
+  long *ivals[] = {NULL, &o->program_cache_size};
+  long fuse = 0;
+  ivals[0] = &fuse;
+  for (int i = 0; i < 2; i++) {
+    PyObject *v = PyDict_GetItemString(d, ints[i]); /* borrowed */
+    if (!v) return PyErr_Format(PyExc_KeyError, "init: settings lack %s", ints[i]), -1;
+    *ivals[i] = PyLong_AsLong(v);
+    if (*ivals[i] == -1 && PyErr_Occurred()) return -1;
+    if (*ivals[i] < 1 || *ivals[i] > (1L << 20))
+      return PyErr_Format(PyExc_ValueError, "init: %s=%ld is not from 1 to 2**20", ints[i], *ivals[i]), -1;
+  }
+  o->fuse_cap = (int)fuse;
+  const char *flags[] = {"donate", "value_checks", "explain", "debug", "dump_hlo"};
+  bool *fvals[] = {&o->donate, &o->value_checks, &o->explain, &o->debug, &o->dump_hlo};
+  for (int i = 0; i < 5; i++) {
+    PyObject *v = PyDict_GetItemString(d, flags[i]);
+    if (!v) return PyErr_Format(PyExc_KeyError, "init: settings lack %s", flags[i]), -1;
+    int on = PyObject_IsTrue(v);
+    if (on < 0) return -1;
+    *fvals[i] = on;
+  }
+  PyObject *mode = PyDict_GetItemString(d, "mode");
+  if (!mode) return PyErr_Format(PyExc_KeyError, "init: settings lack mode"), -1;
+  return tpu_mode_from_py(mode, &o->mode);
+}
+
 static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
   const char *path, *platform;
   int ndev;
   const char *error = NULL;
   double fraction = 0;
-  PyObject *dtypes, *from_dlpack, *empty;
-  if (!PyArg_ParseTuple(args, "ssiOOO|dz", &path, &platform, &ndev, &dtypes, &from_dlpack, &empty, &fraction,
-                        &error))
+  PyObject *dtypes, *from_dlpack, *empty, *settings;
+  if (!PyArg_ParseTuple(args, "ssiOOOdzO", &path, &platform, &ndev, &dtypes, &from_dlpack, &empty, &fraction,
+                        &error, &settings))
     return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (st->eng) Py_RETURN_NONE;
+  tpu_engine_options o;
+  tpu_engine_options_init(&o);
+  if (tpu_options_from_dict(settings, &o) < 0) return NULL;
+  o.rt = (tpu_rt_options){path, platform, ndev, fraction};
+  o.rt_error = error;
   PyObject *fast = PySequence_Fast(dtypes, "dtypes must be a sequence");
   if (!fast) return NULL;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast) && i < TPU_NUM_DTYPES; i++) {
@@ -1100,12 +1114,9 @@ static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
   Py_DECREF(fast);
   Py_XSETREF(st->from_dlpack, Py_NewRef(from_dlpack));
   Py_XSETREF(st->torch_empty, Py_NewRef(empty));
-  if (tpu_str_set(&st->rt_path, path) < 0 || tpu_str_set(&st->rt_platform, platform) < 0 ||
-      tpu_str_set(&st->rt_error, error) < 0)
-    return PyErr_NoMemory();
-  st->rt_ndev = ndev;
-  st->rt_fraction = fraction;
-  st->explain = tpu_env_flag("TORCHTPU_EXPLAIN_RECOMPILES", false);
+  tpu_status *s = tpu_engine_new(&o, &st->eng);
+  if (s) return tpu_raise(s);
+  st->explain = o.explain;
   Py_RETURN_NONE;
 }
 
@@ -1382,39 +1393,38 @@ static PyObject *tpu_py_info(PyObject *m, PyObject *noargs) {
                        minor);
 }
 
+/* Sets d[name] = v (a new reference, stolen); -1 on error. */
+static int tpu_dict_put(PyObject *d, const char *name, PyObject *v) {
+  int rc = v ? PyDict_SetItemString(d, name, v) : -1;
+  Py_XDECREF(v);
+  return rc;
+}
+
 static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
-  static tpu_metrics none; /* before the runtime starts: every counter 0 */
-  tpu_metrics *x = st->eng ? tpu_engine_metrics(st->eng) : &none;
+  static const tpu_metrics none; /* before init(): every counter 0 */
+  const tpu_metrics *x = st->eng ? tpu_engine_metrics(st->eng) : &none;
   tpu_rt *rt = st->eng ? tpu_engine_rt(st->eng) : NULL;
-  PyObject *d = Py_BuildValue("{sLsLsLsLsdsdsLsLsLsLsLsLsLsL}", "ops_dispatched", (long long)x->ops_dispatched,
-                       "programs_compiled", (long long)x->programs_compiled, "cache_hits", (long long)x->cache_hits,
-                       "cache_misses", (long long)x->cache_misses, "compile_seconds", (double)x->compile_ns * 1e-9,
-                       "execute_seconds", (double)x->execute_ns * 1e-9, "h2d_bytes", (long long)x->h2d_bytes,
-                       "d2h_bytes", (long long)x->d2h_bytes, "live_records", (long long)x->records_live,
-                       "live_buffers", rt ? (long long)tpu_rt_live_buffers(rt) : 0LL, "cache_entries",
-                       st->eng ? (long long)tpu_engine_cache_size(st->eng) : 0LL, "fallback_ops", (long long)x->fallback_ops,
-                       "unwind_tables_ignored", (long long)tpu_rt_unwind_tables_ignored(),
-                       "cache_evictions", (long long)x->cache_evictions);
+  PyObject *d = PyDict_New();
   if (!d) return NULL;
-  PyObject *more = Py_BuildValue(
-      "{sLsLsLsLsLsdsLsLsLsLsLsLsLsLsLsLsLsL}", "disk_cache_hits", (long long)x->disk_hits, "disk_cache_misses",
-      (long long)x->disk_misses, "disk_cache_writes", (long long)x->disk_writes, "disk_cache_corrupt",
-      (long long)x->disk_corrupt, "disk_cache_refused", (long long)x->disk_refused, "disk_load_seconds", (double)x->disk_load_ns * 1e-9, "fused_programs_run",
-      (long long)x->fused_programs, "fused_ops", (long long)x->fused_ops, "flushes_download",
-      (long long)x->flushes[TPU_FLUSH_DOWNLOAD], "flushes_upload", (long long)x->flushes[TPU_FLUSH_UPLOAD],
-      "flushes_sync", (long long)x->flushes[TPU_FLUSH_SYNC], "flushes_mode", (long long)x->flushes[TPU_FLUSH_MODE],
-      "flushes_size_cap", (long long)x->flushes[TPU_FLUSH_CAP], "flushes_optimizer_step",
-      (long long)x->flushes[TPU_FLUSH_STEP], "flushes_backward", (long long)x->flushes[TPU_FLUSH_BACKWARD],
-      "backward_passes", (long long)x->backward_passes, "graph_replays", (long long)x->graph_replays,
-      "fused_ops_pruned", (long long)x->ops_pruned);
-  if (!more || PyDict_Update(d, more) < 0) {
-    Py_XDECREF(more);
-    Py_DECREF(d);
-    return NULL;
+  int rc = 0;
+#define X(field, name, ns)                                                                                  \
+  if (!rc)                                                                                                  \
+    rc = tpu_dict_put(d, name,                                                                              \
+                      ns ? PyFloat_FromDouble((double)x->field * 1e-9) : PyLong_FromLongLong((long long)x->field));
+  TPU_METRICS(X)
+#undef X
+  for (int i = 0; i < TPU_FLUSH_COUNT && !rc; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "flushes_%s", tpu_flush_names[i]);
+    rc = tpu_dict_put(d, name, PyLong_FromLongLong((long long)x->flushes[i]));
   }
-  Py_DECREF(more);
+  if (!rc) rc = tpu_dict_put(d, "live_buffers", PyLong_FromLongLong(rt ? (long long)tpu_rt_live_buffers(rt) : 0LL));
+  if (!rc)
+    rc = tpu_dict_put(d, "cache_entries", PyLong_FromLongLong(st->eng ? (long long)tpu_engine_cache_size(st->eng) : 0));
+  if (!rc) rc = tpu_dict_put(d, "unwind_tables_ignored", PyLong_FromLongLong((long long)tpu_rt_unwind_tables_ignored()));
+  if (rc) Py_CLEAR(d);
   return d;
 }
 
@@ -1426,7 +1436,7 @@ static PyObject *tpu_py_memory(PyObject *m, PyObject *args) {
   int reset = 0;
   if (!PyArg_ParseTuple(args, "|p", &reset)) return NULL;
   tpu_mod_state *st = tpu_state(m);
-  if (!st->eng) /* nothing allocated yet */
+  if (!st->eng || !tpu_engine_started(st->eng)) /* nothing allocated yet */
     return Py_BuildValue("{sisisisisi}", "allocated", 0, "peak", 0, "device_in_use", -1, "device_peak", -1,
                          "device_limit", -1);
   tpu_rt *rt = tpu_engine_rt(st->eng);
@@ -1448,10 +1458,7 @@ static PyObject *tpu_py_matmul_precision(PyObject *m, PyObject *args) {
   if (!PyArg_ParseTuple(args, "|i", &p)) return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (p > TPU_HLO_PREC_HIGHEST) return PyErr_Format(PyExc_ValueError, "matmul precision %d is not 0, 1 or 2", p);
-  if (!st->eng) {
-    if (p >= 0) st->pend_precision = p + 1;
-    return PyLong_FromLong(st->pend_precision ? st->pend_precision - 1 : (long)TPU_HLO_PREC_HIGHEST);
-  }
+  if (!tpu_eng(st)) return NULL;
   if (p >= 0) tpu_engine_set_precision(st->eng, (tpu_hlo_precision)p);
   return PyLong_FromLong((long)tpu_engine_precision(st->eng));
 }
@@ -1462,30 +1469,10 @@ static PyObject *tpu_py_matmul_precision(PyObject *m, PyObject *args) {
 static PyObject *tpu_py_value_checks(PyObject *m, PyObject *args) {
   int on = -1;
   if (!PyArg_ParseTuple(args, "|p", &on)) return NULL;
-  if (!tpu_need_engine(tpu_state(m))) return NULL;
-  if (on >= 0) tpu_lower_value_checks = on;
-  return PyBool_FromLong(tpu_lower_value_checks);
-}
-
-/* Opens dir as the disk tier (NULL or "": off). NULL on success. */
-static tpu_status *tpu_disk_cache_open(tpu_mod_state *st, const char *dir, long long max_bytes, const char *extra) {
-  if (!dir || !*dir) {
-    tpu_engine_set_disk_cache(st->eng, NULL, NULL);
-    return NULL;
-  }
-  tpu_dcache *dc = NULL;
-  tpu_status *s = tpu_dcache_open(dir, (int64_t)max_bytes, &dc);
-  if (s) return s;
-  char *base = tpu_rt_cache_salt(tpu_engine_rt(st->eng));
-  char *salt = base ? tpu_strfmt("%s;%s", base, extra) : NULL;
-  free(base);
-  if (!salt) {
-    tpu_dcache_free(dc);
-    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-  }
-  tpu_engine_set_disk_cache(st->eng, dc, salt);
-  free(salt);
-  return NULL;
+  tpu_engine *e = tpu_eng(tpu_state(m));
+  if (!e) return NULL;
+  if (on >= 0) tpu_engine_set_value_checks(e, on);
+  return PyBool_FromLong(tpu_engine_value_checks(e));
 }
 
 /* disk_cache(dir, max_bytes, extra_salt) -> None: turn the disk tier on
@@ -1498,15 +1485,9 @@ static PyObject *tpu_py_disk_cache(PyObject *m, PyObject *args) {
   const char *dir = NULL, *extra = "";
   long long max_bytes = 0;
   if (!PyArg_ParseTuple(args, "zLs", &dir, &max_bytes, &extra)) return NULL;
-  tpu_mod_state *st = tpu_state(m);
-  if (!st->eng) { /* kept for the runtime's start, which warns if the folder cannot be used */
-    if (tpu_str_set(&st->pend_cache_dir, dir) < 0 || tpu_str_set(&st->pend_cache_extra, extra) < 0)
-      return PyErr_NoMemory();
-    st->pend_cache_max = max_bytes;
-    st->pend_cache = true;
-    Py_RETURN_NONE;
-  }
-  tpu_status *s = tpu_disk_cache_open(st, dir, max_bytes, extra);
+  tpu_engine *e = tpu_eng(tpu_state(m));
+  if (!e) return NULL;
+  tpu_status *s = tpu_engine_set_disk_cache(e, dir, (int64_t)max_bytes, extra);
   if (s && tpu_status_code(s) != TPU_ERR_MEMORY) {
     PyErr_SetString(PyExc_OSError, tpu_status_message(s));
     tpu_status_free(s);
@@ -1516,25 +1497,41 @@ static PyObject *tpu_py_disk_cache(PyObject *m, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* eager_mode() -> 0 (debug) | 1 (strict) | 2 (fused); eager_mode(m) sets
- * it after running the recorded ops and, with sync (the default), waiting
- * for everything launched (so an earlier asynchronous failure is reported
- * by the switch). */
+/* eager_mode() -> "debug" | "strict" | "fused"; eager_mode(name) sets it
+ * after running the recorded ops and, with sync (the default), waiting for
+ * everything launched (so an earlier asynchronous failure is reported by the
+ * switch). */
 static PyObject *tpu_py_eager_mode(PyObject *m, PyObject *args) {
-  int mode = -1, sync = 1;
-  if (!PyArg_ParseTuple(args, "|ip", &mode, &sync)) return NULL;
-  tpu_mod_state *st = tpu_state(m);
-  if (!st->eng) { /* nothing recorded or launched yet */
-    if (mode >= 0) st->pend_mode = (mode == TPU_MODE_STRICT || mode == TPU_MODE_FUSED ? mode : TPU_MODE_DEBUG) + 1;
-    return PyLong_FromLong(st->pend_mode ? st->pend_mode - 1 : TPU_MODE_DEBUG);
-  }
-  if (mode >= 0) {
-    tpu_status *s = tpu_engine_flush(st->eng, TPU_FLUSH_MODE);
-    if (!s && sync) s = tpu_engine_sync(st->eng);
+  PyObject *name = NULL;
+  int sync = 1;
+  if (!PyArg_ParseTuple(args, "|Op", &name, &sync)) return NULL;
+  tpu_engine *e = tpu_eng(tpu_state(m));
+  if (!e) return NULL;
+  if (name) {
+    tpu_mode mode;
+    if (tpu_mode_from_py(name, &mode) < 0) return NULL;
+    tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_MODE);
+    if (!s && sync) s = tpu_engine_sync(e);
     if (s) return tpu_raise(s);
-    tpu_engine_set_mode(st->eng, mode);
+    tpu_engine_set_mode(e, mode);
   }
-  return PyLong_FromLong(tpu_engine_mode(st->eng));
+  return PyUnicode_FromString(tpu_mode_names[tpu_engine_mode(e)]);
+}
+
+/* modes() -> the eager modes' names. */
+static PyObject *tpu_py_modes(PyObject *m, PyObject *noargs) {
+  (void)m;
+  (void)noargs;
+  PyObject *t = PyTuple_New(TPU_MODE_COUNT);
+  for (int i = 0; t && i < TPU_MODE_COUNT; i++) {
+    PyObject *s = PyUnicode_FromString(tpu_mode_names[i]);
+    if (!s) {
+      Py_CLEAR(t);
+      break;
+    }
+    PyTuple_SET_ITEM(t, i, s);
+  }
+  return t;
 }
 
 /* flush(step=False): launches the recorded ops (fused mode) without
@@ -1586,22 +1583,19 @@ static PyObject *tpu_py_count_fallback(PyObject *m, PyObject *noargs) {
   Py_RETURN_NONE;
 }
 
-/* torch.manual_seed seeds every device: before the runtime starts the seed
- * is kept (as torch.cuda queues it), so seeding starts nothing. */
-static void tpu_rng_set(tpu_mod_state *st, uint64_t seed, uint64_t offset) {
-  if (st->eng) {
-    tpu_engine_set_rng_state(st->eng, seed, offset);
-    return;
-  }
-  st->pend_rng = true;
-  st->pend_seed = seed;
-  st->pend_offset = offset;
+/* torch.manual_seed seeds every device: the engine keeps it, so seeding
+ * before the device's first use starts nothing (as torch.cuda queues it). */
+static int tpu_rng_set(tpu_mod_state *st, uint64_t seed, uint64_t offset) {
+  tpu_engine *e = tpu_eng(st);
+  if (!e) return -1;
+  tpu_engine_set_rng_state(e, seed, offset);
+  return 0;
 }
 
 static PyObject *tpu_py_manual_seed(PyObject *m, PyObject *arg) {
   unsigned long long seed = PyLong_AsUnsignedLongLongMask(arg);
   if (PyErr_Occurred()) return NULL;
-  tpu_rng_set(tpu_state(m), seed, 0);
+  if (tpu_rng_set(tpu_state(m), seed, 0) < 0) return NULL;
   Py_RETURN_NONE;
 }
 
@@ -1609,12 +1603,12 @@ static PyObject *tpu_py_rng_state(PyObject *m, PyObject *args) {
   tpu_mod_state *st = tpu_state(m);
   unsigned long long seed, off;
   if (PyTuple_GET_SIZE(args) == 0) {
-    uint64_t a = st->pend_rng ? st->pend_seed : TPU_DEFAULT_SEED, b = st->pend_rng ? st->pend_offset : 0;
+    uint64_t a = TPU_DEFAULT_SEED, b = 0;
     if (st->eng) tpu_engine_rng_state(st->eng, &a, &b);
     return Py_BuildValue("(KK)", (unsigned long long)a, (unsigned long long)b);
   }
   if (!PyArg_ParseTuple(args, "KK", &seed, &off)) return NULL;
-  tpu_rng_set(st, seed, off);
+  if (tpu_rng_set(st, seed, off) < 0) return NULL;
   Py_RETURN_NONE;
 }
 
@@ -1948,7 +1942,8 @@ static PyObject *tpu_py_whole_replay(PyObject *m, PyObject *cap) {
 /* initialized() -> whether the runtime has started (the device was used). */
 static PyObject *tpu_py_initialized(PyObject *m, PyObject *noargs) {
   (void)noargs;
-  return PyBool_FromLong(tpu_state(m)->eng != NULL);
+  tpu_mod_state *st = tpu_state(m);
+  return PyBool_FromLong(st->eng && tpu_engine_started(st->eng));
 }
 
 /* in_bad_fork() -> whether the runtime was started by a parent of this
@@ -1956,7 +1951,7 @@ static PyObject *tpu_py_initialized(PyObject *m, PyObject *noargs) {
 static PyObject *tpu_py_in_bad_fork(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
-  return PyBool_FromLong(st->eng != NULL && tpu_forked_after_start);
+  return PyBool_FromLong(st->eng && tpu_engine_started(st->eng) && tpu_forked_after_start);
 }
 
 static PyObject *tpu_py_whole_capturing(PyObject *m, PyObject *noargs) {
@@ -1966,8 +1961,9 @@ static PyObject *tpu_py_whole_capturing(PyObject *m, PyObject *noargs) {
 }
 
 static PyMethodDef tpu_methods[] = {
-    {"init", tpu_py_init, METH_VARARGS, "init(plugin, platform, num_devices, dtypes, from_dlpack, empty, gpu_memory_fraction=0, error=None): "
-     "the runtime starts at the device's first use (or raises error then)"},
+    {"init", tpu_py_init, METH_VARARGS,
+     "init(plugin, platform, num_devices, dtypes, from_dlpack, empty, gpu_memory_fraction, error, settings): "
+     "makes the engine; its runtime starts at the device's first use (or raises error then)"},
     {"ops", tpu_py_ops, METH_NOARGS, "The op table: [(aten overload, id, flags)]."},
     {"foreach", tpu_py_foreach, METH_VARARGS,
      "foreach(name, element_kernel, lists, kwnames, out_self, returns_list) -> callable"},
@@ -1984,7 +1980,8 @@ static PyMethodDef tpu_methods[] = {
     {"matmul_precision", tpu_py_matmul_precision, METH_VARARGS, "matmul_precision([p]) -> p"},
     {"value_checks", tpu_py_value_checks, METH_VARARGS, "value_checks([on]) -> on"},
     {"disk_cache", tpu_py_disk_cache, METH_VARARGS, "disk_cache(dir, max_bytes, extra_salt)"},
-    {"eager_mode", tpu_py_eager_mode, METH_VARARGS, "eager_mode([mode]) -> mode (0 debug, 1 strict)"},
+    {"eager_mode", tpu_py_eager_mode, METH_VARARGS, "eager_mode([name[, sync]]) -> the mode's name"},
+    {"modes", tpu_py_modes, METH_NOARGS, "modes() -> the eager modes' names"},
     {"synchronize", tpu_py_synchronize, METH_NOARGS, "Wait for every launched computation."},
     {"flush", tpu_py_flush, METH_VARARGS, "flush(step=False): launch the recorded ops (fused mode) without waiting."},
     {"backward_passes", tpu_py_backward_passes, METH_NOARGS, "backward_passes() -> backward passes begun in fused mode."},
@@ -2039,10 +2036,6 @@ static int tpu_mod_traverse(PyObject *m, visitproc visit, void *arg) {
 
 static int tpu_mod_clear(PyObject *m) {
   tpu_mod_state *st = tpu_state(m);
-  free(st->pend_cache_dir);
-  free(st->pend_cache_extra);
-  st->pend_cache_dir = st->pend_cache_extra = NULL;
-  st->pend_cache = false;
   Py_CLEAR(st->kernel_type);
   Py_CLEAR(st->foreach_type);
   free(st->spare_frame);
