@@ -17,9 +17,8 @@
 
 #include <stdatomic.h>
 
-#include "../lower/lower.h"
+#include "../call.h"
 #include "../runtime/runtime.h"
-#include "../cache/cache.h"
 
 typedef struct tpu_engine tpu_engine;
 

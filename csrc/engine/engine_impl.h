@@ -18,6 +18,8 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "../cache/cache.h"
+#include "../lower/lower.h"
 #include "engine.h"
 
 /* Launched, unfinished computations kept in strict mode; when full, the

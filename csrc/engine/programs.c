@@ -271,10 +271,10 @@ bool tpu_cache_insert(tpu_engine *e, tpu_cache_entry *c) {
 void tpu_classify_views(tpu_arg *args, int nargs) {
   for (int i = 0; i < nargs; i++) {
     if (args[i].kind == TPU_ARG_TENSOR && !args[i].t.host)
-      args[i].t.view = tpu_lower_view_kind(&args[i].t);
+      args[i].t.view = tpu_tref_view_kind(&args[i].t);
     if (args[i].kind == TPU_ARG_TENSORS)
       for (int j = 0; j < args[i].nlist; j++)
-        if (args[i].list[j].rec) args[i].list[j].view = tpu_lower_view_kind(&args[i].list[j]);
+        if (args[i].list[j].rec) args[i].list[j].view = tpu_tref_view_kind(&args[i].list[j]);
   }
 }
 

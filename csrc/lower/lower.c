@@ -55,89 +55,6 @@ int64_t tpu_lower_dim(tpu_lower *L, int64_t d, int rank) {
 
 /* ---- views ------------------------------------------------------------------------ */
 
-static int64_t tpu_numel(int rank, const int64_t *sizes) {
-  int64_t n = 1;
-  for (int i = 0; i < rank; i++) n *= sizes[i];
-  return n;
-}
-
-static bool tpu_is_contiguous(const tpu_tref *t) {
-  int64_t expect = 1;
-  for (int i = t->rank - 1; i >= 0; i--) {
-    if (t->sizes[i] == 1) continue;
-    if (t->strides[i] != expect) return false;
-    expect *= t->sizes[i];
-  }
-  return true;
-}
-
-/* Dims with size > 1 and stride > 0, ordered by decreasing stride, must tile
- * a contiguous block: then the view is a permutation plus broadcast of it. */
-/* The view's dims of size > 1 and nonzero stride, outer to inner by stride,
- * into order; their count, or -1 when a stride is negative. */
-static int tpu_stride_order(const tpu_tref *t, int *order) {
-  int k = 0;
-  for (int i = 0; i < t->rank; i++)
-    if (t->sizes[i] > 1 && t->strides[i] != 0) {
-      if (t->strides[i] < 0) return -1;
-      order[k++] = i;
-    }
-  for (int i = 1; i < k; i++)
-    for (int j = i; j > 0 && t->strides[order[j]] > t->strides[order[j - 1]]; j--) {
-      int x = order[j];
-      order[j] = order[j - 1];
-      order[j - 1] = x;
-    }
-  return k;
-}
-
-static bool tpu_permuted_order(const tpu_tref *t, int *order, int *n) {
-  int k = tpu_stride_order(t, order);
-  if (k < 0) return false;
-  int64_t expect = 1;
-  for (int i = k - 1; i >= 0; i--) {
-    if (t->strides[order[i]] != expect) return false;
-    expect *= t->sizes[order[i]];
-  }
-  *n = k;
-  return true;
-}
-
-/* The dims of a view, outer to inner by stride, when each steps by a
- * multiple of the inner dims' extent and the record is whole rows of the
- * outermost stride: the view is then a block of the record seen as a dense
- * array (rows, row / next stride, ..., innermost stride), at the block
- * coordinates of its offset (q, k and v split from one projection, every
- * other column). The offset's coordinates must not carry (the kind is in
- * the program's key, so every offset the program meets satisfies it).
- * Strides must be distinct and positive. */
-static bool tpu_strided_order(const tpu_tref *t, int *order, int *n) {
-  int k = tpu_stride_order(t, order);
-  if (k <= 0 || (k >= TPU_MAX_RANK && t->strides[order[k - 1]] > 1)) return false;
-  if (t->rec_numel % t->strides[order[0]]) return false;
-  int64_t rest = t->offset % t->strides[order[0]];
-  for (int i = 0; i + 1 < k; i++) {
-    int64_t so = t->strides[order[i]], si = t->strides[order[i + 1]];
-    if (so == si || so % si || so < t->sizes[order[i + 1]] * si) return false;
-    /* the coordinate along i + 1 plus the size must stay inside so / si */
-    if ((rest / si) + t->sizes[order[i + 1]] > so / si) return false;
-    rest %= si;
-  }
-  *n = k;
-  return true;
-}
-
-int tpu_lower_view_kind(const tpu_tref *t) {
-  if (t->zero_size) return TPU_VIEW_WHOLE;
-  int64_t n = tpu_numel(t->rank, t->sizes);
-  bool contig = tpu_is_contiguous(t);
-  if (contig && t->offset == 0 && n == t->rec_numel) return TPU_VIEW_WHOLE;
-  if (contig) return TPU_VIEW_RANGE;
-  int order[TPU_MAX_RANK], k;
-  if (tpu_permuted_order(t, order, &k)) return TPU_VIEW_PERMUTED;
-  if (tpu_strided_order(t, order, &k)) return TPU_VIEW_STRIDED;
-  return TPU_VIEW_GATHER;
-}
 
 /* Flat indices of every element of the view: offset + sum(i_d * stride_d),
  * as an s64 tensor of the view's shape. */
@@ -217,7 +134,7 @@ tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset
     }
     case TPU_VIEW_PERMUTED: {
       int order[TPU_MAX_RANK], k = 0;
-      tpu_permuted_order(t, order, &k);
+      tpu_tref_permuted_order(t, order, &k);
       int64_t block = 1, bdims[TPU_MAX_RANK];
       for (int i = 0; i < k; i++) {
         bdims[i] = t->sizes[order[i]];
@@ -230,7 +147,7 @@ tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset
     }
     case TPU_VIEW_STRIDED: {
       int order[TPU_MAX_RANK], k = 0;
-      tpu_strided_order(t, order, &k);
+      tpu_tref_strided_order(t, order, &k);
       int64_t dense[TPU_MAX_RANK], size[TPU_MAX_RANK], bdims[TPU_MAX_RANK];
       tpu_hv starts[TPU_MAX_RANK];
       tpu_hlo_type s64 = tpu_hlo_type_make(TPU_S64, 0, NULL);
@@ -545,34 +462,6 @@ tpu_status *tpu_check_args(const char *op, const tpu_arg *args, int nargs) {
   return NULL;
 }
 
-tpu_status *tpu_broadcast_check(int rank, const int64_t *dims, int vrank, const int64_t *vdims) {
-  int br = vrank > rank ? vrank : rank;
-  int64_t b[TPU_MAX_RANK];
-  bool grows = vrank > rank;
-  for (int i = 0; i < br; i++) {
-    int ia = i - (br - rank), ib = i - (br - vrank);
-    int64_t a = ia >= 0 ? dims[ia] : 1, v = ib >= 0 ? vdims[ib] : 1;
-    if (a == v || v == 1) {
-      b[i] = a;
-    } else if (a == 1) {
-      b[i] = v;
-      grows = true;
-    } else {
-      return tpu_status_new(TPU_ERR_RUNTIME,
-                            "The size of tensor a (%lld) must match the size of tensor b (%lld) at non-singleton "
-                            "dimension %d", (long long)a, (long long)v, i);
-    }
-  }
-  if (!grows) return NULL;
-  char want[640], got[640];
-  size_t nw = 0, ng = 0;
-  want[0] = got[0] = 0;
-  for (int i = 0; i < rank && nw < sizeof want - 32; i++)
-    nw += (size_t)snprintf(want + nw, sizeof want - nw, "%s%lld", i ? ", " : "", (long long)dims[i]);
-  for (int i = 0; i < br && ng < sizeof got - 32; i++)
-    ng += (size_t)snprintf(got + ng, sizeof got - ng, "%s%lld", i ? ", " : "", (long long)b[i]);
-  return tpu_status_new(TPU_ERR_RUNTIME, "output with shape [%s] doesn't match the broadcast shape [%s]", want, got);
-}
 
 /* Fails L with tpu_broadcast_check's message unless t broadcasts to dims. */
 static bool tpu_lower_fits(tpu_lower *L, const tpu_hlo_type *t, int rank, const int64_t *dims) {
@@ -808,52 +697,6 @@ tpu_hv tpu_lower_uniform(tpu_lower *L, tpu_dtype dt, int rank, const int64_t *di
 
 /* ---- running a row -------------------------------------------------------------------------- */
 
-static int64_t tpu_tref_numel(const tpu_tref *t) {
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
-  return n;
-}
-
-/* Non-overlapping and dense: some order of the dims (those of size 1 aside)
- * has contiguous strides. */
-static bool tpu_tref_dense(const tpu_tref *t) {
-  int order[TPU_MAX_RANK], n = 0;
-  for (int i = 0; i < t->rank; i++)
-    if (t->sizes[i] != 1) {
-      int j = n++;
-      while (j > 0 && t->strides[order[j - 1]] > t->strides[i]) {
-        order[j] = order[j - 1];
-        j--;
-      }
-      order[j] = i;
-    }
-  int64_t expect = 1;
-  for (int k = 0; k < n; k++) {
-    if (t->strides[order[k]] != expect) return false;
-    expect *= t->sizes[order[k]];
-  }
-  return true;
-}
-
-bool tpu_tref_internal_overlap(const tpu_tref *t) {
-  if (t->host || t->zero_size) return false;
-  for (int i = 0; i < t->rank; i++)
-    if (t->sizes[i] > 1 && t->strides[i] == 0) return true;
-  return false;
-}
-
-int tpu_tref_overlap(const tpu_tref *a, const tpu_tref *b) {
-  if (!a->rec || a->rec != b->rec || a->host || b->host || a->zero_size || b->zero_size) return TPU_OVERLAP_NO;
-  int64_t na = tpu_tref_numel(a), nb = tpu_tref_numel(b);
-  if (na == 0 || nb == 0 || !tpu_tref_dense(a) || !tpu_tref_dense(b)) return TPU_OVERLAP_NO;
-  int64_t sa = (int64_t)tpu_dtype_size(a->dtype), sb = (int64_t)tpu_dtype_size(b->dtype);
-  int64_t a0 = a->offset * sa, a1 = a0 + na * sa, b0 = b->offset * sb, b1 = b0 + nb * sb;
-  if (a0 == b0 && a1 == b1) {
-    bool same = a->rank == b->rank && !memcmp(a->strides, b->strides, sizeof(int64_t) * (size_t)a->rank);
-    return same ? TPU_OVERLAP_FULL : TPU_OVERLAP_PARTIAL;
-  }
-  return a0 < b1 && b0 < a1 ? TPU_OVERLAP_PARTIAL : TPU_OVERLAP_NO;
-}
 
 /* Whether result v may be written into a tensor of dtype to (exact: only of
  * its own dtype); fails L with torch's message when not. */

@@ -15,85 +15,9 @@
 
 #include <stddef.h>
 
-#include "../hlo/hlo.h"
+#include "../call.h"
 
-#define TPU_MAX_ARGS 24
-#define TPU_MAX_LIST 64
-#define TPU_MAX_OUTS 128 /* results and in-place writes of one call (fused optimizers write many) */
-#define TPU_MAX_INS 512
 
-/* ---- parsed arguments ------------------------------------------------------ */
-
-typedef enum {
-  TPU_ARG_NONE = 0,  /* None (for optional arguments) */
-  TPU_ARG_TENSOR,
-  TPU_ARG_TENSORS,   /* Tensor[] and Tensor?[] (items may be NONE tensors) */
-  TPU_ARG_SCALAR,    /* a Python number: a program input */
-  TPU_ARG_INT,
-  TPU_ARG_INTS,
-  TPU_ARG_FLOAT,
-  TPU_ARG_FLOATS,
-  TPU_ARG_BOOL,
-  TPU_ARG_DTYPE,
-  TPU_ARG_STR,
-  TPU_ARG_IGNORED    /* device, layout, pin_memory, memory_format, generator */
-} tpu_argkind;
-
-typedef enum { TPU_SCALAR_BOOL, TPU_SCALAR_INT, TPU_SCALAR_FLOAT, TPU_SCALAR_COMPLEX } tpu_scalar_kind;
-
-struct tpu_record; /* engine.h */
-
-/* A tensor argument: a view (sizes, strides, offset in elements) of a
- * record's flat buffer, or a CPU 0-d tensor (host != 0) whose value is read
- * and passed as a 0-d program input. */
-typedef struct {
-  struct tpu_record *rec; /* borrowed for the call; NULL for host scalars */
-  tpu_dtype dtype;
-  int rank;
-  int64_t sizes[TPU_MAX_RANK];
-  int64_t strides[TPU_MAX_RANK];
-  int64_t offset;
-  int64_t rec_numel;      /* elements of the record's flat buffer, in this tensor's dtype */
-  tpu_dtype rec_dtype;    /* the record's dtype when this view reinterprets its bytes
-                             (view_as_real, view(dtype)); TPU_INVALID when the same */
-  bool host;              /* CPU 0-d tensor */
-  bool zero_size;         /* no elements: no record is needed or looked up */
-  uint8_t host_bytes[16]; /* its value, raw */
-  int view;               /* TPU_VIEW_*: how the view is read (engine fills) */
-  tpu_hv base;            /* the record's flat buffer parameter, or NONE */
-  tpu_hv offv;            /* the dynamic offset parameter, or NONE */
-  tpu_hv value;           /* materialised value, TPU_HV_NONE until requested */
-} tpu_tref;
-
-enum { TPU_VIEW_WHOLE, TPU_VIEW_RANGE, TPU_VIEW_PERMUTED, TPU_VIEW_GATHER, TPU_VIEW_STRIDED };
-
-typedef struct {
-  tpu_argkind kind;
-  bool is_default;          /* the value is the schema default */
-  tpu_tref t;               /* TENSOR */
-  tpu_tref *list;           /* TENSORS: items (owned by the engine's call) */
-  int nlist;
-  tpu_scalar_kind skind;    /* SCALAR */
-  double f;                 /* SCALAR (float/bool/complex real), FLOAT */
-  double f_imag;            /* SCALAR complex */
-  int64_t i;                /* SCALAR (int), INT, BOOL (0/1) */
-  tpu_dtype dtype;          /* DTYPE */
-  char str[32];             /* STR */
-  tpu_hv value;             /* SCALAR: its 0-d input value, NONE until requested */
-  int nints;                /* INTS / FLOATS */
-  /* The list comes last: only INTS and FLOATS arguments use it, and a
-   * recorded op copies an argument up to what its kind uses (tpu_arg_size). */
-  union {
-    int64_t ints[TPU_MAX_LIST];   /* INTS */
-    double floats[TPU_MAX_LIST];  /* FLOATS */
-  };
-} tpu_arg;
-
-/* Bytes of a that its kind uses (a prefix of the struct). */
-static inline size_t tpu_arg_size(const tpu_arg *a) {
-  bool list = a->kind == TPU_ARG_INTS || a->kind == TPU_ARG_FLOATS;
-  return offsetof(tpu_arg, ints) + (list ? sizeof(int64_t) * (size_t)a->nints : 0);
-}
 
 /* ---- the context an emitter sees ------------------------------------------ */
 
@@ -117,15 +41,6 @@ typedef struct {
   const char *msg;      /* CHECK: the error's message (static storage) */
 } tpu_out_plan;
 
-/* What the call returns to Python: new output k, or tensor argument a. */
-typedef struct {
-  bool is_arg;
-  int index;            /* output index or argument index */
-  int item;             /* list item for TENSORS arguments, or -1 */
-  bool resize;          /* new output `index` becomes out= argument `arg`'s
-                           contents (its shape was wrong: torch resizes out=) */
-  int arg;
-} tpu_ret_plan;
 
 struct tpu_lower {
   tpu_hlo *hlo;
@@ -164,41 +79,6 @@ struct tpu_lower {
   const char *check_msg;
 };
 
-typedef void (*tpu_emit_fn)(tpu_lower *L);
-
-/* Row flags. INPLACE: the functional emitter's first result is written into
- * argument 0, which is returned. OUT: results are written into the out=
- * tensors (the trailing TENSOR arguments), which are returned. */
-enum {
-  TPU_OP_INPLACE = 1,
-  TPU_OP_OUT = 2,
-  TPU_OP_SCALAR_ATTRS = 4,
-  TPU_OP_OUT_EXACT = 8,
-  TPU_OP_FILLS = 16,   /* writes one value to every alias: an expanded self is allowed (fill_, index_put_) */
-  TPU_OP_NO_ALIAS = 32, /* out= may not even be exactly an input (gather, index_select, take) */
-  TPU_OP_FILL_VALUE = 64, /* its Python scalars are written into self: they must fit self's dtype (fill_, masked_fill) */
-  TPU_OP_CHECK_ARGS = 128 /* tpu_check_args checks its Python scalars' values on every call (uniform_'s range) */
-};
-/* SCALAR_ATTRS: the op's Python scalars shape the program (arange's bounds),
- * so their values are part of the cache key. A result written into self or
- * an out= tensor must be castable to its dtype (torch.can_cast; else torch's
- * "result type ... can't be cast" error); OUT_EXACT: out= tensors must have
- * the result's dtype exactly, as torch's matmuls, gather, sort, ... demand. */
-
-typedef enum {
-#define TPU_OP(id, name, emit, flags) TPU_OP_##id,
-#include "ops.def"
-#undef TPU_OP
-  TPU_NUM_OPS
-} tpu_op_id;
-
-typedef struct {
-  const char *name;  /* ATen overload, "add.Tensor" */
-  tpu_emit_fn emit;
-  int flags;
-} tpu_op_row;
-
-extern const tpu_op_row tpu_op_table[TPU_NUM_OPS];
 
 /* Run the row's emitter and apply INPLACE/OUT rules; the context's plans are
  * complete afterwards. Errors stay in L->hlo. */
@@ -233,7 +113,6 @@ tpu_status *tpu_scalar_check(const tpu_arg *a, tpu_dtype dt);
 /* torch's checks of argument values that are not part of a program (rows
  * flagged TPU_OP_CHECK_ARGS): NULL when they pass. */
 tpu_status *tpu_check_args(const char *op, const tpu_arg *args, int nargs);
-tpu_status *tpu_broadcast_check(int rank, const int64_t *dims, int vrank, const int64_t *vdims);
 /* Broadcast values to their common shape (in place in vs). */
 void tpu_lower_broadcast_all(tpu_lower *L, tpu_hv *vs, int n);
 /* Binary op after broadcasting both operands to their common shape (their
@@ -279,20 +158,9 @@ tpu_hv tpu_lower_gather_rows(tpu_lower *L, tpu_hv operand, tpu_hv idx);
  * by region ((old, new) -> value), or replaced when region is -1. */
 tpu_hv tpu_lower_scatter_rows(tpu_lower *L, tpu_hv operand, tpu_hv idx, tpu_hv updates, int region);
 
-/* torch's memory-overlap rules (at::has_internal_overlap and
- * at::get_overlap_status). Whether some element of t is another's too (a
- * stride 0 over a size above 1; views that overlap otherwise are too hard to
- * tell, as in torch, and allowed). */
-bool tpu_tref_internal_overlap(const tpu_tref *t);
-enum { TPU_OVERLAP_NO, TPU_OVERLAP_FULL, TPU_OVERLAP_PARTIAL };
-/* How a and b share memory: NO (other records, no elements, not both dense,
- * or disjoint), FULL (the same elements in the same order) or PARTIAL. */
-int tpu_tref_overlap(const tpu_tref *a, const tpu_tref *b);
 
 /* Flat-buffer helpers used by the engine for copies. */
 tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset);
 tpu_hv tpu_lower_view_write(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset, tpu_hv v);
-/* Classify how a view is read (TPU_VIEW_*). */
-int tpu_lower_view_kind(const tpu_tref *t);
 
 #endif

@@ -1,0 +1,167 @@
+/* call.c: the geometry of a call's tensor views: how a view is read from
+ * its record, and torch's overlap and broadcast rules for writes.
+ */
+#include "call.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int64_t tpu_numel(int rank, const int64_t *sizes) {
+  int64_t n = 1;
+  for (int i = 0; i < rank; i++) n *= sizes[i];
+  return n;
+}
+
+bool tpu_tref_contiguous(const tpu_tref *t) {
+  int64_t expect = 1;
+  for (int i = t->rank - 1; i >= 0; i--) {
+    if (t->sizes[i] == 1) continue;
+    if (t->strides[i] != expect) return false;
+    expect *= t->sizes[i];
+  }
+  return true;
+}
+
+/* Dims with size > 1 and stride > 0, ordered by decreasing stride, must tile
+ * a contiguous block: then the view is a permutation plus broadcast of it. */
+/* The view's dims of size > 1 and nonzero stride, outer to inner by stride,
+ * into order; their count, or -1 when a stride is negative. */
+static int tpu_stride_order(const tpu_tref *t, int *order) {
+  int k = 0;
+  for (int i = 0; i < t->rank; i++)
+    if (t->sizes[i] > 1 && t->strides[i] != 0) {
+      if (t->strides[i] < 0) return -1;
+      order[k++] = i;
+    }
+  for (int i = 1; i < k; i++)
+    for (int j = i; j > 0 && t->strides[order[j]] > t->strides[order[j - 1]]; j--) {
+      int x = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = x;
+    }
+  return k;
+}
+
+bool tpu_tref_permuted_order(const tpu_tref *t, int *order, int *n) {
+  int k = tpu_stride_order(t, order);
+  if (k < 0) return false;
+  int64_t expect = 1;
+  for (int i = k - 1; i >= 0; i--) {
+    if (t->strides[order[i]] != expect) return false;
+    expect *= t->sizes[order[i]];
+  }
+  *n = k;
+  return true;
+}
+
+/* The dims of a view, outer to inner by stride, when each steps by a
+ * multiple of the inner dims' extent and the record is whole rows of the
+ * outermost stride: the view is then a block of the record seen as a dense
+ * array (rows, row / next stride, ..., innermost stride), at the block
+ * coordinates of its offset (q, k and v split from one projection, every
+ * other column). The offset's coordinates must not carry (the kind is in
+ * the program's key, so every offset the program meets satisfies it).
+ * Strides must be distinct and positive. */
+bool tpu_tref_strided_order(const tpu_tref *t, int *order, int *n) {
+  int k = tpu_stride_order(t, order);
+  if (k <= 0 || (k >= TPU_MAX_RANK && t->strides[order[k - 1]] > 1)) return false;
+  if (t->rec_numel % t->strides[order[0]]) return false;
+  int64_t rest = t->offset % t->strides[order[0]];
+  for (int i = 0; i + 1 < k; i++) {
+    int64_t so = t->strides[order[i]], si = t->strides[order[i + 1]];
+    if (so == si || so % si || so < t->sizes[order[i + 1]] * si) return false;
+    /* the coordinate along i + 1 plus the size must stay inside so / si */
+    if ((rest / si) + t->sizes[order[i + 1]] > so / si) return false;
+    rest %= si;
+  }
+  *n = k;
+  return true;
+}
+
+int tpu_tref_view_kind(const tpu_tref *t) {
+  if (t->zero_size) return TPU_VIEW_WHOLE;
+  int64_t n = tpu_numel(t->rank, t->sizes);
+  bool contig = tpu_tref_contiguous(t);
+  if (contig && t->offset == 0 && n == t->rec_numel) return TPU_VIEW_WHOLE;
+  if (contig) return TPU_VIEW_RANGE;
+  int order[TPU_MAX_RANK], k;
+  if (tpu_tref_permuted_order(t, order, &k)) return TPU_VIEW_PERMUTED;
+  if (tpu_tref_strided_order(t, order, &k)) return TPU_VIEW_STRIDED;
+  return TPU_VIEW_GATHER;
+}
+
+static int64_t tpu_tref_numel(const tpu_tref *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  return n;
+}
+
+/* Non-overlapping and dense: some order of the dims (those of size 1 aside)
+ * has contiguous strides. */
+static bool tpu_tref_dense(const tpu_tref *t) {
+  int order[TPU_MAX_RANK], n = 0;
+  for (int i = 0; i < t->rank; i++)
+    if (t->sizes[i] != 1) {
+      int j = n++;
+      while (j > 0 && t->strides[order[j - 1]] > t->strides[i]) {
+        order[j] = order[j - 1];
+        j--;
+      }
+      order[j] = i;
+    }
+  int64_t expect = 1;
+  for (int k = 0; k < n; k++) {
+    if (t->strides[order[k]] != expect) return false;
+    expect *= t->sizes[order[k]];
+  }
+  return true;
+}
+
+bool tpu_tref_internal_overlap(const tpu_tref *t) {
+  if (t->host || t->zero_size) return false;
+  for (int i = 0; i < t->rank; i++)
+    if (t->sizes[i] > 1 && t->strides[i] == 0) return true;
+  return false;
+}
+
+int tpu_tref_overlap(const tpu_tref *a, const tpu_tref *b) {
+  if (!a->rec || a->rec != b->rec || a->host || b->host || a->zero_size || b->zero_size) return TPU_OVERLAP_NO;
+  int64_t na = tpu_tref_numel(a), nb = tpu_tref_numel(b);
+  if (na == 0 || nb == 0 || !tpu_tref_dense(a) || !tpu_tref_dense(b)) return TPU_OVERLAP_NO;
+  int64_t sa = (int64_t)tpu_dtype_size(a->dtype), sb = (int64_t)tpu_dtype_size(b->dtype);
+  int64_t a0 = a->offset * sa, a1 = a0 + na * sa, b0 = b->offset * sb, b1 = b0 + nb * sb;
+  if (a0 == b0 && a1 == b1) {
+    bool same = a->rank == b->rank && !memcmp(a->strides, b->strides, sizeof(int64_t) * (size_t)a->rank);
+    return same ? TPU_OVERLAP_FULL : TPU_OVERLAP_PARTIAL;
+  }
+  return a0 < b1 && b0 < a1 ? TPU_OVERLAP_PARTIAL : TPU_OVERLAP_NO;
+}
+
+tpu_status *tpu_broadcast_check(int rank, const int64_t *dims, int vrank, const int64_t *vdims) {
+  int br = vrank > rank ? vrank : rank;
+  int64_t b[TPU_MAX_RANK];
+  bool grows = vrank > rank;
+  for (int i = 0; i < br; i++) {
+    int ia = i - (br - rank), ib = i - (br - vrank);
+    int64_t a = ia >= 0 ? dims[ia] : 1, v = ib >= 0 ? vdims[ib] : 1;
+    if (a == v || v == 1) {
+      b[i] = a;
+    } else if (a == 1) {
+      b[i] = v;
+      grows = true;
+    } else {
+      return tpu_status_new(TPU_ERR_RUNTIME,
+                            "The size of tensor a (%lld) must match the size of tensor b (%lld) at non-singleton "
+                            "dimension %d", (long long)a, (long long)v, i);
+    }
+  }
+  if (!grows) return NULL;
+  char want[640], got[640];
+  size_t nw = 0, ng = 0;
+  want[0] = got[0] = 0;
+  for (int i = 0; i < rank && nw < sizeof want - 32; i++)
+    nw += (size_t)snprintf(want + nw, sizeof want - nw, "%s%lld", i ? ", " : "", (long long)dims[i]);
+  for (int i = 0; i < br && ng < sizeof got - 32; i++)
+    ng += (size_t)snprintf(got + ng, sizeof got - ng, "%s%lld", i ? ", " : "", (long long)b[i]);
+  return tpu_status_new(TPU_ERR_RUNTIME, "output with shape [%s] doesn't match the broadcast shape [%s]", want, got);
+}

@@ -1,0 +1,108 @@
+/* bind.h: what the files of the CPython bindings (torchtpu._C) share.
+ *
+ * The bindings are split by concern:
+ *   module.c   the module: its method table and life, settings, metrics
+ *   state.c    module state, errors as Python exceptions, the engine's start
+ *   tensor.c   DLPack: minting tpu tensors from records, reading them back
+ *   kernel.c   Kernel objects (one per ATen overload): parsing, running, results
+ *   explain.c  explaining per-op recompiles (TORCHTPU_EXPLAIN_RECOMPILES)
+ *   foreach.c  Foreach objects (torch._foreach_* over lists)
+ *   copy.c     empty, copies between the host and the device
+ *   graph.c    graph plans (torch.compile) and torch.tpu.graph
+ * They see the core only through the engine (engine.h) and the call
+ * structs it takes (call.h).
+ */
+#ifndef TPU_BIND_H
+#define TPU_BIND_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <signal.h>
+#include <stdbool.h>
+
+#include "../engine/engine.h"
+
+typedef struct {
+  tpu_engine *eng;                 /* owned; made by init(), its runtime started at the first use */
+  PyObject *from_dlpack;           /* torch._C._from_dlpack */
+  PyObject *torch_empty;           /* torch.empty */
+  PyObject *dtypes[TPU_NUM_DTYPES]; /* torch.dtype objects by tpu_dtype */
+  PyObject *kernel_type;
+  PyObject *foreach_type;
+  struct tpu_call_frame *spare_frame; /* owned or NULL: tpu_kernel_call's, kept between calls */
+  PyObject *s_data_ptr, *s_storage_offset, *s_shape, *s_stride, *s_dtype, *s_is_cpu,
+      *s_contiguous, *s_copy_, *s_is_contiguous, *s_is_conj, *s_is_neg;
+  PyObject *tensor_type;           /* torch.Tensor, looked up on first use */
+  int explain;                     /* TORCHTPU_EXPLAIN_RECOMPILES */
+  bool in_backward;                /* the last op ran on an autograd engine thread (fused mode) */
+  char **explained[TPU_NUM_OPS];   /* owned: the last compiled call's argument descriptions */
+  int nexplained[TPU_NUM_OPS];
+} tpu_mod_state;
+
+typedef struct {
+  PyObject_HEAD
+  PyObject *module;  /* strong */
+  int op_id;
+  int nparams;
+  int nreturns;
+  char kinds[TPU_MAX_ARGS];
+  PyObject *names[TPU_MAX_ARGS];    /* strong, interned */
+  PyObject *defaults[TPU_MAX_ARGS]; /* strong or NULL (required) */
+  /* Ops PyTorch hands lazily conjugated or negated tensors (its Conjugate and
+   * Negative fallbacks let them through): resolve (strong or NULL) gives a
+   * tensor's plain values. Conjugation exists on complex tensors only; a
+   * negated real tensor reaches only ops with resolve_real. */
+  PyObject *resolve;
+  int resolve_real;
+} tpu_kernel;
+
+static inline tpu_mod_state *tpu_state(PyObject *m) { return (tpu_mod_state *)PyModule_GetState(m); }
+
+extern PyType_Spec tpu_kernel_spec, tpu_foreach_spec;
+/* Set in a child forked after the runtime started (a pthread_atfork handler). */
+extern volatile sig_atomic_t tpu_forked_after_start;
+
+/* state.c: module state, errors, the engine's start, warnings */
+int tpu_mode_from_py(PyObject *name, tpu_mode *out);
+PyObject *tpu_raise(tpu_status *s);
+tpu_engine *tpu_eng(tpu_mod_state *st);
+tpu_engine *tpu_need_engine(tpu_mod_state *st);
+tpu_dtype tpu_dtype_from_py(tpu_mod_state *st, PyObject *d);
+int tpu_stderr_line(const char *msg);
+int tpu_flush_warnings(tpu_mod_state *st);
+int tpu_dtype_arg(tpu_mod_state *st, PyObject *d, tpu_dtype *out);
+
+/* tensor.c: DLPack, minting tensors, reading them */
+int tpu_storage_check(int rank, const int64_t *sizes, const int64_t *strides, tpu_dtype dt, int64_t *numel);
+PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *sizes,
+                const int64_t *strides);
+int tpu_int64_seq(PyObject *seq, int64_t *out, int max, const char *what);
+int64_t tpu_call_int(PyObject *o, PyObject *name);
+int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *opname);
+PyObject *tpu_py_to_tref_args(tpu_mod_state *st, PyObject *o, tpu_arg *a, const char *op);
+
+/* kernel.c: Kernel objects: parsing arguments, running an op, building results */
+PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params,
+                     int nreturns);
+PyObject *tpu_py_kernel(PyObject *m, PyObject *args);
+
+/* explain.c: explaining recompiles */
+int tpu_explain(tpu_mod_state *st, tpu_kernel *k, const tpu_arg *args);
+
+/* foreach.c: Foreach objects (torch._foreach_*) */
+PyObject *tpu_py_foreach(PyObject *m, PyObject *args);
+
+/* copy.c: empty, copies between host and device */
+PyObject *tpu_py_empty(PyObject *m, PyObject *args);
+PyObject *tpu_py_copy_from(PyObject *m, PyObject *args);
+PyObject *tpu_py_to_cpu(PyObject *m, PyObject *t);
+
+/* graph.c: graph plans (torch.compile) and torch.tpu.graph */
+PyObject *tpu_py_graph_capture_begin(PyObject *m, PyObject *args);
+PyObject *tpu_py_graph_capture_end(PyObject *m, PyObject *args);
+PyObject *tpu_py_graph_replay(PyObject *m, PyObject *args);
+PyObject *tpu_py_whole_end(PyObject *m, PyObject *args);
+PyObject *tpu_py_whole_replay(PyObject *m, PyObject *cap);
+PyObject *tpu_py_whole_capturing(PyObject *m, PyObject *noargs);
+
+#endif

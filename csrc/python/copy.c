@@ -1,0 +1,232 @@
+/* copy.c: empty tensors and copies between the host and the device.
+ */
+#include "bind.h"
+
+#include <string.h>
+
+/* empty(sizes, dtype, strides or None) -> a tpu tensor on a fresh record. */
+PyObject *tpu_py_empty(PyObject *m, PyObject *args) {
+  PyObject *sizes_o, *dtype_o, *strides_o;
+  if (!PyArg_ParseTuple(args, "OOO", &sizes_o, &dtype_o, &strides_o)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  int64_t sizes[TPU_MAX_RANK], strides[TPU_MAX_RANK];
+  int rank = tpu_int64_seq(sizes_o, sizes, TPU_MAX_RANK, "size");
+  if (rank < 0) return NULL;
+  tpu_dtype dt;
+  if (tpu_dtype_arg(st, dtype_o, &dt) < 0) return NULL;
+  for (int i = 0; i < rank; i++)
+    if (sizes[i] < 0)
+      return PyErr_Format(PyExc_RuntimeError, "Trying to create tensor with negative dimension %lld: %R",
+                          (long long)sizes[i], sizes_o);
+  bool have_strides = strides_o != Py_None;
+  if (have_strides && tpu_int64_seq(strides_o, strides, TPU_MAX_RANK, "stride") != rank)
+    return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "size and stride lengths differ");
+  int64_t numel;
+  if (tpu_storage_check(rank, sizes, have_strides ? strides : NULL, dt, &numel) < 0) return NULL;
+  tpu_record *r = tpu_record_new(st->eng, dt, numel);
+  if (!r) return PyErr_NoMemory();
+  return tpu_mint(st, r, rank, sizes, have_strides ? strides : NULL);
+}
+
+/* A new CPU tensor: empty(sizes, dtype=dt). */
+static PyObject *tpu_host_empty(tpu_mod_state *st, PyObject *sizes, tpu_dtype dt) {
+  PyObject *kw = Py_BuildValue("{sO}", "dtype", st->dtypes[dt]);
+  PyObject *pargs = kw ? PyTuple_Pack(1, sizes) : NULL;
+  PyObject *out = pargs ? PyObject_Call(st->torch_empty, pargs, kw) : NULL;
+  Py_XDECREF(pargs);
+  Py_XDECREF(kw);
+  return out;
+}
+
+/* Copies rec's whole buffer into the CPU tensor out (of rec's size). */
+static int tpu_download_into(tpu_mod_state *st, tpu_record *rec, PyObject *out) {
+  int64_t p = tpu_call_int(out, st->s_data_ptr);
+  if (p == -1 && PyErr_Occurred()) return -1;
+  tpu_status *s = tpu_engine_download(st->eng, rec, (void *)(uintptr_t)p, (size_t)rec->numel * tpu_dtype_size(rec->dtype));
+  if (s) {
+    tpu_raise(s);
+    return -1;
+  }
+  return 0;
+}
+
+/* A view read on the host: the record comes down whole and the view is cut
+ * from it there, when the record is not much larger than the view. A
+ * program that gathers the view on the device would be compiled for each
+ * new view shape (padded outputs of compiled graphs, slices of growing
+ * sequences). */
+enum { TPU_HOST_VIEW_SLACK = 1 << 16 };
+
+static PyObject *tpu_download_host_view(tpu_mod_state *st, PyObject *src_o, const tpu_tref *t) {
+  tpu_record *rec = t->rec;
+  int64_t numel = 1;
+  for (int d = 0; d < t->rank; d++) numel *= t->sizes[d];
+  if (t->rec_dtype != TPU_INVALID && t->rec_dtype != t->dtype) return Py_NewRef(Py_None);
+  if (rec->numel > 2 * numel + TPU_HOST_VIEW_SLACK) return Py_NewRef(Py_None);
+  PyObject *flat_size = Py_BuildValue("(L)", (long long)rec->numel);
+  PyObject *flat = flat_size ? tpu_host_empty(st, flat_size, rec->dtype) : NULL;
+  Py_XDECREF(flat_size);
+  if (!flat || tpu_download_into(st, rec, flat) < 0) {
+    Py_XDECREF(flat);
+    return NULL;
+  }
+  PyObject *shape = PyObject_GetAttr(src_o, st->s_shape);
+  PyObject *stride = shape ? PyTuple_New(t->rank) : NULL;
+  for (int d = 0; stride && d < t->rank; d++) PyTuple_SET_ITEM(stride, d, PyLong_FromLongLong(t->strides[d]));
+  PyObject *view = stride ? PyObject_CallMethod(flat, "as_strided", "OOL", shape, stride, (long long)t->offset) : NULL;
+  PyObject *out = view ? PyObject_CallMethod(view, "contiguous", NULL) : NULL;
+  Py_XDECREF(view);
+  Py_XDECREF(stride);
+  Py_XDECREF(shape);
+  Py_DECREF(flat);
+  return out;
+}
+
+/* Download the view t (a tpu tensor) as a contiguous host copy into a new
+ * CPU tensor of the same dtype and shape. */
+static PyObject *tpu_download_view(tpu_mod_state *st, PyObject *src_o, tpu_arg *src) {
+  tpu_record *rec = src->t.rec;
+  tpu_record *tmp = NULL;
+  if (tpu_tref_view_kind(&src->t) != TPU_VIEW_WHOLE) {
+    PyObject *host = tpu_download_host_view(st, src_o, &src->t);
+    if (host != Py_None) return host;
+    Py_DECREF(host);
+    tpu_engine_result res;
+    tpu_status *s = tpu_engine_call(st->eng, &tpu_op_table[TPU_OP_tpu_materialize], TPU_OP_tpu_materialize, src, 1,
+                                    &res);
+    if (tpu_flush_warnings(st) < 0) {
+      if (s) tpu_status_free(s);
+      else tpu_engine_result_release(&res);
+      return NULL;
+    }
+    if (s) return tpu_raise(s);
+    tmp = res.outs[0];
+    res.outs[0] = NULL;
+    tpu_engine_result_release(&res);
+    rec = tmp;
+  }
+  PyObject *shape = PyObject_GetAttr(src_o, st->s_shape);
+  PyObject *out = shape ? tpu_host_empty(st, shape, src->t.dtype) : NULL;
+  Py_XDECREF(shape);
+  if (out && tpu_download_into(st, rec, out) < 0) Py_CLEAR(out);
+  tpu_record_unref(tmp);
+  return out;
+}
+
+/* copy_from(src, dst): torch's _copy_from, all three directions. */
+PyObject *tpu_py_copy_from(PyObject *m, PyObject *args) {
+  PyObject *src_o, *dst_o;
+  if (!PyArg_ParseTuple(args, "OO", &src_o, &dst_o)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  PyObject *iscpu = PyObject_GetAttr(src_o, st->s_is_cpu);
+  if (!iscpu) return NULL;
+  int src_cpu = PyObject_IsTrue(iscpu);
+  Py_DECREF(iscpu);
+  iscpu = PyObject_GetAttr(dst_o, st->s_is_cpu);
+  if (!iscpu) return NULL;
+  int dst_cpu = PyObject_IsTrue(iscpu);
+  Py_DECREF(iscpu);
+  tpu_arg a[2];
+  PyObject *params[2] = {dst_o, src_o};
+  PyObject *n = PyObject_CallMethod(dst_o, "numel", NULL);
+  if (!n) return NULL;
+  long long dst_numel = PyLong_AsLongLong(n);
+  Py_DECREF(n);
+  if (dst_numel == 0) { /* nothing to copy, but the shapes must fit as torch's copy_ checks */
+    int64_t ds[TPU_MAX_RANK], ss[TPU_MAX_RANK];
+    PyObject *dsh = PyObject_GetAttr(dst_o, st->s_shape), *ssh = dsh ? PyObject_GetAttr(src_o, st->s_shape) : NULL;
+    int dr = ssh ? tpu_int64_seq(dsh, ds, TPU_MAX_RANK, "shape") : -1;
+    int sr = dr >= 0 ? tpu_int64_seq(ssh, ss, TPU_MAX_RANK, "shape") : -1;
+    Py_XDECREF(dsh);
+    Py_XDECREF(ssh);
+    if (sr < 0) return NULL;
+    tpu_status *s = tpu_broadcast_check(dr, ds, sr, ss);
+    if (s) return tpu_raise(s);
+    return Py_NewRef(dst_o);
+  }
+
+  if (!dst_cpu && !src_cpu) {
+    if (!tpu_py_to_tref_args(st, dst_o, &a[0], "_copy_from") || !tpu_py_to_tref_args(st, src_o, &a[1], "_copy_from"))
+      return NULL;
+    PyObject *r = tpu_run_op(st, TPU_OP_tpu_copy, a, 2, params, 1);
+    return r;
+  }
+  if (!dst_cpu) {
+    /* host -> device: upload a contiguous copy, then write it into the view. */
+    if (!tpu_py_to_tref_args(st, dst_o, &a[0], "_copy_from")) return NULL;
+    PyObject *c = PyObject_CallMethodNoArgs(src_o, st->s_contiguous);
+    if (!c) return NULL;
+    PyObject *d = PyObject_GetAttr(c, st->s_dtype);
+    tpu_dtype sdt = d ? tpu_dtype_from_py(st, d) : TPU_INVALID;
+    Py_XDECREF(d);
+    PyObject *shape = PyObject_GetAttr(c, st->s_shape);
+    int64_t sizes[TPU_MAX_RANK];
+    int rank = shape ? tpu_int64_seq(shape, sizes, TPU_MAX_RANK, "shape") : -1;
+    Py_XDECREF(shape);
+    int64_t ptr = rank >= 0 ? tpu_call_int(c, st->s_data_ptr) : -1;
+    if (rank < 0 || (ptr == -1 && PyErr_Occurred()) || sdt == TPU_INVALID) {
+      Py_DECREF(c);
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "copy to tpu: unsupported source dtype");
+      return NULL;
+    }
+    int64_t numel = 1;
+    for (int i = 0; i < rank; i++) numel *= sizes[i];
+    tpu_tref *dt = &a[0].t;
+    bool same_shape = rank == dt->rank && memcmp(sizes, dt->sizes, sizeof(int64_t) * (size_t)rank) == 0;
+    tpu_status *s = NULL;
+    if (same_shape && sdt == dt->dtype && sdt == dt->rec->dtype && tpu_tref_view_kind(dt) == TPU_VIEW_WHOLE) {
+      s = tpu_engine_upload(st->eng, dt->rec, (const void *)(uintptr_t)ptr, sdt, rank, sizes);
+      Py_DECREF(c);
+      if (s) return tpu_raise(s);
+      return Py_NewRef(dst_o);
+    }
+    tpu_record *tmp = tpu_record_new(st->eng, sdt, numel);
+    if (!tmp) {
+      Py_DECREF(c);
+      return PyErr_NoMemory();
+    }
+    s = tpu_engine_upload(st->eng, tmp, (const void *)(uintptr_t)ptr, sdt, rank, sizes);
+    Py_DECREF(c);
+    if (s) {
+      tpu_record_unref(tmp);
+      return tpu_raise(s);
+    }
+    memset(&a[1], 0, sizeof a[1]);
+    a[1].kind = TPU_ARG_TENSOR;
+    a[1].t.rec = tmp;
+    a[1].t.dtype = sdt;
+    a[1].t.rank = rank;
+    a[1].t.rec_numel = numel;
+    memcpy(a[1].t.sizes, sizes, sizeof(int64_t) * (size_t)rank);
+    int64_t acc = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+      a[1].t.strides[i] = acc;
+      acc *= sizes[i];
+    }
+    PyObject *r = tpu_run_op(st, TPU_OP_tpu_copy, a, 2, params, 1);
+    tpu_record_unref(tmp);
+    return r;
+  }
+  /* device -> host: download a contiguous copy, let CPU torch place it. */
+  if (!tpu_py_to_tref_args(st, src_o, &a[1], "_copy_from")) return NULL;
+  PyObject *host = tpu_download_view(st, src_o, &a[1]);
+  if (!host) return NULL;
+  PyObject *r = PyObject_CallMethodOneArg(dst_o, st->s_copy_, host);
+  Py_DECREF(host);
+  if (!r) return NULL;
+  Py_DECREF(r);
+  return Py_NewRef(dst_o);
+}
+
+/* to_cpu(t): a contiguous CPU copy of a tpu tensor (same dtype and shape). */
+PyObject *tpu_py_to_cpu(PyObject *m, PyObject *t) {
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_arg a;
+  if (!tpu_py_to_tref_args(st, t, &a, "_to_cpu")) return NULL;
+  PyObject *r = tpu_download_view(st, t, &a); /* a sync point: recorded ops may have been compiled */
+  if (r && tpu_flush_warnings(st) < 0) Py_CLEAR(r);
+  return r;
+}
