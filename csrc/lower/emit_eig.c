@@ -180,12 +180,15 @@ static void eg_hess_step(eg_ctx *c, tpu_hv k, tpu_hv *A, tpu_hv *Q) {
   tpu_hv aa = eg_abs(c, alpha);
   tpu_hv az = eg_cmp(c, TPU_HLO_EQ, aa, eg_k(c, aa, 0));
   tpu_hv phase = eg_sel(c, az, eg_k(c, alpha, 1), eg_div(c, alpha, eg_tocx(c, eg_sel(c, az, eg_k(c, aa, 1), aa))));
-  /* v = x - beta e_{k+1} with beta = -phase |x|: v_{k+1} = phase (|alpha| + |x|) */
-  tpu_hv vtop = eg_mul(c, phase, eg_tocx(c, eg_add(c, aa, nrm)));
-  tpu_hv v = eg_sel(c, top, eg_b2(c, vtop), x);
-  /* v^H v = (|alpha| + |x|)^2 + |x|^2 - |alpha|^2 = 2 |x| (|x| + |alpha|); tau = 2 / v^H v */
-  tpu_hv vv = eg_mul(c, eg_mul(c, eg_k(c, nrm, 2), nrm), eg_add(c, nrm, aa));
-  tpu_hv tau = eg_sel(c, zero, eg_k(c, vv, 0), eg_div(c, eg_k(c, vv, 2), eg_sel(c, zero, eg_k(c, vv, 1), vv)));
+  /* v = (x - beta e_{k+1}) / (alpha - beta) with beta = -phase |x|, so v_{k+1} = 1
+   * and alpha - beta = phase (|alpha| + |x|); then v^H v = 2 |x| / (|x| + |alpha|)
+   * and the reflector I - tau v v^H has tau = 2 / v^H v = (|x| + |alpha|) / |x|. */
+  tpu_hv apn = eg_add(c, aa, nrm);
+  tpu_hv apns = eg_sel(c, zero, eg_k(c, apn, 1), apn);
+  tpu_hv scl = eg_div(c, eg_conj(c, phase), eg_tocx(c, apns));
+  tpu_hv v = eg_sel(c, top, eg_k(c, x, 1), eg_mul(c, x, eg_b2(c, scl)));
+  tpu_hv nrms = eg_sel(c, zero, eg_k(c, nrm, 1), nrm);
+  tpu_hv tau = eg_sel(c, zero, eg_k(c, nrm, 0), eg_div(c, apn, nrms));
   tpu_hv tb = eg_b3s(c, eg_tocx(c, tau));
   tpu_hv vc = eg_conj(c, v);
   /* A <- A - tau v (v^H A); A <- A - tau (A v) v^H; Q <- Q - tau (Q v) v^H */
@@ -529,6 +532,15 @@ static void eg_run(tpu_lower *L, const char *fn, bool vectors) {
   int64_t d3[3] = {B, n, n};
   tpu_hv A = tpu_hlo_reshape(L->hlo, tpu_hlo_convert(L->hlo, a, C), 3, d3);
   tpu_hv Z = eg_tocx(c, tpu_hlo_convert(L->hlo, eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 3, 1), eg_iota(c, 3, 2)), cx.R));
+  /* as LAPACK's geev: a matrix whose largest entry is outside [sqrt(safmin) / ulp,
+   * its inverse] is scaled by that entry, and the eigenvalues back */
+  int64_t d12[2] = {1, 2};
+  tpu_hv anrm = tpu_hlo_reduce(L->hlo, eg_abs(c, A), tpu_hlo_constant(L->hlo, cx.R, 0), d12, 2, TPU_HLO_MAX);
+  double lo_t = sqrt(C == TPU_C128 ? DBL_MIN : FLT_MIN) / cx.ulp;
+  tpu_hv outside = eg_and(c, eg_cmp(c, TPU_HLO_GT, anrm, eg_k(c, anrm, 0)),
+                          eg_or(c, eg_cmp(c, TPU_HLO_LT, anrm, eg_k(c, anrm, lo_t)), eg_cmp(c, TPU_HLO_GT, anrm, eg_k(c, anrm, 1 / lo_t))));
+  tpu_hv scale = eg_tocx(c, eg_sel(c, outside, anrm, eg_k(c, anrm, 1)));
+  A = eg_div(c, A, eg_b3s(c, scale));
   tpu_hv done = TPU_HV_NONE;
   if (!eg_hessenberg(c, &A, &Z)) return;
   if (n > 1 && !eg_schur(c, &A, &Z, &done)) return;
@@ -539,7 +551,7 @@ static void eg_run(tpu_lower *L, const char *fn, bool vectors) {
                             : "torch.linalg.eigvals: The algorithm failed to converge because the input matrix is "
                               "ill-conditioned or has too many repeated eigenvalues.");
   tpu_hv lam = eg_diag(c, A, 0);
-  tpu_lower_out(L, tpu_hlo_reshape(L->hlo, lam, wt.rank, wt.dims));
+  tpu_lower_out(L, tpu_hlo_reshape(L->hlo, eg_mul(c, lam, eg_b2(c, scale)), wt.rank, wt.dims));
   if (!vectors) return;
   tpu_hv Y = eg_tri_vectors(c, A, lam);
   tpu_hv V = eg_normalize(c, eg_dot(c, Z, Y, 2, 1));
