@@ -530,7 +530,7 @@ static void eg_run(tpu_lower *L, const char *fn, bool vectors) {
   cx.ulp = C == TPU_C128 ? DBL_EPSILON : FLT_EPSILON;
   cx.smlnum = (C == TPU_C128 ? DBL_MIN : FLT_MIN) * ((double)n / cx.ulp);
   int64_t d3[3] = {B, n, n};
-  tpu_hv A = tpu_hlo_reshape(L->hlo, tpu_hlo_convert(L->hlo, a, C), 3, d3);
+  tpu_hv A = tpu_hlo_reshape(L->hlo, tpu_hlo_convert(L->hlo, a, C), 3, d3), a3 = A;
   tpu_hv Z = eg_tocx(c, tpu_hlo_convert(L->hlo, eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 3, 1), eg_iota(c, 3, 2)), cx.R));
   /* as LAPACK's geev: a matrix whose largest entry is outside [sqrt(safmin) / ulp,
    * its inverse] is scaled by that entry, and the eigenvalues back */
@@ -544,12 +544,18 @@ static void eg_run(tpu_lower *L, const char *fn, bool vectors) {
   tpu_hv done = TPU_HV_NONE;
   if (!eg_hessenberg(c, &A, &Z)) return;
   if (n > 1 && !eg_schur(c, &A, &Z, &done)) return;
-  if (done != TPU_HV_NONE)
+  if (done != TPU_HV_NONE) {
+    /* non-finite input gives NaN results, not this error (eig refuses it above;
+     * the CPU's eigvals has undefined behaviour there) */
+    int64_t d12b[2] = {1, 2};
+    tpu_hv fin = tpu_hlo_unary(L->hlo, TPU_HLO_IS_FINITE, eg_abs(c, a3));
+    done = eg_or(c, done, eg_not(c, tpu_hlo_reduce(L->hlo, fin, tpu_hlo_constant_int(L->hlo, TPU_PRED, 1), d12b, 2, TPU_HLO_AND)));
     tpu_lower_check(L, eg_not(c, done), TPU_ERR_RUNTIME,
                     vectors ? "torch.linalg.eig: The algorithm failed to converge because the input matrix is ill-conditioned "
                               "or has too many repeated eigenvalues."
                             : "torch.linalg.eigvals: The algorithm failed to converge because the input matrix is "
                               "ill-conditioned or has too many repeated eigenvalues.");
+  }
   tpu_hv lam = eg_diag(c, A, 0);
   tpu_lower_out(L, tpu_hlo_reshape(L->hlo, eg_mul(c, lam, eg_b2(c, scale)), wt.rank, wt.dims));
   if (!vectors) return;
