@@ -338,10 +338,8 @@ static void eg_qr_step(eg_ctx *c, tpu_hv *Hm, tpu_hv *Z, tpu_hv *hi, tpu_hv *its
   tpu_hv hs = eg_max(c, nhi, eg_k(c, nhi, 1)); /* a valid row for the shift of a finished element */
   tpu_hv mu = eg_shift(c, *Hm, eg_sel(c, act, lo, eg_k(c, lo, 0)), hs, nits);
   /* the rows the chase visits: from the lowest lo to the highest hi of the active windows */
-  int64_t d0 = 0;
   tpu_hv k0 = eg_rmin(c, eg_sel(c, act, lo, eg_k(c, lo, (double)n)), 0);
   tpu_hv k1 = eg_rmax(c, eg_sel(c, act, nhi, eg_k(c, nhi, 0)), 0);
-  (void)d0;
   tpu_hv init[8] = {k0, k1, *Hm, *Z, lo, nhi, mu, act};
   tpu_hlo_type ts[8];
   eg_types(c, init, 8, ts);
@@ -413,9 +411,7 @@ static bool eg_schur(eg_ctx *c, tpu_hv *Hm, tpu_hv *Z, tpu_hv *done) {
 static tpu_hv eg_tri_vectors(eg_ctx *c, tpu_hv Tm, tpu_hv lam) {
   tpu_hlo *h = EL->hlo;
   int64_t n = c->n, d2[2] = {c->B, n};
-  tpu_hlo_type mt = eg_t(c->C, 3, c->B, n);
   tpu_hv eye = eg_tocx(c, tpu_hlo_convert(h, eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 3, 1), eg_iota(c, 3, 2)), c->R));
-  (void)mt;
   if (n < 2) return eye;
   tpu_hv init[4] = {eg_i(c, 0), eye, Tm, lam};
   tpu_hlo_type ts[4];
@@ -452,7 +448,6 @@ static tpu_hv eg_tri_vectors(eg_ctx *c, tpu_hv Tm, tpu_hv lam) {
 /* Columns of V scaled to unit norm, then by the phase that makes their
  * largest-magnitude component (the first of equals) real and positive. */
 static tpu_hv eg_normalize(eg_ctx *c, tpu_hv V) {
-  tpu_hlo *h = EL->hlo;
   tpu_hv av = eg_abs(c, V);
   tpu_hv mx = eg_rmax(c, av, 1); /* [B, n] */
   tpu_hv mz = eg_cmp(c, TPU_HLO_EQ, mx, eg_k(c, mx, 0));
@@ -473,7 +468,6 @@ static tpu_hv eg_normalize(eg_ctx *c, tpu_hv V) {
   V = eg_mul(c, V, eg_b3(c, ph, 2));
   /* the component made real is exactly real */
   tpu_hv re = eg_tocx(c, eg_re(c, V));
-  (void)h;
   return eg_sel(c, pick, re, V);
 }
 
