@@ -122,22 +122,25 @@ def test_cpu_tensor_mix_error():
 
 
 def test_unlowered_op_raises_not_implemented():
-    # a general eigendecomposition has no lowering (XLA has no op for it)
-    t = torch.eye(4, device="tpu")
-    with pytest.raises(NotImplementedError, match=r"aten::linalg_eig"):
-        torch.linalg.eig(t)
+    # antialiased bicubic resampling has no lowering yet
+    t = torch.eye(4, device="tpu")[None, None]
+    with pytest.raises(NotImplementedError, match=r"aten::_upsample_bicubic2d_aa"):
+        torch.nn.functional.interpolate(t, size=(2, 2), mode="bicubic", antialias=True)
 
 
 def test_cpu_fallback_counts_and_warns():
     code = (
         "import warnings, torch, torchtpu\n"
-        "t = torch.eye(4, device='tpu') * 2\n"
+        "import torch.nn.functional as F\n"
+        "x = torch.arange(16.).reshape(1, 1, 4, 4)\n"
+        "t = x.to('tpu')\n"
+        "up = lambda v: F.interpolate(v, size=(2, 2), mode='bicubic', antialias=True)\n"
         "with warnings.catch_warnings(record=True) as w:\n"
         "    warnings.simplefilter('always')\n"
-        "    r = torch.linalg.eig(t)[0]; r2 = torch.linalg.eig(t)[0]\n"
+        "    r = up(t); r2 = up(t)\n"
         "assert r.device.type == 'tpu', r.device\n"
-        "assert torch.allclose(r.cpu(), torch.full((4,), 2.0, dtype=torch.complex64))\n"
-        "assert sum('linalg_eig' in str(x.message) for x in w) == 1, [str(x.message) for x in w]\n"
+        "assert torch.allclose(r.cpu(), up(x))\n"
+        "assert sum('_upsample_bicubic2d_aa' in str(x.message) for x in w) == 1, [str(x.message) for x in w]\n"
         "assert torchtpu.metrics()['fallback_ops'] == 2\n"
         "print('ok')\n"
     )

@@ -22,7 +22,7 @@ SUBSET = [
     "sum", "mean", "amax", "argmax", "var", "cumsum", "cummax", "sort", "topk",
     "median", "softmax",
     # linear algebra
-    "matmul", "mm", "bmm", "baddbmm", "linalg.cholesky", "linalg.solve", "linalg.det",
+    "matmul", "mm", "bmm", "baddbmm", "linalg.cholesky", "linalg.solve", "linalg.det", "linalg.eig", "linalg.eigh",
     # convolution, pooling, normalisation, upsampling
     "nn.functional.conv2d", "nn.functional.avg_pool2d", "nn.functional.batch_norm", "nn.functional.layer_norm",
     "nn.functional.group_norm", "nn.functional.interpolate.bilinear",
@@ -77,6 +77,31 @@ def test_harness_detects_wrong_results():
     with pytest.raises(cov._Mismatch):
         cov._compare(a, torch.ones(4).to("tpu"), "float32")
     cov._compare(a, a.to("tpu"), "float32")
+
+
+def test_harness_eig_invariants():
+    """Eigendecompositions: any eigenvalue order and eigenvector phase pass, a
+    wrong eigenvalue or a vector that is not an eigenvector does not."""
+    from torch.testing._internal.opinfo.core import SampleInput
+    a = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [1.0, 0.0, -1.0]])
+    s = SampleInput(a)
+    w, v = torch.linalg.eig(a)
+    p = torch.tensor([2, 0, 1])
+    ph = torch.exp(1j * torch.tensor([0.3, -2.0, 1.0]))
+    cov._check_eig("linalg.eig", s, (w, v), (w[p].to("tpu"), (v[:, p] * ph).to("tpu")), "float32")
+    cov._check_eig("linalg.eigvals", s, w, w[p].to("tpu"), "float32")
+    with pytest.raises(cov._Mismatch):
+        cov._check_eig("linalg.eigvals", s, w, (w + 1e-2).to("tpu"), "float32")
+    with pytest.raises(cov._Mismatch):
+        cov._check_eig("linalg.eig", s, (w, v), (w.to("tpu"), v[:, [1, 0, 2]].to("tpu")), "float32")
+    with pytest.raises(cov._Mismatch):
+        cov._check_eig("linalg.eig", s, (w, v), (w.to("tpu"), (2 * v).to("tpu")), "float32")
+    h = a + a.mT
+    e, u = torch.linalg.eigh(h)
+    cov._check_eig("linalg.eigh", SampleInput(h), (e, u), (e.to("tpu"), (u * torch.tensor([1.0, -1.0, -1.0])).to("tpu")),
+                   "float32")
+    with pytest.raises(cov._Mismatch):
+        cov._check_eig("linalg.eigh", SampleInput(h), (e, u), (e.to("tpu"), u[:, [1, 0, 2]].to("tpu")), "float32")
 
 
 def test_harness_runs_isolated_workers(tmp_path):

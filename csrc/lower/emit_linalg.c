@@ -312,7 +312,7 @@ static bool tpu_check_matrix(tpu_lower *L, int i, bool square, const char *fn) {
                    (long long)t->sizes[t->rank - 2], (long long)t->sizes[t->rank - 1]);
     return false;
   }
-  if (t->dtype != TPU_F32 && t->dtype != TPU_F64) {
+  if (t->dtype != TPU_F32 && t->dtype != TPU_F64 && !(tpu_dtype_is_complex(t->dtype) && !strcmp(fn, "linalg.solve"))) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: Expected a floating point or complex tensor as input. Got %s", fn,
                    tpu_dtype_name(t->dtype));
     return false;
@@ -536,11 +536,12 @@ static tpu_lu_res tpu_lu(tpu_lower *L, tpu_hv a, bool pivot) {
     for (int i = 0; i < TPU_MAX_RANK; i++) bd0[i] = i;
     tpu_hv p; /* pivot row, s64 [...] */
     if (pivot) {
-      tpu_hv mag = tpu_hlo_unary(H, TPU_HLO_ABS, colk);
+      tpu_hv mag = tpu_hlo_unary(H, TPU_HLO_ABS, tpu_dtype_is_complex(dt) ? tpu_hlo_unary(H, TPU_HLO_REAL, colk) : colk);
       tpu_hv below = tpu_hlo_compare(H, TPU_HLO_GE, rows, kR);
+      if (tpu_dtype_is_complex(dt)) mag = tpu_add(L, mag, tpu_hlo_unary(H, TPU_HLO_ABS, tpu_hlo_unary(H, TPU_HLO_IMAG, colk))); /* LAPACK's |re|+|im| */
       mag = tpu_hlo_select(H, below, mag, tpu_k(L, mag, -1));
       int64_t d = nb;
-      tpu_hv mx = tpu_hlo_reduce(H, mag, tpu_hlo_constant(H, dt, -INFINITY), &d, 1, TPU_HLO_MAX);
+      tpu_hv mx = tpu_hlo_reduce(H, mag, tpu_hlo_constant(H, T(L, mag)->dtype, -INFINITY), &d, 1, TPU_HLO_MAX);
       tpu_hv ismx = tpu_hlo_binary(H, TPU_HLO_AND, below, tpu_hlo_compare(H, TPU_HLO_EQ, mag, tpu_hlo_broadcast_in_dim(H, mx, nb + 1, qd, bd0)));
       tpu_hv cand = tpu_hlo_select(H, ismx, rows, tpu_lower_full(L, rt, (double)m));
       p = tpu_hlo_reduce(H, cand, tpu_hlo_constant_int(H, TPU_S64, m), &d, 1, TPU_HLO_MIN);
@@ -549,8 +550,7 @@ static tpu_lu_res tpu_lu(tpu_lower *L, tpu_hv a, bool pivot) {
     } else {
       p = tpu_bcast0(L, k, nb, at.dims);
     }
-    /* swap rows k and p */
-    int64_t bd[TPU_MAX_RANK];
+    int64_t bd[TPU_MAX_RANK]; /* swap rows k and p */
     for (int i = 0; i < nb; i++) bd[i] = i;
     tpu_hv pA = tpu_hlo_broadcast_in_dim(H, p, r, at.dims, bd);
     tpu_hv isk = tpu_hlo_compare(H, TPU_HLO_EQ, row, kA), isp = tpu_hlo_compare(H, TPU_HLO_EQ, row, pA);

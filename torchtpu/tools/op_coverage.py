@@ -122,6 +122,90 @@ def _check_tie_indices(name, sample, expected, actual, dtype_name):
         raise _Mismatch("indices: point at elements that differ from the CPU's")
 
 
+# Eigendecompositions: eigenvalues are a multiset (a QR algorithm's order need
+# not be LAPACK's) and eigenvectors are defined up to a phase (a sign when real),
+# so these entries are compared by what the math defines: the tpu eigenvalues,
+# put in the CPU's order by nearest matching, equal the CPU's; every tpu
+# eigenpair satisfies A v = w v and has unit norm; and the vector of an
+# eigenvalue apart from the others equals the CPU's times a phase. Gradients go
+# through the entry's own output_process_fn_grad (eigenvalues and |vectors|, as
+# PyTorch's OpInfo tests do), in the CPU's order.
+def _eig_match(e, a):
+    """Per matrix, the permutation p (int64, e's shape) with a[..., p] nearest e:
+    greedy over the globally closest remaining pairs."""
+    import torch
+    n = e.shape[-1]
+    ef, af = e.detach().reshape(-1, n), a.detach().cpu().reshape(-1, n).to(e.dtype)
+    perms = []
+    for eb, ab in zip(ef, af):
+        d = (eb[:, None] - ab[None, :]).abs()
+        d = torch.where(torch.isnan(d), torch.full_like(d, float("inf")), d)
+        p = [0] * n
+        for _ in range(n):
+            k = int(torch.argmin(d))
+            i, j = divmod(k, n)
+            p[i] = j
+            d[i, :] = float("inf")
+            d[:, j] = float("inf")
+        perms.append(p)
+    return torch.tensor(perms, dtype=torch.int64).reshape(e.shape)
+
+
+def _eig_matrix(name, sample):
+    """The matrix whose eigenpairs the entry computes (eigh reads one triangle)."""
+    import torch
+    A = sample.input.detach()
+    if name == "linalg.eigh":
+        lower = str(_arg(sample, 0, "UPLO", "L")).upper() == "L"
+        t = A.tril() if lower else A.triu()
+        A = t + (t.tril(-1) if lower else t.triu(1)).mH
+        A = A - 1j * A.diagonal(dim1=-2, dim2=-1).imag.diag_embed() if A.is_complex() else A
+    return A
+
+
+def _check_eig(name, sample, expected, actual, dtype_name):
+    """Compare an eigendecomposition invariantly (see above); raises _Mismatch.
+    Returns actual with its eigenpairs in the CPU's order (differentiable)."""
+    import torch
+    vectors = isinstance(expected, (tuple, list))
+    ew, aw = (expected[0], actual[0]) if vectors else (expected, actual)
+    _compare(expected, actual, dtype_name, values=False)
+    if ew.numel() == 0:
+        return actual
+    p = _eig_match(ew, aw) if name != "linalg.eigh" else None
+    if p is not None:
+        aw = torch.gather(aw, -1, p.to(aw.device))
+    _compare(ew, aw, dtype_name, what="eigenvalues")
+    if not vectors:
+        return aw
+    ev, av = expected[1], actual[1]
+    if p is not None:
+        av = torch.gather(av, -1, p.to(av.device).unsqueeze(-2).expand(av.shape))
+    A, V, w = _eig_matrix(name, sample), av.detach().cpu(), aw.detach().cpu()
+    tol = TOLERANCES.get(dtype_name, dict(rtol=1e-4, atol=1e-5))
+    cdt = V.dtype if V.is_complex() else torch.promote_types(V.dtype, torch.complex64)
+    Ac, Vc, wc = A.to(cdt), V.to(cdt), w.to(cdt)
+    scale = 1.0 + float(A.abs().amax()) if A.numel() else 1.0
+    res = float((Ac @ Vc - Vc * wc.unsqueeze(-2)).abs().amax())
+    if res > tol["atol"] + tol["rtol"] * scale * A.shape[-1]:
+        raise _Mismatch(f"eigenvectors: |A v - w v| = {res:.3g}")
+    nrm = float((Vc.abs().pow(2).sum(-2) - 1).abs().amax())
+    if nrm > 10 * tol["rtol"]:
+        raise _Mismatch(f"eigenvectors: norms differ from 1 by {nrm:.3g}")
+    # the CPU's vectors, up to a phase, where the eigenvalue is apart from the others
+    E = ev.detach().to(cdt)
+    ph = (E.conj() * Vc).sum(-2)
+    ph = torch.where(ph.abs() > 0, ph / ph.abs(), torch.ones_like(ph))
+    gap = (ew.unsqueeze(-1) - ew.unsqueeze(-2)).abs() + torch.eye(ew.shape[-1]) * float("inf")
+    apart = gap.amin(-1) > 1e-3 * scale
+    got = torch.where(apart.unsqueeze(-2), Vc * ph.conj().unsqueeze(-2), E)
+    _compare(E, got, dtype_name, what="eigenvectors (up to a phase)")
+    return type(actual)((aw, av)) if hasattr(actual, "_fields") else (aw, av)
+
+
+INVARIANT_OPS = {"linalg.eig", "linalg.eigvals", "linalg.eigh"}
+
+
 # Tolerances of the comparison, by dtype: XLA's transcendental functions and
 # reduction orders differ from the CPU kernels' by a few ulps.
 TOLERANCES = {
@@ -288,10 +372,14 @@ def _run_sample(op, sample, dtype_name, values, grad):
     name = entry_name(op)
     if name in TIE_INDEX_OPS and values:
         _check_tie_indices(name, sample, expected, actual, dtype_name)
+    elif name in INVARIANT_OPS and values:
+        actual = _check_eig(name, sample, expected, actual, dtype_name)
     else:
         _compare(expected, actual, dtype_name, values)
     if not grad:
         return "pass"
+    if name in INVARIANT_OPS:
+        expected, actual = sample.output_process_fn_grad(expected), sample.output_process_fn_grad(actual)
     cin, tin = _grad_inputs(sample), _grad_inputs(tsample)
     couts = [t for t in _leaves(expected, []) if t.requires_grad and t.grad_fn is not None]
     touts = [t for t in _leaves(actual, []) if t.requires_grad and t.grad_fn is not None]
