@@ -4,7 +4,7 @@ PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 CC      ?= gcc
-CFLAGS  := -std=c11 -Wall -Wextra -Werror -g -Icsrc
+CFLAGS  := -std=c11 -Wall -Wextra -Werror -Wmissing-prototypes -g -Icsrc
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 BUILD   := build/ctest
 CORE    := csrc/core.c

@@ -16,7 +16,7 @@ setup(
             # headers and op tables: a change to any of them rebuilds the module
             depends=sorted(glob.glob("csrc/**/*.h", recursive=True) + glob.glob("csrc/**/*.def", recursive=True)),
             include_dirs=["csrc"],
-            extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-fvisibility=hidden"],
+            extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-Wmissing-prototypes", "-O2", "-fvisibility=hidden"],
             libraries=["dl", "pthread", "m"],
         )
     ],

@@ -2,7 +2,7 @@
 #ifndef TPU_EMIT_H
 #define TPU_EMIT_H
 
-#include "lower.h"
+#include "emitters.h"
 
 /* ---- shared shapes of emitters ------------------------------------------------------ */
 

@@ -55,7 +55,7 @@ static tpu_hv tpu_sum_keep(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
   return tpu_keepdim(L, tpu_reduce_sum(L, x, dims, n), &in, mask, true);
 }
 
-double tpu_lowest(tpu_dtype dt) {
+static double tpu_lowest(tpu_dtype dt) {
   switch (dt) {
     case TPU_PRED: return 0;
     case TPU_S8: return -128;

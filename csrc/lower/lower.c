@@ -12,15 +12,11 @@
  * broadcast_in_dim), or, for anything else, a gather of computed flat
  * indices. Writes mirror reads: replace, dynamic_update_slice, or scatter.
  */
-#include "lower.h"
+#include "emitters.h"
 
 #include <stdio.h>
 #include <math.h>
 #include <string.h>
-
-#define TPU_OP(id, name, emit, flags) void emit(tpu_lower *L);
-#include "ops.def"
-#undef TPU_OP
 
 const tpu_op_row tpu_op_table[TPU_NUM_OPS] = {
 #define TPU_OP(id, name, emit, flags) {name, emit, flags},

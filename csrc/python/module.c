@@ -454,4 +454,5 @@ static PyModuleDef tpu_module_def = {
     tpu_mod_slots, tpu_mod_traverse, tpu_mod_clear, NULL,
 };
 
+PyMODINIT_FUNC PyInit__C(void); /* the module's entry point, found by name */
 PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&tpu_module_def); }
