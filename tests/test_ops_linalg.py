@@ -324,3 +324,57 @@ def test_ldl_empty_and_errors():
             fn(*args)
         with pytest.raises(want.type):
             fn(*[a.to("tpu") for a in args])
+
+
+# ---- matrix_exp -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 10.0, 30.0])
+def test_matrix_exp_float32_accuracy(scale):
+    """Scaling and squaring with a degree-22 Taylor polynomial: within float32
+    rounding of CPU torch in float64, at least as close as CPU's own float32
+    kernel (whose error, not ours, fails the OpInfo sample: 3.5e-4 on a 0.148
+    element)."""
+    a = make((6, 5, 5), seed=1) * (scale / 5 ** 0.5)
+    ref = torch.linalg.matrix_exp(a.double())
+    got = torch.linalg.matrix_exp(a.to("tpu")).cpu()
+    assert got.dtype == torch.float32 and got.shape == a.shape
+    rel = lambda x: ((x.double() - ref).flatten(1).abs().amax(1) / ref.flatten(1).abs().amax(1)).max().item()
+    assert rel(got) <= max(rel(torch.linalg.matrix_exp(a)), 1e-6)
+    close(got, torch.linalg.matrix_exp(a), tol=1e-4 * max(1.0, scale))
+
+
+def test_matrix_exp_opinfo_sample_closer_to_float64_than_cpu():
+    from torch.testing._internal.common_methods_invocations import op_db
+    op = next(o for o in op_db if o.name == "matrix_exp")
+    for s in op.sample_inputs("cpu", torch.float32):
+        ref = torch.linalg.matrix_exp(s.input.double())
+        got = torch.linalg.matrix_exp(s.input.to("tpu")).cpu().double()
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_matrix_exp_gradient_and_forms():
+    a = make((2, 4, 4), seed=2) * 0.5
+    check(torch.linalg.matrix_exp, a)
+    check(torch.matrix_exp, a[0])
+    close(torch.linalg.matrix_exp(torch.zeros(0, 3, 3, device="tpu")), torch.zeros(0, 3, 3))
+
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_matrix_exp_half_types(dt):
+    """torch's CPU kernel takes half types (and returns garbage there: exp(I)
+    is -1.3e30 in bfloat16): the same dtype, computed in float32 and rounded
+    once, so within one rounding of the float64 result."""
+    a = (make((3, 4, 4), seed=3) * 0.5).to(dt)
+    got = torch.linalg.matrix_exp(a.to("tpu")).cpu()
+    assert got.dtype == dt and got.shape == a.shape
+    ref = torch.linalg.matrix_exp(a.double())
+    torch.testing.assert_close(got.double(), ref, rtol=1e-2, atol=1e-2)
+    assert torch.linalg.matrix_exp(torch.eye(3, dtype=dt, device="tpu")).cpu().float().diagonal().sub(2.718).abs().max() < 0.02
+
+
+def test_matrix_exp_errors():
+    for dt in (torch.int64, torch.bool):
+        with pytest.raises(RuntimeError, match=r"Expected a floating point or complex tensor as input. Got (Long|Bool)"):
+            torch.linalg.matrix_exp(torch.ones(2, 2, dtype=dt, device="tpu"))
+    with pytest.raises(RuntimeError, match="square"):
+        torch.linalg.matrix_exp(torch.ones(2, 3, device="tpu"))

@@ -301,7 +301,9 @@ static tpu_hv tpu_chol_lower(tpu_lower *L, tpu_hv a) {
 }
 
 /* A float matrix stack argument (rank >= 2, square when asked). */
-static bool tpu_check_matrix(tpu_lower *L, int i, bool square, const char *fn) {
+/* ... also the half types where halves (matrix_exp, which torch's CPU kernel
+ * takes in every floating type) */
+static bool tpu_check_matrix_of(tpu_lower *L, int i, bool square, const char *fn, bool halves) {
   tpu_tref *t = &L->args[i].t;
   if (t->rank < 2) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: The input tensor %s must have at least 2 dimensions.", fn, i == 0 ? "A" : "B");
@@ -312,12 +314,16 @@ static bool tpu_check_matrix(tpu_lower *L, int i, bool square, const char *fn) {
                    (long long)t->sizes[t->rank - 2], (long long)t->sizes[t->rank - 1]);
     return false;
   }
-  if (t->dtype != TPU_F32 && t->dtype != TPU_F64) {
+  if (t->dtype != TPU_F32 && t->dtype != TPU_F64 && !(halves && (t->dtype == TPU_BF16 || t->dtype == TPU_F16))) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: Expected a floating point or complex tensor as input. Got %s", fn,
-                   tpu_dtype_name(t->dtype));
+                   tpu_dtype_c10_name(t->dtype));
     return false;
   }
   return true;
+}
+
+static bool tpu_check_matrix(tpu_lower *L, int i, bool square, const char *fn) {
+  return tpu_check_matrix_of(L, i, square, fn, false);
 }
 
 /* ---- Cholesky and triangular solves ----------------------------------------------------------- */
@@ -1584,19 +1590,21 @@ void tpu_emit_pdist_backward(tpu_lower *L) {
  * matrix, at run time: the same count of squarings as torch, whose rounding
  * errors they amplify), a degree-22 Taylor polynomial (Horner) approximates
  * its exponential below float32 rounding, and s squarings (a while loop over the largest
- * s; each matrix squares only while its own count lasts) undo the scaling. */
+ * s; each matrix squares only while its own count lasts) undo the scaling.
+ * Half types in float32, the result rounded once (torch's CPU kernel runs
+ * them in their own precision, and its results are not usable: exp(I) is
+ * -1.3e30 in bfloat16 there). */
 void tpu_emit_matrix_exp(tpu_lower *L) {
-  if (!tpu_check_matrix(L, 0, true, "linalg.matrix_exp")) return;
-  tpu_tref *t = &L->args[0].t;
-  tpu_hv a = tpu_lower_tensor(L, 0, -1);
+  if (!tpu_check_matrix_of(L, 0, true, "linalg.matrix_exp", true)) return;
+  tpu_dtype in = L->args[0].t.dtype;
+  tpu_hv a = tpu_lower_input(L, 0, tpu_acc_type(in));
   const tpu_hlo_type at = *T(L, a);
   int r = at.rank, nb = r - 2;
   tpu_dtype dt = at.dtype;
   if (tpu_hlo_type_numel(&at) == 0) {
-    tpu_lower_out(L, a);
+    tpu_lower_out(L, tpu_hlo_convert(H, a, in));
     return;
   }
-  (void)t;
   /* 1-norm: max column sum of |a| */
   int64_t d = r - 2, dl = nb;
   tpu_hv cs = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_ABS, a), tpu_hlo_constant(H, dt, 0), &d, 1, TPU_HLO_ADD);
@@ -1636,7 +1644,7 @@ void tpu_emit_matrix_exp(tpu_lower *L) {
   int body = tpu_hlo_region_end(H, outs, 4);
   tpu_hv res[4];
   if (!tpu_while(L, init, 4, cond, body, res)) return;
-  tpu_lower_out(L, res[1]);
+  tpu_lower_out(L, tpu_hlo_convert(H, res[1], in));
 }
 
 /* ---- least squares ------------------------------------------------------------------------------- */
