@@ -300,9 +300,9 @@ static tpu_hv tpu_chol_lower(tpu_lower *L, tpu_hv a) {
   return tpu_tri(L, c, true);
 }
 
-/* A float matrix stack argument (rank >= 2, square when asked). */
-/* ... also the half types where halves (matrix_exp, which torch's CPU kernel
- * takes in every floating type) */
+/* A float matrix stack argument (rank >= 2, square when asked); half types
+ * too where halves (matrix_exp, which torch's CPU kernel takes in every
+ * floating type). */
 static bool tpu_check_matrix_of(tpu_lower *L, int i, bool square, const char *fn, bool halves) {
   tpu_tref *t = &L->args[i].t;
   if (t->rank < 2) {
@@ -314,7 +314,8 @@ static bool tpu_check_matrix_of(tpu_lower *L, int i, bool square, const char *fn
                    (long long)t->sizes[t->rank - 2], (long long)t->sizes[t->rank - 1]);
     return false;
   }
-  if (t->dtype != TPU_F32 && t->dtype != TPU_F64 && !(halves && (t->dtype == TPU_BF16 || t->dtype == TPU_F16))) {
+  if (halves && (t->dtype == TPU_BF16 || t->dtype == TPU_F16)) return true;
+  if (t->dtype != TPU_F32 && t->dtype != TPU_F64) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: Expected a floating point or complex tensor as input. Got %s", fn,
                    tpu_dtype_c10_name(t->dtype));
     return false;
