@@ -378,3 +378,43 @@ def test_matrix_exp_errors():
             torch.linalg.matrix_exp(torch.ones(2, 2, dtype=dt, device="tpu"))
     with pytest.raises(RuntimeError, match="square"):
         torch.linalg.matrix_exp(torch.ones(2, 3, device="tpu"))
+
+
+# ---- matmul family: dtypes and empty inputs as torch's CPU kernels -----------------------------
+
+_MM_CASES = [
+    ("bmm", torch.bmm, [((2, 3, 4), (2, 4, 5)), ((2, 0, 3), (2, 3, 4)), ((2, 3, 0), (2, 0, 4)), ((0, 3, 4), (0, 4, 5)),
+                        ((2, 3, 4), (2, 4, 0)), ((2, 3, 4), (2, 5, 6)), ((3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5))]),
+    ("mm", torch.mm, [((3, 4), (4, 5)), ((0, 3), (3, 4)), ((3, 0), (0, 4))]),
+    ("dot", torch.dot, [((3,), (3,)), ((0,), (0,))]),
+    ("mv", torch.mv, [((3, 4), (4,)), ((0, 4), (4,)), ((3, 0), (0,))]),
+    ("matmul", torch.matmul, [((2, 1, 3, 4), (4, 4, 2)), ((2, 1, 3, 0), (4, 0, 2)), ((2, 0, 3), (3, 2)), ((3,), (3, 0))]),
+    ("addmm", lambda a, b: torch.addmm(torch.zeros((), dtype=b.dtype, device=b.device), a, b),
+     [((3, 4), (4, 5)), ((3, 0), (0, 5))]),
+]
+_MM_DTYPES = [(torch.int64, torch.float32), (torch.float32, torch.int64), (torch.float32, torch.float64),
+              (torch.bfloat16, torch.float32), (torch.bool, torch.bool), (torch.bool, torch.float32),
+              (torch.float32, torch.bool), (torch.int32, torch.int32)]
+
+
+@pytest.mark.parametrize("name,fn,shapes", _MM_CASES, ids=[c[0] for c in _MM_CASES])
+def test_matmul_family_dtypes_and_empties(name, fn, shapes):
+    """Mixed dtypes and bool: where the CPU computes (bmm of an empty result or
+    an empty sum takes any two dtypes and gives mat2's; mm/mv/addmm take bool
+    when nothing is summed), the same result; where it refuses, the same
+    exception type and message."""
+    for sa, sb in shapes:
+        for da, db in _MM_DTYPES:
+            if name == "addmm" and torch.bool in (da, db) and 0 in sa:
+                continue  # the CPU fails casting its int beta * self to bool: not matched
+            a, b = torch.ones(sa, dtype=da), torch.ones(sb, dtype=db)
+            try:
+                want = fn(a, b)
+            except Exception as e:  # noqa: BLE001 - the CPU's exception is the reference
+                with pytest.raises(type(e)) as got:
+                    fn(a.to("tpu"), b.to("tpu")).cpu()
+                assert str(got.value).splitlines()[0] == str(e).splitlines()[0], (name, sa, sb, da, db)
+                continue
+            got = fn(a.to("tpu"), b.to("tpu")).cpu()
+            assert got.dtype == want.dtype and got.shape == want.shape, (name, sa, sb, da, db)
+            assert torch.equal(got, want), (name, sa, sb, da, db)
