@@ -324,3 +324,97 @@ def test_ldl_empty_and_errors():
             fn(*args)
         with pytest.raises(want.type):
             fn(*[a.to("tpu") for a in args])
+
+
+# ---- matrix_exp -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 10.0, 30.0])
+def test_matrix_exp_float32_accuracy(scale):
+    """Scaling and squaring with a degree-22 Taylor polynomial: within float32
+    rounding of CPU torch in float64, at least as close as CPU's own float32
+    kernel (whose error, not ours, fails the OpInfo sample: 3.5e-4 on a 0.148
+    element)."""
+    a = make((6, 5, 5), seed=1) * (scale / 5 ** 0.5)
+    ref = torch.linalg.matrix_exp(a.double())
+    got = torch.linalg.matrix_exp(a.to("tpu")).cpu()
+    assert got.dtype == torch.float32 and got.shape == a.shape
+    rel = lambda x: ((x.double() - ref).flatten(1).abs().amax(1) / ref.flatten(1).abs().amax(1)).max().item()
+    assert rel(got) <= max(rel(torch.linalg.matrix_exp(a)), 1e-6)
+    close(got, torch.linalg.matrix_exp(a), tol=1e-4 * max(1.0, scale))
+
+
+def test_matrix_exp_opinfo_sample_closer_to_float64_than_cpu():
+    from torch.testing._internal.common_methods_invocations import op_db
+    op = next(o for o in op_db if o.name == "matrix_exp")
+    for s in op.sample_inputs("cpu", torch.float32):
+        ref = torch.linalg.matrix_exp(s.input.double())
+        got = torch.linalg.matrix_exp(s.input.to("tpu")).cpu().double()
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_matrix_exp_gradient_and_forms():
+    a = make((2, 4, 4), seed=2) * 0.5
+    check(torch.linalg.matrix_exp, a)
+    check(torch.matrix_exp, a[0])
+    close(torch.linalg.matrix_exp(torch.zeros(0, 3, 3, device="tpu")), torch.zeros(0, 3, 3))
+
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_matrix_exp_half_types(dt):
+    """torch's CPU kernel takes half types (and returns garbage there: exp(I)
+    is -1.3e30 in bfloat16): the same dtype, computed in float32 and rounded
+    once, so within one rounding of the float64 result."""
+    a = (make((3, 4, 4), seed=3) * 0.5).to(dt)
+    got = torch.linalg.matrix_exp(a.to("tpu")).cpu()
+    assert got.dtype == dt and got.shape == a.shape
+    ref = torch.linalg.matrix_exp(a.double())
+    torch.testing.assert_close(got.double(), ref, rtol=1e-2, atol=1e-2)
+    assert torch.linalg.matrix_exp(torch.eye(3, dtype=dt, device="tpu")).cpu().float().diagonal().sub(2.718).abs().max() < 0.02
+
+
+def test_matrix_exp_errors():
+    for dt in (torch.int64, torch.bool):
+        with pytest.raises(RuntimeError, match=r"Expected a floating point or complex tensor as input. Got (Long|Bool)"):
+            torch.linalg.matrix_exp(torch.ones(2, 2, dtype=dt, device="tpu"))
+    with pytest.raises(RuntimeError, match="square"):
+        torch.linalg.matrix_exp(torch.ones(2, 3, device="tpu"))
+
+
+# ---- matmul family: dtypes and empty inputs as torch's CPU kernels -----------------------------
+
+_MM_CASES = [
+    ("bmm", torch.bmm, [((2, 3, 4), (2, 4, 5)), ((2, 0, 3), (2, 3, 4)), ((2, 3, 0), (2, 0, 4)), ((0, 3, 4), (0, 4, 5)),
+                        ((2, 3, 4), (2, 4, 0)), ((2, 3, 4), (2, 5, 6)), ((3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5))]),
+    ("mm", torch.mm, [((3, 4), (4, 5)), ((0, 3), (3, 4)), ((3, 0), (0, 4))]),
+    ("dot", torch.dot, [((3,), (3,)), ((0,), (0,))]),
+    ("mv", torch.mv, [((3, 4), (4,)), ((0, 4), (4,)), ((3, 0), (0,))]),
+    ("matmul", torch.matmul, [((2, 1, 3, 4), (4, 4, 2)), ((2, 1, 3, 0), (4, 0, 2)), ((2, 0, 3), (3, 2)), ((3,), (3, 0))]),
+    ("addmm", lambda a, b: torch.addmm(torch.zeros((), dtype=b.dtype, device=b.device), a, b),
+     [((3, 4), (4, 5)), ((3, 0), (0, 5))]),
+]
+_MM_DTYPES = [(torch.int64, torch.float32), (torch.float32, torch.int64), (torch.float32, torch.float64),
+              (torch.bfloat16, torch.float32), (torch.bool, torch.bool), (torch.bool, torch.float32),
+              (torch.float32, torch.bool), (torch.int32, torch.int32)]
+
+
+@pytest.mark.parametrize("name,fn,shapes", _MM_CASES, ids=[c[0] for c in _MM_CASES])
+def test_matmul_family_dtypes_and_empties(name, fn, shapes):
+    """Mixed dtypes and bool: where the CPU computes (bmm of an empty result or
+    an empty sum takes any two dtypes and gives mat2's; mm/mv/addmm take bool
+    when nothing is summed), the same result; where it refuses, the same
+    exception type and message."""
+    for sa, sb in shapes:
+        for da, db in _MM_DTYPES:
+            if name == "addmm" and torch.bool in (da, db) and 0 in sa:
+                continue  # the CPU fails casting its int beta * self to bool: not matched
+            a, b = torch.ones(sa, dtype=da), torch.ones(sb, dtype=db)
+            try:
+                want = fn(a, b)
+            except Exception as e:  # noqa: BLE001 - the CPU's exception is the reference
+                with pytest.raises(type(e)) as got:
+                    fn(a.to("tpu"), b.to("tpu")).cpu()
+                assert str(got.value).splitlines()[0] == str(e).splitlines()[0], (name, sa, sb, da, db)
+                continue
+            got = fn(a.to("tpu"), b.to("tpu")).cpu()
+            assert got.dtype == want.dtype and got.shape == want.shape, (name, sa, sb, da, db)
+            assert torch.equal(got, want), (name, sa, sb, da, db)

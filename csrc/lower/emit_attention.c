@@ -10,7 +10,7 @@
  * the mask, a softmax over the keys that gives 0 for a row with no key to
  * attend to (as the math composition's safe softmax does), and its
  * log-sum-exp, kept for the backward, which recomputes the probabilities
- * from it instead of saving them.
+ * from it instead of saving them (renormalised: see the backward).
  *
  * Shapes: q [B..., L, E], k [B..., S, E], v [B..., S, Ev], the same batch
  * dims (the binding sends anything else to the math composition); a mask
@@ -112,15 +112,29 @@ void tpu_emit_sdpa_backward(tpu_lower *L) {
   double scale = A.scale;
   const int64_t *bd = A.bd;
   tpu_hv s = A.s;
+  int64_t rows = r - 2, cols = r - 1;
+  /* P from the saved log-sum-exp, then scaled to sum to 1 again: lse is
+   * rounded at its own magnitude (a row's largest score, tens here), so
+   * exp(s - lse) sums to 1 only within some 100 eps; the backward's
+   * cancellation below needs probabilities that sum to 1 to within
+   * rounding, as the saved softmax of the math composition does. */
   tpu_hv lse = tpu_attn_rows(L, tpu_lower_input(L, 6, acc), s);
   tpu_hv p = tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, s, lse));
   p = tpu_hlo_select(H, tpu_hlo_unary(H, TPU_HLO_IS_FINITE, lse), p, tpu_k(L, p, 0));
-  tpu_hv g = tpu_lower_input(L, 0, acc), o = tpu_lower_input(L, 5, acc);
-  int64_t rows = r - 2, cols = r - 1;
-  /* dV = P^T dO; dP = dO V^T; dS = P (dP - rowsum(dO o)); dQ = scale dS K; dK = scale dS^T Q */
+  tpu_hv ps = tpu_reduce_sum(L, p, &cols, 1);
+  ps = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GT, ps, tpu_k(L, ps, 0)), ps, tpu_k(L, ps, 1));
+  p = tpu_hlo_binary(H, TPU_HLO_DIV, p, tpu_attn_rows(L, ps, p));
+  tpu_hv g = tpu_lower_input(L, 0, acc);
+  /* dV = P^T dO; dP = dO V^T; dS = P (dP - rowsum(P dP)); dQ = scale dS K; dK = scale dS^T Q.
+   * The row term is summed from the same P and dP it is subtracted from
+   * (as the softmax backward does), not as rowsum(dO out) from the saved
+   * output, equal in exact arithmetic: where the softmax saturates (one
+   * probability near 1) dP - rowsum cancels, and terms rounded apart (the
+   * output in the input dtype, from the forward's own sums) leave their
+   * rounding in a difference that should be near 0. */
   tpu_hv dv = tpu_hlo_dot_general(H, p, g, nb, bd, bd, 1, &rows, &rows, L->precision, acc);
   tpu_hv dp = tpu_hlo_dot_general(H, g, tpu_lower_input(L, 3, acc), nb, bd, bd, 1, &cols, &cols, L->precision, acc);
-  tpu_hv d = tpu_reduce_sum(L, tpu_mul(L, g, o), &cols, 1);
+  tpu_hv d = tpu_reduce_sum(L, tpu_mul(L, p, dp), &cols, 1);
   tpu_hv ds = tpu_mul(L, p, tpu_sub(L, dp, tpu_attn_rows(L, d, dp)));
   tpu_hv dq = tpu_hlo_dot_general(H, ds, tpu_lower_input(L, 2, acc), nb, bd, bd, 1, &cols, &rows, L->precision, acc);
   tpu_hv dk = tpu_hlo_dot_general(H, ds, tpu_lower_input(L, 1, acc), nb, bd, bd, 1, &rows, &rows, L->precision, acc);

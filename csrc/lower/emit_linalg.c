@@ -14,12 +14,13 @@
 #include <string.h>
 
 #include "emit.h"
+#include "linalg.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
 static bool tpu_has(tpu_lower *L, int i, tpu_argkind k) { return i < L->nargs && L->args[i].kind == k; }
 
-static bool tpu_bool_arg(tpu_lower *L, int i, bool dflt) {
+bool tpu_bool_arg(tpu_lower *L, int i, bool dflt) {
   if (tpu_has(L, i, TPU_ARG_BOOL)) return L->args[i].i != 0;
   return dflt;
 }
@@ -203,7 +204,7 @@ void tpu_emit_eye_out(tpu_lower *L) {
 /* ---- matrix helpers ------------------------------------------------------------------------ */
 
 /* x with its last two dims swapped. */
-static tpu_hv tpu_mT(tpu_lower *L, tpu_hv x) {
+tpu_hv tpu_mT(tpu_lower *L, tpu_hv x) {
   const tpu_hlo_type *t = T(L, x);
   int64_t perm[TPU_MAX_RANK];
   for (int i = 0; i < t->rank; i++) perm[i] = i;
@@ -214,7 +215,7 @@ static tpu_hv tpu_mT(tpu_lower *L, tpu_hv x) {
 }
 
 /* [..., m, k] @ [..., k, n] with equal batch dims. */
-static tpu_hv tpu_bmatmul(tpu_lower *L, tpu_hv a, tpu_hv b) {
+tpu_hv tpu_bmatmul(tpu_lower *L, tpu_hv a, tpu_hv b) {
   const tpu_hlo_type *t = T(L, a);
   int r = t->rank;
   int64_t bd[TPU_MAX_RANK];
@@ -241,7 +242,7 @@ static tpu_hv tpu_tri(tpu_lower *L, tpu_hv x, bool lower) {
 }
 
 /* The identity of x's type (last two dims), broadcast over its batch. */
-static tpu_hv tpu_eye_like(tpu_lower *L, const tpu_hlo_type *t) {
+tpu_hv tpu_eye_like(tpu_lower *L, const tpu_hlo_type *t) {
   tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, t->rank, t->dims);
   tpu_hv eq = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, it, t->rank - 2), tpu_hlo_iota(H, it, t->rank - 1));
   return tpu_hlo_convert(H, eq, t->dtype);
@@ -300,8 +301,10 @@ static tpu_hv tpu_chol_lower(tpu_lower *L, tpu_hv a) {
   return tpu_tri(L, c, true);
 }
 
-/* A float matrix stack argument (rank >= 2, square when asked). */
-static bool tpu_check_matrix(tpu_lower *L, int i, bool square, const char *fn) {
+/* A float matrix stack argument (rank >= 2, square when asked); half types
+ * too where halves (matrix_exp, which torch's CPU kernel takes in every
+ * floating type). */
+static bool tpu_check_matrix_of(tpu_lower *L, int i, bool square, const char *fn, bool halves) {
   tpu_tref *t = &L->args[i].t;
   if (t->rank < 2) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: The input tensor %s must have at least 2 dimensions.", fn, i == 0 ? "A" : "B");
@@ -312,12 +315,17 @@ static bool tpu_check_matrix(tpu_lower *L, int i, bool square, const char *fn) {
                    (long long)t->sizes[t->rank - 2], (long long)t->sizes[t->rank - 1]);
     return false;
   }
+  if (halves && (t->dtype == TPU_BF16 || t->dtype == TPU_F16)) return true;
   if (t->dtype != TPU_F32 && t->dtype != TPU_F64 && !(tpu_dtype_is_complex(t->dtype) && !strcmp(fn, "linalg.solve"))) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: Expected a floating point or complex tensor as input. Got %s", fn,
-                   tpu_dtype_name(t->dtype));
+                   tpu_dtype_c10_name(t->dtype));
     return false;
   }
   return true;
+}
+
+bool tpu_check_matrix(tpu_lower *L, int i, bool square, const char *fn) {
+  return tpu_check_matrix_of(L, i, square, fn, false);
 }
 
 /* ---- Cholesky and triangular solves ----------------------------------------------------------- */
@@ -1015,7 +1023,7 @@ static tpu_hv tpu_rot_cols(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q, tpu_hv c,
  * eigh): each rotation zeroes a[p, q] and is applied to rows and columns.
  * One-sided (SVD): each rotation makes columns p and q orthogonal. An empty
  * or 1-column *a is left as it is. */
-static bool tpu_jacobi_sweeps(tpu_lower *L, bool two_sided, int sweeps, tpu_hv *a, tpu_hv *v) {
+bool tpu_jacobi_sweeps(tpu_lower *L, bool two_sided, int sweeps, tpu_hv *a, tpu_hv *v) {
   const tpu_hlo_type at = *T(L, *a);
   int64_t n = at.dims[at.rank - 1], np = n * (n - 1) / 2;
   if (np == 0 || tpu_hlo_type_numel(&at) == 0) return true;
@@ -1050,24 +1058,9 @@ static bool tpu_jacobi_sweeps(tpu_lower *L, bool two_sided, int sweeps, tpu_hv *
   return true;
 }
 
-/* Thin SVD of a [..., m, n] with m >= n by one-sided Jacobi: returns the
- * rotated columns W = U diag(S) and V, after `sweeps` cyclic sweeps. */
-static void tpu_jacobi_svd(tpu_lower *L, tpu_hv a, int sweeps, tpu_hv *w_out, tpu_hv *v_out) {
-  const tpu_hlo_type at = *T(L, a);
-  int r = at.rank;
-  int64_t vd[TPU_MAX_RANK];
-  memcpy(vd, at.dims, sizeof(int64_t) * (size_t)r);
-  vd[r - 2] = at.dims[r - 1];
-  tpu_hlo_type vt = tpu_hlo_type_make(at.dtype, r, vd);
-  tpu_hv v = tpu_eye_like(L, &vt);
-  if (!tpu_jacobi_sweeps(L, false, sweeps, &a, &v)) return;
-  *w_out = a;
-  *v_out = v;
-}
-
 /* Permutation sorting s [..., k] descending (stable): returns the sorted
  * values and the one-hot matrix M [..., k, k] with X M = X's columns in that order. */
-static tpu_hv tpu_sort_desc(tpu_lower *L, tpu_hv s, tpu_hv *mat) {
+tpu_hv tpu_sort_desc(tpu_lower *L, tpu_hv s, tpu_hv *mat) {
   const tpu_hlo_type st = *T(L, s);
   int r = st.rank;
   tpu_hlo_type it = tpu_hlo_type_make(TPU_S32, r, st.dims);
@@ -1088,54 +1081,6 @@ static tpu_hv tpu_sort_desc(tpu_lower *L, tpu_hv s, tpu_hv *mat) {
   tpu_hv rows = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S32, r + 1, md), r - 1);
   *mat = tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, idx), st.dtype);
   return outs[0];
-}
-
-/* U [..., m, k], S [..., k], V [..., n, k] of a [..., m, n], S descending. */
-static void tpu_svd(tpu_lower *L, tpu_hv a, tpu_hv *U, tpu_hv *S, tpu_hv *V) {
-  const tpu_hlo_type at = *T(L, a);
-  int r = at.rank;
-  bool wide = at.dims[r - 2] < at.dims[r - 1];
-  tpu_hv w = TPU_HV_NONE, v = TPU_HV_NONE;
-  tpu_jacobi_svd(L, wide ? tpu_mT(L, a) : a, 12, &w, &v);
-  if (!tpu_hlo_ok(H)) return;
-  /* singular values: column norms; U: normalised columns (0 for a zero column) */
-  tpu_hv wt = tpu_mT(L, w);
-  int64_t d = r - 1;
-  tpu_hv s2 = tpu_hlo_reduce(H, tpu_mul(L, wt, wt), tpu_hlo_constant(H, at.dtype, 0), &d, 1, TPU_HLO_ADD);
-  tpu_hv s = tpu_hlo_unary(H, TPU_HLO_SQRT, s2);
-  const tpu_hlo_type *wty = T(L, w);
-  int64_t bd[TPU_MAX_RANK];
-  for (int i = 0; i < r - 2; i++) bd[i] = i;
-  bd[r - 2] = r - 1;
-  tpu_hv sb = tpu_hlo_broadcast_in_dim(H, s, r, wty->dims, bd);
-  tpu_hv z = tpu_hlo_compare(H, TPU_HLO_EQ, sb, tpu_k(L, sb, 0));
-  tpu_hv u = tpu_hlo_select(H, z, tpu_k(L, w, 0), tpu_hlo_binary(H, TPU_HLO_DIV, w, tpu_hlo_select(H, z, tpu_k(L, sb, 1), sb)));
-  tpu_hv M = TPU_HV_NONE;
-  s = tpu_sort_desc(L, s, &M);
-  u = tpu_bmatmul(L, u, M);
-  v = tpu_bmatmul(L, v, M);
-  *S = s;
-  *U = wide ? v : u;
-  *V = wide ? u : v;
-}
-
-/* _linalg_svd.U(A, full_matrices, compute_uv, *, driver, U, S, Vh) */
-void tpu_emit_linalg_svd(tpu_lower *L) {
-  if (!tpu_check_matrix(L, 0, false, "linalg.svd")) return;
-  tpu_tref *t = &L->args[0].t;
-  bool full = tpu_bool_arg(L, 1, false), uv = tpu_bool_arg(L, 2, true);
-  int64_t m = t->sizes[t->rank - 2], n = t->sizes[t->rank - 1];
-  if (uv && full && m != n) {
-    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "linalg.svd: full_matrices=True for non-square matrices is not supported on tpu yet");
-    return;
-  }
-  tpu_hv U = TPU_HV_NONE, S = TPU_HV_NONE, V = TPU_HV_NONE;
-  tpu_svd(L, tpu_lower_tensor(L, 0, -1), &U, &S, &V);
-  int64_t z = 0;
-  tpu_hv empty = tpu_lower_full(L, tpu_hlo_type_make(t->dtype, 1, &z), 0);
-  tpu_lower_out(L, uv ? U : empty);
-  tpu_lower_out(L, S);
-  tpu_lower_out(L, uv ? tpu_mT(L, V) : empty);
 }
 
 /* ---- eigh: two-sided (cyclic) Jacobi ------------------------------------------------------------- */
@@ -1202,7 +1147,7 @@ static tpu_hv tpu_hh_left(tpu_lower *L, tpu_hv x, tpu_hv v, tpu_hv tau, tpu_hv c
 }
 
 /* geqrf of a [..., m, n]: packed reflectors and R, and taus [..., min(m, n)]. */
-static void tpu_geqrf(tpu_lower *L, tpu_hv a, tpu_hv *packed, tpu_hv *taus) {
+void tpu_geqrf(tpu_lower *L, tpu_hv a, tpu_hv *packed, tpu_hv *taus) {
   const tpu_hlo_type at = *T(L, a);
   int r = at.rank, nb = r - 2;
   int64_t m = at.dims[r - 2], n = at.dims[r - 1], kmax = m < n ? m : n;
@@ -1287,7 +1232,7 @@ static tpu_hv tpu_hh_apply(tpu_lower *L, tpu_hv packed, tpu_hv taus, tpu_hv c, b
 }
 
 /* The first `ncols` columns of Q = H_0 ... H_{k-1}. */
-static tpu_hv tpu_hh_product(tpu_lower *L, tpu_hv packed, tpu_hv taus, int64_t ncols) {
+tpu_hv tpu_hh_product(tpu_lower *L, tpu_hv packed, tpu_hv taus, int64_t ncols) {
   const tpu_hlo_type pt = *T(L, packed);
   if (pt.dtype == TPU_INVALID) return TPU_HV_NONE;
   int64_t qd[TPU_MAX_RANK];
@@ -1584,19 +1529,21 @@ void tpu_emit_pdist_backward(tpu_lower *L) {
  * matrix, at run time: the same count of squarings as torch, whose rounding
  * errors they amplify), a degree-22 Taylor polynomial (Horner) approximates
  * its exponential below float32 rounding, and s squarings (a while loop over the largest
- * s; each matrix squares only while its own count lasts) undo the scaling. */
+ * s; each matrix squares only while its own count lasts) undo the scaling.
+ * Half types in float32, the result rounded once (torch's CPU kernel runs
+ * them in their own precision, and its results are not usable: exp(I) is
+ * -1.3e30 in bfloat16 there). */
 void tpu_emit_matrix_exp(tpu_lower *L) {
-  if (!tpu_check_matrix(L, 0, true, "linalg.matrix_exp")) return;
-  tpu_tref *t = &L->args[0].t;
-  tpu_hv a = tpu_lower_tensor(L, 0, -1);
+  if (!tpu_check_matrix_of(L, 0, true, "linalg.matrix_exp", true)) return;
+  tpu_dtype in = L->args[0].t.dtype;
+  tpu_hv a = tpu_lower_input(L, 0, tpu_acc_type(in));
   const tpu_hlo_type at = *T(L, a);
   int r = at.rank, nb = r - 2;
   tpu_dtype dt = at.dtype;
   if (tpu_hlo_type_numel(&at) == 0) {
-    tpu_lower_out(L, a);
+    tpu_lower_out(L, tpu_hlo_convert(H, a, in));
     return;
   }
-  (void)t;
   /* 1-norm: max column sum of |a| */
   int64_t d = r - 2, dl = nb;
   tpu_hv cs = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_ABS, a), tpu_hlo_constant(H, dt, 0), &d, 1, TPU_HLO_ADD);
@@ -1636,7 +1583,7 @@ void tpu_emit_matrix_exp(tpu_lower *L) {
   int body = tpu_hlo_region_end(H, outs, 4);
   tpu_hv res[4];
   if (!tpu_while(L, init, 4, cond, body, res)) return;
-  tpu_lower_out(L, res[1]);
+  tpu_lower_out(L, tpu_hlo_convert(H, res[1], in));
 }
 
 /* ---- least squares ------------------------------------------------------------------------------- */
@@ -1678,7 +1625,7 @@ void tpu_emit_linalg_lstsq(tpu_lower *L) {
   if (!tpu_batch_bcast(L, &a, &b)) return;
   tpu_dtype dt = at->dtype;
   tpu_hv U = TPU_HV_NONE, S = TPU_HV_NONE, V = TPU_HV_NONE;
-  tpu_svd(L, a, &U, &S, &V);
+  tpu_svd(L, a, false, &U, &S, &V);
   if (!tpu_hlo_ok(H)) return;
   const tpu_hlo_type st = *T(L, S);
   int sr = st.rank;

@@ -256,10 +256,38 @@ void tpu_emit_all(tpu_lower *L) { tpu_emit_anyall(L, false); }
 
 /* ---- matmuls -------------------------------------------------------------------------- */
 
+/* The C++ type name torch's mm/addmm dtype message prints (caffe2's TypeMeta). */
+static const char *tpu_cxx_type_name(tpu_dtype t) {
+  switch (t) {
+  case TPU_PRED: return "bool";
+  case TPU_S8: return "signed char";
+  case TPU_U8: return "unsigned char";
+  case TPU_S16: return "short int";
+  case TPU_S32: return "int";
+  case TPU_S64: return "long int";
+  case TPU_F16: return "c10::Half";
+  case TPU_BF16: return "c10::BFloat16";
+  case TPU_F32: return "float";
+  case TPU_F64: return "double";
+  case TPU_C64: return "c10::complex<float>";
+  case TPU_C128: return "c10::complex<double>";
+  default: return tpu_dtype_name(t);
+  }
+}
+
 static void tpu_check_mm_dtypes(tpu_lower *L, int a, int b) {
   if (L->args[a].t.dtype != L->args[b].t.dtype)
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected m1 and m2 to have the same dtype, but got: %s != %s",
-                   tpu_dtype_name(L->args[a].t.dtype), tpu_dtype_name(L->args[b].t.dtype));
+                   tpu_cxx_type_name(L->args[a].t.dtype), tpu_cxx_type_name(L->args[b].t.dtype));
+}
+
+/* torch's CPU matmul kernels have no bool instance: they refuse bool inputs
+ * only where they would compute, not for an empty result or an empty sum
+ * (those return before the kernel's dtype dispatch). */
+static bool tpu_mm_bool_refused(tpu_lower *L, int a, int64_t out_numel, int64_t inner, const char *kernel) {
+  if (L->args[a].t.dtype != TPU_PRED || out_numel == 0 || inner == 0) return false;
+  tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"%s\" not implemented for 'Bool'", kernel);
+  return true;
 }
 
 static tpu_hv tpu_matmul2(tpu_lower *L, tpu_hv a, tpu_hv b) {
@@ -278,13 +306,27 @@ static tpu_hv tpu_matmul2(tpu_lower *L, tpu_hv a, tpu_hv b) {
 
 void tpu_emit_mm(tpu_lower *L) {
   tpu_check_mm_dtypes(L, 0, 1);
+  tpu_tref *x = &L->args[0].t, *y = &L->args[1].t;
+  if (x->rank == 2 && y->rank == 2 &&
+      tpu_mm_bool_refused(L, 0, x->sizes[0] * y->sizes[1], x->sizes[1], "addmm_impl_cpu_"))
+    return;
   tpu_lower_out(L, tpu_matmul2(L, tpu_lower_tensor(L, 0, -1), tpu_lower_tensor(L, 1, -1)));
 }
 
 /* addmm(self, mat1, mat2, *, beta=1, alpha=1) = beta*self + alpha*(mat1@mat2),
  * accumulated in f32 for half types and rounded once, as torch's CPU kernel */
 void tpu_emit_addmm(tpu_lower *L) {
-  tpu_check_mm_dtypes(L, 1, 2);
+  const char *what[2] = {"self", "mat1"};
+  for (int i = 0; i < 2; i++)
+    if (L->args[i].t.dtype != L->args[2].t.dtype) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s and mat2 must have the same dtype, but got %s and %s", what[i],
+                     tpu_dtype_c10_name(L->args[i].t.dtype), tpu_dtype_c10_name(L->args[2].t.dtype));
+      return;
+    }
+  tpu_tref *x = &L->args[1].t, *y = &L->args[2].t;
+  if (x->rank == 2 && y->rank == 2 &&
+      tpu_mm_bool_refused(L, 1, x->sizes[0] * y->sizes[1], x->sizes[1], "addmm_impl_cpu_"))
+    return;
   tpu_dtype dt = L->args[1].t.dtype, acc = tpu_acc_type(dt);
   tpu_hv a = tpu_lower_tensor(L, 1, -1), b = tpu_lower_tensor(L, 2, -1);
   if (T(L, a)->rank != 2 || T(L, b)->rank != 2 || T(L, a)->dims[1] != T(L, b)->dims[0]) {
@@ -306,16 +348,34 @@ void tpu_emit_addmm(tpu_lower *L) {
   tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
 }
 
+/* bmm(self, mat2): the result takes mat2's dtype (torch's meta kernel
+ * allocates it from mat2), and an empty result or an empty sum (zeros)
+ * returns before any dtype check, whatever the two dtypes; otherwise bool is
+ * refused and the dtypes must agree. */
 void tpu_emit_bmm(tpu_lower *L) {
-  tpu_check_mm_dtypes(L, 0, 1);
-  tpu_hv a = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 1, -1);
-  const tpu_hlo_type *at = T(L, a), *bt = T(L, b);
-  if (at->rank != 3 || bt->rank != 3 || at->dims[0] != bt->dims[0] || at->dims[2] != bt->dims[1]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected size for first two dimensions of batch2 tensor to be: [%lld, %lld]",
-                   (long long)at->dims[0], (long long)at->dims[2]);
+  tpu_tref *x = &L->args[0].t, *y = &L->args[1].t;
+  if (x->rank != 3 || y->rank != 3) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s must be a 3D tensor", x->rank != 3 ? "batch1" : "batch2");
     return;
   }
-  tpu_dtype dt = at->dtype;
+  if (x->sizes[0] != y->sizes[0] || x->sizes[2] != y->sizes[1]) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected size for first two dimensions of batch2 tensor to be: [%lld, %lld] but got: [%lld, %lld].",
+                   (long long)x->sizes[0], (long long)x->sizes[2], (long long)y->sizes[0], (long long)y->sizes[1]);
+    return;
+  }
+  int64_t rd[3] = {x->sizes[0], x->sizes[1], y->sizes[2]};
+  if (rd[0] * rd[1] * rd[2] == 0 || x->sizes[2] == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(y->dtype, 3, rd), 0));
+    return;
+  }
+  if (tpu_mm_bool_refused(L, 0, 1, 1, "bmm")) return;
+  if (x->dtype != y->dtype) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected scalar type %s but found %s", tpu_dtype_c10_name(x->dtype),
+                   tpu_dtype_c10_name(y->dtype));
+    return;
+  }
+  tpu_hv a = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 1, -1);
+  tpu_dtype dt = x->dtype;
   int64_t z = 0, lc = 2, rc = 1;
   tpu_hv r = tpu_hlo_dot_general(H, a, b, 1, &z, &z, 1, &lc, &rc, L->precision, tpu_acc_type(dt));
   tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
@@ -323,7 +383,25 @@ void tpu_emit_bmm(tpu_lower *L) {
 
 /* dot(self, tensor), mv(self, vec) */
 void tpu_emit_dot(tpu_lower *L) {
-  tpu_check_mm_dtypes(L, 0, 1);
+  tpu_tref *x = &L->args[0].t, *y = &L->args[1].t;
+  if (!strncmp(L->opname, "mv", 2) && (L->opname[2] == 0 || L->opname[2] == '.')) { /* torch's addmv: (result = vec's dtype, mat, vec) */
+    if (x->dtype != y->dtype) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "addmv input tensors must have the same dtype, but got %s, %s, and %s",
+                     tpu_dtype_c10_name(y->dtype), tpu_dtype_c10_name(x->dtype), tpu_dtype_c10_name(y->dtype));
+      return;
+    }
+    if (x->rank == 2 && tpu_mm_bool_refused(L, 0, x->sizes[0], x->sizes[1], "addmv_impl_cpu")) return;
+  } else {
+    if (x->dtype != y->dtype) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "dot : expected both vectors to have same dtype, but found %s and %s",
+                     tpu_dtype_c10_name(x->dtype), tpu_dtype_c10_name(y->dtype));
+      return;
+    }
+    if (x->dtype == TPU_PRED) { /* refused even when empty */
+      tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"dot\" not implemented for 'Bool'");
+      return;
+    }
+  }
   tpu_hv a = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 1, -1);
   tpu_dtype dt = T(L, a)->dtype;
   int64_t lc = T(L, a)->rank - 1, rc = 0;

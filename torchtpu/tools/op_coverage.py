@@ -196,7 +196,9 @@ def _check_eig(name, sample, expected, actual, dtype_name):
     E = ev.detach().to(cdt)
     ph = (E.conj() * Vc).sum(-2)
     ph = torch.where(ph.abs() > 0, ph / ph.abs(), torch.ones_like(ph))
-    gap = (ew.unsqueeze(-1) - ew.unsqueeze(-2)).abs() + torch.eye(ew.shape[-1]) * float("inf")
+    # (0 * inf would be NaN off the diagonal: mask the diagonal instead)
+    n = ew.shape[-1]
+    gap = (ew.unsqueeze(-1) - ew.unsqueeze(-2)).abs().masked_fill(torch.eye(n, dtype=torch.bool), float("inf"))
     apart = gap.amin(-1) > 1e-3 * scale
     got = torch.where(apart.unsqueeze(-2), Vc * ph.conj().unsqueeze(-2), E)
     _compare(E, got, dtype_name, what="eigenvectors (up to a phase)")
@@ -354,6 +356,39 @@ def _grad_inputs(sample):
             if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
+# Singular vectors are defined up to a sign per pair (u_j, v_j), and the
+# columns past min(m, n) of a full U or V only as a basis of what the others
+# leave: S is compared as it is; each tpu pair, turned to the CPU's sign, is
+# compared with the CPU's where its singular value is apart from the others;
+# U and V must be orthonormal. Gradients go through the entry's own
+# output_process_fn_grad (|U|, S, |Vh|, U Vh), as PyTorch's OpInfo tests do.
+SVD_OPS = {"svd", "linalg.svd"}
+
+
+def _check_svd(name, expected, actual, dtype_name):
+    import torch
+    _compare(expected, actual, dtype_name, values=False)
+    eu, es, ev = expected
+    au, as_, av = (t.detach().cpu() for t in actual)
+    _compare(es, as_, dtype_name, what="S")
+    k = es.shape[-1]
+    if name == "linalg.svd":  # Vh -> V
+        ev, av = ev.mH, av.mH
+    if k == 0 or eu.numel() == 0:
+        return
+    tol = TOLERANCES.get(dtype_name, dict(rtol=1e-4, atol=1e-5))
+    for what, x in (("U", au), ("V", av)):
+        err = float((x.mH @ x - torch.eye(x.shape[-1], dtype=x.dtype)).abs().amax())
+        if err > 10 * tol["rtol"]:
+            raise _Mismatch(f"{what}: not orthonormal (|{what}^T {what} - I| = {err:.3g})")
+    eu, au, ev, av = eu[..., :k].detach(), au[..., :k], ev[..., :k].detach(), av[..., :k]
+    sg = torch.where((eu * au).sum(-2) < 0, -1.0, 1.0).to(au.dtype).unsqueeze(-2)
+    gap = (es.unsqueeze(-1) - es.unsqueeze(-2)).abs().masked_fill(torch.eye(k, dtype=torch.bool), float("inf"))
+    apart = (gap.amin(-1) > 1e-3 * (1.0 + float(es.abs().amax()))).unsqueeze(-2)
+    _compare(eu, torch.where(apart, au * sg, eu), dtype_name, what="U (up to signs)")
+    _compare(ev, torch.where(apart, av * sg, ev), dtype_name, what="V (up to signs)")
+
+
 def _run_sample(op, sample, dtype_name, values, grad):
     """Compare one sample; returns 'pass', 'skip' (the CPU refused it), or
     raises (_Mismatch or the tpu error)."""
@@ -374,11 +409,13 @@ def _run_sample(op, sample, dtype_name, values, grad):
         _check_tie_indices(name, sample, expected, actual, dtype_name)
     elif name in INVARIANT_OPS and values:
         actual = _check_eig(name, sample, expected, actual, dtype_name)
+    elif name in SVD_OPS and values:
+        _check_svd(name, expected, actual, dtype_name)
     else:
         _compare(expected, actual, dtype_name, values)
     if not grad:
         return "pass"
-    if name in INVARIANT_OPS:
+    if name in INVARIANT_OPS or name in SVD_OPS:
         expected, actual = sample.output_process_fn_grad(expected), sample.output_process_fn_grad(actual)
     cin, tin = _grad_inputs(sample), _grad_inputs(tsample)
     couts = [t for t in _leaves(expected, []) if t.requires_grad and t.grad_fn is not None]
