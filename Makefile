@@ -12,13 +12,14 @@ RT      := csrc/runtime/runtime.c
 HLO     := csrc/hlo/hlo.c
 CACHE   := csrc/cache/cache.c csrc/cache/sha256.c
 
-.PHONY: setup build test check pytest coverage fuzz clean bench-setup
+.PHONY: setup build test check pytest coverage fuzz clean bench-setup lint asan-pytest
 
 setup:
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet "torch==2.13.0" numpy pytest expecttest xla-cpu-pjrt "transformers==5.25.0" "accelerate==1.16.0"
 	$(VPY) -m pip install --quiet --no-deps "lammps-jax-pjrt-cpu==0.11.2"
+	$(VPY) -m pip install --quiet "ruff==0.17.6" "clang-format==23.1.5"
 	$(MAKE) build
 
 build:
@@ -64,6 +65,28 @@ pytest:
 	$(VPY) -m pytest -q tests
 
 test: build check pytest
+
+# The house rules: the line budget of the C core (tools/line_budget.py), C
+# formatted as .clang-format says, Python as ruff says (pyproject.toml).
+CSRC    = $(shell find csrc tests/c -name '*.c' -o -name '*.h')
+lint:
+	$(VPY) tools/line_budget.py
+	$(VENV)/bin/clang-format --dry-run --Werror $(CSRC)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# The extension itself under AddressSanitizer and UBSan on the op, fused and
+# graph tests (the C unit tests in `make check` never run the engine and the
+# bindings). It builds torchtpu/_C in place with the sanitizers, runs the
+# tests with the runtimes preloaded (libstdc++ too: torch throws through
+# ASan's interceptor), then rebuilds the normal module, also on failure.
+# Python and torch leak by design at exit: leak detection is off here.
+ASAN_PRELOAD = $(shell $(CC) -print-file-name=libasan.so) $(shell $(CC) -print-file-name=libstdc++.so)
+asan-pytest:
+	CFLAGS="$(SAN)" LDFLAGS="-fsanitize=address,undefined" $(VPY) setup.py -q build_ext --inplace --build-temp build/asan
+	LD_PRELOAD="$(ASAN_PRELOAD)" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  $(VPY) -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_fused.py tests/test_graphs.py; \
+	  rc=$$?; $(MAKE) build; exit $$rc
 
 # The full OpInfo coverage run (all of op_db, four dtypes, gradients): writes
 # docs/op_coverage.md and docs/op_coverage.json. Not part of `make test`.

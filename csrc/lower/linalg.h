@@ -12,6 +12,9 @@ bool tpu_check_matrix(tpu_lower *L, int i, bool square, const char *fn);
 tpu_hv tpu_mT(tpu_lower *L, tpu_hv x);
 /* [..., m, k] @ [..., k, n] with equal batch dims. */
 tpu_hv tpu_bmatmul(tpu_lower *L, tpu_hv a, tpu_hv b);
+/* Broadcasts the batch dims of matrix stacks a and b against each other
+ * (false, L failed, when they do not broadcast). */
+bool tpu_batch_bcast(tpu_lower *L, tpu_hv *a, tpu_hv *b);
 /* The identity of t's last two dims, broadcast over its batch. */
 tpu_hv tpu_eye_like(tpu_lower *L, const tpu_hlo_type *t);
 /* `sweeps` cyclic Jacobi sweeps over the column pairs of *a, the rotations
