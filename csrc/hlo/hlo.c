@@ -15,72 +15,18 @@
  * regions keep their signature, which the op consuming them checks.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "hlo.h"
-
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-  char *p;
-  size_t n, cap;
-} tpu_buf;
-
-#define TPU_HLO_MAX_DEPTH 8
-#define TPU_HLO_CHUNK 256 /* value records per chunk */
-
-typedef struct {
-  tpu_hlo_type t;
-  int scope;   /* 0: @main's body; otherwise the id of the region defining it */
-  bool splat;  /* XLA may see it as a broadcast or a constant (see exact_div) */
-} tpu_val;
-
-/* A closed region: its text and signature, until an op consumes it. */
-typedef struct {
-  char *text;         /* owned; NULL once consumed */
-  int scope;          /* scope that was current when it was opened */
-  int nargs, nres;
-  tpu_hlo_type *sig;  /* owned: nargs argument types, then nres result types */
-} tpu_region;
-
-/* An open region. */
-typedef struct {
-  tpu_buf text;
-  int scope;
-  int nargs;
-  tpu_hlo_type *args; /* owned */
-} tpu_frame;
-
-struct tpu_hlo {
-  tpu_status *err;       /* sticky, owned */
-  tpu_val **chunks;      /* owned, each TPU_HLO_CHUNK records; never moved */
-  int nchunks, capchunks;
-  int nvals;
-  tpu_hv *params;
-  int nparams, capparams;
-  int *alias;            /* per param: result index or -1 */
-  tpu_buf body;
-  tpu_frame stack[TPU_HLO_MAX_DEPTH]; /* open regions */
-  int depth;
-  int nscopes;           /* region scope ids handed out */
-  tpu_region *regions;   /* closed regions, by id */
-  int nregions, capregions;
-  bool oom;
-  bool exact_div; /* division and rsqrt as torch's CPU kernels, where XLA's CPU compiler differs */
-};
-
-/* The record of value v (v must be valid). */
-static tpu_val *tpu_val_at(const tpu_hlo *m, tpu_hv v) {
-  return &m->chunks[v / TPU_HLO_CHUNK][v % TPU_HLO_CHUNK];
-}
-#define TY(v) (tpu_val_at(m, (v))->t)
+#include "hlo_impl.h"
 
 static const tpu_hlo_type tpu_hlo_invalid_type = {TPU_INVALID, 0, {0}};
 
 /* ---- small helpers ---------------------------------------------------------------- */
 
-static void tpu_buf_put(tpu_hlo *m, tpu_buf *b, const char *s, size_t n) {
+void tpu_hloi_buf_put(tpu_hlo *m, tpu_buf *b, const char *s, size_t n) {
   if (m->oom) return;
   if (b->n + n + 1 > b->cap) {
     size_t cap = b->cap ? b->cap * 2 : 1024;
@@ -98,8 +44,7 @@ static void tpu_buf_put(tpu_hlo *m, tpu_buf *b, const char *s, size_t n) {
   b->p[b->n] = 0;
 }
 
-static void tpu_buf_printf(tpu_hlo *m, tpu_buf *b, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void tpu_buf_printf(tpu_hlo *m, tpu_buf *b, const char *fmt, ...) {
+void tpu_hloi_buf_printf(tpu_hlo *m, tpu_buf *b, const char *fmt, ...) {
   char tmp[512];
   va_list ap;
   va_start(ap, fmt);
@@ -107,7 +52,7 @@ static void tpu_buf_printf(tpu_hlo *m, tpu_buf *b, const char *fmt, ...) {
   va_end(ap);
   if (n < 0) return;
   if ((size_t)n < sizeof tmp) {
-    tpu_buf_put(m, b, tmp, (size_t)n);
+    tpu_hloi_buf_put(m, b, tmp, (size_t)n);
     return;
   }
   char *big = malloc((size_t)n + 1);
@@ -118,7 +63,7 @@ static void tpu_buf_printf(tpu_hlo *m, tpu_buf *b, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(big, (size_t)n + 1, fmt, ap);
   va_end(ap);
-  tpu_buf_put(m, b, big, (size_t)n);
+  tpu_hloi_buf_put(m, b, big, (size_t)n);
   free(big);
 }
 
@@ -126,7 +71,7 @@ static tpu_buf *tpu_cur(tpu_hlo *m) { return m->depth ? &m->stack[m->depth - 1].
 static int tpu_cur_scope(const tpu_hlo *m) { return m->depth ? m->stack[m->depth - 1].scope : 0; }
 
 /* A type the text can express: a known dtype, rank 0..TPU_MAX_RANK, dims >= 0. */
-static bool tpu_type_valid(const tpu_hlo_type *t) {
+bool tpu_hloi_type_valid(const tpu_hlo_type *t) {
   if (t->dtype <= TPU_INVALID || t->dtype >= TPU_NUM_DTYPES || t->rank < 0 || t->rank > TPU_MAX_RANK) return false;
   for (int i = 0; i < t->rank; i++)
     if (t->dims[i] < 0) return false;
@@ -166,21 +111,21 @@ int tpu_hlo_type_str(const tpu_hlo_type *t, char *buf, size_t n) {
   return (int)k;
 }
 
-static void tpu_put_type(tpu_hlo *m, tpu_buf *b, const tpu_hlo_type *t) {
+void tpu_hloi_put_type(tpu_hlo *m, tpu_buf *b, const tpu_hlo_type *t) {
   char s[256];
   int n = tpu_hlo_type_str(t, s, sizeof s);
-  tpu_buf_put(m, b, s, (size_t)(n < (int)sizeof s ? n : (int)sizeof s - 1));
+  tpu_hloi_buf_put(m, b, s, (size_t)(n < (int)sizeof s ? n : (int)sizeof s - 1));
 }
 
-static void tpu_put_i64s(tpu_hlo *m, tpu_buf *b, const int64_t *v, int n) {
-  for (int i = 0; i < n; i++) tpu_buf_printf(m, b, "%s%lld", i ? ", " : "", (long long)v[i]);
+void tpu_hloi_put_i64s(tpu_hlo *m, tpu_buf *b, const int64_t *v, int n) {
+  for (int i = 0; i < n; i++) tpu_hloi_buf_printf(m, b, "%s%lld", i ? ", " : "", (long long)v[i]);
 }
 
 /* "array<i64: 1, 2>" */
-static void tpu_put_array(tpu_hlo *m, tpu_buf *b, const char *name, const int64_t *v, int n) {
-  tpu_buf_printf(m, b, "%s = array<i64%s", name, n ? ": " : "");
-  tpu_put_i64s(m, b, v, n);
-  tpu_buf_put(m, b, ">", 1);
+void tpu_hloi_put_array(tpu_hlo *m, tpu_buf *b, const char *name, const int64_t *v, int n) {
+  tpu_hloi_buf_printf(m, b, "%s = array<i64%s", name, n ? ": " : "");
+  tpu_hloi_put_i64s(m, b, v, n);
+  tpu_hloi_buf_put(m, b, ">", 1);
 }
 
 /* ---- module ------------------------------------------------------------------------ */
@@ -241,7 +186,7 @@ static tpu_hv tpu_new_value(tpu_hlo *m, const tpu_hlo_type *t) {
     }
     m->chunks[m->nchunks++] = c;
   }
-  tpu_val *r = tpu_val_at(m, m->nvals);
+  tpu_val *r = tpu_hloi_val_at(m, m->nvals);
   r->t = *t;
   r->scope = tpu_cur_scope(m);
   r->splat = false;
@@ -256,14 +201,14 @@ const tpu_hlo_type *tpu_hlo_typeof(const tpu_hlo *m, tpu_hv v) {
 /* Operands must exist and be defined in a scope that is still open. A
  * TPU_HV_NONE after an error is the silent no-op case; without an earlier
  * error it is the caller's bug and becomes the error. */
-static bool tpu_check(tpu_hlo *m, const tpu_hv *vs, int n) {
+bool tpu_hloi_check(tpu_hlo *m, const tpu_hv *vs, int n) {
   if (!tpu_hlo_ok(m)) return false;
   for (int i = 0; i < n; i++) {
     if (vs[i] < 0 || vs[i] >= m->nvals) {
       tpu_hlo_fail(m, TPU_ERR_RUNTIME, "hlo: invalid value handle %d", vs[i]);
       return false;
     }
-    int s = tpu_val_at(m, vs[i])->scope;
+    int s = tpu_hloi_val_at(m, vs[i])->scope;
     bool open = s == 0;
     for (int d = 0; d < m->depth && !open; d++) open = m->stack[d].scope == s;
     if (!open) {
@@ -274,7 +219,7 @@ static bool tpu_check(tpu_hlo *m, const tpu_hv *vs, int n) {
   return true;
 }
 
-static void tpu_fail_type(tpu_hlo *m, const char *what, const tpu_hlo_type *t) {
+void tpu_hloi_fail_type(tpu_hlo *m, const char *what, const tpu_hlo_type *t) {
   char s[256];
   tpu_hlo_type_str(t, s, sizeof s);
   tpu_hlo_fail(m, TPU_ERR_VALUE, "%s: invalid type %s (dtype %d, rank %d)", what, s, (int)t->dtype, t->rank);
@@ -286,8 +231,8 @@ tpu_hv tpu_hlo_param(tpu_hlo *m, tpu_hlo_type t) {
     tpu_hlo_fail(m, TPU_ERR_RUNTIME, "hlo: parameter declared inside a region");
     return TPU_HV_NONE;
   }
-  if (!tpu_type_valid(&t)) {
-    tpu_fail_type(m, "hlo: parameter", &t);
+  if (!tpu_hloi_type_valid(&t)) {
+    tpu_hloi_fail_type(m, "hlo: parameter", &t);
     return TPU_HV_NONE;
   }
   if (m->nparams == m->capparams) {
@@ -330,7 +275,7 @@ tpu_status *tpu_hlo_finish(tpu_hlo *m, const tpu_hv *results, int n, char **text
   *len = 0;
   if (m->depth && tpu_hlo_ok(m)) tpu_hlo_fail(m, TPU_ERR_RUNTIME, "hlo: a region was left open");
   if (n < 0 && tpu_hlo_ok(m)) tpu_hlo_fail(m, TPU_ERR_RUNTIME, "hlo: negative result count");
-  tpu_check(m, results, n);
+  tpu_hloi_check(m, results, n);
   for (int i = 0; i < m->nregions && tpu_hlo_ok(m); i++)
     if (m->regions[i].text) tpu_hlo_fail(m, TPU_ERR_RUNTIME, "hlo: region %d was closed but never used", i);
   for (int i = 0; i < m->nparams && tpu_hlo_ok(m); i++) {
@@ -350,29 +295,29 @@ tpu_status *tpu_hlo_finish(tpu_hlo *m, const tpu_hv *results, int n, char **text
     return s;
   }
   tpu_buf out = {0};
-  tpu_buf_printf(m, &out,
-                 "module @torchtpu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
-                 "  func.func public @main(");
+  tpu_hloi_buf_printf(m, &out,
+                      "module @torchtpu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
+                      "  func.func public @main(");
   for (int i = 0; i < m->nparams; i++) {
-    tpu_buf_printf(m, &out, "%s%%v%d: ", i ? ", " : "", m->params[i]);
-    tpu_put_type(m, &out, &TY(m->params[i]));
-    if (m->alias[i] >= 0) tpu_buf_printf(m, &out, " {tf.aliasing_output = %d : i32}", m->alias[i]);
+    tpu_hloi_buf_printf(m, &out, "%s%%v%d: ", i ? ", " : "", m->params[i]);
+    tpu_hloi_put_type(m, &out, &TY(m->params[i]));
+    if (m->alias[i] >= 0) tpu_hloi_buf_printf(m, &out, " {tf.aliasing_output = %d : i32}", m->alias[i]);
   }
-  tpu_buf_printf(m, &out, ") -> (");
+  tpu_hloi_buf_printf(m, &out, ") -> (");
   for (int i = 0; i < n; i++) {
-    if (i) tpu_buf_put(m, &out, ", ", 2);
-    tpu_put_type(m, &out, &TY(results[i]));
+    if (i) tpu_hloi_buf_put(m, &out, ", ", 2);
+    tpu_hloi_put_type(m, &out, &TY(results[i]));
   }
-  tpu_buf_printf(m, &out, ") {\n");
-  if (m->body.n) tpu_buf_put(m, &out, m->body.p, m->body.n);
-  tpu_buf_printf(m, &out, "    \"func.return\"(");
-  for (int i = 0; i < n; i++) tpu_buf_printf(m, &out, "%s%%v%d", i ? ", " : "", results[i]);
-  tpu_buf_printf(m, &out, ") : (");
+  tpu_hloi_buf_printf(m, &out, ") {\n");
+  if (m->body.n) tpu_hloi_buf_put(m, &out, m->body.p, m->body.n);
+  tpu_hloi_buf_printf(m, &out, "    \"func.return\"(");
+  for (int i = 0; i < n; i++) tpu_hloi_buf_printf(m, &out, "%s%%v%d", i ? ", " : "", results[i]);
+  tpu_hloi_buf_printf(m, &out, ") : (");
   for (int i = 0; i < n; i++) {
-    if (i) tpu_buf_put(m, &out, ", ", 2);
-    tpu_put_type(m, &out, &TY(results[i]));
+    if (i) tpu_hloi_buf_put(m, &out, ", ", 2);
+    tpu_hloi_put_type(m, &out, &TY(results[i]));
   }
-  tpu_buf_printf(m, &out, ") -> ()\n  }\n}\n");
+  tpu_hloi_buf_printf(m, &out, ") -> ()\n  }\n}\n");
   if (m->oom) {
     free(out.p);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory building a program");
@@ -387,7 +332,7 @@ tpu_status *tpu_hlo_finish(tpu_hlo *m, const tpu_hv *results, int n, char **text
 bool tpu_hlo_emit(tpu_hlo *m, const char *name, const tpu_hv *operands, int nops, const int *regions,
                   int nregions, const char *attrs, const tpu_hlo_type *result_types, int nres, tpu_hv *outs) {
   for (int i = 0; i < nres; i++) outs[i] = TPU_HV_NONE;
-  if (!tpu_check(m, operands, nops)) return false;
+  if (!tpu_hloi_check(m, operands, nops)) return false;
   if (nops < 0 || nregions < 0 || nres < 0) {
     tpu_hlo_fail(m, TPU_ERR_RUNTIME, "%s: negative count", name);
     return false;
@@ -408,46 +353,46 @@ bool tpu_hlo_emit(tpu_hlo *m, const char *name, const tpu_hv *operands, int nops
       }
   }
   for (int i = 0; i < nres; i++)
-    if (!tpu_type_valid(&result_types[i])) {
-      tpu_fail_type(m, name, &result_types[i]);
+    if (!tpu_hloi_type_valid(&result_types[i])) {
+      tpu_hloi_fail_type(m, name, &result_types[i]);
       return false;
     }
   tpu_buf *b = tpu_cur(m);
   int indent = 4 + 2 * m->depth;
-  tpu_buf_printf(m, b, "%*s", indent, "");
+  tpu_hloi_buf_printf(m, b, "%*s", indent, "");
   for (int i = 0; i < nres; i++) {
     outs[i] = tpu_new_value(m, &result_types[i]);
-    tpu_buf_printf(m, b, "%s%%v%d", i ? ", " : "", outs[i]);
+    tpu_hloi_buf_printf(m, b, "%s%%v%d", i ? ", " : "", outs[i]);
   }
-  if (nres) tpu_buf_put(m, b, " = ", 3);
-  tpu_buf_printf(m, b, "\"%s\"(", name);
-  for (int i = 0; i < nops; i++) tpu_buf_printf(m, b, "%s%%v%d", i ? ", " : "", operands[i]);
-  tpu_buf_put(m, b, ")", 1);
+  if (nres) tpu_hloi_buf_put(m, b, " = ", 3);
+  tpu_hloi_buf_printf(m, b, "\"%s\"(", name);
+  for (int i = 0; i < nops; i++) tpu_hloi_buf_printf(m, b, "%s%%v%d", i ? ", " : "", operands[i]);
+  tpu_hloi_buf_put(m, b, ")", 1);
   if (nregions) {
-    tpu_buf_put(m, b, " (", 2);
+    tpu_hloi_buf_put(m, b, " (", 2);
     for (int i = 0; i < nregions; i++) {
-      if (i) tpu_buf_put(m, b, ", ", 2);
+      if (i) tpu_hloi_buf_put(m, b, ", ", 2);
       tpu_region *r = &m->regions[regions[i]];
-      tpu_buf_put(m, b, r->text, strlen(r->text));
+      tpu_hloi_buf_put(m, b, r->text, strlen(r->text));
       free(r->text);
       r->text = NULL;
     }
-    tpu_buf_put(m, b, ")", 1);
+    tpu_hloi_buf_put(m, b, ")", 1);
   }
-  if (attrs && attrs[0]) tpu_buf_printf(m, b, " {%s}", attrs);
-  tpu_buf_put(m, b, " : (", 4);
+  if (attrs && attrs[0]) tpu_hloi_buf_printf(m, b, " {%s}", attrs);
+  tpu_hloi_buf_put(m, b, " : (", 4);
   for (int i = 0; i < nops; i++) {
-    if (i) tpu_buf_put(m, b, ", ", 2);
-    tpu_put_type(m, b, &TY(operands[i]));
+    if (i) tpu_hloi_buf_put(m, b, ", ", 2);
+    tpu_hloi_put_type(m, b, &TY(operands[i]));
   }
-  tpu_buf_put(m, b, ") -> ", 5);
-  if (nres != 1) tpu_buf_put(m, b, "(", 1);
+  tpu_hloi_buf_put(m, b, ") -> ", 5);
+  if (nres != 1) tpu_hloi_buf_put(m, b, "(", 1);
   for (int i = 0; i < nres; i++) {
-    if (i) tpu_buf_put(m, b, ", ", 2);
-    tpu_put_type(m, b, &result_types[i]);
+    if (i) tpu_hloi_buf_put(m, b, ", ", 2);
+    tpu_hloi_put_type(m, b, &result_types[i]);
   }
-  if (nres != 1) tpu_buf_put(m, b, ")", 1);
-  tpu_buf_put(m, b, "\n", 1);
+  if (nres != 1) tpu_hloi_buf_put(m, b, ")", 1);
+  tpu_hloi_buf_put(m, b, "\n", 1);
   /* What XLA's simplifier may turn into a broadcast or a constant: a
    * constant, and any result of operands that all may be (a broadcast sunk
    * below an elementwise op, reshaped, sliced, reduced). A barrier or a
@@ -456,10 +401,10 @@ bool tpu_hlo_emit(tpu_hlo *m, const char *name, const tpu_hv *operands, int nops
   if (!splat && nops > 0 && strcmp(name, "stablehlo.optimization_barrier") != 0 &&
       strcmp(name, "stablehlo.custom_call") != 0) {
     splat = true;
-    for (int i = 0; i < nops && splat; i++) splat = tpu_val_at(m, operands[i])->splat;
+    for (int i = 0; i < nops && splat; i++) splat = tpu_hloi_val_at(m, operands[i])->splat;
   }
   for (int i = 0; i < nres; i++)
-    if (outs[i] != TPU_HV_NONE) tpu_val_at(m, outs[i])->splat = splat;
+    if (outs[i] != TPU_HV_NONE) tpu_hloi_val_at(m, outs[i])->splat = splat;
   return tpu_hlo_ok(m);
 }
 
@@ -469,14 +414,6 @@ tpu_hv tpu_hlo_emit1(tpu_hlo *m, const char *name, const tpu_hv *operands, int n
   tpu_hlo_emit(m, name, operands, nops, NULL, 0, attrs, &result, 1, &out);
   return out;
 }
-
-/* Attribute text built in a scratch buffer owned by the caller's frame. */
-typedef struct {
-  tpu_buf b;
-} tpu_attrs;
-
-static const char *tpu_attrs_str(tpu_attrs *a) { return a->b.p ? a->b.p : ""; }
-static void tpu_attrs_free(tpu_attrs *a) { free(a->b.p); }
 
 /* ---- regions ------------------------------------------------------------------------- */
 
@@ -500,8 +437,8 @@ void tpu_hlo_region_begin(tpu_hlo *m, const tpu_hlo_type *arg_types, int n, tpu_
     return;
   }
   for (int i = 0; i < n; i++)
-    if (!tpu_type_valid(&arg_types[i])) {
-      tpu_fail_type(m, "hlo: region argument", &arg_types[i]);
+    if (!tpu_hloi_type_valid(&arg_types[i])) {
+      tpu_hloi_fail_type(m, "hlo: region argument", &arg_types[i]);
       return;
     }
   if (n) {
@@ -513,13 +450,13 @@ void tpu_hlo_region_begin(tpu_hlo *m, const tpu_hlo_type *arg_types, int n, tpu_
     memcpy(f->args, arg_types, sizeof *f->args * (size_t)n);
     f->nargs = n;
   }
-  tpu_buf_printf(m, &f->text, "{\n%*s^bb0(", 2 + 2 * m->depth, "");
+  tpu_hloi_buf_printf(m, &f->text, "{\n%*s^bb0(", 2 + 2 * m->depth, "");
   for (int i = 0; i < n; i++) {
     args[i] = tpu_new_value(m, &arg_types[i]);
-    tpu_buf_printf(m, &f->text, "%s%%v%d: ", i ? ", " : "", args[i]);
-    tpu_put_type(m, &f->text, &arg_types[i]);
+    tpu_hloi_buf_printf(m, &f->text, "%s%%v%d: ", i ? ", " : "", args[i]);
+    tpu_hloi_put_type(m, &f->text, &arg_types[i]);
   }
-  tpu_buf_put(m, &f->text, "):\n", 3);
+  tpu_hloi_buf_put(m, &f->text, "):\n", 3);
 }
 
 int tpu_hlo_region_end(tpu_hlo *m, const tpu_hv *results, int n) {
@@ -528,20 +465,20 @@ int tpu_hlo_region_end(tpu_hlo *m, const tpu_hv *results, int n) {
     return -1;
   }
   tpu_frame *f = &m->stack[m->depth - 1];
-  if (n < 0 || !tpu_check(m, results, n)) {
+  if (n < 0 || !tpu_hloi_check(m, results, n)) {
     if (n < 0) tpu_hlo_fail(m, TPU_ERR_RUNTIME, "hlo: negative region result count");
     m->depth--;
     return -1;
   }
   tpu_buf *b = &f->text;
-  tpu_buf_printf(m, b, "%*s\"stablehlo.return\"(", 4 + 2 * m->depth, "");
-  for (int i = 0; i < n; i++) tpu_buf_printf(m, b, "%s%%v%d", i ? ", " : "", results[i]);
-  tpu_buf_put(m, b, ") : (", 5);
+  tpu_hloi_buf_printf(m, b, "%*s\"stablehlo.return\"(", 4 + 2 * m->depth, "");
+  for (int i = 0; i < n; i++) tpu_hloi_buf_printf(m, b, "%s%%v%d", i ? ", " : "", results[i]);
+  tpu_hloi_buf_put(m, b, ") : (", 5);
   for (int i = 0; i < n; i++) {
-    if (i) tpu_buf_put(m, b, ", ", 2);
-    tpu_put_type(m, b, &TY(results[i]));
+    if (i) tpu_hloi_buf_put(m, b, ", ", 2);
+    tpu_hloi_put_type(m, b, &TY(results[i]));
   }
-  tpu_buf_printf(m, b, ") -> ()\n%*s}", 2 + 2 * m->depth, "");
+  tpu_hloi_buf_printf(m, b, ") -> ()\n%*s}", 2 + 2 * m->depth, "");
   m->depth--;
   if (m->oom) return -1;
   if (m->nregions == m->capregions) {
@@ -573,23 +510,23 @@ int tpu_hlo_region_end(tpu_hlo *m, const tpu_hv *results, int n) {
 /* "(tensor<f32>, tensor<f32>) -> (tensor<i1>)" */
 static void tpu_put_sig(tpu_hlo *m, tpu_buf *b, const tpu_hlo_type *args, int nargs, const tpu_hlo_type *res,
                         int nres) {
-  tpu_buf_put(m, b, "(", 1);
+  tpu_hloi_buf_put(m, b, "(", 1);
   for (int i = 0; i < nargs; i++) {
-    if (i) tpu_buf_put(m, b, ", ", 2);
-    tpu_put_type(m, b, &args[i]);
+    if (i) tpu_hloi_buf_put(m, b, ", ", 2);
+    tpu_hloi_put_type(m, b, &args[i]);
   }
-  tpu_buf_put(m, b, ") -> (", 6);
+  tpu_hloi_buf_put(m, b, ") -> (", 6);
   for (int i = 0; i < nres; i++) {
-    if (i) tpu_buf_put(m, b, ", ", 2);
-    tpu_put_type(m, b, &res[i]);
+    if (i) tpu_hloi_buf_put(m, b, ", ", 2);
+    tpu_hloi_put_type(m, b, &res[i]);
   }
-  tpu_buf_put(m, b, ")", 1);
+  tpu_hloi_buf_put(m, b, ")", 1);
 }
 
 /* Check that region `region` takes args[0..nargs) and returns res[0..nres)
  * before `op` consumes it. */
-static bool tpu_region_sig(tpu_hlo *m, const char *op, int region, const tpu_hlo_type *args, int nargs,
-                           const tpu_hlo_type *res, int nres) {
+bool tpu_hloi_region_sig(tpu_hlo *m, const char *op, int region, const tpu_hlo_type *args, int nargs,
+                         const tpu_hlo_type *res, int nres) {
   if (!tpu_hlo_ok(m)) return false;
   if (region < 0 || region >= m->nregions || !m->regions[region].text) {
     tpu_hlo_fail(m, TPU_ERR_RUNTIME, "%s: invalid or already used region %d", op, region);
@@ -648,7 +585,7 @@ static void tpu_put_float(tpu_hlo *m, tpu_buf *b, tpu_dtype dt, double v) {
     } else {
       s = neg ? "0xFF800000" : "0x7F800000";
     }
-    tpu_buf_put(m, b, s, strlen(s));
+    tpu_hloi_buf_put(m, b, s, strlen(s));
     return;
   }
   /* v is now exactly representable in dt; 9 significant digits identify any
@@ -666,23 +603,23 @@ static void tpu_put_float(tpu_hlo *m, tpu_buf *b, tpu_dtype dt, double v) {
       strcat(tmp, ".0");
     }
   }
-  tpu_buf_put(m, b, tmp, strlen(tmp));
+  tpu_hloi_buf_put(m, b, tmp, strlen(tmp));
 }
 
 static void tpu_put_scalar_literal(tpu_hlo *m, tpu_buf *b, tpu_dtype dt, double f, int64_t i) {
-  if (dt == TPU_PRED) tpu_buf_printf(m, b, "%s", i ? "true" : "false");
+  if (dt == TPU_PRED) tpu_hloi_buf_printf(m, b, "%s", i ? "true" : "false");
   else if (tpu_dtype_is_float(dt)) tpu_put_float(m, b, dt, f);
   else if (dt == TPU_C64 || dt == TPU_C128) {
     tpu_dtype part = dt == TPU_C64 ? TPU_F32 : TPU_F64;
-    tpu_buf_put(m, b, "(", 1);
+    tpu_hloi_buf_put(m, b, "(", 1);
     tpu_put_float(m, b, part, f);
-    tpu_buf_put(m, b, ", ", 2);
+    tpu_hloi_buf_put(m, b, ", ", 2);
     tpu_put_float(m, b, part, 0.0);
-    tpu_buf_put(m, b, ")", 1);
+    tpu_hloi_buf_put(m, b, ")", 1);
   } else if (tpu_dtype_is_unsigned_int(dt)) {
     uint64_t u = (uint64_t)i;
     if (tpu_dtype_size(dt) < 8) u &= ((uint64_t)1 << (8 * tpu_dtype_size(dt))) - 1;
-    tpu_buf_printf(m, b, "%llu", (unsigned long long)u);
+    tpu_hloi_buf_printf(m, b, "%llu", (unsigned long long)u);
   } else {
     int bits = (int)tpu_dtype_size(dt) * 8;
     int64_t v = i;
@@ -694,24 +631,24 @@ static void tpu_put_scalar_literal(tpu_hlo *m, tpu_buf *b, tpu_dtype dt, double 
         v = (u & ((uint64_t)1 << (bits - 1))) ? (int64_t)(u | ~mask) : (int64_t)u;
       }
     }
-    tpu_buf_printf(m, b, "%lld", (long long)v);
+    tpu_hloi_buf_printf(m, b, "%lld", (long long)v);
   }
 }
 
 static tpu_hv tpu_constant(tpu_hlo *m, tpu_dtype dt, double f, int64_t i) {
   if (!tpu_hlo_ok(m)) return TPU_HV_NONE;
   tpu_hlo_type t = tpu_hlo_type_make(dt, 0, NULL);
-  if (!tpu_type_valid(&t)) {
-    tpu_fail_type(m, "stablehlo.constant", &t);
+  if (!tpu_hloi_type_valid(&t)) {
+    tpu_hloi_fail_type(m, "stablehlo.constant", &t);
     return TPU_HV_NONE;
   }
   tpu_attrs a = {0};
-  tpu_buf_put(m, &a.b, "value = dense<", strlen("value = dense<"));
+  tpu_hloi_buf_put(m, &a.b, "value = dense<", strlen("value = dense<"));
   tpu_put_scalar_literal(m, &a.b, dt, f, i);
-  tpu_buf_put(m, &a.b, "> : ", strlen("> : "));
-  tpu_put_type(m, &a.b, &t);
-  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.constant", NULL, 0, tpu_attrs_str(&a), t);
-  tpu_attrs_free(&a);
+  tpu_hloi_buf_put(m, &a.b, "> : ", strlen("> : "));
+  tpu_hloi_put_type(m, &a.b, &t);
+  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.constant", NULL, 0, tpu_hloi_attrs_str(&a), t);
+  tpu_hloi_attrs_free(&a);
   return r;
 }
 
@@ -735,28 +672,28 @@ static void tpu_put_nested(tpu_hlo *m, tpu_buf *b, const tpu_hlo_type *t, int d,
     (*k)++;
     return;
   }
-  tpu_buf_put(m, b, "[", 1);
+  tpu_hloi_buf_put(m, b, "[", 1);
   for (int64_t i = 0; i < t->dims[d]; i++) {
-    if (i) tpu_buf_put(m, b, ", ", 2);
+    if (i) tpu_hloi_buf_put(m, b, ", ", 2);
     tpu_put_nested(m, b, t, d + 1, vals, k);
   }
-  tpu_buf_put(m, b, "]", 1);
+  tpu_hloi_buf_put(m, b, "]", 1);
 }
 
 tpu_hv tpu_hlo_constant_ints(tpu_hlo *m, tpu_hlo_type t, const int64_t *vals) {
   if (!tpu_hlo_ok(m)) return TPU_HV_NONE;
-  if (!tpu_type_valid(&t) || !(tpu_dtype_is_int(t.dtype) || t.dtype == TPU_PRED)) {
-    tpu_fail_type(m, "stablehlo.constant (integer values)", &t);
+  if (!tpu_hloi_type_valid(&t) || !(tpu_dtype_is_int(t.dtype) || t.dtype == TPU_PRED)) {
+    tpu_hloi_fail_type(m, "stablehlo.constant (integer values)", &t);
     return TPU_HV_NONE;
   }
   tpu_attrs a = {0};
   int64_t k = 0;
-  tpu_buf_put(m, &a.b, "value = dense<", strlen("value = dense<"));
+  tpu_hloi_buf_put(m, &a.b, "value = dense<", strlen("value = dense<"));
   tpu_put_nested(m, &a.b, &t, 0, vals, &k);
-  tpu_buf_put(m, &a.b, "> : ", strlen("> : "));
-  tpu_put_type(m, &a.b, &t);
-  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.constant", NULL, 0, tpu_attrs_str(&a), t);
-  tpu_attrs_free(&a);
+  tpu_hloi_buf_put(m, &a.b, "> : ", strlen("> : "));
+  tpu_hloi_put_type(m, &a.b, &t);
+  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.constant", NULL, 0, tpu_hloi_attrs_str(&a), t);
+  tpu_hloi_attrs_free(&a);
   return r;
 }
 
@@ -767,7 +704,7 @@ tpu_hv tpu_hlo_iota(tpu_hlo *m, tpu_hlo_type t, int dim) {
     return TPU_HV_NONE;
   }
   if (!tpu_dtype_is_int(t.dtype) && !tpu_dtype_is_float(t.dtype) && !tpu_dtype_is_complex(t.dtype)) {
-    tpu_fail_type(m, "stablehlo.iota", &t);
+    tpu_hloi_fail_type(m, "stablehlo.iota", &t);
     return TPU_HV_NONE;
   }
   char attrs[64];
@@ -846,7 +783,7 @@ static bool tpu_op_accepts(tpu_hlo *m, const char *name, tpu_hlo_op op, tpu_hv x
 }
 
 tpu_hv tpu_hlo_unary(tpu_hlo *m, tpu_hlo_op op, tpu_hv x) {
-  if (!tpu_check(m, &x, 1)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, &x, 1)) return TPU_HV_NONE;
   if (op < 0 || op >= TPU_HLO_ADD) {
     tpu_hlo_fail(m, TPU_ERR_RUNTIME, "hlo: op %d is not unary", (int)op);
     return TPU_HV_NONE;
@@ -875,7 +812,7 @@ tpu_hv tpu_hlo_unary(tpu_hlo *m, tpu_hlo_op op, tpu_hv x) {
   return tpu_hlo_emit1(m, name, &x, 1, NULL, t);
 }
 
-static void tpu_fail_types(tpu_hlo *m, const char *op, tpu_hv a, tpu_hv b) {
+void tpu_hloi_fail_types(tpu_hlo *m, const char *op, tpu_hv a, tpu_hv b) {
   char sa[128], sb[128];
   tpu_hlo_type_str(&TY(a), sa, sizeof sa);
   tpu_hlo_type_str(&TY(b), sb, sizeof sb);
@@ -886,14 +823,14 @@ void tpu_hlo_set_exact_division(tpu_hlo *m, bool on) { m->exact_div = on; }
 
 tpu_hv tpu_hlo_binary(tpu_hlo *m, tpu_hlo_op op, tpu_hv x, tpu_hv y) {
   tpu_hv ops[2] = {x, y};
-  if (!tpu_check(m, ops, 2)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, ops, 2)) return TPU_HV_NONE;
   /* XLA's CPU simplifier rewrites A / broadcast(B) into A * broadcast(1 / B)
    * and A / constant into A * (1 / constant): not the correctly rounded
    * quotient that torch computes (1 ulp off in ~1/4 of elements; 0 * inf
    * for 0 / 0 of booleans); and atan2(A, 1) into atan(A), which the newer
    * CPU plugin computes wrongly for 64 elements and more. A barrier keeps
    * such a divisor opaque. */
-  if ((op == TPU_HLO_DIV || op == TPU_HLO_ATAN2) && m->exact_div && tpu_val_at(m, y)->splat &&
+  if ((op == TPU_HLO_DIV || op == TPU_HLO_ATAN2) && m->exact_div && tpu_hloi_val_at(m, y)->splat &&
       (tpu_dtype_is_float(TY(y).dtype) || tpu_dtype_is_complex(TY(y).dtype))) {
     ops[1] = y = tpu_hlo_emit1(m, "stablehlo.optimization_barrier", &y, 1, NULL, TY(y));
     if (y == TPU_HV_NONE) return TPU_HV_NONE;
@@ -905,7 +842,7 @@ tpu_hv tpu_hlo_binary(tpu_hlo *m, tpu_hlo_op op, tpu_hv x, tpu_hv y) {
     return TPU_HV_NONE;
   }
   if (!tpu_hlo_type_eq(&TY(x), &TY(y))) {
-    tpu_fail_types(m, name, x, y);
+    tpu_hloi_fail_types(m, name, x, y);
     return TPU_HV_NONE;
   }
   if (!tpu_op_accepts(m, name, op, x)) return TPU_HV_NONE;
@@ -916,9 +853,9 @@ tpu_hv tpu_hlo_binary(tpu_hlo *m, tpu_hlo_op op, tpu_hv x, tpu_hv y) {
 
 tpu_hv tpu_hlo_compare(tpu_hlo *m, tpu_hlo_cmp dir, tpu_hv x, tpu_hv y) {
   tpu_hv ops[2] = {x, y};
-  if (!tpu_check(m, ops, 2)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, ops, 2)) return TPU_HV_NONE;
   if (!tpu_hlo_type_eq(&TY(x), &TY(y))) {
-    tpu_fail_types(m, "stablehlo.compare", x, y);
+    tpu_hloi_fail_types(m, "stablehlo.compare", x, y);
     return TPU_HV_NONE;
   }
   static const char *dirs[] = {"EQ", "NE", "LT", "LE", "GT", "GE"};
@@ -942,9 +879,9 @@ tpu_hv tpu_hlo_compare(tpu_hlo *m, tpu_hlo_cmp dir, tpu_hv x, tpu_hv y) {
 
 tpu_hv tpu_hlo_select(tpu_hlo *m, tpu_hv pred, tpu_hv on_true, tpu_hv on_false) {
   tpu_hv ops[3] = {pred, on_true, on_false};
-  if (!tpu_check(m, ops, 3)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, ops, 3)) return TPU_HV_NONE;
   if (!tpu_hlo_type_eq(&TY(on_true), &TY(on_false))) {
-    tpu_fail_types(m, "stablehlo.select", on_true, on_false);
+    tpu_hloi_fail_types(m, "stablehlo.select", on_true, on_false);
     return TPU_HV_NONE;
   }
   const tpu_hlo_type *p = &TY(pred);
@@ -959,11 +896,11 @@ tpu_hv tpu_hlo_select(tpu_hlo *m, tpu_hv pred, tpu_hv on_true, tpu_hv on_false) 
 
 tpu_hv tpu_hlo_clamp(tpu_hlo *m, tpu_hv lo, tpu_hv x, tpu_hv hi) {
   tpu_hv ops[3] = {lo, x, hi};
-  if (!tpu_check(m, ops, 3)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, ops, 3)) return TPU_HV_NONE;
   for (int i = 0; i < 3; i += 2) {
     const tpu_hlo_type *t = &TY(ops[i]);
     if (t->dtype != TY(x).dtype || (t->rank != 0 && !tpu_hlo_type_eq(t, &TY(x)))) {
-      tpu_fail_types(m, "stablehlo.clamp", ops[i], x);
+      tpu_hloi_fail_types(m, "stablehlo.clamp", ops[i], x);
       return TPU_HV_NONE;
     }
   }
@@ -971,7 +908,7 @@ tpu_hv tpu_hlo_clamp(tpu_hlo *m, tpu_hv lo, tpu_hv x, tpu_hv hi) {
 }
 
 tpu_hv tpu_hlo_convert(tpu_hlo *m, tpu_hv x, tpu_dtype dt) {
-  if (!tpu_check(m, &x, 1)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, &x, 1)) return TPU_HV_NONE;
   if (TY(x).dtype == dt) return x;
   tpu_hlo_type t = TY(x);
   t.dtype = dt;
@@ -985,7 +922,7 @@ tpu_hv tpu_hlo_convert(tpu_hlo *m, tpu_hv x, tpu_dtype dt) {
 }
 
 tpu_hv tpu_hlo_bitcast_convert(tpu_hlo *m, tpu_hv x, tpu_dtype dt) {
-  if (!tpu_check(m, &x, 1)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, &x, 1)) return TPU_HV_NONE;
   if (tpu_dtype_size(TY(x).dtype) != tpu_dtype_size(dt)) {
     tpu_hlo_fail(m, TPU_ERR_RUNTIME, "stablehlo.bitcast_convert: element sizes differ");
     return TPU_HV_NONE;
@@ -998,14 +935,14 @@ tpu_hv tpu_hlo_bitcast_convert(tpu_hlo *m, tpu_hv x, tpu_dtype dt) {
 /* ---- shapes ----------------------------------------------------------------------------- */
 
 tpu_hv tpu_hlo_reshape(tpu_hlo *m, tpu_hv x, int rank, const int64_t *dims) {
-  if (!tpu_check(m, &x, 1)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, &x, 1)) return TPU_HV_NONE;
   if (rank < 0 || rank > TPU_MAX_RANK || (rank && !dims)) {
     tpu_hlo_fail(m, TPU_ERR_VALUE, "stablehlo.reshape: bad rank %d", rank);
     return TPU_HV_NONE;
   }
   tpu_hlo_type t = tpu_hlo_type_make(TY(x).dtype, rank, dims);
-  if (!tpu_type_valid(&t)) {
-    tpu_fail_type(m, "stablehlo.reshape", &t);
+  if (!tpu_hloi_type_valid(&t)) {
+    tpu_hloi_fail_type(m, "stablehlo.reshape", &t);
     return TPU_HV_NONE;
   }
   if (tpu_hlo_type_eq(&t, &TY(x))) return x;
@@ -1020,7 +957,7 @@ tpu_hv tpu_hlo_reshape(tpu_hlo *m, tpu_hv x, int rank, const int64_t *dims) {
 }
 
 tpu_hv tpu_hlo_broadcast_in_dim(tpu_hlo *m, tpu_hv x, int rank, const int64_t *dims, const int64_t *bdims) {
-  if (!tpu_check(m, &x, 1)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, &x, 1)) return TPU_HV_NONE;
   const tpu_hlo_type *xt = &TY(x);
   if (xt->rank > rank || rank > TPU_MAX_RANK || (xt->rank && !bdims) || (rank && !dims)) {
     tpu_hlo_fail(m, TPU_ERR_RUNTIME, "stablehlo.broadcast_in_dim: bad rank %d for an operand of rank %d", rank,
@@ -1042,14 +979,14 @@ tpu_hv tpu_hlo_broadcast_in_dim(tpu_hlo *m, tpu_hv x, int rank, const int64_t *d
     if (ident) return x;
   }
   tpu_attrs a = {0};
-  tpu_put_array(m, &a.b, "broadcast_dimensions", bdims, xt->rank);
-  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.broadcast_in_dim", &x, 1, tpu_attrs_str(&a), t);
-  tpu_attrs_free(&a);
+  tpu_hloi_put_array(m, &a.b, "broadcast_dimensions", bdims, xt->rank);
+  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.broadcast_in_dim", &x, 1, tpu_hloi_attrs_str(&a), t);
+  tpu_hloi_attrs_free(&a);
   return r;
 }
 
 tpu_hv tpu_hlo_transpose(tpu_hlo *m, tpu_hv x, const int64_t *perm) {
-  if (!tpu_check(m, &x, 1)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, &x, 1)) return TPU_HV_NONE;
   const tpu_hlo_type *xt = &TY(x);
   tpu_hlo_type t = *xt;
   bool ident = true, seen[TPU_MAX_RANK] = {0};
@@ -1064,14 +1001,14 @@ tpu_hv tpu_hlo_transpose(tpu_hlo *m, tpu_hv x, const int64_t *perm) {
   }
   if (ident) return x;
   tpu_attrs a = {0};
-  tpu_put_array(m, &a.b, "permutation", perm, xt->rank);
-  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.transpose", &x, 1, tpu_attrs_str(&a), t);
-  tpu_attrs_free(&a);
+  tpu_hloi_put_array(m, &a.b, "permutation", perm, xt->rank);
+  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.transpose", &x, 1, tpu_hloi_attrs_str(&a), t);
+  tpu_hloi_attrs_free(&a);
   return r;
 }
 
 tpu_hv tpu_hlo_slice(tpu_hlo *m, tpu_hv x, const int64_t *start, const int64_t *limit, const int64_t *strides) {
-  if (!tpu_check(m, &x, 1)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, &x, 1)) return TPU_HV_NONE;
   const tpu_hlo_type *xt = &TY(x);
   tpu_hlo_type t = *xt;
   int64_t ones[TPU_MAX_RANK];
@@ -1084,13 +1021,13 @@ tpu_hv tpu_hlo_slice(tpu_hlo *m, tpu_hv x, const int64_t *start, const int64_t *
     t.dims[i] = (limit[i] - start[i] + ones[i] - 1) / ones[i];
   }
   tpu_attrs a = {0};
-  tpu_put_array(m, &a.b, "start_indices", start, xt->rank);
-  tpu_buf_put(m, &a.b, ", ", strlen(", "));
-  tpu_put_array(m, &a.b, "limit_indices", limit, xt->rank);
-  tpu_buf_put(m, &a.b, ", ", strlen(", "));
-  tpu_put_array(m, &a.b, "strides", ones, xt->rank);
-  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.slice", &x, 1, tpu_attrs_str(&a), t);
-  tpu_attrs_free(&a);
+  tpu_hloi_put_array(m, &a.b, "start_indices", start, xt->rank);
+  tpu_hloi_buf_put(m, &a.b, ", ", strlen(", "));
+  tpu_hloi_put_array(m, &a.b, "limit_indices", limit, xt->rank);
+  tpu_hloi_buf_put(m, &a.b, ", ", strlen(", "));
+  tpu_hloi_put_array(m, &a.b, "strides", ones, xt->rank);
+  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.slice", &x, 1, tpu_hloi_attrs_str(&a), t);
+  tpu_hloi_attrs_free(&a);
   return r;
 }
 
@@ -1109,12 +1046,12 @@ static bool tpu_starts_ok(tpu_hlo *m, const char *op, const tpu_hv *starts, int 
 }
 
 tpu_hv tpu_hlo_dynamic_slice(tpu_hlo *m, tpu_hv x, const tpu_hv *starts, const int64_t *sizes) {
-  if (!tpu_check(m, &x, 1)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, &x, 1)) return TPU_HV_NONE;
   const tpu_hlo_type *xt = &TY(x);
   tpu_hv ops[1 + TPU_MAX_RANK];
   ops[0] = x;
   for (int i = 0; i < xt->rank; i++) ops[1 + i] = starts[i];
-  if (!tpu_check(m, ops, 1 + xt->rank)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, ops, 1 + xt->rank)) return TPU_HV_NONE;
   if (!tpu_starts_ok(m, "stablehlo.dynamic_slice", starts, xt->rank)) return TPU_HV_NONE;
   for (int i = 0; i < xt->rank; i++)
     if (sizes[i] < 0 || sizes[i] > xt->dims[i]) {
@@ -1124,24 +1061,24 @@ tpu_hv tpu_hlo_dynamic_slice(tpu_hlo *m, tpu_hv x, const tpu_hv *starts, const i
     }
   tpu_hlo_type t = tpu_hlo_type_make(xt->dtype, xt->rank, sizes);
   tpu_attrs a = {0};
-  tpu_put_array(m, &a.b, "slice_sizes", sizes, xt->rank);
-  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.dynamic_slice", ops, 1 + xt->rank, tpu_attrs_str(&a), t);
-  tpu_attrs_free(&a);
+  tpu_hloi_put_array(m, &a.b, "slice_sizes", sizes, xt->rank);
+  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.dynamic_slice", ops, 1 + xt->rank, tpu_hloi_attrs_str(&a), t);
+  tpu_hloi_attrs_free(&a);
   return r;
 }
 
 tpu_hv tpu_hlo_dynamic_update_slice(tpu_hlo *m, tpu_hv x, tpu_hv update, const tpu_hv *starts) {
-  if (!tpu_check(m, &x, 1)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, &x, 1)) return TPU_HV_NONE;
   const tpu_hlo_type *xt = &TY(x);
   tpu_hv ops[2 + TPU_MAX_RANK];
   ops[0] = x;
   ops[1] = update;
   for (int i = 0; i < xt->rank; i++) ops[2 + i] = starts[i];
-  if (!tpu_check(m, ops, 2 + xt->rank)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, ops, 2 + xt->rank)) return TPU_HV_NONE;
   bool fits = TY(update).dtype == xt->dtype && TY(update).rank == xt->rank;
   for (int i = 0; fits && i < xt->rank; i++) fits = TY(update).dims[i] <= xt->dims[i];
   if (!fits) {
-    tpu_fail_types(m, "stablehlo.dynamic_update_slice", x, update);
+    tpu_hloi_fail_types(m, "stablehlo.dynamic_update_slice", x, update);
     return TPU_HV_NONE;
   }
   if (!tpu_starts_ok(m, "stablehlo.dynamic_update_slice", starts, xt->rank)) return TPU_HV_NONE;
@@ -1149,7 +1086,7 @@ tpu_hv tpu_hlo_dynamic_update_slice(tpu_hlo *m, tpu_hv x, tpu_hv update, const t
 }
 
 tpu_hv tpu_hlo_concat(tpu_hlo *m, const tpu_hv *xs, int n, int dim) {
-  if (n < 1 || !tpu_check(m, xs, n)) {
+  if (n < 1 || !tpu_hloi_check(m, xs, n)) {
     if (n < 1) tpu_hlo_fail(m, TPU_ERR_VALUE, "stablehlo.concatenate: no operands");
     return TPU_HV_NONE;
   }
@@ -1164,7 +1101,7 @@ tpu_hv tpu_hlo_concat(tpu_hlo *m, const tpu_hv *xs, int n, int dim) {
     bool ok = u->dtype == t.dtype && u->rank == t.rank;
     for (int d = 0; ok && d < t.rank; d++) ok = d == dim || u->dims[d] == t.dims[d];
     if (!ok) {
-      tpu_fail_types(m, "stablehlo.concatenate", xs[0], xs[i]);
+      tpu_hloi_fail_types(m, "stablehlo.concatenate", xs[0], xs[i]);
       return TPU_HV_NONE;
     }
     t.dims[dim] += u->dims[dim];
@@ -1178,10 +1115,10 @@ tpu_hv tpu_hlo_concat(tpu_hlo *m, const tpu_hv *xs, int n, int dim) {
 tpu_hv tpu_hlo_pad(tpu_hlo *m, tpu_hv x, tpu_hv padval, const int64_t *lo, const int64_t *hi,
                    const int64_t *interior) {
   tpu_hv ops[2] = {x, padval};
-  if (!tpu_check(m, ops, 2)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, ops, 2)) return TPU_HV_NONE;
   tpu_hlo_type t = TY(x);
   if (TY(padval).rank != 0 || TY(padval).dtype != t.dtype) {
-    tpu_fail_types(m, "stablehlo.pad", x, padval);
+    tpu_hloi_fail_types(m, "stablehlo.pad", x, padval);
     return TPU_HV_NONE;
   }
   int64_t zeros[TPU_MAX_RANK] = {0};
@@ -1195,18 +1132,18 @@ tpu_hv tpu_hlo_pad(tpu_hlo *m, tpu_hv x, tpu_hv padval, const int64_t *lo, const
     }
   }
   tpu_attrs a = {0};
-  tpu_put_array(m, &a.b, "edge_padding_low", lo, t.rank);
-  tpu_buf_put(m, &a.b, ", ", strlen(", "));
-  tpu_put_array(m, &a.b, "edge_padding_high", hi, t.rank);
-  tpu_buf_put(m, &a.b, ", ", strlen(", "));
-  tpu_put_array(m, &a.b, "interior_padding", in, t.rank);
-  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.pad", ops, 2, tpu_attrs_str(&a), t);
-  tpu_attrs_free(&a);
+  tpu_hloi_put_array(m, &a.b, "edge_padding_low", lo, t.rank);
+  tpu_hloi_buf_put(m, &a.b, ", ", strlen(", "));
+  tpu_hloi_put_array(m, &a.b, "edge_padding_high", hi, t.rank);
+  tpu_hloi_buf_put(m, &a.b, ", ", strlen(", "));
+  tpu_hloi_put_array(m, &a.b, "interior_padding", in, t.rank);
+  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.pad", ops, 2, tpu_hloi_attrs_str(&a), t);
+  tpu_hloi_attrs_free(&a);
   return r;
 }
 
 tpu_hv tpu_hlo_reverse(tpu_hlo *m, tpu_hv x, const int64_t *dims, int ndims) {
-  if (!tpu_check(m, &x, 1)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, &x, 1)) return TPU_HV_NONE;
   if (ndims == 0) return x;
   bool seen[TPU_MAX_RANK] = {0};
   for (int i = 0; i < ndims; i++) {
@@ -1217,9 +1154,9 @@ tpu_hv tpu_hlo_reverse(tpu_hlo *m, tpu_hv x, const int64_t *dims, int ndims) {
     seen[dims[i]] = true;
   }
   tpu_attrs a = {0};
-  tpu_put_array(m, &a.b, "dimensions", dims, ndims);
-  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.reverse", &x, 1, tpu_attrs_str(&a), TY(x));
-  tpu_attrs_free(&a);
+  tpu_hloi_put_array(m, &a.b, "dimensions", dims, ndims);
+  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.reverse", &x, 1, tpu_hloi_attrs_str(&a), TY(x));
+  tpu_hloi_attrs_free(&a);
   return r;
 }
 
@@ -1246,22 +1183,22 @@ static bool tpu_reduce_operands(tpu_hlo *m, const char *op, const tpu_hv *xs, co
     ops[i] = xs[i];
     ops[n + i] = inits[i];
   }
-  if (!tpu_check(m, ops, 2 * n)) return false;
+  if (!tpu_hloi_check(m, ops, 2 * n)) return false;
   tpu_hlo_type st[16];
   for (int i = 0; i < n; i++) {
     const tpu_hlo_type *x = &TY(xs[i]), *x0 = &TY(xs[0]);
     bool same = x->rank == x0->rank && memcmp(x->dims, x0->dims, sizeof(int64_t) * (size_t)x->rank) == 0;
     if (!same) {
-      tpu_fail_types(m, op, xs[0], xs[i]);
+      tpu_hloi_fail_types(m, op, xs[0], xs[i]);
       return false;
     }
     st[i] = st[n + i] = tpu_hlo_type_make(x->dtype, 0, NULL);
     if (!tpu_hlo_type_eq(&TY(inits[i]), &st[i])) {
-      tpu_fail_types(m, op, xs[i], inits[i]);
+      tpu_hloi_fail_types(m, op, xs[i], inits[i]);
       return false;
     }
   }
-  return tpu_region_sig(m, op, region, st, 2 * n, st, n);
+  return tpu_hloi_region_sig(m, op, region, st, 2 * n, st, n);
 }
 
 bool tpu_hlo_reduce_region(tpu_hlo *m, const tpu_hv *xs, const tpu_hv *inits, int n, const int64_t *dims, int ndims,
@@ -1289,27 +1226,27 @@ bool tpu_hlo_reduce_region(tpu_hlo *m, const tpu_hv *xs, const tpu_hv *inits, in
       if (!red[i]) rt[k].dims[rt[k].rank++] = xt->dims[i];
   }
   tpu_attrs a = {0};
-  tpu_put_array(m, &a.b, "dimensions", dims, ndims);
-  bool ok = tpu_hlo_emit(m, "stablehlo.reduce", ops, 2 * n, &region, 1, tpu_attrs_str(&a), rt, n, outs);
-  tpu_attrs_free(&a);
+  tpu_hloi_put_array(m, &a.b, "dimensions", dims, ndims);
+  bool ok = tpu_hlo_emit(m, "stablehlo.reduce", ops, 2 * n, &region, 1, tpu_hloi_attrs_str(&a), rt, n, outs);
+  tpu_hloi_attrs_free(&a);
   return ok;
 }
 
 tpu_hv tpu_hlo_reduce(tpu_hlo *m, tpu_hv x, tpu_hv init, const int64_t *dims, int ndims, tpu_hlo_op op) {
   tpu_hv ops[2] = {x, init};
-  if (!tpu_check(m, ops, 2)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, ops, 2)) return TPU_HV_NONE;
   int region = tpu_scalar_body(m, TY(x).dtype, op);
   tpu_hv out = TPU_HV_NONE;
   tpu_hlo_reduce_region(m, &x, &init, 1, dims, ndims, region, &out);
   return out;
 }
 
-static void tpu_put_padding(tpu_hlo *m, tpu_buf *b, const int64_t *pad, int rank) {
-  tpu_buf_put(m, b, "padding = dense<[", 17);
+void tpu_hloi_put_padding(tpu_hlo *m, tpu_buf *b, const int64_t *pad, int rank) {
+  tpu_hloi_buf_put(m, b, "padding = dense<[", 17);
   for (int i = 0; i < rank; i++)
-    tpu_buf_printf(m, b, "%s[%lld, %lld]", i ? ", " : "", (long long)(pad ? pad[2 * i] : 0),
-                   (long long)(pad ? pad[2 * i + 1] : 0));
-  tpu_buf_printf(m, b, "]> : tensor<%dx2xi64>", rank);
+    tpu_hloi_buf_printf(m, b, "%s[%lld, %lld]", i ? ", " : "", (long long)(pad ? pad[2 * i] : 0),
+                        (long long)(pad ? pad[2 * i + 1] : 0));
+  tpu_hloi_buf_printf(m, b, "]> : tensor<%dx2xi64>", rank);
 }
 
 bool tpu_hlo_reduce_window(tpu_hlo *m, const tpu_hv *xs, const tpu_hv *inits, int n, const int64_t *window,
@@ -1340,17 +1277,17 @@ bool tpu_hlo_reduce_window(tpu_hlo *m, const tpu_hv *xs, const tpu_hv *inits, in
     }
   }
   tpu_attrs a = {0};
-  tpu_put_array(m, &a.b, "window_dimensions", window, r);
-  tpu_buf_put(m, &a.b, ", ", strlen(", "));
-  tpu_put_array(m, &a.b, "window_strides", st, r);
-  tpu_buf_put(m, &a.b, ", ", strlen(", "));
-  tpu_put_array(m, &a.b, "base_dilations", bd, r);
-  tpu_buf_put(m, &a.b, ", ", strlen(", "));
-  tpu_put_array(m, &a.b, "window_dilations", wd, r);
-  tpu_buf_put(m, &a.b, ", ", strlen(", "));
-  tpu_put_padding(m, &a.b, pad, r);
-  bool ok = tpu_hlo_emit(m, "stablehlo.reduce_window", ops, 2 * n, &region, 1, tpu_attrs_str(&a), rt, n, outs);
-  tpu_attrs_free(&a);
+  tpu_hloi_put_array(m, &a.b, "window_dimensions", window, r);
+  tpu_hloi_buf_put(m, &a.b, ", ", strlen(", "));
+  tpu_hloi_put_array(m, &a.b, "window_strides", st, r);
+  tpu_hloi_buf_put(m, &a.b, ", ", strlen(", "));
+  tpu_hloi_put_array(m, &a.b, "base_dilations", bd, r);
+  tpu_hloi_buf_put(m, &a.b, ", ", strlen(", "));
+  tpu_hloi_put_array(m, &a.b, "window_dilations", wd, r);
+  tpu_hloi_buf_put(m, &a.b, ", ", strlen(", "));
+  tpu_hloi_put_padding(m, &a.b, pad, r);
+  bool ok = tpu_hlo_emit(m, "stablehlo.reduce_window", ops, 2 * n, &region, 1, tpu_hloi_attrs_str(&a), rt, n, outs);
+  tpu_hloi_attrs_free(&a);
   return ok;
 }
 
@@ -1358,9 +1295,9 @@ bool tpu_hlo_reduce_window(tpu_hlo *m, const tpu_hv *xs, const tpu_hv *inits, in
 
 static void tpu_put_list(tpu_hlo *m, tpu_buf *b, const char *name, const int64_t *v, int n, bool *first) {
   if (n == 0) return;
-  tpu_buf_printf(m, b, "%s%s = [", *first ? "" : ", ", name);
-  tpu_put_i64s(m, b, v, n);
-  tpu_buf_put(m, b, "]", 1);
+  tpu_hloi_buf_printf(m, b, "%s%s = [", *first ? "" : ", ", name);
+  tpu_hloi_put_i64s(m, b, v, n);
+  tpu_hloi_buf_put(m, b, "]", 1);
   *first = false;
 }
 
@@ -1368,7 +1305,7 @@ tpu_hv tpu_hlo_dot_general(tpu_hlo *m, tpu_hv lhs, tpu_hv rhs, int nbatch, const
                            const int64_t *rhs_batch, int ncontract, const int64_t *lhs_contract,
                            const int64_t *rhs_contract, tpu_hlo_precision p, tpu_dtype out_dt) {
   tpu_hv ops[2] = {lhs, rhs};
-  if (!tpu_check(m, ops, 2)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, ops, 2)) return TPU_HV_NONE;
   const tpu_hlo_type *lt = &TY(lhs), *rt = &TY(rhs);
   bool lused[TPU_MAX_RANK] = {0}, rused[TPU_MAX_RANK] = {0};
   tpu_hlo_type t = tpu_hlo_type_make(out_dt == TPU_INVALID ? lt->dtype : out_dt, 0, NULL);
@@ -1398,19 +1335,20 @@ tpu_hv tpu_hlo_dot_general(tpu_hlo *m, tpu_hv lhs, tpu_hv rhs, int nbatch, const
     static const char *prec[] = {"DEFAULT", "HIGH", "HIGHEST"};
     tpu_attrs a = {0};
     bool first = true;
-    tpu_buf_put(m, &a.b, "dot_dimension_numbers = #stablehlo.dot<", strlen("dot_dimension_numbers = #stablehlo.dot<"));
+    tpu_hloi_buf_put(m, &a.b, "dot_dimension_numbers = #stablehlo.dot<",
+                     strlen("dot_dimension_numbers = #stablehlo.dot<"));
     tpu_put_list(m, &a.b, "lhs_batching_dimensions", lhs_batch, nbatch, &first);
     tpu_put_list(m, &a.b, "rhs_batching_dimensions", rhs_batch, nbatch, &first);
     tpu_put_list(m, &a.b, "lhs_contracting_dimensions", lhs_contract, ncontract, &first);
     tpu_put_list(m, &a.b, "rhs_contracting_dimensions", rhs_contract, ncontract, &first);
-    tpu_buf_printf(m, &a.b, ">, precision_config = [#stablehlo<precision %s>, #stablehlo<precision %s>]", prec[p],
-                   prec[p]);
-    tpu_hv r = tpu_hlo_emit1(m, "stablehlo.dot_general", ops, 2, tpu_attrs_str(&a), t);
-    tpu_attrs_free(&a);
+    tpu_hloi_buf_printf(m, &a.b, ">, precision_config = [#stablehlo<precision %s>, #stablehlo<precision %s>]", prec[p],
+                        prec[p]);
+    tpu_hv r = tpu_hlo_emit1(m, "stablehlo.dot_general", ops, 2, tpu_hloi_attrs_str(&a), t);
+    tpu_hloi_attrs_free(&a);
     return r;
   }
 bad:
-  tpu_fail_types(m, "stablehlo.dot_general", lhs, rhs);
+  tpu_hloi_fail_types(m, "stablehlo.dot_general", lhs, rhs);
   return TPU_HV_NONE;
 }
 
@@ -1425,7 +1363,7 @@ static bool tpu_dims_ok(const int64_t *v, int n, int rank) {
 tpu_hv tpu_hlo_gather(tpu_hlo *m, tpu_hv operand, tpu_hv indices, const tpu_hlo_gather_dims *d,
                       const int64_t *slice_sizes, tpu_hlo_type result) {
   tpu_hv ops[2] = {operand, indices};
-  if (!tpu_check(m, ops, 2)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, ops, 2)) return TPU_HV_NONE;
   const tpu_hlo_type *ot = &TY(operand), *it = &TY(indices);
   bool ok = tpu_dims_ok(d->offset_dims, d->n_offset, result.rank) &&
             tpu_dims_ok(d->collapsed_slice_dims, d->n_collapsed, ot->rank) &&
@@ -1435,29 +1373,29 @@ tpu_hv tpu_hlo_gather(tpu_hlo *m, tpu_hv operand, tpu_hv indices, const tpu_hlo_
             d->index_vector_dim <= it->rank && tpu_dtype_is_int(it->dtype) && result.dtype == ot->dtype;
   for (int i = 0; ok && i < ot->rank; i++) ok = slice_sizes[i] >= 0 && slice_sizes[i] <= ot->dims[i];
   if (!ok) {
-    tpu_fail_types(m, "stablehlo.gather: bad dimension numbers, slice sizes or types for", operand, indices);
+    tpu_hloi_fail_types(m, "stablehlo.gather: bad dimension numbers, slice sizes or types for", operand, indices);
     return TPU_HV_NONE;
   }
   tpu_attrs a = {0};
   bool first = true;
-  tpu_buf_put(m, &a.b, "dimension_numbers = #stablehlo.gather<", strlen("dimension_numbers = #stablehlo.gather<"));
+  tpu_hloi_buf_put(m, &a.b, "dimension_numbers = #stablehlo.gather<", strlen("dimension_numbers = #stablehlo.gather<"));
   tpu_put_list(m, &a.b, "offset_dims", d->offset_dims, d->n_offset, &first);
   tpu_put_list(m, &a.b, "collapsed_slice_dims", d->collapsed_slice_dims, d->n_collapsed, &first);
   tpu_put_list(m, &a.b, "operand_batching_dims", d->operand_batching_dims, d->n_operand_batching, &first);
   tpu_put_list(m, &a.b, "start_indices_batching_dims", d->start_indices_batching_dims, d->n_operand_batching, &first);
   tpu_put_list(m, &a.b, "start_index_map", d->start_index_map, d->n_start_index_map, &first);
-  tpu_buf_printf(m, &a.b, "%sindex_vector_dim = %lld>, indices_are_sorted = false, ", first ? "" : ", ",
-                 (long long)d->index_vector_dim);
-  tpu_put_array(m, &a.b, "slice_sizes", slice_sizes, TY(operand).rank);
-  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.gather", ops, 2, tpu_attrs_str(&a), result);
-  tpu_attrs_free(&a);
+  tpu_hloi_buf_printf(m, &a.b, "%sindex_vector_dim = %lld>, indices_are_sorted = false, ", first ? "" : ", ",
+                      (long long)d->index_vector_dim);
+  tpu_hloi_put_array(m, &a.b, "slice_sizes", slice_sizes, TY(operand).rank);
+  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.gather", ops, 2, tpu_hloi_attrs_str(&a), result);
+  tpu_hloi_attrs_free(&a);
   return r;
 }
 
 tpu_hv tpu_hlo_scatter(tpu_hlo *m, tpu_hv operand, tpu_hv indices, tpu_hv updates, const tpu_hlo_scatter_dims *d,
                        int region) {
   tpu_hv ops[3] = {operand, indices, updates};
-  if (!tpu_check(m, ops, 3)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, ops, 3)) return TPU_HV_NONE;
   const tpu_hlo_type *ot = &TY(operand), *it = &TY(indices), *ut = &TY(updates);
   bool ok = tpu_dims_ok(d->update_window_dims, d->n_update_window, ut->rank) &&
             tpu_dims_ok(d->inserted_window_dims, d->n_inserted, ot->rank) &&
@@ -1467,7 +1405,7 @@ tpu_hv tpu_hlo_scatter(tpu_hlo *m, tpu_hv operand, tpu_hv indices, tpu_hv update
             d->index_vector_dim >= 0 && d->index_vector_dim <= it->rank && tpu_dtype_is_int(it->dtype) &&
             ut->dtype == ot->dtype;
   if (!ok) {
-    tpu_fail_types(m, "stablehlo.scatter: bad dimension numbers or types for", operand, updates);
+    tpu_hloi_fail_types(m, "stablehlo.scatter: bad dimension numbers or types for", operand, updates);
     return TPU_HV_NONE;
   }
   tpu_hlo_type st = tpu_hlo_type_make(ot->dtype, 0, NULL);
@@ -1478,22 +1416,23 @@ tpu_hv tpu_hlo_scatter(tpu_hlo *m, tpu_hv operand, tpu_hv indices, tpu_hv update
     region = tpu_hlo_region_end(m, &args[1], 1);
     if (region < 0) return TPU_HV_NONE;
   }
-  if (!tpu_region_sig(m, "stablehlo.scatter", region, sts, 2, &st, 1)) return TPU_HV_NONE;
+  if (!tpu_hloi_region_sig(m, "stablehlo.scatter", region, sts, 2, &st, 1)) return TPU_HV_NONE;
   tpu_attrs a = {0};
   bool first = true;
-  tpu_buf_put(m, &a.b, "indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<", strlen("indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<"));
+  tpu_hloi_buf_put(m, &a.b, "indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<",
+                   strlen("indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<"));
   tpu_put_list(m, &a.b, "update_window_dims", d->update_window_dims, d->n_update_window, &first);
   tpu_put_list(m, &a.b, "inserted_window_dims", d->inserted_window_dims, d->n_inserted, &first);
   tpu_put_list(m, &a.b, "input_batching_dims", d->input_batching_dims, d->n_input_batching, &first);
   tpu_put_list(m, &a.b, "scatter_indices_batching_dims", d->scatter_indices_batching_dims, d->n_input_batching, &first);
   tpu_put_list(m, &a.b, "scatter_dims_to_operand_dims", d->scatter_dims_to_operand_dims, d->n_scatter_to_operand,
                &first);
-  tpu_buf_printf(m, &a.b, "%sindex_vector_dim = %lld>, unique_indices = false", first ? "" : ", ",
-                 (long long)d->index_vector_dim);
+  tpu_hloi_buf_printf(m, &a.b, "%sindex_vector_dim = %lld>, unique_indices = false", first ? "" : ", ",
+                      (long long)d->index_vector_dim);
   tpu_hv out = TPU_HV_NONE;
   tpu_hlo_type rt = TY(operand);
-  tpu_hlo_emit(m, "stablehlo.scatter", ops, 3, &region, 1, tpu_attrs_str(&a), &rt, 1, &out);
-  tpu_attrs_free(&a);
+  tpu_hlo_emit(m, "stablehlo.scatter", ops, 3, &region, 1, tpu_hloi_attrs_str(&a), &rt, 1, &out);
+  tpu_hloi_attrs_free(&a);
   return out;
 }
 
@@ -1503,12 +1442,12 @@ bool tpu_hlo_sort(tpu_hlo *m, const tpu_hv *xs, int n, int dim, bool stable, int
     tpu_hlo_fail(m, TPU_ERR_RUNTIME, "stablehlo.sort: %d operands (1 to 8 supported)", n);
     return false;
   }
-  if (!tpu_check(m, xs, n)) return false;
+  if (!tpu_hloi_check(m, xs, n)) return false;
   tpu_hlo_type rt[8], args[16], pred = tpu_hlo_type_make(TPU_PRED, 0, NULL);
   for (int i = 0; i < n; i++) {
     rt[i] = TY(xs[i]);
     if (rt[i].rank != rt[0].rank || memcmp(rt[i].dims, rt[0].dims, sizeof(int64_t) * (size_t)rt[0].rank) != 0) {
-      tpu_fail_types(m, "stablehlo.sort", xs[0], xs[i]);
+      tpu_hloi_fail_types(m, "stablehlo.sort", xs[0], xs[i]);
       return false;
     }
     args[2 * i] = args[2 * i + 1] = tpu_hlo_type_make(rt[i].dtype, 0, NULL);
@@ -1517,7 +1456,7 @@ bool tpu_hlo_sort(tpu_hlo *m, const tpu_hv *xs, int n, int dim, bool stable, int
     tpu_hlo_fail(m, TPU_ERR_INDEX, "stablehlo.sort: dimension %d out of range for rank %d", dim, rt[0].rank);
     return false;
   }
-  if (!tpu_region_sig(m, "stablehlo.sort", region, args, 2 * n, &pred, 1)) return false;
+  if (!tpu_hloi_region_sig(m, "stablehlo.sort", region, args, 2 * n, &pred, 1)) return false;
   char attrs[64];
   snprintf(attrs, sizeof attrs, "dimension = %d : i64, is_stable = %s", dim, stable ? "true" : "false");
   return tpu_hlo_emit(m, "stablehlo.sort", xs, n, &region, 1, attrs, rt, n, outs);
@@ -1525,7 +1464,7 @@ bool tpu_hlo_sort(tpu_hlo *m, const tpu_hv *xs, int n, int dim, bool stable, int
 
 tpu_hv tpu_hlo_rng_bit_generator(tpu_hlo *m, tpu_hv state, tpu_hlo_type bits, tpu_hv *new_state) {
   *new_state = TPU_HV_NONE;
-  if (!tpu_check(m, &state, 1)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, &state, 1)) return TPU_HV_NONE;
   const tpu_hlo_type *s = &TY(state);
   if (s->dtype != TPU_U64 || s->rank != 1 || s->dims[0] != 2) {
     char a[128];
@@ -1534,7 +1473,7 @@ tpu_hv tpu_hlo_rng_bit_generator(tpu_hlo *m, tpu_hv state, tpu_hlo_type bits, tp
     return TPU_HV_NONE;
   }
   if (!tpu_dtype_is_int(bits.dtype) && !tpu_dtype_is_float(bits.dtype)) {
-    tpu_fail_type(m, "stablehlo.rng_bit_generator: bits", &bits);
+    tpu_hloi_fail_type(m, "stablehlo.rng_bit_generator: bits", &bits);
     return TPU_HV_NONE;
   }
   tpu_hlo_type rt[2] = {TY(state), bits};
@@ -1550,13 +1489,13 @@ tpu_hv tpu_hlo_convolution(tpu_hlo *m, tpu_hv input, tpu_hv kernel, int nsp, con
                            const int64_t *pad, const int64_t *lhs_dil, const int64_t *rhs_dil, int64_t feature_groups,
                            int64_t batch_groups, tpu_hlo_precision p) {
   tpu_hv ops[2] = {input, kernel};
-  if (!tpu_check(m, ops, 2)) return TPU_HV_NONE;
+  if (!tpu_hloi_check(m, ops, 2)) return TPU_HV_NONE;
   const tpu_hlo_type *it = &TY(input), *kt = &TY(kernel);
   if (nsp < 0 || nsp > TPU_MAX_RANK - 2 || it->rank != nsp + 2 || kt->rank != nsp + 2 || it->dtype != kt->dtype ||
       feature_groups < 1 || batch_groups < 1 || (int)p < 0 || p > TPU_HLO_PREC_HIGHEST ||
       it->dims[1] != kt->dims[1] * feature_groups || kt->dims[0] % feature_groups != 0 ||
       it->dims[0] % batch_groups != 0 || kt->dims[0] % batch_groups != 0) {
-    tpu_fail_types(m, "stablehlo.convolution: ranks, dtypes or group counts do not fit for", input, kernel);
+    tpu_hloi_fail_types(m, "stablehlo.convolution: ranks, dtypes or group counts do not fit for", input, kernel);
     return TPU_HV_NONE;
   }
   int64_t ones[TPU_MAX_RANK];
@@ -1577,23 +1516,23 @@ tpu_hv tpu_hlo_convolution(tpu_hlo *m, tpu_hv input, tpu_hv kernel, int nsp, con
   }
   static const char *prec[] = {"DEFAULT", "HIGH", "HIGHEST"};
   tpu_attrs a = {0};
-  tpu_buf_printf(m, &a.b, "batch_group_count = %lld : i64, dimension_numbers = #stablehlo.conv<[b, f",
-                 (long long)batch_groups);
-  for (int i = 0; i < nsp; i++) tpu_buf_printf(m, &a.b, ", %d", i);
-  tpu_buf_put(m, &a.b, "]x[o, i", strlen("]x[o, i"));
-  for (int i = 0; i < nsp; i++) tpu_buf_printf(m, &a.b, ", %d", i);
-  tpu_buf_put(m, &a.b, "]->[b, f", strlen("]->[b, f"));
-  for (int i = 0; i < nsp; i++) tpu_buf_printf(m, &a.b, ", %d", i);
-  tpu_buf_printf(m, &a.b, "]>, feature_group_count = %lld : i64, ", (long long)feature_groups);
-  tpu_put_array(m, &a.b, "lhs_dilation", ld, nsp);
-  tpu_buf_put(m, &a.b, ", ", strlen(", "));
-  tpu_put_padding(m, &a.b, pad, nsp);
-  tpu_buf_printf(m, &a.b, ", precision_config = [#stablehlo<precision %s>, #stablehlo<precision %s>], ", prec[p],
-                 prec[p]);
-  tpu_put_array(m, &a.b, "rhs_dilation", rd, nsp);
-  tpu_buf_put(m, &a.b, ", ", strlen(", "));
-  tpu_put_array(m, &a.b, "window_strides", st, nsp);
-  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.convolution", ops, 2, tpu_attrs_str(&a), t);
-  tpu_attrs_free(&a);
+  tpu_hloi_buf_printf(m, &a.b, "batch_group_count = %lld : i64, dimension_numbers = #stablehlo.conv<[b, f",
+                      (long long)batch_groups);
+  for (int i = 0; i < nsp; i++) tpu_hloi_buf_printf(m, &a.b, ", %d", i);
+  tpu_hloi_buf_put(m, &a.b, "]x[o, i", strlen("]x[o, i"));
+  for (int i = 0; i < nsp; i++) tpu_hloi_buf_printf(m, &a.b, ", %d", i);
+  tpu_hloi_buf_put(m, &a.b, "]->[b, f", strlen("]->[b, f"));
+  for (int i = 0; i < nsp; i++) tpu_hloi_buf_printf(m, &a.b, ", %d", i);
+  tpu_hloi_buf_printf(m, &a.b, "]>, feature_group_count = %lld : i64, ", (long long)feature_groups);
+  tpu_hloi_put_array(m, &a.b, "lhs_dilation", ld, nsp);
+  tpu_hloi_buf_put(m, &a.b, ", ", strlen(", "));
+  tpu_hloi_put_padding(m, &a.b, pad, nsp);
+  tpu_hloi_buf_printf(m, &a.b, ", precision_config = [#stablehlo<precision %s>, #stablehlo<precision %s>], ", prec[p],
+                      prec[p]);
+  tpu_hloi_put_array(m, &a.b, "rhs_dilation", rd, nsp);
+  tpu_hloi_buf_put(m, &a.b, ", ", strlen(", "));
+  tpu_hloi_put_array(m, &a.b, "window_strides", st, nsp);
+  tpu_hv r = tpu_hlo_emit1(m, "stablehlo.convolution", ops, 2, tpu_hloi_attrs_str(&a), t);
+  tpu_hloi_attrs_free(&a);
   return r;
 }
