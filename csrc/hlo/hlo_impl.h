@@ -2,6 +2,21 @@
  * files share (included only by the builder's own files; the rest of
  * torchtpu sees hlo.h).
  *
+ * The builder is split by concern:
+ *   hlo.c             the module: text buffers and types, values and their
+ *                     scopes, parameters, finish (the text of @main), the
+ *                     generic primitive tpu_hlo_emit, regions
+ *   hlo_const.c       constants (scalar and dense literals) and iota
+ *   hlo_elementwise.c unary and binary ops, compare, select, clamp, converts
+ *   hlo_shape.c       reshape, broadcast, transpose, slices, concatenate,
+ *                     pad, reverse
+ *   hlo_reduce.c      reduce and reduce_window
+ *   hlo_compute.c     dot_general, gather, scatter, sort, rng_bit_generator,
+ *                     convolution
+ * The op files add to the module's text only through tpu_hlo_emit, read values
+ * only through TY and tpu_hloi_val_at, and of the module's fields touch only
+ * exact_div (hlo_elementwise.c).
+ *
  * Helpers shared between the files are named tpu_hloi_* ("hlo internal");
  * those one file uses stay static there. The text helpers only note running
  * out of memory (m->oom, reported at finish); the checks record the module's
