@@ -9,7 +9,7 @@ SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-re
 BUILD   := build/ctest
 CORE    := csrc/core.c
 RT      := csrc/runtime/runtime.c
-HLO     := csrc/hlo/hlo.c
+HLO     := $(wildcard csrc/hlo/*.c)
 CACHE   := csrc/cache/cache.c csrc/cache/sha256.c
 
 .PHONY: setup build test check pytest coverage fuzz clean bench-setup lint asan-pytest
