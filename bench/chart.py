@@ -18,6 +18,7 @@ Install it into the environment first: .venv/bin/python -m pip install matplotli
 
 Usage: python bench/chart.py [--check] [--out docs/benchmarks.png]
 """
+
 import argparse
 import json
 import os
@@ -40,7 +41,7 @@ def current_tables(text):
     {row label: {column header: cell text}}."""
     start = text.index("## Current figures")
     end = text.find("\n## ", start + 1)
-    section = text[start:end if end > 0 else len(text)]
+    section = text[start : end if end > 0 else len(text)]
     tables, rows = [], None
     for line in section.splitlines() + [""]:
         if line.startswith("|"):
@@ -59,7 +60,7 @@ def cell_values(cell):
     """'3.04 (2.0x), 3' -> [3.04] (the ratio and the programs compiled dropped);
     '32.9, 28.6' -> [32.9, 28.6] (two runs)."""
     if "(" in cell:
-        cell = cell[:cell.index("(")]
+        cell = cell[: cell.index("(")]
     return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", cell)]
 
 
@@ -69,8 +70,9 @@ def check(figures):
     errors = []
     runs = figures["runs"]
     if len(tables) < len(runs):
-        errors.append(f"docs/benchmarks.md has {len(tables)} tables under Current figures, "
-                      f"bench/figures.json {len(runs)} runs")
+        errors.append(
+            f"docs/benchmarks.md has {len(tables)} tables under Current figures, bench/figures.json {len(runs)} runs"
+        )
     for run, table in zip(runs, tables):
         for example, configs in run["step_ms"].items():
             for config, value in configs.items():
@@ -79,8 +81,9 @@ def check(figures):
                 if cell is None:
                     errors.append(f"{run['commit']} {example} {config}: not in docs/benchmarks.md")
                 elif cell_values(cell) != want:
-                    errors.append(f"{run['commit']} {example} {config}: figures.json {want}, "
-                                  f"docs/benchmarks.md {cell!r}")
+                    errors.append(
+                        f"{run['commit']} {example} {config}: figures.json {want}, docs/benchmarks.md {cell!r}"
+                    )
     return errors
 
 
@@ -89,13 +92,20 @@ def color(config):
         return "#8c8c8c"
     if config.startswith("JAX"):
         return "#2f6db5"
-    return {"tpu debug": "#f2c4a0", "tpu strict": "#eb9a5e", "tpu fused": "#d96a1d",
-            "tpu graph": "#a34a0c", "tpu compiled": "#b9d99a", "tpu compiled step": "#7cb356",
-            "tpu compiled graph": "#3f7d20"}[config]
+    return {
+        "tpu debug": "#f2c4a0",
+        "tpu strict": "#eb9a5e",
+        "tpu fused": "#d96a1d",
+        "tpu graph": "#a34a0c",
+        "tpu compiled": "#b9d99a",
+        "tpu compiled step": "#7cb356",
+        "tpu compiled graph": "#3f7d20",
+    }[config]
 
 
 def draw(figures, out):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -115,11 +125,25 @@ def draw(figures, out):
                 ax.barh(y, vals[0], height=0.7, color=color(name), edgecolor="black", linewidth=0.4)
                 for v in vals[1:]:
                     ax.plot(v, y, "o", color="black", markersize=4)
-                ax.text(max(vals) + top * 0.03, y, ", ".join(str(v) for v in vals), va="center", fontsize=8,
-                        bbox=dict(facecolor="white", edgecolor="none", pad=0.5))
+                ax.text(
+                    max(vals) + top * 0.03,
+                    y,
+                    ", ".join(str(v) for v in vals),
+                    va="center",
+                    fontsize=8,
+                    bbox=dict(facecolor="white", edgecolor="none", pad=0.5),
+                )
             if not any(n.startswith(("CPU", "JAX")) for n in configs):
-                ax.text(0.98, 0.04, "no CPU or JAX figure recorded", transform=ax.transAxes,
-                        ha="right", va="bottom", fontsize=8, style="italic")
+                ax.text(
+                    0.98,
+                    0.04,
+                    "no CPU or JAX figure recorded",
+                    transform=ax.transAxes,
+                    ha="right",
+                    va="bottom",
+                    fontsize=8,
+                    style="italic",
+                )
             ax.set_yticks(range(len(labels)))
             ax.set_yticklabels(labels, fontsize=8)
             ax.set_ylim(max(len(labels), 10) - 0.4, -0.6)  # first row on top
@@ -127,8 +151,10 @@ def draw(figures, out):
             ax.set_xlabel("step time, ms (lower is better)", fontsize=8)
             ax.tick_params(axis="x", labelsize=8)
             ax.set_title(f"{example}: {run['title']}\n{run['date']}, commit {run['commit']}", fontsize=9)
-    fig.suptitle("torchtpu training step per configuration (dashed: CPU eager and JAX; "
-                 "dot: a second fresh-process run)", fontsize=11)
+    fig.suptitle(
+        "torchtpu training step per configuration (dashed: CPU eager and JAX; dot: a second fresh-process run)",
+        fontsize=11,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(out, dpi=90, metadata={"Software": None})
     print(f"wrote {os.path.relpath(out, ROOT)}")

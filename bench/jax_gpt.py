@@ -10,6 +10,7 @@ torch children of train_step.py do.
 
 Usage: python bench/jax_gpt.py [--steps 30] [--read-every 1]
 """
+
 import argparse
 import json
 import os
@@ -26,8 +27,12 @@ B, T, L, H, C = 16, 32, 2, 4, 64
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--read-every", type=int, default=1,
-                    help="read the loss back every N steps (the time is per step of blocks of N)")
+    ap.add_argument(
+        "--read-every",
+        type=int,
+        default=1,
+        help="read the loss back every N steps (the time is per step of blocks of N)",
+    )
     args = ap.parse_args()
     # the platform torchtpu runs on in the same benchmark (the same PJRT plugin's compiler)
     os.environ.setdefault("JAX_PLATFORMS", os.environ.get("TORCHTPU_PLATFORM") or "cpu")
@@ -46,12 +51,28 @@ def main():
         return jnp.asarray(rng.normal(0.0, 0.02, s).astype(np.float32))
 
     def block():
-        return {"ln1_w": jnp.ones(C), "ln1_b": jnp.zeros(C), "qkv_w": normal(3 * C, C), "qkv_b": jnp.zeros(3 * C),
-                "proj_w": normal(C, C), "proj_b": jnp.zeros(C), "ln2_w": jnp.ones(C), "ln2_b": jnp.zeros(C),
-                "fc_w": normal(4 * C, C), "fc_b": jnp.zeros(4 * C), "out_w": normal(C, 4 * C), "out_b": jnp.zeros(C)}
+        return {
+            "ln1_w": jnp.ones(C),
+            "ln1_b": jnp.zeros(C),
+            "qkv_w": normal(3 * C, C),
+            "qkv_b": jnp.zeros(3 * C),
+            "proj_w": normal(C, C),
+            "proj_b": jnp.zeros(C),
+            "ln2_w": jnp.ones(C),
+            "ln2_b": jnp.zeros(C),
+            "fc_w": normal(4 * C, C),
+            "fc_b": jnp.zeros(4 * C),
+            "out_w": normal(C, 4 * C),
+            "out_b": jnp.zeros(C),
+        }
 
-    params = {"wte": normal(V, C), "wpe": normal(T, C), "lnf_w": jnp.ones(C), "lnf_b": jnp.zeros(C),
-              "blocks": [block() for _ in range(L)]}
+    params = {
+        "wte": normal(V, C),
+        "wpe": normal(T, C),
+        "lnf_w": jnp.ones(C),
+        "lnf_b": jnp.zeros(C),
+        "blocks": [block() for _ in range(L)],
+    }
 
     def layer_norm(x, w, b):
         m = x.mean(-1, keepdims=True)
@@ -95,7 +116,7 @@ def main():
 
         def update(p, m, v):
             p = p * (1 - lr * (0.1 if p.ndim >= 2 else 0.0))
-            return p - lr * (m / (1 - b1 ** t)) / (jnp.sqrt(v / (1 - b2 ** t)) + eps)
+            return p - lr * (m / (1 - b1**t)) / (jnp.sqrt(v / (1 - b2**t)) + eps)
 
         return jax.tree_util.tree_map(update, p, m, v), m, v, t, loss
 
@@ -107,14 +128,22 @@ def main():
         t0 = time.perf_counter()
         for _ in range(args.read_every):
             ix = rng.integers(0, len(data) - T - 1, B)
-            idx = jnp.asarray(np.stack([data[j:j + T] for j in ix]))
-            tgt = jnp.asarray(np.stack([data[j + 1:j + T + 1] for j in ix]))
+            idx = jnp.asarray(np.stack([data[j : j + T] for j in ix]))
+            tgt = jnp.asarray(np.stack([data[j + 1 : j + T + 1] for j in ix]))
             params, m, v, t, loss = step(params, m, v, t, idx, tgt)
         float(loss)
         times.append((time.perf_counter() - t0) / args.read_every)
-    print("RESULT " + json.dumps({"step_ms": statistics.median(times[5:]) * 1e3,
-                                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                                  "programs_compiled": None, "jax": jax.__version__}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "step_ms": statistics.median(times[5:]) * 1e3,
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "programs_compiled": None,
+                "jax": jax.__version__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ one program per batch at the sync).
 Prints medians over repeated batches and the ratio to CPU eager.
 Usage: python bench/op_latency.py [--n 64] [--iters 200]
 """
+
 import argparse
 import statistics
 import time
@@ -66,12 +67,16 @@ def main():
                 per_mode.append(bench_synced(f_tpu, args.iters, args.repeats))
         rows.append((name, c, per_mode))
     print(f"platform: {torch.tpu.get_device_name()}  shape: {args.n}x{args.n}")
-    print(f"{'op':<12}{'cpu eager us':>14}" + "".join(f"{m + ' us':>11}{'/cpu':>6}" for m in ("debug", "strict", "fused")))
+    print(
+        f"{'op':<12}{'cpu eager us':>14}" + "".join(f"{m + ' us':>11}{'/cpu':>6}" for m in ("debug", "strict", "fused"))
+    )
     for name, c, ts in rows:
         print(f"{name:<12}{c * 1e6:>14.1f}" + "".join(f"{t * 1e6:>11.1f}{t / c:>6.1f}" for t in ts))
     m = torchtpu.metrics()
-    print(f"programs compiled: {m['programs_compiled']} (disk cache hits {m['disk_cache_hits']})  "
-          f"fused programs run: {m['fused_programs_run']}")
+    print(
+        f"programs compiled: {m['programs_compiled']} (disk cache hits {m['disk_cache_hits']})  "
+        f"fused programs run: {m['fused_programs_run']}"
+    )
 
 
 if __name__ == "__main__":

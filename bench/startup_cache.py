@@ -7,6 +7,7 @@ programs on disk (warm). Prints each phase and the ratio of compile time
 
 Usage: python bench/startup_cache.py [--mode strict|fused|debug]
 """
+
 import argparse
 import json
 import os
@@ -39,8 +40,9 @@ print("RESULT " + json.dumps({"import_s": t1 - t0, "first_step_s": t2 - t1, "los
 def run(cache, mode):
     here = os.path.dirname(os.path.abspath(__file__))
     code = CHILD.replace("EXAMPLES", repr(os.path.join(here, "..", "examples"))).replace("MODE", repr(mode))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env=dict(os.environ, TORCHTPU_CACHE_DIR=cache))
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, TORCHTPU_CACHE_DIR=cache)
+    )
     if p.returncode != 0:
         raise SystemExit(p.stderr[-3000:])
     return json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
@@ -58,8 +60,10 @@ def main():
     print(f"mode: {args.mode}")
     print(f"{'cache':<6}{'import s':>10}{'first step s':>14}{'compile s':>11}{'compiled':>10}{'disk hits':>11}")
     for name, r in rows:
-        print(f"{name:<6}{r['import_s']:>10.2f}{r['first_step_s']:>14.2f}{r['compile_s']:>11.3f}"
-              f"{r['compiled']:>10}{r['disk_hits']:>11}")
+        print(
+            f"{name:<6}{r['import_s']:>10.2f}{r['first_step_s']:>14.2f}{r['compile_s']:>11.3f}"
+            f"{r['compiled']:>10}{r['disk_hits']:>11}"
+        )
     cold, warm = rows[0][1], min(r["compile_s"] for _, r in rows[1:])
     print(f"compile phase: cold {cold['compile_s']:.3f} s, warm {warm:.3f} s: {cold['compile_s'] / warm:.1f}x faster")
     assert all(r["loss"] == cold["loss"] for _, r in rows), "warm runs must give the same loss"

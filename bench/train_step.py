@@ -17,6 +17,7 @@ records the next step while the last one runs.
 
 Usage: python bench/train_step.py [--steps 30] [--long 2000] [--compile] [--examples gpt,resnet] [--rounds 5]
 """
+
 import argparse
 import json
 import os
@@ -37,7 +38,7 @@ def rss_mb():
 
 def _cycle(images, labels, size):
     """A function returning the next batch of size, cycling over the data."""
-    batches = [(images[i:i + size], labels[i:i + size]) for i in range(0, len(images), size)]
+    batches = [(images[i : i + size], labels[i : i + size]) for i in range(0, len(images), size)]
     state = {"i": 0}
 
     def batch():
@@ -62,11 +63,10 @@ def child(example, device, mode, steps, long_steps):
     graphed = mode in ("graph", "compiled-graph")
     if device == "tpu" and not compiled and not graphed:
         torchtpu.eager_mode(mode)
-    import torch.nn.functional as F
-
     import char_gpt
     import mlp_mnist
     import resnet_cifar
+    import torch.nn.functional as F
 
     backend = "tpu" if device == "tpu" else "inductor"
     if example == "gpt":
@@ -76,8 +76,12 @@ def child(example, device, mode, steps, long_steps):
         if mode in ("compiled-step", "graph", "compiled-graph"):
             decay = [p for p in model.parameters() if p.dim() >= 2]
             no_decay = [p for p in model.parameters() if p.dim() < 2]
-            opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                    lr=3e-3, betas=(0.9, 0.95), capturable=True)
+            opt = torch.optim.AdamW(
+                [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                lr=3e-3,
+                betas=(0.9, 0.95),
+                capturable=True,
+            )
         else:
             opt = char_gpt.make_optimizer(model)
         g = torch.Generator().manual_seed(0)
@@ -102,8 +106,10 @@ def child(example, device, mode, steps, long_steps):
         clip = None
         batch = _cycle(images, labels, 64)
     if example != "gpt":
+
         def loss_of(run, x, y):
             return F.cross_entropy(run(x), y)
+
     run = torch.compile(model, backend=backend) if compiled else model
     params = list(model.parameters())
 
@@ -152,6 +158,7 @@ def child(example, device, mode, steps, long_steps):
         loss.backward()
         update()
         return loss.item() if read else loss
+
     step = step or eager_step
     times, rss = [], []
     total = steps + 5 + long_steps
@@ -169,7 +176,7 @@ def child(example, device, mode, steps, long_steps):
             rss.append(rss_mb())
     m = torchtpu.metrics() if device == "tpu" else {}
     out = {
-        "step_ms": statistics.median(times[5:5 + steps]) * 1e3,
+        "step_ms": statistics.median(times[5 : 5 + steps]) * 1e3,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "programs_compiled": m.get("programs_compiled"),
         "fused_programs_run": m.get("fused_programs_run"),
@@ -215,8 +222,10 @@ def rounds(ex, steps, n):
         f = run(ex, "tpu", "fused", steps)["step_ms"]
         ratios.append(s / f)
         print(f"{ex:<8}round {i + 1}: strict {s:.2f} ms, fused {f:.2f} ms, {s / f:.2f}x")
-    print(f"{ex:<8}fused is {statistics.median(ratios):.2f}x faster than strict "
-          f"(median of {n} rounds; {min(ratios):.2f}-{max(ratios):.2f})")
+    print(
+        f"{ex:<8}fused is {statistics.median(ratios):.2f}x faster than strict "
+        f"(median of {n} rounds; {min(ratios):.2f}-{max(ratios):.2f})"
+    )
 
 
 def check_ab(ex, steps, modes=("strict", "fused")):
@@ -227,8 +236,10 @@ def check_ab(ex, steps, modes=("strict", "fused")):
     for mode in modes:
         r = run(ex, "tpu", mode + "/checks-ab", steps)
         lo, hi = r["checks_ratio_range"]
-        print(f"{ex:<8}{mode}: value checks cost {100 * (r['checks_ratio'] - 1):+.1f}% (median of {steps // 2} "
-              f"pairs of neighbouring steps; {lo:.3f}-{hi:.3f}x)")
+        print(
+            f"{ex:<8}{mode}: value checks cost {100 * (r['checks_ratio'] - 1):+.1f}% (median of {steps // 2} "
+            f"pairs of neighbouring steps; {lo:.3f}-{hi:.3f}x)"
+        )
 
 
 def check_rounds(ex, steps, n, modes=("strict", "fused")):
@@ -242,24 +253,40 @@ def check_rounds(ex, steps, n, modes=("strict", "fused")):
             off = run(ex, "tpu", mode, steps, TORCHTPU_VALUE_CHECKS="0")["step_ms"]
             ratios.append(on / off)
             print(f"{ex:<8}{mode} round {i + 1}: checks on {on:.2f} ms, off {off:.2f} ms, {on / off:.3f}x")
-        print(f"{ex:<8}{mode}: value checks cost {100 * (statistics.median(ratios) - 1):+.1f}% "
-              f"(median of {n} rounds; {min(ratios):.3f}-{max(ratios):.3f}x)")
+        print(
+            f"{ex:<8}{mode}: value checks cost {100 * (statistics.median(ratios) - 1):+.1f}% "
+            f"(median of {n} rounds; {min(ratios):.3f}-{max(ratios):.3f}x)"
+        )
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--long", type=int, default=0, help="also run this many fused GPT steps and check RSS")
-    ap.add_argument("--compile", action="store_true",
-                    help="also torch.compile (backend tpu, model and whole step), inductor on CPU, and JAX")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also torch.compile (backend tpu, model and whole step), inductor on CPU, and JAX",
+    )
     ap.add_argument("--examples", default="mlp,gpt,resnet")
-    ap.add_argument("--rounds", type=int, default=0,
-                    help="then this many more rounds of strict and fused, alternating (noisy machines)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="then this many more rounds of strict and fused, alternating (noisy machines)",
+    )
     ap.add_argument("--child", nargs=5)
-    ap.add_argument("--check-ab", action="store_true",
-                    help="the GPT step with value checks on and off in alternate steps of one process")
-    ap.add_argument("--check-rounds", type=int, default=0,
-                    help="the GPT step with value checks on and off, strict and fused, in N alternating rounds")
+    ap.add_argument(
+        "--check-ab",
+        action="store_true",
+        help="the GPT step with value checks on and off in alternate steps of one process",
+    )
+    ap.add_argument(
+        "--check-rounds",
+        type=int,
+        default=0,
+        help="the GPT step with value checks on and off, strict and fused, in N alternating rounds",
+    )
     args = ap.parse_args()
     if args.child:
         ex, dev, mode, steps, long_steps = args.child
@@ -277,30 +304,41 @@ def main():
         if args.compile:
             rows["cpu inductor"] = run(ex, "cpu", "inductor", args.steps)
             if ex == "gpt" and jax_py:
-                p = subprocess.run([jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(args.steps)],
-                                   capture_output=True, text=True)
+                p = subprocess.run(
+                    [jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(args.steps)],
+                    capture_output=True,
+                    text=True,
+                )
                 rows["jax jit"] = _result(p, "jax gpt")
         for mode in ("debug", "strict", "fused", "graph") + (
-                ("compiled", "compiled-step", "compiled-graph") if args.compile else ()):
+            ("compiled", "compiled-step", "compiled-graph") if args.compile else ()
+        ):
             rows[f"tpu {mode}"] = run(ex, "tpu", mode, args.steps)
         if ex == "gpt":
             blocks = max(args.steps // 5, 4)
             rows["cpu eager/read10"] = run(ex, "cpu", "eager/read10", blocks)
             if jax_py:
-                p = subprocess.run([jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(blocks),
-                                    "--read-every", "10"], capture_output=True, text=True)
+                p = subprocess.run(
+                    [jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(blocks), "--read-every", "10"],
+                    capture_output=True,
+                    text=True,
+                )
                 rows["jax jit/read10"] = _result(p, "jax gpt")
             for mode in ("strict", "fused", "graph") + (("compiled-step", "compiled-graph") if args.compile else ()):
                 rows[f"tpu {mode}/read10"] = run(ex, "tpu", f"{mode}/read10", blocks)
         cpu = rows["cpu eager"]
         for name, r in rows.items():
-            print(f"{ex:<8}{name:<26}{r['step_ms']:>9.2f}{r['step_ms'] / cpu['step_ms']:>8.2f}"
-                  f"{r['peak_rss_mb']:>13.0f}{r['peak_rss_mb'] / cpu['peak_rss_mb']:>8.2f}"
-                  f"{'' if r['programs_compiled'] is None else r['programs_compiled']:>10}")
+            print(
+                f"{ex:<8}{name:<26}{r['step_ms']:>9.2f}{r['step_ms'] / cpu['step_ms']:>8.2f}"
+                f"{r['peak_rss_mb']:>13.0f}{r['peak_rss_mb'] / cpu['peak_rss_mb']:>8.2f}"
+                f"{'' if r['programs_compiled'] is None else r['programs_compiled']:>10}"
+            )
         fr = rows["tpu fused"]
         at = " -> ".join(f"{x:.0f}" for x in fr["rss_first_steps_mb"])
-        print(f"{ex:<8}tpu fused: resident MB at the start of steps 1-3 {at}; peak {fr['peak_rss_mb']:.0f} "
-              f"(the step's program compiles inside step 2)")
+        print(
+            f"{ex:<8}tpu fused: resident MB at the start of steps 1-3 {at}; peak {fr['peak_rss_mb']:.0f} "
+            f"(the step's program compiles inside step 2)"
+        )
         s, f = rows["tpu strict"]["step_ms"], fr["step_ms"]
         print(f"{ex:<8}fused is {s / f:.2f}x faster than strict (the loss read back every step)")
         if "tpu fused/read10" in rows:
@@ -314,8 +352,10 @@ def main():
         if args.compile:
             for name in ("compiled", "compiled-step", "compiled-graph"):
                 c = rows[f"tpu {name}"]["step_ms"]
-                line = (f"{ex:<8}tpu {name}: {s / c:.2f}x faster than strict, "
-                        f"{c / rows['cpu inductor']['step_ms']:.2f}x CPU inductor's step time")
+                line = (
+                    f"{ex:<8}tpu {name}: {s / c:.2f}x faster than strict, "
+                    f"{c / rows['cpu inductor']['step_ms']:.2f}x CPU inductor's step time"
+                )
                 if "jax jit" in rows:
                     line += f", {c / rows['jax jit']['step_ms']:.2f}x JAX's step time"
                 print(line)
@@ -323,8 +363,10 @@ def main():
                 if f"tpu {name}/read10" not in rows:
                     continue
                 c = rows[f"tpu {name}/read10"]["step_ms"]
-                line = (f"{ex:<8}tpu {name}, loss read every 10 steps: "
-                        f"{rows['tpu strict/read10']['step_ms'] / c:.2f}x faster than strict")
+                line = (
+                    f"{ex:<8}tpu {name}, loss read every 10 steps: "
+                    f"{rows['tpu strict/read10']['step_ms'] / c:.2f}x faster than strict"
+                )
                 if "jax jit/read10" in rows:
                     line += f", {c / rows['jax jit/read10']['step_ms']:.2f}x JAX's step time"
                 print(line)
@@ -333,8 +375,10 @@ def main():
     if args.long:
         r = run("gpt", "tpu", "fused", args.steps, args.long)
         grow = (r["rss_end_mb"] - r["rss_after_warmup_mb"]) / r["rss_after_warmup_mb"] * 100
-        print(f"gpt fused, {args.long} more steps: RSS {r['rss_after_warmup_mb']:.0f} MB after 200 steps, "
-              f"{r['rss_end_mb']:.0f} MB at the end ({grow:+.1f}%)")
+        print(
+            f"gpt fused, {args.long} more steps: RSS {r['rss_after_warmup_mb']:.0f} MB after 200 steps, "
+            f"{r['rss_end_mb']:.0f} MB at the end ({grow:+.1f}%)"
+        )
 
 
 if __name__ == "__main__":

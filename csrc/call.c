@@ -152,7 +152,8 @@ tpu_status *tpu_broadcast_check(int rank, const int64_t *dims, int vrank, const 
     } else {
       return tpu_status_new(TPU_ERR_RUNTIME,
                             "The size of tensor a (%lld) must match the size of tensor b (%lld) at non-singleton "
-                            "dimension %d", (long long)a, (long long)v, i);
+                            "dimension %d",
+                            (long long)a, (long long)v, i);
     }
   }
   if (!grows) return NULL;

@@ -18,10 +18,10 @@
 /* ---- parsed arguments ------------------------------------------------------ */
 
 typedef enum {
-  TPU_ARG_NONE = 0,  /* None (for optional arguments) */
+  TPU_ARG_NONE = 0, /* None (for optional arguments) */
   TPU_ARG_TENSOR,
-  TPU_ARG_TENSORS,   /* Tensor[] and Tensor?[] (items may be NONE tensors) */
-  TPU_ARG_SCALAR,    /* a Python number: a program input */
+  TPU_ARG_TENSORS, /* Tensor[] and Tensor?[] (items may be NONE tensors) */
+  TPU_ARG_SCALAR,  /* a Python number: a program input */
   TPU_ARG_INT,
   TPU_ARG_INTS,
   TPU_ARG_FLOAT,
@@ -29,7 +29,7 @@ typedef enum {
   TPU_ARG_BOOL,
   TPU_ARG_DTYPE,
   TPU_ARG_STR,
-  TPU_ARG_IGNORED    /* device, layout, pin_memory, memory_format, generator */
+  TPU_ARG_IGNORED /* device, layout, pin_memory, memory_format, generator */
 } tpu_argkind;
 
 typedef enum { TPU_SCALAR_BOOL, TPU_SCALAR_INT, TPU_SCALAR_FLOAT, TPU_SCALAR_COMPLEX } tpu_scalar_kind;
@@ -62,23 +62,23 @@ enum { TPU_VIEW_WHOLE, TPU_VIEW_RANGE, TPU_VIEW_PERMUTED, TPU_VIEW_GATHER, TPU_V
 
 typedef struct {
   tpu_argkind kind;
-  bool is_default;          /* the value is the schema default */
-  tpu_tref t;               /* TENSOR */
-  tpu_tref *list;           /* TENSORS: items (owned by the engine's call) */
+  bool is_default; /* the value is the schema default */
+  tpu_tref t;      /* TENSOR */
+  tpu_tref *list;  /* TENSORS: items (owned by the engine's call) */
   int nlist;
-  tpu_scalar_kind skind;    /* SCALAR */
-  double f;                 /* SCALAR (float/bool/complex real), FLOAT */
-  double f_imag;            /* SCALAR complex */
-  int64_t i;                /* SCALAR (int), INT, BOOL (0/1) */
-  tpu_dtype dtype;          /* DTYPE */
-  char str[32];             /* STR */
-  tpu_hv value;             /* SCALAR: its 0-d input value, NONE until requested */
-  int nints;                /* INTS / FLOATS */
+  tpu_scalar_kind skind; /* SCALAR */
+  double f;              /* SCALAR (float/bool/complex real), FLOAT */
+  double f_imag;         /* SCALAR complex */
+  int64_t i;             /* SCALAR (int), INT, BOOL (0/1) */
+  tpu_dtype dtype;       /* DTYPE */
+  char str[32];          /* STR */
+  tpu_hv value;          /* SCALAR: its 0-d input value, NONE until requested */
+  int nints;             /* INTS / FLOATS */
   /* The list comes last: only INTS and FLOATS arguments use it, and a
    * recorded op copies an argument up to what its kind uses (tpu_arg_size). */
   union {
-    int64_t ints[TPU_MAX_LIST];   /* INTS */
-    double floats[TPU_MAX_LIST];  /* FLOATS */
+    int64_t ints[TPU_MAX_LIST];  /* INTS */
+    double floats[TPU_MAX_LIST]; /* FLOATS */
   };
 } tpu_arg;
 
@@ -91,9 +91,9 @@ static inline size_t tpu_arg_size(const tpu_arg *a) {
 /* What the call returns to Python: new output k, or tensor argument a. */
 typedef struct {
   bool is_arg;
-  int index;            /* output index or argument index */
-  int item;             /* list item for TENSORS arguments, or -1 */
-  bool resize;          /* new output `index` becomes out= argument `arg`'s
+  int index;   /* output index or argument index */
+  int item;    /* list item for TENSORS arguments, or -1 */
+  bool resize; /* new output `index` becomes out= argument `arg`'s
                            contents (its shape was wrong: torch resizes out=) */
   int arg;
 } tpu_ret_plan;
@@ -111,9 +111,10 @@ enum {
   TPU_OP_OUT = 2,
   TPU_OP_SCALAR_ATTRS = 4,
   TPU_OP_OUT_EXACT = 8,
-  TPU_OP_FILLS = 16,   /* writes one value to every alias: an expanded self is allowed (fill_, index_put_) */
+  TPU_OP_FILLS = 16,    /* writes one value to every alias: an expanded self is allowed (fill_, index_put_) */
   TPU_OP_NO_ALIAS = 32, /* out= may not even be exactly an input (gather, index_select, take) */
-  TPU_OP_FILL_VALUE = 64, /* its Python scalars are written into self: they must fit self's dtype (fill_, masked_fill) */
+  TPU_OP_FILL_VALUE =
+      64, /* its Python scalars are written into self: they must fit self's dtype (fill_, masked_fill) */
   TPU_OP_CHECK_ARGS = 128 /* tpu_check_args checks its Python scalars' values on every call (uniform_'s range) */
 };
 /* SCALAR_ATTRS: the op's Python scalars shape the program (arange's bounds),
@@ -130,7 +131,7 @@ typedef enum {
 } tpu_op_id;
 
 typedef struct {
-  const char *name;  /* ATen overload, "add.Tensor" */
+  const char *name; /* ATen overload, "add.Tensor" */
   tpu_emit_fn emit;
   int flags;
 } tpu_op_row;

@@ -118,15 +118,11 @@ bool tpu_dtype_can_cast(tpu_dtype from, tpu_dtype to) {
 }
 const char *tpu_dtype_mlir(tpu_dtype t) { return tpu_dtype_valid(t) ? tpu_dtype_info[t].mlir : "?"; }
 const char *tpu_dtype_name(tpu_dtype t) { return tpu_dtype_valid(t) ? tpu_dtype_info[t].name : "invalid"; }
-bool tpu_dtype_is_float(tpu_dtype t) {
-  return t == TPU_F16 || t == TPU_BF16 || t == TPU_F32 || t == TPU_F64;
-}
+bool tpu_dtype_is_float(tpu_dtype t) { return t == TPU_F16 || t == TPU_BF16 || t == TPU_F32 || t == TPU_F64; }
 bool tpu_dtype_is_complex(tpu_dtype t) { return t == TPU_C64 || t == TPU_C128; }
 bool tpu_dtype_is_signed_int(tpu_dtype t) { return t >= TPU_S8 && t <= TPU_S64; }
 bool tpu_dtype_is_unsigned_int(tpu_dtype t) { return t >= TPU_U8 && t <= TPU_U64; }
-bool tpu_dtype_is_int(tpu_dtype t) {
-  return tpu_dtype_is_signed_int(t) || tpu_dtype_is_unsigned_int(t);
-}
+bool tpu_dtype_is_int(tpu_dtype t) { return tpu_dtype_is_signed_int(t) || tpu_dtype_is_unsigned_int(t); }
 
 /* torch's promotion lattice: bool < integers < floats < complex. Within a
  * kind the wider type wins; mixing signed and unsigned needs a signed type

@@ -43,15 +43,13 @@ typedef struct tpu_status tpu_status;
 
 /* Returns an owned status; never NULL (falls back to a static out-of-memory
  * status, which tpu_status_free recognises). */
-tpu_status *tpu_status_new(tpu_code code, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+tpu_status *tpu_status_new(tpu_code code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 tpu_status *tpu_status_newv(tpu_code code, const char *fmt, va_list ap);
 tpu_code tpu_status_code(const tpu_status *s);
 /* Borrowed; lifetime of s. */
 const char *tpu_status_message(const tpu_status *s);
 /* Prefixes the message with "<fmt>: " and returns s (for context chains). */
-tpu_status *tpu_status_prefix(tpu_status *s, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+tpu_status *tpu_status_prefix(tpu_status *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void tpu_status_free(tpu_status *s);
 
 /* ---- element types ------------------------------------------------------- */
@@ -76,14 +74,14 @@ typedef enum {
   TPU_NUM_DTYPES
 } tpu_dtype;
 
-size_t tpu_dtype_size(tpu_dtype t);        /* bytes per element; 0 if invalid */
-const char *tpu_dtype_mlir(tpu_dtype t);   /* "f32", "i1", "ui8", "complex<f32>" */
-const char *tpu_dtype_name(tpu_dtype t);   /* torch name: "float32", "bool", ... */
-bool tpu_dtype_is_float(tpu_dtype t);      /* f16, bf16, f32, f64 */
+size_t tpu_dtype_size(tpu_dtype t);      /* bytes per element; 0 if invalid */
+const char *tpu_dtype_mlir(tpu_dtype t); /* "f32", "i1", "ui8", "complex<f32>" */
+const char *tpu_dtype_name(tpu_dtype t); /* torch name: "float32", "bool", ... */
+bool tpu_dtype_is_float(tpu_dtype t);    /* f16, bf16, f32, f64 */
 bool tpu_dtype_is_complex(tpu_dtype t);
-bool tpu_dtype_is_signed_int(tpu_dtype t); /* s8..s64 */
+bool tpu_dtype_is_signed_int(tpu_dtype t);   /* s8..s64 */
 bool tpu_dtype_is_unsigned_int(tpu_dtype t); /* u8..u64 */
-bool tpu_dtype_is_int(tpu_dtype t);        /* signed or unsigned, not pred */
+bool tpu_dtype_is_int(tpu_dtype t);          /* signed or unsigned, not pred */
 const char *tpu_dtype_c10_name(tpu_dtype t); /* c10's name: "Float", "Long", "ComplexFloat" */
 /* torch.can_cast: a result of dtype from may be written into a tensor of
  * dtype to (no complex to real, no float to integer, nothing else to bool). */

@@ -8,6 +8,7 @@ string ("tpu" by default, `--device cpu` to run on the host).
     python examples/char_gpt.py --steps 20
     python examples/char_gpt.py --steps 20 --autocast      # bfloat16 autocast
 """
+
 import argparse
 import os
 from dataclasses import dataclass
@@ -70,9 +71,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_drop(self.proj(y))
 
@@ -131,8 +130,8 @@ class GPT(nn.Module):
 def get_batch(data, batch_size, block_size, generator):
     """Random windows of the corpus, chosen on the CPU with `generator`."""
     ix = torch.randint(len(data) - block_size - 1, (batch_size,), generator=generator)
-    x = torch.stack([data[i:i + block_size] for i in ix])
-    y = torch.stack([data[i + 1:i + 1 + block_size] for i in ix])
+    x = torch.stack([data[i : i + block_size] for i in ix])
+    y = torch.stack([data[i + 1 : i + 1 + block_size] for i in ix])
     return x, y
 
 
@@ -146,7 +145,8 @@ def make_optimizer(model, lr=3e-3, weight_decay=0.1):
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr, betas=(0.9, 0.95),
+        lr=lr,
+        betas=(0.9, 0.95),
     )
 
 
@@ -166,8 +166,18 @@ def train_step(model, optimizer, x, y, autocast=None):
     return loss.item()
 
 
-def train(device, steps, seed=0, batch_size=16, block_size=32, lr=3e-3, autocast=None, dropout=0.0,
-          return_state=False, log=None):
+def train(
+    device,
+    steps,
+    seed=0,
+    batch_size=16,
+    block_size=32,
+    lr=3e-3,
+    autocast=None,
+    dropout=0.0,
+    return_state=False,
+    log=None,
+):
     """Trains `steps` steps on `device`; returns the per-step losses, or with
     return_state=True a dict with losses, model, optimizer, tokenizer, data and
     the batch generator (to continue training from where it stopped)."""
@@ -185,8 +195,16 @@ def train(device, steps, seed=0, batch_size=16, block_size=32, lr=3e-3, autocast
         if log:
             log(f"step {step + 1:3d}  loss {losses[-1]:.4f}")
     if return_state:
-        return dict(losses=losses, model=model, optimizer=optimizer, tokenizer=tok, data=data, generator=gen,
-                    batch_size=batch_size, block_size=block_size)
+        return dict(
+            losses=losses,
+            model=model,
+            optimizer=optimizer,
+            tokenizer=tok,
+            data=data,
+            generator=gen,
+            batch_size=batch_size,
+            block_size=block_size,
+        )
     return losses
 
 
@@ -197,7 +215,7 @@ def generate(model, idx, max_new_tokens):
     was_training = model.training
     model.eval()
     for _ in range(max_new_tokens):
-        idx_cond = idx[:, -model.cfg.block_size:]
+        idx_cond = idx[:, -model.cfg.block_size :]
         logits, _ = model(idx_cond)
         next_id = logits[:, -1, :].argmax(dim=-1, keepdim=True)
         idx = torch.cat([idx, next_id], dim=1)
@@ -215,8 +233,15 @@ def main():
     parser.add_argument("--prompt", default="The train ")
     parser.add_argument("--tokens", type=int, default=40)
     args = parser.parse_args()
-    state = train(args.device, args.steps, seed=args.seed, dropout=args.dropout,
-                  autocast=torch.bfloat16 if args.autocast else None, return_state=True, log=print)
+    state = train(
+        args.device,
+        args.steps,
+        seed=args.seed,
+        dropout=args.dropout,
+        autocast=torch.bfloat16 if args.autocast else None,
+        return_state=True,
+        log=print,
+    )
     losses, model, tok = state["losses"], state["model"], state["tokenizer"]
     print(f"first loss {losses[0]:.4f}  last loss {losses[-1]:.4f}")
     prompt = tok.encode(args.prompt).unsqueeze(0).to(args.device)

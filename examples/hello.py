@@ -1,5 +1,7 @@
 """A matmul on the tpu device: prints the PJRT platform and the result."""
+
 import torch
+
 import torchtpu  # noqa: F401  (optional: torch autoloads it through its entry point)
 
 a = torch.arange(6, dtype=torch.float32).reshape(2, 3).to("tpu")

@@ -6,6 +6,7 @@ string ("tpu" by default, `--device cpu` to run on the host).
 
     python examples/mlp_mnist.py --steps 20
 """
+
 import argparse
 
 import torch

@@ -7,6 +7,7 @@ string ("tpu" by default, `--device cpu` to run on the host).
 
     python examples/resnet_cifar.py --steps 20
 """
+
 import argparse
 
 import torch
@@ -67,8 +68,18 @@ class ResNet(nn.Module):
         return self.head(torch.flatten(self.pool(x), 1))
 
 
-def train(device, steps, seed=0, batch_size=32, lr=0.02, momentum=0.9, weight_decay=5e-4,
-          max_grad_norm=2.0, noise=0.8, log=None):
+def train(
+    device,
+    steps,
+    seed=0,
+    batch_size=32,
+    lr=0.02,
+    momentum=0.9,
+    weight_decay=5e-4,
+    max_grad_norm=2.0,
+    noise=0.8,
+    log=None,
+):
     """Trains `steps` steps on `device`; returns the per-step losses."""
     device = torch.device(device)
     images, labels = synthetic_cifar(num_samples=batch_size * steps, seed=seed + 1, noise=noise)

@@ -1,5 +1,6 @@
 """Shared by the per-family op tests: seeded inputs and comparison with CPU
 PyTorch (dtype, shape, then values)."""
+
 import torch
 
 

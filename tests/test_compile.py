@@ -1,5 +1,6 @@
 """torch.compile(backend="tpu"): graphs run as fused programs through the same
 lowering table; the hard cases are checked against eager CPU."""
+
 import copy
 import os
 import sys
@@ -48,7 +49,7 @@ def test_backend_is_found_by_name():
 def test_graph_breaks():
     def f(x):
         y = torch.sin(x) * 2
-        if y.sum() > 0:          # data-dependent branch: a graph break
+        if y.sum() > 0:  # data-dependent branch: a graph break
             y = y + 1
         print("eager code between graphs")
         return torch.cos(y).sum(0)
@@ -59,7 +60,7 @@ def test_graph_breaks():
 
 def test_input_mutation_and_views_as_outputs():
     def f(x, buf):
-        buf.add_(x)              # mutates an input
+        buf.add_(x)  # mutates an input
         x.mul_(2)
         return buf.t(), x[1:], buf.sum()
 
@@ -155,7 +156,7 @@ def _resnet_losses(compiled, steps=20, batch=16):
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9, weight_decay=5e-4)
     losses = []
     for i in range(steps):
-        x, y = images[i * batch:(i + 1) * batch].to("tpu"), labels[i * batch:(i + 1) * batch].to("tpu")
+        x, y = images[i * batch : (i + 1) * batch].to("tpu"), labels[i * batch : (i + 1) * batch].to("tpu")
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(run(x), y)
         loss.backward()
@@ -223,7 +224,7 @@ def test_replay_with_another_input_layout_is_still_right():
     base = torch.randn(6, 3)
     bt = base.to("tpu")
     for lo in (0, 0, 1, 2, 0):
-        torch.testing.assert_close(cf(bt[lo:lo + 4]).cpu(), f(base[lo:lo + 4]))
+        torch.testing.assert_close(cf(bt[lo : lo + 4]).cpu(), f(base[lo : lo + 4]))
 
 
 def test_batchnorm_stats_after_many_replays():

@@ -1,9 +1,10 @@
 """The tpu device: creation, copies in all directions, views sharing storage,
 in-place writes through views, printing, errors."""
+
 import os
 import subprocess
-import textwrap
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -23,9 +24,21 @@ def test_device_basics():
     torch.testing.assert_close(t.cpu(), x, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16,
-                                   torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool,
-                                   torch.complex64])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.float64,
+        torch.bfloat16,
+        torch.float16,
+        torch.int64,
+        torch.int32,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+    ],
+)
 def test_round_trip_dtypes(dtype):
     x = (torch.randn(5, 3) * 10).to(dtype)
     assert torch.equal(x.to("tpu").cpu(), x)
@@ -34,11 +47,11 @@ def test_round_trip_dtypes(dtype):
 def test_copy_directions():
     x = torch.randn(4, 5)
     t = torch.empty(4, 5, device="tpu")
-    t.copy_(x)                      # cpu -> tpu
+    t.copy_(x)  # cpu -> tpu
     u = torch.empty(4, 5, device="tpu")
-    u.copy_(t)                      # tpu -> tpu
+    u.copy_(t)  # tpu -> tpu
     y = torch.empty(4, 5)
-    y.copy_(u)                      # tpu -> cpu
+    y.copy_(u)  # tpu -> cpu
     assert torch.equal(y, x)
     # with dtype conversion and broadcasting
     v = torch.zeros(4, 5, device="tpu", dtype=torch.float64)
@@ -153,9 +166,11 @@ def test_cpu_fallback_counts_and_warns():
 def test_missing_plugin_names_package():
     # import torch (which autoloads torchtpu) and CPU work go on without the
     # plugin; the device's first use raises what to install
-    code = ("import torch, torchtpu\n"
-            "print((torch.ones(2) + 1).tolist(), torch.tpu.is_initialized(), torch.tpu.is_available())\n"
-            "torch.ones(2, device='tpu')\n")
+    code = (
+        "import torch, torchtpu\n"
+        "print((torch.ones(2) + 1).tolist(), torch.tpu.is_initialized(), torch.tpu.is_available())\n"
+        "torch.ones(2, device='tpu')\n"
+    )
     env = dict(os.environ, TORCHTPU_PLATFORM="tpu")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 1
@@ -164,12 +179,14 @@ def test_missing_plugin_names_package():
 
 
 def test_bad_plugin_is_an_error_not_a_crash():
-    code = ("import torch, torchtpu\n"
-            "for _ in range(2):\n"
-            "    try:\n"
-            "        torch.tpu.init()\n"
-            "    except RuntimeError as e:\n"
-            "        print('error:', 'GetPjrtApi' in str(e))\n")
+    code = (
+        "import torch, torchtpu\n"
+        "for _ in range(2):\n"
+        "    try:\n"
+        "        torch.tpu.init()\n"
+        "    except RuntimeError as e:\n"
+        "        print('error:', 'GetPjrtApi' in str(e))\n"
+    )
     env = dict(os.environ, TORCHTPU_PJRT_PLUGIN="/lib/x86_64-linux-gnu/libc.so.6")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -357,7 +374,7 @@ def test_streams_and_events_like_cuda():
     end.record()
     end.synchronize()
     assert start.elapsed_time(end) > 0
-    assert w.item() == 64.0 ** 5
+    assert w.item() == 64.0**5
     plain = torch.tpu.Event()
     plain.record()
     with pytest.raises(RuntimeError, match="enable_timing"):

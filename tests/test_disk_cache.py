@@ -1,6 +1,7 @@
 """The disk tier of the compilation cache, across real processes: cold then
 warm starts, the default folder, damaged entries, concurrent writers, the
 size limit, unwritable folders and a changed plugin."""
+
 import json
 import os
 import shutil
@@ -95,8 +96,12 @@ def test_damaged_entries_are_reported_once_removed_and_recompiled(tmp_path, dama
 def test_concurrent_writers_of_the_same_entries(tmp_path):
     d = str(tmp_path)
     env = dict(os.environ, TORCHTPU_CACHE_DIR=d)
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, "8"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, "8"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=300)
@@ -193,7 +198,8 @@ OP_SCRIPT = textwrap.dedent("""
     x = torch.linspace(-1, 1, 64).reshape(8, 8)
     y = getattr(torch, sys.argv[1])(x.to("tpu")).cpu()
     m = torchtpu.metrics()
-    print(json.dumps({"right": torch.equal(y, getattr(torch, sys.argv[1])(x)), "warnings": [w for w in caught if "torchtpu" in w],
+    print(json.dumps({"right": torch.equal(y, getattr(torch, sys.argv[1])(x)),
+                      "warnings": [w for w in caught if "torchtpu" in w],
                       **{k: m[k] for k in ("programs_compiled", "disk_cache_hits", "disk_cache_misses",
                                            "disk_cache_writes", "disk_cache_corrupt", "disk_cache_refused")}}))
 """)
@@ -203,8 +209,14 @@ HEADER = 64  # magic, key length, payload length, FNV-1a checksum, MAC (csrc/cac
 
 def run_op(op, d, umask=None):
     env = dict(os.environ, TORCHTPU_CACHE_DIR=d)
-    p = subprocess.run([sys.executable, "-c", OP_SCRIPT, op], env=env, capture_output=True, text=True, timeout=300,
-                       preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
+    p = subprocess.run(
+        [sys.executable, "-c", OP_SCRIPT, op],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -220,7 +232,7 @@ def parse(path):
     data = open(path, "rb").read()
     kl, pl = int.from_bytes(data[8:16], "little"), int.from_bytes(data[16:24], "little")
     assert len(data) == HEADER + kl + pl
-    return data[:HEADER], data[HEADER:HEADER + kl], data[HEADER + kl:]
+    return data[:HEADER], data[HEADER : HEADER + kl], data[HEADER + kl :]
 
 
 def entry_of(d, marker):
@@ -232,8 +244,13 @@ def entry_of(d, marker):
 
 def rewrite(path, head, key, payload):
     """head's magic and MAC with key and payload, lengths and checksum made right."""
-    head = (head[:8] + len(key).to_bytes(8, "little") + len(payload).to_bytes(8, "little")
-            + fnv1a(key + payload).to_bytes(8, "little") + head[32:])
+    head = (
+        head[:8]
+        + len(key).to_bytes(8, "little")
+        + len(payload).to_bytes(8, "little")
+        + fnv1a(key + payload).to_bytes(8, "little")
+        + head[32:]
+    )
     with open(path, "wb") as f:
         f.write(head + key + payload)
 
@@ -273,7 +290,10 @@ def test_folder_and_entries_are_private_whatever_the_umask(tmp_path):
     d = str(tmp_path / "parent" / "cache")
     got = run_op("neg", d, umask=0)
     assert got["disk_cache_writes"] == 1
-    mode = lambda p: os.stat(p).st_mode & 0o7777
+
+    def mode(p):
+        return os.stat(p).st_mode & 0o7777
+
     assert mode(d) == 0o700 and mode(tmp_path / "parent") == 0o700
     assert mode(os.path.join(d, "hmac.key")) == 0o600
     assert [mode(os.path.join(d, f)) for f in entries(d)] == [0o600]

@@ -1,6 +1,7 @@
 """The documentation stays consistent: every relative link of the README, docs/ and notes/ points
 at a file that exists, and the figures bench/chart.py draws (bench/figures.json) are the ones
 docs/benchmarks.md records as current. Reads files only (no torch, no matplotlib)."""
+
 import glob
 import os
 import re
@@ -10,8 +11,11 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def test_relative_links_point_at_files_that_exist():
-    pages = [os.path.join(ROOT, "README.md")] + glob.glob(os.path.join(ROOT, "docs", "*.md")) + \
-        glob.glob(os.path.join(ROOT, "notes", "*.md"))
+    pages = (
+        [os.path.join(ROOT, "README.md")]
+        + glob.glob(os.path.join(ROOT, "docs", "*.md"))
+        + glob.glob(os.path.join(ROOT, "notes", "*.md"))
+    )
     broken = []
     for page in pages:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", open(page).read()):

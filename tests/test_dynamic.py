@@ -1,6 +1,7 @@
 """torch.compile with symbolic sizes (dynamic=True, mark_dynamic): graphs run
 padded to power-of-two buckets, masked so that results are those of CPU
 PyTorch exactly, and a new size in a known bucket compiles nothing."""
+
 import os
 import sys
 
@@ -38,8 +39,7 @@ def _sweep(f, make, sizes, grads=False, rtol=1e-5, atol=1e-5):
     counts = []
     for n in sizes:
         args = make(n)
-        targs = [_tpu(a).detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
-                 for a in args]
+        targs = [_tpu(a).detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
         before = _compiled()
         got = cf(*targs)
         want = f(*args)
@@ -60,38 +60,44 @@ def _x(n, c=8, grad=False):
     return torch.randn(n, c, generator=g).requires_grad_(grad)
 
 
-@pytest.mark.parametrize("name,f", [
-    ("sum", lambda x: x.sum(0)),
-    ("mean", lambda x: x.mean(0)),
-    ("mean_all", lambda x: x.mean()),
-    ("amax", lambda x: x.amax(0)),
-    ("amin", lambda x: x.amin(0)),
-    ("max_values", lambda x: x.max(0).values),
-    ("any", lambda x: (x > 1.5).any(0)),
-    ("all", lambda x: (x > -1.5).all(0)),
-    ("softmax", lambda x: torch.softmax(x, 0)),
-    ("log_softmax", lambda x: torch.log_softmax(x, 0)),
-    ("contraction", lambda x: x.t() @ x),
-    ("cumsum", lambda x: x.cumsum(0)),
-    ("layer_norm", lambda x: F.layer_norm(x, (8,)).sum(0)),
-    ("rows", lambda x: (x * 2 + 1)[:, :3]),
-    ("var", lambda x: x.var(0)),
-    ("std_all", lambda x: x.std()),
-    ("var_mean", lambda x: torch.stack(torch.var_mean(x, 0, correction=0, keepdim=True))),
-])
+@pytest.mark.parametrize(
+    "name,f",
+    [
+        ("sum", lambda x: x.sum(0)),
+        ("mean", lambda x: x.mean(0)),
+        ("mean_all", lambda x: x.mean()),
+        ("amax", lambda x: x.amax(0)),
+        ("amin", lambda x: x.amin(0)),
+        ("max_values", lambda x: x.max(0).values),
+        ("any", lambda x: (x > 1.5).any(0)),
+        ("all", lambda x: (x > -1.5).all(0)),
+        ("softmax", lambda x: torch.softmax(x, 0)),
+        ("log_softmax", lambda x: torch.log_softmax(x, 0)),
+        ("contraction", lambda x: x.t() @ x),
+        ("cumsum", lambda x: x.cumsum(0)),
+        ("layer_norm", lambda x: F.layer_norm(x, (8,)).sum(0)),
+        ("rows", lambda x: (x * 2 + 1)[:, :3]),
+        ("var", lambda x: x.var(0)),
+        ("std_all", lambda x: x.std()),
+        ("var_mean", lambda x: torch.stack(torch.var_mean(x, 0, correction=0, keepdim=True))),
+    ],
+)
 def test_padding_is_masked(name, f):
     # sizes 5, 6, 7 share the bucket 8; 9 and 13 the bucket 16
     counts = _sweep(f, lambda n: (_x(n),), [5, 6, 7, 9, 13])
     assert counts[1] == counts[2] == counts[4] == 0, counts
 
 
-@pytest.mark.parametrize("name,f", [
-    ("mean", lambda x: x.mean(0).sum()),
-    ("softmax", lambda x: (torch.softmax(x, 0) * torch.arange(8.0, device=x.device)).sum()),
-    ("contraction", lambda x: (x.t() @ x).sum()),
-    ("var", lambda x: (x.var(0) * torch.arange(8.0, device=x.device)).sum()),
-    ("layer_norm", lambda x: (F.layer_norm(x, (8,)) * torch.linspace(0, 1, 8, device=x.device)).sum()),
-])
+@pytest.mark.parametrize(
+    "name,f",
+    [
+        ("mean", lambda x: x.mean(0).sum()),
+        ("softmax", lambda x: (torch.softmax(x, 0) * torch.arange(8.0, device=x.device)).sum()),
+        ("contraction", lambda x: (x.t() @ x).sum()),
+        ("var", lambda x: (x.var(0) * torch.arange(8.0, device=x.device)).sum()),
+        ("layer_norm", lambda x: (F.layer_norm(x, (8,)) * torch.linspace(0, 1, 8, device=x.device)).sum()),
+    ],
+)
 def test_gradients_through_padding(name, f):
     counts = _sweep(f, lambda n: (_x(n, grad=True),), [5, 7, 11], grads=True)
     assert counts[1] == 0, counts
@@ -205,9 +211,18 @@ def test_convolutions_over_a_dynamic_batch():
 
     torch._dynamo.reset()
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-                      nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.AvgPool2d(2),
-                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    m = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.AvgPool2d(2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
+    )
     mt = copy.deepcopy(m).to("tpu")
 
     def f(model, x):
@@ -275,19 +290,23 @@ def test_resnet_training_step_over_a_dynamic_batch_is_exact_in_f64():
     assert counts[1:] == [0, 0], counts
 
 
-@pytest.mark.parametrize("name,f", [
-    ("sort", lambda x: torch.sort(x, 0)),
-    ("sort_descending", lambda x: torch.sort(x, 0, descending=True)),
-    ("sort_stable", lambda x: torch.sort(x, dim=0, stable=True)),
-    ("topk", lambda x: torch.topk(x, 3, 0)),
-    ("topk_smallest", lambda x: torch.topk(x, 2, 0, largest=False)),
-    ("sort_rows", lambda x: torch.sort(x, 1)),
-    ("topk_rows", lambda x: torch.topk(x, 2, 1)),
-])
+@pytest.mark.parametrize(
+    "name,f",
+    [
+        ("sort", lambda x: torch.sort(x, 0)),
+        ("sort_descending", lambda x: torch.sort(x, 0, descending=True)),
+        ("sort_stable", lambda x: torch.sort(x, dim=0, stable=True)),
+        ("topk", lambda x: torch.topk(x, 3, 0)),
+        ("topk_smallest", lambda x: torch.topk(x, 2, 0, largest=False)),
+        ("sort_rows", lambda x: torch.sort(x, 1)),
+        ("topk_rows", lambda x: torch.topk(x, 2, 1)),
+    ],
+)
 def test_sorting_along_padding(name, f):
     """Sorts and topk along a padded dim (the padding sorts after every real
     value, NaN and infinities included) and along another dim: values and
     indices as CPU, no compile within a bucket."""
+
     def make(n):
         x = _x(n)
         x[0, 0], x[-1, 1], x[n // 2, 2] = float("nan"), float("inf"), float("-inf")

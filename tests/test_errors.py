@@ -1,6 +1,7 @@
 """Errors that match PyTorch: each case runs on the CPU and on tpu, and both
 must raise the same exception type (and, where the message is ours, name the
 problem in PyTorch's words) -- or both must succeed with equal results."""
+
 import math
 
 import pytest
@@ -51,13 +52,19 @@ CASES_BROADCAST = {
     "masked_fill": (lambda d: t(1, 2, dev=d).masked_fill(t(3, dtype=B, dev=d), 1.0), "must match"),
     "masked_fill_": (lambda d: t(1, 2, dev=d).masked_fill_(t(3, dtype=B, dev=d), 1.0), "must match"),
     "where": (lambda d: torch.where(t(3, dtype=B, dev=d), t(1, 2, dev=d), 0.0), "must match"),
-    "copy_": (lambda d: t(1, 1, dev=d).copy_(t(1, 1, 1, dev=d)),
-              "output with shape [1, 1] doesn't match the broadcast shape [1, 1, 1]"),
+    "copy_": (
+        lambda d: t(1, 1, dev=d).copy_(t(1, 1, 1, dev=d)),
+        "output with shape [1, 1] doesn't match the broadcast shape [1, 1, 1]",
+    ),
     "add_": (lambda d: t(1, 1, dev=d).add_(t(1, 1, 1, dev=d)), "doesn't match the broadcast shape"),
-    "copy_ into empty narrow": (lambda d: t(4, dtype=I64, dev=d).narrow(0, 4, 0).copy_(t(2, dtype=I64, dev=d)),
-                                "The size of tensor a (0) must match the size of tensor b (2)"),
-    "copy_ into empty": (lambda d: t(0, dtype=I64, dev=d).unsqueeze(-1).copy_(t(3, 0, 1, dtype=I64, dev=d)),
-                         "output with shape [0, 1] doesn't match the broadcast shape [3, 0, 1]"),
+    "copy_ into empty narrow": (
+        lambda d: t(4, dtype=I64, dev=d).narrow(0, 4, 0).copy_(t(2, dtype=I64, dev=d)),
+        "The size of tensor a (0) must match the size of tensor b (2)",
+    ),
+    "copy_ into empty": (
+        lambda d: t(0, dtype=I64, dev=d).unsqueeze(-1).copy_(t(3, 0, 1, dtype=I64, dev=d)),
+        "output with shape [0, 1] doesn't match the broadcast shape [3, 0, 1]",
+    ),
     "poisson_nll_loss": (lambda d: torch.nn.functional.poisson_nll_loss(t(5, 4, dev=d), t(5, dev=d)), "must match"),
 }
 
@@ -77,22 +84,31 @@ CASES_DTYPE = {
     "rsub bool bool": (lambda d: torch.rsub(t(2, dtype=B, dev=d), t(2, dtype=B, dev=d)), "two bool tensors"),
     "argmax bool": (lambda d: t(2, dtype=B, dev=d).argmax(), "argmax(): does not support bool input"),
     "argmin bool": (lambda d: t(2, dtype=B, dev=d).argmin(0), "argmin(): does not support bool input"),
-    "clamp bool tensors": (lambda d: torch.clamp(t(2, dtype=B, dev=d), t(2, dtype=B, dev=d), t(2, dtype=B, dev=d)),
-                           "not implemented for 'Bool'"),
+    "clamp bool tensors": (
+        lambda d: torch.clamp(t(2, dtype=B, dev=d), t(2, dtype=B, dev=d), t(2, dtype=B, dev=d)),
+        "not implemented for 'Bool'",
+    ),
     "clamp bool scalar": (lambda d: torch.clamp(t(2, dtype=B, dev=d), 0, 1), None),
     "bitwise_not f32": (lambda d: torch.bitwise_not(t(2, dev=d)), "not implemented for 'Float'"),
-    "bitwise_or bf16": (lambda d: torch.bitwise_or(t(2, dtype=BF16, dev=d), t(2, dtype=BF16, dev=d)),
-                        "\"bitwise_or_cpu\" not implemented for 'BFloat16'"),
+    "bitwise_or bf16": (
+        lambda d: torch.bitwise_or(t(2, dtype=BF16, dev=d), t(2, dtype=BF16, dev=d)),
+        "\"bitwise_or_cpu\" not implemented for 'BFloat16'",
+    ),
     "bitwise_and bf16": (lambda d: torch.bitwise_and(t(2, dtype=BF16, dev=d), t(2, dtype=BF16, dev=d)), None),
     "bitwise_xor f32": (lambda d: torch.bitwise_xor(t(2, dev=d), t(2, dev=d)), None),
     "frac bool": (lambda d: torch.frac(t(2, dtype=B, dev=d)), "not implemented for 'Bool'"),
     "trunc bool": (lambda d: torch.trunc(t(2, dtype=B, dev=d)), "not implemented for 'Bool'"),
-    "floor_divide bool": (lambda d: torch.floor_divide(t(2, dtype=B, dev=d), t(2, dtype=B, dev=d)),
-                          "\"div_floor_cpu\" not implemented for 'Bool'"),
+    "floor_divide bool": (
+        lambda d: torch.floor_divide(t(2, dtype=B, dev=d), t(2, dtype=B, dev=d)),
+        "\"div_floor_cpu\" not implemented for 'Bool'",
+    ),
     "pow bool False": (lambda d: torch.pow(torch.tensor([True, False], device=d), False), None),
-    "pow bool bool": (lambda d: torch.pow(torch.tensor([True, False, True, False], device=d),
-                                          torch.tensor([True, True, False, False], device=d)),
-                      "\"pow\" not implemented for 'Bool'"),
+    "pow bool bool": (
+        lambda d: torch.pow(
+            torch.tensor([True, False, True, False], device=d), torch.tensor([True, True, False, False], device=d)
+        ),
+        "\"pow\" not implemented for 'Bool'",
+    ),
     "pow_ bool True": (lambda d: torch.tensor([True, False], device=d).pow_(True), None),
 }
 
@@ -125,17 +141,23 @@ def test_reduce_errors(name):
 
 # ---- indexing, out= aliasing -----------------------------------------------------------------------
 
+
 def test_gather_index_larger_than_self():
-    same_as_cpu(lambda d: torch.gather(t(1, 1, dev=d), 1, torch.zeros(2, 2, dtype=I64, device=d)),
-                "Size does not match at dimension 0 expected index [2, 2] to be no larger than self [1, 1]")
-    same_as_cpu(lambda d: torch.gather(t(2, 3, dev=d), 1, torch.zeros(2, dtype=I64, device=d)),
-                "Index tensor must have the same number of dimensions as input tensor")
+    same_as_cpu(
+        lambda d: torch.gather(t(1, 1, dev=d), 1, torch.zeros(2, 2, dtype=I64, device=d)),
+        "Size does not match at dimension 0 expected index [2, 2] to be no larger than self [1, 1]",
+    )
+    same_as_cpu(
+        lambda d: torch.gather(t(2, 3, dev=d), 1, torch.zeros(2, dtype=I64, device=d)),
+        "Index tensor must have the same number of dimensions as input tensor",
+    )
 
 
 def test_resized_out_that_aliases_an_input():
     """An out= tensor that is resized to take the result may not overlap an
     input (kthvalue's values into self, take into its source, index_select
     into an expanded tensor)."""
+
     def kth(d):
         x = torch.arange(10.0, device=d)
         return torch.kthvalue(x, 5, out=(x, torch.empty((), dtype=I64, device=d)))
@@ -147,6 +169,7 @@ def test_resized_out_that_aliases_an_input():
     def index_select(d):
         out = torch.ones(1, 6, device=d).expand(2, 6)
         return torch.index_select(t(3, 6, dev=d), 1, torch.tensor([0, 1], device=d), out=out)
+
     for fn in (kth, take, index_select):
         same_as_cpu(fn, "unsupported operation")
 
@@ -155,6 +178,7 @@ def test_resized_out_that_aliases_an_input():
 def test_resized_out_that_is_an_input_is_allowed_where_torch_allows_it():
     """torch lets sum(x, 0, out=x) and mm(x, x.t(), out=x) resize x (what
     the CPU then computes reads the resized x: only the refusal is compared)."""
+
     def summed(d):
         x = torch.arange(12.0, device=d).reshape(3, 4)
         torch.sum(x, 0, out=x)
@@ -164,6 +188,7 @@ def test_resized_out_that_is_an_input_is_allowed_where_torch_allows_it():
         x = torch.arange(12.0, device=d).reshape(3, 4)
         torch.mm(x, x.t(), out=x)
         return x
+
     for fn in (summed, mm):
         assert _run(fn, "cpu")[1] is None
         r, e = _run(fn, "tpu")
@@ -182,6 +207,7 @@ def test_builder_errors_are_runtime_errors_naming_the_op():
 
 # ---- values: sign of NaN ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fn", [torch.sign, torch.sgn])
 def test_sign_of_nan_is_zero_as_on_cpu(fn, dtype):
@@ -191,17 +217,24 @@ def test_sign_of_nan_is_zero_as_on_cpu(fn, dtype):
 # ---- values that do not fit the destination's dtype (checked on every call) --------------------
 
 CASES_FILL = {
-    "int32.fill_(inf)": (lambda d: t(2, dtype=I32, dev=d).fill_(math.inf), "value cannot be converted to type int without"),
+    "int32.fill_(inf)": (
+        lambda d: t(2, dtype=I32, dev=d).fill_(math.inf),
+        "value cannot be converted to type int without",
+    ),
     "int64.fill_(nan)": (lambda d: t(2, dtype=I64, dev=d).fill_(math.nan), "to type int64_t without overflow"),
     "int8.fill_(300)": (lambda d: t(2, dtype=torch.int8, dev=d).fill_(300), "to type int8_t without overflow"),
     "uint8.fill_(-1)": (lambda d: t(2, dtype=torch.uint8, dev=d).fill_(-1), None),
     "f32.fill_(1e40)": (lambda d: t(2, dev=d).fill_(1e40), "to type float without overflow"),
     "bf16.fill_(inf)": (lambda d: t(2, dtype=BF16, dev=d).fill_(math.inf), None),
     "bool.fill_(inf)": (lambda d: t(2, dtype=B, dev=d).fill_(math.inf), None),
-    "int64.masked_fill_(inf)": (lambda d: t(2, dtype=I64, dev=d).masked_fill_(t(2, dtype=B, dev=d), math.inf),
-                                "to type int64_t without overflow"),
-    "f32.masked_fill(1j)": (lambda d: t(2, 2, dev=d).masked_fill(torch.tensor(True, device=d), 1j),
-                            "to type float without overflow"),
+    "int64.masked_fill_(inf)": (
+        lambda d: t(2, dtype=I64, dev=d).masked_fill_(t(2, dtype=B, dev=d), math.inf),
+        "to type int64_t without overflow",
+    ),
+    "f32.masked_fill(1j)": (
+        lambda d: t(2, 2, dev=d).masked_fill(torch.tensor(True, device=d), 1j),
+        "to type float without overflow",
+    ),
     "int64.fill_(7) after inf": (lambda d: t(2, dtype=I64, dev=d).fill_(7), None),
 }
 
@@ -233,21 +266,35 @@ def test_random_fill_arguments_checked_on_every_call():
 # ---- argument checks of single ops -------------------------------------------------------------
 
 CASES_ARGS = {
-    "masked_fill 1-d value": (lambda d: t(2, 2, dev=d).masked_fill(torch.tensor(True, device=d), t(1, dev=d)),
-                              "masked_fill_ only supports a 0-dimensional value tensor"),
-    "masked_scatter float mask": (lambda d: t(1, 3, dev=d).masked_scatter(t(1, 3, dev=d), t(3, 4, dev=d)),
-                                  "masked_scatter_ only supports boolean masks, but got mask with dtype Float"),
+    "masked_fill 1-d value": (
+        lambda d: t(2, 2, dev=d).masked_fill(torch.tensor(True, device=d), t(1, dev=d)),
+        "masked_fill_ only supports a 0-dimensional value tensor",
+    ),
+    "masked_scatter float mask": (
+        lambda d: t(1, 3, dev=d).masked_scatter(t(1, 3, dev=d), t(3, 4, dev=d)),
+        "masked_scatter_ only supports boolean masks, but got mask with dtype Float",
+    ),
     "roll 0-d": (lambda d: torch.roll(torch.tensor(1.0, device=d), 0, 0), "Dimension specified as 0"),
-    "gelu approximate": (lambda d: torch.nn.functional.gelu(t(2, dev=d), approximate="asdf"),
-                         "approximate argument must be either none or tanh"),
-    "layer_norm empty shape": (lambda d: torch.native_layer_norm(t(1, 2, 3, dev=d), (), None, None, 1e-5),
-                               "Expected normalized_shape to be at least 1-dimensional"),
-    "max_pool3d empty non-batch dim": (lambda d: torch.nn.functional.max_pool3d(t(0, 1, 2, 10, dev=d), 1),
-                                       "non-batch dimensions to have positive length"),
-    "aminmax out dtype": (lambda d: torch.aminmax(t(4, 4, dev=d), dim=0,
-                                                  out=(t(4, dev=d), t(4, dtype=torch.float64, dev=d))), None),
-    "amax rank 65": (lambda d: torch.amax(torch.ones([1] * 65, device=d), dim=-1),
-                     "only tensors with up to 64 dims are supported"),
+    "gelu approximate": (
+        lambda d: torch.nn.functional.gelu(t(2, dev=d), approximate="asdf"),
+        "approximate argument must be either none or tanh",
+    ),
+    "layer_norm empty shape": (
+        lambda d: torch.native_layer_norm(t(1, 2, 3, dev=d), (), None, None, 1e-5),
+        "Expected normalized_shape to be at least 1-dimensional",
+    ),
+    "max_pool3d empty non-batch dim": (
+        lambda d: torch.nn.functional.max_pool3d(t(0, 1, 2, 10, dev=d), 1),
+        "non-batch dimensions to have positive length",
+    ),
+    "aminmax out dtype": (
+        lambda d: torch.aminmax(t(4, 4, dev=d), dim=0, out=(t(4, dev=d), t(4, dtype=torch.float64, dev=d))),
+        None,
+    ),
+    "amax rank 65": (
+        lambda d: torch.amax(torch.ones([1] * 65, device=d), dim=-1),
+        "only tensors with up to 64 dims are supported",
+    ),
 }
 
 
@@ -269,20 +316,35 @@ def test_rank_above_the_limit_is_a_runtime_error():
 # ---- indexing over empty dims, index_put dtypes, arange into an integer out= ----------------------
 
 CASES_INDEX = {
-    "index empty on empty": (lambda d: torch.ones(0, 4, 0, dtype=BF16, device=d)[torch.zeros(0, dtype=I64, device=d)],
-                             None),
-    "index a size-0 dim": (lambda d: t(3, 0, dev=d)[:, torch.zeros(2, dtype=I64, device=d)],
-                           "index is out of bounds for dimension with size 0"),
-    "index_put_ dtypes": (lambda d: t(3, dev=d).index_put_((torch.zeros(0, dtype=I64, device=d),),
-                                                           torch.zeros(0, dtype=I64, device=d), accumulate=True),
-                          "Index put requires the source and destination dtypes match, got Float for the destination "
-                          "and Long for the source."),
-    "setitem dtypes": (lambda d: t(3, dev=d).__setitem__(torch.tensor([0], device=d), torch.tensor([5], device=d)),
-                       "Index put requires the source and destination dtypes match"),
-    "index_put_ empty values": (lambda d: t(3, dev=d).index_put_((torch.zeros(0, dtype=I64, device=d),),
-                                                                 torch.zeros(0, device=d), accumulate=True), None),
-    "arange int out step 0.5": (lambda d: torch.arange(0, 64, 0.5, out=torch.empty(0, dtype=I64, device=d)),
-                                "step must be nonzero"),
+    "index empty on empty": (
+        lambda d: torch.ones(0, 4, 0, dtype=BF16, device=d)[torch.zeros(0, dtype=I64, device=d)],
+        None,
+    ),
+    "index a size-0 dim": (
+        lambda d: t(3, 0, dev=d)[:, torch.zeros(2, dtype=I64, device=d)],
+        "index is out of bounds for dimension with size 0",
+    ),
+    "index_put_ dtypes": (
+        lambda d: t(3, dev=d).index_put_(
+            (torch.zeros(0, dtype=I64, device=d),), torch.zeros(0, dtype=I64, device=d), accumulate=True
+        ),
+        "Index put requires the source and destination dtypes match, got Float for the destination "
+        "and Long for the source.",
+    ),
+    "setitem dtypes": (
+        lambda d: t(3, dev=d).__setitem__(torch.tensor([0], device=d), torch.tensor([5], device=d)),
+        "Index put requires the source and destination dtypes match",
+    ),
+    "index_put_ empty values": (
+        lambda d: t(3, dev=d).index_put_(
+            (torch.zeros(0, dtype=I64, device=d),), torch.zeros(0, device=d), accumulate=True
+        ),
+        None,
+    ),
+    "arange int out step 0.5": (
+        lambda d: torch.arange(0, 64, 0.5, out=torch.empty(0, dtype=I64, device=d)),
+        "step must be nonzero",
+    ),
     "cat out aliases input": (lambda d: (lambda x: torch.cat((x, x), out=x))(t(4, 6, dev=d)), "unsupported operation"),
     "cat out": (lambda d: torch.cat((t(2, 3, dev=d), t(1, 3, dev=d)), out=torch.empty(3, 3, device=d)), None),
 }

@@ -1,5 +1,6 @@
 """The worked example of notes/adding_an_op.md: aten::hypot (functional,
 in-place and out=), checked against CPU PyTorch with its gradient."""
+
 import torch
 
 import torchtpu  # noqa: F401

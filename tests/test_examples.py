@@ -2,6 +2,7 @@
 string) give the same per-step losses on tpu as on CPU, learn, and (char_gpt)
 generate the same text, resume from a torch.save checkpoint of tpu tensors on
 either device, and train under bfloat16 autocast."""
+
 import importlib.util
 import os
 
@@ -70,7 +71,9 @@ def test_char_gpt_generate_matches_cpu(gpt_runs):
             model.train()
     assert outs["tpu"].shape == (1, prompt.shape[1] + 20)
     assert outs["tpu"].tolist() == outs["cpu"].tolist(), (
-        tok.decode(outs["cpu"][0].tolist()), tok.decode(outs["tpu"][0].tolist()))
+        tok.decode(outs["cpu"][0].tolist()),
+        tok.decode(outs["tpu"][0].tolist()),
+    )
     torch.testing.assert_close(logits["tpu"], logits["cpu"], rtol=1e-3, atol=1e-3)
 
 
@@ -96,8 +99,9 @@ def test_char_gpt_checkpoint_resume(tmp_path):
     path = tmp_path / "ckpt.pt"
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
     # the next two batches: the second step's loss depends on the restored AdamW moments
-    batches = [char_gpt.get_batch(run["data"], run["batch_size"], run["block_size"], run["generator"])
-               for _ in range(2)]
+    batches = [
+        char_gpt.get_batch(run["data"], run["batch_size"], run["block_size"], run["generator"]) for _ in range(2)
+    ]
 
     # (a) onto the CPU
     ck_cpu = torch.load(path, map_location="cpu")

@@ -2,6 +2,7 @@
 the semantics of eager PyTorch (views, in-place writes, aliasing), the same
 losses as the other modes, one cached program per training step, and no
 leaked device memory."""
+
 import gc
 import os
 import re
@@ -38,13 +39,13 @@ def test_views_and_in_place_writes_match_cpu(fused):
     outs = []
     for dev, x in (("cpu", base.clone()), ("tpu", t)):
         y = x * 2 + 1
-        v = y[1:4, ::2]          # a strided view
-        v.mul_(3)                # written through to y
-        w = y.t()[2]             # another view of the same storage
-        w.add_(v.sum())          # reads the first write
+        v = y[1:4, ::2]  # a strided view
+        v.mul_(3)  # written through to y
+        w = y.t()[2]  # another view of the same storage
+        w.add_(v.sum())  # reads the first write
         z = torch.relu(y - 4)
         z[0, :6].copy_(w)
-        x.add_(1)                # the input itself, after it was read
+        x.add_(1)  # the input itself, after it was read
         outs.append([a.cpu() for a in (x, y, z, v, w)])
     for a, b in zip(*outs):
         torch.testing.assert_close(b, a)
@@ -152,8 +153,15 @@ def _gpt_loop_without_reads(mode, steps):
             opt.step()
             losses.append(loss)
             m = _m()
-            seen.append((m["programs_compiled"], m["fused_programs_run"], m["flushes_backward"],
-                         m["flushes_size_cap"], m["flushes_optimizer_step"]))
+            seen.append(
+                (
+                    m["programs_compiled"],
+                    m["fused_programs_run"],
+                    m["flushes_backward"],
+                    m["flushes_size_cap"],
+                    m["flushes_optimizer_step"],
+                )
+            )
         return [float(v) for v in losses], [p.detach().cpu() for p in model.parameters()], seen
 
 
@@ -185,8 +193,10 @@ def test_accumulation_and_two_optimizers(fused):
     net = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).to("tpu")
     net.load_state_dict(net_cpu.state_dict())
     opts = [torch.optim.SGD(net[0].parameters(), lr=0.1, momentum=0.9), torch.optim.Adam(net[2].parameters(), lr=0.01)]
-    opts_cpu = [torch.optim.SGD(net_cpu[0].parameters(), lr=0.1, momentum=0.9),
-                torch.optim.Adam(net_cpu[2].parameters(), lr=0.01)]
+    opts_cpu = [
+        torch.optim.SGD(net_cpu[0].parameters(), lr=0.1, momentum=0.9),
+        torch.optim.Adam(net_cpu[2].parameters(), lr=0.01),
+    ]
     data = [torch.randn(4, 6) for _ in range(8)]
     runs = []
     for i in range(4):
@@ -194,14 +204,18 @@ def test_accumulation_and_two_optimizers(fused):
         for mod, os_, dev in ((net, opts, "tpu"), (net_cpu, opts_cpu, "cpu")):
             for o in os_:
                 o.zero_grad()
-            for x in data[2 * i:2 * i + 2]:
+            for x in data[2 * i : 2 * i + 2]:
                 F.mse_loss(mod(x.to(dev)), torch.ones(4, 2, device=dev)).backward()
             for o in os_:
                 o.step()
         m1 = _m()
-        runs.append((m1["fused_programs_run"] - m0["fused_programs_run"],
-                     m1["flushes_backward"] - m0["flushes_backward"],
-                     m1["flushes_optimizer_step"] - m0["flushes_optimizer_step"]))
+        runs.append(
+            (
+                m1["fused_programs_run"] - m0["fused_programs_run"],
+                m1["flushes_backward"] - m0["flushes_backward"],
+                m1["flushes_optimizer_step"] - m0["flushes_optimizer_step"],
+            )
+        )
     assert runs[1:] == [(2, 2, 0)] * 3
     for a, b in zip(net.parameters(), net_cpu.parameters()):
         torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-4, atol=1e-5)
@@ -219,8 +233,12 @@ def test_optimizer_steps_without_backward_each_end_a_program(fused):
         p.grad = p.detach() * 2
         opt.step()
         m1 = _m()
-        runs.append((m1["fused_programs_run"] - m0["fused_programs_run"],
-                     m1["flushes_optimizer_step"] - m0["flushes_optimizer_step"]))
+        runs.append(
+            (
+                m1["fused_programs_run"] - m0["fused_programs_run"],
+                m1["flushes_optimizer_step"] - m0["flushes_optimizer_step"],
+            )
+        )
     assert runs[1:] == [(1, 1)] * 4
     q = torch.nn.Parameter(torch.ones(3))
     opt_cpu = torch.optim.SGD([q], lr=0.5, momentum=0.9)
@@ -275,11 +293,18 @@ def test_optimizer_step_outside_fused_mode_runs_nothing_more():
 
 
 def test_size_cap_splits_long_recordings():
-    code = ("import torch, torchtpu; torchtpu.eager_mode('fused'); x = torch.zeros(3, device='tpu')\n"
-            "for i in range(50): x = x + 1\n"
-            "print(x.cpu().tolist(), torchtpu.metrics()['flushes_size_cap'])")
-    p = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TORCHTPU_FUSED_MAX_OPS="8"),
-                       capture_output=True, text=True, timeout=300)
+    code = (
+        "import torch, torchtpu; torchtpu.eager_mode('fused'); x = torch.zeros(3, device='tpu')\n"
+        "for i in range(50): x = x + 1\n"
+        "print(x.cpu().tolist(), torchtpu.metrics()['flushes_size_cap'])"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, TORCHTPU_FUSED_MAX_OPS="8"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     values, caps = p.stdout.strip().rsplit(" ", 1)
     assert values == "[50.0, 50.0, 50.0]" and int(caps) >= 5
@@ -305,8 +330,13 @@ def test_a_foreach_calls_number_is_one_program_input():
     # is one input of the fused program, not six (an optimizer passes its
     # learning rate and betas this way, to every parameter); the items of a
     # scalar list share an input where their values are equal
-    p = subprocess.run([sys.executable, "-c", FOREACH], env=dict(os.environ, TORCHTPU_DUMP_HLO="1"),
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", FOREACH],
+        env=dict(os.environ, TORCHTPU_DUMP_HLO="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     diffs = [float(x) for x in re.findall(r"max diff (\S+)", p.stderr)]
     assert len(diffs) == 3 and max(diffs) < 1e-5, diffs
@@ -361,8 +391,13 @@ def test_rewritten_buffers_are_donated_to_the_program():
     new value instead of holding two copies (TORCHTPU_DONATE=0 turns it off)."""
     grows = {}
     for donate in ("1", "0"):
-        p = subprocess.run([sys.executable, "-c", DONATE], env=dict(os.environ, TORCHTPU_DONATE=donate),
-                           capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [sys.executable, "-c", DONATE],
+            env=dict(os.environ, TORCHTPU_DONATE=donate),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert p.returncode == 0, p.stderr[-2000:]
         grow, values = p.stdout.strip().split(" ", 1)
         assert values == "[14.0, 14.0]"

@@ -1,6 +1,7 @@
 """The differential fuzzer (python -m torchtpu.tools.fuzz; the long run is
 `make fuzz`): a short fixed-seed run through the same entry point, the
 generator's reach, and the minimizer against a deliberately wrong op."""
+
 import json
 import os
 
@@ -46,9 +47,29 @@ def test_generator_reach():
         views = {s["out"] for s in p["steps"] if s.get("view")}
         views_written += any(s["out"] is None and s["args"][0] in views for s in p["steps"])
     for fam in fuzz.FAMILIES:
-        assert ops & set(fam[2]) | ({fam[1]} & ops) or fam[1] == "index" and ops & {"index_put_", "index_put_acc"}, fam[1]
-    for op in ("mm", "bmm", "matmul", "gather", "index_select", "getitem", "index_put_", "expand", "select",
-               "narrow", "slice", "add_", "copy_", "fill_", "zero_", "sum", "argmax", "prod"):
+        assert ops & set(fam[2]) | ({fam[1]} & ops) or fam[1] == "index" and ops & {"index_put_", "index_put_acc"}, fam[
+            1
+        ]
+    for op in (
+        "mm",
+        "bmm",
+        "matmul",
+        "gather",
+        "index_select",
+        "getitem",
+        "index_put_",
+        "expand",
+        "select",
+        "narrow",
+        "slice",
+        "add_",
+        "copy_",
+        "fill_",
+        "zero_",
+        "sum",
+        "argmax",
+        "prod",
+    ):
         assert op in ops, op
     assert dtypes == set(fuzz.DTYPES)
     assert layouts == {"contig", "t", "step", "offset"}
@@ -60,8 +81,16 @@ def test_minimizer_finds_a_planted_bug(tmp_path):
     element) in the worker: the run reports it, and the minimized
     reproducer is one abs step over a small input that still fails."""
     env = dict(os.environ, TORCHTPU_FUZZ_INJECT="abs")
-    s = fuzz.fuzz(programs=6, seed=3, modes=["strict"], ops=["abs"], quiet=True, env=env, out=str(tmp_path),
-                  minimize_budget_s=60.0)
+    s = fuzz.fuzz(
+        programs=6,
+        seed=3,
+        modes=["strict"],
+        ops=["abs"],
+        quiet=True,
+        env=env,
+        out=str(tmp_path),
+        minimize_budget_s=60.0,
+    )
     planted = [d for d in s["distinct"] if d["sig"].startswith("mismatch|abs:")]
     assert planted, s["distinct"]
     d = planted[0]

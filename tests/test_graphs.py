@@ -3,6 +3,7 @@ whole training step captured once into one program, replayed on new inputs
 copied into the captured tensors, with CPU eager's values; nothing runs at
 capture; sync points inside a capture are errors that leave the tensors as
 they were."""
+
 import copy
 import os
 import sys
@@ -111,8 +112,12 @@ def test_gpt_step_captured_matches_eager(compiled):
         model = char_gpt.make_model(tok.vocab_size, seed=0, device=device)
         decay = [p for p in model.parameters() if p.dim() >= 2]
         rest = [p for p in model.parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                                lr=3e-3, betas=(0.9, 0.95), capturable=device != "cpu")
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+            lr=3e-3,
+            betas=(0.9, 0.95),
+            capturable=device != "cpu",
+        )
         return model, opt
 
     g = torch.Generator().manual_seed(0)

@@ -4,6 +4,7 @@ same models on CPU: forward and backward (loss and every parameter gradient),
 20 AdamW training steps, greedy `generate()` (with and without the KV cache),
 and a few steps of transformers' `Trainer`, whose device is "tpu" without any
 option (transformers finds the device through `torch.accelerator`)."""
+
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,15 +37,32 @@ def _build(arch, attn="sdpa"):
     torch.manual_seed(0)
     if arch == "gpt2":
         cfg = GPT2Config(
-            n_layer=2, n_head=2, n_embd=64, vocab_size=VOCAB, n_positions=64,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, summary_first_dropout=0.0,
-            bos_token_id=1, eos_token_id=1, attn_implementation=attn,
+            n_layer=2,
+            n_head=2,
+            n_embd=64,
+            vocab_size=VOCAB,
+            n_positions=64,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            summary_first_dropout=0.0,
+            bos_token_id=1,
+            eos_token_id=1,
+            attn_implementation=attn,
         )
         return GPT2LMHeadModel(cfg)
     cfg = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
-        attention_dropout=0.0, bos_token_id=1, eos_token_id=1, attn_implementation=attn,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        attention_dropout=0.0,
+        bos_token_id=1,
+        eos_token_id=1,
+        attn_implementation=attn,
     )
     return LlamaForCausalLM(cfg)
 
@@ -123,8 +141,12 @@ def _generate(arch, device, use_cache):
     prompt = _tokens((2, 6), seed=2)
     with torch.no_grad():
         out = model.generate(
-            prompt.to(device), attention_mask=torch.ones_like(prompt).to(device),
-            do_sample=False, max_new_tokens=10, pad_token_id=0, use_cache=use_cache,
+            prompt.to(device),
+            attention_mask=torch.ones_like(prompt).to(device),
+            do_sample=False,
+            max_new_tokens=10,
+            pad_token_id=0,
+            use_cache=use_cache,
         )
     return out.cpu()
 
@@ -170,17 +192,27 @@ def test_static_cache_generate_compiles_with_the_tpu_backend():
     for device in ("cpu", "tpu"):
         model = _build("llama").eval().to(device)
         with torch.no_grad():
-            outs[device] = model.generate(prompt.to(device), do_sample=False, max_new_tokens=6, pad_token_id=0,
-                                          cache_implementation="static").cpu()
+            outs[device] = model.generate(
+                prompt.to(device), do_sample=False, max_new_tokens=6, pad_token_id=0, cache_implementation="static"
+            ).cpu()
     torch._dynamo.reset()
     assert torch.equal(outs["tpu"], outs["cpu"]), (outs["tpu"].tolist(), outs["cpu"].tolist())
 
 
 def _trainer_losses(arch, tmp_path, use_cpu):
     args = TrainingArguments(
-        output_dir=str(tmp_path / ("cpu" if use_cpu else "tpu")), report_to="none", save_strategy="no",
-        use_cpu=use_cpu, per_device_train_batch_size=4, max_steps=4, logging_steps=1,
-        learning_rate=1e-3, seed=0, data_seed=0, dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=str(tmp_path / ("cpu" if use_cpu else "tpu")),
+        report_to="none",
+        save_strategy="no",
+        use_cpu=use_cpu,
+        per_device_train_batch_size=4,
+        max_steps=4,
+        logging_steps=1,
+        learning_rate=1e-3,
+        seed=0,
+        data_seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
     )
     rec = _Losses()
     trainer = Trainer(model=_build(arch), args=args, train_dataset=_Tokens(), callbacks=[rec])
@@ -193,7 +225,10 @@ def test_trainer_picks_tpu(tmp_path):
     torch.accelerator.current_accelerator() is "tpu" (torchtpu registers it)."""
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", save_strategy="no")
     assert args.device.type == "tpu"
-    assert TrainingArguments(output_dir=str(tmp_path), report_to="none", save_strategy="no", use_cpu=True).device.type == "cpu"
+    assert (
+        TrainingArguments(output_dir=str(tmp_path), report_to="none", save_strategy="no", use_cpu=True).device.type
+        == "cpu"
+    )
 
 
 def test_trainer_on_cpu_with_torchtpu_loaded(tmp_path):

@@ -1,5 +1,6 @@
 """Metrics: counters, the report at exit (TORCHTPU_METRICS=1) and the
 recompile explainer (TORCHTPU_EXPLAIN_RECOMPILES=1)."""
+
 import os
 import subprocess
 import sys
@@ -12,8 +13,9 @@ import torchtpu
 
 def _run(code, **env):
     e = dict(os.environ, **env)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stderr
 
@@ -25,8 +27,15 @@ def test_counters_move():
     after = torchtpu.metrics()
     assert after["ops_dispatched"] >= before["ops_dispatched"] + 2
     assert after["d2h_bytes"] >= before["d2h_bytes"] + 60
-    for k in ("cache_hits", "cache_misses", "disk_cache_hits", "disk_cache_misses", "compile_seconds",
-              "execute_seconds", "programs_compiled"):
+    for k in (
+        "cache_hits",
+        "cache_misses",
+        "disk_cache_hits",
+        "disk_cache_misses",
+        "compile_seconds",
+        "execute_seconds",
+        "programs_compiled",
+    ):
         assert k in after
     assert "programs_compiled" in torchtpu.metrics_report()
 
@@ -38,7 +47,8 @@ def test_report_at_exit():
 
 
 def test_explain_recompiles_names_what_differs():
-    err = _run("""
+    err = _run(
+        """
         import torch
         a, b = torch.ones(4, 8, device="tpu"), torch.ones(8, 3, device="tpu")
         a @ b; a @ b                                   # same program: no message
@@ -46,7 +56,9 @@ def test_explain_recompiles_names_what_differs():
         a.sum(0); a.sum(1)
         a.double().sum(1)
         a + 1; a + 2.5
-    """, TORCHTPU_EXPLAIN_RECOMPILES="1")
+    """,
+        TORCHTPU_EXPLAIN_RECOMPILES="1",
+    )
     lines = [l for l in err.splitlines() if l.startswith("torchtpu: recompiling")]
     mm = [l for l in lines if "aten::mm" in l]
     assert len(mm) == 1, lines
@@ -63,7 +75,8 @@ def test_fused_recompiles_of_the_same_ops_are_explained():
     # which part of the key differs: here a foreach call's scalar list, whose
     # items are equal in one step and not in the next, then a tensor the step
     # makes that the caller keeps in one step only
-    err = _run("""
+    err = _run(
+        """
         import torch, torchtpu
         torchtpu.eager_mode("fused")
         ts = [torch.ones(3, device="tpu") for _ in range(4)]
@@ -78,11 +91,14 @@ def test_fused_recompiles_of_the_same_ops_are_explained():
         for vals, keep in [([0.5] * 4, False)] * 3 + [([0.5, 2.0, 0.5, 0.5], False), ([0.5] * 4, True)]:
             step(vals, keep).item()
             print("step", file=__import__("sys").stderr)
-    """, TORCHTPU_EXPLAIN_RECOMPILES="1", TORCHTPU_CACHE_DIR="")
+    """,
+        TORCHTPU_EXPLAIN_RECOMPILES="1",
+        TORCHTPU_CACHE_DIR="",
+    )
     lines = [l for l in err.splitlines() if l.startswith("torchtpu: recompiling a fused program") or l == "step"]
     fused = [i for i, l in enumerate(lines) if l != "step"]
     # steps 1 and 2 record the same ops (step 0 also made the tensors): the
     # explained recompiles are those of steps 4 and 5, each before its step ends
-    assert len(fused) == 2 and lines[fused[0] + 1:].count("step") == 2, lines
+    assert len(fused) == 2 and lines[fused[0] + 1 :].count("step") == 2, lines
     assert "torch._foreach_* call are equal differs" in lines[fused[0]], lines
     assert "still held when it runs" in lines[fused[1]] and "foreach" not in lines[fused[1]], lines

@@ -1,6 +1,7 @@
 """Eager modes: strict (the default, asynchronous), debug (synchronous) and
 fused (tests/test_fused.py) give the same results; the mode is set by TORCHTPU_EAGER or
 torchtpu.eager_mode, globally or for a block."""
+
 import os
 import subprocess
 import sys
@@ -54,10 +55,20 @@ def test_global_setter_and_bad_modes():
 
 def test_environment_variable():
     code = "import torch, torchtpu; print(torchtpu.get_eager_mode())"
-    for value, want in (("debug", "debug"), ("strict", "strict"), ("fused", "fused"), ("", "strict"),
-                        ("lazy", "strict")):
-        p = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TORCHTPU_EAGER=value),
-                           capture_output=True, text=True, timeout=120)
+    for value, want in (
+        ("debug", "debug"),
+        ("strict", "strict"),
+        ("fused", "fused"),
+        ("", "strict"),
+        ("lazy", "strict"),
+    ):
+        p = subprocess.run(
+            [sys.executable, "-c", code],
+            env=dict(os.environ, TORCHTPU_EAGER=value),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert p.returncode == 0, p.stderr[-2000:]
         assert p.stdout.strip() == want
         if value == "lazy":

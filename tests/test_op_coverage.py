@@ -2,6 +2,7 @@
 `make coverage`): each entry must pass forward on every listed dtype and its
 float32 gradient check, through the same harness that writes
 docs/op_coverage.md."""
+
 import pytest
 import torch
 
@@ -11,27 +12,93 @@ from torchtpu.tools import op_coverage as cov
 # One or more entries per op family; all four dtypes where the op has them.
 SUBSET = [
     # core: broadcasting, views, storage, dtypes
-    "add", "mul", "sub", "div.no_rounding_mode", "div.floor_rounding", "rsub", "__rmod__", "where",
-    "masked_fill", "transpose", "permute", "narrow", "as_strided.partial_views", "tile",
-    "unfold", "tensor_split", "view_as_complex", "complex", "cfloat", "to", "resize_", "contiguous",
+    "add",
+    "mul",
+    "sub",
+    "div.no_rounding_mode",
+    "div.floor_rounding",
+    "rsub",
+    "__rmod__",
+    "where",
+    "masked_fill",
+    "transpose",
+    "permute",
+    "narrow",
+    "as_strided.partial_views",
+    "tile",
+    "unfold",
+    "tensor_split",
+    "view_as_complex",
+    "complex",
+    "cfloat",
+    "to",
+    "resize_",
+    "contiguous",
     # elementwise and activations
-    "abs", "exp", "sin", "acos", "erfinv", "lgamma", "sigmoid", "clamp", "fmod", "lerp",
-    "nn.functional.elu", "nn.functional.hardswish", "nn.functional.softplus", "nn.functional.glu",
-    "special.i0e", "polygamma.polygamma_n_1",
+    "abs",
+    "exp",
+    "sin",
+    "acos",
+    "erfinv",
+    "lgamma",
+    "sigmoid",
+    "clamp",
+    "fmod",
+    "lerp",
+    "nn.functional.elu",
+    "nn.functional.hardswish",
+    "nn.functional.softplus",
+    "nn.functional.glu",
+    "special.i0e",
+    "polygamma.polygamma_n_1",
     # reductions, scans, sorting
-    "sum", "mean", "amax", "argmax", "var", "cumsum", "cummax", "sort", "topk",
-    "median", "softmax",
+    "sum",
+    "mean",
+    "amax",
+    "argmax",
+    "var",
+    "cumsum",
+    "cummax",
+    "sort",
+    "topk",
+    "median",
+    "softmax",
     # linear algebra
-    "matmul", "mm", "bmm", "baddbmm", "linalg.cholesky", "linalg.solve", "linalg.det", "linalg.eig", "linalg.eigh",
+    "matmul",
+    "mm",
+    "bmm",
+    "baddbmm",
+    "linalg.cholesky",
+    "linalg.solve",
+    "linalg.det",
+    "linalg.eig",
+    "linalg.eigh",
     # convolution, pooling, normalisation, upsampling
-    "nn.functional.conv2d", "nn.functional.avg_pool2d", "nn.functional.batch_norm", "nn.functional.layer_norm",
-    "nn.functional.group_norm", "nn.functional.interpolate.bilinear",
+    "nn.functional.conv2d",
+    "nn.functional.avg_pool2d",
+    "nn.functional.batch_norm",
+    "nn.functional.layer_norm",
+    "nn.functional.group_norm",
+    "nn.functional.interpolate.bilinear",
     # indexing and data-dependent shapes
-    "gather", "scatter_add", "index_put", "__getitem__", "index_select", "flip", "roll",
-    "nonzero", "masked_select", "unique", "nn.functional.embedding", "nn.functional.pad.reflect",
+    "gather",
+    "scatter_add",
+    "index_put",
+    "__getitem__",
+    "index_select",
+    "flip",
+    "roll",
+    "nonzero",
+    "masked_select",
+    "unique",
+    "nn.functional.embedding",
+    "nn.functional.pad.reflect",
     # losses, FFT
-    "nn.functional.cross_entropy", "nn.functional.mse_loss", "nn.functional.binary_cross_entropy",
-    "fft.rfft", "fft.ifft",
+    "nn.functional.cross_entropy",
+    "nn.functional.mse_loss",
+    "nn.functional.binary_cross_entropy",
+    "fft.rfft",
+    "fft.ifft",
 ]
 
 _ENTRIES = None
@@ -41,6 +108,7 @@ def entries():
     global _ENTRIES
     if _ENTRIES is None:
         from torch.testing._internal.common_methods_invocations import op_db
+
         _ENTRIES = {cov.entry_name(o): o for o in op_db}
     return _ENTRIES
 
@@ -83,6 +151,7 @@ def test_harness_eig_invariants():
     """Eigendecompositions: any eigenvalue order and eigenvector phase pass, a
     wrong eigenvalue or a vector that is not an eigenvector does not."""
     from torch.testing._internal.opinfo.core import SampleInput
+
     a = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [1.0, 0.0, -1.0]])
     s = SampleInput(a)
     w, v = torch.linalg.eig(a)
@@ -98,8 +167,9 @@ def test_harness_eig_invariants():
         cov._check_eig("linalg.eig", s, (w, v), (w.to("tpu"), (2 * v).to("tpu")), "float32")
     h = a + a.mT
     e, u = torch.linalg.eigh(h)
-    cov._check_eig("linalg.eigh", SampleInput(h), (e, u), (e.to("tpu"), (u * torch.tensor([1.0, -1.0, -1.0])).to("tpu")),
-                   "float32")
+    cov._check_eig(
+        "linalg.eigh", SampleInput(h), (e, u), (e.to("tpu"), (u * torch.tensor([1.0, -1.0, -1.0])).to("tpu")), "float32"
+    )
     with pytest.raises(cov._Mismatch):
         cov._check_eig("linalg.eigh", SampleInput(h), (e, u), (e.to("tpu"), u[:, [1, 0, 2]].to("tpu")), "float32")
 
@@ -121,9 +191,25 @@ def test_harness_runs_isolated_workers(tmp_path):
 # refusals that read tensor values (multinomial's probabilities, gather and
 # scatter index bounds, masked_fill of a complex value tensor), see docs/op_coverage.md.
 ERROR_SUBSET = [
-    "amax", "amin", "aminmax", "kthvalue", "take", "index_select", "masked_scatter", "masked_select",
-    "native_layer_norm", "nn.functional.gelu", "roll", "cat", "arange", "nn.functional.poisson_nll_loss",
-    "nn.functional.triplet_margin_loss", "uniform", "cauchy", "narrow_copy", "nn.functional.max_pool3d",
+    "amax",
+    "amin",
+    "aminmax",
+    "kthvalue",
+    "take",
+    "index_select",
+    "masked_scatter",
+    "masked_select",
+    "native_layer_norm",
+    "nn.functional.gelu",
+    "roll",
+    "cat",
+    "arange",
+    "nn.functional.poisson_nll_loss",
+    "nn.functional.triplet_margin_loss",
+    "uniform",
+    "cauchy",
+    "narrow_copy",
+    "nn.functional.max_pool3d",
 ]
 
 

@@ -1,5 +1,6 @@
 """Every op of the first op set against CPU PyTorch: values, dtypes and shapes
 across dtypes, non-contiguous inputs, and gradients (float32)."""
+
 import math
 
 import pytest
@@ -47,10 +48,21 @@ def check(fn, *args, dtype=None, **kw):
 
 
 BINARY = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-    "maximum": torch.maximum, "minimum": torch.minimum,
-    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
-    "logical_and": torch.logical_and, "logical_or": torch.logical_or, "logical_xor": torch.logical_xor,
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "eq": torch.eq,
+    "ne": torch.ne,
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+    "logical_and": torch.logical_and,
+    "logical_or": torch.logical_or,
+    "logical_xor": torch.logical_xor,
 }
 
 
@@ -60,11 +72,11 @@ def test_binary(name, dtype):
     f = BINARY[name]
     a, b = make((3, 4), dtype, 1), make((3, 4), dtype, 2)
     check(f, a, b)
-    check(f, a, make((4,), dtype, 3))          # broadcasting
+    check(f, a, make((4,), dtype, 3))  # broadcasting
     check(lambda x, y: f(x.t(), y.t()), a, b)  # non-contiguous
     if dtype != torch.bool:
-        check(lambda x: f(x, 2), a)             # Python scalar
-        check(lambda x: f(x, 1.5), a)           # float scalar promotes ints
+        check(lambda x: f(x, 2), a)  # Python scalar
+        check(lambda x: f(x, 1.5), a)  # float scalar promotes ints
 
 
 def test_type_promotion_mixed():
@@ -93,8 +105,28 @@ def test_alpha_rounding_remainder_pow():
     check(torch.hypot, a, b)
 
 
-UNARY = ["neg", "abs", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "sin", "cos", "tanh",
-         "sigmoid", "floor", "ceil", "round", "sign", "reciprocal", "erf", "relu", "logical_not"]
+UNARY = [
+    "neg",
+    "abs",
+    "exp",
+    "expm1",
+    "log",
+    "log1p",
+    "sqrt",
+    "rsqrt",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "floor",
+    "ceil",
+    "round",
+    "sign",
+    "reciprocal",
+    "erf",
+    "relu",
+    "logical_not",
+]
 
 
 @pytest.mark.parametrize("name", UNARY)
@@ -110,8 +142,16 @@ def test_unary(name, dtype):
 
 def test_activations_and_backwards():
     x = make((4, 6), torch.float32, 5)
-    for f in (F.relu, F.gelu, lambda t: F.gelu(t, approximate="tanh"), torch.tanh, torch.sigmoid, F.silu,
-              torch.erf, lambda t: t.clamp(-1, 1)):
+    for f in (
+        F.relu,
+        F.gelu,
+        lambda t: F.gelu(t, approximate="tanh"),
+        torch.tanh,
+        torch.sigmoid,
+        F.silu,
+        torch.erf,
+        lambda t: t.clamp(-1, 1),
+    ):
         check(f, x)
         xc = x.clone().requires_grad_()
         xt = x.to("tpu").requires_grad_()
@@ -235,9 +275,11 @@ def _foreach_program(dev):
     """The foreach calls of torch's optimizers and more, on lists of mixed
     shapes and dtypes (every overload kind: List, Scalar, ScalarList, Tensor;
     in place, functional and out= element ops)."""
+
     def lst(seed, dtype=torch.float32, pos=False):
         xs = [make((3 + i, 4) if i % 2 else (5,), dtype, seed + i) for i in range(5)]
         return [(x.abs() + 0.5 if pos else x).to(dev) for x in xs]
+
     a, b, c = lst(0), lst(10, pos=True), lst(20)
     ints = lst(30, torch.int64)
     torch._foreach_add_(a, b, alpha=0.3)
@@ -255,9 +297,21 @@ def _foreach_program(dev):
     torch._foreach_clamp_min_(c, 0.1)
     torch._foreach_maximum_(c, a)
     torch._foreach_add_(ints, 3)
-    out = [t for r in (torch._foreach_sqrt(b), torch._foreach_add(a, b), torch._foreach_pow(b, 2.0),
-                       torch._foreach_mul(ints, 2), torch._foreach_div(ints, 2), torch._foreach_exp(c),
-                       torch._foreach_max(c), torch._foreach_norm(c), torch._foreach_neg(ints)) for t in r]
+    out = [
+        t
+        for r in (
+            torch._foreach_sqrt(b),
+            torch._foreach_add(a, b),
+            torch._foreach_pow(b, 2.0),
+            torch._foreach_mul(ints, 2),
+            torch._foreach_div(ints, 2),
+            torch._foreach_exp(c),
+            torch._foreach_max(c),
+            torch._foreach_norm(c),
+            torch._foreach_neg(ints),
+        )
+        for t in r
+    ]
     torch._foreach_sqrt_(b)
     torch._foreach_zero_(ints)
     return [x.cpu() for x in a + b + c + ints + out]
@@ -286,8 +340,16 @@ def test_foreach_ops(mode):
 def test_foreach_ops_reach_the_element_kernels():
     """torch's optimizers' foreach calls are served by torchtpu's own foreach
     kernels (one call per list, not torch's loop that dispatches each item)."""
-    for name in ("_foreach_add_.List", "_foreach_add_.Scalar", "_foreach_mul_.Tensor", "_foreach_lerp_.Scalar",
-                 "_foreach_addcmul_.Scalar", "_foreach_addcdiv_.ScalarList", "_foreach_sqrt", "_foreach_div_.ScalarList"):
+    for name in (
+        "_foreach_add_.List",
+        "_foreach_add_.Scalar",
+        "_foreach_mul_.Tensor",
+        "_foreach_lerp_.Scalar",
+        "_foreach_addcmul_.Scalar",
+        "_foreach_addcdiv_.ScalarList",
+        "_foreach_sqrt",
+        "_foreach_div_.ScalarList",
+    ):
         table = torch._C._dispatch_dump_table("aten::" + name)
         line = next(x for x in table.splitlines() if x.startswith("PrivateUse1:"))
         assert "torchtpu" in line, line
@@ -304,8 +366,13 @@ def test_foreach_norm():
     """torch._foreach_norm (clip_grad_norm_'s) is one op per 64 tensors: each
     order, dtype=, half and 0-d tensors, empty tensors, as on CPU; torch's
     errors for an order without an identity on an empty tensor."""
-    ts = [make((3, 4), torch.float32, 1), make((5,), torch.float32, 2), make((), torch.float32, 3),
-          make((2, 3), torch.bfloat16, 4), torch.zeros(0, 3)]
+    ts = [
+        make((3, 4), torch.float32, 1),
+        make((5,), torch.float32, 2),
+        make((), torch.float32, 3),
+        make((2, 3), torch.bfloat16, 4),
+        torch.zeros(0, 3),
+    ]
     for o in (2, 1, 0, 3.5, float("inf"), float("-inf")):
         items = ts if o in (2, 1, 0, 3.5) else ts[:-1]
         want = torch._foreach_norm(items, o)
@@ -313,8 +380,10 @@ def test_foreach_norm():
         assert len(got) == len(want)
         for g, w in zip(got, want):
             _close_norm(g, w, 1e-5)
-    _close_norm(torch._foreach_norm([ts[0].to("tpu")], 2, dtype=torch.float64)[0],
-          torch._foreach_norm([ts[0]], 2, dtype=torch.float64)[0])
+    _close_norm(
+        torch._foreach_norm([ts[0].to("tpu")], 2, dtype=torch.float64)[0],
+        torch._foreach_norm([ts[0]], 2, dtype=torch.float64)[0],
+    )
     many = [make((3,), torch.float32, k) for k in range(70)]
     on_tpu = [t.to("tpu") for t in many]
     m0 = torchtpu.metrics()["ops_dispatched"]
@@ -402,8 +471,15 @@ def test_factories_fill_clone_convert(dtype):
 
 
 def test_arange():
-    for args, kw in [((5,), {}), ((2, 9), {}), ((1, 10, 3), {}), ((0.0, 1.0, 0.25), {}), ((10, 0, -3), {}),
-                     ((5,), {"dtype": torch.float32}), ((0, 2.5, 0.5), {"dtype": torch.float64})]:
+    for args, kw in [
+        ((5,), {}),
+        ((2, 9), {}),
+        ((1, 10, 3), {}),
+        ((0.0, 1.0, 0.25), {}),
+        ((10, 0, -3), {}),
+        ((5,), {"dtype": torch.float32}),
+        ((0, 2.5, 0.5), {"dtype": torch.float64}),
+    ]:
         want = torch.arange(*args, **kw)
         got = torch.arange(*args, device="tpu", **kw).cpu()
         assert got.dtype == want.dtype and torch.equal(got, want), (args, got, want)
@@ -445,9 +521,16 @@ def test_dropout():
 def test_inplace_ops_on_views():
     x = make((4, 5), torch.float32, 1)
     t = x.to("tpu")
-    for f in (lambda a: a[:, 1].mul_(2), lambda a: a.t().add_(1), lambda a: a[1:3, ::2].sub_(0.5),
-              lambda a: a.diagonal().div_(4), lambda a: a[2].relu_(), lambda a: a[:, :2].clamp_(-0.5, 0.5),
-              lambda a: a.view(-1)[3:7].neg_(), lambda a: a[::2].masked_fill_(a[::2] > 0, 9.0)):
+    for f in (
+        lambda a: a[:, 1].mul_(2),
+        lambda a: a.t().add_(1),
+        lambda a: a[1:3, ::2].sub_(0.5),
+        lambda a: a.diagonal().div_(4),
+        lambda a: a[2].relu_(),
+        lambda a: a[:, :2].clamp_(-0.5, 0.5),
+        lambda a: a.view(-1)[3:7].neg_(),
+        lambda a: a[::2].masked_fill_(a[::2] > 0, 9.0),
+    ):
         f(x)
         f(t)
         torch.testing.assert_close(t.cpu(), x)
@@ -550,7 +633,9 @@ def test_atan_on_large_arrays(dtype):
     torch.testing.assert_close(f(x.to("tpu")).cpu(), torch.atan2(x, torch.ones_like(x)))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.int64, torch.int32, torch.float16, torch.bfloat16]
+)
 def test_linspace_logspace_match_cpu(dtype):
     """float32, float64 and integers bit for bit with CPU torch's kernel (its
     fused multiply-adds, truncated integer ends). Half types within two units
@@ -584,8 +669,14 @@ def test_linspace_logspace_match_cpu(dtype):
 
 def test_shift_operators():
     x = torch.arange(-6, 7)
-    for f in (lambda t: t << 3, lambda t: t >> 1, lambda t: t << t.abs(), lambda t: t >> (t.abs() % 5),
-              lambda t: t.to(torch.int8) << 5, lambda t: t.to(torch.uint8) >> 2):
+    for f in (
+        lambda t: t << 3,
+        lambda t: t >> 1,
+        lambda t: t << t.abs(),
+        lambda t: t >> (t.abs() % 5),
+        lambda t: t.to(torch.int8) << 5,
+        lambda t: t.to(torch.uint8) >> 2,
+    ):
         check(f, x)
     y = x.to("tpu")
     y <<= 2
@@ -610,8 +701,10 @@ def test_angle(dtype):
     if dtype == torch.complex64:
         x = torch.tensor([1 + 1j, -2j, -3 + 0j, 0j, complex(float("nan"), 1.0)], dtype=dtype)
     elif dtype.is_floating_point:
-        x = torch.tensor([-1.0, 0.0, -0.0, 2.0, -float("inf"), float("inf")]
-                         + ([float("nan")] if dtype == torch.float32 else []), dtype=dtype)
+        x = torch.tensor(
+            [-1.0, 0.0, -0.0, 2.0, -float("inf"), float("inf")] + ([float("nan")] if dtype == torch.float32 else []),
+            dtype=dtype,
+        )
     else:
         x = make((3, 5), dtype)
     check(torch.angle, x)

@@ -1,12 +1,13 @@
 """Conv family against CPU PyTorch: convolutions (plain, transposed, grouped,
 dilated, strided), pooling, normalization and upsampling: values, dtypes,
 shapes, float32 gradients, non-contiguous inputs, out= variants and errors."""
+
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import close, make
 
 import torchtpu  # noqa: F401
-from _helpers import close, make
 
 
 def tpu(x):
@@ -15,10 +16,14 @@ def tpu(x):
 
 def check(fn, *args, grad=True, **kw):
     """fn on CPU and tpu: outputs, and float32 gradients of every float input."""
-    cpu = [a.detach().clone().requires_grad_(grad and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
-           for a in args]
-    dev = [a.detach().to("tpu").requires_grad_(grad and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
-           for a in args]
+    cpu = [
+        a.detach().clone().requires_grad_(grad and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+        for a in args
+    ]
+    dev = [
+        a.detach().to("tpu").requires_grad_(grad and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+        for a in args
+    ]
     want, got = fn(*cpu, **kw), fn(*dev, **kw)
     wants = want if isinstance(want, tuple) else (want,)
     gots = got if isinstance(got, tuple) else (got,)
@@ -79,8 +84,11 @@ def test_conv_noncontiguous_and_errors():
 
 POOLS = [
     (F.max_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1, return_indices=True)),
-    (F.max_pool2d, (3, 7, 8), dict(kernel_size=(2, 3), stride=(2, 1), dilation=(2, 1), ceil_mode=True,
-                                   return_indices=True)),
+    (
+        F.max_pool2d,
+        (3, 7, 8),
+        dict(kernel_size=(2, 3), stride=(2, 1), dilation=(2, 1), ceil_mode=True, return_indices=True),
+    ),
     (F.max_pool1d, (2, 3, 9), dict(kernel_size=2, ceil_mode=True)),
     (F.max_pool3d, (1, 2, 5, 6, 5), dict(kernel_size=2, stride=2, padding=1, return_indices=True)),
     (F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
@@ -140,13 +148,19 @@ def test_max_unpool():
 
 # ---- normalization ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5), (2, 3, 4, 5)])
 def test_batch_norm(training, shape):
     x, w, b = make(shape, seed=1), make((3,), seed=2), make((3,), seed=3)
     rm, rv = make((3,), seed=4), make((3,), seed=5).abs() + 0.5
     trm, trv = rm.to("tpu"), rv.to("tpu")
-    check(lambda x, w, b: F.batch_norm(x, rm.clone().to(x.device), rv.clone().to(x.device), w, b, training, 0.2, 1e-3), x, w, b)
+    check(
+        lambda x, w, b: F.batch_norm(x, rm.clone().to(x.device), rv.clone().to(x.device), w, b, training, 0.2, 1e-3),
+        x,
+        w,
+        b,
+    )
     want = F.batch_norm(x, rm, rv, w, b, training, 0.2, 1e-3)
     got = F.batch_norm(tpu(x), trm, trv, tpu(w), tpu(b), training, 0.2, 1e-3)
     close(got, want)
@@ -168,13 +182,18 @@ def test_group_norm(groups):
 
 
 def test_instance_and_layer_norm():
-    check(lambda x, w, b: F.instance_norm(x, weight=w, bias=b), make((2, 3, 4, 5), seed=1), make((3,), seed=2),
-          make((3,), seed=3))
+    check(
+        lambda x, w, b: F.instance_norm(x, weight=w, bias=b),
+        make((2, 3, 4, 5), seed=1),
+        make((3,), seed=2),
+        make((3,), seed=3),
+    )
     check(F.layer_norm, make((1,), seed=4), (1,), make((1,), seed=5), make((1,), seed=6))
     check(F.layer_norm, make((3, 4, 5), seed=7), (4, 5), make((4, 5), seed=8), None)
     x = make((3, 4), torch.bfloat16, seed=9)
-    for got, want in zip(torch.native_layer_norm(tpu(x), [4], None, None, 1e-5),
-                         torch.native_layer_norm(x, [4], None, None, 1e-5)):
+    for got, want in zip(
+        torch.native_layer_norm(tpu(x), [4], None, None, 1e-5), torch.native_layer_norm(x, [4], None, None, 1e-5)
+    ):
         close(got, want)
     with pytest.raises(RuntimeError):
         F.group_norm(tpu(make((2, 6, 3))), 4)
@@ -217,6 +236,7 @@ def test_interpolate_dtypes_and_errors():
 
 # ---- unfold / fold, channel_shuffle ----------------------------------------------------------
 
+
 def test_unfold_fold():
     x = make((2, 3, 6, 7), seed=1)
     check(lambda x: F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)), x)
@@ -239,8 +259,16 @@ def test_channel_shuffle():
 
 # ---- grid sampling ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode,padding,align", [("bilinear", "zeros", False), ("nearest", "border", True),
-                                                ("bicubic", "reflection", False), ("bilinear", "reflection", True)])
+
+@pytest.mark.parametrize(
+    "mode,padding,align",
+    [
+        ("bilinear", "zeros", False),
+        ("nearest", "border", True),
+        ("bicubic", "reflection", False),
+        ("bilinear", "reflection", True),
+    ],
+)
 def test_grid_sample_2d(mode, padding, align):
     x, g = make((2, 3, 5, 6), seed=1), make((2, 4, 3, 2), seed=2) * 0.7
     f = lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding, align_corners=align)  # noqa: E731
@@ -263,13 +291,16 @@ def test_grid_sample_3d_and_errors():
         F.grid_sample(tpu(x), tpu(g.double()), align_corners=False)
 
 
-@pytest.mark.parametrize("nsp,shape,k,osz", [
-    (2, (2, 3, 11, 9), (2, 3), (5, 4)),
-    (2, (3, 10, 10), 2, (4, 7)),
-    (2, (1, 2, 7, 7), 3, (1, 5)),
-    (3, (2, 2, 7, 8, 9), (2, 3, 2), (3, 4, 5)),
-    (3, (2, 6, 6, 6), 2, (1, 2, 4)),
-])
+@pytest.mark.parametrize(
+    "nsp,shape,k,osz",
+    [
+        (2, (2, 3, 11, 9), (2, 3), (5, 4)),
+        (2, (3, 10, 10), 2, (4, 7)),
+        (2, (1, 2, 7, 7), 3, (1, 5)),
+        (3, (2, 2, 7, 8, 9), (2, 3, 2), (3, 4, 5)),
+        (3, (2, 6, 6, 6), 2, (1, 2, 4)),
+    ],
+)
 def test_fractional_max_pool(nsp, shape, k, osz):
     g = torch.Generator().manual_seed(0)
     f = F.fractional_max_pool2d if nsp == 2 else F.fractional_max_pool3d
@@ -304,11 +335,13 @@ def test_fractional_max_pool(nsp, shape, k, osz):
 
 def test_fractional_max_pool_errors():
     x = torch.randn(1, 2, 6, 6)
-    for args, kw in [((x, 2), dict(output_size=(6, 5), _random_samples=torch.rand(1, 2, 2))),
-                     ((x, 2), dict(output_size=(3, 3), _random_samples=torch.rand(1, 3, 2))),
-                     ((x, 2), dict(output_size=(3, 3), _random_samples=torch.rand(1, 2, 3))),
-                     ((x, 2), dict(output_size=(3, 3), _random_samples=torch.rand(1, 2, 2).double())),
-                     ((x[0, 0], 2), dict(output_size=(3, 3), _random_samples=torch.rand(1, 1, 2)))]:
+    for args, kw in [
+        ((x, 2), dict(output_size=(6, 5), _random_samples=torch.rand(1, 2, 2))),
+        ((x, 2), dict(output_size=(3, 3), _random_samples=torch.rand(1, 3, 2))),
+        ((x, 2), dict(output_size=(3, 3), _random_samples=torch.rand(1, 2, 3))),
+        ((x, 2), dict(output_size=(3, 3), _random_samples=torch.rand(1, 2, 2).double())),
+        ((x[0, 0], 2), dict(output_size=(3, 3), _random_samples=torch.rand(1, 1, 2))),
+    ]:
         with pytest.raises(RuntimeError) as want:
             F.fractional_max_pool2d(*args, **kw)
         with pytest.raises(RuntimeError) as got:
@@ -316,4 +349,6 @@ def test_fractional_max_pool_errors():
         assert str(got.value).split("\n")[0] == str(want.value).split("\n")[0]
     x3 = torch.randn(1, 6, 6, 6)
     with pytest.raises(RuntimeError, match="pool time 2 too large relative to input time 6"):
-        F.fractional_max_pool3d(x3.to("tpu"), 2, output_size=(5, 4, 4), _random_samples=torch.rand(1, 1, 3, device="tpu"))
+        F.fractional_max_pool3d(
+            x3.to("tpu"), 2, output_size=(5, 4, 4), _random_samples=torch.rand(1, 1, 3, device="tpu")
+        )

@@ -5,6 +5,7 @@ order, so they are matched to the CPU's (nearest pairs first) before being
 compared. Eigenvectors are defined up to a phase: every tpu eigenpair must
 satisfy A v = w v, have unit norm and its largest component real and positive,
 and equal the CPU's vector times a phase where the eigenvalue is simple."""
+
 import pytest
 import torch
 
@@ -71,8 +72,10 @@ def check_eig(a, tol=None, vectors_vs_cpu=True):
     check_pairs(a, w, v, tol)
     if vectors_vs_cpu and a.numel():
         # the CPU's vectors up to a phase, for simple eigenvalues
-        order = [[int(torch.argmin((w2 - x).abs())) for x in c2] for w2, c2 in
-                 zip(w.reshape(-1, a.shape[-1]), cw.reshape(-1, a.shape[-1]))]
+        order = [
+            [int(torch.argmin((w2 - x).abs())) for x in c2]
+            for w2, c2 in zip(w.reshape(-1, a.shape[-1]), cw.reshape(-1, a.shape[-1]))
+        ]
         vv = v.reshape(-1, *a.shape[-2:])
         cvv = cv.reshape(-1, *a.shape[-2:])
         cww = cw.reshape(-1, a.shape[-1])
@@ -83,7 +86,9 @@ def check_eig(a, tol=None, vectors_vs_cpu=True):
                 if gap.min() < 1e-2 * scale:
                     continue
                 p = (cvv[b, :, i].conj() * vv[b, :, j]).sum()
-                torch.testing.assert_close(vv[b, :, j] * (p.conj() / p.abs()), cvv[b, :, i], rtol=tol * 10, atol=tol * 10)
+                torch.testing.assert_close(
+                    vv[b, :, j] * (p.conj() / p.abs()), cvv[b, :, i], rtol=tol * 10, atol=tol * 10
+                )
     return w, v
 
 
@@ -113,7 +118,7 @@ def test_eig_complex_eigenvalues():
     a = torch.tensor([[1.0, 2.0, 0, 0], [-2.0, 1.0, 0, 0], [0, 0, 3.0, -1.0], [0, 0, 5.0, 3.0]], dtype=torch.float64)
     s = rand((4, 4), torch.float64, seed=9)
     w, _ = check_eig(s @ a @ torch.linalg.inv(s))  # eigenvalues 1 +- 2i, 3 +- i sqrt(5)
-    want = torch.tensor([1 + 2j, 1 - 2j, 3 + 5 ** 0.5 * 1j, 3 - 5 ** 0.5 * 1j], dtype=torch.complex128)
+    want = torch.tensor([1 + 2j, 1 - 2j, 3 + 5**0.5 * 1j, 3 - 5**0.5 * 1j], dtype=torch.complex128)
     torch.testing.assert_close(match(want, w), want, rtol=1e-10, atol=1e-10)
 
 
@@ -136,8 +141,11 @@ def test_eig_diagonal_and_repeated():
 
 def test_eig_defective():
     # a Jordan block: one eigenvector, returned (as by LAPACK) for both eigenvalues up to rounding
-    w, v = check_eig(torch.eye(4, dtype=torch.float64) + torch.diag(torch.ones(3, dtype=torch.float64), 1),
-                     tol=1e-7, vectors_vs_cpu=False)
+    w, v = check_eig(
+        torch.eye(4, dtype=torch.float64) + torch.diag(torch.ones(3, dtype=torch.float64), 1),
+        tol=1e-7,
+        vectors_vs_cpu=False,
+    )
     assert (w == 1).all()
     torch.testing.assert_close(v.abs()[0], torch.ones(4, dtype=torch.float64), atol=1e-6, rtol=0)
 
@@ -147,8 +155,9 @@ def test_eig_triangular(dtype):
     a = rand((5, 5), dtype, seed=7)
     for t in (a.triu(), a.tril()):
         w, _ = check_eig(t)
-        torch.testing.assert_close(match(t.diagonal().to(w.dtype), w), t.diagonal().to(w.dtype),
-                                   rtol=TOL[cdt(dtype)], atol=TOL[cdt(dtype)])
+        torch.testing.assert_close(
+            match(t.diagonal().to(w.dtype), w), t.diagonal().to(w.dtype), rtol=TOL[cdt(dtype)], atol=TOL[cdt(dtype)]
+        )
 
 
 def test_eig_symmetric_real_spectrum():
@@ -178,8 +187,12 @@ def test_eig_out():
     # a wider complex out= is allowed, as on the CPU
     w2 = torch.empty(0, dtype=torch.complex128, device="tpu")
     torch.linalg.eigvals(a.to("tpu"), out=w2)
-    torch.testing.assert_close(match(torch.linalg.eigvals(a).to(torch.complex128), w2.cpu()),
-                               torch.linalg.eigvals(a).to(torch.complex128), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        match(torch.linalg.eigvals(a).to(torch.complex128), w2.cpu()),
+        torch.linalg.eigvals(a).to(torch.complex128),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def same_error(fn, a, *, out=None):
@@ -196,14 +209,17 @@ def same_error(fn, a, *, out=None):
 
 @pytest.mark.parametrize("fn", [torch.linalg.eig, torch.linalg.eigvals])
 def test_eig_errors(fn):
-    same_error(fn, torch.randn(3, 4))                         # not square
-    same_error(fn, torch.randn(3))                            # not a matrix
-    same_error(fn, torch.ones(3, 3, dtype=torch.int64))       # integer
-    same_error(fn, torch.ones(3, 3, dtype=torch.float16))     # no half kernel
+    same_error(fn, torch.randn(3, 4))  # not square
+    same_error(fn, torch.randn(3))  # not a matrix
+    same_error(fn, torch.ones(3, 3, dtype=torch.int64))  # integer
+    same_error(fn, torch.ones(3, 3, dtype=torch.float16))  # no half kernel
     same_error(fn, torch.ones(3, 3, dtype=torch.bfloat16))
-    real_out = (lambda d: (torch.empty(3, device=d), torch.empty(3, 3, dtype=torch.complex64, device=d))) \
-        if fn is torch.linalg.eig else (lambda d: torch.empty(3, device=d))
-    same_error(fn, torch.randn(3, 3), out=real_out)           # out= of a real dtype
+    real_out = (
+        (lambda d: (torch.empty(3, device=d), torch.empty(3, 3, dtype=torch.complex64, device=d)))
+        if fn is torch.linalg.eig
+        else (lambda d: torch.empty(3, device=d))
+    )
+    same_error(fn, torch.randn(3, 3), out=real_out)  # out= of a real dtype
 
 
 def test_eig_refuses_nonfinite():
@@ -237,8 +253,9 @@ def test_eig_backward(dtype):
         at = a.to("tpu").requires_grad_()
         w, v = torch.linalg.eig(at)
         # put the tpu eigenpairs in the CPU's order (a differentiable gather)
-        perm = torch.tensor([[int(torch.argmin((w2 - x).abs())) for x in c2]
-                             for w2, c2 in zip(w.detach().cpu(), cw.detach())])
+        perm = torch.tensor(
+            [[int(torch.argmin((w2 - x).abs())) for x in c2] for w2, c2 in zip(w.detach().cpu(), cw.detach())]
+        )
         w = torch.gather(w, -1, perm.to("tpu"))
         v = torch.gather(v, -1, perm.to("tpu").unsqueeze(-2).expand(v.shape))
         loss(w.cpu(), v.cpu()).backward()

@@ -3,20 +3,25 @@ isin, unfold's gradient, reflection/replication padding, unique,
 repeat_interleave, embedding_bag and embedding_renorm_: values, dtypes,
 shapes, float32 gradients, non-contiguous inputs, out=/in-place variants and
 errors."""
+
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import close, make
 
 import torchtpu  # noqa: F401
-from _helpers import close, make
 
 
 def check(fn, *args, grad=True):
     """fn on CPU and tpu: outputs, and float32 gradients of every float input."""
-    cpu = [a.detach().clone().requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
-           for a in args]
-    dev = [a.detach().to("tpu").requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor)
-           else a for a in args]
+    cpu = [
+        a.detach().clone().requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
+        for a in args
+    ]
+    dev = [
+        a.detach().to("tpu").requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
+        for a in args
+    ]
     want, got = fn(*cpu), fn(*dev)
     wants = want if isinstance(want, tuple) else (want,)
     gots = got if isinstance(got, tuple) else (got,)
@@ -27,27 +32,41 @@ def check(fn, *args, grad=True):
     if ins and outs:
         gouts = [make(w.shape, w.dtype, seed=7) for w, _ in outs]
         gw = torch.autograd.grad([w for w, _ in outs], [c for c, _ in ins], gouts, allow_unused=True)
-        gg = torch.autograd.grad([g for _, g in outs], [d for _, d in ins], [x.to("tpu") for x in gouts],
-                                 allow_unused=True)
+        gg = torch.autograd.grad(
+            [g for _, g in outs], [d for _, d in ins], [x.to("tpu") for x in gouts], allow_unused=True
+        )
         for a, b in zip(gg, gw):
             if b is not None:
                 close(a, b)
 
 
 CASES = [(torch.float32, r, i) for r in ["sum", "prod", "mean", "amax", "amin"] for i in (True, False)] + [
-    (torch.int64, "mean", True), (torch.int64, "amin", False), (torch.bfloat16, "sum", True),
-    (torch.bfloat16, "amax", False)]
+    (torch.int64, "mean", True),
+    (torch.int64, "amin", False),
+    (torch.bfloat16, "sum", True),
+    (torch.bfloat16, "amax", False),
+]
 
 
 @pytest.mark.parametrize("dtype,reduce,include_self", CASES)
 def test_scatter_reduce(dtype, reduce, include_self):
     x, src = make((4, 5), dtype), make((3, 5), dtype, seed=1)
     idx = torch.randint(0, 4, (3, 5), generator=torch.Generator().manual_seed(2))
-    check(lambda a, s: a.scatter_reduce(0, idx.to(a.device), s, reduce, include_self=include_self), x, src,
-          grad=reduce in ("sum", "mean"))
+    check(
+        lambda a, s: a.scatter_reduce(0, idx.to(a.device), s, reduce, include_self=include_self),
+        x,
+        src,
+        grad=reduce in ("sum", "mean"),
+    )
     if dtype == torch.float32:  # non-contiguous source
-        check(lambda a, s: a.scatter_reduce(1, idx.T.contiguous().to(a.device)[:4], s.T[:4], reduce,
-                                            include_self=include_self), x, src, grad=False)
+        check(
+            lambda a, s: a.scatter_reduce(
+                1, idx.T.contiguous().to(a.device)[:4], s.T[:4], reduce, include_self=include_self
+            ),
+            x,
+            src,
+            grad=False,
+        )
 
 
 def test_scatter_reduce_out_and_errors():
@@ -59,13 +78,15 @@ def test_scatter_reduce_out_and_errors():
         x.to("tpu").scatter_reduce(0, idx.to("tpu"), src.to("tpu"), "median")
 
 
-@pytest.mark.parametrize("dtype,reduce,include_self", [(torch.float32, r, i) for r in ["prod", "mean", "amax", "amin"]
-                                                       for i in (True, False)] + [(torch.int64, "mean", False)])
+@pytest.mark.parametrize(
+    "dtype,reduce,include_self",
+    [(torch.float32, r, i) for r in ["prod", "mean", "amax", "amin"] for i in (True, False)]
+    + [(torch.int64, "mean", False)],
+)
 def test_index_reduce(dtype, reduce, include_self):
     x, src = make((4, 5), dtype), make((4, 3), dtype, seed=1)
     idx = torch.tensor([0, 4, 4])
-    check(lambda a, s: a.index_reduce(1, idx.to(a.device), s, reduce, include_self=include_self), x, src,
-          grad=False)
+    check(lambda a, s: a.index_reduce(1, idx.to(a.device), s, reduce, include_self=include_self), x, src, grad=False)
     a = x.to("tpu")
     a.index_reduce_(1, idx.to("tpu"), src.to("tpu"), reduce, include_self=include_self)
     close(a, x.clone().index_reduce_(1, idx, src, reduce, include_self=include_self))
@@ -101,8 +122,10 @@ def test_unfold_grad():
 
 
 @pytest.mark.parametrize("mode", ["reflect", "replicate"])
-@pytest.mark.parametrize("shape,pad", [((2, 3, 5), (2, 1)), ((2, 3, 5, 6), (1, 2, 3, 0)),
-                                       ((1, 2, 4, 5, 6), (1, 1, 2, 0, 3, 2)), ((3, 5), (0, 2))])
+@pytest.mark.parametrize(
+    "shape,pad",
+    [((2, 3, 5), (2, 1)), ((2, 3, 5, 6), (1, 2, 3, 0)), ((1, 2, 4, 5, 6), (1, 1, 2, 0, 3, 2)), ((3, 5), (0, 2))],
+)
 def test_pad(mode, shape, pad):
     check(lambda a: F.pad(a, pad, mode=mode), make(shape))
     check(lambda a: F.pad(a.transpose(-1, -2), pad, mode=mode), make(shape))
@@ -120,8 +143,8 @@ def test_unique(dtype):
     x = make((4, 5), dtype)
     for s in (True, False):
         for ri, rc in ((False, False), (True, True)):
-                check(lambda a: torch.unique(a, sorted=s, return_inverse=ri, return_counts=rc), x, grad=False)
-                check(lambda a: torch.unique_consecutive(a, return_inverse=ri, return_counts=rc), x, grad=False)
+            check(lambda a: torch.unique(a, sorted=s, return_inverse=ri, return_counts=rc), x, grad=False)
+            check(lambda a: torch.unique_consecutive(a, return_inverse=ri, return_counts=rc), x, grad=False)
     check(lambda a: torch.unique(a.T), x, grad=False)
     check(lambda a: torch.unique(a), torch.empty(0, dtype=dtype), grad=False)
 
@@ -143,10 +166,16 @@ def test_embedding_bag(mode):
     check(lambda a: F.embedding_bag(i.to(a.device), a, o.to(a.device), mode=mode, padding_idx=4), w)
     check(lambda a: F.embedding_bag(i.reshape(2, 4).to(a.device), a, mode=mode), w)
     if mode == "sum":
-        check(lambda a, p: F.embedding_bag(i.to(a.device), a, o.to(a.device), mode="sum", per_sample_weights=p), w,
-              make((8,), seed=4))
-    check(lambda a: F.embedding_bag(i.to(a.device), a, o.to(a.device), mode=mode, include_last_offset=True), w,
-          grad=mode != "sum")
+        check(
+            lambda a, p: F.embedding_bag(i.to(a.device), a, o.to(a.device), mode="sum", per_sample_weights=p),
+            w,
+            make((8,), seed=4),
+        )
+    check(
+        lambda a: F.embedding_bag(i.to(a.device), a, o.to(a.device), mode=mode, include_last_offset=True),
+        w,
+        grad=mode != "sum",
+    )
 
 
 def test_embedding_max_norm():

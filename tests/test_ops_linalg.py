@@ -2,11 +2,12 @@
 vdot, cross, eye), Cholesky and triangular solves, LU (factor, unpack,
 solve, inverse, solve, det, slogdet): values, dtypes, shapes, pivots,
 float32 gradients, non-contiguous inputs, out= variants and errors."""
+
 import pytest
 import torch
+from _helpers import close, make
 
 import torchtpu  # noqa: F401
-from _helpers import close, make
 
 
 def spd(n, batch=(), seed=0):
@@ -16,10 +17,14 @@ def spd(n, batch=(), seed=0):
 
 def check(fn, *args, grad=True, tol=1e-4, **kw):
     """fn on CPU and tpu: outputs, and float32 gradients of every float input."""
-    cpu = [a.detach().clone().requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
-           for a in args]
-    dev = [a.detach().to("tpu").requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
-           for a in args]
+    cpu = [
+        a.detach().clone().requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
+        for a in args
+    ]
+    dev = [
+        a.detach().to("tpu").requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
+        for a in args
+    ]
     want, got = fn(*cpu, **kw), fn(*dev, **kw)
     wants = tuple(want) if isinstance(want, (tuple, list)) else (want,)
     gots = tuple(got) if isinstance(got, (tuple, list)) else (got,)
@@ -41,6 +46,7 @@ def check(fn, *args, grad=True, tol=1e-4, **kw):
 
 # ---- products ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
 def test_baddbmm_addbmm_addmv(dtype):
     s, a, b = make((3, 4, 5), dtype), make((3, 4, 6), dtype, 1), make((3, 6, 5), dtype, 2)
@@ -49,7 +55,13 @@ def test_baddbmm_addbmm_addmv(dtype):
     check(lambda s, a, b: torch.baddbmm(s, a, b, beta=2, alpha=3), s, a, b, grad=g)
     check(torch.addbmm, s[0], a, b, grad=g)
     check(torch.addmv, make((4,), dtype), a[0], make((6,), dtype, 3), grad=g)
-    check(lambda s, m, v: torch.addmv(s, m, v, beta=0.5 if g else 2, alpha=2), make((4,), dtype), a[0], make((6,), dtype, 3), grad=g)
+    check(
+        lambda s, m, v: torch.addmv(s, m, v, beta=0.5 if g else 2, alpha=2),
+        make((4,), dtype),
+        a[0],
+        make((6,), dtype, 3),
+        grad=g,
+    )
 
 
 def test_beta_zero_ignores_nan():
@@ -104,6 +116,7 @@ def test_vdot_errors():
 
 # ---- Cholesky and triangular solves ------------------------------------------------------------
 
+
 def test_cholesky():
     a = spd(4, (2,))
     check(torch.linalg.cholesky, a)
@@ -138,6 +151,7 @@ def test_triangular_solves():
 
 
 # ---- LU -----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("shape", [(4, 4), (2, 5, 5), (3, 5), (5, 3)])
 def test_lu_factor_matches_lapack(shape):
@@ -192,6 +206,7 @@ def test_inverse_out_and_errors():
 
 
 # ---- SVD, eigh, QR, distances ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("shape", [(5, 5), (2, 6, 4), (3, 5)])
 def test_svd_values_and_reconstruction(shape):
@@ -316,10 +331,12 @@ def test_ldl_empty_and_errors():
         assert LD2.shape == LD.shape and piv2.shape == piv.shape and info2.shape == info.shape
     LD, piv = torch.linalg.ldl_factor(_sym(torch.Generator().manual_seed(0), 3, 3))
     assert torch.linalg.ldl_solve(LD.to("tpu"), piv.to("tpu"), torch.zeros(3, 0, device="tpu")).shape == (3, 0)
-    for fn, args in [(torch.linalg.ldl_factor, (torch.ones(3, 2),)),
-                     (torch.linalg.ldl_factor, (torch.ones(3),)),
-                     (torch.linalg.ldl_solve, (LD, piv, torch.ones(3))),
-                     (torch.linalg.ldl_solve, (LD, piv, torch.ones(3, 2, dtype=torch.float64)))]:
+    for fn, args in [
+        (torch.linalg.ldl_factor, (torch.ones(3, 2),)),
+        (torch.linalg.ldl_factor, (torch.ones(3),)),
+        (torch.linalg.ldl_solve, (LD, piv, torch.ones(3))),
+        (torch.linalg.ldl_solve, (LD, piv, torch.ones(3, 2, dtype=torch.float64))),
+    ]:
         with pytest.raises(Exception) as want:
             fn(*args)
         with pytest.raises(want.type):
@@ -328,23 +345,28 @@ def test_ldl_empty_and_errors():
 
 # ---- matrix_exp -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("scale", [0.01, 1.0, 10.0, 30.0])
 def test_matrix_exp_float32_accuracy(scale):
     """Scaling and squaring with a degree-22 Taylor polynomial: within float32
     rounding of CPU torch in float64, at least as close as CPU's own float32
     kernel (whose error, not ours, fails the OpInfo sample: 3.5e-4 on a 0.148
     element)."""
-    a = make((6, 5, 5), seed=1) * (scale / 5 ** 0.5)
+    a = make((6, 5, 5), seed=1) * (scale / 5**0.5)
     ref = torch.linalg.matrix_exp(a.double())
     got = torch.linalg.matrix_exp(a.to("tpu")).cpu()
     assert got.dtype == torch.float32 and got.shape == a.shape
-    rel = lambda x: ((x.double() - ref).flatten(1).abs().amax(1) / ref.flatten(1).abs().amax(1)).max().item()
+
+    def rel(x):
+        return ((x.double() - ref).flatten(1).abs().amax(1) / ref.flatten(1).abs().amax(1)).max().item()
+
     assert rel(got) <= max(rel(torch.linalg.matrix_exp(a)), 1e-6)
     close(got, torch.linalg.matrix_exp(a), tol=1e-4 * max(1.0, scale))
 
 
 def test_matrix_exp_opinfo_sample_closer_to_float64_than_cpu():
     from torch.testing._internal.common_methods_invocations import op_db
+
     op = next(o for o in op_db if o.name == "matrix_exp")
     for s in op.sample_inputs("cpu", torch.float32):
         ref = torch.linalg.matrix_exp(s.input.double())
@@ -369,12 +391,17 @@ def test_matrix_exp_half_types(dt):
     assert got.dtype == dt and got.shape == a.shape
     ref = torch.linalg.matrix_exp(a.double())
     torch.testing.assert_close(got.double(), ref, rtol=1e-2, atol=1e-2)
-    assert torch.linalg.matrix_exp(torch.eye(3, dtype=dt, device="tpu")).cpu().float().diagonal().sub(2.718).abs().max() < 0.02
+    assert (
+        torch.linalg.matrix_exp(torch.eye(3, dtype=dt, device="tpu")).cpu().float().diagonal().sub(2.718).abs().max()
+        < 0.02
+    )
 
 
 def test_matrix_exp_errors():
     for dt in (torch.int64, torch.bool):
-        with pytest.raises(RuntimeError, match=r"Expected a floating point or complex tensor as input. Got (Long|Bool)"):
+        with pytest.raises(
+            RuntimeError, match=r"Expected a floating point or complex tensor as input. Got (Long|Bool)"
+        ):
             torch.linalg.matrix_exp(torch.ones(2, 2, dtype=dt, device="tpu"))
     with pytest.raises(RuntimeError, match="square"):
         torch.linalg.matrix_exp(torch.ones(2, 3, device="tpu"))
@@ -383,18 +410,44 @@ def test_matrix_exp_errors():
 # ---- matmul family: dtypes and empty inputs as torch's CPU kernels -----------------------------
 
 _MM_CASES = [
-    ("bmm", torch.bmm, [((2, 3, 4), (2, 4, 5)), ((2, 0, 3), (2, 3, 4)), ((2, 3, 0), (2, 0, 4)), ((0, 3, 4), (0, 4, 5)),
-                        ((2, 3, 4), (2, 4, 0)), ((2, 3, 4), (2, 5, 6)), ((3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5))]),
+    (
+        "bmm",
+        torch.bmm,
+        [
+            ((2, 3, 4), (2, 4, 5)),
+            ((2, 0, 3), (2, 3, 4)),
+            ((2, 3, 0), (2, 0, 4)),
+            ((0, 3, 4), (0, 4, 5)),
+            ((2, 3, 4), (2, 4, 0)),
+            ((2, 3, 4), (2, 5, 6)),
+            ((3, 4), (2, 4, 5)),
+            ((2, 3, 4), (4, 5)),
+        ],
+    ),
     ("mm", torch.mm, [((3, 4), (4, 5)), ((0, 3), (3, 4)), ((3, 0), (0, 4))]),
     ("dot", torch.dot, [((3,), (3,)), ((0,), (0,))]),
     ("mv", torch.mv, [((3, 4), (4,)), ((0, 4), (4,)), ((3, 0), (0,))]),
-    ("matmul", torch.matmul, [((2, 1, 3, 4), (4, 4, 2)), ((2, 1, 3, 0), (4, 0, 2)), ((2, 0, 3), (3, 2)), ((3,), (3, 0))]),
-    ("addmm", lambda a, b: torch.addmm(torch.zeros((), dtype=b.dtype, device=b.device), a, b),
-     [((3, 4), (4, 5)), ((3, 0), (0, 5))]),
+    (
+        "matmul",
+        torch.matmul,
+        [((2, 1, 3, 4), (4, 4, 2)), ((2, 1, 3, 0), (4, 0, 2)), ((2, 0, 3), (3, 2)), ((3,), (3, 0))],
+    ),
+    (
+        "addmm",
+        lambda a, b: torch.addmm(torch.zeros((), dtype=b.dtype, device=b.device), a, b),
+        [((3, 4), (4, 5)), ((3, 0), (0, 5))],
+    ),
 ]
-_MM_DTYPES = [(torch.int64, torch.float32), (torch.float32, torch.int64), (torch.float32, torch.float64),
-              (torch.bfloat16, torch.float32), (torch.bool, torch.bool), (torch.bool, torch.float32),
-              (torch.float32, torch.bool), (torch.int32, torch.int32)]
+_MM_DTYPES = [
+    (torch.int64, torch.float32),
+    (torch.float32, torch.int64),
+    (torch.float32, torch.float64),
+    (torch.bfloat16, torch.float32),
+    (torch.bool, torch.bool),
+    (torch.bool, torch.float32),
+    (torch.float32, torch.bool),
+    (torch.int32, torch.int32),
+]
 
 
 @pytest.mark.parametrize("name,fn,shapes", _MM_CASES, ids=[c[0] for c in _MM_CASES])

@@ -1,6 +1,5 @@
 """nn family against CPU PyTorch: losses and their gradients, attention,
 random ops (statistics) and FFTs."""
-import math
 
 import pytest
 import torch
@@ -29,10 +28,16 @@ def compare(fn, args, grad_args=(), atol=1e-5, rtol=1.3e-6, **kw):
     torch.testing.assert_close(got.cpu(), want, atol=atol, rtol=rtol, equal_nan=True)
     if not grad_args:
         return
-    ca = [a.clone().requires_grad_(i in grad_args) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-          for i, a in enumerate(args)]
-    ta = [tpu(a).detach().requires_grad_(i in grad_args) if isinstance(a, torch.Tensor) and a.is_floating_point()
-          else tpu(a) for i, a in enumerate(args)]
+    ca = [
+        a.clone().requires_grad_(i in grad_args) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        for i, a in enumerate(args)
+    ]
+    ta = [
+        tpu(a).detach().requires_grad_(i in grad_args)
+        if isinstance(a, torch.Tensor) and a.is_floating_point()
+        else tpu(a)
+        for i, a in enumerate(args)
+    ]
     wo, go = fn(*ca, **kw), fn(*ta, **tkw)
     gw = torch.randn(wo.shape, dtype=wo.dtype, generator=torch.Generator().manual_seed(7))
     wo.backward(gw)
@@ -45,6 +50,7 @@ RED = ["none", "mean", "sum"]
 
 
 # ---- losses ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("red", RED)
 def test_pointwise_losses(red):
@@ -126,8 +132,11 @@ def test_normal_overloads():
     torch.manual_seed(0)
     mean = torch.full((N,), 3.0, device="tpu")
     std = torch.full((N,), 2.0, device="tpu")
-    for y, (em, es) in [(torch.normal(mean, std), (3, 2)), (torch.normal(mean, 0.5), (3, 0.5)),
-                        (torch.normal(-1.0, std), (-1, 2))]:
+    for y, (em, es) in [
+        (torch.normal(mean, std), (3, 2)),
+        (torch.normal(mean, 0.5), (3, 0.5)),
+        (torch.normal(-1.0, std), (-1, 2)),
+    ]:
         assert y.device.type == "tpu" and y.shape == (N,)
         m, s = moments(y)
         assert abs(m - em) < 0.03 and abs(s - es) < 0.03
@@ -154,7 +163,7 @@ def test_bernoulli_overloads():
     x = torch.empty(N, device="tpu").bernoulli_(torch.linspace(0, 1, N).to("tpu"))
     v = x.cpu()
     assert set(v.unique().tolist()) <= {0.0, 1.0}
-    assert v[: N // 10].mean().item() < 0.1 and v[-N // 10:].mean().item() > 0.9
+    assert v[: N // 10].mean().item() < 0.1 and v[-N // 10 :].mean().item() > 0.9
     b = torch.empty(N, device="tpu", dtype=torch.bool).bernoulli_(p)
     assert b.dtype == torch.bool and abs(b.cpu().float().mean().item() - 0.3) < 0.01
 
@@ -168,9 +177,9 @@ def test_random_integers():
     r = torch.empty(N, device="tpu", dtype=torch.uint8).random_().cpu()
     assert r.min().item() == 0 and r.max().item() == 255
     r = torch.empty(N, device="tpu").random_().cpu()
-    assert (r == r.round()).all() and r.min() >= 0 and r.max() <= 2 ** 24
-    r = torch.empty(N, device="tpu", dtype=torch.int64).random_(-(2 ** 40), 2 ** 40).cpu()
-    assert r.min() >= -(2 ** 40) and r.max() < 2 ** 40 and r.abs().max() > 2 ** 39
+    assert (r == r.round()).all() and r.min() >= 0 and r.max() <= 2**24
+    r = torch.empty(N, device="tpu", dtype=torch.int64).random_(-(2**40), 2**40).cpu()
+    assert r.min() >= -(2**40) and r.max() < 2**40 and r.abs().max() > 2**39
     r = torch.randint_like(torch.empty(N, device="tpu"), 2, 6).cpu()
     assert sorted(r.unique().tolist()) == [2, 3, 4, 5]
     with pytest.raises(RuntimeError):
@@ -259,6 +268,7 @@ def test_fft_conj_views():
 
 # ---- CTC ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("red,zero_inf", [("none", False), ("sum", True)])
 def test_ctc_loss(red, zero_inf):
     g = torch.Generator().manual_seed(0)
@@ -267,9 +277,14 @@ def test_ctc_loss(red, zero_inf):
     tg = torch.randint(1, C, (N, 5), generator=g)
     il, tl = [12, 10, 2, 7], [5, 3, 0, 4]  # sample 2 has an empty target
     il[0] = 4  # too short for 5 labels with repeats: an infinite loss
-    compare(lambda x, t: F.ctc_loss(x, t, il, tl, reduction=red, zero_infinity=zero_inf), (lp, tg),
-            (0,) if zero_inf or red == "none" else (), atol=1e-5, rtol=1e-5)
-    flat = torch.cat([tg[n, :tl[n]] for n in range(N)])  # concatenated targets
+    compare(
+        lambda x, t: F.ctc_loss(x, t, il, tl, reduction=red, zero_infinity=zero_inf),
+        (lp, tg),
+        (0,) if zero_inf or red == "none" else (),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    flat = torch.cat([tg[n, : tl[n]] for n in range(N)])  # concatenated targets
     compare(lambda x, t: F.ctc_loss(x, t, [12, 10, 2, 7], tl, reduction=red), (lp, flat), (0,), atol=1e-5, rtol=1e-5)
     with pytest.raises(RuntimeError):
         F.ctc_loss(tpu(lp), tpu(tg), [13, 1, 1, 1], tl)
@@ -283,8 +298,12 @@ def _rnn_pair(module, inputs, mode="strict"):
     mt = copy.deepcopy(module).to("tpu")
     res = []
     for m, dev in ((module, "cpu"), (mt, "tpu")):
-        xs = [x.detach().to(dev).requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor)
-              else tuple(t.detach().to(dev).requires_grad_() for t in x) for x in inputs]
+        xs = [
+            x.detach().to(dev).requires_grad_(x.is_floating_point())
+            if isinstance(x, torch.Tensor)
+            else tuple(t.detach().to(dev).requires_grad_() for t in x)
+            for x in inputs
+        ]
         with torchtpu.eager_mode(mode if dev == "tpu" else "strict"):
             out = m(*xs)
             flat, stack = [], [out]
@@ -296,8 +315,13 @@ def _rnn_pair(module, inputs, mode="strict"):
                     stack.extend(o)
             sum(o.sum() * (k + 1) for k, o in enumerate(flat)).backward()
         leaves = [x for x in xs if isinstance(x, torch.Tensor)] + [t for x in xs if isinstance(x, tuple) for t in x]
-        res.append(([o.detach().cpu() for o in flat], [p.grad.cpu() for p in m.parameters()],
-                    [x.grad.cpu() for x in leaves if x.grad is not None]))
+        res.append(
+            (
+                [o.detach().cpu() for o in flat],
+                [p.grad.cpu() for p in m.parameters()],
+                [x.grad.cpu() for x in leaves if x.grad is not None],
+            )
+        )
     return res
 
 
@@ -309,8 +333,10 @@ def test_lstm_gru_match_cpu(kind, mode):
     torch.manual_seed(0)
     x = torch.randn(3, 5, 6)
     module, inputs = {
-        "lstm": (torch.nn.LSTM(6, 7, num_layers=2, batch_first=True, bidirectional=True),
-                 (x, (torch.randn(4, 3, 7), torch.randn(4, 3, 7)))),
+        "lstm": (
+            torch.nn.LSTM(6, 7, num_layers=2, batch_first=True, bidirectional=True),
+            (x, (torch.randn(4, 3, 7), torch.randn(4, 3, 7))),
+        ),
         "lstm_proj": (torch.nn.LSTM(6, 7, proj_size=4, bias=False), (x,)),
         "gru": (torch.nn.GRU(6, 7, num_layers=2, bidirectional=True), (x, torch.randn(4, 5, 7))),
         "lstm_cell": (torch.nn.LSTMCell(6, 7), (x[:, 0], (torch.randn(3, 7), torch.randn(3, 7)))),
@@ -332,13 +358,14 @@ def test_lstm_cell_double_backward():
     for m, dev in ((cell, "cpu"), (copy.deepcopy(cell).to("tpu"), "tpu")):
         x = torch.randn(2, 3, generator=torch.Generator().manual_seed(1)).to(dev).requires_grad_()
         h, c = m(x)
-        g, = torch.autograd.grad(h.sum() + c.sum(), x, create_graph=True)
+        (g,) = torch.autograd.grad(h.sum() + c.sum(), x, create_graph=True)
         g.pow(2).sum().backward()
         got.append(x.grad.cpu())
     torch.testing.assert_close(got[1], got[0], rtol=1e-4, atol=1e-6)
 
 
 # ---- attention ------------------------------------------------------------------------------
+
 
 def _sdpa_both(q, k, v, mask=None, grad_mask=False, **kw):
     """F.scaled_dot_product_attention on CPU and on tpu: outputs and the
@@ -445,8 +472,11 @@ def test_scaled_dot_product_attention_other_cases():
         assert got.dtype == dt
         torch.testing.assert_close(got.cpu().float(), want.float(), atol=2e-2, rtol=2e-2)
     kg, vg = rnd(2, 1, 7, 8, seed=2), rnd(2, 1, 7, 8, seed=3)
-    for args, kw in (((q, kg, vg), {"enable_gqa": True}), ((q[0, 0], k[0, 0], v[0, 0]), {"is_causal": True}),
-                     ((q[None], k[None], v[None]), {})):
+    for args, kw in (
+        ((q, kg, vg), {"enable_gqa": True}),
+        ((q[0, 0], k[0, 0], v[0, 0]), {"is_causal": True}),
+        ((q[None], k[None], v[None]), {}),
+    ):
         want, got = _sdpa_both(*args, **kw)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-4)

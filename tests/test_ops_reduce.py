@@ -2,19 +2,24 @@
 scans, sorting, selection (topk/kthvalue/median/mode), searching, histc,
 renorm: values, dtypes, shapes, float32 gradients, non-contiguous inputs,
 out= variants and errors."""
+
 import pytest
 import torch
+from _helpers import close, make
 
 import torchtpu  # noqa: F401
-from _helpers import close, make
 
 
 def check(fn, *args, grad=True, **kw):
     """fn on CPU and tpu: outputs, and float32 gradients of every float input."""
-    cpu = [a.detach().clone().requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
-           for a in args]
-    dev = [a.detach().to("tpu").requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor)
-           else a for a in args]
+    cpu = [
+        a.detach().clone().requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
+        for a in args
+    ]
+    dev = [
+        a.detach().to("tpu").requires_grad_(grad and a.dtype == torch.float32) if isinstance(a, torch.Tensor) else a
+        for a in args
+    ]
     want, got = fn(*cpu, **kw), fn(*dev, **kw)
     wants = want if isinstance(want, tuple) else (want,)
     gots = got if isinstance(got, tuple) else (got,)
@@ -182,15 +187,22 @@ def test_histc_equal():
     w = make((20,), seed=4).abs()
     for kw in [dict(bins=5), dict(bins=7, range=(-1.0, 1.0)), dict(bins=4, weight=w, density=True)]:
         want = torch.histogram(x, **kw)
-        got = torch.histogram(x.to("tpu"), **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+        got = torch.histogram(
+            x.to("tpu"), **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        )
         close(got.hist, want.hist)
         close(got.bin_edges, want.bin_edges)
     # no elements: zeros, or 0/0 (NaN) with density, as the CPU
     e = torch.empty(5, 0, 5)
-    for kw in [dict(bins=torch.tensor([0.0, 1.0, 2.0])), dict(bins=torch.tensor([0.0, 1.0]), density=True),
-               dict(bins=3, density=True)]:
+    for kw in [
+        dict(bins=torch.tensor([0.0, 1.0, 2.0])),
+        dict(bins=torch.tensor([0.0, 1.0]), density=True),
+        dict(bins=3, density=True),
+    ]:
         want = torch.histogram(e, **kw)
-        got = torch.histogram(e.to("tpu"), **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+        got = torch.histogram(
+            e.to("tpu"), **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        )
         torch.testing.assert_close(got.hist.cpu(), want.hist, equal_nan=True)
     assert torch.equal(x.to("tpu"), x.clone().to("tpu"))
     assert not torch.equal(x.to("tpu"), (x + 1).to("tpu"))
@@ -206,23 +218,33 @@ def test_logsumexp_isclose():
     assert torch.allclose(x.to("tpu"), y.to("tpu"))
 
 
-
 def test_hash_tensor():
     """xor of the 64-bit patterns (floats widened to double, signed integers
     sign-extended, bool and unsigned zero-extended); the CPU's errors."""
     g = torch.Generator().manual_seed(0)
     cases = [
-        (torch.tensor([-1, 2, 3]), {}), (torch.tensor([True, False, True]), {}),
-        (torch.tensor([255, 3], dtype=torch.uint8), {}), (torch.tensor([-1, 5], dtype=torch.int8), {}),
-        (torch.tensor([-1.5, 2.25], dtype=torch.bfloat16), {}), (torch.randn(4, 5, generator=g), {}),
-        (torch.randn(4, 5, generator=g), dict(dim=1)), (torch.randn(4, 5, 3, generator=g), dict(dim=(0, 2), keepdim=True)),
-        (torch.empty(0, 3), dict(dim=1)), (torch.tensor(3.0), {}),
-        (torch.tensor([float("nan"), -0.0, float("inf")]), {}), (torch.randn(3, 4, generator=g).double(), dict(dim=0)),
+        (torch.tensor([-1, 2, 3]), {}),
+        (torch.tensor([True, False, True]), {}),
+        (torch.tensor([255, 3], dtype=torch.uint8), {}),
+        (torch.tensor([-1, 5], dtype=torch.int8), {}),
+        (torch.tensor([-1.5, 2.25], dtype=torch.bfloat16), {}),
+        (torch.randn(4, 5, generator=g), {}),
+        (torch.randn(4, 5, generator=g), dict(dim=1)),
+        (torch.randn(4, 5, 3, generator=g), dict(dim=(0, 2), keepdim=True)),
+        (torch.empty(0, 3), dict(dim=1)),
+        (torch.tensor(3.0), {}),
+        (torch.tensor([float("nan"), -0.0, float("inf")]), {}),
+        (torch.randn(3, 4, generator=g).double(), dict(dim=0)),
     ]
     for x, kw in cases:
         a, b = torch.hash_tensor(x, **kw), torch.hash_tensor(x.to("tpu"), **kw).cpu()
         assert a.dtype == b.dtype == torch.uint64 and a.shape == b.shape and torch.equal(a, b), (x, kw, a, b)
-    for x, kw in [(torch.empty(0), {}), (torch.empty(2, 0), dict(dim=1)), (torch.tensor([1j]), {}), (torch.ones(3), dict(mode=1))]:
+    for x, kw in [
+        (torch.empty(0), {}),
+        (torch.empty(2, 0), dict(dim=1)),
+        (torch.tensor([1j]), {}),
+        (torch.ones(3), dict(mode=1)),
+    ]:
         with pytest.raises(Exception) as want:
             torch.hash_tensor(x, **kw)
         with pytest.raises(want.type) as got:
@@ -238,27 +260,46 @@ def test_histogramdd(shape):
     x = torch.randn(shape, generator=g) * 3
     D = shape[-1]
     w = torch.rand(shape[:-1], generator=g)
-    unsorted = [torch.tensor([-2.0, 1.5, -0.5, 3.0]), torch.tensor([2.0, -1.0, 0.5])] + [torch.tensor([-3.0, 0.0, 3.0])] * (D - 2)
-    for bins, kw in [([3] * D, {}), ([2, 4] + [1] * (D - 2), dict(density=True)), ([3] * D, dict(weight=w)),
-                     ([2] * D, dict(range=[-1.0, 1.0] * D, density=True, weight=w)),
-                     ([torch.linspace(-4, 4, 5)] * D, {}), (unsorted, dict(weight=w, density=True))]:
+    unsorted = [torch.tensor([-2.0, 1.5, -0.5, 3.0]), torch.tensor([2.0, -1.0, 0.5])] + [
+        torch.tensor([-3.0, 0.0, 3.0])
+    ] * (D - 2)
+    for bins, kw in [
+        ([3] * D, {}),
+        ([2, 4] + [1] * (D - 2), dict(density=True)),
+        ([3] * D, dict(weight=w)),
+        ([2] * D, dict(range=[-1.0, 1.0] * D, density=True, weight=w)),
+        ([torch.linspace(-4, 4, 5)] * D, {}),
+        (unsorted, dict(weight=w, density=True)),
+    ]:
         want = torch.histogramdd(x, bins, **kw)
-        got = torch.histogramdd(x.to("tpu"), [b.to("tpu") if isinstance(b, torch.Tensor) else b for b in bins],
-                                **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+        got = torch.histogramdd(
+            x.to("tpu"),
+            [b.to("tpu") if isinstance(b, torch.Tensor) else b for b in bins],
+            **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()},
+        )
         torch.testing.assert_close(got.hist.cpu(), want.hist, equal_nan=True)
         assert len(got.bin_edges) == len(want.bin_edges)
         for e2, e in zip(got.bin_edges, want.bin_edges):
             torch.testing.assert_close(e2.cpu(), e)
     # a single value per dim widens by half a unit each way
     one = torch.ones(3, D)
-    torch.testing.assert_close(torch.histogramdd(one.to("tpu"), [2] * D).hist.cpu(), torch.histogramdd(one, [2] * D).hist)
+    torch.testing.assert_close(
+        torch.histogramdd(one.to("tpu"), [2] * D).hist.cpu(), torch.histogramdd(one, [2] * D).hist
+    )
 
 
 def test_histogramdd_errors():
     x = torch.randn(5, 2)
-    for args, kw in [((torch.randn(5), [2]), {}), ((x, [2]), {}), ((x, [2, 0]), {}), ((x, [2, 2]), dict(range=[0.0, 1.0])),
-                     ((x, [torch.tensor([0.0, 1.0])]), {})]:
+    for args, kw in [
+        ((torch.randn(5), [2]), {}),
+        ((x, [2]), {}),
+        ((x, [2, 0]), {}),
+        ((x, [2, 2]), dict(range=[0.0, 1.0])),
+        ((x, [torch.tensor([0.0, 1.0])]), {}),
+    ]:
         with pytest.raises(RuntimeError):
             torch.histogramdd(*args, **kw)
         with pytest.raises(RuntimeError):
-            torch.histogramdd(args[0].to("tpu"), [b.to("tpu") if isinstance(b, torch.Tensor) else b for b in args[1]], **kw)
+            torch.histogramdd(
+                args[0].to("tpu"), [b.to("tpu") if isinstance(b, torch.Tensor) else b for b in args[1]], **kw
+            )

@@ -1,14 +1,19 @@
 """Special functions against CPU PyTorch: values over wide ranges (poles,
 tails, infinities, NaN), dtypes (float32, bfloat16, int64, bool promote),
 float32 gradients, non-contiguous inputs, out= and in-place forms, errors."""
+
 import pytest
 import torch
 
 import torchtpu  # noqa: F401
 
 S = torch.special
-WIDE = torch.cat([torch.linspace(-20, 20, 401),
-                  torch.tensor([0.0, -0.0, 1e-6, -1e-6, 50.0, -50.0, float("inf"), float("-inf"), float("nan")])])
+WIDE = torch.cat(
+    [
+        torch.linspace(-20, 20, 401),
+        torch.tensor([0.0, -0.0, 1e-6, -1e-6, 50.0, -50.0, float("inf"), float("-inf"), float("nan")]),
+    ]
+)
 POS = torch.cat([torch.linspace(1e-3, 20, 300), torch.tensor([0.0, 1.0])])
 NEG = torch.tensor([-8.4784, -1.7658, -4.3228, -0.5, -2.5, -3.0, -1.0])
 PROB = torch.cat([torch.linspace(0, 1, 257), torch.tensor([1e-10, 1e-30, 1e-3, 0.999, -0.1, 1.1])])
@@ -43,9 +48,18 @@ UNARY = {
     "scaled_modified_bessel_k1": (S.scaled_modified_bessel_k1, WIDE),
     "bessel_j0": (S.bessel_j0, torch.cat([WIDE, torch.linspace(-60, 60, 241)])),
     "bessel_j1": (S.bessel_j1, torch.cat([WIDE, torch.linspace(-60, 60, 241)])),
-    "bessel_y0": (S.bessel_y0, torch.cat([WIDE, torch.linspace(0.01, 60, 600), torch.tensor([-0.0, 1e-30, 24.99, 25.01])])),
-    "bessel_y1": (S.bessel_y1, torch.cat([WIDE, torch.linspace(0.01, 60, 600), torch.tensor([-0.0, 1e-30, 24.99, 25.01])])),
-    "airy_ai": (S.airy_ai, torch.cat([WIDE, torch.linspace(-30, 30, 1201), torch.tensor([-10.01, -9.99, 0.999, 1.001, 200.0])])),
+    "bessel_y0": (
+        S.bessel_y0,
+        torch.cat([WIDE, torch.linspace(0.01, 60, 600), torch.tensor([-0.0, 1e-30, 24.99, 25.01])]),
+    ),
+    "bessel_y1": (
+        S.bessel_y1,
+        torch.cat([WIDE, torch.linspace(0.01, 60, 600), torch.tensor([-0.0, 1e-30, 24.99, 25.01])]),
+    ),
+    "airy_ai": (
+        S.airy_ai,
+        torch.cat([WIDE, torch.linspace(-30, 30, 1201), torch.tensor([-10.01, -9.99, 0.999, 1.001, 200.0])]),
+    ),
 }
 
 
@@ -130,10 +144,23 @@ def test_noncontiguous_out_inplace():
     close(z, torch.polygamma(2, x.abs()))
 
 
-@pytest.mark.parametrize("fn", [torch.digamma, torch.sinc, torch.i0, S.i0e, S.i1, S.i1e, S.erfcx,
-                                S.log_ndtr, S.entr, lambda t: torch.polygamma(2, t)])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        torch.digamma,
+        torch.sinc,
+        torch.i0,
+        S.i0e,
+        S.i1,
+        S.i1e,
+        S.erfcx,
+        S.log_ndtr,
+        S.entr,
+        lambda t: torch.polygamma(2, t),
+    ],
+)
 def test_grads(fn):
-    x = (torch.rand(12) * 4 + 0.2)
+    x = torch.rand(12) * 4 + 0.2
     a = x.clone().requires_grad_()
     b = x.clone().to("tpu").requires_grad_()
     fn(a).sum().backward()
@@ -141,10 +168,20 @@ def test_grads(fn):
     close(b.grad, a.grad)
 
 
-POLYS = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
-         "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
-         "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he",
-         "laguerre_polynomial_l", "legendre_polynomial_p"]
+POLYS = [
+    "chebyshev_polynomial_t",
+    "chebyshev_polynomial_u",
+    "chebyshev_polynomial_v",
+    "chebyshev_polynomial_w",
+    "shifted_chebyshev_polynomial_t",
+    "shifted_chebyshev_polynomial_u",
+    "shifted_chebyshev_polynomial_v",
+    "shifted_chebyshev_polynomial_w",
+    "hermite_polynomial_h",
+    "hermite_polynomial_he",
+    "laguerre_polynomial_l",
+    "legendre_polynomial_p",
+]
 
 
 @pytest.mark.parametrize("name", POLYS)
@@ -152,7 +189,9 @@ def test_polynomials(name):
     fn = getattr(S, name)
     g = torch.Generator().manual_seed(0)
     x = torch.cat([torch.rand(60, generator=g) * 18 - 9, torch.tensor([1.0, -1.0, 0.0, 0.5, 1.0, -1.0, 0.0, 0.3])])
-    n = torch.cat([torch.randint(-9, 10, (60,), generator=g).float(), torch.tensor([7.0, 8.0, 9.0, 12.0, 3.0, 5.0, 13.0, 20.5])])
+    n = torch.cat(
+        [torch.randint(-9, 10, (60,), generator=g).float(), torch.tensor([7.0, 8.0, 9.0, 12.0, 3.0, 5.0, 13.0, 20.5])]
+    )
     close(fn(x.to("tpu"), n.to("tpu")), fn(x, n))
     xi, ni = torch.randint(-4, 5, (3, 4), generator=g), torch.randint(-2, 7, (4,), generator=g)
     close(fn(xi.to("tpu"), ni.to("tpu")), fn(xi, ni))
@@ -187,13 +226,21 @@ def test_frexp(dtype):
 @pytest.mark.parametrize("fn", [torch.igamma, torch.igammac])
 def test_igamma(fn):
     g = torch.Generator().manual_seed(2)
-    a = torch.cat([torch.rand(200, generator=g) * 20,
-                   torch.tensor([0.0, 0.0, 1.0, float("inf"), float("inf"), -1.0, 2.0, 100.0, 0.01, 500.0])])
-    x = torch.cat([torch.rand(200, generator=g) * 20,
-                   torch.tensor([1.0, 0.0, 0.0, 1.0, float("inf"), 1.0, float("inf"), 101.0, 0.001, 480.0])])
+    a = torch.cat(
+        [
+            torch.rand(200, generator=g) * 20,
+            torch.tensor([0.0, 0.0, 1.0, float("inf"), float("inf"), -1.0, 2.0, 100.0, 0.01, 500.0]),
+        ]
+    )
+    x = torch.cat(
+        [
+            torch.rand(200, generator=g) * 20,
+            torch.tensor([1.0, 0.0, 0.0, 1.0, float("inf"), 1.0, float("inf"), 101.0, 0.001, 480.0]),
+        ]
+    )
     close(fn(a.to("tpu"), x.to("tpu")), fn(a, x))
     close(fn(a[:20].bfloat16().to("tpu"), x[:20].bfloat16().to("tpu")), fn(a[:20].bfloat16(), x[:20].bfloat16()))
-    xg = (torch.rand(8, generator=g) * 5 + 0.1)
+    xg = torch.rand(8, generator=g) * 5 + 0.1
     ag = torch.rand(8, generator=g) * 5 + 0.1
     c, d = xg.clone().requires_grad_(), xg.clone().to("tpu").requires_grad_()
     fn(ag, c).sum().backward()

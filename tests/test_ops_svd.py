@@ -2,12 +2,13 @@
 thin and full U and V (orthonormal, the CPU's vectors up to sign where a
 singular value is apart from the others), rank-deficient inputs, gradients
 of sign-free functions, torch.svd; and the coverage harness's comparison."""
+
 import pytest
 import torch
+from _helpers import close, make
 
 import torchtpu  # noqa: F401
 from torchtpu.tools import op_coverage as cov
-from _helpers import close, make
 
 
 def svd_both(a, full):
@@ -82,10 +83,12 @@ def test_svd_gradients_of_sign_free_functions(full, shape):
     a = make(shape, seed=5)
     k = min(shape)
     w = torch.linspace(0.5, 1.5, 20)
-    fns = (lambda u, s, vh: (u[..., :k].abs() * w[:shape[0] * k].reshape(shape[0], k).to(u.device)).sum(),
-           lambda u, s, vh: (s * w[:k].to(s.device)).sum(),
-           lambda u, s, vh: (vh[..., :k, :].abs() * w[:k * shape[1]].reshape(k, shape[1]).to(u.device)).sum(),
-           lambda u, s, vh: ((u[..., :k] @ vh[..., :k, :]) * w[:a.numel()].reshape(shape).to(u.device)).sum())
+    fns = (
+        lambda u, s, vh: (u[..., :k].abs() * w[: shape[0] * k].reshape(shape[0], k).to(u.device)).sum(),
+        lambda u, s, vh: (s * w[:k].to(s.device)).sum(),
+        lambda u, s, vh: (vh[..., :k, :].abs() * w[: k * shape[1]].reshape(k, shape[1]).to(u.device)).sum(),
+        lambda u, s, vh: ((u[..., :k] @ vh[..., :k, :]) * w[: a.numel()].reshape(shape).to(u.device)).sum(),
+    )
     for f in fns:
         grads = []
         for dev in ("cpu", "tpu"):

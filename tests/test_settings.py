@@ -1,6 +1,7 @@
 """`import torch` imports torchtpu (the autoload), so no setting and no torch
 version may break it: bad values warn and fall back to the default, or are
 raised at the device's first use; what a torch lacks is not registered."""
+
 import glob
 import os
 import re
@@ -14,9 +15,19 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Read at import; a bad value warns, naming it, and the default is used.
-WARNED = ["TORCHTPU_EAGER", "TORCHTPU_FUSED_MAX_OPS", "TORCHTPU_DONATE", "TORCHTPU_CACHE_SIZE_MB",
-          "TORCHTPU_METRICS", "TORCHTPU_EXPLAIN_RECOMPILES", "TORCHTPU_BUCKET_MIN", "TORCHTPU_BUCKETS",
-          "TORCHTPU_PROGRAM_CACHE_SIZE", "TORCHTPU_CPU_FALLBACK", "TORCHTPU_VALUE_CHECKS"]
+WARNED = [
+    "TORCHTPU_EAGER",
+    "TORCHTPU_FUSED_MAX_OPS",
+    "TORCHTPU_DONATE",
+    "TORCHTPU_CACHE_SIZE_MB",
+    "TORCHTPU_METRICS",
+    "TORCHTPU_EXPLAIN_RECOMPILES",
+    "TORCHTPU_BUCKET_MIN",
+    "TORCHTPU_BUCKETS",
+    "TORCHTPU_PROGRAM_CACHE_SIZE",
+    "TORCHTPU_CPU_FALLBACK",
+    "TORCHTPU_VALUE_CHECKS",
+]
 # Read when the device starts; a bad value is raised at its first use.
 AT_FIRST_USE = ["TORCHTPU_PJRT_PLUGIN", "TORCHTPU_PLATFORM", "TORCHTPU_NUM_DEVICES", "TORCHTPU_GPU_MEMORY_FRACTION"]
 # Any value turns them on (the engine's reading); another value than 1 warns.
@@ -41,20 +52,22 @@ def run(code, env=None, unset=(), timeout=240, cwd=None):
     env = dict(os.environ, **(env or {}))
     for k in unset:
         env.pop(k, None)
-    return subprocess.run([sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
 
 
 def test_every_variable_in_the_sources_is_known_and_documented():
     # a variable added to the code must be added here (so the garbage sweep covers it) and to the README
     found = set()
-    files = glob.glob(os.path.join(ROOT, "torchtpu", "*.py")) + glob.glob(os.path.join(ROOT, "csrc", "**", "*.c"),
-                                                                          recursive=True)
+    files = glob.glob(os.path.join(ROOT, "torchtpu", "*.py")) + glob.glob(
+        os.path.join(ROOT, "csrc", "**", "*.c"), recursive=True
+    )
     for path in files:
         found |= set(re.findall(r'"(TORCHTPU_[A-Z_]+)"', open(path).read()))
     assert found == set(ALL), (sorted(found - set(ALL)), sorted(set(ALL) - found))
     readme = open(os.path.join(ROOT, "README.md")).read()
-    table = readme[readme.index("## Environment variables"):]
+    table = readme[readme.index("## Environment variables") :]
     assert [v for v in ALL if f"`{v}" not in table] == []
 
 
@@ -80,12 +93,15 @@ def test_garbage_settings_fall_back_to_their_defaults_and_the_device_works(tmp_p
     assert r.stderr.count("TORCHTPU_FUSED_MAX_OPS='abc'") == 1  # once, though read in Python and in C
 
 
-@pytest.mark.parametrize("name, value, says", [
-    ("TORCHTPU_NUM_DEVICES", "100000", "TORCHTPU_NUM_DEVICES='100000': expected a whole number from 1 to 1024"),
-    ("TORCHTPU_NUM_DEVICES", "0", "TORCHTPU_NUM_DEVICES='0'"),
-    ("TORCHTPU_GPU_MEMORY_FRACTION", "nan", "TORCHTPU_GPU_MEMORY_FRACTION='nan'"),
-    ("TORCHTPU_PLATFORM", "gpu", "TORCHTPU_PLATFORM='gpu': expected one of cpu, tpu, cuda"),
-])
+@pytest.mark.parametrize(
+    "name, value, says",
+    [
+        ("TORCHTPU_NUM_DEVICES", "100000", "TORCHTPU_NUM_DEVICES='100000': expected a whole number from 1 to 1024"),
+        ("TORCHTPU_NUM_DEVICES", "0", "TORCHTPU_NUM_DEVICES='0'"),
+        ("TORCHTPU_GPU_MEMORY_FRACTION", "nan", "TORCHTPU_GPU_MEMORY_FRACTION='nan'"),
+        ("TORCHTPU_PLATFORM", "gpu", "TORCHTPU_PLATFORM='gpu': expected one of cpu, tpu, cuda"),
+    ],
+)
 def test_a_bad_start_setting_is_raised_at_first_use_fast(name, value, says):
     start = time.monotonic()
     r = run(CPU_AND_FIRST_USE, {name: value}, timeout=120)
@@ -96,8 +112,12 @@ def test_a_bad_start_setting_is_raised_at_first_use_fast(name, value, says):
 
 @pytest.mark.parametrize("kind", ["program", "text", "missing", "library"])
 def test_a_file_that_is_not_a_plugin_is_not_available(kind, tmp_path):
-    path = {"program": "/bin/ls", "text": str(tmp_path / "notes.txt"), "missing": str(tmp_path / "nothing.so"),
-            "library": "/lib/x86_64-linux-gnu/libc.so.6"}[kind]
+    path = {
+        "program": "/bin/ls",
+        "text": str(tmp_path / "notes.txt"),
+        "missing": str(tmp_path / "nothing.so"),
+        "library": "/lib/x86_64-linux-gnu/libc.so.6",
+    }[kind]
     if kind == "text":
         open(path, "w").write("not a plugin\n")
     if not os.path.exists(path) and kind != "missing":
@@ -108,8 +128,12 @@ def test_a_file_that_is_not_a_plugin_is_not_available(kind, tmp_path):
     assert "available False" in r.stdout, r.stdout
     if kind != "library":  # libc is in every process
         assert "mapped False" in r.stdout, r.stdout  # found out without loading it
-    why = {"program": "exports no GetPjrtApi", "text": "not an ELF file", "missing": "no such file",
-           "library": "exports no GetPjrtApi"}[kind]
+    why = {
+        "program": "exports no GetPjrtApi",
+        "text": "not an ELF file",
+        "missing": "no such file",
+        "library": "exports no GetPjrtApi",
+    }[kind]
     assert "first use: TORCHTPU_PJRT_PLUGIN" in r.stdout and path in r.stdout and why in r.stdout, r.stdout
 
 
@@ -201,6 +225,7 @@ def test_the_tested_torch_range_is_declared_and_held():
     toml = open(os.path.join(ROOT, "pyproject.toml")).read()
     assert '"torch>=2.11,<2.14"' in toml
     import torch
+
     import torchtpu
 
     lo, hi = torchtpu._registry.TESTED_TORCH

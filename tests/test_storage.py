@@ -1,6 +1,7 @@
 """Storage-level behaviour on tpu against CPU PyTorch: resize_, set_, out=
 tensors of the wrong shape, views that reinterpret storage (view_as_real,
 view_as_complex, view(dtype)), and .to() with non_blocking."""
+
 import warnings
 
 import pytest
@@ -79,9 +80,17 @@ def test_view_as_complex_and_grad():
     torch.testing.assert_close(gt.cpu(), g)
 
 
-@pytest.mark.parametrize("src,dst", [(torch.float32, torch.int32), (torch.float32, torch.uint8),
-                                     (torch.uint8, torch.int32), (torch.bfloat16, torch.float32),
-                                     (torch.int64, torch.float64), (torch.bool, torch.uint8)])
+@pytest.mark.parametrize(
+    "src,dst",
+    [
+        (torch.float32, torch.int32),
+        (torch.float32, torch.uint8),
+        (torch.uint8, torch.int32),
+        (torch.bfloat16, torch.float32),
+        (torch.int64, torch.float64),
+        (torch.bool, torch.uint8),
+    ],
+)
 def test_view_dtype(src, dst):
     x = (torch.arange(8) * 3 + 1).to(src) if src != torch.bool else torch.arange(8) % 3 == 0
     t = x.to("tpu").view(dst)
@@ -121,17 +130,17 @@ def test_complex_and_polar():
 
 
 _VIEWS = [
-    lambda x: x[:, :, 4:8],                                   # a contiguous range
-    lambda x: x.transpose(0, 2),                              # a permutation of the whole record
-    lambda x: x[:, ::2],                                      # rows skipped
-    lambda x: x[:, :, ::3],                                   # columns skipped
-    lambda x: x.split(4, 2)[1].transpose(1, 2),               # k of a q/k/v split, transposed
-    lambda x: x.view(4, 6, 3, 4)[:, :, 2].transpose(1, 2),    # the last head block
+    lambda x: x[:, :, 4:8],  # a contiguous range
+    lambda x: x.transpose(0, 2),  # a permutation of the whole record
+    lambda x: x[:, ::2],  # rows skipped
+    lambda x: x[:, :, ::3],  # columns skipped
+    lambda x: x.split(4, 2)[1].transpose(1, 2),  # k of a q/k/v split, transposed
+    lambda x: x.view(4, 6, 3, 4)[:, :, 2].transpose(1, 2),  # the last head block
     lambda x: x[1:3, 1:5, 2:9:2],
     lambda x: x.transpose(0, 2)[::2, 1:],
     lambda x: x.view(4, 6, 3, 4).permute(2, 0, 3, 1)[1],
     lambda x: x.view(-1)[3:].as_strided((20, 3), (12, 1), 10),  # offsets that carry across rows
-    lambda x: x.as_strided((3, 4), (7, 2), 3),                # rows that overlap columns: a gather
+    lambda x: x.as_strided((3, 4), (7, 2), 3),  # rows that overlap columns: a gather
     lambda x: x[3, 5, :1],
 ]
 

@@ -1,6 +1,7 @@
 """End to end: an MLP (2 hidden layers, cross-entropy, SGD with momentum)
 trained 50 steps on tpu matches the same run on CPU; a small transformer
 block's forward and backward match too."""
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

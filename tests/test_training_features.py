@@ -2,6 +2,7 @@
 capturable), LR schedulers, gradient clipping, RNG state, autocast, module
 moves, checkpoints, memory queries, pinned memory and data loading. Each is
 checked against the same code on CPU."""
+
 import copy
 import io
 import warnings
@@ -131,8 +132,12 @@ def test_capturable_matches_cpu(name):
 def test_schedulers_and_clip_grad_norm():
     sched = lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.05, total_steps=10)  # noqa: E731
     _compare(lambda p: OPTS["sgd"](p), lambda p: OPTS["sgd"](p), sched=sched, clip=0.5)
-    _compare(lambda p: OPTS["adamw"](p), lambda p: OPTS["adamw"](p),
-             sched=lambda o: torch.optim.lr_scheduler.StepLR(o, 1, 0.5), clip=0.1)
+    _compare(
+        lambda p: OPTS["adamw"](p),
+        lambda p: OPTS["adamw"](p),
+        sched=lambda o: torch.optim.lr_scheduler.StepLR(o, 1, 0.5),
+        clip=0.1,
+    )
 
 
 def test_zero_grad_set_to_none():

@@ -9,13 +9,11 @@ import weakref as _weakref
 
 import torch
 
-from . import _plugin, _registry, _settings
+from . import _C, _registry, _settings
 from . import device_module as _device_module
-from . import _C
 from ._C import metrics as _metrics
 
 __version__ = "0.1.0"
-
 
 
 class OutOfMemoryError(torch.OutOfMemoryError, MemoryError):
@@ -112,7 +110,8 @@ def _before_optimizer_step(optimizer, args, kwargs):
         if group.get("capturable") is False and any(p.device.type == "tpu" for p in group["params"]):
             raise RuntimeError(
                 f"{type(optimizer).__name__}.step() inside a torch.tpu.graph capture needs capturable=True "
-                f"(its step count and bias correction are otherwise host values, fixed at capture)")
+                f"(its step count and bias correction are otherwise host values, fixed at capture)"
+            )
 
 
 from torch.optim.optimizer import register_optimizer_step_post_hook as _register_post_hook  # noqa: E402
@@ -151,4 +150,3 @@ def runtime_info():
 
 
 __all__ = ["eager_mode", "get_eager_mode", "metrics", "metrics_report", "runtime_info", "__version__"]
-

@@ -22,42 +22,134 @@ import torch
 _KEY = torch._C.DispatchKey.AutocastPrivateUse1
 
 LOWER = [
-    "_convolution", "_convolution.deprecated", "conv1d", "conv2d", "conv3d", "conv1d.padding", "conv2d.padding",
-    "conv3d.padding", "conv_tbc", "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input",
-    "convolution", "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear",
-    "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot", "lstm_cell", "gru_cell", "rnn_tanh_cell",
-    "rnn_relu_cell", "scaled_dot_product_attention",
+    "_convolution",
+    "_convolution.deprecated",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv1d.padding",
+    "conv2d.padding",
+    "conv3d.padding",
+    "conv_tbc",
+    "conv_transpose1d",
+    "conv_transpose2d.input",
+    "conv_transpose3d.input",
+    "convolution",
+    "prelu",
+    "addmm",
+    "addmv",
+    "addr",
+    "matmul",
+    "einsum",
+    "mm",
+    "mv",
+    "linalg_vecdot",
+    "linear",
+    "addbmm",
+    "baddbmm",
+    "bmm",
+    "chain_matmul",
+    "linalg_multi_dot",
+    "lstm_cell",
+    "gru_cell",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
+    "scaled_dot_product_attention",
 ]
 
 FP32 = [
-    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
-    "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus", "layer_norm",
-    "native_layer_norm", "group_norm", "rms_norm", "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim",
-    "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
-    "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
-    "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
-    "multi_margin_loss", "binary_cross_entropy_with_logits", "cross_entropy_loss", "dist", "pdist", "cdist", "renorm", "logsumexp",
-    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "upsample_linear1d", "upsample_bilinear2d",
-    "upsample_trilinear3d", "upsample_bicubic2d",
+    "acos",
+    "asin",
+    "cosh",
+    "erfinv",
+    "exp",
+    "expm1",
+    "log",
+    "log10",
+    "log2",
+    "log1p",
+    "reciprocal",
+    "rsqrt",
+    "sinh",
+    "tan",
+    "pow.Tensor_Scalar",
+    "pow.Tensor_Tensor",
+    "pow.Scalar",
+    "softplus",
+    "layer_norm",
+    "native_layer_norm",
+    "group_norm",
+    "rms_norm",
+    "frobenius_norm.dim",
+    "nuclear_norm",
+    "nuclear_norm.dim",
+    "cosine_similarity",
+    "poisson_nll_loss",
+    "cosine_embedding_loss",
+    "nll_loss",
+    "nll_loss2d",
+    "hinge_embedding_loss",
+    "kl_div",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "mse_loss",
+    "margin_ranking_loss",
+    "multilabel_margin_loss",
+    "soft_margin_loss",
+    "triplet_margin_loss",
+    "multi_margin_loss",
+    "binary_cross_entropy_with_logits",
+    "cross_entropy_loss",
+    "dist",
+    "pdist",
+    "cdist",
+    "renorm",
+    "logsumexp",
+    "upsample_nearest1d",
+    "upsample_nearest2d",
+    "upsample_nearest3d",
+    "upsample_linear1d",
+    "upsample_bilinear2d",
+    "upsample_trilinear3d",
+    "upsample_bicubic2d",
 ]
 
 # float32 through the op's dtype argument (when the caller gave none).
 FP32_DTYPE = [
-    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm",
-    "linalg_matrix_norm", "sum", "sum.dim_IntList",
+    "prod",
+    "prod.dim_int",
+    "softmax.int",
+    "log_softmax.int",
+    "cumprod",
+    "cumsum",
+    "linalg_vector_norm",
+    "linalg_matrix_norm",
+    "sum",
+    "sum.dim_IntList",
 ]
 
 PROMOTE = [
-    "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put", "tensordot",
-    "scatter_add", "stack", "cat",
+    "addcdiv",
+    "addcmul",
+    "atan2",
+    "bilinear",
+    "cross",
+    "dot",
+    "vdot",
+    "grid_sampler",
+    "index_put",
+    "tensordot",
+    "scatter_add",
+    "stack",
+    "cat",
 ]
 
 _LIB = None
 
 
 def _eligible(x):
-    return (isinstance(x, torch.Tensor) and x.device.type == "tpu" and x.is_floating_point()
-            and x.dtype != torch.float64)
+    return isinstance(x, torch.Tensor) and x.device.type == "tpu" and x.is_floating_point() and x.dtype != torch.float64
 
 
 def _cast(x, dtype):
@@ -71,7 +163,7 @@ def _cast(x, dtype):
 def _widest(args, kwargs):
     widest = None
     for x in list(args) + list(kwargs.values()):
-        for t in (x if isinstance(x, (list, tuple)) else (x,)):
+        for t in x if isinstance(x, (list, tuple)) else (x,):
             if _eligible(t):
                 widest = t.dtype if widest is None else torch.promote_types(widest, t.dtype)
     return widest
@@ -95,7 +187,7 @@ def _kernel(op, policy):
                 given = kwargs.get("dtype") if len(args) <= dtype_pos else args[dtype_pos]
                 if _eligible(first) and given is None:
                     if len(args) > dtype_pos:
-                        args = args[:dtype_pos] + (torch.float32,) + args[dtype_pos + 1:]
+                        args = args[:dtype_pos] + (torch.float32,) + args[dtype_pos + 1 :]
                     else:
                         kwargs["dtype"] = torch.float32
                 return op(*args, **kwargs)

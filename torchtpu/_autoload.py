@@ -14,5 +14,6 @@ def load():
     except Exception as e:  # noqa: BLE001
         import warnings
 
-        warnings.warn(f"torchtpu could not be loaded, so torch has no tpu device: {type(e).__name__}: {e}",
-                      stacklevel=2)
+        warnings.warn(
+            f"torchtpu could not be loaded, so torch has no tpu device: {type(e).__name__}: {e}", stacklevel=2
+        )

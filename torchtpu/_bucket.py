@@ -22,6 +22,7 @@ A dimension descriptor is None for a static size, or a tuple of factors in
 row-major order (ints and sympy symbols) whose product is the size: (s0,) for
 a plain symbolic size, (s0, s1) for a batch and a sequence merged by a view.
 """
+
 import functools
 import math
 import operator
@@ -91,27 +92,74 @@ def _factor_sizes(dims, sizes):
     return [_size(f, sizes) for d in dims for f in d]
 
 
-_POINTWISE_EXTRA = {aten.full_like.default, aten._to_copy.default, aten.alias.default, aten.zeros_like.default,
-                    aten.ones_like.default, aten.empty_like.default, aten.rand_like.default, aten.randn_like.default,
-                    aten.bernoulli.p, aten.bernoulli.default, aten.native_dropout.default, aten.detach.default,
-                    aten.lift_fresh_copy.default, aten.masked_fill.Scalar, aten.masked_fill.Tensor}
-_CREATE = {aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
-           aten.empty_strided.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
-           aten.new_empty.default, aten.scalar_tensor.default, aten.rand.default, aten.randn.default}
+_POINTWISE_EXTRA = {
+    aten.full_like.default,
+    aten._to_copy.default,
+    aten.alias.default,
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.empty_like.default,
+    aten.rand_like.default,
+    aten.randn_like.default,
+    aten.bernoulli.p,
+    aten.bernoulli.default,
+    aten.native_dropout.default,
+    aten.detach.default,
+    aten.lift_fresh_copy.default,
+    aten.masked_fill.Scalar,
+    aten.masked_fill.Tensor,
+}
+_CREATE = {
+    aten.full.default,
+    aten.zeros.default,
+    aten.ones.default,
+    aten.empty.memory_format,
+    aten.empty_strided.default,
+    aten.new_zeros.default,
+    aten.new_ones.default,
+    aten.new_full.default,
+    aten.new_empty.default,
+    aten.scalar_tensor.default,
+    aten.rand.default,
+    aten.randn.default,
+}
 _ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step}
 # reduction -> the identity that padded positions take (None: a mean)
-_REDUCE = {aten.sum.dim_IntList: 0, aten.sum.default: 0, aten.amax.default: "min", aten.amin.default: "max",
-           aten.any.dim: False, aten.any.dims: False, aten.any.default: False, aten.all.dim: True,
-           aten.all.default: True, aten.prod.dim_int: 1, aten.max.dim: "min", aten.min.dim: "max",
-           aten.mean.dim: None, aten.mean.default: None, aten.logsumexp.default: float("-inf"),
-           aten.argmax.default: "min", aten.argmin.default: "max"}
+_REDUCE = {
+    aten.sum.dim_IntList: 0,
+    aten.sum.default: 0,
+    aten.amax.default: "min",
+    aten.amin.default: "max",
+    aten.any.dim: False,
+    aten.any.dims: False,
+    aten.any.default: False,
+    aten.all.dim: True,
+    aten.all.default: True,
+    aten.prod.dim_int: 1,
+    aten.max.dim: "min",
+    aten.min.dim: "max",
+    aten.mean.dim: None,
+    aten.mean.default: None,
+    aten.logsumexp.default: float("-inf"),
+    aten.argmax.default: "min",
+    aten.argmin.default: "max",
+}
 _SCAN = {aten.cumsum.default: 0, aten.cumprod.default: 1}  # padding inside a merged dimension comes before real rows
 _SOFTMAX = {aten._softmax.default, aten._log_softmax.default}
 # ops independent along the batch (dim 0) when no other dimension is padded
-_BATCH_ONLY_BWD = {aten.convolution_backward.default, aten.max_pool2d_with_indices_backward.default,
-                   aten.avg_pool2d_backward.default, aten._adaptive_avg_pool2d_backward.default}
-_BATCH_ONLY = {aten.convolution.default, aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
-               aten._adaptive_avg_pool2d.default, aten._native_batch_norm_legit_no_training.default} | _BATCH_ONLY_BWD
+_BATCH_ONLY_BWD = {
+    aten.convolution_backward.default,
+    aten.max_pool2d_with_indices_backward.default,
+    aten.avg_pool2d_backward.default,
+    aten._adaptive_avg_pool2d_backward.default,
+}
+_BATCH_ONLY = {
+    aten.convolution.default,
+    aten.max_pool2d_with_indices.default,
+    aten.avg_pool2d.default,
+    aten._adaptive_avg_pool2d.default,
+    aten._native_batch_norm_legit_no_training.default,
+} | _BATCH_ONLY_BWD
 _SOFTMAX_BWD = {aten._softmax_backward_data.default, aten._log_softmax_backward_data.default}
 _SHAPE_ARG_TYPES = ("SymInt", "int", "List[int]", "Optional[int]", "List[Optional[int]]")
 
@@ -138,12 +186,12 @@ class Analysis:
     def __init__(self, gm, known=None):
         self.gm = gm
         self.desc = {}
-        self.masks = {}     # node -> list of (arg index, dims, fill): mask before the call
-        self.special = {}   # node -> "mean" | "index_put"
+        self.masks = {}  # node -> list of (arg index, dims, fill): mask before the call
+        self.special = {}  # node -> "mean" | "index_put"
         self.symbols = set()
-        self.bounds = {}    # symbol -> largest padded size a static slice allows
-        self.alias = {}     # symbol -> a symbol an op proved equal to it
-        self.values = {}    # node -> list of (arg index, expr): a size used as a value
+        self.bounds = {}  # symbol -> largest padded size a static slice allows
+        self.alias = {}  # symbol -> a symbol an op proved equal to it
+        self.values = {}  # node -> list of (arg index, expr): a size used as a value
         known = known or {}
         for n in gm.graph.nodes:
             try:
@@ -195,8 +243,9 @@ class Analysis:
 
         self.desc = {n: desc(d) for n, d in self.desc.items()}
         self.values = {n: [(i, e.subs(sub)) for i, e in v] for n, v in self.values.items()}
-        self.special = {n: (sp[0], desc(sp[1])) + sp[2:] if sp[0] == "index_put" else sp
-                        for n, sp in self.special.items()}
+        self.special = {
+            n: (sp[0], desc(sp[1])) + sp[2:] if sp[0] == "index_put" else sp for n, sp in self.special.items()
+        }
         bounds = {}
         for k, b in self.bounds.items():
             k = sub.get(k, k)
@@ -240,8 +289,13 @@ class Analysis:
         if isinstance(v, torch.SymFloat):
             # a size as a float (a variance's count - correction)
             es = [self.desc.get(a) if isinstance(a, torch.fx.Node) else sympy.sympify(a) for a in n.args]
-            ops = {torch.sym_float: lambda x: x, operator.add: operator.add, operator.sub: operator.sub,
-                   operator.mul: operator.mul, operator.truediv: operator.truediv}
+            ops = {
+                torch.sym_float: lambda x: x,
+                operator.add: operator.add,
+                operator.sub: operator.sub,
+                operator.mul: operator.mul,
+                operator.truediv: operator.truediv,
+            }
             if n.target not in ops or not all(isinstance(e, sympy.Expr) for e in es):
                 raise Unsupported(f"{n.target}: a size as a float")
             self.desc[n] = ops[n.target](*es)
@@ -260,8 +314,7 @@ class Analysis:
         ins = [a for a in n.args if isinstance(a, torch.fx.Node) and isinstance(self.desc.get(a), tuple)]
         padded_in = any(any(d is not None for d in self.desc[a]) for a in ins)
         outs = v if isinstance(v, (list, tuple)) else [v]
-        padded_out = any(isinstance(o, torch.Tensor) and any(not _expr(s).is_Integer for s in o.shape)
-                         for o in outs)
+        padded_out = any(isinstance(o, torch.Tensor) and any(not _expr(s).is_Integer for s in o.shape) for o in outs)
         if not padded_in and not padded_out:
             self.desc[n] = [self._static(o) for o in outs] if isinstance(v, (list, tuple)) else self._static(v)
             return
@@ -284,8 +337,11 @@ class Analysis:
                 # as a value it must be the real size: a 0-d tensor computed
                 # in the program, through the op's Tensor overload
                 tensor_op = getattr(n.target.overloadpacket, "Tensor", None)
-                if i >= len(n.args) or tensor_op is None or not (
-                        ty == "number" and n.target._overloadname == "Scalar" or ty == "Tensor"):
+                if (
+                    i >= len(n.args)
+                    or tensor_op is None
+                    or not (ty == "number" and n.target._overloadname == "Scalar" or ty == "Tensor")
+                ):
                     raise Unsupported(f"a symbolic size used as the value {name}")
                 e = self.desc.get(n.args[i])
                 if not isinstance(e, sympy.Expr):
@@ -354,8 +410,11 @@ class Analysis:
             return tuple(_plain(e) for e in shape)
         if t in _REDUCE:
             d = self.desc[a[0]]
-            dims = a[1] if len(a) > 1 and t not in (aten.sum.default, aten.mean.default, aten.any.default,
-                                                   aten.all.default) else n.kwargs.get("dim")
+            dims = (
+                a[1]
+                if len(a) > 1 and t not in (aten.sum.default, aten.mean.default, aten.any.default, aten.all.default)
+                else n.kwargs.get("dim")
+            )
             keep = bool(a[2]) if len(a) > 2 else bool(n.kwargs.get("keepdim", False))
             dims, out = _reduced(d, dims, keep)
             fill = _REDUCE[t]
@@ -378,8 +437,11 @@ class Analysis:
                     raise Unsupported("a topk of a symbolic count")
             else:
                 dim = kw.get("dim", -1) if t is aten.sort.stable else (a[1] if len(a) > 1 else kw.get("dim", -1))
-                desc = kw.get("descending", False) if t is aten.sort.stable else (
-                    a[2] if len(a) > 2 else kw.get("descending", False))
+                desc = (
+                    kw.get("descending", False)
+                    if t is aten.sort.stable
+                    else (a[2] if len(a) > 2 else kw.get("descending", False))
+                )
             dim %= len(d)
             if d[dim] is not None:
                 self._mask(n, 0, [dim], "min" if desc else "sort_last")
@@ -438,8 +500,15 @@ class Analysis:
             if d[dim] is not None:
                 if start in (0, None) and step == 1 and sympy.simplify(shape[dim] - s[dim]) == 0:
                     pass  # the whole dimension
-                elif (len(d[dim]) == 1 and shape[dim].is_Integer and step == 1 and isinstance(start, (int, type(None)))
-                      and isinstance(end, int) and (start or 0) >= 0 and end >= 0):
+                elif (
+                    len(d[dim]) == 1
+                    and shape[dim].is_Integer
+                    and step == 1
+                    and isinstance(start, (int, type(None)))
+                    and isinstance(end, int)
+                    and (start or 0) >= 0
+                    and end >= 0
+                ):
                     out[dim] = None  # a static range of real positions: the padding is at the end
                 else:
                     raise Unsupported("a slice of a padded dimension")
@@ -464,7 +533,7 @@ class Analysis:
                 raise Unsupported("a split along a padded dimension")
             return [d for _ in n.meta["val"]]
         if t is aten.cat.default:
-            dim = (a[1] if len(a) > 1 else 0)
+            dim = a[1] if len(a) > 1 else 0
             ds = [self.desc[x] for x in a[0] if isinstance(self.desc.get(x), tuple) and len(self.desc[x]) == len(shape)]
             dim %= len(shape)
             if any(x[dim] is not None for x in ds):
@@ -501,9 +570,9 @@ class Analysis:
         if t is aten.native_layer_norm.default:
             d = self.desc[a[0]]
             k = len(a[1])
-            if any(x is not None for x in d[len(d) - k:]):
+            if any(x is not None for x in d[len(d) - k :]):
                 raise Unsupported("a layer norm over a padded dimension")
-            stat = tuple(d[:len(d) - k]) + (None,) * k
+            stat = tuple(d[: len(d) - k]) + (None,) * k
             return [d, stat, stat]
         if t is aten.copy.default:
             return self.desc[a[0]]
@@ -524,7 +593,8 @@ class Analysis:
             # independent along the batch (dim 0): only that dim may be padded
             d = self.desc[a[0]]
             if any(x is not None for x in d[1:]) or any(
-                    any(x is not None for x in self.desc[w][:]) for w in tensors[1:] if t not in _BATCH_ONLY_BWD):
+                any(x is not None for x in self.desc[w][:]) for w in tensors[1:] if t not in _BATCH_ONLY_BWD
+            ):
                 raise Unsupported(f"{t}: padded along a dimension other than the batch")
             outs = n.meta.get("val")
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
@@ -533,8 +603,9 @@ class Analysis:
                 # the weight and bias gradients sum over the batch
                 self._mask(n, 0, [0], 0)
                 self._mask(n, 1, [0], 0)
-                res = [d] + [tuple(None for _ in range(o.dim())) if isinstance(o, torch.Tensor) else None
-                             for o in outs[1:]]
+                res = [d] + [
+                    tuple(None for _ in range(o.dim())) if isinstance(o, torch.Tensor) else None for o in outs[1:]
+                ]
             return res if isinstance(n.meta.get("val"), (list, tuple)) else res[0]
         raise Unsupported("no bucketing rule")
 
@@ -636,8 +707,9 @@ class _Run:
         args = list(args)
         for argi, dims, fill in an.masks.get(n, ()):
             x = args[argi]
-            args[argi] = x.masked_fill(torch.logical_not(self.mask(an.desc[n.args[argi]], dims, x.dim())),
-                                       _fill_value(fill, x.dtype))
+            args[argi] = x.masked_fill(
+                torch.logical_not(self.mask(an.desc[n.args[argi]], dims, x.dim())), _fill_value(fill, x.dtype)
+            )
         target = n.target
         for i, e in an.values.get(n, ()):
             args[i] = self.value(e)

@@ -18,6 +18,7 @@ shape buckets (see _bucket.py): one program per bucket, not per size.
 
 Registered lazily through the "torch_dynamo_backends" entry point.
 """
+
 import sys
 
 import torch
@@ -81,8 +82,11 @@ def _is_dynamic(gm):
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             v = n.meta.get("val")
-            if isinstance(v, torch.SymInt) or isinstance(v, torch.Tensor) and any(
-                    isinstance(s, torch.SymInt) for s in v.shape):
+            if (
+                isinstance(v, torch.SymInt)
+                or isinstance(v, torch.Tensor)
+                and any(isinstance(s, torch.SymInt) for s in v.shape)
+            ):
                 return True
     return False
 
@@ -116,11 +120,15 @@ def _bucketed(gm, an, nret):
     missing = an.symbols - set(syms)
     if missing:
         from ._bucket import Unsupported
+
         raise Unsupported(f"sizes {sorted(map(str, missing))} that no argument gives")
     order = sorted(an.symbols, key=str)
     # integer outputs (sizes saved for the backward) as functions of the real sizes
-    int_outs = {o: sympy.lambdify(order, an.desc[o], "math") for o in outs
-                if isinstance(o, torch.fx.Node) and hasattr(an.desc.get(o), "subs")}
+    int_outs = {
+        o: sympy.lambdify(order, an.desc[o], "math")
+        for o in outs
+        if isinstance(o, torch.fx.Node) and hasattr(an.desc.get(o), "subs")
+    }
     runners = {}
     state = {}
 
@@ -143,13 +151,21 @@ def _bucketed(gm, an, nret):
         nts = [torch.tensor(real[s], device=device) for s in order]
         runner = runners.get(key)
         if runner is None:
+
             def body(*flat, pad=pad):
                 it = iter(flat)
-                full = [next(it) if isinstance(a, torch.Tensor) else int(an.desc[n].subs(pad))
-                        if hasattr(an.desc.get(n), "subs") else a for n, a in zip(phs, state["args"])]
-                nt = dict(zip(order, flat[len(flat) - len(order):]))
+                full = [
+                    next(it)
+                    if isinstance(a, torch.Tensor)
+                    else int(an.desc[n].subs(pad))
+                    if hasattr(an.desc.get(n), "subs")
+                    else a
+                    for n, a in zip(phs, state["args"])
+                ]
+                nt = dict(zip(order, flat[len(flat) - len(order) :]))
                 res = _bucket.run_graph(an, full, pad, nt, device)
                 return [x for x in res if isinstance(x, torch.Tensor)]
+
             runner = runners[key] = _Plans(body)
         state["args"] = args
         res = iter(runner(targs + nts))
@@ -178,8 +194,11 @@ def _unpadding(gm, known):
 
     inner = _run_fused(gm)
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    sym_args = [(i, _bucket._expr(n.meta["val"])) for i, n in enumerate(phs)
-                if isinstance(n.meta.get("val"), torch.SymInt) and _bucket._expr(n.meta["val"]).is_Symbol]
+    sym_args = [
+        (i, _bucket._expr(n.meta["val"]))
+        for i, n in enumerate(phs)
+        if isinstance(n.meta.get("val"), torch.SymInt) and _bucket._expr(n.meta["val"]).is_Symbol
+    ]
 
     def run(args):
         real = {s: int(args[i]) for i, s in sym_args}
@@ -187,8 +206,11 @@ def _unpadding(gm, known):
         fixed = []
         for n, a in zip(phs, args):
             d = known.get(n.name)
-            if isinstance(a, torch.Tensor) and d is not None and all(
-                    f in real for x in d if x is not None for f in x if hasattr(f, "is_Symbol") and f.is_Symbol):
+            if (
+                isinstance(a, torch.Tensor)
+                and d is not None
+                and all(f in real for x in d if x is not None for f in x if hasattr(f, "is_Symbol") and f.is_Symbol)
+            ):
                 a = _bucket.to_real(a, d, pad, real)
             fixed.append(a)
         return inner(fixed)
@@ -224,6 +246,10 @@ def backend(gm, example_inputs, **kwargs):
     from torch._dynamo.backends.common import aot_autograd
 
     shared = {}
-    return aot_autograd(fw_compiler=_make_compiler(shared, "fw"), bw_compiler=_make_compiler(shared, "bw"),
-                        inference_compiler=_make_compiler(shared, "inf"), keep_inference_input_mutations=True,
-                        decompositions=core_aten_decompositions())(gm, example_inputs, **kwargs)
+    return aot_autograd(
+        fw_compiler=_make_compiler(shared, "fw"),
+        bw_compiler=_make_compiler(shared, "bw"),
+        inference_compiler=_make_compiler(shared, "inf"),
+        keep_inference_input_mutations=True,
+        decompositions=core_aten_decompositions(),
+    )(gm, example_inputs, **kwargs)

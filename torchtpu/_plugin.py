@@ -79,6 +79,7 @@ def find():
 # section table, its dynamic symbols. Python's struct does it in a few lines,
 # and only Python knows at import whether the device can be used.
 
+
 def _sections(f):
     """(struct byte order, {section name: (type, offset, size, link)}, the section
     rows) of a 64-bit ELF shared library; raises ValueError saying why f is not one."""
@@ -88,10 +89,10 @@ def _sections(f):
     if head[4] != 2:
         raise ValueError("it is not a 64-bit ELF file")
     end = "<" if head[5] == 1 else ">"
-    e_type, = struct.unpack_from(end + "H", head, 16)
+    (e_type,) = struct.unpack_from(end + "H", head, 16)
     if e_type != 3:
         raise ValueError("it is not a shared library (ELF type %d)" % e_type)
-    shoff, = struct.unpack_from(end + "Q", head, 40)
+    (shoff,) = struct.unpack_from(end + "Q", head, 40)
     shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", head, 58)
     if shentsize < 64 or not 0 < shnum < 1 << 16 or shstrndx >= shnum:
         raise ValueError("its ELF section table is unreadable")
@@ -104,7 +105,7 @@ def _sections(f):
     names = _read(f, rows[shstrndx][4], rows[shstrndx][5])
     by_name = {}
     for r in rows:
-        name = names[r[0]:names.find(b"\0", r[0])].decode("latin-1")
+        name = names[r[0] : names.find(b"\0", r[0])].decode("latin-1")
         by_name[name] = (r[1], r[4], r[5], r[6])
     return end, by_name, rows
 
@@ -147,6 +148,7 @@ def check(path):
 # flags a plugin knows are string literals in its read-only data, so a flag
 # whose name is nowhere in that data is unknown to it.
 
+
 def _xla_flag_names(text):
     """The flag names in an XLA_FLAGS text, read as the plugin reads it: flags
     start with '-' and are separated by white space, a value after '=' may be
@@ -161,7 +163,7 @@ def _xla_flag_names(text):
         while j < n and (text[j] in "-_" or (text[j].isascii() and text[j].isalnum())):
             j += 1
         names.append(text[i:j].lstrip("-"))
-        if text[j:j + 1] == "=" and text[j + 1:j + 2] in ("'", '"'):
+        if text[j : j + 1] == "=" and text[j + 1 : j + 2] in ("'", '"'):
             quote, j = text[j + 1], j + 2
             while j < n and text[j] != quote:
                 j += 2 if quote == '"' and text[j] == "\\" else 1
@@ -182,8 +184,10 @@ def check_xla_flags(path, text):
             with open(stripped, encoding="utf-8", errors="replace") as f:
                 text = f.read()
         except OSError as e:
-            return (f"XLA_FLAGS={text!r}: XLA reads a value that does not start with '-' as a file of flags, "
-                    f"and this one cannot be read ({e.strerror or e})")
+            return (
+                f"XLA_FLAGS={text!r}: XLA reads a value that does not start with '-' as a file of flags, "
+                f"and this one cannot be read ({e.strerror or e})"
+            )
     names = _xla_flag_names(text)
     if not names:
         return None
@@ -191,13 +195,18 @@ def check_xla_flags(path, text):
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             _, by_name, _ = _sections(f)
             # the string literals: .rodata (and the large-model .lrodata), PROGBITS
-            spans = [(off, off + size) for name, (kind, off, size, _) in by_name.items()
-                     if kind == 1 and name.split(".")[1:2] in (["rodata"], ["lrodata"])]
-            unknown = [n for n in names
-                       if not n or not any(m.find(n.encode() + b"\0", a, b) >= 0 for a, b in spans)]
+            spans = [
+                (off, off + size)
+                for name, (kind, off, size, _) in by_name.items()
+                if kind == 1 and name.split(".")[1:2] in (["rodata"], ["lrodata"])
+            ]
+            unknown = [n for n in names if not n or not any(m.find(n.encode() + b"\0", a, b) >= 0 for a, b in spans)]
     except (OSError, ValueError, struct.error):
         return None  # check() reports a plugin that cannot be read
     if not unknown or not spans:
         return None
-    return (f"XLA_FLAGS names {'flags' if len(unknown) > 1 else 'a flag'} that the plugin {path} does not know: "
-            + ", ".join("--" + n for n in unknown) + " (the plugin would end the process on it)")
+    return (
+        f"XLA_FLAGS names {'flags' if len(unknown) > 1 else 'a flag'} that the plugin {path} does not know: "
+        + ", ".join("--" + n for n in unknown)
+        + " (the plugin would end the process on it)"
+    )

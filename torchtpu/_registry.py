@@ -31,15 +31,40 @@ TESTED_TORCH = ((2, 11), (2, 14))
 DECOMPOSED = ()
 
 # torch dtypes by tpu_dtype code (the PJRT_Buffer_Type numbering).
-_DTYPES = [None, torch.bool, torch.int8, torch.int16, torch.int32, torch.int64,
-           torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.float16,
-           torch.float32, torch.float64, torch.bfloat16, torch.complex64,
-           torch.complex128]
+_DTYPES = [
+    None,
+    torch.bool,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+]
 
 # c10::ScalarType codes (schema defaults of dtype arguments come as these ints).
-_C10_SCALAR_TYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-                     torch.float16, torch.float32, torch.float64, None, torch.complex64,
-                     torch.complex128, torch.bool]
+_C10_SCALAR_TYPES = [
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    None,
+    torch.complex64,
+    torch.complex128,
+    torch.bool,
+]
 
 _IGNORED = {"device", "layout", "pin_memory", "memory_format", "generator"}
 
@@ -54,10 +79,19 @@ def _kind(arg):
     if "dtype" in arg.name and base == "int":
         return "d"
     table = {
-        "Tensor": "tT", "List[Tensor]": "lL", "List[Optional[Tensor]]": "lL",
-        "number": "sS", "int": "ji", "SymInt": "ji", "List[int]": "JI",
-        "List[SymInt]": "JI", "float": "gf", "List[float]": "FF", "bool": "cb",
-        "str": "yx", "List[bool]": "JI",
+        "Tensor": "tT",
+        "List[Tensor]": "lL",
+        "List[Optional[Tensor]]": "lL",
+        "number": "sS",
+        "int": "ji",
+        "SymInt": "ji",
+        "List[int]": "JI",
+        "List[SymInt]": "JI",
+        "float": "gf",
+        "List[float]": "FF",
+        "bool": "cb",
+        "str": "yx",
+        "List[bool]": "JI",
     }
     if base not in table:
         raise NotImplementedError(f"argument type {t}")
@@ -123,10 +157,26 @@ def _resolve_bits(t):
 # BLAS calls; the backward of a complex matmul passes a.mH this way). Their C
 # kernels resolve such inputs with _resolve_bits; only the triangular solve
 # also gets negated real tensors.
-_BIT_AWARE = {"mm": False, "mm.out": False, "addmm": False, "addmm_": False, "addmm.out": False, "bmm": False,
-              "bmm.out": False, "baddbmm": False, "baddbmm_": False, "baddbmm.out": False, "dot": False,
-              "dot.out": False, "vdot": False, "vdot.out": False, "linalg_vecdot": False,
-              "linalg_vecdot.out": False, "linalg_solve_triangular": True, "linalg_solve_triangular.out": True}
+_BIT_AWARE = {
+    "mm": False,
+    "mm.out": False,
+    "addmm": False,
+    "addmm_": False,
+    "addmm.out": False,
+    "bmm": False,
+    "bmm.out": False,
+    "baddbmm": False,
+    "baddbmm_": False,
+    "baddbmm.out": False,
+    "dot": False,
+    "dot.out": False,
+    "vdot": False,
+    "vdot.out": False,
+    "linalg_vecdot": False,
+    "linalg_vecdot.out": False,
+    "linalg_solve_triangular": True,
+    "linalg_solve_triangular.out": True,
+}
 
 
 def _copy_from(self, dst, non_blocking=False):
@@ -169,7 +219,7 @@ def _resize_(self, size, memory_format=None):
     new = _C.empty([n], self.dtype, None)
     old = self.numel()
     if old and self.is_contiguous():
-        new[:min(old, n)].copy_(self.reshape(-1)[:min(old, n)])
+        new[: min(old, n)].copy_(self.reshape(-1)[: min(old, n)])
     return self.set_(new.untyped_storage(), 0, size, strides)
 
 
@@ -188,8 +238,7 @@ def _dense(t):
     return True
 
 
-def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
-             memory_format=None):
+def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     """_to_copy from a tpu tensor. torch's own version pins the host copy when
     non_blocking is set, which a Python-registered device cannot provide; our
     device->host copy is synchronous anyway, so non_blocking changes nothing."""
@@ -232,7 +281,8 @@ def _masks_to_indices(self, indices):
                 if ix.shape[j] != self.shape[k + j]:
                     raise IndexError(
                         f"The shape of the mask {list(ix.shape)} at index {j} does not match the shape of the "
-                        f"indexed tensor {list(self.shape)} at index {k + j}")
+                        f"indexed tensor {list(self.shape)} at index {k + j}"
+                    )
             out.extend(_nonzero(ix).unbind(1))
         else:
             out.append(ix)
@@ -265,11 +315,15 @@ def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False
         raise RuntimeError(f"torch.histogramdd: input tensor should have at least 2 dimensions, but got {self.dim()}")
     D = self.shape[-1]
     if len(bins) != D:
-        raise RuntimeError(f"torch.histogramdd: expected {D} sequences of bin edges for each of the {D} dimensions "
-                           f"of the input, but got {len(bins)}")
+        raise RuntimeError(
+            f"torch.histogramdd: expected {D} sequences of bin edges for each of the {D} dimensions "
+            f"of the input, but got {len(bins)}"
+        )
     if range is not None and len(range) != 2 * D:
-        raise RuntimeError(f"torch.histogramdd: for a {D}-dimensional histogram, range should have {2 * D} elements, "
-                           f"but got {len(range)}")
+        raise RuntimeError(
+            f"torch.histogramdd: for a {D}-dimensional histogram, range should have {2 * D} elements, "
+            f"but got {len(range)}"
+        )
     x = self.reshape(-1, D)
     edges = []
     for d in list(enumerate(bins)):
@@ -285,7 +339,9 @@ def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise RuntimeError(f"torch.histogramdd: dimension {d}'s range [{lo}, {hi}] is not finite")
         if lo > hi:
-            raise RuntimeError(f"torch.histogramdd: min should not exceed max, but got min {lo} max {hi} for dimension {d}")
+            raise RuntimeError(
+                f"torch.histogramdd: min should not exceed max, but got min {lo} max {hi} for dimension {d}"
+            )
         if lo == hi:
             lo, hi = lo - 0.5, hi + 0.5
         edges.append(torch.linspace(lo, hi, bins[d] + 1, dtype=self.dtype, device=self.device))
@@ -305,8 +361,10 @@ def _masked_select(self, mask):
 def _check_out_overlap(out, *inputs):
     """torch's refusals of an out= tensor that overlaps itself or an input."""
     if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape)):
-        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a single "
-                           "memory location. Please clone() the tensor before performing the operation.")
+        raise RuntimeError(
+            "unsupported operation: more than one element of the written-to tensor refers to a single "
+            "memory location. Please clone() the tensor before performing the operation."
+        )
     if out.numel() == 0:
         return
     o0 = out.data_ptr()
@@ -317,9 +375,11 @@ def _check_out_overlap(out, *inputs):
         x0 = x.data_ptr()
         x1 = x0 + x.element_size() * (1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride())))
         if x0 < o1 and o0 < x1:
-            raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor "
-                               "refer to a single memory location. Please clone() the tensor before performing the "
-                               "operation.")
+            raise RuntimeError(
+                "unsupported operation: some elements of the input tensor and the written-to tensor "
+                "refer to a single memory location. Please clone() the tensor before performing the "
+                "operation."
+            )
 
 
 def _masked_select_out(self, mask, *, out):
@@ -356,25 +416,41 @@ def _unique_count(self, consecutive):
 def _wrap_unique():
     """unique and friends: the size is read first, then the C lowering of
     the .out overload builds the results (it reads the size from out0)."""
+
     def outs(self, n, inverse, counts):
         long = dict(dtype=torch.long, device=self.device)
-        return (torch.empty(n, dtype=self.dtype, device=self.device),
-                torch.empty(self.shape if inverse else (0,), **long), torch.empty(n if counts else 0, **long))
+        return (
+            torch.empty(n, dtype=self.dtype, device=self.device),
+            torch.empty(self.shape if inverse else (0,), **long),
+            torch.empty(n if counts else 0, **long),
+        )
 
     def slices(self, dim, inverse, counts, run):
         """Unique slices along dim: the C lowering fills results with room for
         every slice; the count is the largest inverse + 1, read back once."""
         n = self.shape[dim]
         long = dict(dtype=torch.long, device=self.device)
-        v, i, c = run((torch.empty(self.shape, dtype=self.dtype, device=self.device),
-                       torch.empty(n, **long), torch.empty(n, **long)))
+        v, i, c = run(
+            (
+                torch.empty(self.shape, dtype=self.dtype, device=self.device),
+                torch.empty(n, **long),
+                torch.empty(n, **long),
+            )
+        )
         u = int(i.max().item()) + 1 if n else 0
         none = torch.empty(0, **long)
         return v.narrow(dim, 0, u).clone(), i if inverse else none, c[:u].clone() if counts else none
 
     def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
-        return slices(self, dim, return_inverse, return_counts, lambda o: _KERNELS["unique_dim.out"](
-            self, dim, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2]))
+        return slices(
+            self,
+            dim,
+            return_inverse,
+            return_counts,
+            lambda o: _KERNELS["unique_dim.out"](
+                self, dim, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2]
+            ),
+        )
 
     def unique2(self, sorted=True, return_inverse=False, return_counts=False):
         o = outs(self, _unique_count(self, False), return_inverse, return_counts)
@@ -382,11 +458,19 @@ def _wrap_unique():
 
     def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
         if dim is not None:
-            return slices(self, dim, return_inverse, return_counts, lambda o: _KERNELS["unique_consecutive.out"](
-                self, return_inverse, return_counts, dim, out0=o[0], out1=o[1], out2=o[2]))
+            return slices(
+                self,
+                dim,
+                return_inverse,
+                return_counts,
+                lambda o: _KERNELS["unique_consecutive.out"](
+                    self, return_inverse, return_counts, dim, out0=o[0], out1=o[1], out2=o[2]
+                ),
+            )
         o = outs(self, _unique_count(self, True), return_inverse, return_counts)
-        return _KERNELS["unique_consecutive.out"](self, return_inverse, return_counts, None,
-                                                  out0=o[0], out1=o[1], out2=o[2])
+        return _KERNELS["unique_consecutive.out"](
+            self, return_inverse, return_counts, None, out0=o[0], out1=o[1], out2=o[2]
+        )
 
     def unique1(self, sorted=True, return_inverse=False):
         o = outs(self, _unique_count(self, False), return_inverse, False)
@@ -397,8 +481,13 @@ def _wrap_unique():
             output_size = int(repeats.sum().item()) if repeats.numel() else 0
         return _KERNELS["repeat_interleave.Tensor"](repeats, output_size=output_size)
 
-    return {"_unique2": unique2, "unique_consecutive": unique_consecutive, "_unique": unique1, "unique_dim": unique_dim,
-            "repeat_interleave.Tensor": repeat_interleave}
+    return {
+        "_unique2": unique2,
+        "unique_consecutive": unique_consecutive,
+        "_unique": unique1,
+        "unique_dim": unique_dim,
+        "repeat_interleave.Tensor": repeat_interleave,
+    }
 
 
 # Fused optimizers (aten::_fused_adam_, _fused_adamw_, _fused_sgd_,
@@ -422,7 +511,7 @@ def _fused_optimizer(op_id, opov, **flags):
         call = dict(zip(names, args), **kwargs, **flags)
         whole = {n: call[n] for n in lists}
         for k in range(0, len(whole[lists[0]]), g):
-            call.update({n: v[k:k + g] for n, v in whole.items()})
+            call.update({n: v[k : k + g] for n, v in whole.items()})
             kernel(**call)
 
     return fused
@@ -439,24 +528,61 @@ def _attention(sdpa_row, backward_row, fused, math):
     mixed dtypes and other ranks keep the math composition (which also
     raises torch's errors for bad arguments), and so do graphs traced with
     symbolic sizes, whose shape buckets mask the padding op by op (_bucket.py)."""
-    fwd = _C.kernel(sdpa_row, [("query", "T", _REQUIRED), ("key", "T", _REQUIRED), ("value", "T", _REQUIRED),
-                               ("attn_mask", "t", None), ("is_causal", "b", False), ("scale", "g", None),
-                               ("out_order", "I", [])], 2, _REQUIRED)
-    bwd = _C.kernel(backward_row, [("grad_out", "T", _REQUIRED), ("query", "T", _REQUIRED), ("key", "T", _REQUIRED),
-                                   ("value", "T", _REQUIRED), ("attn_mask", "t", None), ("out", "T", _REQUIRED),
-                                   ("logsumexp", "T", _REQUIRED), ("is_causal", "b", False), ("scale", "g", None),
-                                   ("grad_mask", "b", False), ("query_order", "I", []), ("key_order", "I", []),
-                                   ("value_order", "I", [])], 4, _REQUIRED)
+    fwd = _C.kernel(
+        sdpa_row,
+        [
+            ("query", "T", _REQUIRED),
+            ("key", "T", _REQUIRED),
+            ("value", "T", _REQUIRED),
+            ("attn_mask", "t", None),
+            ("is_causal", "b", False),
+            ("scale", "g", None),
+            ("out_order", "I", []),
+        ],
+        2,
+        _REQUIRED,
+    )
+    bwd = _C.kernel(
+        backward_row,
+        [
+            ("grad_out", "T", _REQUIRED),
+            ("query", "T", _REQUIRED),
+            ("key", "T", _REQUIRED),
+            ("value", "T", _REQUIRED),
+            ("attn_mask", "t", None),
+            ("out", "T", _REQUIRED),
+            ("logsumexp", "T", _REQUIRED),
+            ("is_causal", "b", False),
+            ("scale", "g", None),
+            ("grad_mask", "b", False),
+            ("query_order", "I", []),
+            ("key_order", "I", []),
+            ("value_order", "I", []),
+        ],
+        4,
+        _REQUIRED,
+    )
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         dt = query.dtype
-        if (dropout_p == 0.0 and not enable_gqa and query.dim() in (3, 4) and key.dim() == query.dim()
-                and value.dim() == query.dim() and key.dtype == dt and value.dtype == dt and dt.is_floating_point
-                and query.shape[:-2] == key.shape[:-2] == value.shape[:-2] and key.shape[-2] == value.shape[-2]
-                and key.shape[-1] == query.shape[-1]
-                and not any(isinstance(n, torch.SymInt) for n in (*query.shape, *key.shape[-2:], value.shape[-1]))
-                and (attn_mask is None or (not is_causal and attn_mask.device == query.device
-                                           and attn_mask.dtype in (torch.bool, dt)))):
+        if (
+            dropout_p == 0.0
+            and not enable_gqa
+            and query.dim() in (3, 4)
+            and key.dim() == query.dim()
+            and value.dim() == query.dim()
+            and key.dtype == dt
+            and value.dtype == dt
+            and dt.is_floating_point
+            and query.shape[:-2] == key.shape[:-2] == value.shape[:-2]
+            and key.shape[-2] == value.shape[-2]
+            and key.shape[-1] == query.shape[-1]
+            and not any(isinstance(n, torch.SymInt) for n in (*query.shape, *key.shape[-2:], value.shape[-1]))
+            and (
+                attn_mask is None
+                or (not is_causal and attn_mask.device == query.device and attn_mask.dtype in (torch.bool, dt))
+            )
+        ):
             return fused(query, key, value, attn_mask, 0.0, is_causal, False, scale=scale)[0]
         return math(query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
 
@@ -475,11 +601,14 @@ def _attention(sdpa_row, backward_row, fused, math):
         """A result the kernel wrote in the dim order o, as a view in logical order."""
         return v.permute([o.index(d) for d in range(len(o))]) if o else v
 
-    def fused_attention(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False,
-                        *, scale=None):
+    def fused_attention(
+        query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
+    ):
         if dropout_p != 0.0 or return_debug_mask:
-            raise NotImplementedError("torchtpu: aten::_scaled_dot_product_fused_attention_overrideable with dropout "
-                                      "or a debug mask is not lowered; call scaled_dot_product_attention")
+            raise NotImplementedError(
+                "torchtpu: aten::_scaled_dot_product_fused_attention_overrideable with dropout "
+                "or a debug mask is not lowered; call scaled_dot_product_attention"
+            )
         o = order(query)
         out, lse = fwd(query, key, value, attn_bias, is_causal, scale, o)
         out = laid_out(out, o)
@@ -487,16 +616,37 @@ def _attention(sdpa_row, backward_row, fused, math):
             lse = lse.unsqueeze(0)  # (1, H, L), the shape of aten's meta kernel
         return out, lse, None, None, query.shape[-2], key.shape[-2], empty_long(), empty_long(), None
 
-    def fused_attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
-                                 cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *,
-                                 scale=None):
+    def fused_attention_backward(
+        grad_out,
+        query,
+        key,
+        value,
+        attn_bias,
+        grad_input_mask,
+        out,
+        logsumexp,
+        cum_seq_q,
+        cum_seq_k,
+        max_q,
+        max_k,
+        dropout_p,
+        is_causal,
+        philox_seed,
+        philox_offset,
+        *,
+        scale=None,
+    ):
         if query.dim() == 3:
             logsumexp = logsumexp.squeeze(0)
         want_bias = attn_bias is not None and attn_bias.dtype != torch.bool and bool(grad_input_mask[3])
         o = [order(query), order(key), order(value)]
         grads = bwd(grad_out, query, key, value, attn_bias, out, logsumexp, is_causal, scale, want_bias, *o)
-        return (laid_out(grads[0], o[0]), laid_out(grads[1], o[1]), laid_out(grads[2], o[2]),
-                grads[3] if want_bias else None)
+        return (
+            laid_out(grads[0], o[0]),
+            laid_out(grads[1], o[1]),
+            laid_out(grads[2], o[2]),
+            grads[3] if want_bias else None,
+        )
 
     return {"sdpa": sdpa, "fused": fused_attention, "backward": fused_attention_backward}
 
@@ -514,7 +664,7 @@ def _chunked_cat(c_cat):
     def cat(tensors, dim=0):
         tensors = list(tensors)
         while len(tensors) > _LIST_MAX:
-            tensors = [c_cat(tensors[k:k + _LIST_MAX], dim) for k in range(0, len(tensors), _LIST_MAX)]
+            tensors = [c_cat(tensors[k : k + _LIST_MAX], dim) for k in range(0, len(tensors), _LIST_MAX)]
         return c_cat(tensors, dim)
 
     return cat
@@ -531,7 +681,7 @@ def _element_kernel(fschema, inplace):
     its positional parameters, as its keyword parameters of the same types, in
     order), with any other arguments defaulted. (kernel, kwnames, out_self) or
     None."""
-    elem = fschema.name.split("::")[1][len("_foreach_"):]
+    elem = fschema.name.split("::")[1][len("_foreach_") :]
     base = elem.rstrip("_")
     fpos = _positional(fschema)
     types = [str(a.type)[5:-1] if str(a.type).startswith("List[") else str(a.type) for a in fpos]
@@ -542,7 +692,7 @@ def _element_kernel(fschema, inplace):
     tries = []
     if inplace:
         ipacket = getattr(torch.ops.aten, base + "_", None)
-        for ov in (ipacket.overloads() if ipacket is not None else ()):
+        for ov in ipacket.overloads() if ipacket is not None else ():
             tries.append((base + "_" + ("." + ov if ov != "default" else ""), False))
     for ov in packet.overloads():
         out = ov == "out" or ov.endswith("_out")
@@ -556,13 +706,13 @@ def _element_kernel(fschema, inplace):
         es = getattr(getattr(torch.ops.aten, op), ov or "default")._schema
         pos = _positional(es)
         ekw = [a for a in es.arguments if a.kwarg_only and a.name not in fkw and not (out_self and a.name == "out")]
-        extra = types[len(pos):]
+        extra = types[len(pos) :]
         if any(str(a.type) != t for a, t in zip(pos, types)) or len(extra) > len(ekw):
             continue
         if any(str(a.type) != t for a, t in zip(ekw, extra)):
             continue
-        kwnames = (None,) * min(len(pos), len(types)) + tuple(a.name for a in ekw[:len(extra)])
-        rest = pos[len(types):] + ekw[len(extra):]
+        kwnames = (None,) * min(len(pos), len(types)) + tuple(a.name for a in ekw[: len(extra)])
+        rest = pos[len(types) :] + ekw[len(extra) :]
         if any(not a.has_default_value() for a in rest):
             continue
         named = {a.name: str(a.type) for a in es.arguments if a.kwarg_only}
@@ -582,7 +732,7 @@ def _register_foreach():
     for qual in names:
         if not qual.startswith("aten::_foreach_"):
             continue
-        name = qual[len("aten::"):]
+        name = qual[len("aten::") :]
         fname, _, ov = name.partition(".")
         try:
             fs = getattr(getattr(torch.ops.aten, fname), ov or "default")._schema
@@ -591,7 +741,8 @@ def _register_foreach():
             continue  # an op this torch lacks in part: torch's own loop serves it
         inplace = fname.endswith("_")
         if [str(r.type) for r in fs.returns] != ([] if inplace else ["List[Tensor]"]) or any(
-                a.kwarg_only and a.name == "out" for a in fs.arguments):
+            a.kwarg_only and a.name == "out" for a in fs.arguments
+        ):
             continue  # out= overloads, and those returning anything else, keep torch's loop
         pos = _positional(fs)
         lists = sum(1 << i for i, a in enumerate(pos) if str(a.type).startswith("List["))
@@ -612,7 +763,7 @@ def _foreach_norm(row):
     def foreach_norm(self, ord=2, dtype=None):
         tensors, out = list(self), []
         for k in range(0, len(tensors), _LIST_MAX):
-            out.extend(kernel(tensors[k:k + _LIST_MAX], ord, dtype))
+            out.extend(kernel(tensors[k : k + _LIST_MAX], ord, dtype))
         return out
 
     return foreach_norm
@@ -625,7 +776,7 @@ def _chunked_unscale(c_unscale):
     def unscale(grads, found_inf, inv_scale):
         grads = list(grads)
         for k in range(0, max(len(grads), 1), _LIST_MAX):
-            c_unscale(grads[k:k + _LIST_MAX], found_inf, inv_scale)
+            c_unscale(grads[k : k + _LIST_MAX], found_inf, inv_scale)
 
     return unscale
 
@@ -641,10 +792,11 @@ def _fallback(op, *args, **kwargs):
     if not _settings.flag("TORCHTPU_CPU_FALLBACK"):
         raise NotImplementedError(
             f"torchtpu: {name} is not lowered for the tpu device yet. "
-            "Set TORCHTPU_CPU_FALLBACK=1 to run unsupported ops on the CPU.")
+            "Set TORCHTPU_CPU_FALLBACK=1 to run unsupported ops on the CPU."
+        )
     if name not in _FALLBACK_WARNED:
         _FALLBACK_WARNED.add(name)
-        warnings.warn(f"torchtpu: {name} is not lowered; running it on the CPU (TORCHTPU_CPU_FALLBACK=1)")
+        warnings.warn(f"torchtpu: {name} is not lowered; running it on the CPU (TORCHTPU_CPU_FALLBACK=1)", stacklevel=2)
     _C.count_fallback()
     return _cpu_fallback(op, args, kwargs)
 
@@ -709,12 +861,17 @@ def _pin_memory(self, device=None):
     back as an ordinary copy (is_pinned() stays False), with one warning, so
     DataLoader(pin_memory=True) and .pin_memory() keep working."""
     if device is not None and torch.device(device).type != "tpu":
-        raise RuntimeError(f"pin_memory(device={device}): this process runs the tpu device (torchtpu), "
-                           "which is the only accelerator it can pin memory for")
+        raise RuntimeError(
+            f"pin_memory(device={device}): this process runs the tpu device (torchtpu), "
+            "which is the only accelerator it can pin memory for"
+        )
     if "pin_memory" not in _FALLBACK_WARNED:
         _FALLBACK_WARNED.add("pin_memory")
-        warnings.warn("torchtpu: pinned host memory is not supported; pin_memory() returns an ordinary "
-                      "copy (host to tpu copies are synchronous, so nothing is lost)", stacklevel=3)
+        warnings.warn(
+            "torchtpu: pinned host memory is not supported; pin_memory() returns an ordinary "
+            "copy (host to tpu copies are synchronous, so nothing is lost)",
+            stacklevel=3,
+        )
     return self.clone()
 
 
@@ -867,8 +1024,11 @@ def setup_disk_cache(directory=None, max_mb=None):
 
     directory = default_cache_dir() if directory is None else directory
     if directory is None:
-        warnings.warn("torchtpu: compilation cache disabled (no home folder to keep it in; set TORCHTPU_CACHE_DIR "
-                      "to a folder of your own); programs are cached in memory only", stacklevel=2)
+        warnings.warn(
+            "torchtpu: compilation cache disabled (no home folder to keep it in; set TORCHTPU_CACHE_DIR "
+            "to a folder of your own); programs are cached in memory only",
+            stacklevel=2,
+        )
         directory = ""
     if max_mb is None:
         max_mb = _settings.cache_size_mb()
@@ -876,8 +1036,7 @@ def setup_disk_cache(directory=None, max_mb=None):
     try:
         _C.disk_cache(directory or None, int(max_mb * 2**20), f"torchtpu={version}")
     except OSError as e:
-        warnings.warn(f"torchtpu: compilation cache disabled ({e}); programs are cached in memory only",
-                      stacklevel=2)
+        warnings.warn(f"torchtpu: compilation cache disabled ({e}); programs are cached in memory only", stacklevel=2)
         _C.disk_cache(None, 0, "")
 
 
@@ -944,9 +1103,12 @@ def _check_torch_version():
     lo, hi = TESTED_TORCH
     if m and lo <= (int(m[1]), int(m[2])) < hi:
         return
-    warnings.warn(f"torchtpu is tested with torch {lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1}, not "
-                  f"{getattr(torch, '__version__', '?')}; ops this torch lacks or has changed are not registered "
-                  "(torchtpu.metrics()['ops_not_registered'])", stacklevel=2)
+    warnings.warn(
+        f"torchtpu is tested with torch {lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1}, not "
+        f"{getattr(torch, '__version__', '?')}; ops this torch lacks or has changed are not registered "
+        "(torchtpu.metrics()['ops_not_registered'])",
+        stacklevel=2,
+    )
 
 
 def _overload(name):
@@ -999,8 +1161,9 @@ def setup(device_module):
         registered = False
         error = f"torchtpu cannot register the tpu device with torch {torch.__version__}: {e}"
         warnings.warn(error, stacklevel=2)
-    _C.init(path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty, fraction, error,
-            _settings.engine(_C.modes()))
+    _C.init(
+        path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty, fraction, error, _settings.engine(_C.modes())
+    )
     device_module._setup_error = error
     if not registered:
         return
@@ -1059,9 +1222,20 @@ def setup(device_module):
     for name, fn in _wrap_unique().items():
         _impl(name, fn)
 
-    for name in ("view", "as_strided", "_reshape_alias", "alias", "_unsafe_view", "unfold",
-                 "set_.source_Storage_storage_offset", "set_.source_Storage", "set_.source_Tensor",
-                 "view.dtype", "view_as_real", "view_as_complex"):
+    for name in (
+        "view",
+        "as_strided",
+        "_reshape_alias",
+        "alias",
+        "_unsafe_view",
+        "unfold",
+        "set_.source_Storage_storage_offset",
+        "set_.source_Storage",
+        "set_.source_Tensor",
+        "view.dtype",
+        "view_as_real",
+        "view_as_complex",
+    ):
         opov = _overload(name)
         if opov is not None:
             _IMPL.impl(name, _redispatch_cpu(opov), "PrivateUse1")
@@ -1077,15 +1251,20 @@ def setup(device_module):
     _impl("_copy_from_and_resize", _copy_from_and_resize)
     _impl("_local_scalar_dense", _local_scalar_dense)
 
-    for name, row, flags in (("_fused_adam_", "tpu::fused_adam", {"adamw": False}),
-                             ("_fused_adamw_", "tpu::fused_adam", {"adamw": True}),
-                             ("_fused_sgd_", "tpu::fused_sgd", {}), ("_fused_adagrad_", "tpu::fused_adagrad", {})):
+    for name, row, flags in (
+        ("_fused_adam_", "tpu::fused_adam", {"adamw": False}),
+        ("_fused_adamw_", "tpu::fused_adam", {"adamw": True}),
+        ("_fused_sgd_", "tpu::fused_sgd", {}),
+        ("_fused_adagrad_", "tpu::fused_adagrad", {}),
+    ):
         for qualified in (name, f"{name}.tensor_lr"):
             opov = _overload(qualified)
             if opov is not None:
                 _IMPL.impl(qualified, _fused_optimizer(internal[row], opov, **flags), "PrivateUse1")
-    fused, math = (_overload("_scaled_dot_product_fused_attention_overrideable"),
-                   _overload("_scaled_dot_product_attention_math"))
+    fused, math = (
+        _overload("_scaled_dot_product_fused_attention_overrideable"),
+        _overload("_scaled_dot_product_attention_math"),
+    )
     if fused is not None and math is not None:  # else torch's own composition serves attention
         attn = _attention(internal["tpu::sdpa"], internal["tpu::sdpa_backward"], fused, math)
         _impl("scaled_dot_product_attention", attn["sdpa"])
@@ -1093,13 +1272,20 @@ def setup(device_module):
         _impl("_scaled_dot_product_fused_attention_overrideable", attn["fused"])
         _impl("_scaled_dot_product_fused_attention_overrideable_backward", attn["backward"])
     _impl("_pin_memory", _pin_memory, "CPU")
-    for patch, args in ((_patch_printing, ()), (_patch_storage_constructor, ()), (_patch_module_moves, ()),
-                        (_patch_matmul_precision, (device_module,)), (_patch_accelerator, (device_module,))):
+    for patch, args in (
+        (_patch_printing, ()),
+        (_patch_storage_constructor, ()),
+        (_patch_module_moves, ()),
+        (_patch_matmul_precision, (device_module,)),
+        (_patch_accelerator, (device_module,)),
+    ):
         try:
             patch(*args)
         except (AttributeError, ImportError, TypeError) as e:
-            warnings.warn(f"torchtpu: {patch.__name__[1:]} skipped: torch {torch.__version__} lacks what it "
-                          f"patches ({e})", stacklevel=2)
+            warnings.warn(
+                f"torchtpu: {patch.__name__[1:]} skipped: torch {torch.__version__} lacks what it patches ({e})",
+                stacklevel=2,
+            )
     from . import _autocast
 
     _autocast.setup()

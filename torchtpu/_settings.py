@@ -84,8 +84,15 @@ def integer(name):
 
 def cache_size_mb():
     default, lo, hi = CACHE_SIZE_MB
-    return _bounded("TORCHTPU_CACHE_SIZE_MB", float, default, lo, hi,
-                    f"a number of megabytes from {lo:.0f} to {hi:.0f}", f"{default:g}")
+    return _bounded(
+        "TORCHTPU_CACHE_SIZE_MB",
+        float,
+        default,
+        lo,
+        hi,
+        f"a number of megabytes from {lo:.0f} to {hi:.0f}",
+        f"{default:g}",
+    )
 
 
 def choice(name, choices, default):
@@ -123,6 +130,5 @@ def check():
         raw = os.environ.get(name)
         if raw is not None and raw.strip().lower() not in _ON and (name, raw) not in _WARNED:
             _WARNED.add((name, raw))
-            warnings.warn(f"torchtpu: {name}={raw!r}: any value turns it on; unset it to turn it off",
-                          stacklevel=2)
+            warnings.warn(f"torchtpu: {name}={raw!r}: any value turns it on; unset it to turn it off", stacklevel=2)
     cache_size_mb()

@@ -228,7 +228,6 @@ def get_amp_supported_dtype():
     return [torch.bfloat16, torch.float16]
 
 
-
 class device:
     """Context manager that selects a tpu device, like torch.cuda.device.
     One device per process, so it only checks the index."""
@@ -444,4 +443,5 @@ class graph:
 def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None):
     raise NotImplementedError(
         "torch.tpu.make_graphed_callables is not supported yet: capture the whole training step with "
-        "torch.tpu.graph (forward, backward and optimizer step in one graph) instead")
+        "torch.tpu.graph (forward, backward and optimizer step in one graph) instead"
+    )

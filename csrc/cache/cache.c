@@ -46,15 +46,15 @@ static const uint8_t tpu_dc_magic[8] = {'T', 'P', 'U', 'X', 'C', 2, 0, 0};
 #define TPU_DC_RESCAN 256
 
 struct tpu_dcache {
-  char *dir;             /* owned: the folder's name, for messages only */
-  int dirfd;             /* owned: the folder as checked at open; every file is reached through it */
-  uid_t uid;             /* the user entries must belong to (this process's effective user) */
-  bool keyed;            /* secret holds the folder's key; false: nothing can be read or written */
-  int key_err;           /* !keyed: the errno of making the key file (a read-only folder), for put */
+  char *dir;   /* owned: the folder's name, for messages only */
+  int dirfd;   /* owned: the folder as checked at open; every file is reached through it */
+  uid_t uid;   /* the user entries must belong to (this process's effective user) */
+  bool keyed;  /* secret holds the folder's key; false: nothing can be read or written */
+  int key_err; /* !keyed: the errno of making the key file (a read-only folder), for put */
   uint8_t secret[TPU_DC_SECRET];
-  int64_t max_bytes;    /* <= 0: no limit */
-  atomic_uint seq;      /* temporary file names */
-  atomic_llong known;   /* the folder's bytes as of the last scan plus our writes; -1 before a scan */
+  int64_t max_bytes;     /* <= 0: no limit */
+  atomic_uint seq;       /* temporary file names */
+  atomic_llong known;    /* the folder's bytes as of the last scan plus our writes; -1 before a scan */
   atomic_uint unscanned; /* writes since the last scan */
 };
 
@@ -197,8 +197,8 @@ static tpu_status *tpu_dc_load_key(tpu_dcache *c) {
       return tpu_status_new(TPU_ERR_RUNTIME, "cannot use %s as a cache folder: its key file %s is a symbolic link",
                             c->dir, TPU_DC_KEYFILE);
     if (err != ENOENT || attempt)
-      return tpu_status_new(TPU_ERR_RUNTIME, "cannot use %s as a cache folder: cannot read its key file %s: %s",
-                            c->dir, TPU_DC_KEYFILE, strerror(err));
+      return tpu_status_new(TPU_ERR_RUNTIME, "cannot use %s as a cache folder: cannot read its key file %s: %s", c->dir,
+                            TPU_DC_KEYFILE, strerror(err));
     err = tpu_dc_make_key(c);
     if (err && err != EEXIST) {
       c->key_err = err; /* a folder we cannot write: entries can be neither checked nor written (put says so) */
@@ -213,8 +213,7 @@ tpu_status *tpu_dcache_open(const char *dir, int64_t max_bytes, tpu_dcache **out
   int err = tpu_mkdirs(dir);
   int fd = err ? -1 : open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0)
-    return tpu_status_new(TPU_ERR_RUNTIME, "cannot use %s as a cache folder: %s", dir,
-                          strerror(err ? err : errno));
+    return tpu_status_new(TPU_ERR_RUNTIME, "cannot use %s as a cache folder: %s", dir, strerror(err ? err : errno));
   char bad[160];
   if (!tpu_dc_trusted(fd, S_IFDIR, geteuid(), false, bad, sizeof bad)) {
     close(fd);
@@ -302,8 +301,8 @@ static uint8_t *tpu_read_fd(int fd, size_t *len) {
   return buf;
 }
 
-tpu_dc_result tpu_dcache_get(tpu_dcache *c, const void *key, size_t keylen, void **payload, size_t *len,
-                             char *why, size_t whylen) {
+tpu_dc_result tpu_dcache_get(tpu_dcache *c, const void *key, size_t keylen, void **payload, size_t *len, char *why,
+                             size_t whylen) {
   *payload = NULL;
   *len = 0;
   if (whylen) why[0] = 0;
@@ -353,8 +352,7 @@ tpu_dc_result tpu_dcache_get(tpu_dcache *c, const void *key, size_t keylen, void
   uint8_t mac[TPU_SHA256_BYTES];
   tpu_dc_mac(c, buf, buf + TPU_DC_HEADER, (size_t)kl, buf + TPU_DC_HEADER + kl, (size_t)pl, mac);
   if (!tpu_equal_ct(mac, buf + TPU_DC_SUMMED, sizeof mac)) {
-    snprintf(why, whylen, "%s/%s: tampered or foreign entry (its MAC does not match this folder's key)", c->dir,
-             name);
+    snprintf(why, whylen, "%s/%s: tampered or foreign entry (its MAC does not match this folder's key)", c->dir, name);
     free(buf);
     return TPU_DC_REFUSED;
   }

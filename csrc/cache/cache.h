@@ -55,8 +55,8 @@ void tpu_dcache_free(tpu_dcache *c);
 const char *tpu_dcache_dir(const tpu_dcache *c);
 
 /* Look key up. On a hit *payload is owned by the caller (free()). */
-tpu_dc_result tpu_dcache_get(tpu_dcache *c, const void *key, size_t keylen, void **payload, size_t *len,
-                             char *why, size_t whylen);
+tpu_dc_result tpu_dcache_get(tpu_dcache *c, const void *key, size_t keylen, void **payload, size_t *len, char *why,
+                             size_t whylen);
 /* Remove the entry of this key (a payload the plugin refused). */
 void tpu_dcache_remove(tpu_dcache *c, const void *key, size_t keylen);
 /* Store an entry (0600). Returns 0, or the errno of the failed write (why

@@ -14,9 +14,9 @@
 #define TPU_SHA256_BYTES 32
 
 typedef struct {
-  uint32_t h[8];    /* the chaining value */
-  uint64_t total;   /* bytes hashed so far */
-  uint8_t buf[64];  /* a partial block */
+  uint32_t h[8];   /* the chaining value */
+  uint64_t total;  /* bytes hashed so far */
+  uint8_t buf[64]; /* a partial block */
   size_t nbuf;
 } tpu_sha256_ctx;
 

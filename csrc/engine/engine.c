@@ -239,13 +239,13 @@ void tpu_engine_set_rng_state(tpu_engine *e, uint64_t seed, uint64_t offset) {
   e->rng_offset = offset;
 }
 
-tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data,
-                              tpu_dtype dt, int rank, const int64_t *dims) {
+tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data, tpu_dtype dt, int rank,
+                              const int64_t *dims) {
   (void)rank;
   (void)dims;
   if (dt != rec->dtype)
-    return tpu_status_new(TPU_ERR_TYPE, "upload of %s data into a %s storage",
-                          tpu_dtype_name(dt), tpu_dtype_name(rec->dtype));
+    return tpu_status_new(TPU_ERR_TYPE, "upload of %s data into a %s storage", tpu_dtype_name(dt),
+                          tpu_dtype_name(rec->dtype));
   if (atomic_load(&rec->graph_refs) > 0) { /* recorded ops read or write it: they run first */
     tpu_status *f = tpu_engine_flush(e, TPU_FLUSH_UPLOAD);
     if (f) return f;
@@ -260,8 +260,7 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data,
   return NULL;
 }
 
-tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst,
-                                size_t nbytes) {
+tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_t nbytes) {
   /* A sync point: recorded ops run, and a failed asynchronous computation
    * is reported here. Recorded ops (fused mode) run first only when they
    * read or write the record: otherwise it already holds its value (perhaps
@@ -304,8 +303,8 @@ static bool tpu_fill_by_upload(const tpu_engine *e, int op_id, const tpu_arg *ar
   return numel == t->rec_numel && (size_t)numel * tpu_dtype_size(t->dtype) <= TPU_FILL_UPLOAD_MAX;
 }
 
-tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
-                            tpu_arg *args, int nargs, tpu_engine_result *res) {
+tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
+                            tpu_engine_result *res) {
   res->nout = res->nret = 0; /* only the counted entries are read (12 KB: not cleared) */
   atomic_fetch_add(&e->metrics.ops_dispatched, 1);
   if (row->flags & TPU_OP_FILL_VALUE) /* checked on every call: the value is not part of the program */
@@ -363,8 +362,10 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
     tpu_record *r = p->kind == TPU_IN_RECORD ? tpu_arg_tref(args, p)->rec : NULL;
     if (p->kind == TPU_IN_RNG) e->rng_offset += (uint64_t)c->rng_words;
     s = tpu_input_buffer(e, p, args, r, rng_offset, &inbuf[k], &temps[ntemp]);
-    if (s) s = tpu_status_prefix(s, "running aten::%s (an input)", row->name);
-    else if (temps[ntemp]) ntemp++;
+    if (s)
+      s = tpu_status_prefix(s, "running aten::%s (an input)", row->name);
+    else if (temps[ntemp])
+      ntemp++;
   }
   tpu_rt_buffer *outbuf[TPU_MAX_OUTS] = {0};
   if (!s) {

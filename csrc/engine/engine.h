@@ -29,18 +29,18 @@ typedef struct tpu_record {
   atomic_long refs;
   tpu_dtype dtype;
   int64_t numel;
-  tpu_rt_buffer *buf;  /* owned; NULL until first written (reads as zeros) */
-  tpu_engine *eng;     /* borrowed; outlives the record */
+  tpu_rt_buffer *buf; /* owned; NULL until first written (reads as zeros) */
+  tpu_engine *eng;    /* borrowed; outlives the record */
   /* Fused mode: references held by recorded ops (a record with no others is
    * dead: its pending value is not computed), and the flush's scratch. */
   atomic_long graph_refs;
-  uint64_t fuse_epoch;  /* the flush that set the fields below */
-  int fuse_id;          /* index in the flush's record table */
-  tpu_hv fuse_val;      /* current flat value in the fused program, or NONE */
-  tpu_hv fuse_param;    /* the program input holding its buffer, or NONE */
-  bool fuse_def;        /* fuse_val was computed by a recorded op */
-  uint64_t need_epoch;  /* the flush that found its value needed (live, or read by a needed op) */
-  uint64_t birth;       /* records created before it (graph capture tells new from old) */
+  uint64_t fuse_epoch; /* the flush that set the fields below */
+  int fuse_id;         /* index in the flush's record table */
+  tpu_hv fuse_val;     /* current flat value in the fused program, or NONE */
+  tpu_hv fuse_param;   /* the program input holding its buffer, or NONE */
+  bool fuse_def;       /* fuse_val was computed by a recorded op */
+  uint64_t need_epoch; /* the flush that found its value needed (live, or read by a needed op) */
+  uint64_t birth;      /* records created before it (graph capture tells new from old) */
 } tpu_record;
 
 /* Why recorded ops ran (fused mode): the enum, and the names of the
@@ -57,7 +57,7 @@ typedef enum {
 #define X(id, name) TPU_FLUSH_##id,
   TPU_FLUSH_REASONS(X)
 #undef X
-  TPU_FLUSH_COUNT
+      TPU_FLUSH_COUNT
 } tpu_flush_reason;
 extern const char *const tpu_flush_names[TPU_FLUSH_COUNT];
 
@@ -108,7 +108,7 @@ typedef enum {
 #define X(id, name) TPU_MODE_##id,
   TPU_MODES(X)
 #undef X
-  TPU_MODE_COUNT
+      TPU_MODE_COUNT
 } tpu_mode;
 extern const char *const tpu_mode_names[TPU_MODE_COUNT];
 
@@ -220,17 +220,16 @@ typedef struct {
 } tpu_engine_result;
 
 /* Lower (or find in the cache), compile and run one op on parsed arguments. */
-tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id,
-                            tpu_arg *args, int nargs, tpu_engine_result *res);
+tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
+                            tpu_engine_result *res);
 void tpu_engine_result_release(tpu_engine_result *res);
 
 /* Host data (dense row-major, dtype dt, shape dims) becomes the record's
  * whole new buffer. Requires numel(dims) == rec->numel. */
-tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data,
-                              tpu_dtype dt, int rank, const int64_t *dims);
+tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data, tpu_dtype dt, int rank,
+                              const int64_t *dims);
 /* Copy the whole record buffer to dst (nbytes = numel * itemsize). */
-tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst,
-                                size_t nbytes);
+tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_t nbytes);
 
 /* ---- graph plans (torch.compile) ----------------------------------------------------
  *

@@ -27,8 +27,8 @@
 #define TPU_INFLIGHT 256
 
 typedef struct {
-  int refs;      /* the cache's and each plan's; 0 for an entry not yet inserted */
-  uint8_t *key;  /* owned signature bytes */
+  int refs;     /* the cache's and each plan's; 0 for an entry not yet inserted */
+  uint8_t *key; /* owned signature bytes */
   size_t keylen;
   uint64_t hash;
   tpu_rt_exec *exec; /* owned */
@@ -73,7 +73,7 @@ typedef struct {
   int op_id;
   tpu_arg *args; /* owned: one block holding args, their TENSORS lists, outrec and sig */
   int nargs;
-  uint8_t *sig;  /* in the args block */
+  uint8_t *sig; /* in the args block */
   size_t siglen;
   tpu_record **outrec; /* in the args block; graph references */
   int nnew;
@@ -96,7 +96,7 @@ typedef struct {
 } tpu_scalar_slot;
 
 struct tpu_engine {
-  tpu_rt *rt; /* owned; NULL until the start */
+  tpu_rt *rt;             /* owned; NULL until the start */
   tpu_rt_options rt_opts; /* the strings owned */
   char *rt_error;         /* owned or NULL: why the runtime cannot start (every start returns it) */
   tpu_code rt_error_code;
@@ -104,7 +104,7 @@ struct tpu_engine {
   long maps_limit;         /* vm.max_map_count; -2 until read, -1 unknown */
   long maps_calls;         /* insertions since the mappings were last counted */
   bool value_checks, debug, dump_hlo;
-  bool disk_pending;       /* set_disk_cache was called before the start */
+  bool disk_pending;           /* set_disk_cache was called before the start */
   char *disk_dir, *disk_extra; /* owned: its folder and salt, opened at the start */
   int64_t disk_max;
   tpu_scalar_slot scalars[TPU_SCALAR_SLOTS];
@@ -117,36 +117,36 @@ struct tpu_engine {
   size_t cache_cap, cache_n;
   uint64_t rng_seed, rng_offset;
   tpu_hlo_precision precision; /* of f32 matmuls and convolutions: part of every key */
-  tpu_dcache *disk;   /* owned; NULL when the disk tier is off */
-  char *salt;         /* owned */
-  bool disk_readonly; /* a write failed: entries are still read, no longer written */
-  bool disk_refused_told; /* an untrusted entry was reported (once a process) */
-  char *warnings[8];  /* owned, pending for the binding */
+  tpu_dcache *disk;            /* owned; NULL when the disk tier is off */
+  char *salt;                  /* owned */
+  bool disk_readonly;          /* a write failed: entries are still read, no longer written */
+  bool disk_refused_told;      /* an untrusted entry was reported (once a process) */
+  char *warnings[8];           /* owned, pending for the binding */
   int nwarnings;
   tpu_mode mode;
   struct {
     tpu_rt_event *ev; /* owned */
     const char *op;   /* the table's name (static); NULL for a fused program */
   } inflight[TPU_INFLIGHT];
-  int ihead, icount;  /* a ring, oldest first */
+  int ihead, icount;    /* a ring, oldest first */
   tpu_status *deferred; /* owned: the first asynchronous failure, until reported */
   struct {
     tpu_rt_buffer *buf; /* owned: a 0-d pred, true when the check failed */
     tpu_fcheck what;
-  } *chk;               /* value checks of launched programs, read at the next sync point */
+  } *chk; /* value checks of launched programs, read at the next sync point */
   int nchk, capchk;
-  tpu_node *nodes;      /* fused mode: the recorded ops, in order (owned) */
+  tpu_node *nodes; /* fused mode: the recorded ops, in order (owned) */
   int nnodes, capnodes, fuse_cap;
-  bool donate;          /* fused programs take the buffers of records they rewrite */
-  bool donate_waits;    /* the plugin blocks the host to donate a buffer in use (CPU) */
-  bool exact_div;       /* the compiler turns divisions into reciprocal products (CPU) */
-  uint64_t fuse_epoch;  /* flushes started */
+  bool donate;         /* fused programs take the buffers of records they rewrite */
+  bool donate_waits;   /* the plugin blocks the host to donate a buffer in use (CPU) */
+  bool exact_div;      /* the compiler turns divisions into reciprocal products (CPU) */
+  uint64_t fuse_epoch; /* flushes started */
   uint64_t records_made;
-  bool capturing;       /* between tpu_engine_capture_begin and _end */
-  bool capture_split;   /* a flush ran during the capture: the recording is not the whole graph */
-  bool capture_whole;   /* a torch.tpu.graph capture: nothing may run until it ends */
+  bool capturing;     /* between tpu_engine_capture_begin and _end */
+  bool capture_split; /* a flush ran during the capture: the recording is not the whole graph */
+  bool capture_whole; /* a torch.tpu.graph capture: nothing may run until it ends */
   uint64_t capture_birth, capture_rng;
-  struct tpu_plan *plans; /* every live plan, released with the engine */
+  struct tpu_plan *plans;       /* every live plan, released with the engine */
   uint32_t fe_group, fe_groups; /* the foreach call recording now (0: none), calls seen */
   int fe_first;                 /* the node its items start at */
   bool explain;                 /* TORCHTPU_EXPLAIN_RECOMPILES */
@@ -203,8 +203,8 @@ bool tpu_cache_insert(tpu_engine *e, tpu_cache_entry *c);
 void tpu_cache_entry_free(tpu_cache_entry *c);
 void tpu_classify_views(tpu_arg *args, int nargs);
 tpu_status *tpu_engine_compile(tpu_engine *e, const char *text, size_t len, const char *name, tpu_rt_exec **exec);
-tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args, int nargs, tpu_sig *sig,
-                             uint64_t h, bool compile, tpu_cache_entry **out);
+tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args, int nargs, tpu_sig *sig, uint64_t h,
+                             bool compile, tpu_cache_entry **out);
 
 /* launch.c */
 void tpu_inflight_pop(tpu_engine *e);
@@ -214,8 +214,8 @@ void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what);
 tpu_status *tpu_engine_wait(tpu_engine *e);
 tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const tpu_cache_entry *c);
 tpu_dtype tpu_scalar_bits(const tpu_arg *a, uint8_t bits[16]);
-tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec,
-                             uint64_t rng_offset, tpu_rt_buffer **b, tpu_rt_buffer **temp);
+tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec, uint64_t rng_offset,
+                             tpu_rt_buffer **b, tpu_rt_buffer **temp);
 tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **in, int nin, tpu_rt_buffer **out,
                               const char *name);
 

@@ -70,7 +70,7 @@ static void tpu_node_share(const tpu_engine *e, tpu_node *n) {
 /* Record one op: its outputs are new records without buffers, returned at
  * once; nothing runs. */
 tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
-                                     const tpu_sig *sig, tpu_cache_entry *c, tpu_engine_result *res) {
+                              const tpu_sig *sig, tpu_cache_entry *c, tpu_engine_result *res) {
   if (e->nnodes >= e->fuse_cap) {
     tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_CAP);
     if (s) return s;
@@ -150,10 +150,10 @@ tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, t
 typedef struct {
   tpu_fin *fin; /* owned until moved into the cache entry */
   int nfin, capfin;
-  int node;     /* the op being lowered */
+  int node; /* the op being lowered */
   bool oom;
-  tpu_hv *chk;       /* owned: the ops' value checks */
-  tpu_fcheck *chkw;  /* owned until moved into the cache entry: their errors */
+  tpu_hv *chk;      /* owned: the ops' value checks */
+  tpu_fcheck *chkw; /* owned until moved into the cache entry: their errors */
   int nchk, capchk;
 } tpu_fuse_ctx;
 
@@ -347,8 +347,10 @@ tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
     tpu_in_plan p = {f->kind, f->arg, f->item};
     tpu_record *r = f->kind == TPU_IN_RECORD ? tab->r[f->rec] : NULL;
     s = tpu_input_buffer(e, &p, n->args, r, n->rng_offset, &inbuf[k], &temps[ntemp]);
-    if (s) s = tpu_status_prefix(s, "running a fused program of %d ops (an input of aten::%s)", e->nnodes, n->row->name);
-    else if (temps[ntemp]) ntemp++;
+    if (s)
+      s = tpu_status_prefix(s, "running a fused program of %d ops (an input of aten::%s)", e->nnodes, n->row->name);
+    else if (temps[ntemp])
+      ntemp++;
   }
   if (!s) {
     s = tpu_engine_launch(e, c->exec, inbuf, nin, outbuf, NULL);
@@ -387,15 +389,18 @@ static void tpu_fuse_explain(tpu_engine *e, tpu_cache_entry *c, const uint64_t e
   if (old->ex[1] != ex[1]) parts[np++] = "which tensors the ops read and write";
   if (old->ex[2] != ex[2]) parts[np++] = "which numbers of a torch._foreach_* call are equal";
   if (old->ex[3] != ex[3])
-    parts[np++] = "which of the tensors it computes are still held when it runs (one kept in one step and not in another)";
+    parts[np++] =
+        "which of the tensors it computes are still held when it runs (one kept in one step and not in another)";
   char what[512] = "";
   for (int k = 0, o = 0; k < np; k++) o += snprintf(what + o, sizeof what - (size_t)o, "%s%s", k ? "; " : "", parts[k]);
-  char *note = np ? tpu_strfmt("torchtpu: recompiling a fused program of %d ops (the same ops were compiled before "
-                               "into another program): %s differs",
-                               e->nnodes, what)
-                  : tpu_strfmt("torchtpu: recompiling a fused program of %d ops compiled before with the same inputs "
-                               "(the program cache was emptied, or the matmul precision changed)",
-                               e->nnodes);
+  char *note = np ? tpu_strfmt(
+                        "torchtpu: recompiling a fused program of %d ops (the same ops were compiled before "
+                        "into another program): %s differs",
+                        e->nnodes, what)
+                  : tpu_strfmt(
+                        "torchtpu: recompiling a fused program of %d ops compiled before with the same inputs "
+                        "(the program cache was emptied, or the matmul precision changed)",
+                        e->nnodes);
   if (note) e->notes[e->nnotes++] = note;
 }
 
@@ -460,8 +465,10 @@ static void tpu_nodes_prune(tpu_engine *e, uint64_t epoch) {
       int w = 0;
       for (int i = 0; i < e->nnodes; i++) {
         at[i] = w;
-        if (keep[i]) e->nodes[w++] = e->nodes[i];
-        else tpu_node_release(&e->nodes[i]);
+        if (keep[i])
+          e->nodes[w++] = e->nodes[i];
+        else
+          tpu_node_release(&e->nodes[i]);
       }
       for (int i = 0; i < w; i++)
         if (e->nodes[i].share) e->nodes[i].share_from = at[e->nodes[i].share_from];
@@ -534,7 +541,8 @@ tpu_status *tpu_flush_prepare(tpu_engine *e, tpu_flush_reason reason, tpu_rectab
 /* What a flush during a torch.tpu.graph capture was for, for its error. */
 static const char *tpu_flush_what(tpu_flush_reason reason) {
   switch (reason) {
-    case TPU_FLUSH_DOWNLOAD: return "reading a value the graph computes (.item(), .cpu(), printing, a data-dependent shape)";
+    case TPU_FLUSH_DOWNLOAD:
+      return "reading a value the graph computes (.item(), .cpu(), printing, a data-dependent shape)";
     case TPU_FLUSH_UPLOAD: return "copying host data into a tensor the graph writes";
     case TPU_FLUSH_SYNC: return "synchronizing";
     case TPU_FLUSH_CAP: return "recording more ops than TORCHTPU_FUSED_MAX_OPS (raise it)";

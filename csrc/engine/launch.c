@@ -18,11 +18,14 @@ void tpu_inflight_pop(tpu_engine *e) {
   int k = e->ihead;
   tpu_status *s = tpu_rt_event_wait(e->rt, e->inflight[k].ev);
   if (s && !e->deferred && e->inflight[k].op)
-    e->deferred = tpu_status_prefix(s, "aten::%s failed (it ran asynchronously in strict eager mode; "
-                                       "set TORCHTPU_EAGER=debug to stop at the failing op)", e->inflight[k].op);
+    e->deferred = tpu_status_prefix(s,
+                                    "aten::%s failed (it ran asynchronously in strict eager mode; "
+                                    "set TORCHTPU_EAGER=debug to stop at the failing op)",
+                                    e->inflight[k].op);
   else if (s && !e->deferred)
-    e->deferred = tpu_status_prefix(s, "a fused program failed (set TORCHTPU_EAGER=debug to stop at the "
-                                       "failing op)");
+    e->deferred = tpu_status_prefix(s,
+                                    "a fused program failed (set TORCHTPU_EAGER=debug to stop at the "
+                                    "failing op)");
   else
     tpu_status_free(s);
   e->inflight[k].ev = NULL;
@@ -43,7 +46,8 @@ tpu_status *tpu_checks_read(tpu_engine *e) {
     uint8_t bad = 0;
     tpu_status *s = err ? NULL : tpu_rt_buffer_to_host(e->rt, e->chk[k].buf, &bad, 1);
     tpu_rt_buffer_free(e->chk[k].buf);
-    if (s) tpu_status_free(s); /* the program's own failure is reported by the ring */
+    if (s)
+      tpu_status_free(s); /* the program's own failure is reported by the ring */
     else if (bad && !err)
       err = tpu_status_new((tpu_code)e->chk[k].what.code, "aten::%s: %s", e->chk[k].what.op, e->chk[k].what.msg);
   }
@@ -59,8 +63,10 @@ void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what) {
     void *n = cap <= 4096 ? realloc(e->chk, sizeof *e->chk * (size_t)cap) : NULL;
     if (!n) {
       tpu_status *s = tpu_checks_read(e);
-      if (s && !e->deferred) e->deferred = s;
-      else tpu_status_free(s);
+      if (s && !e->deferred)
+        e->deferred = s;
+      else
+        tpu_status_free(s);
     } else {
       e->chk = n;
       e->capchk = cap;
@@ -100,23 +106,26 @@ tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const tpu_ca
     } else {
       const tpu_ret_plan *r = &c->ret[w - c->nout];
       /* only ops that refuse any alias (torch lets sum(x, 0, out=x) resize x) */
-      if (!(row->flags & TPU_OP_NO_ALIAS) || !r->resize || r->arg < 0 || args[r->arg].kind != TPU_ARG_TENSOR)
-        continue;
+      if (!(row->flags & TPU_OP_NO_ALIAS) || !r->resize || r->arg < 0 || args[r->arg].kind != TPU_ARG_TENSOR) continue;
       wp = (tpu_in_plan){TPU_IN_RECORD, r->arg, -1};
     }
     const tpu_tref *wt = tpu_arg_tref(args, &wp);
     if (!(row->flags & TPU_OP_FILLS) && tpu_tref_internal_overlap(wt))
-      return tpu_status_new(TPU_ERR_RUNTIME, "aten::%s: unsupported operation: more than one element of the "
+      return tpu_status_new(TPU_ERR_RUNTIME,
+                            "aten::%s: unsupported operation: more than one element of the "
                             "written-to tensor refers to a single memory location. Please clone() the tensor before "
-                            "performing the operation.", row->name);
+                            "performing the operation.",
+                            row->name);
     for (int k = 0; k < c->nin; k++) {
       const tpu_in_plan *p = &c->in[k];
       if (p->kind != TPU_IN_RECORD || (p->arg == wp.arg && p->item == wp.item)) continue;
       int lap = tpu_tref_overlap(wt, tpu_arg_tref(args, p));
       if (lap == TPU_OVERLAP_PARTIAL || (lap == TPU_OVERLAP_FULL && (resized || (row->flags & TPU_OP_NO_ALIAS))))
-        return tpu_status_new(TPU_ERR_RUNTIME, "aten::%s: unsupported operation: some elements of the input tensor "
+        return tpu_status_new(TPU_ERR_RUNTIME,
+                              "aten::%s: unsupported operation: some elements of the input tensor "
                               "and the written-to tensor refer to a single memory location. Please clone() the "
-                              "tensor before performing the operation.", row->name);
+                              "tensor before performing the operation.",
+                              row->name);
     }
   }
   return NULL;
@@ -179,8 +188,8 @@ static tpu_status *tpu_scalar_upload(tpu_engine *e, const tpu_arg *a, tpu_rt_buf
  * cached scalar), or owned in *temp (a colliding scalar, the RNG state).
  * rec: the record of a RECORD input; rng_offset: the generator's offset
  * reserved for the call. */
-tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec,
-                                    uint64_t rng_offset, tpu_rt_buffer **b, tpu_rt_buffer **temp) {
+tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec, uint64_t rng_offset,
+                             tpu_rt_buffer **b, tpu_rt_buffer **temp) {
   *b = *temp = NULL;
   switch (p->kind) {
     case TPU_IN_RECORD: {
@@ -211,8 +220,8 @@ tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args,
 /* Runs exec: to completion in debug mode, else launched (the completion
  * event joins the in-flight ring under `name`, the op's table name or NULL
  * for a fused program, for error messages). */
-tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **in, int nin,
-                                     tpu_rt_buffer **out, const char *name) {
+tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **in, int nin, tpu_rt_buffer **out,
+                              const char *name) {
   int64_t t0 = tpu_now_ns();
   tpu_status *s;
   if (e->mode != TPU_MODE_DEBUG) {
@@ -224,8 +233,10 @@ tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **
      * program that would take its inputs' buffers writes new ones instead,
      * so that the host runs ahead (other plugins order donation on the
      * device and always donate). */
-    if (e->icount && e->donate_waits) s = tpu_rt_execute_keep(e->rt, exec, in, nin, out, &done);
-    else s = tpu_rt_execute_async(e->rt, exec, in, nin, out, &done);
+    if (e->icount && e->donate_waits)
+      s = tpu_rt_execute_keep(e->rt, exec, in, nin, out, &done);
+    else
+      s = tpu_rt_execute_async(e->rt, exec, in, nin, out, &done);
     if (done) {
       int k = (e->ihead + e->icount) % TPU_INFLIGHT;
       e->inflight[k].ev = done;

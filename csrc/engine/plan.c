@@ -17,38 +17,40 @@
 enum { TPU_SRC_IN, TPU_SRC_HELD, TPU_SRC_CONST, TPU_SRC_RNG, TPU_SRC_NEW };
 
 typedef struct {
-  int kind;             /* TPU_SRC_* */
-  int idx;              /* graph input, held record or new record */
-  uint64_t rng;         /* RNG: the op's offset from the graph's first */
-  tpu_rt_buffer *buf;   /* CONST: owned */
+  int kind;           /* TPU_SRC_* */
+  int idx;            /* graph input, held record or new record */
+  uint64_t rng;       /* RNG: the op's offset from the graph's first */
+  tpu_rt_buffer *buf; /* CONST: owned */
 } tpu_plan_src;
 
 struct tpu_plan {
-  tpu_engine *eng;      /* NULL once released */
+  tpu_engine *eng; /* NULL once released */
   struct tpu_plan *prev, *next;
-  tpu_cache_entry *c;   /* referenced */
+  tpu_cache_entry *c; /* referenced */
   int nops;
   int nin;
-  tpu_tref *in;         /* the inputs' layout at capture (records cleared) */
-  int *in_alias;        /* the first input sharing its record, -1 for none */
-  tpu_record **held;    /* referenced: records the graph reads or writes but does not take as inputs */
+  tpu_tref *in;      /* the inputs' layout at capture (records cleared) */
+  int *in_alias;     /* the first input sharing its record, -1 for none */
+  tpu_record **held; /* referenced: records the graph reads or writes but does not take as inputs */
   int nheld;
-  tpu_plan_src *src;    /* by program input (c->nfin) */
-  tpu_plan_src *dst;    /* by program output (c->nfout): IN, HELD or NEW */
-  tpu_dtype *new_dt;    /* the new records' dtypes and sizes */
+  tpu_plan_src *src; /* by program input (c->nfin) */
+  tpu_plan_src *dst; /* by program output (c->nfout): IN, HELD or NEW */
+  tpu_dtype *new_dt; /* the new records' dtypes and sizes */
   int64_t *new_numel;
   int nnew;
   uint64_t rng_span;
   int nout;
-  tpu_tref *out;        /* the outputs' views at capture */
-  tpu_plan_src *osrc;   /* by output: IN, HELD or NEW */
+  tpu_tref *out;      /* the outputs' views at capture */
+  tpu_plan_src *osrc; /* by output: IN, HELD or NEW */
 };
 
 static void tpu_plan_release(tpu_plan *p) {
   tpu_engine *e = p->eng;
   if (!e) return;
-  if (p->prev) p->prev->next = p->next;
-  else e->plans = p->next;
+  if (p->prev)
+    p->prev->next = p->next;
+  else
+    e->plans = p->next;
   if (p->next) p->next->prev = p->prev;
   p->eng = NULL;
   tpu_cache_entry_free(p->c);
@@ -125,8 +127,8 @@ static int tpu_input_of(const tpu_tref *ins, int nin, const tpu_record *r) {
 
 /* Builds the plan of the recorded graph (before it runs: the nodes are
  * still there). NULL with *why when a part of it cannot be replayed. */
-static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entry *c, const tpu_tref *ins,
-                                  int nin, const tpu_tref *outs, int nout, tpu_plan **out, const char **why) {
+static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entry *c, const tpu_tref *ins, int nin,
+                                  const tpu_tref *outs, int nout, tpu_plan **out, const char **why) {
   *out = NULL;
   uint64_t epoch = e->fuse_epoch;
   int n = tab->n ? tab->n : 1;
@@ -333,8 +335,7 @@ tpu_status *tpu_engine_capture_end(tpu_engine *e, int prev, const tpu_tref *ins,
 }
 
 tpu_status *tpu_engine_graph_begin(tpu_engine *e, int *prev) {
-  if (e->capturing)
-    return tpu_status_new(TPU_ERR_RUNTIME, "a graph is already being captured: captures do not nest");
+  if (e->capturing) return tpu_status_new(TPU_ERR_RUNTIME, "a graph is already being captured: captures do not nest");
   tpu_status *s = tpu_engine_capture_begin(e, prev);
   if (!s) e->capture_whole = true;
   return s;
@@ -436,7 +437,9 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
   if (!s) {
     for (int k = 0; k < c->nfout; k++) {
       const tpu_plan_src *d = &p->dst[k];
-      tpu_record *r = d->kind == TPU_SRC_IN ? ins[d->idx].rec : d->kind == TPU_SRC_HELD ? p->held[d->idx] : fresh[d->idx];
+      tpu_record *r = d->kind == TPU_SRC_IN     ? ins[d->idx].rec
+                      : d->kind == TPU_SRC_HELD ? p->held[d->idx]
+                                                : fresh[d->idx];
       tpu_rt_buffer_free(r->buf);
       r->buf = outbuf[k];
     }

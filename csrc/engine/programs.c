@@ -60,15 +60,19 @@ static tpu_rt_exec *tpu_disk_load(tpu_engine *e, const uint8_t *key, size_t keyl
     atomic_fetch_add(&e->metrics.disk_refused, 1);
     if (!e->disk_refused_told) {
       e->disk_refused_told = true;
-      tpu_engine_warn(e, "torchtpu: ignored an untrusted compilation cache entry (%s); recompiling %s (further "
-                      "untrusted entries in this process are ignored without a warning)", why, label);
+      tpu_engine_warn(e,
+                      "torchtpu: ignored an untrusted compilation cache entry (%s); recompiling %s (further "
+                      "untrusted entries in this process are ignored without a warning)",
+                      why, label);
     }
   } else if (r == TPU_DC_HIT) {
     tpu_status *s = tpu_rt_exec_deserialize(e->rt, bytes, n, &exec);
     if (s) {
       atomic_fetch_add(&e->metrics.disk_corrupt, 1);
-      tpu_engine_warn(e, "torchtpu: the plugin refused a compilation cache entry in %s (%s); removed it, "
-                      "recompiling %s", tpu_dcache_dir(e->disk), tpu_status_message(s), label);
+      tpu_engine_warn(e,
+                      "torchtpu: the plugin refused a compilation cache entry in %s (%s); removed it, "
+                      "recompiling %s",
+                      tpu_dcache_dir(e->disk), tpu_status_message(s), label);
       tpu_status_free(s);
       tpu_dcache_remove(e->disk, key, keylen);
       exec = NULL;
@@ -97,8 +101,10 @@ static void tpu_disk_store(tpu_engine *e, tpu_rt_exec *exec, const uint8_t *key,
   int err = tpu_dcache_put(e->disk, key, keylen, bytes, n, why, sizeof why);
   free(bytes);
   if (err) {
-    tpu_engine_warn(e, "torchtpu: the compilation cache folder cannot be written (%s); new programs are "
-                    "cached in memory only for the rest of this process", why);
+    tpu_engine_warn(e,
+                    "torchtpu: the compilation cache folder cannot be written (%s); new programs are "
+                    "cached in memory only for the rest of this process",
+                    why);
     e->disk_readonly = true;
   } else {
     atomic_fetch_add(&e->metrics.disk_writes, 1);
@@ -270,8 +276,7 @@ bool tpu_cache_insert(tpu_engine *e, tpu_cache_entry *c) {
 
 void tpu_classify_views(tpu_arg *args, int nargs) {
   for (int i = 0; i < nargs; i++) {
-    if (args[i].kind == TPU_ARG_TENSOR && !args[i].t.host)
-      args[i].t.view = tpu_tref_view_kind(&args[i].t);
+    if (args[i].kind == TPU_ARG_TENSOR && !args[i].t.host) args[i].t.view = tpu_tref_view_kind(&args[i].t);
     if (args[i].kind == TPU_ARG_TENSORS)
       for (int j = 0; j < args[i].nlist; j++)
         if (args[i].list[j].rec) args[i].list[j].view = tpu_tref_view_kind(&args[i].list[j]);
@@ -279,8 +284,7 @@ void tpu_classify_views(tpu_arg *args, int nargs) {
 }
 
 /* Compile program text through the disk tier. *exec is owned by the caller. */
-tpu_status *tpu_engine_compile(tpu_engine *e, const char *text, size_t len, const char *name,
-                                      tpu_rt_exec **exec) {
+tpu_status *tpu_engine_compile(tpu_engine *e, const char *text, size_t len, const char *name, tpu_rt_exec **exec) {
   *exec = NULL;
   uint8_t *dkey = NULL;
   size_t dkeylen = 0;
@@ -314,9 +318,8 @@ tpu_status *tpu_engine_compile(tpu_engine *e, const char *text, size_t len, cons
  * plans are kept (fused mode records the op; a later eager call of the same
  * signature compiles it). A found plan-only entry is passed in *out and
  * gets its program. */
-tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row,
-                                    tpu_arg *args, int nargs, tpu_sig *sig,
-                                    uint64_t h, bool compile, tpu_cache_entry **out) {
+tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args, int nargs, tpu_sig *sig, uint64_t h,
+                             bool compile, tpu_cache_entry **out) {
   tpu_lower L;
   memset(&L, 0, sizeof L);
   L.hlo = tpu_hlo_new();
@@ -337,8 +340,10 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row,
   if (s && strncmp(tpu_status_message(s), "stablehlo.", 10) == 0 && tpu_status_code(s) != TPU_ERR_MEMORY) {
     /* The builder refused what an emitter built: an input the emitter does
      * not check for. A RuntimeError naming the op, never another type. */
-    tpu_status *r = tpu_status_new(TPU_ERR_RUNTIME, "aten::%s: these arguments are not supported on tpu (the "
-                                   "lowering built an invalid program: %s)", row->name, tpu_status_message(s));
+    tpu_status *r = tpu_status_new(TPU_ERR_RUNTIME,
+                                   "aten::%s: these arguments are not supported on tpu (the "
+                                   "lowering built an invalid program: %s)",
+                                   row->name, tpu_status_message(s));
     tpu_status_free(s);
     return r;
   }

@@ -96,8 +96,7 @@ int64_t tpu_hlo_type_numel(const tpu_hlo_type *t) {
 }
 
 bool tpu_hlo_type_eq(const tpu_hlo_type *a, const tpu_hlo_type *b) {
-  return a->dtype == b->dtype && a->rank == b->rank &&
-         memcmp(a->dims, b->dims, sizeof(int64_t) * (size_t)a->rank) == 0;
+  return a->dtype == b->dtype && a->rank == b->rank && memcmp(a->dims, b->dims, sizeof(int64_t) * (size_t)a->rank) == 0;
 }
 
 int tpu_hlo_type_str(const tpu_hlo_type *t, char *buf, size_t n) {
@@ -346,8 +345,8 @@ tpu_status *tpu_hlo_finish(tpu_hlo *m, const tpu_hv *results, int n, char **text
 
 /* ---- the generic primitive --------------------------------------------------------- */
 
-bool tpu_hlo_emit(tpu_hlo *m, const char *name, const tpu_hv *operands, int nops, const int *regions,
-                  int nregions, const char *attrs, const tpu_hlo_type *result_types, int nres, tpu_hv *outs) {
+bool tpu_hlo_emit(tpu_hlo *m, const char *name, const tpu_hv *operands, int nops, const int *regions, int nregions,
+                  const char *attrs, const tpu_hlo_type *result_types, int nres, tpu_hv *outs) {
   for (int i = 0; i < nres; i++) outs[i] = TPU_HV_NONE;
   if (!tpu_hloi_check(m, operands, nops)) return false;
   if (nops < 0 || nregions < 0 || nres < 0) {
@@ -557,8 +556,7 @@ bool tpu_hloi_region_sig(tpu_hlo *m, const char *op, int region, const tpu_hlo_t
     tpu_buf want = {0}, got = {0};
     tpu_put_sig(m, &want, args, nargs, res, nres);
     tpu_put_sig(m, &got, r->sig, r->nargs, r->sig + r->nargs, r->nres);
-    if (!m->oom)
-      tpu_hlo_fail(m, TPU_ERR_RUNTIME, "%s: region %d has signature %s, want %s", op, region, got.p, want.p);
+    if (!m->oom) tpu_hlo_fail(m, TPU_ERR_RUNTIME, "%s: region %d has signature %s, want %s", op, region, got.p, want.p);
     free(want.p);
     free(got.p);
     return false;

@@ -50,8 +50,7 @@ bool tpu_hlo_ok(const tpu_hlo *m);
  * constant divisor, and approximates rsqrt. */
 void tpu_hlo_set_exact_division(tpu_hlo *m, bool on);
 /* Record a sticky error (ignored if one is already recorded). */
-void tpu_hlo_fail(tpu_hlo *m, tpu_code code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+void tpu_hlo_fail(tpu_hlo *m, tpu_code code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Next argument of @main. */
 tpu_hv tpu_hlo_param(tpu_hlo *m, tpu_hlo_type t);
@@ -64,8 +63,7 @@ const tpu_hlo_type *tpu_hlo_typeof(const tpu_hlo *m, tpu_hv v);
 
 /* Close @main returning results[0..n). On success *text (owned by the
  * caller, free()) and *len are set. On a sticky error returns it (owned). */
-tpu_status *tpu_hlo_finish(tpu_hlo *m, const tpu_hv *results, int n,
-                           char **text, size_t *len);
+tpu_status *tpu_hlo_finish(tpu_hlo *m, const tpu_hv *results, int n, char **text, size_t *len);
 
 /* 64-bit structural hash of finished text (FNV-1a over the bytes). */
 uint64_t tpu_hlo_hash(const char *text, size_t len);
@@ -75,19 +73,16 @@ uint64_t tpu_hlo_hash(const char *text, size_t len);
  * attrs: the text between the braces, without them, or NULL. regions: ids from
  * tpu_hlo_region_end, consumed. Writes nres handles to outs. Every typed
  * helper below is built on this. Returns false after an error. */
-bool tpu_hlo_emit(tpu_hlo *m, const char *name, const tpu_hv *operands,
-                  int nops, const int *regions, int nregions,
-                  const char *attrs, const tpu_hlo_type *result_types,
-                  int nres, tpu_hv *outs);
+bool tpu_hlo_emit(tpu_hlo *m, const char *name, const tpu_hv *operands, int nops, const int *regions, int nregions,
+                  const char *attrs, const tpu_hlo_type *result_types, int nres, tpu_hv *outs);
 /* One-result convenience form. */
-tpu_hv tpu_hlo_emit1(tpu_hlo *m, const char *name, const tpu_hv *operands,
-                     int nops, const char *attrs, tpu_hlo_type result);
+tpu_hv tpu_hlo_emit1(tpu_hlo *m, const char *name, const tpu_hv *operands, int nops, const char *attrs,
+                     tpu_hlo_type result);
 
 /* ---- regions ------------------------------------------------------------------ */
 
 /* Open a block with n scalar-or-tensor arguments; their handles go to args. */
-void tpu_hlo_region_begin(tpu_hlo *m, const tpu_hlo_type *arg_types, int n,
-                          tpu_hv *args);
+void tpu_hlo_region_begin(tpu_hlo *m, const tpu_hlo_type *arg_types, int n, tpu_hv *args);
 /* Close it with `stablehlo.return results`; returns its id (or -1). */
 int tpu_hlo_region_end(tpu_hlo *m, const tpu_hv *results, int n);
 
@@ -95,16 +90,47 @@ int tpu_hlo_region_end(tpu_hlo *m, const tpu_hv *results, int n);
 
 typedef enum {
   /* unary */
-  TPU_HLO_ABS, TPU_HLO_NEG, TPU_HLO_EXP, TPU_HLO_EXPM1, TPU_HLO_LOG,
-  TPU_HLO_LOG1P, TPU_HLO_SQRT, TPU_HLO_RSQRT, TPU_HLO_CBRT, TPU_HLO_TANH,
-  TPU_HLO_LOGISTIC, TPU_HLO_SIN, TPU_HLO_COS, TPU_HLO_TAN, TPU_HLO_FLOOR,
-  TPU_HLO_CEIL, TPU_HLO_ROUND_EVEN, TPU_HLO_ROUND_AWAY, TPU_HLO_SIGN,
-  TPU_HLO_NOT, TPU_HLO_IS_FINITE, TPU_HLO_POPCNT, TPU_HLO_CLZ,
-  TPU_HLO_REAL, TPU_HLO_IMAG,
+  TPU_HLO_ABS,
+  TPU_HLO_NEG,
+  TPU_HLO_EXP,
+  TPU_HLO_EXPM1,
+  TPU_HLO_LOG,
+  TPU_HLO_LOG1P,
+  TPU_HLO_SQRT,
+  TPU_HLO_RSQRT,
+  TPU_HLO_CBRT,
+  TPU_HLO_TANH,
+  TPU_HLO_LOGISTIC,
+  TPU_HLO_SIN,
+  TPU_HLO_COS,
+  TPU_HLO_TAN,
+  TPU_HLO_FLOOR,
+  TPU_HLO_CEIL,
+  TPU_HLO_ROUND_EVEN,
+  TPU_HLO_ROUND_AWAY,
+  TPU_HLO_SIGN,
+  TPU_HLO_NOT,
+  TPU_HLO_IS_FINITE,
+  TPU_HLO_POPCNT,
+  TPU_HLO_CLZ,
+  TPU_HLO_REAL,
+  TPU_HLO_IMAG,
   /* binary */
-  TPU_HLO_ADD, TPU_HLO_SUB, TPU_HLO_MUL, TPU_HLO_DIV, TPU_HLO_REM,
-  TPU_HLO_POW, TPU_HLO_MAX, TPU_HLO_MIN, TPU_HLO_AND, TPU_HLO_OR,
-  TPU_HLO_XOR, TPU_HLO_ATAN2, TPU_HLO_SHL, TPU_HLO_SHR_A, TPU_HLO_SHR_L,
+  TPU_HLO_ADD,
+  TPU_HLO_SUB,
+  TPU_HLO_MUL,
+  TPU_HLO_DIV,
+  TPU_HLO_REM,
+  TPU_HLO_POW,
+  TPU_HLO_MAX,
+  TPU_HLO_MIN,
+  TPU_HLO_AND,
+  TPU_HLO_OR,
+  TPU_HLO_XOR,
+  TPU_HLO_ATAN2,
+  TPU_HLO_SHL,
+  TPU_HLO_SHR_A,
+  TPU_HLO_SHR_L,
   TPU_HLO_COMPLEX,
   TPU_HLO_NUM_OPS
 } tpu_hlo_op;
@@ -136,45 +162,35 @@ tpu_hv tpu_hlo_bitcast_convert(tpu_hlo *m, tpu_hv x, tpu_dtype dt);
 /* Shape ops. reshape returns x when the shape is unchanged. */
 tpu_hv tpu_hlo_reshape(tpu_hlo *m, tpu_hv x, int rank, const int64_t *dims);
 /* Result shape dims[0..rank); x's dimension i maps to result dim bdims[i]. */
-tpu_hv tpu_hlo_broadcast_in_dim(tpu_hlo *m, tpu_hv x, int rank,
-                                const int64_t *dims, const int64_t *bdims);
+tpu_hv tpu_hlo_broadcast_in_dim(tpu_hlo *m, tpu_hv x, int rank, const int64_t *dims, const int64_t *bdims);
 tpu_hv tpu_hlo_transpose(tpu_hlo *m, tpu_hv x, const int64_t *perm);
-tpu_hv tpu_hlo_slice(tpu_hlo *m, tpu_hv x, const int64_t *start,
-                     const int64_t *limit, const int64_t *strides);
+tpu_hv tpu_hlo_slice(tpu_hlo *m, tpu_hv x, const int64_t *start, const int64_t *limit, const int64_t *strides);
 /* starts: rank 0-d integer values. */
-tpu_hv tpu_hlo_dynamic_slice(tpu_hlo *m, tpu_hv x, const tpu_hv *starts,
-                             const int64_t *sizes);
-tpu_hv tpu_hlo_dynamic_update_slice(tpu_hlo *m, tpu_hv x, tpu_hv update,
-                                    const tpu_hv *starts);
+tpu_hv tpu_hlo_dynamic_slice(tpu_hlo *m, tpu_hv x, const tpu_hv *starts, const int64_t *sizes);
+tpu_hv tpu_hlo_dynamic_update_slice(tpu_hlo *m, tpu_hv x, tpu_hv update, const tpu_hv *starts);
 tpu_hv tpu_hlo_concat(tpu_hlo *m, const tpu_hv *xs, int n, int dim);
 /* padval: 0-d of x's dtype; lo/hi may be negative; interior >= 0. */
-tpu_hv tpu_hlo_pad(tpu_hlo *m, tpu_hv x, tpu_hv padval, const int64_t *lo,
-                   const int64_t *hi, const int64_t *interior);
+tpu_hv tpu_hlo_pad(tpu_hlo *m, tpu_hv x, tpu_hv padval, const int64_t *lo, const int64_t *hi, const int64_t *interior);
 tpu_hv tpu_hlo_reverse(tpu_hlo *m, tpu_hv x, const int64_t *dims, int ndims);
 
 /* Reduce x over dims with the scalar body `op` (ADD, MUL, MAX, MIN, AND, OR)
  * and init (0-d, x's dtype). Result drops the reduced dims. */
-tpu_hv tpu_hlo_reduce(tpu_hlo *m, tpu_hv x, tpu_hv init, const int64_t *dims,
-                      int ndims, tpu_hlo_op op);
+tpu_hv tpu_hlo_reduce(tpu_hlo *m, tpu_hv x, tpu_hv init, const int64_t *dims, int ndims, tpu_hlo_op op);
 /* Variadic reduce with a region taking 2n scalars (acc..., elem...) and
  * returning n. */
-bool tpu_hlo_reduce_region(tpu_hlo *m, const tpu_hv *xs, const tpu_hv *inits,
-                           int n, const int64_t *dims, int ndims, int region,
-                           tpu_hv *outs);
+bool tpu_hlo_reduce_region(tpu_hlo *m, const tpu_hv *xs, const tpu_hv *inits, int n, const int64_t *dims, int ndims,
+                           int region, tpu_hv *outs);
 /* Windowed reduce (pooling). All arrays have x's rank; padding is lo/hi
  * pairs: pad[2*i], pad[2*i+1]. NULL strides/dilations mean 1s; NULL pad 0s. */
-bool tpu_hlo_reduce_window(tpu_hlo *m, const tpu_hv *xs, const tpu_hv *inits,
-                           int n, const int64_t *window, const int64_t *strides,
-                           const int64_t *base_dil, const int64_t *win_dil,
-                           const int64_t *pad, int region, tpu_hv *outs);
+bool tpu_hlo_reduce_window(tpu_hlo *m, const tpu_hv *xs, const tpu_hv *inits, int n, const int64_t *window,
+                           const int64_t *strides, const int64_t *base_dil, const int64_t *win_dil, const int64_t *pad,
+                           int region, tpu_hv *outs);
 
 /* Matmul family. Result: batch dims, lhs free dims, rhs free dims; dtype is
  * out_dt (TPU_INVALID: the lhs dtype). */
-tpu_hv tpu_hlo_dot_general(tpu_hlo *m, tpu_hv lhs, tpu_hv rhs, int nbatch,
-                           const int64_t *lhs_batch, const int64_t *rhs_batch,
-                           int ncontract, const int64_t *lhs_contract,
-                           const int64_t *rhs_contract, tpu_hlo_precision p,
-                           tpu_dtype out_dt);
+tpu_hv tpu_hlo_dot_general(tpu_hlo *m, tpu_hv lhs, tpu_hv rhs, int nbatch, const int64_t *lhs_batch,
+                           const int64_t *rhs_batch, int ncontract, const int64_t *lhs_contract,
+                           const int64_t *rhs_contract, tpu_hlo_precision p, tpu_dtype out_dt);
 
 typedef struct {
   int n_offset, n_collapsed, n_start_index_map, n_operand_batching;
@@ -188,9 +204,8 @@ typedef struct {
 
 /* Result type is given by the caller (gather's inference is the caller's
  * business); slice_sizes has the operand's rank. */
-tpu_hv tpu_hlo_gather(tpu_hlo *m, tpu_hv operand, tpu_hv indices,
-                      const tpu_hlo_gather_dims *d, const int64_t *slice_sizes,
-                      tpu_hlo_type result);
+tpu_hv tpu_hlo_gather(tpu_hlo *m, tpu_hv operand, tpu_hv indices, const tpu_hlo_gather_dims *d,
+                      const int64_t *slice_sizes, tpu_hlo_type result);
 
 typedef struct {
   int n_update_window, n_inserted, n_scatter_to_operand, n_input_batching;
@@ -204,27 +219,22 @@ typedef struct {
 
 /* Result has operand's type. region: (old, new) scalars -> one scalar; pass
  * -1 to get a "replace with the update" body built for you. */
-tpu_hv tpu_hlo_scatter(tpu_hlo *m, tpu_hv operand, tpu_hv indices,
-                       tpu_hv updates, const tpu_hlo_scatter_dims *d,
+tpu_hv tpu_hlo_scatter(tpu_hlo *m, tpu_hv operand, tpu_hv indices, tpu_hv updates, const tpu_hlo_scatter_dims *d,
                        int region);
 
 /* Sort n arrays of the same shape along dim with a comparator region taking
  * 2n scalars (lhs_0, rhs_0, lhs_1, rhs_1, ...) returning one i1. */
-bool tpu_hlo_sort(tpu_hlo *m, const tpu_hv *xs, int n, int dim, bool stable,
-                  int region, tpu_hv *outs);
+bool tpu_hlo_sort(tpu_hlo *m, const tpu_hv *xs, int n, int dim, bool stable, int region, tpu_hv *outs);
 
 /* Counter-based bits: state is tensor<2xui64> (THREE_FRY); returns the new
  * state in *new_state and bits of type `bits` (an unsigned int type). */
-tpu_hv tpu_hlo_rng_bit_generator(tpu_hlo *m, tpu_hv state, tpu_hlo_type bits,
-                                 tpu_hv *new_state);
+tpu_hv tpu_hlo_rng_bit_generator(tpu_hlo *m, tpu_hv state, tpu_hlo_type bits, tpu_hv *new_state);
 
 /* Convolution in the layout (batch, feature, spatial...) for input and
  * output and (out_feature, in_feature, spatial...) for the kernel, with nsp
  * spatial dims. pad: lo/hi pairs. NULL arrays mean defaults (1 or 0). */
-tpu_hv tpu_hlo_convolution(tpu_hlo *m, tpu_hv input, tpu_hv kernel, int nsp,
-                           const int64_t *strides, const int64_t *pad,
-                           const int64_t *lhs_dil, const int64_t *rhs_dil,
-                           int64_t feature_groups, int64_t batch_groups,
+tpu_hv tpu_hlo_convolution(tpu_hlo *m, tpu_hv input, tpu_hv kernel, int nsp, const int64_t *strides, const int64_t *pad,
+                           const int64_t *lhs_dil, const int64_t *rhs_dil, int64_t feature_groups, int64_t batch_groups,
                            tpu_hlo_precision p);
 
 #endif

@@ -206,9 +206,9 @@ tpu_hv tpu_hlo_rng_bit_generator(tpu_hlo *m, tpu_hv state, tpu_hlo_type bits, tp
   return outs[1];
 }
 
-tpu_hv tpu_hlo_convolution(tpu_hlo *m, tpu_hv input, tpu_hv kernel, int nsp, const int64_t *strides,
-                           const int64_t *pad, const int64_t *lhs_dil, const int64_t *rhs_dil, int64_t feature_groups,
-                           int64_t batch_groups, tpu_hlo_precision p) {
+tpu_hv tpu_hlo_convolution(tpu_hlo *m, tpu_hv input, tpu_hv kernel, int nsp, const int64_t *strides, const int64_t *pad,
+                           const int64_t *lhs_dil, const int64_t *rhs_dil, int64_t feature_groups, int64_t batch_groups,
+                           tpu_hlo_precision p) {
   tpu_hv ops[2] = {input, kernel};
   if (!tpu_hloi_check(m, ops, 2)) return TPU_HV_NONE;
   const tpu_hlo_type *it = &TY(input), *kt = &TY(kernel);

@@ -31,9 +31,12 @@ static double tpu_round_format(double v, int p, int emin, int emax) {
 }
 
 static void tpu_put_float(tpu_hlo *m, tpu_buf *b, tpu_dtype dt, double v) {
-  if (dt == TPU_F32) v = tpu_round_format(v, 24, -126, 127);
-  else if (dt == TPU_BF16) v = tpu_round_format(v, 8, -126, 127);
-  else if (dt == TPU_F16) v = tpu_round_format(v, 11, -14, 15);
+  if (dt == TPU_F32)
+    v = tpu_round_format(v, 24, -126, 127);
+  else if (dt == TPU_BF16)
+    v = tpu_round_format(v, 8, -126, 127);
+  else if (dt == TPU_F16)
+    v = tpu_round_format(v, 11, -14, 15);
   if (!isfinite(v)) {
     /* MLIR takes hex literals in a float dense attribute as bit patterns. */
     bool neg = signbit(v);
@@ -71,8 +74,10 @@ static void tpu_put_float(tpu_hlo *m, tpu_buf *b, tpu_dtype dt, double v) {
 }
 
 static void tpu_put_scalar_literal(tpu_hlo *m, tpu_buf *b, tpu_dtype dt, double f, int64_t i) {
-  if (dt == TPU_PRED) tpu_hloi_buf_printf(m, b, "%s", i ? "true" : "false");
-  else if (tpu_dtype_is_float(dt)) tpu_put_float(m, b, dt, f);
+  if (dt == TPU_PRED)
+    tpu_hloi_buf_printf(m, b, "%s", i ? "true" : "false");
+  else if (tpu_dtype_is_float(dt))
+    tpu_put_float(m, b, dt, f);
   else if (dt == TPU_C64 || dt == TPU_C128) {
     tpu_dtype part = dt == TPU_C64 ? TPU_F32 : TPU_F64;
     tpu_hloi_buf_put(m, b, "(", 1);
@@ -120,11 +125,16 @@ tpu_hv tpu_hlo_constant(tpu_hlo *m, tpu_dtype dt, double v) {
   /* The integer form for integer dtypes: truncated toward zero, saturated
    * to the 64-bit range (a plain cast would be undefined out of range). */
   int64_t i = 0;
-  if (isnan(v)) i = 0;
-  else if (v >= 18446744073709551616.0) i = dt == TPU_U64 ? -1 : INT64_MAX;
-  else if (v >= 9223372036854775808.0) i = dt == TPU_U64 ? (int64_t)(uint64_t)v : INT64_MAX;
-  else if (v < -9223372036854775808.0) i = INT64_MIN;
-  else i = (int64_t)v;
+  if (isnan(v))
+    i = 0;
+  else if (v >= 18446744073709551616.0)
+    i = dt == TPU_U64 ? -1 : INT64_MAX;
+  else if (v >= 9223372036854775808.0)
+    i = dt == TPU_U64 ? (int64_t)(uint64_t)v : INT64_MAX;
+  else if (v < -9223372036854775808.0)
+    i = INT64_MIN;
+  else
+    i = (int64_t)v;
   return tpu_constant(m, dt, v, i);
 }
 

@@ -40,16 +40,16 @@ typedef struct {
 
 typedef struct {
   tpu_hlo_type t;
-  int scope;   /* 0: @main's body; otherwise the id of the region defining it */
-  bool splat;  /* XLA may see it as a broadcast or a constant (see exact_div) */
+  int scope;  /* 0: @main's body; otherwise the id of the region defining it */
+  bool splat; /* XLA may see it as a broadcast or a constant (see exact_div) */
 } tpu_val;
 
 /* A closed region: its text and signature, until an op consumes it. */
 typedef struct {
-  char *text;         /* owned; NULL once consumed */
-  int scope;          /* scope that was current when it was opened */
+  char *text; /* owned; NULL once consumed */
+  int scope;  /* scope that was current when it was opened */
   int nargs, nres;
-  tpu_hlo_type *sig;  /* owned: nargs argument types, then nres result types */
+  tpu_hlo_type *sig; /* owned: nargs argument types, then nres result types */
 } tpu_region;
 
 /* An open region. */
@@ -61,18 +61,18 @@ typedef struct {
 } tpu_frame;
 
 struct tpu_hlo {
-  tpu_status *err;       /* sticky, owned */
-  tpu_val **chunks;      /* owned, each TPU_HLO_CHUNK records; never moved */
+  tpu_status *err;  /* sticky, owned */
+  tpu_val **chunks; /* owned, each TPU_HLO_CHUNK records; never moved */
   int nchunks, capchunks;
   int nvals;
   tpu_hv *params;
   int nparams, capparams;
-  int *alias;            /* per param: result index or -1 */
+  int *alias; /* per param: result index or -1 */
   tpu_buf body;
   tpu_frame stack[TPU_HLO_MAX_DEPTH]; /* open regions */
   int depth;
-  int nscopes;           /* region scope ids handed out */
-  tpu_region *regions;   /* closed regions, by id */
+  int nscopes;         /* region scope ids handed out */
+  tpu_region *regions; /* closed regions, by id */
   int nregions, capregions;
   bool oom;
   bool exact_div; /* division and rsqrt as torch's CPU kernels, where XLA's CPU compiler differs */

@@ -22,8 +22,8 @@ static int tpu_scalar_body(tpu_hlo *m, tpu_dtype dt, tpu_hlo_op op) {
 
 /* Variadic reductions: n inputs of one shape, n 0-d inits of their dtypes,
  * and a body (acc..., elem...) -> acc... over those scalars. */
-static bool tpu_reduce_operands(tpu_hlo *m, const char *op, const tpu_hv *xs, const tpu_hv *inits, int n,
-                                int region, tpu_hv *ops) {
+static bool tpu_reduce_operands(tpu_hlo *m, const char *op, const tpu_hv *xs, const tpu_hv *inits, int n, int region,
+                                tpu_hv *ops) {
   if (n < 1 || n > 8) {
     tpu_hlo_fail(m, TPU_ERR_RUNTIME, "%s: %d operands (1 to 8 supported)", op, n);
     return false;
@@ -103,8 +103,7 @@ bool tpu_hlo_reduce_window(tpu_hlo *m, const tpu_hv *xs, const tpu_hv *inits, in
   const int64_t *st = strides ? strides : ones, *bd = base_dil ? base_dil : ones, *wd = win_dil ? win_dil : ones;
   for (int i = 0; i < r; i++)
     if (!window || window[i] < 1 || st[i] < 1 || bd[i] < 1 || wd[i] < 1) {
-      tpu_hlo_fail(m, TPU_ERR_VALUE, "stablehlo.reduce_window: window, strides and dilations must be >= 1 (dim %d)",
-                   i);
+      tpu_hlo_fail(m, TPU_ERR_VALUE, "stablehlo.reduce_window: window, strides and dilations must be >= 1 (dim %d)", i);
       return false;
     }
   tpu_hlo_type rt[8];

@@ -192,8 +192,7 @@ tpu_hv tpu_hlo_concat(tpu_hlo *m, const tpu_hv *xs, int n, int dim) {
   return tpu_hlo_emit1(m, "stablehlo.concatenate", xs, n, attrs, t);
 }
 
-tpu_hv tpu_hlo_pad(tpu_hlo *m, tpu_hv x, tpu_hv padval, const int64_t *lo, const int64_t *hi,
-                   const int64_t *interior) {
+tpu_hv tpu_hlo_pad(tpu_hlo *m, tpu_hv x, tpu_hv padval, const int64_t *lo, const int64_t *hi, const int64_t *interior) {
   tpu_hv ops[2] = {x, padval};
   if (!tpu_hloi_check(m, ops, 2)) return TPU_HV_NONE;
   tpu_hlo_type t = TY(x);

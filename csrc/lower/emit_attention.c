@@ -95,8 +95,8 @@ void tpu_emit_sdpa(tpu_lower *L) {
                               tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, sum, 1), sum), tpu_k(L, sum, 0));
   tpu_hv p = tpu_mul(L, e, tpu_attn_rows(L, inv, s));
   int64_t pc = A.r - 1, vc = A.r - 2;
-  tpu_hv out = tpu_hlo_dot_general(H, p, tpu_lower_input(L, 2, A.acc), A.nb, A.bd, A.bd, 1, &pc, &vc, L->precision,
-                                   A.acc);
+  tpu_hv out =
+      tpu_hlo_dot_general(H, p, tpu_lower_input(L, 2, A.acc), A.nb, A.bd, A.bd, 1, &pc, &vc, L->precision, A.acc);
   tpu_attn_out(L, out, 6, A.dt);
   tpu_lower_out(L, tpu_add(L, tpu_hlo_unary(H, TPU_HLO_LOG, sum), mx));
 }

@@ -33,7 +33,8 @@ static bool tpu_conv_list(tpu_lower *L, int i, int n, int64_t dflt, int64_t *out
   }
   if (a->kind != TPU_ARG_INTS || a->nints == 0) return true;
   if (a->nints != 1 && a->nints != n) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: expected %d values in an int list argument, got %d", L->opname, n, a->nints);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: expected %d values in an int list argument, got %d", L->opname, n,
+                   a->nints);
     return false;
   }
   for (int k = 0; k < n; k++) out[k] = a->ints[a->nints == 1 ? 0 : k];
@@ -140,8 +141,9 @@ static bool tpu_conv_check(tpu_lower *L, tpu_tref *x, tpu_tref *w) {
     return false;
   }
   if (x->rank < 3 || x->rank != w->rank) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected %d-dimensional input for %d-dimensional weight, but got %d-dimensional input",
-                   w->rank, w->rank, x->rank);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected %d-dimensional input for %d-dimensional weight, but got %d-dimensional input", w->rank,
+                   w->rank, x->rank);
     return false;
   }
   return true;
@@ -160,10 +162,11 @@ void tpu_emit_convolution(tpu_lower *L) {
   tpu_hv x = tpu_lower_input(L, 0, acc), w = tpu_lower_input(L, 1, acc);
   int64_t cin = transposed ? wr->sizes[0] : wr->sizes[1] * p.groups;
   if (xr->sizes[1] != cin || wr->sizes[0] % p.groups) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Given groups=%lld, weight of size [%lld, %lld, ...], expected input[%lld, %lld, ...] "
-                   "to have %lld channels, but got %lld channels instead", (long long)p.groups, (long long)wr->sizes[0],
-                   (long long)wr->sizes[1], (long long)xr->sizes[0], (long long)xr->sizes[1], (long long)cin,
-                   (long long)xr->sizes[1]);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Given groups=%lld, weight of size [%lld, %lld, ...], expected input[%lld, %lld, ...] "
+                   "to have %lld channels, but got %lld channels instead",
+                   (long long)p.groups, (long long)wr->sizes[0], (long long)wr->sizes[1], (long long)xr->sizes[0],
+                   (long long)xr->sizes[1], (long long)cin, (long long)xr->sizes[1]);
     return;
   }
   tpu_hv y;
@@ -248,13 +251,13 @@ void tpu_emit_convolution_backward(tpu_lower *L) {
 
 typedef struct {
   int64_t in, out, K;
-  int64_t *idx;    /* out*K positions, clamped into [0, in) */
-  uint8_t *valid;  /* out*K flags */
-  int64_t *cnt;    /* out divisors (avg pooling) */
+  int64_t *idx;   /* out*K positions, clamped into [0, in) */
+  uint8_t *valid; /* out*K flags */
+  int64_t *cnt;   /* out divisors (avg pooling) */
 } tpu_win;
 
 typedef struct {
-  int nsp, lead;  /* spatial dims; leading (batch, channel) dims */
+  int nsp, lead; /* spatial dims; leading (batch, channel) dims */
   tpu_win w[3];
 } tpu_pool;
 
@@ -278,8 +281,8 @@ static bool tpu_win_alloc(tpu_lower *L, tpu_win *w) {
 }
 
 /* Sliding windows: kernel k, stride s, padding p, dilation d. */
-static bool tpu_win_sliding(tpu_lower *L, tpu_win *w, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode,
-                            bool count_pad) {
+static bool tpu_win_sliding(tpu_lower *L, tpu_win *w, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d,
+                            bool ceil_mode, bool count_pad) {
   int64_t span = d * (k - 1) + 1;
   int64_t num = in + 2 * p - span + (ceil_mode ? s - 1 : 0);
   int64_t out = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;
@@ -329,23 +332,27 @@ static bool tpu_pool_input(tpu_lower *L, tpu_tref *t, int nsp, const char *name,
   memset(P, 0, sizeof *P);
   P->nsp = nsp;
   if (t->rank != nsp + 1 && t->rank != nsp + 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: Expected %dD or %dD (batch mode) tensor for input with possibly 0 batch size "
-                   "and non-zero dimensions for input, but got: %dD", name, nsp + 1, nsp + 2, t->rank);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "%s: Expected %dD or %dD (batch mode) tensor for input with possibly 0 batch size "
+                   "and non-zero dimensions for input, but got: %dD",
+                   name, nsp + 1, nsp + 2, t->rank);
     return false;
   }
   P->lead = t->rank - nsp;
   for (int i = 1; i < t->rank; i++)
     if (t->sizes[i] == 0) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: Expected input's non-batch dimensions to have positive length, but input "
-                     "has a shape of %lld at dimension %d", name, (long long)t->sizes[i], i);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "%s: Expected input's non-batch dimensions to have positive length, but input "
+                     "has a shape of %lld at dimension %d",
+                     name, (long long)t->sizes[i], i);
       return false;
     }
   return true;
 }
 
 /* kernel_size, stride, padding (and dilation) lists at args first.. */
-static bool tpu_pool_sliding(tpu_lower *L, tpu_tref *t, int nsp, int first, bool has_dil, bool ceil_mode, bool count_pad,
-                             const char *name, tpu_pool *P) {
+static bool tpu_pool_sliding(tpu_lower *L, tpu_tref *t, int nsp, int first, bool has_dil, bool ceil_mode,
+                             bool count_pad, const char *name, tpu_pool *P) {
   if (!tpu_pool_input(L, t, nsp, name, P)) return false;
   int64_t k[3], s[3], p[3], d[3] = {1, 1, 1};
   tpu_arg *ka = &L->args[first], *sa = &L->args[first + 1];
@@ -354,7 +361,8 @@ static bool tpu_pool_sliding(tpu_lower *L, tpu_tref *t, int nsp, int first, bool
     return false;
   }
   if (sa->kind == TPU_ARG_INTS && sa->nints != 0 && sa->nints != 1 && sa->nints != nsp) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: stride must either be omitted, a single int, or a tuple of %d ints", name, nsp);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: stride must either be omitted, a single int, or a tuple of %d ints", name,
+                   nsp);
     return false;
   }
   if (!tpu_conv_list(L, first, nsp, 1, k) || !tpu_conv_list(L, first + 2, nsp, 0, p) ||
@@ -367,24 +375,33 @@ static bool tpu_pool_sliding(tpu_lower *L, tpu_tref *t, int nsp, int first, bool
   }
   for (int i = 0; i < nsp; i++) {
     if (k[i] <= 0 || s[i] <= 0 || d[i] <= 0) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, k[i] <= 0 ? "kernel size should be greater than zero, but got kH: %lld"
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     k[i] <= 0   ? "kernel size should be greater than zero, but got kH: %lld"
                      : s[i] <= 0 ? "stride should be greater than zero, but got dH: %lld"
-                     : "dilation should be greater than zero, but got dilationH: %lld",
-                     (long long)(k[i] <= 0 ? k[i] : s[i] <= 0 ? s[i] : d[i]));
+                                 : "dilation should be greater than zero, but got dilationH: %lld",
+                     (long long)(k[i] <= 0   ? k[i]
+                                 : s[i] <= 0 ? s[i]
+                                             : d[i]));
       return false;
     }
     if (p[i] < 0 || p[i] > (has_dil ? (d[i] * (k[i] - 1) + 1) / 2 : k[i] / 2)) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, has_dil ? "pad should be at most half of effective kernel size, but got pad=%lld, "
-                     "kernel_size=%lld and dilation=%lld" : "pad should be at most half of kernel size, but got pad=%lld, "
-                     "kernel_size=%lld and dilation=%lld", (long long)p[i], (long long)k[i], (long long)d[i]);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     has_dil ? "pad should be at most half of effective kernel size, but got pad=%lld, "
+                               "kernel_size=%lld and dilation=%lld"
+                             : "pad should be at most half of kernel size, but got pad=%lld, "
+                               "kernel_size=%lld and dilation=%lld",
+                     (long long)p[i], (long long)k[i], (long long)d[i]);
       return false;
     }
   }
   for (int i = 0; i < nsp; i++) {
-    if (!tpu_win_sliding(L, &P->w[i], t->sizes[P->lead + i], k[i], s[i], p[i], d[i], ceil_mode, count_pad)) return false;
+    if (!tpu_win_sliding(L, &P->w[i], t->sizes[P->lead + i], k[i], s[i], p[i], d[i], ceil_mode, count_pad))
+      return false;
     if (P->w[i].out < 1) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Given input size: (%lldx...). Calculated output size: (%lldx...). "
-                     "Output size is too small", (long long)t->sizes[P->lead - 1], (long long)P->w[i].out);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "Given input size: (%lldx...). Calculated output size: (%lldx...). "
+                     "Output size is too small",
+                     (long long)t->sizes[P->lead - 1], (long long)P->w[i].out);
       return false;
     }
   }
@@ -401,8 +418,9 @@ static bool tpu_pool_adaptive(tpu_lower *L, tpu_tref *t, int nsp, int osz_arg, c
   for (int i = 0; i < nsp; i++) {
     int64_t o = a->ints[a->nints == 1 ? 0 : i];
     if (o < 0) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: elements of output_size must be greater than or equal to 0 but received {%lld}",
-                     name, (long long)o);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "%s: elements of output_size must be greater than or equal to 0 but received {%lld}", name,
+                     (long long)o);
       return false;
     }
     if (!tpu_win_adaptive(L, &P->w[i], t->sizes[P->lead + i], o)) return false;
@@ -587,7 +605,8 @@ static tpu_hv tpu_pool_max_backward(tpu_lower *L, int garg, int xarg, int iarg, 
   for (int i = lead; i < x->rank; i++) in_n *= x->sizes[i];
   for (int i = 0; i < ix->rank; i++) on *= ix->sizes[i];
   if (ix->rank != g->rank || on == 0 || planes == 0) {
-    if (on != 0 && planes != 0) tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: indices and grad_output shapes differ", L->opname);
+    if (on != 0 && planes != 0)
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: indices and grad_output shapes differ", L->opname);
     return tpu_hlo_convert(H, tpu_lower_full(L, tpu_hlo_type_make(acc, x->rank, x->sizes), 0), dt);
   }
   on /= planes;
@@ -606,7 +625,9 @@ static tpu_hv tpu_pool_max_backward(tpu_lower *L, int garg, int xarg, int iarg, 
   return tpu_hlo_convert(H, tpu_hlo_reshape(H, r, x->rank, x->sizes), dt);
 }
 
-static bool tpu_arg_flag(tpu_lower *L, int i) { return i < L->nargs && L->args[i].kind == TPU_ARG_BOOL && L->args[i].i; }
+static bool tpu_arg_flag(tpu_lower *L, int i) {
+  return i < L->nargs && L->args[i].kind == TPU_ARG_BOOL && L->args[i].i;
+}
 
 /* max_pool{2,3}d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode) -> (out, indices) */
 static void tpu_emit_max_pool_nd(tpu_lower *L, int nsp) {
@@ -619,7 +640,8 @@ static void tpu_emit_max_pool_nd(tpu_lower *L, int nsp) {
       size_t n = 0;
       for (int k = 0; k < in->rank; k++)
         n += (size_t)snprintf(shp + n, sizeof shp - n, "%s%lld", k ? ", " : "", (long long)in->sizes[k]);
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s_with_indices_out_cpu_template(): Expected input's non-batch dimensions to "
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "%s_with_indices_out_cpu_template(): Expected input's non-batch dimensions to "
                      "have positive length, but input has a shape of [%s] and non-batch dimension %d has length zero!",
                      name, shp, d);
       return;
@@ -668,8 +690,8 @@ static void tpu_emit_avg_pool_nd(tpu_lower *L, int nsp) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"avg_pool%dd\" not implemented for 'Bool'", nsp);
     return;
   }
-  if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, false, tpu_arg_flag(L, 4), L->args[5].kind != TPU_ARG_BOOL || L->args[5].i,
-                       nsp == 2 ? "avg_pool2d" : "avg_pool3d", &P))
+  if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, false, tpu_arg_flag(L, 4),
+                       L->args[5].kind != TPU_ARG_BOOL || L->args[5].i, nsp == 2 ? "avg_pool2d" : "avg_pool3d", &P))
     tpu_lower_out(L, tpu_pool_avg(L, 0, &P, 6));
   tpu_pool_free(&P);
 }
@@ -679,7 +701,8 @@ void tpu_emit_avg_pool3d(tpu_lower *L) { tpu_emit_avg_pool_nd(L, 3); }
 /* avg_pool{2,3}d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override) */
 static void tpu_emit_avg_pool_backward_nd(tpu_lower *L, int nsp) {
   tpu_pool P;
-  if (tpu_pool_sliding(L, &L->args[1].t, nsp, 2, false, tpu_arg_flag(L, 5), L->args[6].kind != TPU_ARG_BOOL || L->args[6].i,
+  if (tpu_pool_sliding(L, &L->args[1].t, nsp, 2, false, tpu_arg_flag(L, 5),
+                       L->args[6].kind != TPU_ARG_BOOL || L->args[6].i,
                        nsp == 2 ? "avg_pool2d_backward" : "avg_pool3d_backward", &P))
     tpu_lower_out(L, tpu_pool_avg_backward(L, 0, &P, 7));
   tpu_pool_free(&P);
@@ -717,17 +740,20 @@ static void tpu_emit_max_unpool_nd(tpu_lower *L, int nsp) {
   tpu_tref *x = &L->args[0].t, *ix = &L->args[1].t;
   tpu_arg *os = &L->args[2];
   if (ix->dtype != TPU_S64) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "elements in indices should be type int64 but got: %s", tpu_dtype_name(ix->dtype));
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "elements in indices should be type int64 but got: %s",
+                   tpu_dtype_name(ix->dtype));
     return;
   }
   if (os->kind != TPU_ARG_INTS || os->nints != nsp) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "There should be exactly %d elements but got %d elements",
-                   nsp, os->kind == TPU_ARG_INTS ? os->nints : 0);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "There should be exactly %d elements but got %d elements", nsp,
+                   os->kind == TPU_ARG_INTS ? os->nints : 0);
     return;
   }
   if (x->rank != nsp + 1 && x->rank != nsp + 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Input to max_unpooling%dd should be a %dd or %dd Tensor, but got a tensor with %d "
-                   "dimensions.", nsp, nsp + 1, nsp + 2, x->rank);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Input to max_unpooling%dd should be a %dd or %dd Tensor, but got a tensor with %d "
+                   "dimensions.",
+                   nsp, nsp + 1, nsp + 2, x->rank);
     return;
   }
   bool same = ix->rank == x->rank;
@@ -834,7 +860,11 @@ static void tpu_bn_forward(tpu_lower *L, int rm_i, int rv_i, bool training, doub
     for (int d = 0; d < p->rank; d++) n *= p->sizes[d];
     if (n != C) {
       tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s should contain %lld elements not %lld",
-                     k == 0 ? "weight" : k == 1 ? "bias" : k == 2 ? "running_mean" : "running_var", (long long)C, (long long)n);
+                     k == 0   ? "weight"
+                     : k == 1 ? "bias"
+                     : k == 2 ? "running_mean"
+                              : "running_var",
+                     (long long)C, (long long)n);
       return;
     }
   }
@@ -917,7 +947,8 @@ void tpu_emit_native_batch_norm_backward(tpu_lower *L) {
   tpu_hv mean, invstd;
   if (train) {
     if (tpu_lower_is_none(L, 5) || tpu_lower_is_none(L, 6)) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "batch_norm_backward: save_mean and save_invstd must be defined in training mode");
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "batch_norm_backward: save_mean and save_invstd must be defined in training mode");
       return;
     }
     mean = tpu_hlo_reshape(H, tpu_lower_input(L, 5, acc), 1, &C);
@@ -958,15 +989,18 @@ void tpu_emit_native_group_norm(tpu_lower *L) {
   int64_t numel = 1;
   for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
   if (G <= 0 || C % G != 0 || numel != N * C * S) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected number of channels in input to be divisible by num_groups, but got input "
-                   "of shape [...] and num_groups=%lld", (long long)G);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected number of channels in input to be divisible by num_groups, but got input "
+                   "of shape [...] and num_groups=%lld",
+                   (long long)G);
     return;
   }
   for (int k = 0; k < 2; k++)
     if (!tpu_lower_is_none(L, params[k]) && L->args[params[k]].t.rank == 1 && L->args[params[k]].t.sizes[0] != C) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected %s to be a vector of size equal to the number of channels in input, "
-                     "but got %s of shape [%lld] and input of shape [...]", k ? "bias" : "weight", k ? "bias" : "weight",
-                     (long long)L->args[params[k]].t.sizes[0]);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "Expected %s to be a vector of size equal to the number of channels in input, "
+                     "but got %s of shape [%lld] and input of shape [...]",
+                     k ? "bias" : "weight", k ? "bias" : "weight", (long long)L->args[params[k]].t.sizes[0]);
       return;
     }
   int64_t ngd[3] = {N, G, C / G * S}, ncs[3] = {N, C, S}, two = 2, ng[2] = {N, G}, bd[2] = {0, 1};
@@ -1030,58 +1064,58 @@ void tpu_emit_native_group_norm_backward(tpu_lower *L) {
 typedef enum { TPU_UP_NEAREST, TPU_UP_NEAREST_EXACT, TPU_UP_LINEAR, TPU_UP_CUBIC, TPU_UP_AA_LINEAR } tpu_up_mode;
 
 /* torch's compute_scales_value / area_pixel_compute_scale, in T */
-#define TPU_UP_DEFINE(T, SUF)                                                                              \
-  static T tpu_up_scale_##SUF(int64_t in, int64_t out, bool align, bool has_s, double s) {                 \
-    if (align) return out > 1 ? (T)(in - 1) / (T)(out - 1) : (T)0;                                          \
-    return (has_s && s > 0) ? (T)(1.0 / s) : (T)in / (T)out;                                                \
-  }                                                                                                         \
-  static T tpu_up_src_##SUF(T scale, int64_t o, bool align, bool cubic) {                                   \
-    if (align) return scale * (T)o;                                                                         \
-    T src = scale * ((T)o + (T)0.5) - (T)0.5;                                                               \
-    return (!cubic && src < 0) ? (T)0 : src;                                                                \
-  }                                                                                                         \
-  static T tpu_cc1_##SUF(T x, T A) { return ((A + 2) * x - (A + 3)) * x * x + 1; }                          \
-  static T tpu_cc2_##SUF(T x, T A) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; }                    \
-  static void tpu_up_row_##SUF(tpu_up_mode mode, int64_t in, int64_t out, int64_t o, bool align, bool has_s, \
-                               double s, double *row) {                                                     \
-    T scale = tpu_up_scale_##SUF(in, out, align, has_s, s);                                                 \
-    if (mode == TPU_UP_LINEAR) {                                                                            \
-      T real = tpu_up_src_##SUF(scale, o, align, false);                                                    \
-      int64_t i0 = (int64_t)floor((double)real);                                                            \
-      if (i0 > in - 1) i0 = in - 1;                                                                         \
-      T lam = real - (T)i0;                                                                                 \
-      lam = lam < 0 ? 0 : lam > 1 ? 1 : lam;                                                                \
-      int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);                                                              \
-      row[i0] += (double)((T)1 - lam);                                                                      \
-      row[i1] += (double)lam;                                                                               \
-    } else if (mode == TPU_UP_CUBIC) {                                                                      \
-      T real = tpu_up_src_##SUF(scale, o, align, true);                                                     \
-      int64_t i0 = (int64_t)floor((double)real);                                                            \
-      T t = real - (T)i0, A = (T)-0.75;                                                                     \
-      T w[4] = {tpu_cc2_##SUF(t + 1, A), tpu_cc1_##SUF(t, A), tpu_cc1_##SUF(1 - t, A), tpu_cc2_##SUF(2 - t, A)}; \
-      for (int j = 0; j < 4; j++) {                                                                         \
-        int64_t k = i0 - 1 + j;                                                                             \
-        k = k < 0 ? 0 : k > in - 1 ? in - 1 : k;                                                            \
-        row[k] += (double)w[j];                                                                             \
-      }                                                                                                     \
-    } else { /* antialiased linear: a triangle filter widened by the downscale */                          \
-      T support = scale >= 1 ? scale : (T)1;                                                                \
-      T center = scale * ((T)o + (T)0.5);                                                                   \
-      T inv = scale >= 1 ? (T)1 / scale : (T)1;                                                             \
-      int64_t lo = (int64_t)(center - support + (T)0.5);                                                    \
-      if (lo < 0) lo = 0;                                                                                   \
-      int64_t hi = (int64_t)(center + support + (T)0.5);                                                    \
-      if (hi > in) hi = in;                                                                                 \
-      T tot = 0, ws[4096];                                                                                  \
-      int64_t n = hi - lo > 4096 ? 4096 : hi - lo;                                                          \
-      for (int64_t j = 0; j < n; j++) {                                                                     \
-        T x = ((T)(j + lo) - center + (T)0.5) * inv;                                                        \
-        x = x < 0 ? -x : x;                                                                                 \
-        ws[j] = x < 1 ? (T)1 - x : (T)0;                                                                    \
-        tot += ws[j];                                                                                       \
-      }                                                                                                     \
-      for (int64_t j = 0; j < n; j++) row[lo + j] += (double)(tot != 0 ? ws[j] / tot : (T)0);               \
-    }                                                                                                       \
+#define TPU_UP_DEFINE(T, SUF)                                                                                          \
+  static T tpu_up_scale_##SUF(int64_t in, int64_t out, bool align, bool has_s, double s) {                             \
+    if (align) return out > 1 ? (T)(in - 1) / (T)(out - 1) : (T)0;                                                     \
+    return (has_s && s > 0) ? (T)(1.0 / s) : (T)in / (T)out;                                                           \
+  }                                                                                                                    \
+  static T tpu_up_src_##SUF(T scale, int64_t o, bool align, bool cubic) {                                              \
+    if (align) return scale * (T)o;                                                                                    \
+    T src = scale * ((T)o + (T)0.5) - (T)0.5;                                                                          \
+    return (!cubic && src < 0) ? (T)0 : src;                                                                           \
+  }                                                                                                                    \
+  static T tpu_cc1_##SUF(T x, T A) { return ((A + 2) * x - (A + 3)) * x * x + 1; }                                     \
+  static T tpu_cc2_##SUF(T x, T A) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; }                               \
+  static void tpu_up_row_##SUF(tpu_up_mode mode, int64_t in, int64_t out, int64_t o, bool align, bool has_s, double s, \
+                               double *row) {                                                                          \
+    T scale = tpu_up_scale_##SUF(in, out, align, has_s, s);                                                            \
+    if (mode == TPU_UP_LINEAR) {                                                                                       \
+      T real = tpu_up_src_##SUF(scale, o, align, false);                                                               \
+      int64_t i0 = (int64_t)floor((double)real);                                                                       \
+      if (i0 > in - 1) i0 = in - 1;                                                                                    \
+      T lam = real - (T)i0;                                                                                            \
+      lam = lam < 0 ? 0 : lam > 1 ? 1 : lam;                                                                           \
+      int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);                                                                         \
+      row[i0] += (double)((T)1 - lam);                                                                                 \
+      row[i1] += (double)lam;                                                                                          \
+    } else if (mode == TPU_UP_CUBIC) {                                                                                 \
+      T real = tpu_up_src_##SUF(scale, o, align, true);                                                                \
+      int64_t i0 = (int64_t)floor((double)real);                                                                       \
+      T t = real - (T)i0, A = (T) - 0.75;                                                                              \
+      T w[4] = {tpu_cc2_##SUF(t + 1, A), tpu_cc1_##SUF(t, A), tpu_cc1_##SUF(1 - t, A), tpu_cc2_##SUF(2 - t, A)};       \
+      for (int j = 0; j < 4; j++) {                                                                                    \
+        int64_t k = i0 - 1 + j;                                                                                        \
+        k = k < 0 ? 0 : k > in - 1 ? in - 1 : k;                                                                       \
+        row[k] += (double)w[j];                                                                                        \
+      }                                                                                                                \
+    } else { /* antialiased linear: a triangle filter widened by the downscale */                                      \
+      T support = scale >= 1 ? scale : (T)1;                                                                           \
+      T center = scale * ((T)o + (T)0.5);                                                                              \
+      T inv = scale >= 1 ? (T)1 / scale : (T)1;                                                                        \
+      int64_t lo = (int64_t)(center - support + (T)0.5);                                                               \
+      if (lo < 0) lo = 0;                                                                                              \
+      int64_t hi = (int64_t)(center + support + (T)0.5);                                                               \
+      if (hi > in) hi = in;                                                                                            \
+      T tot = 0, ws[4096];                                                                                             \
+      int64_t n = hi - lo > 4096 ? 4096 : hi - lo;                                                                     \
+      for (int64_t j = 0; j < n; j++) {                                                                                \
+        T x = ((T)(j + lo) - center + (T)0.5) * inv;                                                                   \
+        x = x < 0 ? -x : x;                                                                                            \
+        ws[j] = x < 1 ? (T)1 - x : (T)0;                                                                               \
+        tot += ws[j];                                                                                                  \
+      }                                                                                                                \
+      for (int64_t j = 0; j < n; j++) row[lo + j] += (double)(tot != 0 ? ws[j] / tot : (T)0);                          \
+    }                                                                                                                  \
   }
 TPU_UP_DEFINE(float, f)
 TPU_UP_DEFINE(double, d)
@@ -1188,8 +1222,10 @@ static bool tpu_up_setup(tpu_lower *L, tpu_up *U, tpu_up_mode mode, int nsp, boo
     U->in[d] = full_in[2 + d];
     U->out[d] = os->ints[d];
     if (U->in[d] <= 0 || U->out[d] <= 0) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Input and output sizes should be greater than 0, but got input (%lld) and "
-                     "output (%lld)", (long long)U->in[d], (long long)U->out[d]);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "Input and output sizes should be greater than 0, but got input (%lld) and "
+                     "output (%lld)",
+                     (long long)U->in[d], (long long)U->out[d]);
       return false;
     }
     tpu_arg *sa = next + d < L->nargs ? &L->args[next + d] : NULL;
@@ -1261,14 +1297,22 @@ void tpu_emit_upsample_bilinear2d_aa(tpu_lower *L) { tpu_emit_upsample(L, TPU_UP
 void tpu_emit_upsample_nearest1d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST, 1, false); }
 void tpu_emit_upsample_nearest2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST, 2, false); }
 void tpu_emit_upsample_nearest3d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST, 3, false); }
-void tpu_emit_upsample_nearest_exact1d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST_EXACT, 1, false); }
-void tpu_emit_upsample_nearest_exact2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST_EXACT, 2, false); }
-void tpu_emit_upsample_nearest_exact3d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_NEAREST_EXACT, 3, false); }
+void tpu_emit_upsample_nearest_exact1d_backward(tpu_lower *L) {
+  tpu_emit_upsample_backward(L, TPU_UP_NEAREST_EXACT, 1, false);
+}
+void tpu_emit_upsample_nearest_exact2d_backward(tpu_lower *L) {
+  tpu_emit_upsample_backward(L, TPU_UP_NEAREST_EXACT, 2, false);
+}
+void tpu_emit_upsample_nearest_exact3d_backward(tpu_lower *L) {
+  tpu_emit_upsample_backward(L, TPU_UP_NEAREST_EXACT, 3, false);
+}
 void tpu_emit_upsample_linear1d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_LINEAR, 1, true); }
 void tpu_emit_upsample_bilinear2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_LINEAR, 2, true); }
 void tpu_emit_upsample_trilinear3d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_LINEAR, 3, true); }
 void tpu_emit_upsample_bicubic2d_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_CUBIC, 2, true); }
-void tpu_emit_upsample_bilinear2d_aa_backward(tpu_lower *L) { tpu_emit_upsample_backward(L, TPU_UP_AA_LINEAR, 2, true); }
+void tpu_emit_upsample_bilinear2d_aa_backward(tpu_lower *L) {
+  tpu_emit_upsample_backward(L, TPU_UP_AA_LINEAR, 2, true);
+}
 
 /* ---- im2col, col2im, channel_shuffle -------------------------------------------------------- */
 
@@ -1283,20 +1327,25 @@ static bool tpu_unfold_windows(tpu_lower *L, int first, const int64_t *sp, tpu_p
     return false;
   for (int i = 0; i < 2; i++) {
     if (k[i] <= 0 || d[i] <= 0 || s[i] <= 0 || p[i] < 0) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, k[i] <= 0 ? "kernel size should be greater than zero, but got kernel_height: %lld"
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     k[i] <= 0   ? "kernel size should be greater than zero, but got kernel_height: %lld"
                      : d[i] <= 0 ? "dilation should be greater than zero, but got dilation_height: %lld"
                      : s[i] <= 0 ? "stride should be greater than zero, but got stride_height: %lld"
-                     : "padding should be non-negative, but got pad_height: %lld",
-                     (long long)(k[i] <= 0 ? k[i] : d[i] <= 0 ? d[i] : s[i] <= 0 ? s[i] : p[i]));
+                                 : "padding should be non-negative, but got pad_height: %lld",
+                     (long long)(k[i] <= 0   ? k[i]
+                                 : d[i] <= 0 ? d[i]
+                                 : s[i] <= 0 ? s[i]
+                                             : p[i]));
       return false;
     }
     if (!tpu_win_sliding(L, &P->w[i], sp[i], k[i], s[i], p[i], d[i], false, false)) return false;
     if (P->w[i].out < 1) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Given input with spatial size (%lld, %lld), kernel_size=(%lld, %lld), "
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "Given input with spatial size (%lld, %lld), kernel_size=(%lld, %lld), "
                      "dilation=(%lld, %lld), padding=(%lld, %lld), calculated shape of the array of sliding blocks as "
-                     "(%lld, %lld), but its components must be at least one.", (long long)sp[0], (long long)sp[1],
-                     (long long)k[0], (long long)k[1], (long long)d[0], (long long)d[1], (long long)p[0], (long long)p[1],
-                     (long long)P->w[0].out, (long long)P->w[1].out);
+                     "(%lld, %lld), but its components must be at least one.",
+                     (long long)sp[0], (long long)sp[1], (long long)k[0], (long long)k[1], (long long)d[0],
+                     (long long)d[1], (long long)p[0], (long long)p[1], (long long)P->w[0].out, (long long)P->w[1].out);
       return false;
     }
   }
@@ -1327,8 +1376,10 @@ static tpu_hv tpu_unfold_valid(tpu_lower *L, const tpu_pool *P, int lead, int ra
 void tpu_emit_im2col(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   if (t->rank != 3 && t->rank != 4) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected 3D or 4D (batch mode) tensor for input with possibly 0 batch size and "
-                   "non-zero dimensions for input, but got: %dD", t->rank);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected 3D or 4D (batch mode) tensor for input with possibly 0 batch size and "
+                   "non-zero dimensions for input, but got: %dD",
+                   t->rank);
     return;
   }
   int lead = t->rank - 2;
@@ -1364,8 +1415,10 @@ void tpu_emit_im2col(tpu_lower *L) {
 void tpu_emit_col2im(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   if (t->rank != 2 && t->rank != 3) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected 2D or 3D (batch mode) tensor for input with possibly 0 batch size and "
-                   "non-zero dimensions for input, but got: %dD", t->rank);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected 2D or 3D (batch mode) tensor for input with possibly 0 batch size and "
+                   "non-zero dimensions for input, but got: %dD",
+                   t->rank);
     return;
   }
   tpu_arg *os = &L->args[1];
@@ -1379,9 +1432,10 @@ void tpu_emit_col2im(tpu_lower *L) {
     int64_t oh = P.w[0].out, ow = P.w[1].out, kh = P.w[0].K, kw = P.w[1].K;
     int64_t ck = t->sizes[t->rank - 2];
     if (ck % (kh * kw) != 0 || t->sizes[t->rank - 1] != oh * ow) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected size of input's dimension 1 to be divisible by the product of "
-                     "kernel_size, but got input.size(1)=%lld and kernel_size=(%lld, %lld)", (long long)ck, (long long)kh,
-                     (long long)kw);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "Expected size of input's dimension 1 to be divisible by the product of "
+                     "kernel_size, but got input.size(1)=%lld and kernel_size=(%lld, %lld)",
+                     (long long)ck, (long long)kh, (long long)kw);
       tpu_pool_free(&P);
       return;
     }
@@ -1433,13 +1487,16 @@ void tpu_emit_channel_shuffle(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   int64_t g = L->args[1].i;
   if (t->rank < 3) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "channel_shuffle expects input to have at least 3 dimensions, but got input with "
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "channel_shuffle expects input to have at least 3 dimensions, but got input with "
                    "sizes [...]");
     return;
   }
   if (g <= 0 || t->sizes[1] % g != 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, g <= 0 ? "Number of groups to divide channels in must be positive. Value of "
-                   "groups:%lld" : "Number of channels must be divisible by groups. Got %lld channels and %lld groups.",
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   g <= 0 ? "Number of groups to divide channels in must be positive. Value of "
+                            "groups:%lld"
+                          : "Number of channels must be divisible by groups. Got %lld channels and %lld groups.",
                    g <= 0 ? (long long)g : (long long)t->sizes[1], (long long)g);
     return;
   }
@@ -1469,16 +1526,17 @@ enum { TPU_GS_BILINEAR = 0, TPU_GS_NEAREST = 1, TPU_GS_BICUBIC = 2 };
 enum { TPU_GS_ZEROS = 0, TPU_GS_BORDER = 1, TPU_GS_REFLECTION = 2 };
 
 typedef struct {
-  int k;                     /* taps in this dim */
+  int k;                      /* taps in this dim */
   tpu_hv pos[4], w[4], dw[4]; /* (N, P) each, acc dtype; pos integral-valued */
-  tpu_hv mult;               /* d(source coordinate)/d(grid value) */
+  tpu_hv mult;                /* d(source coordinate)/d(grid value) */
 } tpu_gs_dim;
 
 /* clip to [0, S-1] with its gradient factor */
 static tpu_hv tpu_gs_clip(tpu_lower *L, tpu_hv c, double S, tpu_hv *grad) {
   tpu_hv lo = tpu_k(L, c, 0), hi = tpu_k(L, c, S - 1);
   if (grad) {
-    tpu_hv inside = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GT, c, lo), tpu_hlo_compare(H, TPU_HLO_LT, c, hi));
+    tpu_hv inside =
+        tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GT, c, lo), tpu_hlo_compare(H, TPU_HLO_LT, c, hi));
     *grad = tpu_mul(L, *grad, tpu_hlo_select(H, inside, tpu_k(L, c, 1), tpu_k(L, c, 0)));
   }
   return tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LE, c, lo), lo,
@@ -1542,7 +1600,8 @@ static void tpu_gs_taps(tpu_lower *L, tpu_hv c, int mode, int pad, bool align, d
   else if (align)
     c = tpu_mul(L, tpu_mul(L, tpu_add(L, c, tpu_k(L, c, 1)), tpu_k(L, c, 0.5)), tpu_k(L, c, S - 1));
   else
-    c = tpu_mul(L, tpu_sub(L, tpu_mul(L, tpu_add(L, c, tpu_k(L, c, 1)), tpu_k(L, c, S)), tpu_k(L, c, 1)), tpu_k(L, c, 0.5));
+    c = tpu_mul(L, tpu_sub(L, tpu_mul(L, tpu_add(L, c, tpu_k(L, c, 1)), tpu_k(L, c, S)), tpu_k(L, c, 1)),
+                tpu_k(L, c, 0.5));
   if (mode != TPU_GS_BICUBIC) c = tpu_gs_pad(L, c, pad, align, S, &D->mult);
   if (mode == TPU_GS_NEAREST) {
     D->k = 1;
@@ -1597,13 +1656,17 @@ static bool tpu_gs_setup(tpu_lower *L, int xi, int nsp, tpu_gs *G) {
   G->pad = (int)L->args[xi + 3].i;
   G->align = L->args[xi + 4].i != 0;
   if (x->rank != nsp + 2 || g->rank != nsp + 2 || g->sizes[nsp + 1] != nsp || x->sizes[0] != g->sizes[0]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "grid_sampler(): expected %dD input and grid with same batch size and last "
-                   "dimension %d", nsp + 2, nsp);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "grid_sampler(): expected %dD input and grid with same batch size and last "
+                   "dimension %d",
+                   nsp + 2, nsp);
     return false;
   }
   if (x->dtype != g->dtype || !tpu_dtype_is_float(x->dtype)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "grid_sampler(): expected input and grid to have same dtype, but input has %s and "
-                   "grid has %s", tpu_dtype_name(x->dtype), tpu_dtype_name(g->dtype));
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "grid_sampler(): expected input and grid to have same dtype, but input has %s and "
+                   "grid has %s",
+                   tpu_dtype_name(x->dtype), tpu_dtype_name(g->dtype));
     return false;
   }
   if (G->mode < 0 || G->mode > 2 || G->pad < 0 || G->pad > 2 || (nsp == 3 && G->mode == TPU_GS_BICUBIC)) {
@@ -1647,8 +1710,9 @@ static void tpu_gs_tap(tpu_lower *L, const tpu_gs *G, int t, tpu_hv *w, tpu_hv *
     tpu_hv p = D->pos[k];
     tpu_hv v = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, p, tpu_k(L, p, 0)),
                               tpu_hlo_compare(H, TPU_HLO_LT, p, tpu_k(L, p, (double)G->sp[d])));
-    tpu_hv pi = tpu_hlo_convert(H, tpu_hlo_clamp(H, tpu_hlo_constant(H, G->acc, 0), p,
-                                                 tpu_hlo_constant(H, G->acc, (double)(G->sp[d] - 1))), TPU_S64);
+    tpu_hv pi = tpu_hlo_convert(
+        H, tpu_hlo_clamp(H, tpu_hlo_constant(H, G->acc, 0), p, tpu_hlo_constant(H, G->acc, (double)(G->sp[d] - 1))),
+        TPU_S64);
     pi = tpu_mul(L, pi, tpu_k(L, pi, (double)stride));
     flat = flat == TPU_HV_NONE ? pi : tpu_add(L, flat, pi);
     *ok = *ok == TPU_HV_NONE ? v : tpu_hlo_binary(H, TPU_HLO_AND, *ok, v);
@@ -1746,8 +1810,8 @@ static void tpu_emit_grid_sampler_backward(tpu_lower *L, int nsp) {
   }
   for (int d = 0; d < nsp; d++)
     if (gc[d] != TPU_HV_NONE)
-      gc[d] = tpu_hlo_convert(H, tpu_hlo_reduce(H, gc[d], tpu_hlo_constant(H, T(L, gc[d])->dtype, 0), &two, 1, TPU_HLO_ADD),
-                              G.acc);
+      gc[d] = tpu_hlo_convert(
+          H, tpu_hlo_reduce(H, gc[d], tpu_hlo_constant(H, T(L, gc[d])->dtype, 0), &two, 1, TPU_HLO_ADD), G.acc);
   /* grad_input back to (N, C, spatial...) */
   int64_t xd[5] = {G.N}, iperm[5] = {0, 0};
   for (int d = 0; d < nsp; d++) xd[1 + d] = G.sp[d];
@@ -1761,7 +1825,8 @@ static void tpu_emit_grid_sampler_backward(tpu_lower *L, int nsp) {
   int64_t np1[3] = {G.N, G.P, 1};
   for (int j = 0; j < nsp; j++) {
     int d = nsp - 1 - j;
-    tpu_hv c = gc[d] == TPU_HV_NONE ? tpu_lower_full(L, tpu_hlo_type_make(G.acc, 2, np), 0) : tpu_mul(L, gc[d], G.d[d].mult);
+    tpu_hv c =
+        gc[d] == TPU_HV_NONE ? tpu_lower_full(L, tpu_hlo_type_make(G.acc, 2, np), 0) : tpu_mul(L, gc[d], G.d[d].mult);
     comps[j] = tpu_hlo_reshape(H, c, 3, np1);
   }
   tpu_hv gg = tpu_hlo_concat(H, comps, nsp, 2);
@@ -1788,7 +1853,8 @@ static void tpu_emit_fractional_max_nd(tpu_lower *L, int nsp) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): Expected %dD or %dD tensor, but got: [%s]", name, nsp + 1, nsp + 2, sz);
     return;
   }
-  if (L->args[1].kind != TPU_ARG_INTS || L->args[1].nints != nsp || L->args[2].kind != TPU_ARG_INTS || L->args[2].nints != nsp) {
+  if (L->args[1].kind != TPU_ARG_INTS || L->args[1].nints != nsp || L->args[2].kind != TPU_ARG_INTS ||
+      L->args[2].nints != nsp) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: kernel_size and output_size must have %d elements", name, nsp);
     return;
   }
@@ -1811,7 +1877,8 @@ static void tpu_emit_fractional_max_nd(tpu_lower *L, int nsp) {
     return;
   }
   if (rs->sizes[2] != nsp) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expect _random_samples.size(2) equals to %d; got %lld.", nsp, (long long)rs->sizes[2]);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expect _random_samples.size(2) equals to %d; got %lld.", nsp,
+                   (long long)rs->sizes[2]);
     return;
   }
   if (!tpu_dtype_is_float(t->dtype)) {
@@ -1834,8 +1901,8 @@ static void tpu_emit_fractional_max_nd(tpu_lower *L, int nsp) {
     }
     /* the 3-d op wants the windows to leave room (strictly), as the CPU */
     if (o[d] + k[d] - 1 > in[d] || (nsp == 3 && o[d] + k[d] - 1 == in[d])) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): pool %s %lld too large relative to input %s %lld", nsp == 3 ? "fractional_max_pool3d_out" : name,
-                     w, (long long)k[d], w, (long long)in[d]);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): pool %s %lld too large relative to input %s %lld",
+                     nsp == 3 ? "fractional_max_pool3d_out" : name, w, (long long)k[d], w, (long long)in[d]);
       return;
     }
   }
@@ -1868,14 +1935,16 @@ static void tpu_emit_fractional_max_nd(tpu_lower *L, int nsp) {
     if (o[d] == 1) {
       s = tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 2, sd), (double)(in[d] - k[d]));
     } else {
-      tpu_hv alpha = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_constant(H, dt, (double)(in[d] - k[d])), tpu_hlo_constant(H, dt, (double)(o[d] - 1)));
+      tpu_hv alpha = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_constant(H, dt, (double)(in[d] - k[d])),
+                                    tpu_hlo_constant(H, dt, (double)(o[d] - 1)));
       tpu_hv ub = tpu_hlo_broadcast_in_dim(H, ud, 2, sd, &b0);
       tpu_hv ab = tpu_hlo_broadcast_in_dim(H, alpha, 2, sd, NULL);
       tpu_hv io = tpu_hlo_iota(H, tpu_hlo_type_make(dt, 2, sd), 1);
       tpu_hv a = tpu_hlo_convert(H, tpu_mul(L, tpu_add(L, io, ub), ab), TPU_S64);
       tpu_hv b = tpu_hlo_convert(H, tpu_mul(L, ub, ab), TPU_S64);
       s = tpu_sub(L, a, b);
-      tpu_hv last = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, sd), 1), tpu_k(L, s, (double)(o[d] - 1)));
+      tpu_hv last = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, sd), 1),
+                                    tpu_k(L, s, (double)(o[d] - 1)));
       s = tpu_hlo_select(H, last, tpu_k(L, s, (double)(in[d] - k[d])), s);
     }
     int64_t bd[2] = {0, d + 1};
@@ -1898,7 +1967,8 @@ static void tpu_emit_fractional_max_nd(tpu_lower *L, int nsp) {
     for (int d = 0; d < nsp; d++) {
       int64_t stride = 1;
       for (int e = d + 1; e < nsp; e++) stride *= in[e];
-      tpu_hv c = tpu_mul(L, tpu_add(L, start[d], tpu_k(L, start[d], (double)off[d])), tpu_k(L, start[d], (double)stride));
+      tpu_hv c =
+          tpu_mul(L, tpu_add(L, start[d], tpu_k(L, start[d], (double)off[d])), tpu_k(L, start[d], (double)stride));
       flat = flat == TPU_HV_NONE ? c : tpu_add(L, flat, c);
     }
     tpu_hv g = tpu_lower_gather_rows(L, xf, tpu_hlo_reshape(H, tpu_add(L, flat, pbase), 2, n1));
@@ -1908,7 +1978,8 @@ static void tpu_emit_fractional_max_nd(tpu_lower *L, int nsp) {
       ai = flat;
       continue;
     }
-    tpu_hv take = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_GT, v, acc), tpu_hlo_compare(H, TPU_HLO_NE, v, v));
+    tpu_hv take =
+        tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_GT, v, acc), tpu_hlo_compare(H, TPU_HLO_NE, v, v));
     acc = tpu_hlo_select(H, take, v, acc);
     ai = tpu_hlo_select(H, take, flat, ai);
   }
@@ -1919,4 +1990,6 @@ void tpu_emit_fractional_max_pool2d(tpu_lower *L) { tpu_emit_fractional_max_nd(L
 void tpu_emit_fractional_max_pool3d(tpu_lower *L) { tpu_emit_fractional_max_nd(L, 3); }
 
 /* fractional_max_pool{2,3}d_backward(grad_output, self, kernel_size, output_size, indices) */
-void tpu_emit_fractional_max_pool_backward(tpu_lower *L) { tpu_lower_out(L, tpu_pool_max_backward(L, 0, 1, 4, L->args[2].nints == 3 ? 3 : 2)); }
+void tpu_emit_fractional_max_pool_backward(tpu_lower *L) {
+  tpu_lower_out(L, tpu_pool_max_backward(L, 0, 1, 4, L->args[2].nints == 3 ? 3 : 2));
+}

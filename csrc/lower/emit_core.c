@@ -36,11 +36,13 @@ static bool tpu_arg_is_bool(tpu_lower *L, int i) {
 static bool tpu_refuse_bool_sub(tpu_lower *L) {
   bool a = tpu_arg_is_bool(L, 0), b = tpu_arg_is_bool(L, 1);
   if (a && b)
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Subtraction, the `-` operator, with two bool tensors is not supported. "
-                                    "Use the `^` or `logical_xor()` operator instead.");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Subtraction, the `-` operator, with two bool tensors is not supported. "
+                   "Use the `^` or `logical_xor()` operator instead.");
   else if (a || b)
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Subtraction, the `-` operator, with a bool tensor is not supported. "
-                                    "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Subtraction, the `-` operator, with a bool tensor is not supported. "
+                   "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
   return a || b;
 }
 
@@ -55,8 +57,9 @@ static void tpu_emit_arith(tpu_lower *L, tpu_hlo_op op, bool float_result) {
   if (op == TPU_HLO_SUB && L->nargs > 2 && L->args[2].kind == TPU_ARG_SCALAR && !L->args[2].is_default)
     b = tpu_lower_binary(L, TPU_HLO_MUL, b, tpu_lower_scalar(L, 2, dt));
   if (op == TPU_HLO_SUB && dt == TPU_PRED)
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Subtraction, the `-` operator, with two bool tensors is not supported. "
-                                    "Use the `^` or `logical_xor()` operator instead.");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Subtraction, the `-` operator, with two bool tensors is not supported. "
+                   "Use the `^` or `logical_xor()` operator instead.");
   if (op == TPU_HLO_MUL && dt == TPU_PRED) op = TPU_HLO_AND;
   tpu_lower_out(L, tpu_lower_binary(L, op, a, b));
 }
@@ -141,14 +144,14 @@ void tpu_emit_div_rounding(tpu_lower *L, const char *mode) {
       tpu_hv r = tpu_hlo_binary(H, TPU_HLO_REM, v[0], v[1]);
       tpu_hv z = tpu_lower_full_like(L, r, 0);
       tpu_hv inexact = tpu_hlo_compare(H, TPU_HLO_NE, r, z);
-      tpu_hv sdiff = tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_compare(H, TPU_HLO_LT, r, z),
-                                     tpu_hlo_compare(H, TPU_HLO_LT, v[1], z));
+      tpu_hv sdiff =
+          tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_compare(H, TPU_HLO_LT, r, z), tpu_hlo_compare(H, TPU_HLO_LT, v[1], z));
       tpu_hv adj = tpu_hlo_binary(H, TPU_HLO_AND, inexact, sdiff);
       q = tpu_hlo_select(H, adj, tpu_hlo_binary(H, TPU_HLO_SUB, q, tpu_lower_full_like(L, q, 1)), q);
     }
   } else {
-    tpu_lower_fail(L, TPU_ERR_VALUE,
-                   "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '%s'", mode);
+    tpu_lower_fail(L, TPU_ERR_VALUE, "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '%s'",
+                   mode);
   }
   tpu_lower_out(L, tpu_hlo_convert(H, q, out_dt));
 }
@@ -162,9 +165,9 @@ void tpu_emit_remainder(tpu_lower *L) {
   tpu_lower_check_divisor(L, v[1]);
   tpu_hv r = tpu_hlo_binary(H, TPU_HLO_REM, v[0], v[1]);
   tpu_hv z = tpu_lower_full_like(L, r, 0);
-  tpu_hv fix = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, r, z),
-                              tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_compare(H, TPU_HLO_LT, r, z),
-                                              tpu_hlo_compare(H, TPU_HLO_LT, v[1], z)));
+  tpu_hv fix = tpu_hlo_binary(
+      H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, r, z),
+      tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_compare(H, TPU_HLO_LT, r, z), tpu_hlo_compare(H, TPU_HLO_LT, v[1], z)));
   tpu_lower_out(L, tpu_hlo_select(H, fix, tpu_hlo_binary(H, TPU_HLO_ADD, r, v[1]), r));
 }
 
@@ -193,8 +196,9 @@ static void tpu_emit_unary_op(tpu_lower *L, tpu_hlo_op op, bool to_float) {
 
 void tpu_emit_neg(tpu_lower *L) {
   if (L->args[0].t.dtype == TPU_PRED)
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Negation, the `-` operator, on a bool tensor is not supported. "
-                                    "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Negation, the `-` operator, on a bool tensor is not supported. "
+                   "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
   tpu_emit_unary_op(L, TPU_HLO_NEG, false);
 }
 /* torch's CPU kernels refuse bool for these; so do we, with the same words. */
@@ -219,18 +223,24 @@ void tpu_emit_tanh(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_TANH, true); }
 void tpu_emit_sigmoid(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_LOGISTIC, true); }
 void tpu_emit_floor(tpu_lower *L) {
   if (tpu_refuse_bool(L, "floor_vml_cpu")) return;
-  if (!tpu_dtype_is_float(L->args[0].t.dtype)) tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
-  else tpu_emit_unary_op(L, TPU_HLO_FLOOR, false);
+  if (!tpu_dtype_is_float(L->args[0].t.dtype))
+    tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
+  else
+    tpu_emit_unary_op(L, TPU_HLO_FLOOR, false);
 }
 void tpu_emit_ceil(tpu_lower *L) {
   if (tpu_refuse_bool(L, "ceil_vml_cpu")) return;
-  if (!tpu_dtype_is_float(L->args[0].t.dtype)) tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
-  else tpu_emit_unary_op(L, TPU_HLO_CEIL, false);
+  if (!tpu_dtype_is_float(L->args[0].t.dtype))
+    tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
+  else
+    tpu_emit_unary_op(L, TPU_HLO_CEIL, false);
 }
 void tpu_emit_round(tpu_lower *L) {
   if (tpu_refuse_bool(L, "round_vml_cpu")) return;
-  if (!tpu_dtype_is_float(L->args[0].t.dtype)) tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
-  else tpu_emit_unary_op(L, TPU_HLO_ROUND_EVEN, false);
+  if (!tpu_dtype_is_float(L->args[0].t.dtype))
+    tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
+  else
+    tpu_emit_unary_op(L, TPU_HLO_ROUND_EVEN, false);
 }
 /* sign as torch's CPU kernel computes it, (0 < x) - (x < 0): NaN gives 0. */
 tpu_hv tpu_sign_v(tpu_lower *L, tpu_hv x) {
@@ -239,8 +249,10 @@ tpu_hv tpu_sign_v(tpu_lower *L, tpu_hv x) {
   return tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), tpu_lower_full_like(L, x, 0), s);
 }
 void tpu_emit_sign(tpu_lower *L) {
-  if (L->args[0].t.dtype == TPU_PRED) tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
-  else tpu_lower_out(L, tpu_sign_v(L, tpu_lower_tensor(L, 0, -1)));
+  if (L->args[0].t.dtype == TPU_PRED)
+    tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
+  else
+    tpu_lower_out(L, tpu_sign_v(L, tpu_lower_tensor(L, 0, -1)));
 }
 void tpu_emit_reciprocal(tpu_lower *L) {
   tpu_dtype dt = tpu_lower_float_type(L->args[0].t.dtype);
@@ -274,7 +286,9 @@ static void tpu_emit_bitwise(tpu_lower *L, tpu_hlo_op op) {
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
   if (tpu_dtype_is_float(dt) || tpu_dtype_is_complex(dt))
     tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"%s_cpu\" not implemented for '%s'",
-                   op == TPU_HLO_AND ? "bitwise_and" : op == TPU_HLO_OR ? "bitwise_or" : "bitwise_xor",
+                   op == TPU_HLO_AND  ? "bitwise_and"
+                   : op == TPU_HLO_OR ? "bitwise_or"
+                                      : "bitwise_xor",
                    tpu_dtype_c10_name(dt));
   tpu_lower_out(L, tpu_lower_binary(L, op, tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)));
 }
@@ -285,7 +299,7 @@ void tpu_emit_bitwise_xor(tpu_lower *L) { tpu_emit_bitwise(L, TPU_HLO_XOR); }
 /* erf in f32: a rational approximation on [-4, 4] (beyond it erf is +-1 in
  * f32), the odd numerator and even denominator evaluated by Horner's rule. */
 static tpu_hv tpu_erf_f32(tpu_lower *L, tpu_hv x) {
-  static const double alpha[] = {-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+  static const double alpha[] = {-2.72614225801306e-10, 2.77068142495902e-08,  -2.10102402082508e-06,
                                  -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
                                  -1.60960333262415e-02};
   static const double beta[] = {-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
@@ -317,7 +331,8 @@ static bool tpu_gelu_tanh(tpu_lower *L, int i) {
 }
 
 void tpu_emit_gelu(tpu_lower *L) {
-  if (L->nargs > 1 && L->args[1].kind == TPU_ARG_STR && strcmp(L->args[1].str, "none") && strcmp(L->args[1].str, "tanh")) {
+  if (L->nargs > 1 && L->args[1].kind == TPU_ARG_STR && strcmp(L->args[1].str, "none") &&
+      strcmp(L->args[1].str, "tanh")) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "approximate argument must be either none or tanh.");
     return;
   }
@@ -340,14 +355,18 @@ void tpu_emit_gelu_backward(tpu_lower *L) {
   tpu_hv g = tpu_lower_input(L, 0, acc), x = tpu_lower_input(L, 1, acc), d;
   if (tpu_gelu_tanh(L, 2)) {
     tpu_hv x2 = tpu_mul(L, x, x);
-    tpu_hv inner = tpu_mul(L, tpu_k(L, x, 0.7978845608028654), tpu_add(L, x, tpu_mul(L, tpu_k(L, x, 0.044715), tpu_mul(L, x2, x))));
+    tpu_hv inner = tpu_mul(L, tpu_k(L, x, 0.7978845608028654),
+                           tpu_add(L, x, tpu_mul(L, tpu_k(L, x, 0.044715), tpu_mul(L, x2, x))));
     tpu_hv t = tpu_hlo_unary(H, TPU_HLO_TANH, inner);
-    tpu_hv dinner = tpu_mul(L, tpu_k(L, x, 0.7978845608028654), tpu_add(L, tpu_k(L, x, 1), tpu_mul(L, tpu_k(L, x, 3 * 0.044715), x2)));
+    tpu_hv dinner = tpu_mul(L, tpu_k(L, x, 0.7978845608028654),
+                            tpu_add(L, tpu_k(L, x, 1), tpu_mul(L, tpu_k(L, x, 3 * 0.044715), x2)));
     tpu_hv left = tpu_mul(L, tpu_k(L, x, 0.5), tpu_add(L, tpu_k(L, x, 1), t));
-    tpu_hv right = tpu_mul(L, tpu_mul(L, tpu_k(L, x, 0.5), x), tpu_mul(L, tpu_sub(L, tpu_k(L, x, 1), tpu_mul(L, t, t)), dinner));
+    tpu_hv right =
+        tpu_mul(L, tpu_mul(L, tpu_k(L, x, 0.5), x), tpu_mul(L, tpu_sub(L, tpu_k(L, x, 1), tpu_mul(L, t, t)), dinner));
     d = tpu_add(L, left, right);
   } else {
-    tpu_hv cdf = tpu_mul(L, tpu_k(L, x, 0.5), tpu_add(L, tpu_k(L, x, 1), tpu_erf(L, tpu_mul(L, x, tpu_k(L, x, 0.7071067811865476)))));
+    tpu_hv cdf = tpu_mul(L, tpu_k(L, x, 0.5),
+                         tpu_add(L, tpu_k(L, x, 1), tpu_erf(L, tpu_mul(L, x, tpu_k(L, x, 0.7071067811865476)))));
     tpu_hv pdf = tpu_mul(L, tpu_k(L, x, 0.3989422804014327),
                          tpu_hlo_unary(H, TPU_HLO_EXP, tpu_mul(L, tpu_k(L, x, -0.5), tpu_mul(L, x, x))));
     d = tpu_add(L, cdf, tpu_mul(L, x, pdf));
@@ -429,8 +448,10 @@ void tpu_emit_masked_fill(tpu_lower *L) {
     val = tpu_lower_scalar(L, 2, dt);
   } else {
     if (L->args[2].t.rank != 0) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "masked_fill_ only supports a 0-dimensional value tensor, but got tensor "
-                     "with %d dimension(s).", L->args[2].t.rank);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "masked_fill_ only supports a 0-dimensional value tensor, but got tensor "
+                     "with %d dimension(s).",
+                     L->args[2].t.rank);
       return;
     }
     val = tpu_lower_tensor(L, 2, -1);

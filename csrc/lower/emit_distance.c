@@ -39,7 +39,8 @@ static tpu_hv tpu_pnorm_last(tpu_lower *L, tpu_hv diff, double p) {
   }
   if (isinf(p)) return tpu_hlo_reduce(H, a, zero, &d, 1, TPU_HLO_MAX);
   if (p == 1) return tpu_hlo_reduce(H, a, zero, &d, 1, TPU_HLO_ADD);
-  if (p == 2) return tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_reduce(H, tpu_mul(L, diff, diff), zero, &d, 1, TPU_HLO_ADD));
+  if (p == 2)
+    return tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_reduce(H, tpu_mul(L, diff, diff), zero, &d, 1, TPU_HLO_ADD));
   tpu_hv s = tpu_hlo_reduce(H, tpu_hlo_binary(H, TPU_HLO_POW, a, tpu_k(L, a, p)), zero, &d, 1, TPU_HLO_ADD);
   return tpu_hlo_binary(H, TPU_HLO_POW, s, tpu_k(L, s, 1.0 / p));
 }
@@ -90,7 +91,8 @@ void tpu_emit_cdist_forward(tpu_lower *L) {
   double p = L->args[2].f;
   if (!tpu_check_p(L, p, "cdist")) return;
   if (a->rank < 2 || b->rank < 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "cdist only supports at least 2D tensors, X%d got: %dD", a->rank < 2 ? 1 : 2, a->rank < 2 ? a->rank : b->rank);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "cdist only supports at least 2D tensors, X%d got: %dD", a->rank < 2 ? 1 : 2,
+                   a->rank < 2 ? a->rank : b->rank);
     return;
   }
   if (a->sizes[a->rank - 1] != b->sizes[b->rank - 1]) {
@@ -99,7 +101,8 @@ void tpu_emit_cdist_forward(tpu_lower *L) {
     return;
   }
   if (!tpu_dtype_is_float(a->dtype)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "cdist only supports floating-point dtypes, X1 got: %s", tpu_dtype_name(a->dtype));
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "cdist only supports floating-point dtypes, X1 got: %s",
+                   tpu_dtype_name(a->dtype));
     return;
   }
   tpu_dtype dt = a->dtype, acc = tpu_acc_type(dt);
@@ -195,10 +198,11 @@ void tpu_emit_pdist_backward(tpu_lower *L) {
   int64_t nn = n * n, sq[2] = {n, n};
   tpu_hlo_type ft = tpu_hlo_type_make(acc, 1, &nn);
   /* the pair values spread into symmetric n x n matrices */
-  tpu_hv g = tpu_hlo_reshape(H, tpu_lower_scatter_rows(L, tpu_lower_full(L, ft, 0), idx, tpu_lower_input(L, 0, acc), -1), 2, sq);
-  tpu_hv d = tpu_hlo_reshape(H, tpu_lower_scatter_rows(L, tpu_lower_full(L, ft, 0), idx, tpu_lower_input(L, 3, acc), -1), 2, sq);
+  tpu_hv g = tpu_hlo_reshape(
+      H, tpu_lower_scatter_rows(L, tpu_lower_full(L, ft, 0), idx, tpu_lower_input(L, 0, acc), -1), 2, sq);
+  tpu_hv d = tpu_hlo_reshape(
+      H, tpu_lower_scatter_rows(L, tpu_lower_full(L, ft, 0), idx, tpu_lower_input(L, 3, acc), -1), 2, sq);
   g = tpu_add(L, g, tpu_mT(L, g));
   d = tpu_add(L, d, tpu_mT(L, d));
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_pnorm_grad(L, g, tpu_pair_diff(L, x, x), d, p), dt));
 }
-

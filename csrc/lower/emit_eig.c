@@ -50,7 +50,9 @@ static tpu_hv eg_sqrt(eg_ctx *c, tpu_hv a) { return tpu_hlo_unary(EL->hlo, TPU_H
 static tpu_hv eg_re(eg_ctx *c, tpu_hv a) { return tpu_hlo_unary(EL->hlo, TPU_HLO_REAL, a); }
 static tpu_hv eg_im(eg_ctx *c, tpu_hv a) { return tpu_hlo_unary(EL->hlo, TPU_HLO_IMAG, a); }
 static tpu_hv eg_cx(eg_ctx *c, tpu_hv re, tpu_hv im) { return tpu_hlo_binary(EL->hlo, TPU_HLO_COMPLEX, re, im); }
-static tpu_hv eg_conj(eg_ctx *c, tpu_hv a) { return eg_cx(c, eg_re(c, a), tpu_hlo_unary(EL->hlo, TPU_HLO_NEG, eg_im(c, a))); }
+static tpu_hv eg_conj(eg_ctx *c, tpu_hv a) {
+  return eg_cx(c, eg_re(c, a), tpu_hlo_unary(EL->hlo, TPU_HLO_NEG, eg_im(c, a)));
+}
 static tpu_hv eg_tocx(eg_ctx *c, tpu_hv a) { return tpu_hlo_convert(EL->hlo, a, c->C); }
 static tpu_hv eg_i(eg_ctx *c, int64_t v) { return tpu_hlo_constant_int(EL->hlo, TPU_S64, v); }
 static tpu_hv eg_k(eg_ctx *c, tpu_hv like, double v) { return tpu_lower_full_like(EL, like, v); }
@@ -72,7 +74,9 @@ static tpu_hv eg_b3s(eg_ctx *c, tpu_hv s) { /* [B] -> [B, n, n] */
   int64_t d[3] = {c->B, c->n, c->n}, bd[1] = {0};
   return tpu_hlo_broadcast_in_dim(EL->hlo, s, 3, d, bd);
 }
-static tpu_hv eg_iota(eg_ctx *c, int rank, int dim) { return tpu_hlo_iota(EL->hlo, eg_t(TPU_S64, rank, c->B, c->n), dim); }
+static tpu_hv eg_iota(eg_ctx *c, int rank, int dim) {
+  return tpu_hlo_iota(EL->hlo, eg_t(TPU_S64, rank, c->B, c->n), dim);
+}
 /* A 0-d s64 broadcast to [B, n] or [B, n, n]. */
 static tpu_hv eg_bk(eg_ctx *c, tpu_hv k, int rank) {
   tpu_hlo_type t = eg_t(TPU_S64, rank, c->B, c->n);
@@ -92,14 +96,16 @@ static tpu_hv eg_rmin(eg_ctx *c, tpu_hv x, int64_t d) {
 }
 /* The element of x [B, n, n] at (i[b], j[b]) for each b: [B]. */
 static tpu_hv eg_at(eg_ctx *c, tpu_hv x, tpu_hv i, tpu_hv j) {
-  tpu_hv m = eg_and(c, eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 3, 1), eg_b3s(c, i)), eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 3, 2), eg_b3s(c, j)));
+  tpu_hv m = eg_and(c, eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 3, 1), eg_b3s(c, i)),
+                    eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 3, 2), eg_b3s(c, j)));
   tpu_hv z = eg_sel(c, m, x, eg_k(c, x, 0));
   int64_t d[2] = {1, 2};
   return tpu_hlo_reduce(EL->hlo, z, tpu_hlo_constant(EL->hlo, T(EL, x)->dtype, 0), d, 2, TPU_HLO_ADD);
 }
 /* Diagonal offset `off` (0: diagonal, -1: subdiagonal, entry i is x[i, i-1], 0 for i = 0). */
 static tpu_hv eg_diag(eg_ctx *c, tpu_hv x, int64_t off) {
-  tpu_hv m = eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 3, 2), eg_add(c, eg_iota(c, 3, 1), tpu_lower_full(EL, eg_t(TPU_S64, 3, c->B, c->n), (double)off)));
+  tpu_hv m = eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 3, 2),
+                    eg_add(c, eg_iota(c, 3, 1), tpu_lower_full(EL, eg_t(TPU_S64, 3, c->B, c->n), (double)off)));
   return eg_sum(c, eg_sel(c, m, x, eg_k(c, x, 0)), 2);
 }
 /* Batched products: a [B, n, n] @ b [B, n, n], a [B, n, n] @ v [B, n], v [B, n] @ a [B, n, n]. */
@@ -215,7 +221,8 @@ static bool eg_hessenberg(eg_ctx *c, tpu_hv *A, tpu_hv *Q) {
   tpu_hv fin[3];
   if (!eg_while(c, init, 3, cond, body, fin)) return false;
   /* exact zeros below the subdiagonal */
-  tpu_hv below = eg_cmp(c, TPU_HLO_GT, eg_iota(c, 3, 1), eg_add(c, eg_iota(c, 3, 2), tpu_lower_full(EL, eg_t(TPU_S64, 3, c->B, c->n), 1)));
+  tpu_hv below = eg_cmp(c, TPU_HLO_GT, eg_iota(c, 3, 1),
+                        eg_add(c, eg_iota(c, 3, 2), tpu_lower_full(EL, eg_t(TPU_S64, 3, c->B, c->n), 1)));
   *A = eg_sel(c, below, eg_k(c, fin[1], 0), fin[1]);
   *Q = fin[2];
   return true;
@@ -252,7 +259,7 @@ static void eg_qr_rot(eg_ctx *c, tpu_hv k, tpu_hv lo, tpu_hv hi, tpu_hv mu, tpu_
   tpu_hv first = eg_cmp(c, TPU_HLO_EQ, kb, lo);
   tpu_hv k0 = eg_cmp(c, TPU_HLO_EQ, k, eg_i(c, 0));
   tpu_hv km1 = eg_max(c, eg_sub(c, k, eg_i(c, 1)), eg_i(c, 0));
-  tpu_hv blk = eg_block(c, *Hm, k, km1, 2, 2); /* rows k, k+1; columns km1, km1+1 */
+  tpu_hv blk = eg_block(c, *Hm, k, km1, 2, 2);                   /* rows k, k+1; columns km1, km1+1 */
   tpu_hv c0 = eg_take(c, blk, 2, 0), c1 = eg_take(c, blk, 2, 1); /* [B, 2] */
   tpu_hv colk = eg_sel(c, tpu_hlo_broadcast_in_dim(h, k0, 2, T(EL, c0)->dims, NULL), c0, c1);
   tpu_hv xk = eg_el(c, colk, 0), yk = eg_el(c, colk, 1), xm = eg_el(c, c0, 0), ym = eg_el(c, c0, 1);
@@ -267,8 +274,9 @@ static void eg_qr_rot(eg_ctx *c, tpu_hv k, tpu_hv lo, tpu_hv hi, tpu_hv mu, tpu_
   tpu_hv r1 = eg_take(c, R, 1, 0), r2 = eg_take(c, R, 1, 1);
   tpu_hv n1 = eg_add(c, eg_mul(c, ccx, r1), eg_mul(c, sb, r2));
   tpu_hv n2 = eg_sub(c, eg_mul(c, ccx, r2), eg_mul(c, sc, r1));
-  tpu_hv bulge = eg_and(c, eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 2, 1), eg_bk(c, km1, 2)),
-                        tpu_hlo_broadcast_in_dim(h, eg_and(c, on, eg_not(c, first)), 2, T(EL, n2)->dims, (int64_t[]){0}));
+  tpu_hv bulge =
+      eg_and(c, eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 2, 1), eg_bk(c, km1, 2)),
+             tpu_hlo_broadcast_in_dim(h, eg_and(c, on, eg_not(c, first)), 2, T(EL, n2)->dims, (int64_t[]){0}));
   n2 = eg_sel(c, bulge, eg_k(c, n2, 0), n2);
   *Hm = eg_put(c, *Hm, eg_stack2(c, n1, n2, 1), k, eg_i(c, 0));
   /* columns: h1 <- cs h1 + conj(sn) h2, h2 <- -sn h1 + cs h2 */
@@ -305,7 +313,8 @@ static tpu_hv eg_shift(eg_ctx *c, tpu_hv Hm, tpu_hv lo, tpu_hv hi, tpu_hv its) {
   tpu_hv mu = eg_mul(c, eg_sub(c, ds, corr), sc);
   /* exceptional shifts */
   tpu_hv lo1 = eg_add(c, lo, one);
-  tpu_hv top = eg_add(c, eg_at(c, Hm, lo, lo), eg_tocx(c, eg_mul(c, eg_k(c, s, 0.75), eg_abs(c, eg_at(c, Hm, lo1, lo)))));
+  tpu_hv top =
+      eg_add(c, eg_at(c, Hm, lo, lo), eg_tocx(c, eg_mul(c, eg_k(c, s, 0.75), eg_abs(c, eg_at(c, Hm, lo1, lo)))));
   tpu_hv bot = eg_add(c, d, eg_tocx(c, eg_mul(c, eg_k(c, s, 0.75), eg_abs(c, eg_at(c, Hm, hi, him)))));
   tpu_hv r20 = tpu_hlo_binary(EL->hlo, TPU_HLO_REM, its, eg_k(c, its, 20));
   tpu_hv ex10 = eg_cmp(c, TPU_HLO_EQ, r20, eg_k(c, its, 10));
@@ -325,7 +334,8 @@ static void eg_qr_step(eg_ctx *c, tpu_hv *Hm, tpu_hv *Z, tpu_hv *hi, tpu_hv *its
   tpu_hv tst = eg_add(c, d, dprev);
   tpu_hv negl = eg_or(c, eg_cmp(c, TPU_HLO_LE, sub, eg_mul(c, eg_k(c, tst, c->ulp), tst)),
                       eg_cmp(c, TPU_HLO_LE, sub, eg_k(c, sub, c->smlnum)));
-  tpu_hv subpos = eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 3, 2), eg_sub(c, eg_iota(c, 3, 1), tpu_lower_full(EL, eg_t(TPU_S64, 3, B, n), 1)));
+  tpu_hv subpos = eg_cmp(c, TPU_HLO_EQ, eg_iota(c, 3, 2),
+                         eg_sub(c, eg_iota(c, 3, 1), tpu_lower_full(EL, eg_t(TPU_S64, 3, B, n), 1)));
   tpu_hv kill = eg_and(c, subpos, eg_b3(c, negl, 1));
   *Hm = eg_sel(c, kill, eg_k(c, *Hm, 0), *Hm);
   /* hi: the last row at or above the old hi whose subdiagonal is not negligible (0: done) */
@@ -486,8 +496,8 @@ static tpu_dtype eg_check(tpu_lower *L, const char *fn) {
     return TPU_INVALID;
   }
   if (t->sizes[t->rank - 1] != t->sizes[t->rank - 2]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: A must be batches of square matrices, but they are %lld by %lld matrices", fn,
-                   (long long)t->sizes[t->rank - 2], (long long)t->sizes[t->rank - 1]);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: A must be batches of square matrices, but they are %lld by %lld matrices",
+                   fn, (long long)t->sizes[t->rank - 2], (long long)t->sizes[t->rank - 1]);
     return TPU_INVALID;
   }
   if (dt != TPU_F32 && dt != TPU_F64 && dt != TPU_C64 && dt != TPU_C128) {
@@ -531,8 +541,9 @@ static void eg_run(tpu_lower *L, const char *fn, bool vectors) {
   int64_t d12[2] = {1, 2};
   tpu_hv anrm = tpu_hlo_reduce(L->hlo, eg_abs(c, A), tpu_hlo_constant(L->hlo, cx.R, 0), d12, 2, TPU_HLO_MAX);
   double lo_t = sqrt(C == TPU_C128 ? DBL_MIN : FLT_MIN) / cx.ulp;
-  tpu_hv outside = eg_and(c, eg_cmp(c, TPU_HLO_GT, anrm, eg_k(c, anrm, 0)),
-                          eg_or(c, eg_cmp(c, TPU_HLO_LT, anrm, eg_k(c, anrm, lo_t)), eg_cmp(c, TPU_HLO_GT, anrm, eg_k(c, anrm, 1 / lo_t))));
+  tpu_hv outside = eg_and(
+      c, eg_cmp(c, TPU_HLO_GT, anrm, eg_k(c, anrm, 0)),
+      eg_or(c, eg_cmp(c, TPU_HLO_LT, anrm, eg_k(c, anrm, lo_t)), eg_cmp(c, TPU_HLO_GT, anrm, eg_k(c, anrm, 1 / lo_t))));
   tpu_hv scale = eg_tocx(c, eg_sel(c, outside, anrm, eg_k(c, anrm, 1)));
   A = eg_div(c, A, eg_b3s(c, scale));
   tpu_hv done = TPU_HV_NONE;
@@ -543,12 +554,15 @@ static void eg_run(tpu_lower *L, const char *fn, bool vectors) {
      * the CPU's eigvals has undefined behaviour there) */
     int64_t d12b[2] = {1, 2};
     tpu_hv fin = tpu_hlo_unary(L->hlo, TPU_HLO_IS_FINITE, eg_abs(c, a3));
-    done = eg_or(c, done, eg_not(c, tpu_hlo_reduce(L->hlo, fin, tpu_hlo_constant_int(L->hlo, TPU_PRED, 1), d12b, 2, TPU_HLO_AND)));
-    tpu_lower_check(L, eg_not(c, done), TPU_ERR_RUNTIME,
-                    vectors ? "torch.linalg.eig: The algorithm failed to converge because the input matrix is ill-conditioned "
-                              "or has too many repeated eigenvalues."
-                            : "torch.linalg.eigvals: The algorithm failed to converge because the input matrix is "
-                              "ill-conditioned or has too many repeated eigenvalues.");
+    done =
+        eg_or(c, done,
+              eg_not(c, tpu_hlo_reduce(L->hlo, fin, tpu_hlo_constant_int(L->hlo, TPU_PRED, 1), d12b, 2, TPU_HLO_AND)));
+    tpu_lower_check(
+        L, eg_not(c, done), TPU_ERR_RUNTIME,
+        vectors ? "torch.linalg.eig: The algorithm failed to converge because the input matrix is ill-conditioned "
+                  "or has too many repeated eigenvalues."
+                : "torch.linalg.eigvals: The algorithm failed to converge because the input matrix is "
+                  "ill-conditioned or has too many repeated eigenvalues.");
   }
   tpu_hv lam = eg_diag(c, A, 0);
   tpu_lower_out(L, tpu_hlo_reshape(L->hlo, eg_mul(c, lam, eg_b2(c, scale)), wt.rank, wt.dims));

@@ -19,7 +19,9 @@ static tpu_dtype tpu_arg_dtype(tpu_lower *L, int i) {
 }
 
 /* Input i promoted to the default float type if it is not floating. */
-static tpu_hv tpu_float_in(tpu_lower *L, int i) { return tpu_lower_input(L, i, tpu_lower_float_type(tpu_arg_dtype(L, i))); }
+static tpu_hv tpu_float_in(tpu_lower *L, int i) {
+  return tpu_lower_input(L, i, tpu_lower_float_type(tpu_arg_dtype(L, i)));
+}
 
 static tpu_hv tpu_named1(tpu_lower *L, const char *name, tpu_hv x) {
   tpu_hlo_type t = *T(L, x);
@@ -47,7 +49,7 @@ static void tpu_float_unary(tpu_lower *L, tpu_ufn f) {
   tpu_lower_out(L, tpu_hlo_convert(H, f(L, tpu_hlo_convert(H, x, tpu_acc_type(dt))), dt));
 }
 
-#define TPU_CHLO_UNARY(op, name)                                          \
+#define TPU_CHLO_UNARY(op, name)                                                      \
   static tpu_hv tpu_f_##op(tpu_lower *L, tpu_hv x) { return tpu_named1(L, name, x); } \
   void tpu_emit_##op(tpu_lower *L) { tpu_float_unary(L, tpu_f_##op); }
 
@@ -70,8 +72,12 @@ TPU_CHLO_UNARY(lgamma, "chlo.lgamma")
 /* digamma: emit_special.c (torch's poles) */
 
 static tpu_hv tpu_f_exp2(tpu_lower *L, tpu_hv x) { return tpu_hlo_binary(H, TPU_HLO_POW, tpu_k(L, x, 2.0), x); }
-static tpu_hv tpu_f_log2(tpu_lower *L, tpu_hv x) { return tpu_mul(L, tpu_un(L, TPU_HLO_LOG, x), tpu_k(L, x, 1.0 / TPU_LN2)); }
-static tpu_hv tpu_f_log10(tpu_lower *L, tpu_hv x) { return tpu_mul(L, tpu_un(L, TPU_HLO_LOG, x), tpu_k(L, x, 1.0 / TPU_LN10)); }
+static tpu_hv tpu_f_log2(tpu_lower *L, tpu_hv x) {
+  return tpu_mul(L, tpu_un(L, TPU_HLO_LOG, x), tpu_k(L, x, 1.0 / TPU_LN2));
+}
+static tpu_hv tpu_f_log10(tpu_lower *L, tpu_hv x) {
+  return tpu_mul(L, tpu_un(L, TPU_HLO_LOG, x), tpu_k(L, x, 1.0 / TPU_LN10));
+}
 void tpu_emit_exp2(tpu_lower *L) { tpu_float_unary(L, tpu_f_exp2); }
 void tpu_emit_log2(tpu_lower *L) { tpu_float_unary(L, tpu_f_log2); }
 void tpu_emit_log10(tpu_lower *L) { tpu_float_unary(L, tpu_f_log10); }
@@ -92,7 +98,8 @@ void tpu_emit_trunc(tpu_lower *L) {
 void tpu_emit_frac(tpu_lower *L) {
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   if (!tpu_dtype_is_float(T(L, x)->dtype)) {
-    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"frac_cpu\" not implemented for '%s'", tpu_dtype_c10_name(T(L, x)->dtype));
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"frac_cpu\" not implemented for '%s'",
+                   tpu_dtype_c10_name(T(L, x)->dtype));
     return;
   }
   tpu_lower_out(L, tpu_sub(L, x, tpu_trunc_v(L, x)));
@@ -263,8 +270,9 @@ static void tpu_emit_logaddexp_base(tpu_lower *L, bool base2) {
   tpu_hv d = tpu_un(L, TPU_HLO_NEG, tpu_un(L, TPU_HLO_ABS, tpu_sub(L, a, b)));
   tpu_hv r;
   if (base2)
-    r = tpu_add(L, m, tpu_mul(L, tpu_un(L, TPU_HLO_LOG1P, tpu_hlo_binary(H, TPU_HLO_POW, tpu_k(L, d, 2.0), d)),
-                              tpu_k(L, d, 1.0 / TPU_LN2)));
+    r = tpu_add(L, m,
+                tpu_mul(L, tpu_un(L, TPU_HLO_LOG1P, tpu_hlo_binary(H, TPU_HLO_POW, tpu_k(L, d, 2.0), d)),
+                        tpu_k(L, d, 1.0 / TPU_LN2)));
   else
     r = tpu_add(L, m, tpu_un(L, TPU_HLO_LOG1P, tpu_un(L, TPU_HLO_EXP, d)));
   tpu_hv same_inf = tpu_hlo_binary(H, TPU_HLO_AND, tpu_cmp(L, TPU_HLO_EQ, a, b),
@@ -389,7 +397,8 @@ void tpu_emit_leaky_relu_backward(tpu_lower *L) {
   tpu_hv g = tpu_lower_input(L, 0, tpu_acc_type(dt));
   tpu_hv v[2] = {g, x};
   tpu_lower_broadcast_all(L, v, 2);
-  tpu_hv y = tpu_sel(L, tpu_cmp(L, TPU_HLO_GT, v[1], tpu_k(L, v[1], 0)), v[0], tpu_mul(L, v[0], tpu_s(L, 2, v[0], 0.01)));
+  tpu_hv y =
+      tpu_sel(L, tpu_cmp(L, TPU_HLO_GT, v[1], tpu_k(L, v[1], 0)), v[0], tpu_mul(L, v[0], tpu_s(L, 2, v[0], 0.01)));
   tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
 }
 
@@ -469,8 +478,9 @@ void tpu_emit_hardshrink(tpu_lower *L) {
 void tpu_emit_softshrink(tpu_lower *L) {
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   tpu_hv l = tpu_s(L, 1, x, 0.5);
-  tpu_hv y = tpu_sel(L, tpu_cmp(L, TPU_HLO_GT, x, l), tpu_sub(L, x, l),
-                     tpu_sel(L, tpu_cmp(L, TPU_HLO_LT, x, tpu_un(L, TPU_HLO_NEG, l)), tpu_add(L, x, l), tpu_k(L, x, 0)));
+  tpu_hv y =
+      tpu_sel(L, tpu_cmp(L, TPU_HLO_GT, x, l), tpu_sub(L, x, l),
+              tpu_sel(L, tpu_cmp(L, TPU_HLO_LT, x, tpu_un(L, TPU_HLO_NEG, l)), tpu_add(L, x, l), tpu_k(L, x, 0)));
   tpu_lower_out(L, y);
 }
 
@@ -582,8 +592,8 @@ void tpu_emit_glu(tpu_lower *L) {
   }
   int64_t d = tpu_glu_dim(L, 1, rank);
   if (T(L, x)->dims[d] % 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Halving dimension must be even, but dimension %lld is size %lld",
-                   (long long)d, (long long)T(L, x)->dims[d]);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Halving dimension must be even, but dimension %lld is size %lld", (long long)d,
+                   (long long)T(L, x)->dims[d]);
     return;
   }
   tpu_hv a, b;

@@ -125,8 +125,10 @@ void tpu_emit_gather(tpu_lower *L) {
       na += (size_t)snprintf(a + na, sizeof a - na, "%s%lld", k ? ", " : "", (long long)it->sizes[k]);
       nb += (size_t)snprintf(b + nb, sizeof b - nb, "%s%lld", k ? ", " : "", (long long)t->sizes[k]);
     }
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Size does not match at dimension %d expected index [%s] to be no larger than "
-                   "self [%s] apart from dimension %lld", i, a, b, (long long)d);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Size does not match at dimension %d expected index [%s] to be no larger than "
+                   "self [%s] apart from dimension %lld",
+                   i, a, b, (long long)d);
     return;
   }
   tpu_hv idx = tpu_lower_tensor(L, 2, -1);
@@ -158,8 +160,10 @@ static void tpu_emit_scatter_impl(tpu_lower *L, int mode /* 0 replace, 1 add, 2 
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   if (from_str) {
     const char *r = tpu_arg_str(L, 4);
-    if (r && strcmp(r, "add") == 0) mode = 1;
-    else if (r && strcmp(r, "multiply") == 0) mode = 2;
+    if (r && strcmp(r, "add") == 0)
+      mode = 1;
+    else if (r && strcmp(r, "multiply") == 0)
+      mode = 2;
     else {
       tpu_lower_fail(L, TPU_ERR_RUNTIME, "reduce argument must be either add or multiply.");
       return;
@@ -227,8 +231,9 @@ static void tpu_emit_index_combine(tpu_lower *L, bool add) {
   tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 3, -1), dt);
   tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), TPU_S64);
   int64_t n = tpu_hlo_type_numel(T(L, idx)), n1[2] = {n, 1};
-  tpu_lower_check_range(L, idx, t->rank ? t->sizes[tpu_lower_dim(L, L->args[1].i, t->rank)] : 1, false, TPU_ERR_INDEX,
-                        add ? "index out of range in self" : "index_copy_(): an index is out of bounds for the dimension");
+  tpu_lower_check_range(
+      L, idx, t->rank ? t->sizes[tpu_lower_dim(L, L->args[1].i, t->rank)] : 1, false, TPU_ERR_INDEX,
+      add ? "index out of range in self" : "index_copy_(): an index is out of bounds for the dimension");
   if (add && L->nargs > 4 && L->args[4].kind == TPU_ARG_SCALAR && !L->args[4].is_default)
     src = tpu_mul(L, src, tpu_lower_broadcast_to(L, tpu_lower_scalar(L, 4, dt), T(L, src)->rank, T(L, src)->dims));
   if (t->rank == 0) {
@@ -346,14 +351,14 @@ void tpu_emit_roll(tpu_lower *L) {
 /* ---- advanced indexing ---------------------------------------------------------------------------- */
 
 typedef struct {
-  int k;                       /* indexed dims */
-  int pos[TPU_MAX_RANK];       /* which dims, in order */
-  bool adjacent;               /* the indexed dims are consecutive */
-  int brank;                   /* rank of the broadcast index shape */
+  int k;                 /* indexed dims */
+  int pos[TPU_MAX_RANK]; /* which dims, in order */
+  bool adjacent;         /* the indexed dims are consecutive */
+  int brank;             /* rank of the broadcast index shape */
   int64_t bdims[TPU_MAX_RANK];
-  tpu_hv stacked;              /* [B..., k] s64 */
-  int64_t perm[TPU_MAX_RANK];  /* indexed dims first, then the rest */
-  int rest;                    /* count of the other dims */
+  tpu_hv stacked;             /* [B..., k] s64 */
+  int64_t perm[TPU_MAX_RANK]; /* indexed dims first, then the rest */
+  int rest;                   /* count of the other dims */
 } tpu_adv;
 
 /* Parse indices (argument ii, a Tensor?[] list) against self of rank r. */
@@ -421,8 +426,8 @@ static void tpu_adv_result_perm(const tpu_adv *a, int64_t *out_perm, int *rank) 
   int nb = a->brank, r = nb + a->rest, p = 0;
   int before = a->adjacent ? a->pos[0] : 0;
   for (int i = 0; i < before; i++) out_perm[p++] = nb + i;       /* rest dims before */
-  for (int i = 0; i < nb; i++) out_perm[p++] = i;                 /* the broadcast dims */
-  for (int i = before; i < a->rest; i++) out_perm[p++] = nb + i;  /* rest dims after */
+  for (int i = 0; i < nb; i++) out_perm[p++] = i;                /* the broadcast dims */
+  for (int i = before; i < a->rest; i++) out_perm[p++] = nb + i; /* rest dims after */
   *rank = r;
 }
 
@@ -464,9 +469,10 @@ void tpu_emit_index(tpu_lower *L) {
 void tpu_emit_index_put(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   if (L->args[2].kind == TPU_ARG_TENSOR && L->args[2].t.dtype != t->dtype) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Index put requires the source and destination dtypes match, got %s for the "
-                   "destination and %s for the source.", tpu_dtype_c10_name(t->dtype),
-                   tpu_dtype_c10_name(L->args[2].t.dtype));
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Index put requires the source and destination dtypes match, got %s for the "
+                   "destination and %s for the source.",
+                   tpu_dtype_c10_name(t->dtype), tpu_dtype_c10_name(L->args[2].t.dtype));
     return;
   }
   tpu_adv a;
@@ -626,7 +632,8 @@ static tpu_hv tpu_mean_div(tpu_lower *L, tpu_hv sum, tpu_hv cnt) {
   tpu_dtype dt = T(L, sum)->dtype;
   if (tpu_dtype_is_float(dt)) {
     tpu_dtype at = tpu_acc_type(dt);
-    return tpu_hlo_convert(H, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_convert(H, sum, at), tpu_hlo_convert(H, cnt, at)), dt);
+    return tpu_hlo_convert(H, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_convert(H, sum, at), tpu_hlo_convert(H, cnt, at)),
+                           dt);
   }
   tpu_hv q = tpu_hlo_binary(H, TPU_HLO_DIV, sum, cnt), rem = tpu_hlo_binary(H, TPU_HLO_REM, sum, cnt);
   tpu_hv adj = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, rem, tpu_k(L, rem, 0)),
@@ -700,7 +707,8 @@ void tpu_emit_index_reduce(tpu_lower *L) {
   idx = tpu_hlo_reshape(H, idx, 2, n1);
   if (!incl) {
     tpu_hlo_type ut = *T(L, sf);
-    xf = tpu_lower_scatter_rows(L, xf, idx, tpu_lower_broadcast_to(L, tpu_reduce_identity(L, dt, kind), ut.rank, ut.dims), -1);
+    xf = tpu_lower_scatter_rows(L, xf, idx,
+                                tpu_lower_broadcast_to(L, tpu_reduce_identity(L, dt, kind), ut.rank, ut.dims), -1);
   }
   tpu_hv r = tpu_lower_scatter_rows(L, xf, idx, sf, tpu_reduce_region(L, dt, kind));
   if (kind == TPU_RED_MEAN) {
@@ -819,8 +827,8 @@ void tpu_emit_unfold_backward(tpu_lower *L) {
     cols[k] = tpu_hlo_reshape(H, c, 2, n1);
   }
   tpu_hv coords = tpu_hlo_concat(H, cols, r, 1);
-  tpu_lower_out(L, tpu_point_scatter(L, out, coords, tpu_hlo_reshape(H, g, 1, &n),
-                                     tpu_reduce_region(L, gt.dtype, TPU_RED_SUM)));
+  tpu_lower_out(
+      L, tpu_point_scatter(L, out, coords, tpu_hlo_reshape(H, g, 1, &n), tpu_reduce_region(L, gt.dtype, TPU_RED_SUM)));
 }
 
 /* ---- reflection and replication padding ---------------------------------------------------------- */
@@ -852,8 +860,10 @@ static void tpu_emit_pad_impl(tpu_lower *L, int k, bool reflect, bool backward) 
   tpu_tref *t = &L->args[xi].t;
   const char *name = reflect ? "reflection_pad" : "replication_pad";
   if (t->rank != k + 1 && t->rank != k + 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s%dd: Expected %dD or %dD (batch mode) tensor with possibly 0 batch size "
-                   "and other non-zero dimensions for input", name, k, k + 1, k + 2);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "%s%dd: Expected %dD or %dD (batch mode) tensor with possibly 0 batch size "
+                   "and other non-zero dimensions for input",
+                   name, k, k + 1, k + 2);
     return;
   }
   tpu_arg *pa = &L->args[xi + 1];
@@ -866,7 +876,8 @@ static void tpu_emit_pad_impl(tpu_lower *L, int k, bool reflect, bool backward) 
   for (int q = 0; q < k; q++) {
     int64_t d = t->rank - 1 - q, n = t->sizes[d], lo = pa->ints[2 * q], hi = pa->ints[2 * q + 1];
     if (reflect && (lo >= n || hi >= n)) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Argument #4: Padding size should be less than the corresponding input "
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "Argument #4: Padding size should be less than the corresponding input "
                      "dimension, but got: padding (%lld, %lld) at dimension %lld of input %d",
                      (long long)lo, (long long)hi, (long long)d, t->rank);
       return;
@@ -978,7 +989,8 @@ static void tpu_emit_unique_impl(tpu_lower *L, bool consecutive, int inv_arg, in
   tpu_hv start;
   if (n > 1) {
     int64_t a0 = 0, a1 = 1, e0 = n - 1, e1 = n, one = 1;
-    tpu_hv ne = tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_slice(H, s, &a1, &e1, &one), tpu_hlo_slice(H, s, &a0, &e0, &one));
+    tpu_hv ne =
+        tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_slice(H, s, &a1, &e1, &one), tpu_hlo_slice(H, s, &a0, &e0, &one));
     tpu_hv first = tpu_hlo_reshape(H, tpu_hlo_constant_int(H, TPU_PRED, 1), 1, &one);
     tpu_hv parts[2] = {first, ne};
     start = tpu_hlo_concat(H, parts, 2, 0);
@@ -1008,8 +1020,10 @@ static void tpu_emit_unique_impl(tpu_lower *L, bool consecutive, int inv_arg, in
 void tpu_emit_unique2(tpu_lower *L) { tpu_emit_unique_impl(L, false, 2, 3, 4); }
 void tpu_emit_unique_consecutive_dim(tpu_lower *L);
 void tpu_emit_unique_consecutive(tpu_lower *L) {
-  if (L->args[3].kind != TPU_ARG_NONE) tpu_emit_unique_consecutive_dim(L);
-  else tpu_emit_unique_impl(L, true, 1, 2, 4);
+  if (L->args[3].kind != TPU_ARG_NONE)
+    tpu_emit_unique_consecutive_dim(L);
+  else
+    tpu_emit_unique_impl(L, true, 1, 2, 4);
 }
 void tpu_emit_unique1(tpu_lower *L) { tpu_emit_unique_impl(L, false, 2, -1, 3); }
 
@@ -1036,8 +1050,9 @@ void tpu_emit_repeat_interleave(tpu_lower *L) {
   }
   tpu_hv r = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, 0, -1), TPU_S64), 1, &n);
   tpu_hv ends = tpu_hlo_reshape(H, tpu_prefix_sum(L, r), 2, n1);
-  tpu_hv marks = tpu_lower_scatter_rows(L, tpu_lower_full(L, ot, 0), ends, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
-                                        tpu_reduce_region(L, TPU_S64, TPU_RED_SUM));
+  tpu_hv marks =
+      tpu_lower_scatter_rows(L, tpu_lower_full(L, ot, 0), ends, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
+                             tpu_reduce_region(L, TPU_S64, TPU_RED_SUM));
   (void)m1;
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_prefix_sum(L, marks), t->dtype));
 }
@@ -1051,13 +1066,15 @@ static tpu_hv tpu_bag_ids(tpu_lower *L, tpu_hv offsets, int64_t n, int64_t nb, b
   int64_t md[2] = {n, nb + (last ? 1 : 0)}, b1 = 1, b0 = 0;
   tpu_hv off = tpu_hlo_convert(H, offsets, TPU_S64);
   tpu_hv pos = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, md), 0);
-  tpu_hv le = tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_LE, tpu_hlo_broadcast_in_dim(H, off, 2, md, &b1), pos), TPU_S64);
+  tpu_hv le =
+      tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_LE, tpu_hlo_broadcast_in_dim(H, off, 2, md, &b1), pos), TPU_S64);
   tpu_hv cnt = tpu_hlo_reduce(H, le, tpu_hlo_constant_int(H, TPU_S64, 0), &b1, 1, TPU_HLO_ADD);
   (void)b0;
   cnt = tpu_sub(L, cnt, tpu_k(L, cnt, 1));
   /* torch's max mode keeps the elements after the closing offset in the last bag */
   double cap = into_last ? (double)(nb - 1) : (double)nb;
-  return last ? tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GE, cnt, tpu_k(L, cnt, cap)), tpu_k(L, cnt, cap), cnt) : cnt;
+  return last ? tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GE, cnt, tpu_k(L, cnt, cap)), tpu_k(L, cnt, cap), cnt)
+              : cnt;
 }
 
 /* _embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse,
@@ -1073,7 +1090,8 @@ void tpu_emit_embedding_bag(tpu_lower *L) {
     return;
   }
   if (psw && mode != 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "embedding_bag: per_sample_weights was not None. per_sample_weights is only "
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "embedding_bag: per_sample_weights was not None. per_sample_weights is only "
                    "supported for mode='sum' (got mode='%s'). Please open a feature request on GitHub.",
                    mode == 1 ? "mean" : "max");
     return;
@@ -1104,7 +1122,8 @@ void tpu_emit_embedding_bag(tpu_lower *L) {
   tpu_hv tb1 = tpu_hlo_reshape(H, tb, 2, n1);
   tpu_hv sb1 = tb1;
   if (last && mode != 2)
-    sb1 = tpu_hlo_reshape(H, tpu_hlo_select(H, keep, tpu_bag_ids(L, off, n, nb, true, false), tpu_k(L, bag, (double)nb)), 2, n1);
+    sb1 = tpu_hlo_reshape(
+        H, tpu_hlo_select(H, keep, tpu_bag_ids(L, off, n, nb, true, false), tpu_k(L, bag, (double)nb)), 2, n1);
   tpu_hv rows = tpu_lower_gather_rows(L, tpu_lower_tensor(L, 0, -1), tpu_hlo_reshape(H, idx, 2, n1)); /* [N, D] */
   tpu_dtype at = tpu_acc_type(dt);
   rows = tpu_hlo_convert(H, rows, at);
@@ -1113,8 +1132,9 @@ void tpu_emit_embedding_bag(tpu_lower *L) {
     tpu_hv p = tpu_hlo_convert(H, tpu_lower_tensor(L, 6, -1), at);
     rows = tpu_mul(L, rows, tpu_hlo_broadcast_in_dim(H, p, 2, nd, &z));
   }
-  tpu_hv size = tpu_lower_scatter_rows(L, tpu_lower_full(L, bt, 0), tb1, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
-                                       tpu_reduce_region(L, TPU_S64, TPU_RED_SUM));
+  tpu_hv size =
+      tpu_lower_scatter_rows(L, tpu_lower_full(L, bt, 0), tb1, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
+                             tpu_reduce_region(L, TPU_S64, TPU_RED_SUM));
   tpu_hv out, maxi;
   int64_t z = 0;
   tpu_hv sizeb = tpu_hlo_broadcast_in_dim(H, size, 2, od, &z);
@@ -1126,8 +1146,11 @@ void tpu_emit_embedding_bag(tpu_lower *L) {
                                  tpu_reduce_region(L, at, TPU_RED_AMAX));
     out = tpu_hlo_select(H, empty, tpu_lower_full(L, oat, 0), out);
     /* the first element reaching each column's maximum */
-    tpu_hv best = tpu_lower_gather_rows(L, out, tpu_hlo_reshape(H, tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), tb,
-                                                                             tpu_hlo_constant_int(H, TPU_S64, nb - 1)), 2, n1));
+    tpu_hv best = tpu_lower_gather_rows(
+        L, out,
+        tpu_hlo_reshape(
+            H, tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), tb, tpu_hlo_constant_int(H, TPU_S64, nb - 1)), 2,
+            n1));
     tpu_hv posn = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nd), 0);
     tpu_hv cand = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, best), posn, tpu_k(L, posn, (double)n));
     tpu_hv first = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 2, od), (double)n), tb1, cand,
@@ -1175,10 +1198,11 @@ void tpu_emit_embedding_bag_backward(tpu_lower *L) {
     tpu_hv mi = tpu_lower_tensor(L, 5, -1);
     tpu_hv sizeb = tpu_hlo_broadcast_in_dim(H, size, 2, od, &z);
     mi = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, sizeb, tpu_k(L, sizeb, 0)), tpu_k(L, mi, (double)nw), mi);
-    tpu_hv cols[2] = {tpu_hlo_reshape(H, mi, 2, (int64_t[2]){nod, 1}),
-                      tpu_hlo_reshape(H, tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, od), 1), 2, (int64_t[2]){nod, 1})};
-    tpu_hv r = tpu_point_scatter(L, tpu_lower_full(L, wt, 0), tpu_hlo_concat(H, cols, 2, 1), tpu_hlo_reshape(H, g, 1, &nod),
-                                 tpu_reduce_region(L, at, TPU_RED_SUM));
+    tpu_hv cols[2] = {
+        tpu_hlo_reshape(H, mi, 2, (int64_t[2]){nod, 1}),
+        tpu_hlo_reshape(H, tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, od), 1), 2, (int64_t[2]){nod, 1})};
+    tpu_hv r = tpu_point_scatter(L, tpu_lower_full(L, wt, 0), tpu_hlo_concat(H, cols, 2, 1),
+                                 tpu_hlo_reshape(H, g, 1, &nod), tpu_reduce_region(L, at, TPU_RED_SUM));
     tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
     return;
   }
@@ -1187,10 +1211,12 @@ void tpu_emit_embedding_bag_backward(tpu_lower *L) {
   tpu_hv bag = tpu_lower_tensor(L, 3, -1);
   tpu_hv keep = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, idx, tpu_k(L, idx, (double)pad)),
                                tpu_hlo_compare(H, TPU_HLO_LT, bag, tpu_k(L, bag, (double)nb)));
-  tpu_hv bc = tpu_hlo_reshape(H, tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), bag, tpu_hlo_constant_int(H, TPU_S64, nb - 1)), 2, n1);
+  tpu_hv bc = tpu_hlo_reshape(
+      H, tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), bag, tpu_hlo_constant_int(H, TPU_S64, nb - 1)), 2, n1);
   tpu_hv rows = tpu_lower_gather_rows(L, g, bc); /* [N, D] */
   tpu_hv scale = tpu_hlo_convert(H, keep, at);
-  if (L->args[10].kind == TPU_ARG_TENSOR) scale = tpu_mul(L, scale, tpu_hlo_convert(H, tpu_lower_tensor(L, 10, -1), at));
+  if (L->args[10].kind == TPU_ARG_TENSOR)
+    scale = tpu_mul(L, scale, tpu_hlo_convert(H, tpu_lower_tensor(L, 10, -1), at));
   if (mode == 1) {
     tpu_hv s = tpu_hlo_convert(H, tpu_hlo_reshape(H, tpu_lower_gather_rows(L, size, bc), 1, &n), at);
     s = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, s, tpu_k(L, s, 0)), tpu_k(L, s, 1), s);
@@ -1199,7 +1225,8 @@ void tpu_emit_embedding_bag_backward(tpu_lower *L) {
   tpu_hv i1 = tpu_hlo_reshape(H, idx, 2, n1);
   if (tpu_arg_bool(L, 7)) { /* scale_grad_by_freq: by each index's count in the batch */
     tpu_hv f = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(at, 1, &nw), 0), i1,
-                                      tpu_lower_full(L, tpu_hlo_type_make(at, 1, &n), 1), tpu_reduce_region(L, at, TPU_RED_SUM));
+                                      tpu_lower_full(L, tpu_hlo_type_make(at, 1, &n), 1),
+                                      tpu_reduce_region(L, at, TPU_RED_SUM));
     f = tpu_hlo_reshape(H, tpu_lower_gather_rows(L, f, i1), 1, &n);
     scale = tpu_hlo_binary(H, TPU_HLO_DIV, scale, f);
   }
@@ -1223,9 +1250,11 @@ void tpu_emit_embedding_bag_psw_backward(tpu_lower *L) {
   tpu_hv bag = tpu_lower_tensor(L, 4, -1);
   tpu_hv keep = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, idx, tpu_k(L, idx, (double)pad)),
                                tpu_hlo_compare(H, TPU_HLO_LT, bag, tpu_k(L, bag, (double)nb)));
-  tpu_hv bc = tpu_hlo_reshape(H, tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), bag, tpu_hlo_constant_int(H, TPU_S64, nb - 1)), 2, n1);
+  tpu_hv bc = tpu_hlo_reshape(
+      H, tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), bag, tpu_hlo_constant_int(H, TPU_S64, nb - 1)), 2, n1);
   tpu_hv gr = tpu_hlo_convert(H, tpu_lower_gather_rows(L, g, bc), at);
-  tpu_hv wr = tpu_hlo_convert(H, tpu_lower_gather_rows(L, tpu_lower_tensor(L, 1, -1), tpu_hlo_reshape(H, idx, 2, n1)), at);
+  tpu_hv wr =
+      tpu_hlo_convert(H, tpu_lower_gather_rows(L, tpu_lower_tensor(L, 1, -1), tpu_hlo_reshape(H, idx, 2, n1)), at);
   tpu_hv dot = tpu_hlo_reduce(H, tpu_mul(L, gr, wr), tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD);
   dot = tpu_hlo_select(H, keep, dot, tpu_k(L, dot, 0));
   tpu_lower_out(L, tpu_hlo_convert(H, dot, dt));
@@ -1255,12 +1284,15 @@ void tpu_emit_embedding_renorm(tpu_lower *L) {
   } else if (p == 1) {
     norm = tpu_hlo_reduce(H, a, tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD);
   } else if (p == 2) {
-    norm = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_reduce(H, tpu_mul(L, a, a), tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD));
+    norm = tpu_hlo_unary(H, TPU_HLO_SQRT,
+                         tpu_hlo_reduce(H, tpu_mul(L, a, a), tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD));
   } else {
-    tpu_hv s = tpu_hlo_reduce(H, tpu_hlo_binary(H, TPU_HLO_POW, a, tpu_k(L, a, p)), tpu_hlo_constant(H, at, 0), &one, 1, TPU_HLO_ADD);
+    tpu_hv s = tpu_hlo_reduce(H, tpu_hlo_binary(H, TPU_HLO_POW, a, tpu_k(L, a, p)), tpu_hlo_constant(H, at, 0), &one, 1,
+                              TPU_HLO_ADD);
     norm = tpu_hlo_binary(H, TPU_HLO_POW, s, tpu_k(L, s, 1.0 / p));
   }
-  tpu_hv hit = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 1, &nw), 0), tpu_hlo_reshape(H, idx, 2, n1),
+  tpu_hv hit = tpu_lower_scatter_rows(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 1, &nw), 0),
+                                      tpu_hlo_reshape(H, idx, 2, n1),
                                       tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 1, &n), 1), -1);
   tpu_hv big = tpu_hlo_binary(H, TPU_HLO_AND, hit, tpu_hlo_compare(H, TPU_HLO_GT, norm, tpu_k(L, norm, maxn)));
   tpu_hv scale = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, norm, maxn), tpu_add(L, norm, tpu_k(L, norm, 1e-7)));
@@ -1360,19 +1392,23 @@ static tpu_hv tpu_prefix_sum_last(tpu_lower *L, tpu_hv v) {
 }
 
 typedef struct {
-  int64_t a, S;                /* the axis, the segment count */
-  int64_t od[TPU_MAX_RANK];    /* output dims [lead..., S, rest...] */
-  int64_t sm[TPU_MAX_RANK];    /* 0..a: how [lead..., S] values broadcast to od */
-  tpu_hv coords;               /* [numel, rank]: each data element's output position */
-  tpu_hv valid;                /* data-shaped: the element lies in a segment */
-  tpu_hv len;                  /* [lead..., S] s64 segment lengths */
+  int64_t a, S;             /* the axis, the segment count */
+  int64_t od[TPU_MAX_RANK]; /* output dims [lead..., S, rest...] */
+  int64_t sm[TPU_MAX_RANK]; /* 0..a: how [lead..., S] values broadcast to od */
+  tpu_hv coords;            /* [numel, rank]: each data element's output position */
+  tpu_hv valid;             /* data-shaped: the element lies in a segment */
+  tpu_hv len;               /* [lead..., S] s64 segment lengths */
 } tpu_segs;
 
 static int tpu_seg_kind(tpu_lower *L, int i) {
   const char *rs = tpu_arg_str(L, i);
-  int kind = !rs ? -1 : strcmp(rs, "sum") == 0 ? TPU_RED_SUM : strcmp(rs, "prod") == 0 ? TPU_RED_PROD
-           : strcmp(rs, "mean") == 0 ? TPU_RED_MEAN : strcmp(rs, "max") == 0 ? TPU_RED_AMAX
-           : strcmp(rs, "min") == 0 ? TPU_RED_AMIN : -1;
+  int kind = !rs                       ? -1
+             : strcmp(rs, "sum") == 0  ? TPU_RED_SUM
+             : strcmp(rs, "prod") == 0 ? TPU_RED_PROD
+             : strcmp(rs, "mean") == 0 ? TPU_RED_MEAN
+             : strcmp(rs, "max") == 0  ? TPU_RED_AMAX
+             : strcmp(rs, "min") == 0  ? TPU_RED_AMIN
+                                       : -1;
   if (kind < 0) tpu_lower_fail(L, TPU_ERR_RUNTIME, "segment_reduce: unsupported reduction %s", rs ? rs : "None");
   return kind;
 }
@@ -1395,8 +1431,8 @@ static bool tpu_segments(tpu_lower *L, int di, int li, int oi, int ai, tpu_segs 
   int64_t a = tpu_lower_dim(L, L->args[ai].i, r), n = t->sizes[a];
   tpu_tref *st = &L->args[by_len ? li : oi].t;
   if (st->rank != a + 1) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "segment_reduce(): Expected %s to have %lld dims", by_len ? "lengths" : "offsets",
-                   (long long)(a + 1));
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "segment_reduce(): Expected %s to have %lld dims",
+                   by_len ? "lengths" : "offsets", (long long)(a + 1));
     return false;
   }
   int64_t S = st->sizes[a] - (by_len ? 0 : 1);
@@ -1426,11 +1462,13 @@ static bool tpu_segments(tpu_lower *L, int di, int li, int oi, int ai, tpu_segs 
   bmap[a] = a + 1;
   tpu_hlo_type ct = tpu_hlo_type_make(TPU_S64, (int)a + 2, cd);
   tpu_hv pos = tpu_hlo_iota(H, ct, (int)a), sid = tpu_hlo_iota(H, ct, (int)a + 1);
-  tpu_hv sb = tpu_hlo_broadcast_in_dim(H, starts, (int)a + 2, cd, bmap), eb = tpu_hlo_broadcast_in_dim(H, ends, (int)a + 2, cd, bmap);
-  tpu_hv hit = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_LE, sb, pos), tpu_hlo_compare(H, TPU_HLO_LT, pos, eb));
+  tpu_hv sb = tpu_hlo_broadcast_in_dim(H, starts, (int)a + 2, cd, bmap),
+         eb = tpu_hlo_broadcast_in_dim(H, ends, (int)a + 2, cd, bmap);
+  tpu_hv hit =
+      tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_LE, sb, pos), tpu_hlo_compare(H, TPU_HLO_LT, pos, eb));
   int64_t last = a + 1;
-  tpu_hv seg = tpu_hlo_reduce(H, tpu_hlo_select(H, hit, sid, tpu_k(L, sid, 0)), tpu_hlo_constant_int(H, TPU_S64, 0), &last, 1,
-                              TPU_HLO_ADD);
+  tpu_hv seg = tpu_hlo_reduce(H, tpu_hlo_select(H, hit, sid, tpu_k(L, sid, 0)), tpu_hlo_constant_int(H, TPU_S64, 0),
+                              &last, 1, TPU_HLO_ADD);
   tpu_hv any = tpu_hlo_reduce(H, hit, tpu_hlo_constant_int(H, TPU_PRED, 0), &last, 1, TPU_HLO_OR);
   seg = tpu_hlo_select(H, any, seg, tpu_k(L, seg, (double)S));
   int64_t numel = 1, n1[2];
@@ -1519,7 +1557,8 @@ void tpu_emit_segment_reduce_backward(tpu_lower *L) {
   } else if (kind == TPU_RED_AMAX || kind == TPU_RED_AMIN) {
     tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, x, AT(tpu_lower_tensor(L, 1, -1)));
     tpu_hv hf = tpu_hlo_convert(H, hit, dt);
-    tpu_hv ties = tpu_point_scatter(L, zo, g.coords, tpu_hlo_reshape(H, hf, 1, &numel), tpu_reduce_region(L, dt, TPU_RED_SUM));
+    tpu_hv ties =
+        tpu_point_scatter(L, zo, g.coords, tpu_hlo_reshape(H, hf, 1, &numel), tpu_reduce_region(L, dt, TPU_RED_SUM));
     ties = AT(ties);
     ties = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, ties, tpu_k(L, ties, 0)), tpu_k(L, ties, 1), ties);
     res = tpu_hlo_select(H, hit, tpu_hlo_binary(H, TPU_HLO_DIV, gr, ties), tpu_k(L, gr, 0));
@@ -1527,15 +1566,15 @@ void tpu_emit_segment_reduce_backward(tpu_lower *L) {
     tpu_hv zero = tpu_hlo_compare(H, TPU_HLO_EQ, x, tpu_k(L, x, 0));
     tpu_hv nz = tpu_hlo_select(H, zero, tpu_k(L, x, 1), x);
     tpu_hv init = L->args[7].kind == TPU_ARG_SCALAR ? tpu_lower_scalar(L, 7, dt) : tpu_hlo_constant(H, dt, 1);
-    tpu_hv pnz = tpu_point_scatter(L, tpu_lower_broadcast_to(L, init, r, g.od), g.coords, tpu_hlo_reshape(H, nz, 1, &numel),
-                                   tpu_reduce_region(L, dt, TPU_RED_PROD));
+    tpu_hv pnz = tpu_point_scatter(L, tpu_lower_broadcast_to(L, init, r, g.od), g.coords,
+                                   tpu_hlo_reshape(H, nz, 1, &numel), tpu_reduce_region(L, dt, TPU_RED_PROD));
     tpu_hv nzc = tpu_point_scatter(L, zo, g.coords, tpu_hlo_reshape(H, tpu_hlo_convert(H, zero, dt), 1, &numel),
                                    tpu_reduce_region(L, dt, TPU_RED_SUM));
     tpu_hv p = AT(pnz), zc = AT(nzc);
     /* a zero element: the product of the others if it is the only zero; others: all / self */
     tpu_hv at_zero = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, zc, tpu_k(L, zc, 1)), p, tpu_k(L, p, 0));
-    tpu_hv other = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, zc, tpu_k(L, zc, 0)), tpu_hlo_binary(H, TPU_HLO_DIV, p, nz),
-                                  tpu_k(L, p, 0));
+    tpu_hv other = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, zc, tpu_k(L, zc, 0)),
+                                  tpu_hlo_binary(H, TPU_HLO_DIV, p, nz), tpu_k(L, p, 0));
     res = tpu_mul(L, gr, tpu_hlo_select(H, zero, at_zero, other));
   }
 #undef AT

@@ -79,7 +79,8 @@ static void tpu_emit_bmm_add(tpu_lower *L, bool reduce_batch) {
     return;
   }
   if (a->sizes[0] != b->sizes[0] || a->sizes[2] != b->sizes[1]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected size for first two dimensions of batch2 tensor to be: [%lld, %lld] but got: [%lld, %lld].",
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected size for first two dimensions of batch2 tensor to be: [%lld, %lld] but got: [%lld, %lld].",
                    (long long)a->sizes[0], (long long)a->sizes[2], (long long)b->sizes[0], (long long)b->sizes[1]);
     return;
   }
@@ -104,8 +105,9 @@ void tpu_emit_addmv(tpu_lower *L) {
   tpu_tref *m = &L->args[1].t, *v = &L->args[2].t;
   if (m->rank != 2 || v->rank != 1 || m->sizes[1] != v->sizes[0]) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "size mismatch, got input (%lld), mat (%lldx%lld), vec (%lld)",
-                   (long long)(L->args[0].t.rank ? L->args[0].t.sizes[0] : 1), (long long)(m->rank > 0 ? m->sizes[0] : 0),
-                   (long long)(m->rank > 1 ? m->sizes[1] : 0), (long long)(v->rank > 0 ? v->sizes[0] : 0));
+                   (long long)(L->args[0].t.rank ? L->args[0].t.sizes[0] : 1),
+                   (long long)(m->rank > 0 ? m->sizes[0] : 0), (long long)(m->rank > 1 ? m->sizes[1] : 0),
+                   (long long)(v->rank > 0 ? v->sizes[0] : 0));
     return;
   }
   tpu_dtype dt = m->dtype, acc = tpu_acc_type(dt);
@@ -128,8 +130,10 @@ void tpu_emit_vdot(tpu_lower *L) {
     return;
   }
   if (a->sizes[0] != b->sizes[0]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "inconsistent tensor size, expected tensor [%lld] and src [%lld] to have the same number of elements, but got %lld and %lld elements respectively",
-                   (long long)a->sizes[0], (long long)b->sizes[0], (long long)a->sizes[0], (long long)b->sizes[0]);
+    tpu_lower_fail(
+        L, TPU_ERR_RUNTIME,
+        "inconsistent tensor size, expected tensor [%lld] and src [%lld] to have the same number of elements, but got %lld and %lld elements respectively",
+        (long long)a->sizes[0], (long long)b->sizes[0], (long long)a->sizes[0], (long long)b->sizes[0]);
     return;
   }
   if (tpu_dtype_is_complex(a->dtype)) {
@@ -151,7 +155,8 @@ void tpu_emit_linalg_cross(tpu_lower *L) {
     return;
   }
   if (a->dtype != b->dtype) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.cross: expected input and other to have the same dtype, but got %s and %s",
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "linalg.cross: expected input and other to have the same dtype, but got %s and %s",
                    tpu_dtype_name(a->dtype), tpu_dtype_name(b->dtype));
     return;
   }
@@ -285,9 +290,9 @@ static tpu_hv tpu_trisolve(tpu_lower *L, tpu_hv a, tpu_hv b, bool left, bool low
   tpu_hlo_type rt = *bt;
   if (tpu_numel_t(&rt) == 0 || tpu_numel_t(T(L, a)) == 0) return tpu_lower_full(L, rt, 0);
   char attrs[256];
-  snprintf(attrs, sizeof attrs,
-           "left_side = %s, lower = %s, unit_diagonal = %s, transpose_a = #stablehlo<transpose %s>",
-           left ? "true" : "false", lower ? "true" : "false", unit ? "true" : "false", trans ? "TRANSPOSE" : "NO_TRANSPOSE");
+  snprintf(
+      attrs, sizeof attrs, "left_side = %s, lower = %s, unit_diagonal = %s, transpose_a = #stablehlo<transpose %s>",
+      left ? "true" : "false", lower ? "true" : "false", unit ? "true" : "false", trans ? "TRANSPOSE" : "NO_TRANSPOSE");
   tpu_hv ops[2] = {a, b};
   return tpu_hlo_emit1(H, "stablehlo.triangular_solve", ops, 2, attrs, rt);
 }
@@ -307,12 +312,13 @@ static tpu_hv tpu_chol_lower(tpu_lower *L, tpu_hv a) {
 static bool tpu_check_matrix_of(tpu_lower *L, int i, bool square, const char *fn, bool halves) {
   tpu_tref *t = &L->args[i].t;
   if (t->rank < 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: The input tensor %s must have at least 2 dimensions.", fn, i == 0 ? "A" : "B");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: The input tensor %s must have at least 2 dimensions.", fn,
+                   i == 0 ? "A" : "B");
     return false;
   }
   if (square && t->sizes[t->rank - 1] != t->sizes[t->rank - 2]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: A must be batches of square matrices, but they are %lld by %lld matrices", fn,
-                   (long long)t->sizes[t->rank - 2], (long long)t->sizes[t->rank - 1]);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: A must be batches of square matrices, but they are %lld by %lld matrices",
+                   fn, (long long)t->sizes[t->rank - 2], (long long)t->sizes[t->rank - 1]);
     return false;
   }
   if (halves && (t->dtype == TPU_BF16 || t->dtype == TPU_F16)) return true;
@@ -403,19 +409,24 @@ void tpu_emit_cholesky_inverse(tpu_lower *L) {
 void tpu_emit_triangular_solve(tpu_lower *L) {
   tpu_tref *bt = &L->args[0].t, *at = &L->args[1].t;
   if (bt->rank < 2 || at->rank < 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.triangular_solve: Expected b to have at least 2 dimensions, but it has %d dimensions instead", bt->rank);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "torch.triangular_solve: Expected b to have at least 2 dimensions, but it has %d dimensions instead",
+                   bt->rank);
     return;
   }
   if (!tpu_check_matrix(L, 1, true, "torch.triangular_solve")) return;
   if (bt->dtype != at->dtype) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected b and A to have the same dtype, but found b of type %s and A of type %s instead.",
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected b and A to have the same dtype, but found b of type %s and A of type %s instead.",
                    tpu_dtype_name(bt->dtype), tpu_dtype_name(at->dtype));
     return;
   }
   if (bt->sizes[bt->rank - 2] != at->sizes[at->rank - 1]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Incompatible matrix sizes for triangular_solve: each A matrix is %lld by %lld but each b matrix is %lld by %lld",
-                   (long long)at->sizes[at->rank - 2], (long long)at->sizes[at->rank - 1],
-                   (long long)bt->sizes[bt->rank - 2], (long long)bt->sizes[bt->rank - 1]);
+    tpu_lower_fail(
+        L, TPU_ERR_RUNTIME,
+        "Incompatible matrix sizes for triangular_solve: each A matrix is %lld by %lld but each b matrix is %lld by %lld",
+        (long long)at->sizes[at->rank - 2], (long long)at->sizes[at->rank - 1], (long long)bt->sizes[bt->rank - 2],
+        (long long)bt->sizes[bt->rank - 1]);
     return;
   }
   bool upper = tpu_bool_arg(L, 2, true), trans = tpu_bool_arg(L, 3, false), unit = tpu_bool_arg(L, 4, false);
@@ -434,16 +445,20 @@ void tpu_emit_linalg_solve_triangular(tpu_lower *L) {
     return;
   }
   if (bt->dtype != at->dtype) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.solve_triangular: Expected A and B to have the same dtype, but found A of type %s and B of type %s instead",
-                   tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
+    tpu_lower_fail(
+        L, TPU_ERR_RUNTIME,
+        "linalg.solve_triangular: Expected A and B to have the same dtype, but found A of type %s and B of type %s instead",
+        tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
     return;
   }
   bool upper = tpu_bool_arg(L, 2, false), left = tpu_bool_arg(L, 3, true), unit = tpu_bool_arg(L, 4, false);
   int64_t n = at->sizes[at->rank - 1], k = left ? bt->sizes[bt->rank - 2] : bt->sizes[bt->rank - 1];
   if (n != k) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.solve_triangular: Incompatible shapes of A and B for the equation %s (%lldx%lld and %lldx%lld)",
-                   left ? "AX = B" : "XA = B", (long long)at->sizes[at->rank - 2], (long long)n,
-                   (long long)bt->sizes[bt->rank - 2], (long long)bt->sizes[bt->rank - 1]);
+    tpu_lower_fail(
+        L, TPU_ERR_RUNTIME,
+        "linalg.solve_triangular: Incompatible shapes of A and B for the equation %s (%lldx%lld and %lldx%lld)",
+        left ? "AX = B" : "XA = B", (long long)at->sizes[at->rank - 2], (long long)n,
+        (long long)bt->sizes[bt->rank - 2], (long long)bt->sizes[bt->rank - 1]);
     return;
   }
   tpu_hv a = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 1, -1);
@@ -492,10 +507,10 @@ static tpu_hv tpu_unsq(tpu_lower *L, tpu_hv x, int at) {
 }
 
 typedef struct {
-  tpu_hv lu;    /* [..., m, n] */
-  tpu_hv piv;   /* s32 [..., k], 1-based as LAPACK */
-  tpu_hv perm;  /* s32 [..., m]: row i of LU is row perm[i] of A */
-  tpu_hv info;  /* s32 [...] */
+  tpu_hv lu;   /* [..., m, n] */
+  tpu_hv piv;  /* s32 [..., k], 1-based as LAPACK */
+  tpu_hv perm; /* s32 [..., m]: row i of LU is row perm[i] of A */
+  tpu_hv info; /* s32 [...] */
 } tpu_lu_res;
 
 /* Gaussian elimination with partial pivoting (pivot: largest |a_ik| over
@@ -544,17 +559,22 @@ static tpu_lu_res tpu_lu(tpu_lower *L, tpu_hv a, bool pivot) {
     for (int i = 0; i < TPU_MAX_RANK; i++) bd0[i] = i;
     tpu_hv p; /* pivot row, s64 [...] */
     if (pivot) {
-      tpu_hv mag = tpu_hlo_unary(H, TPU_HLO_ABS, tpu_dtype_is_complex(dt) ? tpu_hlo_unary(H, TPU_HLO_REAL, colk) : colk);
+      tpu_hv mag =
+          tpu_hlo_unary(H, TPU_HLO_ABS, tpu_dtype_is_complex(dt) ? tpu_hlo_unary(H, TPU_HLO_REAL, colk) : colk);
       tpu_hv below = tpu_hlo_compare(H, TPU_HLO_GE, rows, kR);
-      if (tpu_dtype_is_complex(dt)) mag = tpu_add(L, mag, tpu_hlo_unary(H, TPU_HLO_ABS, tpu_hlo_unary(H, TPU_HLO_IMAG, colk))); /* LAPACK's |re|+|im| */
+      if (tpu_dtype_is_complex(dt))
+        mag = tpu_add(L, mag,
+                      tpu_hlo_unary(H, TPU_HLO_ABS, tpu_hlo_unary(H, TPU_HLO_IMAG, colk))); /* LAPACK's |re|+|im| */
       mag = tpu_hlo_select(H, below, mag, tpu_k(L, mag, -1));
       int64_t d = nb;
       tpu_hv mx = tpu_hlo_reduce(H, mag, tpu_hlo_constant(H, T(L, mag)->dtype, -INFINITY), &d, 1, TPU_HLO_MAX);
-      tpu_hv ismx = tpu_hlo_binary(H, TPU_HLO_AND, below, tpu_hlo_compare(H, TPU_HLO_EQ, mag, tpu_hlo_broadcast_in_dim(H, mx, nb + 1, qd, bd0)));
+      tpu_hv ismx = tpu_hlo_binary(
+          H, TPU_HLO_AND, below, tpu_hlo_compare(H, TPU_HLO_EQ, mag, tpu_hlo_broadcast_in_dim(H, mx, nb + 1, qd, bd0)));
       tpu_hv cand = tpu_hlo_select(H, ismx, rows, tpu_lower_full(L, rt, (double)m));
       p = tpu_hlo_reduce(H, cand, tpu_hlo_constant_int(H, TPU_S64, m), &d, 1, TPU_HLO_MIN);
       /* all-NaN column below k: keep row k (LAPACK's amax picks the first) */
-      p = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, p, tpu_k(L, p, (double)m)), tpu_bcast0(L, k, nb, at.dims), p);
+      p = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, p, tpu_k(L, p, (double)m)), tpu_bcast0(L, k, nb, at.dims),
+                         p);
     } else {
       p = tpu_bcast0(L, k, nb, at.dims);
     }
@@ -564,14 +584,16 @@ static tpu_lu_res tpu_lu(tpu_lower *L, tpu_hv a, bool pivot) {
     tpu_hv isk = tpu_hlo_compare(H, TPU_HLO_EQ, row, kA), isp = tpu_hlo_compare(H, TPU_HLO_EQ, row, pA);
     tpu_hv rowk = tpu_pick(L, isk, A, r - 2), rowp = tpu_pick(L, isp, A, r - 2); /* [..., n] */
     for (int i = 0; i <= nb; i++) bd[i] = i == nb ? r - 1 : i;
-    tpu_hv rowkA = tpu_hlo_broadcast_in_dim(H, rowk, r, at.dims, bd), rowpA = tpu_hlo_broadcast_in_dim(H, rowp, r, at.dims, bd);
+    tpu_hv rowkA = tpu_hlo_broadcast_in_dim(H, rowk, r, at.dims, bd),
+           rowpA = tpu_hlo_broadcast_in_dim(H, rowp, r, at.dims, bd);
     A = tpu_hlo_select(H, isk, rowpA, tpu_hlo_select(H, isp, rowkA, A));
     /* the same swap in perm */
     tpu_hv pR = tpu_hlo_broadcast_in_dim(H, p, nb + 1, qd, bd);
     tpu_hv iskR = tpu_hlo_compare(H, TPU_HLO_EQ, rows, kR), ispR = tpu_hlo_compare(H, TPU_HLO_EQ, rows, pR);
     int64_t dn = nb;
     tpu_hv permk = tpu_pick(L, iskR, perm, dn), permp = tpu_pick(L, ispR, perm, dn);
-    tpu_hv permkR = tpu_hlo_broadcast_in_dim(H, permk, nb + 1, qd, bd), permpR = tpu_hlo_broadcast_in_dim(H, permp, nb + 1, qd, bd);
+    tpu_hv permkR = tpu_hlo_broadcast_in_dim(H, permk, nb + 1, qd, bd),
+           permpR = tpu_hlo_broadcast_in_dim(H, permp, nb + 1, qd, bd);
     perm = tpu_hlo_select(H, iskR, permpR, tpu_hlo_select(H, ispR, permkR, perm));
     /* pivots[k] = p + 1 */
     tpu_hlo_type kt = tpu_hlo_type_make(TPU_S64, nb + 1, pd);
@@ -604,7 +626,8 @@ static tpu_lu_res tpu_lu(tpu_lower *L, tpu_hv a, bool pivot) {
     for (int i = 0; i <= nb; i++) bd[i] = i == nb ? r - 1 : i;
     tpu_hv uA = tpu_hlo_broadcast_in_dim(H, urow, r, at.dims, bd);
     A = tpu_sub(L, A, tpu_mul(L, lA, uA));
-    tpu_hv setl = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_EQ, col, kA), tpu_hlo_compare(H, TPU_HLO_GT, row, kA));
+    tpu_hv setl = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_EQ, col, kA),
+                                 tpu_hlo_compare(H, TPU_HLO_GT, row, kA));
     A = tpu_hlo_select(H, setl, lA, A);
     tpu_hv outs[5] = {tpu_add(L, k, tpu_hlo_constant_int(H, TPU_S64, 1)), A, piv, perm, info};
     int body = tpu_hlo_region_end(H, outs, 5);
@@ -655,7 +678,8 @@ static tpu_hv tpu_perm_from_piv(tpu_lower *L, tpu_hv piv, int64_t m) {
   tpu_hv i0 = v[0], perm = v[1];
   int64_t dn = nb;
   tpu_hlo_type kt = tpu_hlo_type_make(TPU_S64, nb + 1, pt.dims);
-  tpu_hv pk = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, kt, nb), tpu_bcast0(L, i0, nb + 1, pt.dims)), v[2], dn);
+  tpu_hv pk = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, kt, nb), tpu_bcast0(L, i0, nb + 1, pt.dims)),
+                       v[2], dn);
   tpu_hv p = tpu_hlo_convert(H, tpu_sub(L, pk, tpu_k(L, pk, 1)), TPU_S64); /* [...] 0-based */
   tpu_hlo_type rt = tpu_hlo_type_make(TPU_S64, nb + 1, qd);
   tpu_hv rows = tpu_hlo_iota(H, rt, nb);
@@ -695,17 +719,17 @@ static void tpu_lu_split(tpu_lower *L, tpu_hv lu, tpu_hv *lo, tpu_hv *up) {
 static tpu_hv tpu_lu_solve_impl(tpu_lower *L, tpu_hv lu, tpu_hv perm, tpu_hv b, bool left, bool adjoint) {
   tpu_hv P = tpu_perm_matrix(L, perm, T(L, lu)->dtype);
   bool tr = adjoint;
-  if (left && !tr) {         /* L U X = P^T B */
+  if (left && !tr) { /* L U X = P^T B */
     tpu_hv y = tpu_bmatmul(L, tpu_mT(L, P), b);
     y = tpu_trisolve(L, lu, y, true, true, true, false);
     return tpu_trisolve(L, lu, y, true, false, false, false);
   }
-  if (left) {                /* U^T L^T P^T X = B: X = P L^-T U^-T B */
+  if (left) { /* U^T L^T P^T X = B: X = P L^-T U^-T B */
     tpu_hv y = tpu_trisolve(L, lu, b, true, false, false, true);
     y = tpu_trisolve(L, lu, y, true, true, true, true);
     return tpu_bmatmul(L, P, y);
   }
-  if (!tr) {                 /* X P L U = B: X = B U^-1 L^-1 P^T */
+  if (!tr) { /* X P L U = B: X = B U^-1 L^-1 P^T */
     tpu_hv y = tpu_trisolve(L, lu, b, false, false, false, false);
     y = tpu_trisolve(L, lu, y, false, true, true, false);
     return tpu_bmatmul(L, y, tpu_mT(L, P));
@@ -748,12 +772,14 @@ void tpu_emit_linalg_lu(tpu_lower *L) {
 void tpu_emit_lu_unpack(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t, *pt = &L->args[1].t;
   if (t->rank < 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.lu_unpack: Expected tensor with 2 or more dimensions. Got size: [%lld] instead",
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "torch.lu_unpack: Expected tensor with 2 or more dimensions. Got size: [%lld] instead",
                    (long long)(t->rank ? t->sizes[0] : 0));
     return;
   }
   if (pt->dtype != TPU_S32) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.lu_unpack: LU_pivots is expected to be a contiguous tensor of torch.int32 dtype.\n"
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "torch.lu_unpack: LU_pivots is expected to be a contiguous tensor of torch.int32 dtype.\n"
                    "Note: this function is intended to be used with the output produced by torch.linalg.lu_factor");
     return;
   }
@@ -789,14 +815,17 @@ void tpu_emit_linalg_lu_solve(tpu_lower *L) {
   }
   int64_t n = at->sizes[at->rank - 1];
   if ((left ? bt->sizes[bt->rank - 2] : bt->sizes[bt->rank - 1]) != n) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_solve: Incompatible shapes of A and B for the equation %s (%lldx%lld and %lldx%lld)",
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "linalg.lu_solve: Incompatible shapes of A and B for the equation %s (%lldx%lld and %lldx%lld)",
                    left ? "AX = B" : "XA = B", (long long)n, (long long)n, (long long)bt->sizes[bt->rank - 2],
                    (long long)bt->sizes[bt->rank - 1]);
     return;
   }
   if (bt->dtype != at->dtype) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_solve: Expected LU and B to have the same dtype, but found LU of type %s and B of type %s instead",
-                   tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
+    tpu_lower_fail(
+        L, TPU_ERR_RUNTIME,
+        "linalg.lu_solve: Expected LU and B to have the same dtype, but found LU of type %s and B of type %s instead",
+        tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
     return;
   }
   tpu_hv lu = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 2, -1);
@@ -825,8 +854,10 @@ void tpu_emit_linalg_solve_ex(tpu_lower *L) {
   tpu_tref *at = &L->args[0].t, *bt = &L->args[1].t;
   bool left = tpu_bool_arg(L, 2, true);
   if (at->dtype != bt->dtype) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.solve: Expected A and B to have the same dtype, but found A of type %s and B of type %s instead",
-                   tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
+    tpu_lower_fail(
+        L, TPU_ERR_RUNTIME,
+        "linalg.solve: Expected A and B to have the same dtype, but found A of type %s and B of type %s instead",
+        tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
     return;
   }
   /* B is a (batch of) vector(s) when 1-d, or when its shape is A's without the last dim */
@@ -840,7 +871,8 @@ void tpu_emit_linalg_solve_ex(tpu_lower *L) {
   const tpu_hlo_type *b2 = T(L, b);
   int64_t n = at->sizes[at->rank - 1];
   if (b2->rank < 2 || (left ? b2->dims[b2->rank - 2] : b2->dims[b2->rank - 1]) != n) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.solve: Incompatible shapes of A and B for the equation %s", left ? "AX = B" : "XA = B");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.solve: Incompatible shapes of A and B for the equation %s",
+                   left ? "AX = B" : "XA = B");
     return;
   }
   tpu_lu_res f = tpu_lu(L, a, true);
@@ -923,10 +955,11 @@ void tpu_emit_linalg_slogdet(tpu_lower *L) {
   tpu_lu_res f = tpu_det_lu(L);
   tpu_hv d = tpu_diag(L, f.lu);
   int64_t dd = at->rank - 2;
-  tpu_hv sg = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_SIGN, d), tpu_hlo_constant(H, at->dtype, 1), &dd, 1, TPU_HLO_MUL);
+  tpu_hv sg =
+      tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_SIGN, d), tpu_hlo_constant(H, at->dtype, 1), &dd, 1, TPU_HLO_MUL);
   sg = tpu_mul(L, sg, tpu_piv_sign(L, f.piv, at->dtype));
-  tpu_hv la = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_unary(H, TPU_HLO_ABS, d)), tpu_hlo_constant(H, at->dtype, 0),
-                             &dd, 1, TPU_HLO_ADD);
+  tpu_hv la = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_unary(H, TPU_HLO_ABS, d)),
+                             tpu_hlo_constant(H, at->dtype, 0), &dd, 1, TPU_HLO_ADD);
   tpu_lower_out(L, sg);
   tpu_lower_out(L, la);
   tpu_lower_out(L, f.lu);
@@ -988,10 +1021,12 @@ static void tpu_jacobi_cs(tpu_lower *L, tpu_hv alpha, tpu_hv beta, tpu_hv gamma,
   tpu_hv zero = tpu_hlo_compare(H, TPU_HLO_EQ, gamma, tpu_k(L, gamma, 0));
   tpu_hv g = tpu_hlo_select(H, zero, tpu_k(L, gamma, 1), gamma);
   tpu_hv zeta = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_sub(L, beta, alpha), tpu_mul(L, tpu_k(L, g, 2), g));
-  tpu_hv sg = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, zeta, tpu_k(L, zeta, 0)), tpu_k(L, zeta, -1), tpu_k(L, zeta, 1));
+  tpu_hv sg =
+      tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, zeta, tpu_k(L, zeta, 0)), tpu_k(L, zeta, -1), tpu_k(L, zeta, 1));
   tpu_hv az = tpu_hlo_unary(H, TPU_HLO_ABS, zeta);
-  tpu_hv t = tpu_hlo_binary(H, TPU_HLO_DIV, sg,
-                            tpu_add(L, az, tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_add(L, tpu_k(L, zeta, 1), tpu_mul(L, zeta, zeta)))));
+  tpu_hv t = tpu_hlo_binary(
+      H, TPU_HLO_DIV, sg,
+      tpu_add(L, az, tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_add(L, tpu_k(L, zeta, 1), tpu_mul(L, zeta, zeta)))));
   /* huge zeta: zeta^2 overflows to inf and t becomes 0, as wanted */
   t = tpu_hlo_select(H, zero, tpu_k(L, t, 0), t);
   tpu_hv cc = tpu_hlo_unary(H, TPU_HLO_RSQRT, tpu_add(L, tpu_k(L, t, 1), tpu_mul(L, t, t)));
@@ -1014,8 +1049,10 @@ static tpu_hv tpu_rot_cols(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q, tpu_hv c,
   const tpu_hlo_type *t = T(L, xp);
   int64_t bd[TPU_MAX_RANK];
   for (int i = 0; i < t->rank - 1; i++) bd[i] = i;
-  tpu_hv cb = tpu_hlo_broadcast_in_dim(H, c, t->rank, t->dims, bd), sb = tpu_hlo_broadcast_in_dim(H, s, t->rank, t->dims, bd);
-  return tpu_set_cols(L, x, p, q, tpu_sub(L, tpu_mul(L, cb, xp), tpu_mul(L, sb, xq)), tpu_add(L, tpu_mul(L, sb, xp), tpu_mul(L, cb, xq)));
+  tpu_hv cb = tpu_hlo_broadcast_in_dim(H, c, t->rank, t->dims, bd),
+         sb = tpu_hlo_broadcast_in_dim(H, s, t->rank, t->dims, bd);
+  return tpu_set_cols(L, x, p, q, tpu_sub(L, tpu_mul(L, cb, xp), tpu_mul(L, sb, xq)),
+                      tpu_add(L, tpu_mul(L, sb, xp), tpu_mul(L, cb, xq)));
 }
 
 /* `sweeps` cyclic Jacobi sweeps over the column pairs of *a [..., m, n],
@@ -1194,7 +1231,8 @@ void tpu_geqrf(tpu_lower *L, tpu_hv a, tpu_hv *packed, tpu_hv *taus) {
   A = tpu_hh_left(L, A, hv, tau, right);
   /* column k: beta on the diagonal, v below, the rows above unchanged */
   tpu_hv newc = tpu_hlo_select(H, below, vv, c);
-  newc = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, kb), tpu_hlo_broadcast_in_dim(H, beta, nb + 1, ct->dims, bd), newc);
+  newc = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, rows, kb),
+                        tpu_hlo_broadcast_in_dim(H, beta, nb + 1, ct->dims, bd), newc);
   A = tpu_set_cols(L, A, k, k, newc, newc);
   tpu_hv tix = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, nb + 1, td), nb);
   tpu_hv T2 = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, tix, tpu_bcast0(L, k, nb + 1, td)),
@@ -1249,7 +1287,8 @@ void tpu_emit_ormqr(tpu_lower *L) {
   tpu_tref *a = &L->args[0].t, *tt = &L->args[1].t, *ct = &L->args[2].t;
   bool left = tpu_bool_arg(L, 3, true), tr = tpu_bool_arg(L, 4, false);
   int64_t m = a->sizes[a->rank - 2];
-  if (ct->rank != a->rank || tt->rank != a->rank - 1 || (left ? ct->sizes[ct->rank - 2] : ct->sizes[ct->rank - 1]) != m) {
+  if (ct->rank != a->rank || tt->rank != a->rank - 1 ||
+      (left ? ct->sizes[ct->rank - 2] : ct->sizes[ct->rank - 1]) != m) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.ormqr: input.shape[-2] must be equal to other.shape[%d]", left ? -2 : -1);
     return;
   }
@@ -1259,8 +1298,10 @@ void tpu_emit_ormqr(tpu_lower *L) {
   }
   tpu_hv p = tpu_lower_tensor(L, 0, -1), t = tpu_lower_tensor(L, 1, -1), c = tpu_lower_tensor(L, 2, -1);
   /* C Q = (Q^T C^T)^T and C Q^T = (Q C^T)^T */
-  if (left) tpu_lower_out(L, tpu_hh_apply(L, p, t, c, tr));
-  else tpu_lower_out(L, tpu_mT(L, tpu_hh_apply(L, p, t, tpu_mT(L, c), !tr)));
+  if (left)
+    tpu_lower_out(L, tpu_hh_apply(L, p, t, c, tr));
+  else
+    tpu_lower_out(L, tpu_mT(L, tpu_hh_apply(L, p, t, tpu_mT(L, c), !tr)));
 }
 
 /* geqrf.a(self, *, a, tau) */
@@ -1279,7 +1320,9 @@ void tpu_emit_linalg_qr(tpu_lower *L) {
   const char *mode = tpu_has(L, 1, TPU_ARG_STR) ? L->args[1].str : "reduced";
   bool complete = strcmp(mode, "complete") == 0, ronly = strcmp(mode, "r") == 0;
   if (!complete && !ronly && strcmp(mode, "reduced") != 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "qr received unrecognized mode '%s' but expected one of 'reduced' (default), 'r', or 'complete'", mode);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "qr received unrecognized mode '%s' but expected one of 'reduced' (default), 'r', or 'complete'",
+                   mode);
     return;
   }
   int r = t->rank;
@@ -1311,11 +1354,14 @@ void tpu_emit_householder_product(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t, *tt = &L->args[1].t;
   int64_t m = t->sizes[t->rank - 2], n = t->sizes[t->rank - 1];
   if (m < n) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.householder_product: input.shape[-2] must be greater than or equal to input.shape[-1]");
+    tpu_lower_fail(
+        L, TPU_ERR_RUNTIME,
+        "torch.linalg.householder_product: input.shape[-2] must be greater than or equal to input.shape[-1]");
     return;
   }
   if (tt->rank != t->rank - 1 || tt->sizes[tt->rank - 1] > n) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.householder_product: input.shape[-1] must be greater than or equal to tau.shape[-1]");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "torch.linalg.householder_product: input.shape[-1] must be greater than or equal to tau.shape[-1]");
     return;
   }
   if (tt->dtype != t->dtype) {
@@ -1352,8 +1398,11 @@ void tpu_emit_matrix_exp(tpu_lower *L) {
   tpu_hv cs = tpu_hlo_reduce(H, tpu_hlo_unary(H, TPU_HLO_ABS, a), tpu_hlo_constant(H, dt, 0), &d, 1, TPU_HLO_ADD);
   tpu_hv nrm = tpu_hlo_reduce(H, cs, tpu_hlo_constant(H, dt, 0), &dl, 1, TPU_HLO_MAX); /* [...] */
   /* s = max(0, ceil(log2(norm / theta))) as s64 [...]; NaN/inf norms: s = 0 (the result is NaN anyway) */
-  tpu_hv lg = tpu_hlo_unary(H, TPU_HLO_CEIL, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_mul(L, nrm, tpu_k(L, nrm, 1.0 / 3.010066362817634))),
-                                                           tpu_k(L, nrm, log(2.0))));
+  tpu_hv lg = tpu_hlo_unary(
+      H, TPU_HLO_CEIL,
+      tpu_hlo_binary(H, TPU_HLO_DIV,
+                     tpu_hlo_unary(H, TPU_HLO_LOG, tpu_mul(L, nrm, tpu_k(L, nrm, 1.0 / 3.010066362817634))),
+                     tpu_k(L, nrm, log(2.0))));
   tpu_hv fin = tpu_hlo_unary(H, TPU_HLO_IS_FINITE, lg);
   lg = tpu_hlo_select(H, fin, lg, tpu_k(L, lg, 0));
   lg = tpu_hlo_binary(H, TPU_HLO_MAX, lg, tpu_k(L, lg, 0));
@@ -1403,12 +1452,15 @@ void tpu_emit_linalg_lstsq(tpu_lower *L) {
   bool gels = strcmp(driver, "gels") == 0, gelsy = strcmp(driver, "gelsy") == 0;
   bool with_sv = strcmp(driver, "gelsd") == 0 || strcmp(driver, "gelss") == 0;
   if (!gels && !gelsy && !with_sv) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)");
     return;
   }
   if (bt->dtype != at->dtype) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.lstsq: Expected input and other to have the same dtype, but got input's dtype %s and other's dtype %s",
-                   tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
+    tpu_lower_fail(
+        L, TPU_ERR_RUNTIME,
+        "torch.linalg.lstsq: Expected input and other to have the same dtype, but got input's dtype %s and other's dtype %s",
+        tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
     return;
   }
   int r = at->rank;
@@ -1452,7 +1504,9 @@ void tpu_emit_linalg_lstsq(tpu_lower *L) {
   }
   tpu_hv thr = tpu_hlo_broadcast_in_dim(H, tpu_mul(L, smax, tpu_k(L, smax, rc)), sr, st.dims, bd);
   tpu_hv keep = tpu_hlo_compare(H, TPU_HLO_GT, S, thr);
-  tpu_hv sinv = tpu_hlo_select(H, keep, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, S, 1), tpu_hlo_select(H, keep, S, tpu_k(L, S, 1))), tpu_k(L, S, 0));
+  tpu_hv sinv = tpu_hlo_select(
+      H, keep, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, S, 1), tpu_hlo_select(H, keep, S, tpu_k(L, S, 1))),
+      tpu_k(L, S, 0));
   /* x = V diag(sinv) U^T b */
   tpu_hv y = tpu_bmatmul(L, tpu_mT(L, U), b); /* [..., k, nrhs] */
   const tpu_hlo_type *yt = T(L, y);
@@ -1483,7 +1537,8 @@ void tpu_emit_linalg_lstsq(tpu_lower *L) {
     tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &z), 0));
   } else {
     int64_t d = sr - 1;
-    tpu_lower_out(L, tpu_hlo_reduce(H, tpu_hlo_convert(H, keep, TPU_S64), tpu_hlo_constant_int(H, TPU_S64, 0), &d, 1, TPU_HLO_ADD));
+    tpu_lower_out(L, tpu_hlo_reduce(H, tpu_hlo_convert(H, keep, TPU_S64), tpu_hlo_constant_int(H, TPU_S64, 0), &d, 1,
+                                    TPU_HLO_ADD));
   }
   tpu_lower_out(L, with_sv ? S : empty);
 }
@@ -1512,8 +1567,12 @@ static tpu_hv ldl_ascol(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv v) { /* [B, n]
   int64_t bd[2] = {0, 1};
   return tpu_hlo_broadcast_in_dim(H, v, 3, s->d3, bd);
 }
-static tpu_hv ldl_iota3(tpu_lower *L, const tpu_ldl_sh *s, int d) { return tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 3, s->d3), d); }
-static tpu_hv ldl_iota2(tpu_lower *L, const tpu_ldl_sh *s) { return tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, s->d2), 1); }
+static tpu_hv ldl_iota3(tpu_lower *L, const tpu_ldl_sh *s, int d) {
+  return tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 3, s->d3), d);
+}
+static tpu_hv ldl_iota2(tpu_lower *L, const tpu_ldl_sh *s) {
+  return tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, s->d2), 1);
+}
 static tpu_hv ldl_eq(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_compare(H, TPU_HLO_EQ, a, b); }
 static tpu_hv ldl_and(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_AND, a, b); }
 static tpu_hv ldl_or(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_OR, a, b); }
@@ -1565,17 +1624,18 @@ static void ldl_factor_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv *pa, tpu_h
   tpu_hv mag = ldl_sel(L, below, tpu_hlo_unary(H, TPU_HLO_ABS, ck), tpu_k(L, ck, -1));
   tpu_hv colmax = tpu_hlo_reduce(H, mag, tpu_hlo_constant(H, dt, -INFINITY), &d1, 1, TPU_HLO_MAX);
   tpu_hv ismax = ldl_and(L, below, ldl_eq(L, mag, ldl_b2(L, s, colmax)));
-  tpu_hv imax = tpu_hlo_reduce(H, ldl_sel(L, ismax, rows2, tpu_k(L, rows2, (double)n)), tpu_hlo_constant_int(H, TPU_S64, n), &d1, 1,
-                               TPU_HLO_MIN);
+  tpu_hv imax = tpu_hlo_reduce(H, ldl_sel(L, ismax, rows2, tpu_k(L, rows2, (double)n)),
+                               tpu_hlo_constant_int(H, TPU_S64, n), &d1, 1, TPU_HLO_MIN);
   imax = ldl_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, imax, tpu_k(L, imax, (double)n)), k, imax);
   colmax = tpu_hlo_binary(H, TPU_HLO_MAX, colmax, tpu_k(L, colmax, 0));
   tpu_hv zero = ldl_or(L, ldl_eq(L, tpu_hlo_binary(H, TPU_HLO_MAX, absakk, colmax), tpu_k(L, colmax, 0)),
                        tpu_hlo_compare(H, TPU_HLO_NE, absakk, absakk));
   /* the largest off-diagonal entry of row imax in the trailing block */
   tpu_hv ri = ldl_row(L, s, A, imax);
-  tpu_hv inr = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GE, rows2, ldl_b2(L, s, k)), tpu_hlo_compare(H, TPU_HLO_NE, rows2, ldl_b2(L, s, imax)));
-  tpu_hv rowmax = tpu_hlo_reduce(H, ldl_sel(L, inr, tpu_hlo_unary(H, TPU_HLO_ABS, ri), tpu_k(L, ri, 0)), tpu_hlo_constant(H, dt, 0), &d1,
-                                 1, TPU_HLO_MAX);
+  tpu_hv inr = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GE, rows2, ldl_b2(L, s, k)),
+                       tpu_hlo_compare(H, TPU_HLO_NE, rows2, ldl_b2(L, s, imax)));
+  tpu_hv rowmax = tpu_hlo_reduce(H, ldl_sel(L, inr, tpu_hlo_unary(H, TPU_HLO_ABS, ri), tpu_k(L, ri, 0)),
+                                 tpu_hlo_constant(H, dt, 0), &d1, 1, TPU_HLO_MAX);
   tpu_hv aimax = tpu_hlo_unary(H, TPU_HLO_ABS, ldl_at(L, s, ri, imax));
   tpu_hv acol = tpu_mul(L, colmax, tpu_k(L, colmax, TPU_BK_ALPHA));
   tpu_hv c1 = tpu_hlo_compare(H, TPU_HLO_GE, absakk, acol);
@@ -1586,7 +1646,8 @@ static void ldl_factor_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv *pa, tpu_h
   tpu_hv kp = ldl_sel(L, nopiv, k, imax);
   tpu_hv kk = ldl_sel(L, two, tpu_add(L, k, one), k);
   /* swap kk and kp in the trailing block (rows and columns) */
-  tpu_hv trail = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GE, row3, ldl_b3(L, s, k)), tpu_hlo_compare(H, TPU_HLO_GE, col3, ldl_b3(L, s, k)));
+  tpu_hv trail = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GE, row3, ldl_b3(L, s, k)),
+                         tpu_hlo_compare(H, TPU_HLO_GE, col3, ldl_b3(L, s, k)));
   tpu_hv As = ldl_swap_rows(L, A, kk, kp);
   As = tpu_mT(L, ldl_swap_rows(L, tpu_mT(L, As), kk, kp));
   As = ldl_sel(L, trail, As, A);
@@ -1595,7 +1656,8 @@ static void ldl_factor_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv *pa, tpu_h
   tpu_hv d11 = ldl_div(L, tpu_k(L, akk, 1), ldl_at(L, s, x, k));
   x = ldl_sel(L, below, x, tpu_k(L, x, 0));
   tpu_hv tmp = tpu_mul(L, ldl_b2(L, s, tpu_hlo_unary(H, TPU_HLO_NEG, d11)), x);
-  tpu_hv rest1 = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k)), tpu_hlo_compare(H, TPU_HLO_GT, col3, ldl_b3(L, s, k)));
+  tpu_hv rest1 = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k)),
+                         tpu_hlo_compare(H, TPU_HLO_GT, col3, ldl_b3(L, s, k)));
   tpu_hv A1 = ldl_sel(L, rest1, tpu_add(L, As, tpu_mul(L, ldl_ascol(L, s, x), ldl_asrow(L, s, tmp))), As);
   tpu_hv colk3 = ldl_and(L, ldl_eq(L, col3, ldl_b3(L, s, k)), tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k)));
   A1 = ldl_sel(L, colk3, ldl_ascol(L, s, tpu_mul(L, x, ldl_b2(L, s, d11))), A1);
@@ -1611,8 +1673,10 @@ static void ldl_factor_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv *pa, tpu_h
   c1v = ldl_sel(L, below2, c1v, tpu_k(L, c1v, 0));
   tpu_hv wk = tpu_mul(L, ldl_b2(L, s, f21), tpu_sub(L, tpu_mul(L, ldl_b2(L, s, e11), c0), c1v));
   tpu_hv wkp1 = tpu_mul(L, ldl_b2(L, s, f21), tpu_sub(L, tpu_mul(L, ldl_b2(L, s, e22), c1v), c0));
-  tpu_hv rest2 = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k1)), tpu_hlo_compare(H, TPU_HLO_GT, col3, ldl_b3(L, s, k1)));
-  tpu_hv up = tpu_sub(L, tpu_sub(L, As, tpu_mul(L, ldl_ascol(L, s, c0), ldl_asrow(L, s, wk))), tpu_mul(L, ldl_ascol(L, s, c1v), ldl_asrow(L, s, wkp1)));
+  tpu_hv rest2 = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k1)),
+                         tpu_hlo_compare(H, TPU_HLO_GT, col3, ldl_b3(L, s, k1)));
+  tpu_hv up = tpu_sub(L, tpu_sub(L, As, tpu_mul(L, ldl_ascol(L, s, c0), ldl_asrow(L, s, wk))),
+                      tpu_mul(L, ldl_ascol(L, s, c1v), ldl_asrow(L, s, wkp1)));
   tpu_hv A2 = ldl_sel(L, rest2, up, As);
   tpu_hv b2r = tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k1));
   A2 = ldl_sel(L, ldl_and(L, ldl_eq(L, col3, ldl_b3(L, s, k)), b2r), ldl_ascol(L, s, wk), A2);
@@ -1658,7 +1722,8 @@ void tpu_emit_linalg_ldl_factor_ex(tpu_lower *L) {
   tpu_hv r3 = ldl_iota3(L, &s, 1), c3 = ldl_iota3(L, &s, 2);
   a = ldl_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, r3, c3), a, tpu_mT(L, a));
   tpu_hv init[5] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &B), 0),
-                    tpu_lower_full(L, tpu_hlo_type_make(TPU_S32, 2, s.d2), 0), tpu_lower_full(L, tpu_hlo_type_make(TPU_S32, 1, &B), 0)};
+                    tpu_lower_full(L, tpu_hlo_type_make(TPU_S32, 2, s.d2), 0),
+                    tpu_lower_full(L, tpu_hlo_type_make(TPU_S32, 1, &B), 0)};
   tpu_hlo_type ts[5];
   for (int i = 0; i < 5; i++) ts[i] = *T(L, init[i]);
   int cond = tpu_count_cond(L, ts, 5, n);
@@ -1690,7 +1755,8 @@ static void ldl_solve_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv ld, tpu_hv 
   const tpu_hlo_type bt = *T(L, Bm);
   int64_t n = s->n, b0 = 0, bdr[2] = {0, 2}, bdc[2] = {0, 1};
   tpu_hv one = tpu_k(L, k, 1);
-  tpu_hv active = fwd ? tpu_hlo_compare(H, TPU_HLO_LT, k, tpu_k(L, k, (double)n)) : tpu_hlo_compare(H, TPU_HLO_GE, k, tpu_k(L, k, 0));
+  tpu_hv active = fwd ? tpu_hlo_compare(H, TPU_HLO_LT, k, tpu_k(L, k, (double)n))
+                      : tpu_hlo_compare(H, TPU_HLO_GE, k, tpu_k(L, k, 0));
   tpu_hv kc = tpu_hlo_clamp(H, tpu_k(L, k, 0), k, tpu_k(L, k, (double)(n - 1)));
   tpu_hv rows2 = ldl_iota2(L, s);
   tpu_hv pk_ = tpu_hlo_convert(H, ldl_at(L, s, tpu_hlo_convert(H, piv, TPU_S64), kc), TPU_S64);
@@ -1708,7 +1774,11 @@ static void ldl_solve_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv ld, tpu_hv 
     tpu_hv bk = ldl_brow(L, B1, kc);
     /* products only where they apply: 0 * inf would make NaN elsewhere */
     tpu_hv gt1 = tpu_hlo_compare(H, TPU_HLO_GT, rowb, tpu_hlo_broadcast_in_dim(H, kc, 3, bt.dims, &b0));
-    B1 = ldl_sel(L, gt1, tpu_sub(L, B1, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lkb, 3, bt.dims, bdc), tpu_hlo_broadcast_in_dim(H, bk, 3, bt.dims, bdr))), B1);
+    B1 = ldl_sel(L, gt1,
+                 tpu_sub(L, B1,
+                         tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lkb, 3, bt.dims, bdc),
+                                 tpu_hlo_broadcast_in_dim(H, bk, 3, bt.dims, bdr))),
+                 B1);
     tpu_hv dk = ldl_div(L, tpu_k(L, ldl_at(L, s, lk, kc), 1), ldl_at(L, s, lk, kc));
     tpu_hv isk = ldl_eq(L, rowb, tpu_hlo_broadcast_in_dim(H, kc, 3, bt.dims, &b0));
     B1 = ldl_sel(L, isk, tpu_mul(L, B1, tpu_hlo_broadcast_in_dim(H, dk, 3, bt.dims, &b0)), B1);
@@ -1719,19 +1789,25 @@ static void ldl_solve_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv ld, tpu_hv 
     tpu_hv lkz = ldl_sel(L, below2, lk, tpu_k(L, lk, 0)), l1z = ldl_sel(L, below2, l1, tpu_k(L, l1, 0));
     tpu_hv b1 = ldl_brow(L, B2, kc), b2 = ldl_brow(L, B2, kc1);
     tpu_hv gt2 = tpu_hlo_compare(H, TPU_HLO_GT, rowb, tpu_hlo_broadcast_in_dim(H, kc1, 3, bt.dims, &b0));
-    tpu_hv u2 = tpu_sub(L, B2, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lkz, 3, bt.dims, bdc), tpu_hlo_broadcast_in_dim(H, b1, 3, bt.dims, bdr)));
-    u2 = tpu_sub(L, u2, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, l1z, 3, bt.dims, bdc), tpu_hlo_broadcast_in_dim(H, b2, 3, bt.dims, bdr)));
+    tpu_hv u2 = tpu_sub(L, B2,
+                        tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lkz, 3, bt.dims, bdc),
+                                tpu_hlo_broadcast_in_dim(H, b1, 3, bt.dims, bdr)));
+    u2 = tpu_sub(L, u2,
+                 tpu_mul(L, tpu_hlo_broadcast_in_dim(H, l1z, 3, bt.dims, bdc),
+                         tpu_hlo_broadcast_in_dim(H, b2, 3, bt.dims, bdr)));
     B2 = ldl_sel(L, gt2, u2, B2);
     tpu_hv akm1k = ldl_at(L, s, lk, kc1);
     tpu_hv akm1 = ldl_div(L, ldl_at(L, s, lk, kc), akm1k), ak = ldl_div(L, ldl_at(L, s, l1, kc1), akm1k);
     tpu_hv denom = tpu_sub(L, tpu_mul(L, akm1, ak), tpu_k(L, ak, 1));
     int64_t m = bt.dims[2], bm[2] = {s->B, m};
-    tpu_hv akm1kb = tpu_hlo_broadcast_in_dim(H, akm1k, 2, bm, &b0), denb = tpu_hlo_broadcast_in_dim(H, denom, 2, bm, &b0);
+    tpu_hv akm1kb = tpu_hlo_broadcast_in_dim(H, akm1k, 2, bm, &b0),
+           denb = tpu_hlo_broadcast_in_dim(H, denom, 2, bm, &b0);
     tpu_hv bkm1 = ldl_div(L, b1, akm1kb), bkk = ldl_div(L, b2, akm1kb);
     tpu_hv n1 = ldl_div(L, tpu_sub(L, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, ak, 2, bm, &b0), bkm1), bkk), denb);
     tpu_hv n2 = ldl_div(L, tpu_sub(L, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, akm1, 2, bm, &b0), bkk), bkm1), denb);
     tpu_hv isk1 = ldl_eq(L, rowb, tpu_hlo_broadcast_in_dim(H, kc1, 3, bt.dims, &b0));
-    B2 = ldl_sel(L, isk, tpu_hlo_broadcast_in_dim(H, n1, 3, bt.dims, bdr), ldl_sel(L, isk1, tpu_hlo_broadcast_in_dim(H, n2, 3, bt.dims, bdr), B2));
+    B2 = ldl_sel(L, isk, tpu_hlo_broadcast_in_dim(H, n1, 3, bt.dims, bdr),
+                 ldl_sel(L, isk1, tpu_hlo_broadcast_in_dim(H, n2, 3, bt.dims, bdr), B2));
     Bn = ldl_sel(L, tpu_hlo_broadcast_in_dim(H, two, 3, bt.dims, &b0), B2, B1);
     *pk = ldl_sel(L, active, tpu_add(L, k, ldl_sel(L, two, tpu_k(L, k, 2), one)), k);
   } else {
@@ -1743,15 +1819,17 @@ static void ldl_solve_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv ld, tpu_hv 
     /* B[k] -= sum_{i > k} LD[i, k] B[i] */
     tpu_hv below3 = tpu_hlo_broadcast_in_dim(H, below, 3, bt.dims, bdc);
     tpu_hv zb = tpu_k(L, Bm, 0);
-    tpu_hv sk = tpu_hlo_reduce(H, ldl_sel(L, below3, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lk, 3, bt.dims, bdc), Bm), zb),
-                               tpu_hlo_constant(H, bt.dtype, 0), &d1, 1, TPU_HLO_ADD);
+    tpu_hv sk =
+        tpu_hlo_reduce(H, ldl_sel(L, below3, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lk, 3, bt.dims, bdc), Bm), zb),
+                       tpu_hlo_constant(H, bt.dtype, 0), &d1, 1, TPU_HLO_ADD);
     tpu_hv isk = ldl_eq(L, rowb, tpu_hlo_broadcast_in_dim(H, kc, 3, bt.dims, &b0));
     tpu_hv B1 = ldl_sel(L, isk, tpu_sub(L, Bm, tpu_hlo_broadcast_in_dim(H, sk, 3, bt.dims, bdr)), Bm);
     /* 2x2 (rows k-1, k): also B[k-1] -= sum_{i > k} LD[i, k-1] B[i] */
     tpu_hv lm = ldl_col(L, s, ld, km1);
     lm = ldl_sel(L, below, lm, tpu_k(L, lm, 0));
-    tpu_hv sm = tpu_hlo_reduce(H, ldl_sel(L, below3, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lm, 3, bt.dims, bdc), Bm), zb),
-                               tpu_hlo_constant(H, bt.dtype, 0), &d1, 1, TPU_HLO_ADD);
+    tpu_hv sm =
+        tpu_hlo_reduce(H, ldl_sel(L, below3, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lm, 3, bt.dims, bdc), Bm), zb),
+                       tpu_hlo_constant(H, bt.dtype, 0), &d1, 1, TPU_HLO_ADD);
     tpu_hv ism = ldl_eq(L, rowb, tpu_hlo_broadcast_in_dim(H, km1, 3, bt.dims, &b0));
     tpu_hv B2 = ldl_sel(L, ldl_and(L, ism, tpu_hlo_broadcast_in_dim(H, two, 3, bt.dims, &b0)),
                         tpu_sub(L, B1, tpu_hlo_broadcast_in_dim(H, sm, 3, bt.dims, bdr)), B1);
@@ -1767,17 +1845,19 @@ void tpu_emit_linalg_ldl_solve(tpu_lower *L) {
   tpu_tref *ld = &L->args[0].t, *pv = &L->args[1].t, *b = &L->args[2].t;
   if (b->rank < 2) { /* as the CPU, which first looks at B's dim -2 */
     int rk = b->rank > 0 ? b->rank : 1;
-    tpu_lower_fail(L, TPU_ERR_INDEX, "Dimension out of range (expected to be in range of [%d, %d], but got -2)", -rk, rk - 1);
+    tpu_lower_fail(L, TPU_ERR_INDEX, "Dimension out of range (expected to be in range of [%d, %d], but got -2)", -rk,
+                   rk - 1);
     return;
   }
   int64_t n = ld->sizes[ld->rank - 1];
   if (pv->dtype != TPU_S32) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.ldl_solve: Expected pivots to be integers. Got %s", tpu_dtype_name(pv->dtype));
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.ldl_solve: Expected pivots to be integers. Got %s",
+                   tpu_dtype_name(pv->dtype));
     return;
   }
   if (b->dtype != ld->dtype) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.ldl_solve: LD dtype %s does not match b dtype %s", tpu_dtype_c10_name(ld->dtype),
-                   tpu_dtype_c10_name(b->dtype));
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.linalg.ldl_solve: LD dtype %s does not match b dtype %s",
+                   tpu_dtype_c10_name(ld->dtype), tpu_dtype_c10_name(b->dtype));
     return;
   }
   if (pv->rank != ld->rank - 1 || pv->sizes[pv->rank - 1] != n || b->sizes[b->rank - 2] != n) {
@@ -1818,8 +1898,8 @@ void tpu_emit_linalg_ldl_solve(tpu_lower *L) {
   tpu_hv Bm = tpu_hlo_reshape(H, tpu_lower_broadcast_to(L, tpu_lower_tensor(L, 2, -1), nb + 2, od), 3, b3);
   for (int pass = 0; pass < 2; pass++) {
     bool fwd = pass == 0;
-    tpu_hv init[5] = {tpu_hlo_constant_int(H, TPU_S64, 0), Bm, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &B), fwd ? 0 : (double)(n - 1)),
-                      LDv, P};
+    tpu_hv init[5] = {tpu_hlo_constant_int(H, TPU_S64, 0), Bm,
+                      tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &B), fwd ? 0 : (double)(n - 1)), LDv, P};
     tpu_hlo_type ts[5];
     for (int i = 0; i < 5; i++) ts[i] = *T(L, init[i]);
     int cond = tpu_count_cond(L, ts, 5, n);

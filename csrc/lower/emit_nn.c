@@ -103,12 +103,15 @@ static void tpu_emit_amaxmin(tpu_lower *L, bool is_max) {
   int64_t dims[TPU_MAX_RANK];
   bool mask[TPU_MAX_RANK];
   int n = tpu_red_dims(L, 1, t->rank, dims, mask);
-  bool all = L->nargs < 2 || L->args[1].kind == TPU_ARG_NONE || (L->args[1].kind == TPU_ARG_INTS && L->args[1].nints == 0);
+  bool all =
+      L->nargs < 2 || L->args[1].kind == TPU_ARG_NONE || (L->args[1].kind == TPU_ARG_INTS && L->args[1].nints == 0);
   int64_t numel = 1;
   for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
   if (all && numel == 0)
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): Expected reduction dim to be specified for input.numel() == 0. "
-                   "Specify the reduction dim with the 'dim' argument.", is_max ? "amax" : "amin");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "%s(): Expected reduction dim to be specified for input.numel() == 0. "
+                   "Specify the reduction dim with the 'dim' argument.",
+                   is_max ? "amax" : "amin");
   for (int i = 0; i < n; i++)
     if (t->sizes[dims[i]] == 0)
       tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.",
@@ -128,8 +131,10 @@ static void tpu_emit_maxmin_all(tpu_lower *L, bool is_max) {
     dims[i] = i;
   }
   if (numel == 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): Expected reduction dim to be specified for input.numel() == 0. "
-                   "Specify the reduction dim with the 'dim' argument.", is_max ? "max" : "min");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "%s(): Expected reduction dim to be specified for input.numel() == 0. "
+                   "Specify the reduction dim with the 'dim' argument.",
+                   is_max ? "max" : "min");
     return;
   }
   tpu_lower_out(L, tpu_reduce_extreme(L, tpu_lower_tensor(L, 0, -1), dims, t->rank, is_max));
@@ -176,8 +181,9 @@ static void tpu_emit_maxmin_dim(tpu_lower *L, bool is_max) {
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   if (t->rank == 0) x = tpu_hlo_reshape(H, x, 1, (int64_t[]){1});
   tpu_hlo_type in = *T(L, x);
-  if (in.dims[d] == 0) tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.",
-                                      is_max ? "max" : "min", (long long)d);
+  if (in.dims[d] == 0)
+    tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.", is_max ? "max" : "min",
+                   (long long)d);
   tpu_hv v, i;
   tpu_arg_extreme(L, x, d, is_max, &v, &i);
   bool mask[TPU_MAX_RANK] = {0};
@@ -206,8 +212,9 @@ static void tpu_emit_argext(tpu_lower *L, bool is_max) {
   if (tpu_lower_is_none(L, 1)) {
     int64_t n = 1;
     for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
-    if (n == 0) tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim to be specified for input.numel() == 0.",
-                               is_max ? "argmax" : "argmin");
+    if (n == 0)
+      tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim to be specified for input.numel() == 0.",
+                     is_max ? "argmax" : "argmin");
     x = tpu_hlo_reshape(H, x, 1, &n);
     tpu_hv v, i;
     tpu_arg_extreme(L, x, 0, is_max, &v, &i);
@@ -247,7 +254,8 @@ static void tpu_emit_anyall(tpu_lower *L, bool any) {
   bool mask[TPU_MAX_RANK];
   int n = tpu_red_dims(L, L->nargs > 1 ? 1 : L->nargs, t->rank, dims, mask);
   tpu_hlo_type in = *T(L, x);
-  tpu_hv r = tpu_hlo_reduce(H, x, tpu_hlo_constant_int(H, TPU_PRED, any ? 0 : 1), dims, n, any ? TPU_HLO_OR : TPU_HLO_AND);
+  tpu_hv r =
+      tpu_hlo_reduce(H, x, tpu_hlo_constant_int(H, TPU_PRED, any ? 0 : 1), dims, n, any ? TPU_HLO_OR : TPU_HLO_AND);
   r = tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2));
   tpu_lower_out(L, t->dtype == TPU_U8 ? tpu_hlo_convert(H, r, TPU_U8) : r);
 }
@@ -259,19 +267,19 @@ void tpu_emit_all(tpu_lower *L) { tpu_emit_anyall(L, false); }
 /* The C++ type name torch's mm/addmm dtype message prints (caffe2's TypeMeta). */
 static const char *tpu_cxx_type_name(tpu_dtype t) {
   switch (t) {
-  case TPU_PRED: return "bool";
-  case TPU_S8: return "signed char";
-  case TPU_U8: return "unsigned char";
-  case TPU_S16: return "short int";
-  case TPU_S32: return "int";
-  case TPU_S64: return "long int";
-  case TPU_F16: return "c10::Half";
-  case TPU_BF16: return "c10::BFloat16";
-  case TPU_F32: return "float";
-  case TPU_F64: return "double";
-  case TPU_C64: return "c10::complex<float>";
-  case TPU_C128: return "c10::complex<double>";
-  default: return tpu_dtype_name(t);
+    case TPU_PRED: return "bool";
+    case TPU_S8: return "signed char";
+    case TPU_U8: return "unsigned char";
+    case TPU_S16: return "short int";
+    case TPU_S32: return "int";
+    case TPU_S64: return "long int";
+    case TPU_F16: return "c10::Half";
+    case TPU_BF16: return "c10::BFloat16";
+    case TPU_F32: return "float";
+    case TPU_F64: return "double";
+    case TPU_C64: return "c10::complex<float>";
+    case TPU_C128: return "c10::complex<double>";
+    default: return tpu_dtype_name(t);
   }
 }
 
@@ -340,8 +348,10 @@ void tpu_emit_addmm(tpu_lower *L) {
   if (!L->args[3].is_default) {
     tpu_hv beta = tpu_lower_scalar(L, 3, acc);
     s = tpu_lower_binary(L, TPU_HLO_MUL, s, beta); /* beta == 0 ignores self, NaNs included */
-    s = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, tpu_lower_broadcast_to(L, beta, T(L, s)->rank, T(L, s)->dims),
-                                          tpu_k(L, s, 0)), tpu_k(L, s, 0), s);
+    s = tpu_hlo_select(
+        H,
+        tpu_hlo_compare(H, TPU_HLO_EQ, tpu_lower_broadcast_to(L, beta, T(L, s)->rank, T(L, s)->dims), tpu_k(L, s, 0)),
+        tpu_k(L, s, 0), s);
   }
   const tpu_hlo_type *pt = T(L, p);
   tpu_hv r = tpu_hlo_binary(H, TPU_HLO_ADD, tpu_lower_broadcast_to(L, s, pt->rank, pt->dims), p);
@@ -359,7 +369,8 @@ void tpu_emit_bmm(tpu_lower *L) {
     return;
   }
   if (x->sizes[0] != y->sizes[0] || x->sizes[2] != y->sizes[1]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected size for first two dimensions of batch2 tensor to be: [%lld, %lld] but got: [%lld, %lld].",
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected size for first two dimensions of batch2 tensor to be: [%lld, %lld] but got: [%lld, %lld].",
                    (long long)x->sizes[0], (long long)x->sizes[2], (long long)y->sizes[0], (long long)y->sizes[1]);
     return;
   }
@@ -384,7 +395,8 @@ void tpu_emit_bmm(tpu_lower *L) {
 /* dot(self, tensor), mv(self, vec) */
 void tpu_emit_dot(tpu_lower *L) {
   tpu_tref *x = &L->args[0].t, *y = &L->args[1].t;
-  if (!strncmp(L->opname, "mv", 2) && (L->opname[2] == 0 || L->opname[2] == '.')) { /* torch's addmv: (result = vec's dtype, mat, vec) */
+  if (!strncmp(L->opname, "mv", 2) &&
+      (L->opname[2] == 0 || L->opname[2] == '.')) { /* torch's addmv: (result = vec's dtype, mat, vec) */
     if (x->dtype != y->dtype) {
       tpu_lower_fail(L, TPU_ERR_RUNTIME, "addmv input tensors must have the same dtype, but got %s, %s, and %s",
                      tpu_dtype_c10_name(y->dtype), tpu_dtype_c10_name(x->dtype), tpu_dtype_c10_name(y->dtype));
@@ -436,9 +448,10 @@ void tpu_emit_cat(tpu_lower *L) {
     const tpu_hlo_type *u = T(L, vs[j]), *v = T(L, vs[0]);
     for (int k = 0; k < rank && u->rank == rank; k++)
       if (k != d && u->dims[k] != v->dims[k]) {
-        tpu_lower_fail(L, TPU_ERR_RUNTIME, "Sizes of tensors must match except in dimension %lld. Expected size %lld "
-                       "but got size %lld for tensor number %d in the list.", (long long)d, (long long)v->dims[k],
-                       (long long)u->dims[k], j);
+        tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                       "Sizes of tensors must match except in dimension %lld. Expected size %lld "
+                       "but got size %lld for tensor number %d in the list.",
+                       (long long)d, (long long)v->dims[k], (long long)u->dims[k], j);
         return;
       }
   }
@@ -549,7 +562,8 @@ static void tpu_nll_common(tpu_lower *L, int self_i, int target_i, int weight_i,
   tpu_hv tgb = tpu_hlo_broadcast_in_dim(H, tg, 2, nc, (int64_t[]){0});
   tpu_hv cls = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nc), 1);
   tpu_hv hot = tpu_hlo_compare(H, TPU_HLO_EQ, tgb, cls);
-  tpu_hv valid = tpu_hlo_compare(H, TPU_HLO_NE, tg, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &N), (double)L->args[ignore_i].i));
+  tpu_hv valid = tpu_hlo_compare(H, TPU_HLO_NE, tg,
+                                 tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &N), (double)L->args[ignore_i].i));
   tpu_hv hotf = tpu_hlo_convert(H, hot, dt);
   tpu_hv wn;
   if (!tpu_lower_is_none(L, weight_i)) {
@@ -619,7 +633,8 @@ void tpu_emit_native_layer_norm(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   int nn = L->args[1].nints, axis = t->rank - nn;
   if (nn == 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
                    "least one element, but got normalized_shape = []");
     return;
   }
@@ -629,8 +644,10 @@ void tpu_emit_native_layer_norm(tpu_lower *L) {
   }
   for (int i = 0; i < nn; i++)
     if (L->args[1].ints[i] != t->sizes[axis + i]) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Given normalized_shape=[...], expected input with shape [*, ...], "
-                     "but got input of size with mismatch at dimension %d", axis + i);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "Given normalized_shape=[...], expected input with shape [*, ...], "
+                     "but got input of size with mismatch at dimension %d",
+                     axis + i);
       return;
     }
   tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt);
@@ -681,7 +698,8 @@ void tpu_emit_native_layer_norm_backward(tpu_lower *L) {
   m1 = tpu_hlo_binary(H, TPU_HLO_DIV, m1, tpu_k(L, m1, (double)count));
   tpu_hv m2 = tpu_sum_keep(L, tpu_mul(L, gw, xhat), ndims, nn);
   m2 = tpu_hlo_binary(H, TPU_HLO_DIV, m2, tpu_k(L, m2, (double)count));
-  tpu_hv gi = tpu_lower_binary(L, TPU_HLO_SUB, tpu_lower_binary(L, TPU_HLO_SUB, gw, m1), tpu_lower_binary(L, TPU_HLO_MUL, xhat, m2));
+  tpu_hv gi = tpu_lower_binary(L, TPU_HLO_SUB, tpu_lower_binary(L, TPU_HLO_SUB, gw, m1),
+                               tpu_lower_binary(L, TPU_HLO_MUL, xhat, m2));
   gi = tpu_lower_binary(L, TPU_HLO_MUL, gi, rstd);
   tpu_lower_out(L, tpu_hlo_convert(H, gi, dt));
   tpu_dtype wdt = tpu_lower_is_none(L, 5) ? dt : L->args[5].t.dtype;
@@ -710,8 +728,10 @@ void tpu_emit_embedding(tpu_lower *L) {
     return;
   }
   if (tpu_dtype_is_float(ix->dtype) || ix->dtype == TPU_PRED) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected tensor for argument #1 'indices' to have one of the following scalar "
-                   "types: Long, Int; but got %s instead", tpu_dtype_name(ix->dtype));
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected tensor for argument #1 'indices' to have one of the following scalar "
+                   "types: Long, Int; but got %s instead",
+                   tpu_dtype_name(ix->dtype));
     return;
   }
   int64_t n = 1, D = w->sizes[1];
@@ -738,7 +758,8 @@ void tpu_emit_embedding_dense_backward(tpu_lower *L) {
   tpu_hv idx = tpu_hlo_convert(H, tpu_hlo_reshape(H, tpu_lower_tensor(L, 1, -1), 1, &n), TPU_S64);
   tpu_hv upd = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 2, (int64_t[]){n, D});
   if (L->args[3].i >= 0) {
-    tpu_hv keep = tpu_hlo_compare(H, TPU_HLO_NE, idx, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), (double)L->args[3].i));
+    tpu_hv keep =
+        tpu_hlo_compare(H, TPU_HLO_NE, idx, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), (double)L->args[3].i));
     keep = tpu_hlo_broadcast_in_dim(H, keep, 2, (int64_t[]){n, D}, (int64_t[]){0});
     upd = tpu_hlo_select(H, keep, upd, tpu_k(L, upd, 0));
   }
@@ -781,7 +802,8 @@ void tpu_emit_arange(tpu_lower *L) {
   tpu_arg *s = ns == 1 ? &zero : &L->args[0], *e = ns == 1 ? &L->args[0] : &L->args[1];
   tpu_arg *st = ns == 3 ? &L->args[2] : &one;
   bool is_float = s->skind == TPU_SCALAR_FLOAT || e->skind == TPU_SCALAR_FLOAT || st->skind == TPU_SCALAR_FLOAT;
-  tpu_dtype dt = (ns < L->nargs && L->args[ns].kind == TPU_ARG_DTYPE) ? L->args[ns].dtype : (is_float ? TPU_F32 : TPU_S64);
+  tpu_dtype dt =
+      (ns < L->nargs && L->args[ns].kind == TPU_ARG_DTYPE) ? L->args[ns].dtype : (is_float ? TPU_F32 : TPU_S64);
   double a = s->f, b = e->f, c = st->f;
   if ((L->flags & TPU_OP_OUT) && L->args[L->nargs - 1].kind == TPU_ARG_TENSOR &&
       tpu_dtype_is_int(L->args[L->nargs - 1].t.dtype) && (int64_t)c == 0) {
@@ -851,13 +873,16 @@ static void tpu_emit_space(tpu_lower *L, bool log) {
   double base = log ? L->args[3].f : 0;
   tpu_dtype dt = L->args[L->nargs - 1].t.dtype; /* the out tensor's */
   if (tpu_dtype_is_complex(dt)) {
-    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s into a complex tensor is not supported yet", log ? "logspace" : "linspace");
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s into a complex tensor is not supported yet",
+                   log ? "logspace" : "linspace");
     return;
   }
   bool flt = tpu_dtype_is_float(dt), half = dt == TPU_F16 || dt == TPU_BF16;
   double a = s->skind == TPU_SCALAR_INT ? (double)s->i : s->f, b = e->skind == TPU_SCALAR_INT ? (double)e->i : e->f;
-  if (!flt && !log) a = trunc(a), b = trunc(b);
-  else if (dt == TPU_F32) a = (float)a, b = (float)b;
+  if (!flt && !log)
+    a = trunc(a), b = trunc(b);
+  else if (dt == TPU_F32)
+    a = (float)a, b = (float)b;
   /* f32 working values for half types (rounded to them after every
    * operation), f64 otherwise */
   tpu_hlo_type t = tpu_hlo_type_make(half ? TPU_F32 : TPU_F64, 1, &n);
@@ -869,8 +894,10 @@ static void tpu_emit_space(tpu_lower *L, bool log) {
     tpu_hv up, down;
     if (half) {
       tpu_hv ah = v, bh = tpu_round_to(L, tpu_lower_full(L, t, b), dt);
-      tpu_hv st = tpu_round_to(L, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_round_to(L, tpu_sub(L, bh, ah), dt),
-                                                tpu_round_to(L, tpu_lower_full(L, t, (double)(n - 1)), dt)), dt);
+      tpu_hv st = tpu_round_to(L,
+                               tpu_hlo_binary(H, TPU_HLO_DIV, tpu_round_to(L, tpu_sub(L, bh, ah), dt),
+                                              tpu_round_to(L, tpu_lower_full(L, t, (double)(n - 1)), dt)),
+                               dt);
       up = tpu_round_to(L, tpu_add(L, ah, tpu_round_to(L, tpu_mul(L, st, tpu_round_to(L, i, dt)), dt)), dt);
       down = tpu_round_to(L, tpu_sub(L, bh, tpu_round_to(L, tpu_mul(L, st, tpu_round_to(L, j, dt)), dt)), dt);
     } else if (dt == TPU_F32) { /* products of an f32 step and small integers are exact in f64 */
@@ -897,7 +924,8 @@ static tpu_hv tpu_normal_values(tpu_lower *L, tpu_dtype dt, int rank, const int6
   /* Box-Muller in f32 (f64 for f64 tensors): sqrt(-2 log(1 - u1)) cos(2 pi u2) */
   tpu_dtype w = dt == TPU_F64 ? TPU_F64 : TPU_F32;
   tpu_hv u1 = tpu_lower_uniform(L, w, rank, dims), u2 = tpu_lower_uniform(L, w, rank, dims);
-  tpu_hv r = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_mul(L, tpu_k(L, u1, -2), tpu_hlo_unary(H, TPU_HLO_LOG, tpu_sub(L, tpu_k(L, u1, 1), u1))));
+  tpu_hv r = tpu_hlo_unary(
+      H, TPU_HLO_SQRT, tpu_mul(L, tpu_k(L, u1, -2), tpu_hlo_unary(H, TPU_HLO_LOG, tpu_sub(L, tpu_k(L, u1, 1), u1))));
   tpu_hv z = tpu_mul(L, r, tpu_hlo_unary(H, TPU_HLO_COS, tpu_mul(L, u2, tpu_k(L, u2, 6.283185307179586))));
   return z;
 }

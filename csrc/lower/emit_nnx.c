@@ -103,7 +103,8 @@ void tpu_emit_smooth_l1_loss(tpu_lower *L) {
   tpu_hv l = z;
   if (beta > 0) {
     tpu_hv quad = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_mul(L, tpu_mul(L, z, z), tpu_k(L, z, 0.5)), tpu_k(L, z, beta));
-    l = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, z, tpu_k(L, z, beta)), quad, tpu_sub(L, z, tpu_k(L, z, 0.5 * beta)));
+    l = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, z, tpu_k(L, z, beta)), quad,
+                       tpu_sub(L, z, tpu_k(L, z, 0.5 * beta)));
   }
   tpu_loss_out(L, l, L->args[2].i, dt);
 }
@@ -137,7 +138,8 @@ void tpu_emit_huber_loss(tpu_lower *L) {
   tpu_hv z = tpu_hlo_unary(H, TPU_HLO_ABS, tpu_sub(L, x, y));
   tpu_hv quad = tpu_mul(L, tpu_mul(L, z, z), tpu_k(L, z, 0.5));
   tpu_hv lin = tpu_mul(L, tpu_k(L, z, delta), tpu_sub(L, z, tpu_k(L, z, 0.5 * delta)));
-  tpu_loss_out(L, tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, z, tpu_k(L, z, delta)), quad, lin), L->args[2].i, dt);
+  tpu_loss_out(L, tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, z, tpu_k(L, z, delta)), quad, lin), L->args[2].i,
+               dt);
 }
 
 /* huber_loss_backward(grad_output, self, target, reduction, delta) */
@@ -157,7 +159,8 @@ void tpu_emit_binary_cross_entropy(tpu_lower *L) {
   if (!tpu_loss_check_float(L, 0, "binary_cross_entropy")) return;
   tpu_tref *s = &L->args[0].t, *t = &L->args[1].t;
   if (s->rank != t->rank || memcmp(s->sizes, t->sizes, sizeof(int64_t) * (size_t)s->rank)) {
-    tpu_lower_fail(L, TPU_ERR_VALUE, "Using a target size that is different to the input size is deprecated. "
+    tpu_lower_fail(L, TPU_ERR_VALUE,
+                   "Using a target size that is different to the input size is deprecated. "
                    "Please ensure they have the same size.");
     return;
   }
@@ -211,7 +214,8 @@ static tpu_hv tpu_bcast_rows(tpu_lower *L, tpu_hv v, int64_t N, int64_t C) {
 static bool tpu_margin_shape(tpu_lower *L, int si, int ti, int64_t *N, int64_t *C) {
   tpu_tref *s = &L->args[si].t, *t = &L->args[ti].t;
   if (s->rank > 2 || (s->rank == 2 && s->sizes[1] == 0) || (s->rank == 1 && s->sizes[0] == 0)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected non-empty vector or matrix with optional 0-dim batch size, but got: [...]");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected non-empty vector or matrix with optional 0-dim batch size, but got: [...]");
     return false;
   }
   *N = s->rank == 2 ? s->sizes[0] : 1;
@@ -232,8 +236,8 @@ static bool tpu_margin_shape(tpu_lower *L, int si, int ti, int64_t *N, int64_t *
 
 /* The margin terms z[n, j] = margin - x[n, y] + x[n, j] (j != y) clamped at
  * 0, and the per-sample class weight w[y] ([N], or NONE). */
-static void tpu_margin_terms(tpu_lower *L, int si, int ti, int mi, int wi, int64_t N, int64_t C, tpu_hv *hot,
-                             tpu_hv *z, tpu_hv *wy) {
+static void tpu_margin_terms(tpu_lower *L, int si, int ti, int mi, int wi, int64_t N, int64_t C, tpu_hv *hot, tpu_hv *z,
+                             tpu_hv *wy) {
   tpu_dtype acc = tpu_acc_type(L->args[si].t.dtype);
   int64_t nc[2] = {N, C};
   tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, si, acc), 2, nc);
@@ -322,7 +326,8 @@ void tpu_emit_multi_margin_loss_backward(tpu_lower *L) {
 static bool tpu_mlm_shape(tpu_lower *L, int si, int ti, int64_t *N, int64_t *C) {
   tpu_tref *s = &L->args[si].t, *t = &L->args[ti].t;
   if (s->rank > 2 || (s->rank == 1 && s->sizes[0] == 0) || (s->rank == 2 && s->sizes[1] == 0)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected non-empty vector or matrix with optional 0-dim batch size, but got: [...]");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected non-empty vector or matrix with optional 0-dim batch size, but got: [...]");
     return false;
   }
   if (t->rank != s->rank || memcmp(t->sizes, s->sizes, sizeof(int64_t) * (size_t)s->rank)) {
@@ -364,8 +369,9 @@ static void tpu_mlm_terms(tpu_lower *L, int si, int ti, int64_t N, int64_t C, tp
   tpu_hv xb = tpu_hlo_broadcast_in_dim(H, x, 3, nkc, (int64_t[]){0, 2});
   tpu_hv xt = tpu_reduce_sum(L, tpu_mul(L, hf, xb), (int64_t[]){2}, 1); /* x[t_k], [N, K] */
   tpu_hv d = tpu_sub(L, tpu_add(L, tpu_k(L, xb, 1), xb), tpu_hlo_broadcast_in_dim(H, xt, 3, nkc, (int64_t[]){0, 1}));
-  tpu_hv live = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_broadcast_in_dim(H, used, 3, nkc, (int64_t[]){0, 1}),
-                               tpu_hlo_unary(H, TPU_HLO_NOT, tpu_hlo_broadcast_in_dim(H, isb, 3, nkc, (int64_t[]){0, 2})));
+  tpu_hv live =
+      tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_broadcast_in_dim(H, used, 3, nkc, (int64_t[]){0, 1}),
+                     tpu_hlo_unary(H, TPU_HLO_NOT, tpu_hlo_broadcast_in_dim(H, isb, 3, nkc, (int64_t[]){0, 2})));
   live = tpu_hlo_binary(H, TPU_HLO_AND, live, tpu_hlo_compare(H, TPU_HLO_GT, d, tpu_k(L, d, 0)));
   *z = tpu_hlo_select(H, live, d, tpu_k(L, d, 0));
   *hot = hf;
@@ -400,11 +406,11 @@ void tpu_emit_multilabel_margin_loss_backward(tpu_lower *L) {
   tpu_dtype acc = T(L, z)->dtype;
   tpu_hv act = tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_GT, z, tpu_k(L, z, 0)), acc); /* [N, K, C] */
   /* +1 for class c per active (k, c), -1 for each target t_k per active c */
-  tpu_hv gc = tpu_reduce_sum(L, act, (int64_t[]){1}, 1);                                   /* [N, C] */
-  tpu_hv cnt = tpu_reduce_sum(L, act, (int64_t[]){2}, 1);                                  /* [N, K] */
+  tpu_hv gc = tpu_reduce_sum(L, act, (int64_t[]){1}, 1);  /* [N, C] */
+  tpu_hv cnt = tpu_reduce_sum(L, act, (int64_t[]){2}, 1); /* [N, K] */
   int64_t nkc[3] = {N, C, C};
   tpu_hv gt = tpu_reduce_sum(L, tpu_mul(L, hot, tpu_hlo_broadcast_in_dim(H, cnt, 3, nkc, (int64_t[]){0, 1})),
-                             (int64_t[]){1}, 1);                                           /* [N, C] */
+                             (int64_t[]){1}, 1); /* [N, C] */
   tpu_hv r = tpu_sub(L, gc, gt);
   int64_t red = L->args[3].i;
   tpu_hv g = tpu_hlo_convert(H, tpu_lower_tensor(L, 0, -1), acc);
@@ -427,20 +433,21 @@ void tpu_emit_multilabel_margin_loss_backward(tpu_lower *L) {
 static bool tpu_nll2d_common(tpu_lower *L, int si, int ti, int wi, int ii, tpu_hv *hot, tpu_hv *w) {
   tpu_tref *s = &L->args[si].t, *t = &L->args[ti].t;
   if (s->rank != 4) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "only batches of spatial inputs supported (4D tensors), but got input of dimension: %d",
-                   s->rank);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "only batches of spatial inputs supported (4D tensors), but got input of dimension: %d", s->rank);
     return false;
   }
   if (t->rank != 3) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "only batches of spatial targets supported (3D tensors) but got targets of dimension: %d",
-                   t->rank);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "only batches of spatial targets supported (3D tensors) but got targets of dimension: %d", t->rank);
     return false;
   }
   if (s->sizes[0] != t->sizes[0] || s->sizes[2] != t->sizes[1] || s->sizes[3] != t->sizes[2]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "input and target batch or spatial sizes don't match: target [%lld, %lld, %lld], "
-                   "input [%lld, %lld, %lld, %lld]", (long long)t->sizes[0], (long long)t->sizes[1],
-                   (long long)t->sizes[2], (long long)s->sizes[0], (long long)s->sizes[1], (long long)s->sizes[2],
-                   (long long)s->sizes[3]);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "input and target batch or spatial sizes don't match: target [%lld, %lld, %lld], "
+                   "input [%lld, %lld, %lld, %lld]",
+                   (long long)t->sizes[0], (long long)t->sizes[1], (long long)t->sizes[2], (long long)s->sizes[0],
+                   (long long)s->sizes[1], (long long)s->sizes[2], (long long)s->sizes[3]);
     return false;
   }
   if (tpu_dtype_is_float(t->dtype)) {
@@ -454,8 +461,10 @@ static bool tpu_nll2d_common(tpu_lower *L, int si, int ti, int wi, int ii, tpu_h
     int64_t wn = 1;
     for (int i = 0; i < wt->rank; i++) wn *= wt->sizes[i];
     if (wn != C) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "weight tensor should be defined either for all %lld classes or no classes but "
-                     "got weight tensor of shape: [%lld]", (long long)C, (long long)wn);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "weight tensor should be defined either for all %lld classes or no classes but "
+                     "got weight tensor of shape: [%lld]",
+                     (long long)C, (long long)wn);
       return false;
     }
   }
@@ -469,7 +478,8 @@ static bool tpu_nll2d_common(tpu_lower *L, int si, int ti, int wi, int ii, tpu_h
   tpu_hv wn;
   if (!tpu_lower_is_none(L, wi)) {
     tpu_hv wv = tpu_hlo_reshape(H, tpu_lower_input(L, wi, acc), 1, &C);
-    wn = tpu_reduce_sum(L, tpu_mul(L, hf, tpu_hlo_broadcast_in_dim(H, wv, 4, s->sizes, (int64_t[]){1})), (int64_t[]){1}, 1);
+    wn = tpu_reduce_sum(L, tpu_mul(L, hf, tpu_hlo_broadcast_in_dim(H, wv, 4, s->sizes, (int64_t[]){1})), (int64_t[]){1},
+                        1);
   } else {
     wn = tpu_lower_full(L, tpu_hlo_type_make(acc, 3, tt.dims), 1);
   }
@@ -629,7 +639,8 @@ void tpu_emit_exponential(tpu_lower *L) {
     return;
   }
   tpu_hv u = tpu_uniform_open0(L, tpu_rand_work(t->dtype), t->rank, t->sizes);
-  tpu_hv r = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, u)), tpu_k(L, u, lambd));
+  tpu_hv r = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, u)),
+                            tpu_k(L, u, lambd));
   tpu_rand_write_self(L, r);
 }
 
@@ -643,7 +654,8 @@ void tpu_emit_geometric(tpu_lower *L) {
   }
   tpu_dtype w = tpu_rand_work(t->dtype);
   tpu_hv u = tpu_uniform_open0(L, w, t->rank, t->sizes);
-  tpu_hv r = tpu_hlo_unary(H, TPU_HLO_CEIL, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_LOG, u), tpu_k(L, u, log1p(-p))));
+  tpu_hv r = tpu_hlo_unary(H, TPU_HLO_CEIL,
+                           tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_LOG, u), tpu_k(L, u, log1p(-p))));
   tpu_rand_write_self(L, tpu_hlo_binary(H, TPU_HLO_MAX, r, tpu_k(L, r, 1)));
 }
 
@@ -739,14 +751,17 @@ void tpu_emit_random(tpu_lower *L) {
     return;
   }
   if (inclusive && lo > hi) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "random_ expects 'from' casted to dtype to be less than or equal to 'to' casted "
-                   "to dtype, but got from=%lld > to=%lld", (long long)lo, (long long)hi);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "random_ expects 'from' casted to dtype to be less than or equal to 'to' casted "
+                   "to dtype, but got from=%lld > to=%lld",
+                   (long long)lo, (long long)hi);
     return;
   }
   uint64_t range = (uint64_t)hi - (uint64_t)lo + (inclusive ? 1 : 0);
   if (range == 0 || range > ((uint64_t)1 << 63)) range = (uint64_t)1 << 63; /* the full int64 span */
   tpu_hv r = tpu_random_ints(L, t->rank, t->sizes, lo, range);
-  tpu_rand_write_self(L, t->dtype == TPU_PRED ? tpu_hlo_compare(H, TPU_HLO_NE, r, tpu_k(L, r, 0)) : tpu_hlo_convert(H, r, t->dtype));
+  tpu_rand_write_self(
+      L, t->dtype == TPU_PRED ? tpu_hlo_compare(H, TPU_HLO_NE, r, tpu_k(L, r, 0)) : tpu_hlo_convert(H, r, t->dtype));
 }
 
 /* Sort keys ascending carrying a second array; returns the carried one. */
@@ -826,7 +841,8 @@ void tpu_emit_multinomial(tpu_lower *L) {
   if (repl) {
     int64_t nsc[3] = {N, S, C};
     tpu_hv u = tpu_uniform_open0(L, TPU_F32, 3, nsc);
-    tpu_hv g = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, u))));
+    tpu_hv g = tpu_hlo_unary(
+        H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, u))));
     /* log(1) = 0 for u = 1 gives -log(0) = inf: keep it finite */
     g = tpu_hlo_clamp(H, tpu_hlo_constant(H, TPU_F32, -1e30), g, tpu_hlo_constant(H, TPU_F32, 1e30));
     tpu_hv keys = tpu_add(L, tpu_hlo_broadcast_in_dim(H, lp, 3, nsc, (int64_t[]){0, 2}), g);
@@ -834,7 +850,8 @@ void tpu_emit_multinomial(tpu_lower *L) {
     tpu_arg_extreme(L, keys, 2, true, &v, &r);
   } else {
     tpu_hv u = tpu_uniform_open0(L, TPU_F32, 2, nc);
-    tpu_hv g = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, u))));
+    tpu_hv g = tpu_hlo_unary(
+        H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, u))));
     g = tpu_hlo_clamp(H, tpu_hlo_constant(H, TPU_F32, -1e30), g, tpu_hlo_constant(H, TPU_F32, 1e30));
     tpu_hv io = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nc), 1);
     tpu_hv sorted = tpu_sort_by_keys(L, tpu_add(L, lp, g), io, 1, true);
@@ -912,7 +929,8 @@ static tpu_hv tpu_fft_op(tpu_lower *L, tpu_hv x, int kind, int n, const int64_t 
   }
   char attrs[160];
   int o = snprintf(attrs, sizeof attrs, "fft_type = #stablehlo<fft_type %s>, fft_length = array<i64: ", names[kind]);
-  for (int i = 0; i < n; i++) o += snprintf(attrs + o, sizeof attrs - (size_t)o, "%s%lld", i ? ", " : "", (long long)len[i]);
+  for (int i = 0; i < n; i++)
+    o += snprintf(attrs + o, sizeof attrs - (size_t)o, "%s%lld", i ? ", " : "", (long long)len[i]);
   snprintf(attrs + o, sizeof attrs - (size_t)o, ">");
   return tpu_hlo_emit1(H, "stablehlo.fft", &x, 1, attrs, rt);
 }
@@ -1078,9 +1096,9 @@ typedef struct {
   int64_t T, N, C, S; /* S: extended length 2 * max target length + 1 */
   int64_t in_len[TPU_MAX_LIST], tg_len[TPU_MAX_LIST];
   tpu_dtype dt;
-  tpu_hv lpe;   /* [T, N, S] log-probs of each extended label */
-  tpu_hv ext;   /* [N, S] extended labels (s64) */
-  tpu_hv skip;  /* [N, S] pred: the s-2 -> s transition is allowed */
+  tpu_hv lpe;    /* [T, N, S] log-probs of each extended label */
+  tpu_hv ext;    /* [N, S] extended labels (s64) */
+  tpu_hv skip;   /* [N, S] pred: the s-2 -> s transition is allowed */
   tpu_hv neginf; /* [N, S] of -inf */
 } tpu_ctc;
 
@@ -1138,8 +1156,10 @@ static bool tpu_ctc_setup(tpu_lower *L, tpu_ctc *c, int lpi, int tgi, int ili, i
     c->in_len[n] = il->ints[n];
     c->tg_len[n] = tl->ints[n];
     if (c->in_len[n] < 0 || c->in_len[n] > c->T) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected input_lengths to have value at most %lld, but got value %lld "
-                     "(while checking arguments for ctc_loss_cpu)", (long long)c->T, (long long)c->in_len[n]);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "Expected input_lengths to have value at most %lld, but got value %lld "
+                     "(while checking arguments for ctc_loss_cpu)",
+                     (long long)c->T, (long long)c->in_len[n]);
       return false;
     }
     if (c->tg_len[n] < 0) {
@@ -1153,9 +1173,10 @@ static bool tpu_ctc_setup(tpu_lower *L, tpu_ctc *c, int lpi, int tgi, int ili, i
   int64_t NS = c->N * c->S, M = 1;
   for (int i = 0; i < tg->rank; i++) M *= tg->sizes[i];
   if (tg->rank == 2 && tg->sizes[1] < maxl) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected tensor to have size at least %lld at dimension 1, but got size %lld "
-                   "for argument #2 'targets' (while checking arguments for ctc_loss_cpu)", (long long)maxl,
-                   (long long)tg->sizes[1]);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected tensor to have size at least %lld at dimension 1, but got size %lld "
+                   "for argument #2 'targets' (while checking arguments for ctc_loss_cpu)",
+                   (long long)maxl, (long long)tg->sizes[1]);
     return false;
   }
   if (tg->rank == 1 && M < total) {
@@ -1271,7 +1292,8 @@ static tpu_hv tpu_ctc_scan(tpu_lower *L, tpu_ctc *c, bool forward, tpu_hv state0
 static tpu_hv tpu_ctc_alphas(tpu_lower *L, tpu_ctc *c) {
   /* alpha before t = 0: 0 at s = 0, so that step 0 gives lp on s = 0, 1 */
   tpu_hv sio = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, (int64_t[]){c->N, c->S}), 1);
-  tpu_hv s0 = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, sio, tpu_k(L, sio, 0)), tpu_k(L, c->neginf, 0), c->neginf);
+  tpu_hv s0 =
+      tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, sio, tpu_k(L, sio, 0)), tpu_k(L, c->neginf, 0), c->neginf);
   tpu_hv nomask = tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, 2, (int64_t[]){c->N, c->S}), 0);
   return tpu_ctc_scan(L, c, true, s0, c->skip, nomask);
 }
@@ -1298,8 +1320,9 @@ static tpu_hv tpu_ctc_nll(tpu_lower *L, tpu_ctc *c, tpu_hv la) {
   /* the last alpha holds each sample's final state (later steps kept it) */
   tpu_hv last = c->neginf;
   if (c->T)
-    last = tpu_hlo_reshape(H, tpu_hlo_slice(H, la, (int64_t[]){c->T - 1, 0, 0}, (int64_t[]){c->T, c->N, c->S},
-                                            (int64_t[]){1, 1, 1}), 2, ns);
+    last = tpu_hlo_reshape(
+        H, tpu_hlo_slice(H, la, (int64_t[]){c->T - 1, 0, 0}, (int64_t[]){c->T, c->N, c->S}, (int64_t[]){1, 1, 1}), 2,
+        ns);
   bool rows[TPU_MAX_LIST];
   for (int64_t n = 0; n < c->N; n++) rows[n] = c->in_len[n] > 0;
   last = tpu_hlo_select(H, tpu_ctc_rows(L, c, rows), last, c->neginf);
@@ -1340,7 +1363,8 @@ void tpu_emit_ctc_loss_backward(tpu_lower *L) {
     return;
   }
   for (int64_t n = 0; n < c.N; n++)
-    for (int64_t s = 0; s < c.S; s++) e[n * c.S + s] = s == 2 * c.tg_len[n] || (c.tg_len[n] > 0 && s == 2 * c.tg_len[n] - 1);
+    for (int64_t s = 0; s < c.S; s++)
+      e[n * c.S + s] = s == 2 * c.tg_len[n] || (c.tg_len[n] > 0 && s == 2 * c.tg_len[n] - 1);
   tpu_hv endm = tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_PRED, 2, ns), e);
   free(e);
   /* the s -> s+2 transition of beta is allowed when skip[s + 2] */
@@ -1356,13 +1380,15 @@ void tpu_emit_ctc_loss_backward(tpu_lower *L) {
   tpu_hv m = tpu_hlo_reduce(H, abb, tpu_hlo_constant(H, c.dt, -INFINITY), (int64_t[]){2}, 1, TPU_HLO_MAX);
   tpu_hv fin = tpu_hlo_unary(H, TPU_HLO_IS_FINITE, m);
   tpu_hv ms = tpu_hlo_select(H, fin, m, tpu_k(L, m, 0));
-  tpu_hv sum = tpu_reduce_sum(L, tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, abb, tpu_hlo_broadcast_in_dim(H, ms, 4, tnsc, (int64_t[]){0, 1, 3}))),
-                              (int64_t[]){2}, 1);
+  tpu_hv sum = tpu_reduce_sum(
+      L, tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, abb, tpu_hlo_broadcast_in_dim(H, ms, 4, tnsc, (int64_t[]){0, 1, 3}))),
+      (int64_t[]){2}, 1);
   tpu_hv lcab = tpu_hlo_select(H, fin, tpu_add(L, ms, tpu_hlo_unary(H, TPU_HLO_LOG, sum)), m); /* [T, N, C] */
   tpu_hv lp = tpu_lower_input(L, 1, c.dt);
   tpu_hv nll = tpu_hlo_broadcast_in_dim(H, tpu_lower_input(L, 5, c.dt), 3, tnc, (int64_t[]){1});
   tpu_hv g = tpu_hlo_broadcast_in_dim(H, tpu_lower_input(L, 0, c.dt), 3, tnc, (int64_t[]){1});
-  tpu_hv r = tpu_sub(L, tpu_hlo_unary(H, TPU_HLO_EXP, lp), tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, tpu_add(L, lcab, nll), lp)));
+  tpu_hv r = tpu_sub(L, tpu_hlo_unary(H, TPU_HLO_EXP, lp),
+                     tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, tpu_add(L, lcab, nll), lp)));
   r = tpu_mul(L, r, g);
   /* steps past each input length, and infinite losses under zero_infinity, get 0 */
   int64_t *mk = malloc(sizeof(int64_t) * (size_t)(c.T * c.N > 0 ? c.T * c.N : 1));
@@ -1409,8 +1435,8 @@ static tpu_hv tpu_gates_in(tpu_lower *L, int gi, int bi, tpu_dtype acc) {
 
 static bool tpu_cell_check(tpu_lower *L, int n, int hx_arg) {
   tpu_tref *ig = &L->args[0].t, *hg = &L->args[1].t, *hx = &L->args[hx_arg].t;
-  if (ig->rank != 2 || hg->rank != 2 || ig->sizes[0] != hg->sizes[0] || ig->sizes[1] != hg->sizes[1] ||
-      hx->rank != 2 || ig->sizes[1] != n * hx->sizes[1] || ig->sizes[0] != hx->sizes[0]) {
+  if (ig->rank != 2 || hg->rank != 2 || ig->sizes[0] != hg->sizes[0] || ig->sizes[1] != hg->sizes[1] || hx->rank != 2 ||
+      ig->sizes[1] != n * hx->sizes[1] || ig->sizes[0] != hx->sizes[0]) {
     tpu_lower_fail(L, TPU_ERR_VALUE, "expected input and hidden gates of one shape [B, %d*H] and a state [B, H]", n);
     return false;
   }
@@ -1491,7 +1517,8 @@ void tpu_emit_thnn_fused_gru_cell_backward(tpu_lower *L) {
   tpu_hv hx = tpu_gate(L, w, 3, h), hn = tpu_gate(L, w, 4, h);
   tpu_hv gz = tpu_mul(L, tpu_mul(L, go, tpu_sub(L, hx, ng)), tpu_dsigm(L, zg));
   tpu_hv ghx = tpu_mul(L, go, zg);
-  tpu_hv gn = tpu_mul(L, tpu_mul(L, go, tpu_sub(L, tpu_k(L, zg, 1), zg)), tpu_sub(L, tpu_k(L, ng, 1), tpu_mul(L, ng, ng)));
+  tpu_hv gn =
+      tpu_mul(L, tpu_mul(L, go, tpu_sub(L, tpu_k(L, zg, 1), zg)), tpu_sub(L, tpu_k(L, ng, 1), tpu_mul(L, ng, ng)));
   tpu_hv ghn = tpu_mul(L, gn, rg);
   tpu_hv gr = tpu_mul(L, tpu_mul(L, gn, hn), tpu_dsigm(L, rg));
   tpu_hv gi3[3] = {gr, gz, gn}, gh3[3] = {gr, gz, ghn};

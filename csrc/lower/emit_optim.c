@@ -17,8 +17,25 @@
  * tensors), adamw (bool). */
 #include "emit.h"
 
-enum { FA_P, FA_G, FA_M, FA_V, FA_VMAX, FA_STEP, FA_LR, FA_B1, FA_B2, FA_WD, FA_EPS, FA_AMS, FA_MAX, FA_SCALE,
-       FA_INF, FA_ADAMW, FA_NARGS };
+enum {
+  FA_P,
+  FA_G,
+  FA_M,
+  FA_V,
+  FA_VMAX,
+  FA_STEP,
+  FA_LR,
+  FA_B1,
+  FA_B2,
+  FA_WD,
+  FA_EPS,
+  FA_AMS,
+  FA_MAX,
+  FA_SCALE,
+  FA_INF,
+  FA_ADAMW,
+  FA_NARGS
+};
 
 static tpu_hv fa_bin(tpu_lower *L, tpu_hlo_op op, tpu_hv a, tpu_hv b) { return tpu_lower_binary(L, op, a, b); }
 
@@ -35,8 +52,8 @@ static int fo_lists(tpu_lower *L, int nargs, int last, unsigned empty_ok) {
   for (int i = 0; i <= last; i++) {
     tpu_arg *a = &L->args[i];
     if (a->kind != TPU_ARG_TENSORS || (a->nlist != n && !((empty_ok >> i & 1u) && a->nlist == 0))) {
-      tpu_lower_fail(L, TPU_ERR_VALUE, "%s: argument %d must be a list of tensors as long as the parameters",
-                     L->opname, i);
+      tpu_lower_fail(L, TPU_ERR_VALUE, "%s: argument %d must be a list of tensors as long as the parameters", L->opname,
+                     i);
       return -1;
     }
   }
@@ -93,8 +110,7 @@ void tpu_emit_fused_adam(tpu_lower *L) {
       g = fa_bin(L, TPU_HLO_ADD, g, fa_bin(L, TPU_HLO_MUL, p, wd));
     tpu_hv omb1 = tpu_hlo_binary(H, TPU_HLO_SUB, one, b1), omb2 = tpu_hlo_binary(H, TPU_HLO_SUB, one, b2);
     tpu_hv m1 = fa_bin(L, TPU_HLO_ADD, fa_bin(L, TPU_HLO_MUL, m, b1), fa_bin(L, TPU_HLO_MUL, g, omb1));
-    tpu_hv v1 = fa_bin(L, TPU_HLO_ADD, fa_bin(L, TPU_HLO_MUL, v, b2),
-                       fa_bin(L, TPU_HLO_MUL, tpu_mul(L, g, g), omb2));
+    tpu_hv v1 = fa_bin(L, TPU_HLO_ADD, fa_bin(L, TPU_HLO_MUL, v, b2), fa_bin(L, TPU_HLO_MUL, tpu_mul(L, g, g), omb2));
     tpu_hv bc1 = tpu_hlo_binary(H, TPU_HLO_SUB, one, tpu_hlo_binary(H, TPU_HLO_POW, b1, step));
     tpu_hv bc2 = tpu_hlo_binary(H, TPU_HLO_SUB, one, tpu_hlo_binary(H, TPU_HLO_POW, b2, step));
     tpu_hv step_size = tpu_hlo_binary(H, TPU_HLO_DIV, lr, bc1);
@@ -104,8 +120,7 @@ void tpu_emit_fused_adam(tpu_lower *L) {
       vmax = tpu_hlo_binary(H, TPU_HLO_MAX, tpu_hlo_convert(H, tpu_lower_tensor(L, FA_VMAX, j), ct), v1);
       vden = vmax;
     }
-    tpu_hv denom = fa_bin(L, TPU_HLO_ADD, fa_bin(L, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_SQRT, vden), bc2_sqrt),
-                          eps);
+    tpu_hv denom = fa_bin(L, TPU_HLO_ADD, fa_bin(L, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_SQRT, vden), bc2_sqrt), eps);
     tpu_hv p1 = fa_bin(L, TPU_HLO_SUB, p, fa_bin(L, TPU_HLO_MUL, fa_bin(L, TPU_HLO_DIV, m1, denom), step_size));
     if (has_inf) {
       p1 = fo_unless_inf(L, FA_INF, ct, tpu_hlo_convert(H, tpu_lower_tensor(L, FA_P, j), ct), p1);
@@ -187,7 +202,8 @@ void tpu_emit_fused_adagrad(tpu_lower *L) {
     tpu_hv one = tpu_hlo_constant(H, ct, 1.0);
     tpu_hv clr = tpu_hlo_binary(
         H, TPU_HLO_DIV, lr,
-        tpu_hlo_binary(H, TPU_HLO_ADD, one, tpu_hlo_binary(H, TPU_HLO_MUL, tpu_hlo_binary(H, TPU_HLO_SUB, step, one), decay)));
+        tpu_hlo_binary(H, TPU_HLO_ADD, one,
+                       tpu_hlo_binary(H, TPU_HLO_MUL, tpu_hlo_binary(H, TPU_HLO_SUB, step, one), decay)));
     tpu_hv s1 = fa_bin(L, TPU_HLO_ADD, s0, tpu_mul(L, g, g));
     tpu_hv std = fa_bin(L, TPU_HLO_ADD, tpu_hlo_unary(H, TPU_HLO_SQRT, s1), eps);
     tpu_hv p1 = fa_bin(L, TPU_HLO_SUB, p0, fa_bin(L, TPU_HLO_MUL, fa_bin(L, TPU_HLO_DIV, g, std), clr));

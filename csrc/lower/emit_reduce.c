@@ -50,7 +50,8 @@ static bool tpu_scan_trivial(tpu_lower *L, tpu_hv x, int64_t dim) {
 
 /* Inclusive prefix scan of xs[0..n) along dim with a region over 2n scalars
  * (callers skip trivial scans: a region must be used once built). */
-static void tpu_scan(tpu_lower *L, const tpu_hv *xs, const tpu_hv *inits, int n, int64_t dim, int region, tpu_hv *outs) {
+static void tpu_scan(tpu_lower *L, const tpu_hv *xs, const tpu_hv *inits, int n, int64_t dim, int region,
+                     tpu_hv *outs) {
   const tpu_hlo_type *t = T(L, xs[0]);
   int64_t win[TPU_MAX_RANK], pad[2 * TPU_MAX_RANK];
   for (int i = 0; i < t->rank; i++) {
@@ -80,8 +81,10 @@ static void tpu_emit_red(tpu_lower *L, tpu_red_kind kind, int dim_i, int keep_i,
   if (kind == TPU_RED_MEAN) {
     dt = tpu_has(L, dt_i, TPU_ARG_DTYPE) ? L->args[dt_i].dtype : t->dtype;
     if (!tpu_dtype_is_float(dt) && !tpu_dtype_is_complex(dt)) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "mean(): could not infer output dtype. Input dtype must be either a floating "
-                     "point or complex dtype. Got: %s", tpu_dtype_name(dt));
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "mean(): could not infer output dtype. Input dtype must be either a floating "
+                     "point or complex dtype. Got: %s",
+                     tpu_dtype_name(dt));
       return;
     }
   } else {
@@ -161,7 +164,8 @@ static double tpu_scalar_value(const tpu_arg *a, double dflt) {
 static tpu_hv tpu_pnorm(tpu_lower *L, tpu_hv x, double p, const int64_t *dims, int n) {
   tpu_dtype acc = T(L, x)->dtype;
   if (isinf(p)) return tpu_reduce_extreme(L, x, dims, n, p > 0);
-  if (p == 0) return tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_NE, x, tpu_k(L, x, 0)), acc), dims, n);
+  if (p == 0)
+    return tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_NE, x, tpu_k(L, x, 0)), acc), dims, n);
   if (p == 1) return tpu_reduce_sum(L, x, dims, n);
   if (p == 2) return tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_reduce_sum(L, tpu_mul(L, x, x), dims, n));
   tpu_hv s = tpu_reduce_sum(L, tpu_hlo_binary(H, TPU_HLO_POW, x, tpu_k(L, x, p)), dims, n);
@@ -178,8 +182,10 @@ static tpu_hv tpu_norm_abs(tpu_lower *L, int i, int j, const tpu_tref *t, int dt
   *dt = tpu_has(L, dt_arg, TPU_ARG_DTYPE) ? L->args[dt_arg].dtype : t->dtype;
   if (tpu_dtype_is_complex(*dt)) *dt = *dt == TPU_C128 ? TPU_F64 : TPU_F32;
   if (!tpu_dtype_is_float(*dt)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.vector_norm: Expected a floating point or complex tensor as input. "
-                   "Got %s", tpu_dtype_name(t->dtype));
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "linalg.vector_norm: Expected a floating point or complex tensor as input. "
+                   "Got %s",
+                   tpu_dtype_name(t->dtype));
     return TPU_HV_NONE;
   }
   tpu_hv x = tpu_lower_tensor(L, i, j);
@@ -198,8 +204,10 @@ void tpu_emit_vector_norm(tpu_lower *L) {
   int n = tpu_red_dims(L, 2, t->rank, dims, mask);
   tpu_hlo_type in = *T(L, x);
   if (tpu_numel_of(&in, dims, n) == 0 && p < 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.vector_norm cannot compute the %g norm on an empty tensor because the "
-                   "operation does not have an identity", p);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "linalg.vector_norm cannot compute the %g norm on an empty tensor because the "
+                   "operation does not have an identity",
+                   p);
     return;
   }
   tpu_hv r = tpu_pnorm(L, x, p, dims, n);
@@ -220,11 +228,14 @@ void tpu_emit_foreach_norm(tpu_lower *L) {
     for (int i = 0; i < t->rank; i++) dims[i] = i;
     if (tpu_numel_of(T(L, x), dims, t->rank) == 0 && (p < 0 || isinf(p))) {
       if (isinf(p) && p > 0)
-        tpu_lower_fail(L, TPU_ERR_RUNTIME, "_foreach_norm cannot compute the infinity norm on an empty tensor because "
+        tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                       "_foreach_norm cannot compute the infinity norm on an empty tensor because "
                        "the operation does not have an identity");
       else
-        tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.vector_norm cannot compute the %g norm on an empty tensor because "
-                       "the operation does not have an identity", p);
+        tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                       "linalg.vector_norm cannot compute the %g norm on an empty tensor because "
+                       "the operation does not have an identity",
+                       p);
       return;
     }
     tpu_lower_out(L, tpu_hlo_convert(H, tpu_pnorm(L, x, p, dims, t->rank), dt));
@@ -332,9 +343,9 @@ void tpu_emit_logcumsumexp(tpu_lower *L) {
   tpu_hv mn = tpu_hlo_binary(H, TPU_HLO_MIN, a[0], a[1]);
   tpu_hv r = tpu_add(L, m, tpu_hlo_unary(H, TPU_HLO_LOG1P, tpu_hlo_unary(H, TPU_HLO_EXP, tpu_sub(L, mn, m))));
   /* equal infinities (and -inf, -inf) combine to themselves */
-  tpu_hv same = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_EQ, a[0], a[1]),
-                               tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_unary(H, TPU_HLO_ABS, a[0]),
-                                               tpu_hlo_constant(H, acc, INFINITY)));
+  tpu_hv same = tpu_hlo_binary(
+      H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_EQ, a[0], a[1]),
+      tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_unary(H, TPU_HLO_ABS, a[0]), tpu_hlo_constant(H, acc, INFINITY)));
   r = tpu_hlo_select(H, same, a[0], r);
   int region = tpu_hlo_region_end(H, &r, 1);
   tpu_hv init = tpu_hlo_constant(H, acc, -INFINITY), out;
@@ -420,8 +431,10 @@ static void tpu_sort_with_indices(tpu_lower *L, tpu_hv x, int64_t dim, bool desc
   tpu_hv a[4];
   tpu_hlo_region_begin(H, st, 4, a);
   tpu_hv lt;
-  if (descending) lt = tpu_hlo_compare(H, TPU_HLO_GT, a[0], a[1]);
-  else lt = tpu_hlo_compare(H, TPU_HLO_LT, a[0], a[1]);
+  if (descending)
+    lt = tpu_hlo_compare(H, TPU_HLO_GT, a[0], a[1]);
+  else
+    lt = tpu_hlo_compare(H, TPU_HLO_LT, a[0], a[1]);
   if (tpu_dtype_is_float(cdt)) {
     tpu_hv na = tpu_hlo_compare(H, TPU_HLO_NE, a[0], a[0]), nb = tpu_hlo_compare(H, TPU_HLO_NE, a[1], a[1]);
     tpu_hv nan_first = descending ? tpu_hlo_binary(H, TPU_HLO_AND, na, tpu_hlo_unary(H, TPU_HLO_NOT, nb))
@@ -549,7 +562,8 @@ static void tpu_median_impl(tpu_lower *L, bool all, bool ignore_nan) {
   } else {
     d = tpu_lower_dim(L, L->args[1].i, t->rank);
     if (t->sizes[d] == 0) {
-      tpu_lower_fail(L, TPU_ERR_INDEX, "median() cannot compute median for a dimension of size 0 because the "
+      tpu_lower_fail(L, TPU_ERR_INDEX,
+                     "median() cannot compute median for a dimension of size 0 because the "
                      "operation does not have an identity");
       return;
     }
@@ -568,7 +582,8 @@ static void tpu_median_impl(tpu_lower *L, bool all, bool ignore_nan) {
     tpu_hv nn = tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_EQ, x, x), TPU_S64), &d, 1);
     if (ignore_nan) {
       tpu_hv m = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_sub(L, nn, tpu_lower_full(L, pt, 1)), tpu_lower_full(L, pt, 2));
-      pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, nn, tpu_lower_full(L, pt, 0)), tpu_lower_full(L, pt, 0), m);
+      pos =
+          tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, nn, tpu_lower_full(L, pt, 0)), tpu_lower_full(L, pt, 0), m);
     } else {
       tpu_hv has_nan = tpu_hlo_compare(H, TPU_HLO_LT, nn, tpu_lower_full(L, pt, (double)n));
       pos = tpu_hlo_select(H, has_nan, nn, tpu_lower_full(L, pt, (double)((n - 1) / 2)));
@@ -625,7 +640,8 @@ static void tpu_searchsorted_impl(tpu_lower *L, int seq_i, int val_i, int sorter
   }
   int64_t m = st.dims[st.rank - 1], nv = vt.dims[vt.rank - 1];
   if (st.rank > 1 && (st.rank != vt.rank || memcmp(st.dims, vt.dims, sizeof(int64_t) * (size_t)(st.rank - 1)))) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 "
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 "
                    "dimensions of boundaries tensor and input value tensor must match");
     return;
   }
@@ -699,8 +715,9 @@ void tpu_emit_renorm(tpu_lower *L) {
     if (k != d) dims[n++] = k;
   tpu_hv norm = tpu_pnorm(L, tpu_hlo_unary(H, TPU_HLO_ABS, x), p, dims, n);
   tpu_hv mx = tpu_k(L, norm, maxnorm);
-  tpu_hv f = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GT, norm, mx),
-                            tpu_hlo_binary(H, TPU_HLO_DIV, mx, tpu_add(L, norm, tpu_k(L, norm, 1e-7))), tpu_k(L, norm, 1));
+  tpu_hv f =
+      tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GT, norm, mx),
+                     tpu_hlo_binary(H, TPU_HLO_DIV, mx, tpu_add(L, norm, tpu_k(L, norm, 1e-7))), tpu_k(L, norm, 1));
   f = tpu_hlo_convert(H, tpu_hlo_convert(H, f, dt), acc);
   tpu_hv fb = tpu_hlo_broadcast_in_dim(H, f, xt.rank, xt.dims, &d);
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_mul(L, x, fb), dt));
@@ -756,10 +773,13 @@ void tpu_emit_histc(tpu_lower *L) {
   }
   int64_t b0 = 0;
   tpu_hv blo = tpu_hlo_broadcast_in_dim(H, vlo, 1, &N, &b0), bhi = tpu_hlo_broadcast_in_dim(H, vhi, 1, &N, &b0);
-  tpu_hv in = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, x, blo), tpu_hlo_compare(H, TPU_HLO_LE, x, bhi));
-  tpu_hv q = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_mul(L, tpu_sub(L, x, blo), tpu_k(L, x, (double)bins)), tpu_sub(L, bhi, blo));
+  tpu_hv in =
+      tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, x, blo), tpu_hlo_compare(H, TPU_HLO_LE, x, bhi));
+  tpu_hv q =
+      tpu_hlo_binary(H, TPU_HLO_DIV, tpu_mul(L, tpu_sub(L, x, blo), tpu_k(L, x, (double)bins)), tpu_sub(L, bhi, blo));
   tpu_hv pos = tpu_hlo_convert(H, tpu_hlo_select(H, in, q, tpu_k(L, x, -1)), TPU_S64);
-  pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, pos, tpu_k(L, pos, (double)bins)), tpu_k(L, pos, (double)(bins - 1)), pos);
+  pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, pos, tpu_k(L, pos, (double)bins)),
+                       tpu_k(L, pos, (double)(bins - 1)), pos);
   int64_t nb[2] = {N, bins};
   tpu_hv posb = tpu_hlo_broadcast_in_dim(H, pos, 2, nb, &b0);
   tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, posb, tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nb), 1));
@@ -835,14 +855,17 @@ static tpu_hv tpu_hist_count(tpu_lower *L, tpu_hv x, int64_t N, tpu_hv edges, in
   } else {
     int64_t b1 = 1, nn[2] = {N, ne};
     tpu_hv xb = tpu_hlo_broadcast_in_dim(H, x, 2, nn, &b0), eb = tpu_hlo_broadcast_in_dim(H, edges, 2, nn, &b1);
-    tpu_hv pos = tpu_sub(L, tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_GE, xb, eb), TPU_S64), &b1, 1),
-                         tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, 1), 1, &N, NULL));
+    tpu_hv pos =
+        tpu_sub(L, tpu_reduce_sum(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_GE, xb, eb), TPU_S64), &b1, 1),
+                tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, 1), 1, &N, NULL));
     int64_t zero = 0, last = bins;
     tpu_hv e0 = tpu_hlo_reshape(H, tpu_hlo_slice(H, edges, &zero, (int64_t[]){1}, (int64_t[]){1}), 0, NULL);
     tpu_hv eN = tpu_hlo_reshape(H, tpu_hlo_slice(H, edges, &last, &ne, (int64_t[]){1}), 0, NULL);
-    tpu_hv in = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, x, tpu_hlo_broadcast_in_dim(H, e0, 1, &N, NULL)),
-                               tpu_hlo_compare(H, TPU_HLO_LE, x, tpu_hlo_broadcast_in_dim(H, eN, 1, &N, NULL)));
-    pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GE, pos, tpu_k(L, pos, (double)bins)), tpu_k(L, pos, (double)(bins - 1)), pos);
+    tpu_hv in =
+        tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, x, tpu_hlo_broadcast_in_dim(H, e0, 1, &N, NULL)),
+                       tpu_hlo_compare(H, TPU_HLO_LE, x, tpu_hlo_broadcast_in_dim(H, eN, 1, &N, NULL)));
+    pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GE, pos, tpu_k(L, pos, (double)bins)),
+                         tpu_k(L, pos, (double)(bins - 1)), pos);
     pos = tpu_hlo_select(H, in, pos, tpu_k(L, pos, -1));
     int64_t nb[2] = {N, bins};
     tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_broadcast_in_dim(H, pos, 2, nb, &b0),
@@ -892,7 +915,8 @@ void tpu_emit_histogram_bin_ct(tpu_lower *L) {
     bool same = w->rank == t->rank && w->dtype == dt;
     for (int k = 0; same && k < t->rank; k++) same = w->sizes[k] == t->sizes[k];
     if (!same) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogram: if weight tensor is provided, it should have the same shape "
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "torch.histogram: if weight tensor is provided, it should have the same shape "
                      "and dtype as the input tensor");
       return;
     }
@@ -933,13 +957,16 @@ void tpu_emit_histogram_bins_tensor(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t, *e = &L->args[1].t;
   tpu_dtype dt = t->dtype;
   if (!tpu_dtype_is_float(dt) || e->dtype != dt || e->rank != 1 || e->sizes[0] < 1) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogram(): bins tensor should have one dimension and the same dtype "
-                   "as the floating point input, got %s bins for %s input", tpu_dtype_name(e->dtype), tpu_dtype_name(dt));
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "torch.histogram(): bins tensor should have one dimension and the same dtype "
+                   "as the floating point input, got %s bins for %s input",
+                   tpu_dtype_name(e->dtype), tpu_dtype_name(dt));
     return;
   }
   bool has_w = tpu_has(L, 2, TPU_ARG_TENSOR);
   if (has_w && L->args[2].t.dtype != dt) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogram: if weight tensor is provided, it should have the same shape "
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "torch.histogram: if weight tensor is provided, it should have the same shape "
                    "and dtype as the input tensor");
     return;
   }
@@ -974,14 +1001,16 @@ void tpu_emit_hash_tensor(tpu_lower *L) {
   for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
   bool all = L->args[1].kind != TPU_ARG_INTS || L->args[1].nints == 0;
   if (all && numel == 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "hash_tensor: Expected reduction dim to be specified for input.numel() == 0. "
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "hash_tensor: Expected reduction dim to be specified for input.numel() == 0. "
                    "Specify the reduction dim with the 'dim' argument.");
     return;
   }
   int n = tpu_red_dims(L, 1, t->rank, dims, mask);
   for (int i = 0; i < n; i++)
     if (t->sizes[dims[i]] == 0) {
-      tpu_lower_fail(L, TPU_ERR_INDEX, "hash_tensor: Expected reduction dim %lld to have non-zero size.", (long long)dims[i]);
+      tpu_lower_fail(L, TPU_ERR_INDEX, "hash_tensor: Expected reduction dim %lld to have non-zero size.",
+                     (long long)dims[i]);
       return;
     }
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
@@ -1006,7 +1035,8 @@ void tpu_emit_histogramdd_from_bin_tensors(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   tpu_dtype dt = t->dtype;
   if (t->rank < 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: input tensor should have at least 2 dimensions, but got %d", t->rank);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: input tensor should have at least 2 dimensions, but got %d",
+                   t->rank);
     return;
   }
   int64_t D = t->sizes[t->rank - 1], N = 1;
@@ -1016,16 +1046,20 @@ void tpu_emit_histogramdd_from_bin_tensors(tpu_lower *L) {
     return;
   }
   if (L->args[1].kind != TPU_ARG_TENSORS || L->args[1].nlist != D || D > TPU_MAX_RANK) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: expected %lld sequences of bin edges for each of the %lld dimensions of the "
-                   "input, but got %d", (long long)D, (long long)D, L->args[1].kind == TPU_ARG_TENSORS ? L->args[1].nlist : 0);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "torch.histogramdd: expected %lld sequences of bin edges for each of the %lld dimensions of the "
+                   "input, but got %d",
+                   (long long)D, (long long)D, L->args[1].kind == TPU_ARG_TENSORS ? L->args[1].nlist : 0);
     return;
   }
   int64_t nb[TPU_MAX_RANK], total = 1;
   for (int d = 0; d < D; d++) {
     tpu_tref *e = &L->args[1].list[d];
     if (e->dtype != dt || e->rank != 1 || e->sizes[0] < 1) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: bins tensor should have one dimension and the same dtype as the input "
-                     "tensor, with at least one element, for dim %d", d);
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "torch.histogramdd: bins tensor should have one dimension and the same dtype as the input "
+                     "tensor, with at least one element, for dim %d",
+                     d);
       return;
     }
     nb[d] = e->sizes[0] - 1;
@@ -1037,7 +1071,8 @@ void tpu_emit_histogramdd_from_bin_tensors(tpu_lower *L) {
     bool same = w->rank == t->rank - 1 && w->dtype == dt;
     for (int i = 0; same && i < w->rank; i++) same = w->sizes[i] == t->sizes[i];
     if (!same) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: if weight tensor is provided it should have the same shape as the input "
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "torch.histogramdd: if weight tensor is provided it should have the same shape as the input "
                      "tensor excluding its innermost dimension, and the same dtype");
       return;
     }
@@ -1060,9 +1095,12 @@ void tpu_emit_histogramdd_from_bin_tensors(tpu_lower *L) {
       tpu_hv v = tpu_hlo_reshape(H, tpu_hlo_slice(H, x, lo, hi, one), 1, &N);
       tpu_hv e = tpu_lower_tensor(L, 1, d);
       int64_t z = 0, l1 = 1, s1 = 1, lm = m - 1;
-      tpu_hv e0 = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, tpu_hlo_slice(H, e, &z, &l1, &s1), 0, NULL), 1, &N, NULL);
-      tpu_hv eN = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, tpu_hlo_slice(H, e, &lm, &m, &s1), 0, NULL), 1, &N, NULL);
-      tpu_hv ok = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, v, e0), tpu_hlo_compare(H, TPU_HLO_LE, v, eN));
+      tpu_hv e0 =
+          tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, tpu_hlo_slice(H, e, &z, &l1, &s1), 0, NULL), 1, &N, NULL);
+      tpu_hv eN =
+          tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, tpu_hlo_slice(H, e, &lm, &m, &s1), 0, NULL), 1, &N, NULL);
+      tpu_hv ok =
+          tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, v, e0), tpu_hlo_compare(H, TPU_HLO_LE, v, eN));
       in = d == 0 ? ok : tpu_hlo_binary(H, TPU_HLO_AND, in, ok);
       /* upper_bound: first, len per element */
       tpu_hv eb = tpu_hlo_broadcast_in_dim(H, e, 2, nm, &b1);
@@ -1072,9 +1110,11 @@ void tpu_emit_histogramdd_from_bin_tensors(tpu_lower *L) {
       for (int64_t step = m; step > 0; step >>= 1) { /* at most floor(log2 m) + 1 halvings */
         tpu_hv half = tpu_hlo_binary(H, TPU_HLO_SHR_A, len, tpu_k(L, len, 1));
         tpu_hv mid = tpu_add(L, first, half);
-        tpu_hv em = tpu_hlo_reduce(H, tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, io, tpu_hlo_broadcast_in_dim(H, mid, 2, nm, &b0)), eb,
-                                                     tpu_k(L, eb, 0)),
-                                   tpu_hlo_constant(H, dt, 0), &b1, 1, TPU_HLO_ADD);
+        tpu_hv em = tpu_hlo_reduce(
+            H,
+            tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, io, tpu_hlo_broadcast_in_dim(H, mid, 2, nm, &b0)), eb,
+                           tpu_k(L, eb, 0)),
+            tpu_hlo_constant(H, dt, 0), &b1, 1, TPU_HLO_ADD);
         tpu_hv lt = tpu_hlo_compare(H, TPU_HLO_LT, v, em);
         tpu_hv live = tpu_hlo_compare(H, TPU_HLO_GT, len, tpu_k(L, len, 0));
         tpu_hv nfirst = tpu_hlo_select(H, lt, first, tpu_add(L, mid, tpu_k(L, mid, 1)));
@@ -1083,14 +1123,16 @@ void tpu_emit_histogramdd_from_bin_tensors(tpu_lower *L) {
         len = tpu_hlo_select(H, live, nlen, len);
       }
       tpu_hv pos = tpu_sub(L, first, tpu_k(L, first, 1));
-      pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, pos, tpu_k(L, pos, (double)(m - 1))), tpu_k(L, pos, (double)(m - 2)), pos);
+      pos = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, pos, tpu_k(L, pos, (double)(m - 1))),
+                           tpu_k(L, pos, (double)(m - 2)), pos);
       stride /= nb[d];
       tpu_hv c = tpu_mul(L, pos, tpu_k(L, pos, (double)stride));
       flat = d == 0 ? c : tpu_add(L, flat, c);
     }
     flat = tpu_hlo_select(H, in, flat, tpu_k(L, flat, -1));
     int64_t nt[2] = {N, total};
-    tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_broadcast_in_dim(H, flat, 2, nt, &b0), tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nt), 1));
+    tpu_hv hit = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_broadcast_in_dim(H, flat, 2, nt, &b0),
+                                 tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nt), 1));
     tpu_dtype acc = tpu_acc_type(dt);
     tpu_hv w = has_w ? tpu_hlo_convert(H, tpu_hlo_reshape(H, tpu_lower_tensor(L, 2, -1), 1, &N), acc)
                      : tpu_lower_full(L, tpu_hlo_type_make(acc, 1, &N), 1);

@@ -103,7 +103,8 @@ static tpu_hv sp_ipow(tpu_lower *L, tpu_hv t, int64_t e) {
  * psi_n(x) = psi_n(x + 1) - (-1)^n n! / x^(n+1). */
 #define SP_PG_SHIFT 32
 static tpu_hv sp_polygamma_pos(tpu_lower *L, int64_t n, tpu_hv x) {
-  tpu_hv m = tpu_hlo_clamp(H, tpu_k(L, x, 0), sp_un(L, TPU_HLO_CEIL, sp_un(L, TPU_HLO_NEG, x)), tpu_k(L, x, SP_PG_SHIFT));
+  tpu_hv m =
+      tpu_hlo_clamp(H, tpu_k(L, x, 0), sp_un(L, TPU_HLO_CEIL, sp_un(L, TPU_HLO_NEG, x)), tpu_k(L, x, SP_PG_SHIFT));
   m = sp_sel(L, sp_isnan(L, m), tpu_k(L, x, 0), m);
   tpu_hv xs[2] = {tpu_k(L, x, (double)n), tpu_add(L, x, m)};
   tpu_hv r = sp_chlo(L, "chlo.polygamma", xs, 2);
@@ -330,7 +331,16 @@ void tpu_emit_special_ndtri(tpu_lower *L) { sp_unary_at(L, 0, sp_ndtri); }
  * q_{k-2}), run by one stablehlo.while up to the largest degree, each element
  * keeping its own result once k passes its n. Closed forms and torch's
  * special cases (n < 0, |x| = 1, large n inside (-1, 1)) are selected after. */
-typedef enum { SP_CHEB_T, SP_CHEB_U, SP_CHEB_V, SP_CHEB_W, SP_HERM_H, SP_HERM_HE, SP_LAGUERRE, SP_LEGENDRE } sp_poly_kind;
+typedef enum {
+  SP_CHEB_T,
+  SP_CHEB_U,
+  SP_CHEB_V,
+  SP_CHEB_W,
+  SP_HERM_H,
+  SP_HERM_HE,
+  SP_LAGUERRE,
+  SP_LEGENDRE
+} sp_poly_kind;
 
 /* q_k from (k, x, q_{k-1} = q, q_{k-2} = p) */
 static tpu_hv sp_poly_step(tpu_lower *L, sp_poly_kind kind, tpu_hv k, tpu_hv x, tpu_hv p, tpu_hv q) {
@@ -338,21 +348,22 @@ static tpu_hv sp_poly_step(tpu_lower *L, sp_poly_kind kind, tpu_hv k, tpu_hv x, 
   switch (kind) {
     case SP_HERM_H: /* 2x q - 2(k-1) p */
       return tpu_sub(L, tpu_mul(L, tpu_add(L, x, x), q), tpu_mul(L, tpu_add(L, km1, km1), p));
-    case SP_HERM_HE: /* x q - (k-1) p */
-      return tpu_sub(L, tpu_mul(L, x, q), tpu_mul(L, km1, p));
+    case SP_HERM_HE: /* x q - (k-1) p */ return tpu_sub(L, tpu_mul(L, x, q), tpu_mul(L, km1, p));
     case SP_LAGUERRE: /* ((2(k-1) + 1 - x) q - (k-1) p) / k */
-      return sp_div(L, tpu_sub(L, tpu_mul(L, tpu_sub(L, sp_addk(L, tpu_add(L, km1, km1), 1), x), q), tpu_mul(L, km1, p)), k);
+      return sp_div(
+          L, tpu_sub(L, tpu_mul(L, tpu_sub(L, sp_addk(L, tpu_add(L, km1, km1), 1), x), q), tpu_mul(L, km1, p)), k);
     case SP_LEGENDRE: /* ((2(k-1) + 1) x q - (k-1) p) / k */
-      return sp_div(L, tpu_sub(L, tpu_mul(L, tpu_mul(L, sp_addk(L, tpu_add(L, km1, km1), 1), x), q), tpu_mul(L, km1, p)), k);
-    default: /* Chebyshev: 2x q - p */
-      return tpu_sub(L, tpu_mul(L, tpu_add(L, x, x), q), p);
+      return sp_div(
+          L, tpu_sub(L, tpu_mul(L, tpu_mul(L, sp_addk(L, tpu_add(L, km1, km1), 1), x), q), tpu_mul(L, km1, p)), k);
+    default: /* Chebyshev: 2x q - p */ return tpu_sub(L, tpu_mul(L, tpu_add(L, x, x), q), p);
   }
 }
 
 /* q_1 of each family */
 static tpu_hv sp_poly_first(tpu_lower *L, sp_poly_kind kind, tpu_hv x) {
   switch (kind) {
-    case SP_CHEB_U: case SP_HERM_H: return tpu_add(L, x, x);
+    case SP_CHEB_U:
+    case SP_HERM_H: return tpu_add(L, x, x);
     case SP_CHEB_V: return sp_addk(L, tpu_add(L, x, x), -1);
     case SP_CHEB_W: return sp_addk(L, tpu_add(L, x, x), 1);
     case SP_LAGUERRE: return tpu_sub(L, tpu_k(L, x, 1), x);
@@ -433,14 +444,9 @@ static tpu_hv sp_polynomial(tpu_lower *L, sp_poly_kind kind, tpu_hv x, tpu_hv n)
       r = sp_sel(L, edge, sp_sel(L, pos, n2p1, sg), r);
       break;
     }
-    case SP_LEGENDRE:
-      r = sp_sel(L, edge, sp_sel(L, pos, one, sg), r);
-      break;
-    case SP_LAGUERRE:
-      r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), one, r);
-      break;
-    default:
-      break;
+    case SP_LEGENDRE: r = sp_sel(L, edge, sp_sel(L, pos, one, sg), r); break;
+    case SP_LAGUERRE: r = sp_sel(L, sp_cmpk(L, TPU_HLO_EQ, x, 0), one, r); break;
+    default: break;
   }
   return sp_sel(L, sp_cmpk(L, TPU_HLO_LT, n, 0), tpu_k(L, x, 0), r);
 }
@@ -545,9 +551,12 @@ void tpu_emit_frexp(tpu_lower *L) {
   tpu_hv bits = tpu_hlo_bitcast_convert(H, x, it);
   const tpu_hlo_type *bt = T(L, bits);
   tpu_hv sh = tpu_k(L, bits, mbits);
-  tpu_hv mfield_mask = tpu_lower_broadcast_to(L, tpu_hlo_constant_int(H, it, ((int64_t)1 << mbits) - 1), bt->rank, bt->dims);
-  tpu_hv sign_mask = tpu_lower_broadcast_to(L, tpu_hlo_constant_int(H, it, (int64_t)((uint64_t)1 << (nbits - 1))), bt->rank, bt->dims);
-  tpu_hv bexp = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_binary(H, TPU_HLO_SHR_L, bits, sh), tpu_k(L, bits, (double)emask));
+  tpu_hv mfield_mask =
+      tpu_lower_broadcast_to(L, tpu_hlo_constant_int(H, it, ((int64_t)1 << mbits) - 1), bt->rank, bt->dims);
+  tpu_hv sign_mask =
+      tpu_lower_broadcast_to(L, tpu_hlo_constant_int(H, it, (int64_t)((uint64_t)1 << (nbits - 1))), bt->rank, bt->dims);
+  tpu_hv bexp =
+      tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_binary(H, TPU_HLO_SHR_L, bits, sh), tpu_k(L, bits, (double)emask));
   tpu_hv frac = tpu_hlo_binary(H, TPU_HLO_AND, bits, mfield_mask);
   tpu_hv sign = tpu_hlo_binary(H, TPU_HLO_AND, bits, sign_mask);
   /* subnormal: leading bit at p = nbits - 1 - clz(frac); value 2^(p - bias - mbits + 1) */
@@ -589,7 +598,8 @@ static tpu_hv sp_igamma(tpu_lower *L, tpu_hv a, tpu_hv x, bool upper) {
   /* state: i, a, x, sum, term, b, c, d, h */
   tpu_hlo_type types[9] = {st, *t, *t, *t, *t, *t, *t, *t, *t};
   tpu_hv d0 = sp_div(L, tpu_k(L, x, 1), b0);
-  tpu_hv init[9] = {tpu_hlo_constant(H, t->dtype, 1.0), a, x, tpu_k(L, x, 1), tpu_k(L, x, 1), b0, tpu_k(L, x, 1.0 / tiny), d0, d0};
+  tpu_hv init[9] = {
+      tpu_hlo_constant(H, t->dtype, 1.0), a, x, tpu_k(L, x, 1), tpu_k(L, x, 1), b0, tpu_k(L, x, 1.0 / tiny), d0, d0};
   tpu_hv s[9];
   tpu_hlo_region_begin(H, types, 9, s);
   tpu_hv c = sp_cmpk(L, TPU_HLO_LE, s[0], SP_IG_ITERS);
@@ -620,7 +630,8 @@ static tpu_hv sp_igamma(tpu_lower *L, tpu_hv a, tpu_hv x, bool upper) {
   tpu_hv q_cf = tpu_mul(L, sp_un(L, TPU_HLO_EXP, tpu_sub(L, alogx_x, lga)), outs[8]);
   tpu_hv use_ser = sp_cmp(L, TPU_HLO_LT, x, a1);
   tpu_hv one = tpu_k(L, x, 1), zero = tpu_k(L, x, 0), nan = tpu_k(L, x, NAN);
-  tpu_hv r = upper ? sp_sel(L, use_ser, tpu_sub(L, one, p_ser), q_cf) : sp_sel(L, use_ser, p_ser, tpu_sub(L, one, q_cf));
+  tpu_hv r =
+      upper ? sp_sel(L, use_ser, tpu_sub(L, one, p_ser), q_cf) : sp_sel(L, use_ser, p_ser, tpu_sub(L, one, q_cf));
   /* edge cases, lowest priority first */
   tpu_hv x_inf = sp_cmpk(L, TPU_HLO_EQ, x, INFINITY), a_inf = sp_cmpk(L, TPU_HLO_EQ, a, INFINITY);
   tpu_hv x0 = sp_cmpk(L, TPU_HLO_EQ, x, 0), a0 = sp_cmpk(L, TPU_HLO_EQ, a, 0);
@@ -897,7 +908,8 @@ static tpu_hv sp_airy_ai(tpu_lower *L, tpu_hv x) {
   }
   tpu_hv mid = tpu_k(L, x, 0);
   /* floor first: x + 10 can round up to the next integer */
-  tpu_hv piece = tpu_hlo_clamp(H, tpu_k(L, x, 0), sp_addk(L, sp_un(L, TPU_HLO_FLOOR, x), 10.0), tpu_k(L, x, SP_AI_PIECES - 1));
+  tpu_hv piece =
+      tpu_hlo_clamp(H, tpu_k(L, x, 0), sp_addk(L, sp_un(L, TPU_HLO_FLOOR, x), 10.0), tpu_k(L, x, SP_AI_PIECES - 1));
   for (int i = 0; i < SP_AI_PIECES; i++) {
     double ci = -9.5 + i, a[SP_AI_DEG];
     sp_ai_taylor(ci, cy[i], cyp[i], a, SP_AI_DEG);
@@ -911,7 +923,8 @@ static tpu_hv sp_airy_ai(tpu_lower *L, tpu_hv x) {
   tpu_hv iz = sp_div(L, tpu_k(L, ze, 1), ze), iz2 = tpu_mul(L, iz, iz);
   double u[8], pc[4], qc[4];
   u[0] = 1.0;
-  for (int k = 1; k < 8; k++) u[k] = u[k - 1] * (6.0 * k - 5) * (6.0 * k - 3) * (6.0 * k - 1) / ((2.0 * k - 1) * 216.0 * k);
+  for (int k = 1; k < 8; k++)
+    u[k] = u[k - 1] * (6.0 * k - 5) * (6.0 * k - 3) * (6.0 * k - 1) / ((2.0 * k - 1) * 216.0 * k);
   for (int k = 0; k < 4; k++) {
     pc[k] = (k % 2 ? -1.0 : 1.0) * u[2 * k];
     qc[k] = (k % 2 ? -1.0 : 1.0) * u[2 * k + 1];

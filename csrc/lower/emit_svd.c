@@ -49,8 +49,8 @@ static tpu_hv tpu_svd_basis(tpu_lower *L, tpu_hv u, int64_t ncols) {
   tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, r, pt.dims);
   tpu_hv on = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, it, r - 2), tpu_hlo_iota(H, it, r - 1));
   int64_t rows = r - 2;
-  tpu_hv d = tpu_hlo_reduce(H, tpu_hlo_select(H, on, packed, tpu_k(L, packed, 0)), tpu_hlo_constant(H, pt.dtype, 0), &rows, 1,
-                            TPU_HLO_ADD); /* [..., k] */
+  tpu_hv d = tpu_hlo_reduce(H, tpu_hlo_select(H, on, packed, tpu_k(L, packed, 0)), tpu_hlo_constant(H, pt.dtype, 0),
+                            &rows, 1, TPU_HLO_ADD); /* [..., k] */
   tpu_hv sg = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, d, tpu_k(L, d, 0)), tpu_k(L, d, -1), tpu_k(L, d, 1));
   if (ncols > k) {
     int64_t lo[TPU_MAX_RANK] = {0}, hi[TPU_MAX_RANK] = {0}, in[TPU_MAX_RANK] = {0};
@@ -83,7 +83,8 @@ void tpu_svd(tpu_lower *L, tpu_hv a, bool full, tpu_hv *U, tpu_hv *S, tpu_hv *V)
   bd[r - 2] = r - 1;
   tpu_hv sb = tpu_hlo_broadcast_in_dim(H, s, r, wty->dims, bd);
   tpu_hv z = tpu_hlo_compare(H, TPU_HLO_EQ, sb, tpu_k(L, sb, 0));
-  tpu_hv u = tpu_hlo_select(H, z, tpu_k(L, w, 0), tpu_hlo_binary(H, TPU_HLO_DIV, w, tpu_hlo_select(H, z, tpu_k(L, sb, 1), sb)));
+  tpu_hv u = tpu_hlo_select(H, z, tpu_k(L, w, 0),
+                            tpu_hlo_binary(H, TPU_HLO_DIV, w, tpu_hlo_select(H, z, tpu_k(L, sb, 1), sb)));
   tpu_hv M = TPU_HV_NONE;
   s = tpu_sort_desc(L, s, &M);
   u = tpu_svd_basis(L, tpu_bmatmul(L, u, M), full ? big : k);

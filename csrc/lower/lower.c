@@ -34,15 +34,12 @@ void tpu_lower_fail(tpu_lower *L, tpu_code code, const char *fmt, ...) {
   tpu_hlo_fail(L->hlo, code, "%s", msg);
 }
 
-bool tpu_lower_is_none(const tpu_lower *L, int i) {
-  return i >= L->nargs || L->args[i].kind == TPU_ARG_NONE;
-}
+bool tpu_lower_is_none(const tpu_lower *L, int i) { return i >= L->nargs || L->args[i].kind == TPU_ARG_NONE; }
 
 int64_t tpu_lower_dim(tpu_lower *L, int64_t d, int rank) {
   int64_t r = rank ? rank : 1;
   if (d < -r || d >= r) {
-    tpu_lower_fail(L, TPU_ERR_INDEX,
-                   "Dimension out of range (expected to be in range of [%lld, %lld], but got %lld)",
+    tpu_lower_fail(L, TPU_ERR_INDEX, "Dimension out of range (expected to be in range of [%lld, %lld], but got %lld)",
                    (long long)-r, (long long)(r - 1), (long long)d);
     return 0;
   }
@@ -413,13 +410,14 @@ tpu_status *tpu_scalar_check(const tpu_arg *a, tpu_dtype dt) {
     case TPU_U64: hi = 18446744073709551615.0; break;
     case TPU_F16: hi = 65504; break;
     case TPU_BF16: hi = 3.3895313892515355e38; break;
-    case TPU_F32: case TPU_C64: hi = 3.4028234663852886e38; break;
+    case TPU_F32:
+    case TPU_C64: hi = 3.4028234663852886e38; break;
     default: hi = INFINITY; break;
   }
   if (tpu_dtype_is_float(dt) || tpu_dtype_is_complex(dt)) lo = -hi;
   if (a->skind == TPU_SCALAR_COMPLEX && !tpu_dtype_is_complex(dt) && a->f_imag != 0) over = true;
   if (a->skind == TPU_SCALAR_INT) {
-    if (tpu_dtype_is_unsigned_int(dt))  /* c10 lets a negative wrap when its magnitude fits */
+    if (tpu_dtype_is_unsigned_int(dt)) /* c10 lets a negative wrap when its magnitude fits */
       over = (double)a->i > hi || (a->i < 0 && -(double)a->i > hi);
     else if (dt == TPU_S64 || dt == TPU_U64)
       over = false;
@@ -433,7 +431,8 @@ tpu_status *tpu_scalar_check(const tpu_arg *a, tpu_dtype dt) {
       over = !isinf(f) && f == f && (f < lo || f > hi);
   }
   if (!over) return NULL;
-  return tpu_status_new(TPU_ERR_RUNTIME, "value cannot be converted to type %s without overflow", tpu_cxx_type_name(dt));
+  return tpu_status_new(TPU_ERR_RUNTIME, "value cannot be converted to type %s without overflow",
+                        tpu_cxx_type_name(dt));
 }
 
 static double tpu_scalar_value(const tpu_arg *args, int nargs, int i, double dflt) {
@@ -452,8 +451,7 @@ tpu_status *tpu_check_args(const char *op, const tpu_arg *args, int nargs) {
                             from, to);
   } else if (strcmp(op, "cauchy_") == 0) {
     double sigma = tpu_scalar_value(args, nargs, 2, 1);
-    if (!(sigma > 0))
-      return tpu_status_new(TPU_ERR_RUNTIME, "cauchy_ expects sigma > 0.0, but found sigma=%g", sigma);
+    if (!(sigma > 0)) return tpu_status_new(TPU_ERR_RUNTIME, "cauchy_ expects sigma > 0.0, but found sigma=%g", sigma);
   }
   return NULL;
 }
@@ -521,12 +519,10 @@ tpu_hv tpu_lower_binary(tpu_lower *L, tpu_hlo_op op, tpu_hv a, tpu_hv b) {
   tpu_lower_broadcast_all(L, v, 2);
   tpu_hlo *H = L->hlo;
   tpu_hv r = tpu_hlo_binary(H, op, v[0], v[1]);
-  if ((op == TPU_HLO_MAX || op == TPU_HLO_MIN) && r != TPU_HV_NONE &&
-      tpu_dtype_is_float(tpu_hlo_typeof(H, r)->dtype)) {
+  if ((op == TPU_HLO_MAX || op == TPU_HLO_MIN) && r != TPU_HV_NONE && tpu_dtype_is_float(tpu_hlo_typeof(H, r)->dtype)) {
     /* torch's maximum, minimum and clamp propagate a NaN of either operand;
      * XLA's CPU max and min drop one in the second */
-    for (int k = 1; k >= 0; k--)
-      r = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, v[k], v[k]), v[k], r);
+    for (int k = 1; k >= 0; k--) r = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, v[k], v[k]), v[k], r);
   }
   return r;
 }
@@ -625,8 +621,7 @@ void tpu_lower_write(tpu_lower *L, int i, int item, tpu_hv v) {
   }
   const tpu_hlo_type *vt = tpu_hlo_typeof(L->hlo, v);
   if (vt->dtype == TPU_INVALID) return;
-  if (tpu_dtype_is_complex(vt->dtype) && !tpu_dtype_is_complex(t->dtype))
-    v = tpu_hlo_unary(L->hlo, TPU_HLO_REAL, v);
+  if (tpu_dtype_is_complex(vt->dtype) && !tpu_dtype_is_complex(t->dtype)) v = tpu_hlo_unary(L->hlo, TPU_HLO_REAL, v);
   v = tpu_hlo_convert(L->hlo, v, t->dtype);
   v = tpu_lower_broadcast_to(L, v, t->rank, t->sizes);
   bool guard = L->check != TPU_HV_NONE;
@@ -657,8 +652,7 @@ tpu_hv tpu_lower_random_bits(tpu_lower *L, int rank, const int64_t *dims) {
     L->uses_rng = true;
   }
   tpu_hv next = TPU_HV_NONE;
-  tpu_hv bits = tpu_hlo_rng_bit_generator(L->hlo, L->rng_state,
-                                          tpu_hlo_type_make(TPU_U32, rank, dims), &next);
+  tpu_hv bits = tpu_hlo_rng_bit_generator(L->hlo, L->rng_state, tpu_hlo_type_make(TPU_U32, rank, dims), &next);
   L->rng_state = next;
   L->rng_words += tpu_numel(rank, dims) + 1;
   return bits;
@@ -717,8 +711,8 @@ static void tpu_lower_check_out(tpu_lower *L) {
     tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s: too many outputs", L->opname);
     return;
   }
-  L->out[L->nout] = (tpu_out_plan){TPU_OUT_CHECK, (int)L->check_code, -1, *tpu_hlo_typeof(L->hlo, L->check),
-                                   L->check_msg};
+  L->out[L->nout] =
+      (tpu_out_plan){TPU_OUT_CHECK, (int)L->check_code, -1, *tpu_hlo_typeof(L->hlo, L->check), L->check_msg};
   L->outv[L->nout++] = L->check;
 }
 

@@ -18,7 +18,6 @@
 #include "../call.h"
 
 
-
 /* ---- the context an emitter sees ------------------------------------------ */
 
 typedef struct tpu_lower tpu_lower;
@@ -27,8 +26,8 @@ typedef struct tpu_lower tpu_lower;
 typedef enum { TPU_IN_RECORD, TPU_IN_SCALAR, TPU_IN_HOST_TENSOR, TPU_IN_OFFSET, TPU_IN_RNG } tpu_in_kind;
 typedef struct {
   tpu_in_kind kind;
-  int arg;   /* argument index */
-  int item;  /* list item, or -1 */
+  int arg;  /* argument index */
+  int item; /* list item, or -1 */
 } tpu_in_plan;
 
 /* Program outputs: a new tensor, or the new flat buffer of an argument's
@@ -36,18 +35,18 @@ typedef struct {
 typedef enum { TPU_OUT_NEW, TPU_OUT_WRITE, TPU_OUT_RNG, TPU_OUT_CHECK } tpu_out_kind;
 typedef struct {
   tpu_out_kind kind;
-  int arg, item;        /* WRITE: which tensor argument; CHECK: arg is the error's tpu_code */
-  tpu_hlo_type type;    /* NEW: the tensor's type (contiguous) */
-  const char *msg;      /* CHECK: the error's message (static storage) */
+  int arg, item;     /* WRITE: which tensor argument; CHECK: arg is the error's tpu_code */
+  tpu_hlo_type type; /* NEW: the tensor's type (contiguous) */
+  const char *msg;   /* CHECK: the error's message (static storage) */
 } tpu_out_plan;
 
 
 struct tpu_lower {
   tpu_hlo *hlo;
-  tpu_arg *args;     /* borrowed: the call's parsed arguments */
+  tpu_arg *args; /* borrowed: the call's parsed arguments */
   int nargs;
   const char *opname; /* "aten::add.Tensor", for messages */
-  int flags;         /* TPU_OP_* of the table row */
+  int flags;          /* TPU_OP_* of the table row */
   tpu_in_plan in[TPU_MAX_INS];
   int nin;
   tpu_out_plan out[TPU_MAX_OUTS];
@@ -55,10 +54,10 @@ struct tpu_lower {
   int nout;
   tpu_ret_plan ret[TPU_MAX_OUTS];
   int nret;
-  bool ret_tuple;    /* return a tuple even for one value */
+  bool ret_tuple; /* return a tuple even for one value */
   bool uses_rng;
-  tpu_hv rng_state;  /* tensor<2xui64> */
-  int64_t rng_words; /* random words drawn: the generator's advance */
+  tpu_hv rng_state;            /* tensor<2xui64> */
+  int64_t rng_words;           /* random words drawn: the generator's advance */
   tpu_hlo_precision precision; /* of f32 matmuls and convolutions */
   bool value_checks;           /* make the checks that need tensor values (tpu_lower_check) */
   /* Fused lowering (engine.c): many calls share one builder. fuse_record
@@ -86,8 +85,7 @@ void tpu_lower_run(tpu_lower *L, const tpu_op_row *row);
 
 /* ---- helpers for emitters ------------------------------------------------------ */
 
-void tpu_lower_fail(tpu_lower *L, tpu_code code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+void tpu_lower_fail(tpu_lower *L, tpu_code code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 bool tpu_lower_is_none(const tpu_lower *L, int i);
 /* Value of tensor argument i (item j for lists, else -1), as stored. */
 tpu_hv tpu_lower_tensor(tpu_lower *L, int i, int j);

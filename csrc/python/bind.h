@@ -23,25 +23,24 @@
 #include "../engine/engine.h"
 
 typedef struct {
-  tpu_engine *eng;                 /* owned; made by init(), its runtime started at the first use */
-  PyObject *from_dlpack;           /* torch._C._from_dlpack */
-  PyObject *torch_empty;           /* torch.empty */
+  tpu_engine *eng;                  /* owned; made by init(), its runtime started at the first use */
+  PyObject *from_dlpack;            /* torch._C._from_dlpack */
+  PyObject *torch_empty;            /* torch.empty */
   PyObject *dtypes[TPU_NUM_DTYPES]; /* torch.dtype objects by tpu_dtype */
   PyObject *kernel_type;
   PyObject *foreach_type;
   struct tpu_call_frame *spare_frame; /* owned or NULL: tpu_kernel_call's, kept between calls */
-  PyObject *s_data_ptr, *s_storage_offset, *s_shape, *s_stride, *s_dtype, *s_is_cpu,
-      *s_contiguous, *s_copy_, *s_is_contiguous, *s_is_conj, *s_is_neg;
-  PyObject *tensor_type;           /* torch.Tensor, looked up on first use */
-  int explain;                     /* TORCHTPU_EXPLAIN_RECOMPILES */
-  bool in_backward;                /* the last op ran on an autograd engine thread (fused mode) */
-  char **explained[TPU_NUM_OPS];   /* owned: the last compiled call's argument descriptions */
+  PyObject *s_data_ptr, *s_storage_offset, *s_shape, *s_stride, *s_dtype, *s_is_cpu, *s_contiguous, *s_copy_,
+      *s_is_contiguous, *s_is_conj, *s_is_neg;
+  PyObject *tensor_type;         /* torch.Tensor, looked up on first use */
+  int explain;                   /* TORCHTPU_EXPLAIN_RECOMPILES */
+  bool in_backward;              /* the last op ran on an autograd engine thread (fused mode) */
+  char **explained[TPU_NUM_OPS]; /* owned: the last compiled call's argument descriptions */
   int nexplained[TPU_NUM_OPS];
 } tpu_mod_state;
 
 typedef struct {
-  PyObject_HEAD
-  PyObject *module;  /* strong */
+  PyObject_HEAD PyObject *module; /* strong */
   int op_id;
   int nparams;
   int nreturns;
@@ -74,16 +73,14 @@ int tpu_dtype_arg(tpu_mod_state *st, PyObject *d, tpu_dtype *out);
 
 /* tensor.c: DLPack, minting tensors, reading them */
 int tpu_storage_check(int rank, const int64_t *sizes, const int64_t *strides, tpu_dtype dt, int64_t *numel);
-PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *sizes,
-                const int64_t *strides);
+PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *sizes, const int64_t *strides);
 int tpu_int64_seq(PyObject *seq, int64_t *out, int max, const char *what);
 int64_t tpu_call_int(PyObject *o, PyObject *name);
 int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *opname);
 PyObject *tpu_py_to_tref_args(tpu_mod_state *st, PyObject *o, tpu_arg *a, const char *op);
 
 /* kernel.c: Kernel objects: parsing arguments, running an op, building results */
-PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params,
-                     int nreturns);
+PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params, int nreturns);
 PyObject *tpu_py_kernel(PyObject *m, PyObject *args);
 
 /* explain.c: explaining recompiles */

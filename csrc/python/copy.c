@@ -43,7 +43,8 @@ static PyObject *tpu_host_empty(tpu_mod_state *st, PyObject *sizes, tpu_dtype dt
 static int tpu_download_into(tpu_mod_state *st, tpu_record *rec, PyObject *out) {
   int64_t p = tpu_call_int(out, st->s_data_ptr);
   if (p == -1 && PyErr_Occurred()) return -1;
-  tpu_status *s = tpu_engine_download(st->eng, rec, (void *)(uintptr_t)p, (size_t)rec->numel * tpu_dtype_size(rec->dtype));
+  tpu_status *s =
+      tpu_engine_download(st->eng, rec, (void *)(uintptr_t)p, (size_t)rec->numel * tpu_dtype_size(rec->dtype));
   if (s) {
     tpu_raise(s);
     return -1;
@@ -93,11 +94,13 @@ static PyObject *tpu_download_view(tpu_mod_state *st, PyObject *src_o, tpu_arg *
     if (host != Py_None) return host;
     Py_DECREF(host);
     tpu_engine_result res;
-    tpu_status *s = tpu_engine_call(st->eng, &tpu_op_table[TPU_OP_tpu_materialize], TPU_OP_tpu_materialize, src, 1,
-                                    &res);
+    tpu_status *s =
+        tpu_engine_call(st->eng, &tpu_op_table[TPU_OP_tpu_materialize], TPU_OP_tpu_materialize, src, 1, &res);
     if (tpu_flush_warnings(st) < 0) {
-      if (s) tpu_status_free(s);
-      else tpu_engine_result_release(&res);
+      if (s)
+        tpu_status_free(s);
+      else
+        tpu_engine_result_release(&res);
       return NULL;
     }
     if (s) return tpu_raise(s);

@@ -97,8 +97,8 @@ int tpu_explain(tpu_mod_state *st, tpu_kernel *k, const tpu_arg *args) {
   int rc = 0;
   if (old) {
     char msg[4096];
-    size_t o = (size_t)snprintf(msg, sizeof msg, "torchtpu: recompiling aten::%s (compiled before for other inputs):",
-                                tpu_op_table[op].name);
+    size_t o = (size_t)snprintf(
+        msg, sizeof msg, "torchtpu: recompiling aten::%s (compiled before for other inputs):", tpu_op_table[op].name);
     int diffs = 0;
     for (int i = 0; i < n && i < st->nexplained[op] && o < sizeof msg; i++) {
       if (!now[i] || !old[i] || strcmp(now[i], old[i]) == 0) continue;
@@ -107,7 +107,8 @@ int tpu_explain(tpu_mod_state *st, tpu_kernel *k, const tpu_arg *args) {
                             now[i]);
     }
     if (!diffs && o < sizeof msg)
-      snprintf(msg + o, sizeof msg - o, " the same inputs (the program cache was emptied, or the matmul precision changed)");
+      snprintf(msg + o, sizeof msg - o,
+               " the same inputs (the program cache was emptied, or the matmul precision changed)");
     rc = tpu_stderr_line(msg);
     for (int i = 0; i < st->nexplained[op]; i++) free(old[i]);
     free(old);

@@ -15,15 +15,14 @@
  * argument (as torch's in-place kernels of such ops do). */
 
 typedef struct {
-  PyObject_HEAD
-  PyObject *base;                   /* the element op's kernel */
-  PyObject *module;                 /* strong: torchtpu._C (its engine hears where the call begins and ends) */
-  int npos;                         /* positional parameters of the foreach op */
-  unsigned lists;                   /* bit i: positional parameter i is a list */
-  PyObject *kwname[TPU_MAX_ARGS];   /* strong or NULL: the element op takes positional i by this keyword */
-  PyObject *s_out;                  /* strong "out" when items of list 0 are the out argument, else NULL */
-  int returns;                      /* 1: a list of the element results; 0: None */
-  char name[64];                    /* "_foreach_add_.List", for messages */
+  PyObject_HEAD PyObject *base;   /* the element op's kernel */
+  PyObject *module;               /* strong: torchtpu._C (its engine hears where the call begins and ends) */
+  int npos;                       /* positional parameters of the foreach op */
+  unsigned lists;                 /* bit i: positional parameter i is a list */
+  PyObject *kwname[TPU_MAX_ARGS]; /* strong or NULL: the element op takes positional i by this keyword */
+  PyObject *s_out;                /* strong "out" when items of list 0 are the out argument, else NULL */
+  int returns;                    /* 1: a list of the element results; 0: None */
+  char name[64];                  /* "_foreach_add_.List", for messages */
 } tpu_foreach;
 
 static void tpu_foreach_dealloc(tpu_foreach *f) {
@@ -38,16 +37,21 @@ static void tpu_foreach_dealloc(tpu_foreach *f) {
 
 static PyObject *tpu_foreach_call(tpu_foreach *f, PyObject *args, PyObject *kwargs) {
   Py_ssize_t npos = PyTuple_GET_SIZE(args);
-  if (npos > f->npos || npos < 1) return PyErr_Format(PyExc_TypeError, "aten::%s: expected at most %d positional "
-                                                      "arguments, got %zd", f->name, f->npos, npos);
+  if (npos > f->npos || npos < 1)
+    return PyErr_Format(PyExc_TypeError,
+                        "aten::%s: expected at most %d positional "
+                        "arguments, got %zd",
+                        f->name, f->npos, npos);
   PyObject *fast[TPU_MAX_ARGS] = {0};
   PyObject *res = NULL, *kw = NULL, *pos = NULL;
   tpu_engine *eng = NULL; /* told of the call's items once they are recorded */
   Py_ssize_t n = -1, nbase = 0;
   bool need_kw = f->s_out != NULL;
   for (Py_ssize_t i = 0; i < npos; i++) {
-    if (f->kwname[i]) need_kw = true;
-    else nbase++;
+    if (f->kwname[i])
+      need_kw = true;
+    else
+      nbase++;
     if (!(f->lists & (1u << i))) continue;
     if (!(fast[i] = PySequence_Fast(PyTuple_GET_ITEM(args, i), "a foreach list"))) goto done;
     Py_ssize_t len = PySequence_Fast_GET_SIZE(fast[i]);
@@ -63,8 +67,10 @@ static PyObject *tpu_foreach_call(tpu_foreach *f, PyObject *args, PyObject *kwar
     PyErr_Format(PyExc_RuntimeError, "aten::%s: Tensor list must have at least one tensor.", f->name);
     goto done;
   }
-  if (need_kw) kw = kwargs ? PyDict_Copy(kwargs) : PyDict_New();
-  else if (kwargs) kw = Py_NewRef(kwargs);
+  if (need_kw)
+    kw = kwargs ? PyDict_Copy(kwargs) : PyDict_New();
+  else if (kwargs)
+    kw = Py_NewRef(kwargs);
   if ((need_kw && !kw) || (f->returns && !(res = PyList_New(n)))) goto done;
   eng = tpu_state(f->module)->eng;
   if (eng) tpu_engine_foreach(eng, true);
@@ -72,15 +78,19 @@ static PyObject *tpu_foreach_call(tpu_foreach *f, PyObject *args, PyObject *kwar
     if (!(pos = PyTuple_New(nbase))) goto fail;
     for (Py_ssize_t i = 0, b = 0; i < npos; i++) {
       PyObject *o = fast[i] ? PySequence_Fast_GET_ITEM(fast[i], j) : PyTuple_GET_ITEM(args, i);
-      if (!f->kwname[i]) PyTuple_SET_ITEM(pos, b++, Py_NewRef(o));
-      else if (PyDict_SetItem(kw, f->kwname[i], o) < 0) goto fail;
+      if (!f->kwname[i])
+        PyTuple_SET_ITEM(pos, b++, Py_NewRef(o));
+      else if (PyDict_SetItem(kw, f->kwname[i], o) < 0)
+        goto fail;
     }
     if (f->s_out && PyDict_SetItem(kw, f->s_out, PySequence_Fast_GET_ITEM(fast[0], j)) < 0) goto fail;
     PyObject *r = PyObject_Call(f->base, pos, kw);
     Py_CLEAR(pos);
     if (!r) goto fail;
-    if (f->returns) PyList_SET_ITEM(res, j, r);
-    else Py_DECREF(r);
+    if (f->returns)
+      PyList_SET_ITEM(res, j, r);
+    else
+      Py_DECREF(r);
   }
   if (!res) res = Py_NewRef(Py_None);
   goto done;

@@ -14,14 +14,14 @@
 enum { TPU_GA_OTHER = 0, TPU_GA_TENSOR = 1, TPU_GA_UNSUPPORTED = -1 };
 
 typedef struct {
-  tpu_plan *plan;        /* owned */
+  tpu_plan *plan; /* owned */
   int nargs;
-  signed char *kinds;    /* TPU_GA_* by argument */
-  PyObject *consts;      /* tuple: the non-tensor arguments (None where a tensor) */
+  signed char *kinds; /* TPU_GA_* by argument */
+  PyObject *consts;   /* tuple: the non-tensor arguments (None where a tensor) */
   int nouts;
-  int *out_slot;         /* by output: the plan's output index, -1 for a constant */
-  int *out_same;         /* by output: the argument it is (the very object), -1 */
-  PyObject *out_consts;  /* tuple: the non-tensor outputs (None where a tensor) */
+  int *out_slot;        /* by output: the plan's output index, -1 for a constant */
+  int *out_same;        /* by output: the argument it is (the very object), -1 */
+  PyObject *out_consts; /* tuple: the non-tensor outputs (None where a tensor) */
   int as_list;
 } tpu_pyplan;
 
@@ -108,7 +108,8 @@ PyObject *tpu_py_graph_capture_end(PyObject *m, PyObject *args) {
   }
   const char *why = NULL;
   int nti = -1, nto = -1;
-  if (fo && (!ko || !pp->kinds || !pp->out_slot || !pp->out_same)) PyErr_NoMemory();
+  if (fo && (!ko || !pp->kinds || !pp->out_slot || !pp->out_same))
+    PyErr_NoMemory();
   else if (fo) {
     nti = tpu_graph_values(st, fa, pp->kinds, ti);
     nto = nti < 0 ? -1 : tpu_graph_values(st, fo, ko, to);
@@ -121,8 +122,8 @@ PyObject *tpu_py_graph_capture_end(PyObject *m, PyObject *args) {
   tpu_plan *plan = NULL;
   const char *why2 = NULL;
   bool want = nto >= 0 && !why;
-  tpu_status *s = tpu_engine_capture_end(st->eng, prev, ti, want ? nti : 0, to, want ? nto : 0, want ? &plan : NULL,
-                                         &why2);
+  tpu_status *s =
+      tpu_engine_capture_end(st->eng, prev, ti, want ? nti : 0, to, want ? nto : 0, want ? &plan : NULL, &why2);
   if (!why) why = why2;
   PyObject *result = NULL;
   if (s) {
@@ -227,7 +228,8 @@ static PyObject *tpu_plan_outputs(tpu_mod_state *st, tpu_pyplan *pp, PyObject *f
           tpu_record_ref(r);
           b = flat = tpu_mint(st, r, 1, &n, NULL);
         }
-        PyObject *sz = b ? tpu_int_tuple(t->sizes, t->rank) : NULL, *sd = sz ? tpu_int_tuple(t->strides, t->rank) : NULL;
+        PyObject *sz = b ? tpu_int_tuple(t->sizes, t->rank) : NULL,
+                 *sd = sz ? tpu_int_tuple(t->strides, t->rank) : NULL;
         v = sd ? PyObject_CallMethod(b, "as_strided", "(OOL)", sz, sd, (long long)t->offset) : NULL;
         Py_XDECREF(sz);
         Py_XDECREF(sd);
@@ -239,8 +241,10 @@ static PyObject *tpu_plan_outputs(tpu_mod_state *st, tpu_pyplan *pp, PyObject *f
       ok = false;
       break;
     }
-    if (pp->as_list) PyList_SET_ITEM(res, j, v);
-    else PyTuple_SET_ITEM(res, j, v);
+    if (pp->as_list)
+      PyList_SET_ITEM(res, j, v);
+    else
+      PyTuple_SET_ITEM(res, j, v);
   }
   free(base);
   for (int k = 0; k < nt; k++) tpu_record_unref(recs[k]);
@@ -283,9 +287,12 @@ PyObject *tpu_py_graph_replay(PyObject *m, PyObject *args) {
   if (hit) {
     int nt = tpu_plan_nout(hit->plan);
     tpu_record **recs = calloc((size_t)nt + 1, sizeof *recs);
-    tpu_status *s = recs ? tpu_plan_run(st->eng, hit->plan, ti, nti, recs) : tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-    if (s) tpu_raise(s);
-    else result = tpu_plan_outputs(st, hit, fa, recs);
+    tpu_status *s =
+        recs ? tpu_plan_run(st->eng, hit->plan, ti, nti, recs) : tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+    if (s)
+      tpu_raise(s);
+    else
+      result = tpu_plan_outputs(st, hit, fa, recs);
     free(recs);
   } else if (nti >= 0) {
     result = Py_NewRef(Py_None);
@@ -302,9 +309,7 @@ PyObject *tpu_py_graph_replay(PyObject *m, PyObject *args) {
  * -> plan capsule (None when nothing was recorded or keep is false);
  * whole_replay(plan). */
 
-static void tpu_whole_destructor(PyObject *cap) {
-  tpu_plan_free(PyCapsule_GetPointer(cap, "torchtpu.whole"));
-}
+static void tpu_whole_destructor(PyObject *cap) { tpu_plan_free(PyCapsule_GetPointer(cap, "torchtpu.whole")); }
 
 PyObject *tpu_py_whole_end(PyObject *m, PyObject *args) {
   int prev, keep;

@@ -52,8 +52,8 @@ static int tpu_parse_scalar(PyObject *o, tpu_arg *a) {
 /* Parse one argument. A TENSORS argument gets an owned item array in
  * a->list (freed by tpu_args_free). */
 static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, const char *opname) {
-  bool optional = kind == 't' || kind == 's' || kind == 'j' || kind == 'J' || kind == 'g' ||
-                  kind == 'F' || kind == 'c' || kind == 'd' || kind == 'y' || kind == 'l' || kind == '_';
+  bool optional = kind == 't' || kind == 's' || kind == 'j' || kind == 'J' || kind == 'g' || kind == 'F' ||
+                  kind == 'c' || kind == 'd' || kind == 'y' || kind == 'l' || kind == '_';
   if (kind == '_') {
     a->kind = TPU_ARG_IGNORED;
     return 0;
@@ -80,8 +80,8 @@ static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, 
       Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
       if (n > TPU_MAX_LIST) {
         Py_DECREF(fast);
-        PyErr_Format(PyExc_NotImplementedError, "aten::%s: lists of more than %d tensors are not supported yet",
-                     opname, TPU_MAX_LIST);
+        PyErr_Format(PyExc_NotImplementedError, "aten::%s: lists of more than %d tensors are not supported yet", opname,
+                     TPU_MAX_LIST);
         return -1;
       }
       tpu_tref *lists = calloc((size_t)(n ? n : 1), sizeof *lists);
@@ -164,15 +164,12 @@ static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, 
       snprintf(a->str, sizeof a->str, "%s", s);
       return 0;
     }
-    default:
-      PyErr_Format(PyExc_SystemError, "aten::%s: unknown argument kind '%c'", opname, kind);
-      return -1;
+    default: PyErr_Format(PyExc_SystemError, "aten::%s: unknown argument kind '%c'", opname, kind); return -1;
   }
 }
 
 /* Turn an engine result into the Python return value. Consumes res. */
-static PyObject *tpu_build_result(tpu_mod_state *st, tpu_engine_result *res, PyObject **params,
-                                  int nreturns) {
+static PyObject *tpu_build_result(tpu_mod_state *st, tpu_engine_result *res, PyObject **params, int nreturns) {
   PyObject *vals[TPU_MAX_OUTS] = {0};
   int n = res->nret;
   for (int k = 0; k < n; k++) {
@@ -189,7 +186,8 @@ static PyObject *tpu_build_result(tpu_mod_state *st, tpu_engine_result *res, PyO
           PyErr_WarnEx(PyExc_UserWarning,
                        "An output with one or more elements was resized since it had the wrong shape. "
                        "This behavior is deprecated; reuse out= tensors only when they have the right shape, "
-                       "or call resize_(0) on them first.", 1) < 0)
+                       "or call resize_(0) on them first.",
+                       1) < 0)
         Py_CLEAR(nt);
       PyObject *done = nt ? PyObject_CallMethod(params[p->arg], "set_", "O", nt) : NULL;
       Py_XDECREF(nt);
@@ -200,8 +198,10 @@ static PyObject *tpu_build_result(tpu_mod_state *st, tpu_engine_result *res, PyO
         PyErr_SetString(PyExc_SystemError, "torchtpu: an output was returned twice");
       }
     } else if (p->is_arg) {
-      if (p->item >= 0) vals[k] = PySequence_GetItem(params[p->index], p->item);
-      else vals[k] = Py_NewRef(params[p->index]);
+      if (p->item >= 0)
+        vals[k] = PySequence_GetItem(params[p->index], p->item);
+      else
+        vals[k] = Py_NewRef(params[p->index]);
     } else {
       tpu_record *r = res->outs[p->index];
       res->outs[p->index] = NULL;
@@ -252,8 +252,7 @@ static bool tpu_on_autograd_thread(void) {
   return tpu_autograd_thread;
 }
 
-PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params,
-                            int nreturns) {
+PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params, int nreturns) {
   /* Fused mode: the first op of a backward pass launches what the forward
    * pass recorded (tpu_engine_backward_begins). Ops hold the GIL, so the
    * flag has one writer at a time. */
@@ -268,8 +267,10 @@ PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyO
   tpu_engine_result res;
   tpu_status *s = tpu_engine_call(st->eng, &tpu_op_table[op_id], op_id, args, nargs, &res);
   if (tpu_flush_warnings(st) < 0) {
-    if (s) tpu_status_free(s);
-    else tpu_engine_result_release(&res);
+    if (s)
+      tpu_status_free(s);
+    else
+      tpu_engine_result_release(&res);
     return NULL;
   }
   if (s) return tpu_raise(s);
@@ -296,8 +297,10 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
   int nparsed = 0;
   for (int i = 0; i < k->nparams; i++) {
     PyObject *o = NULL;
-    if (i < npos) o = PyTuple_GET_ITEM(args, i);
-    else if (kwargs) o = PyDict_GetItemWithError(kwargs, k->names[i]);
+    if (i < npos)
+      o = PyTuple_GET_ITEM(args, i);
+    else if (kwargs)
+      o = PyDict_GetItemWithError(kwargs, k->names[i]);
     if (!o && PyErr_Occurred()) goto done;
     if (!o) o = k->defaults[i];
     if (!o) {
@@ -313,7 +316,7 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
     if (k->resolve && a->kind == TPU_ARG_TENSOR && !a->t.host &&
         (k->resolve_real || tpu_dtype_is_complex(a->t.dtype)) &&
         !(i == 0 && (tpu_op_table[k->op_id].flags & TPU_OP_INPLACE))) { /* an in-place self is written */
-      int64_t bit = tpu_call_int(o, st->s_is_conj); /* a bool: 0 or 1 */
+      int64_t bit = tpu_call_int(o, st->s_is_conj);                     /* a bool: 0 or 1 */
       if (bit == 0) bit = tpu_call_int(o, st->s_is_neg);
       if (bit == -1 && PyErr_Occurred()) goto done;
       if (bit) {
@@ -336,8 +339,10 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
     Py_CLEAR(result);
 done:
   tpu_args_free(f->args, nparsed);
-  if (st->spare_frame) free(f);
-  else st->spare_frame = f;
+  if (st->spare_frame)
+    free(f);
+  else
+    st->spare_frame = f;
   for (int i = 0; i < k->nparams; i++) Py_XDECREF(resolved[i]);
   return result;
 }

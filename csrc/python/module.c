@@ -48,8 +48,8 @@ static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
   const char *error = NULL;
   double fraction = 0;
   PyObject *dtypes, *from_dlpack, *empty, *settings;
-  if (!PyArg_ParseTuple(args, "ssiOOOdzO", &path, &platform, &ndev, &dtypes, &from_dlpack, &empty, &fraction,
-                        &error, &settings))
+  if (!PyArg_ParseTuple(args, "ssiOOOdzO", &path, &platform, &ndev, &dtypes, &from_dlpack, &empty, &fraction, &error,
+                        &settings))
     return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (st->eng) Py_RETURN_NONE;
@@ -99,8 +99,7 @@ static PyObject *tpu_py_info(PyObject *m, PyObject *noargs) {
   tpu_rt_api_version(rt, &major, &minor);
   return Py_BuildValue("{sssssssisss(ii)}", "platform", tpu_rt_platform_name(rt), "platform_version",
                        tpu_rt_platform_version(rt), "plugin", tpu_rt_plugin_path(rt), "device_count",
-                       tpu_rt_device_count(rt), "device_kind", tpu_rt_device_kind(rt, 0), "api_version", major,
-                       minor);
+                       tpu_rt_device_count(rt), "device_kind", tpu_rt_device_kind(rt, 0), "api_version", major, minor);
 }
 
 /* Sets d[name] = v (a new reference, stolen); -1 on error. */
@@ -119,9 +118,9 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
   PyObject *d = PyDict_New();
   if (!d) return NULL;
   int rc = 0;
-#define X(field, name, ns)                                                                                  \
-  if (!rc)                                                                                                  \
-    rc = tpu_dict_put(d, name,                                                                              \
+#define X(field, name, ns)     \
+  if (!rc)                     \
+    rc = tpu_dict_put(d, name, \
                       ns ? PyFloat_FromDouble((double)x->field * 1e-9) : PyLong_FromLongLong((long long)x->field));
   TPU_METRICS(X)
 #undef X
@@ -133,7 +132,8 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
   if (!rc) rc = tpu_dict_put(d, "live_buffers", PyLong_FromLongLong(rt ? (long long)tpu_rt_live_buffers(rt) : 0LL));
   if (!rc)
     rc = tpu_dict_put(d, "cache_entries", PyLong_FromLongLong(st->eng ? (long long)tpu_engine_cache_size(st->eng) : 0));
-  if (!rc) rc = tpu_dict_put(d, "unwind_tables_ignored", PyLong_FromLongLong((long long)tpu_rt_unwind_tables_ignored()));
+  if (!rc)
+    rc = tpu_dict_put(d, "unwind_tables_ignored", PyLong_FromLongLong((long long)tpu_rt_unwind_tables_ignored()));
   if (rc) Py_CLEAR(d);
   return d;
 }
@@ -361,7 +361,8 @@ static PyMethodDef tpu_methods[] = {
     {"modes", tpu_py_modes, METH_NOARGS, "modes() -> the eager modes' names"},
     {"synchronize", tpu_py_synchronize, METH_NOARGS, "Wait for every launched computation."},
     {"flush", tpu_py_flush, METH_VARARGS, "flush(step=False): launch the recorded ops (fused mode) without waiting."},
-    {"backward_passes", tpu_py_backward_passes, METH_NOARGS, "backward_passes() -> backward passes begun in fused mode."},
+    {"backward_passes", tpu_py_backward_passes, METH_NOARGS,
+     "backward_passes() -> backward passes begun in fused mode."},
     {"idle", tpu_py_idle, METH_NOARGS, "Whether every launched computation has finished (no wait)."},
     {"count_fallback", tpu_py_count_fallback, METH_NOARGS, "Count one CPU-fallback op."},
     {"manual_seed", tpu_py_manual_seed, METH_O, "Seed the device generator."},
@@ -450,8 +451,9 @@ static PyModuleDef_Slot tpu_mod_slots[] = {
 };
 
 static PyModuleDef tpu_module_def = {
-    PyModuleDef_HEAD_INIT, "torchtpu._C", "torchtpu core (C).", sizeof(tpu_mod_state), tpu_methods,
-    tpu_mod_slots, tpu_mod_traverse, tpu_mod_clear, NULL,
+    PyModuleDef_HEAD_INIT, "torchtpu._C", "torchtpu core (C).",
+    sizeof(tpu_mod_state), tpu_methods,   tpu_mod_slots,
+    tpu_mod_traverse,      tpu_mod_clear, NULL,
 };
 
 PyMODINIT_FUNC PyInit__C(void); /* the module's entry point, found by name */

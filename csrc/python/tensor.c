@@ -64,17 +64,23 @@ static void tpu_capsule_destructor(PyObject *cap) {
 
 static tpu_dl_dtype tpu_dl_dtype_of(tpu_dtype t) {
   tpu_dl_dtype d = {TPU_DL_FLOAT, (uint8_t)(tpu_dtype_size(t) * 8), 1};
-  if (t == TPU_PRED) d.code = TPU_DL_BOOL;
-  else if (tpu_dtype_is_signed_int(t)) d.code = TPU_DL_INT;
-  else if (tpu_dtype_is_unsigned_int(t)) d.code = TPU_DL_UINT;
-  else if (t == TPU_BF16) d.code = TPU_DL_BFLOAT;
-  else if (tpu_dtype_is_complex(t)) d.code = TPU_DL_COMPLEX;
+  if (t == TPU_PRED)
+    d.code = TPU_DL_BOOL;
+  else if (tpu_dtype_is_signed_int(t))
+    d.code = TPU_DL_INT;
+  else if (tpu_dtype_is_unsigned_int(t))
+    d.code = TPU_DL_UINT;
+  else if (t == TPU_BF16)
+    d.code = TPU_DL_BFLOAT;
+  else if (tpu_dtype_is_complex(t))
+    d.code = TPU_DL_COMPLEX;
   return d;
 }
 
 static void tpu_ints_format(char *buf, size_t cap, int n, const int64_t *v) {
   size_t k = (size_t)snprintf(buf, cap, "[");
-  for (int i = 0; i < n && k < cap; i++) k += (size_t)snprintf(buf + k, cap - k, i ? ", %lld" : "%lld", (long long)v[i]);
+  for (int i = 0; i < n && k < cap; i++)
+    k += (size_t)snprintf(buf + k, cap - k, i ? ", %lld" : "%lld", (long long)v[i]);
   if (k < cap) snprintf(buf + k, cap - k, "]");
 }
 
@@ -96,8 +102,7 @@ int tpu_storage_check(int rank, const int64_t *sizes, const int64_t *strides, tp
 }
 
 /* Steals the record reference. strides NULL: contiguous. */
-PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *sizes,
-                          const int64_t *strides) {
+PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *sizes, const int64_t *strides) {
   tpu_dl_holder *h = calloc(1, sizeof *h);
   if (!h) {
     tpu_record_unref(rec);
@@ -199,7 +204,8 @@ int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *op
     if (t->rank != 0) {
       PyErr_Format(PyExc_RuntimeError,
                    "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and cpu! "
-                   "(in aten::%s; move the CPU tensor with .to(\"tpu\"))", opname);
+                   "(in aten::%s; move the CPU tensor with .to(\"tpu\"))",
+                   opname);
       return -1;
     }
     int64_t p = tpu_call_int(o, st->s_data_ptr);
@@ -229,7 +235,8 @@ int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *op
   if (!t->rec) {
     PyErr_Format(PyExc_RuntimeError,
                  "aten::%s: got a tensor that torchtpu does not own (not a tpu tensor, or its storage was "
-                 "reinterpreted with view(dtype), which is not supported yet)", opname);
+                 "reinterpreted with view(dtype), which is not supported yet)",
+                 opname);
     return -1;
   }
   t->rec_numel = t->rec->numel;

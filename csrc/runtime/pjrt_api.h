@@ -30,78 +30,78 @@ typedef struct tpu_pjrt_serialized tpu_pjrt_serialized;
 typedef tpu_pjrt_error *(*tpu_pjrt_fn)(void *args);
 
 /* The function table, in ABI order. */
-#define TPU_PJRT_ENTRIES(X) \
-  X(Error_Destroy) \
-  X(Error_Message) \
-  X(Error_GetCode) \
-  X(Plugin_Initialize) \
-  X(Plugin_Attributes) \
-  X(Event_Destroy) \
-  X(Event_IsReady) \
-  X(Event_Error) \
-  X(Event_Await) \
-  X(Event_OnReady) \
-  X(Client_Create) \
-  X(Client_Destroy) \
-  X(Client_PlatformName) \
-  X(Client_ProcessIndex) \
-  X(Client_PlatformVersion) \
-  X(Client_Devices) \
-  X(Client_AddressableDevices) \
-  X(Client_LookupDevice) \
-  X(Client_LookupAddressableDevice) \
-  X(Client_AddressableMemories) \
-  X(Client_Compile) \
-  X(Client_DefaultDeviceAssignment) \
-  X(Client_BufferFromHostBuffer) \
-  X(DeviceDescription_Id) \
-  X(DeviceDescription_ProcessIndex) \
-  X(DeviceDescription_Attributes) \
-  X(DeviceDescription_Kind) \
-  X(DeviceDescription_DebugString) \
-  X(DeviceDescription_ToString) \
-  X(Device_GetDescription) \
-  X(Device_IsAddressable) \
-  X(Device_LocalHardwareId) \
-  X(Device_AddressableMemories) \
-  X(Device_DefaultMemory) \
-  X(Device_MemoryStats) \
-  X(Memory_Id) \
-  X(Memory_Kind) \
-  X(Memory_DebugString) \
-  X(Memory_ToString) \
-  X(Memory_AddressableByDevices) \
-  X(Executable_Destroy) \
-  X(Executable_Name) \
-  X(Executable_NumReplicas) \
-  X(Executable_NumPartitions) \
-  X(Executable_NumOutputs) \
+#define TPU_PJRT_ENTRIES(X)                \
+  X(Error_Destroy)                         \
+  X(Error_Message)                         \
+  X(Error_GetCode)                         \
+  X(Plugin_Initialize)                     \
+  X(Plugin_Attributes)                     \
+  X(Event_Destroy)                         \
+  X(Event_IsReady)                         \
+  X(Event_Error)                           \
+  X(Event_Await)                           \
+  X(Event_OnReady)                         \
+  X(Client_Create)                         \
+  X(Client_Destroy)                        \
+  X(Client_PlatformName)                   \
+  X(Client_ProcessIndex)                   \
+  X(Client_PlatformVersion)                \
+  X(Client_Devices)                        \
+  X(Client_AddressableDevices)             \
+  X(Client_LookupDevice)                   \
+  X(Client_LookupAddressableDevice)        \
+  X(Client_AddressableMemories)            \
+  X(Client_Compile)                        \
+  X(Client_DefaultDeviceAssignment)        \
+  X(Client_BufferFromHostBuffer)           \
+  X(DeviceDescription_Id)                  \
+  X(DeviceDescription_ProcessIndex)        \
+  X(DeviceDescription_Attributes)          \
+  X(DeviceDescription_Kind)                \
+  X(DeviceDescription_DebugString)         \
+  X(DeviceDescription_ToString)            \
+  X(Device_GetDescription)                 \
+  X(Device_IsAddressable)                  \
+  X(Device_LocalHardwareId)                \
+  X(Device_AddressableMemories)            \
+  X(Device_DefaultMemory)                  \
+  X(Device_MemoryStats)                    \
+  X(Memory_Id)                             \
+  X(Memory_Kind)                           \
+  X(Memory_DebugString)                    \
+  X(Memory_ToString)                       \
+  X(Memory_AddressableByDevices)           \
+  X(Executable_Destroy)                    \
+  X(Executable_Name)                       \
+  X(Executable_NumReplicas)                \
+  X(Executable_NumPartitions)              \
+  X(Executable_NumOutputs)                 \
   X(Executable_SizeOfGeneratedCodeInBytes) \
-  X(Executable_GetCostAnalysis) \
-  X(Executable_OutputMemoryKinds) \
-  X(Executable_OptimizedProgram) \
-  X(Executable_Serialize) \
-  X(LoadedExecutable_Destroy) \
-  X(LoadedExecutable_GetExecutable) \
-  X(LoadedExecutable_AddressableDevices) \
-  X(LoadedExecutable_Delete) \
-  X(LoadedExecutable_IsDeleted) \
-  X(LoadedExecutable_Execute) \
-  X(Executable_DeserializeAndLoad) \
-  X(LoadedExecutable_Fingerprint) \
-  X(Buffer_Destroy) \
-  X(Buffer_ElementType) \
-  X(Buffer_Dimensions) \
-  X(Buffer_UnpaddedDimensions) \
-  X(Buffer_DynamicDimensionIndices) \
-  X(Buffer_GetMemoryLayout) \
-  X(Buffer_OnDeviceSizeInBytes) \
-  X(Buffer_Device) \
-  X(Buffer_Memory) \
-  X(Buffer_Delete) \
-  X(Buffer_IsDeleted) \
-  X(Buffer_CopyToDevice) \
-  X(Buffer_ToHostBuffer) \
+  X(Executable_GetCostAnalysis)            \
+  X(Executable_OutputMemoryKinds)          \
+  X(Executable_OptimizedProgram)           \
+  X(Executable_Serialize)                  \
+  X(LoadedExecutable_Destroy)              \
+  X(LoadedExecutable_GetExecutable)        \
+  X(LoadedExecutable_AddressableDevices)   \
+  X(LoadedExecutable_Delete)               \
+  X(LoadedExecutable_IsDeleted)            \
+  X(LoadedExecutable_Execute)              \
+  X(Executable_DeserializeAndLoad)         \
+  X(LoadedExecutable_Fingerprint)          \
+  X(Buffer_Destroy)                        \
+  X(Buffer_ElementType)                    \
+  X(Buffer_Dimensions)                     \
+  X(Buffer_UnpaddedDimensions)             \
+  X(Buffer_DynamicDimensionIndices)        \
+  X(Buffer_GetMemoryLayout)                \
+  X(Buffer_OnDeviceSizeInBytes)            \
+  X(Buffer_Device)                         \
+  X(Buffer_Memory)                         \
+  X(Buffer_Delete)                         \
+  X(Buffer_IsDeleted)                      \
+  X(Buffer_CopyToDevice)                   \
+  X(Buffer_ToHostBuffer)
 
 typedef struct {
   size_t struct_size;
@@ -125,6 +125,7 @@ typedef const tpu_pjrt_api *(*tpu_pjrt_get_api_fn)(void);
  * whose table lacks any of them (the optional ones, Plugin_Initialize,
  * Device_MemoryStats, Executable_Serialize and Executable_DeserializeAndLoad,
  * are checked where they are used). */
+/* clang-format off */
 #define TPU_PJRT_REQUIRED(X) \
   X(Error_Destroy) X(Error_Message) X(Error_GetCode) X(Event_Destroy) X(Event_Await) X(Client_Create) \
   X(Client_Destroy) X(Client_PlatformName) X(Client_PlatformVersion) X(Client_AddressableDevices) \
@@ -132,6 +133,7 @@ typedef const tpu_pjrt_api *(*tpu_pjrt_get_api_fn)(void);
   X(Executable_Destroy) X(Executable_NumOutputs) X(LoadedExecutable_Destroy) \
   X(LoadedExecutable_GetExecutable) X(LoadedExecutable_Execute) X(Buffer_Destroy) X(Buffer_ElementType) \
   X(Buffer_Dimensions) X(Buffer_ToHostBuffer)
+/* clang-format on */
 
 /* Error codes (absl's canonical codes) that the runtime maps to its own. */
 enum { TPU_PJRT_INVALID_ARGUMENT = 3, TPU_PJRT_RESOURCE_EXHAUSTED = 8, TPU_PJRT_UNIMPLEMENTED = 12 };
@@ -142,14 +144,41 @@ enum { TPU_PJRT_INVALID_ARGUMENT = 3, TPU_PJRT_RESOURCE_EXHAUSTED = 8, TPU_PJRT_
   size_t struct_size; \
   void *extension_start
 
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_error *error; } tpu_pjrt_error_destroy_args;
-typedef struct { TPU_PJRT_HEAD; const tpu_pjrt_error *error; const char *message; size_t message_size; } tpu_pjrt_error_message_args;
-typedef struct { TPU_PJRT_HEAD; const tpu_pjrt_error *error; int code; } tpu_pjrt_error_code_args;
-typedef struct { TPU_PJRT_HEAD; } tpu_pjrt_plugin_init_args;
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_event *event; } tpu_pjrt_event_args; /* Destroy and Await */
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_event *event; bool is_ready; } tpu_pjrt_event_is_ready_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_error *error;
+} tpu_pjrt_error_destroy_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  const tpu_pjrt_error *error;
+  const char *message;
+  size_t message_size;
+} tpu_pjrt_error_message_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  const tpu_pjrt_error *error;
+  int code;
+} tpu_pjrt_error_code_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+} tpu_pjrt_plugin_init_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_event *event;
+} tpu_pjrt_event_args; /* Destroy and Await */
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_event *event;
+  bool is_ready;
+} tpu_pjrt_event_is_ready_args;
 
-enum { TPU_PJRT_NV_STRING = 0, TPU_PJRT_NV_INT64 = 1, TPU_PJRT_NV_INT64_LIST = 2, TPU_PJRT_NV_FLOAT = 3, TPU_PJRT_NV_BOOL = 4 };
+enum {
+  TPU_PJRT_NV_STRING = 0,
+  TPU_PJRT_NV_INT64 = 1,
+  TPU_PJRT_NV_INT64_LIST = 2,
+  TPU_PJRT_NV_FLOAT = 3,
+  TPU_PJRT_NV_BOOL = 4
+};
 typedef struct {
   TPU_PJRT_HEAD;
   const char *name;
@@ -178,9 +207,22 @@ typedef struct {
   void *kv_try_get_user_arg;
 } tpu_pjrt_client_create_args;
 
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_client *client; } tpu_pjrt_client_destroy_args;
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_client *client; const char *str; size_t size; } tpu_pjrt_client_string_args; /* PlatformName, PlatformVersion */
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_client *client; tpu_pjrt_device *const *devices; size_t num_devices; } tpu_pjrt_client_devices_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_client *client;
+} tpu_pjrt_client_destroy_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_client *client;
+  const char *str;
+  size_t size;
+} tpu_pjrt_client_string_args; /* PlatformName, PlatformVersion */
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_client *client;
+  tpu_pjrt_device *const *devices;
+  size_t num_devices;
+} tpu_pjrt_client_devices_args;
 
 typedef struct {
   TPU_PJRT_HEAD;
@@ -217,8 +259,17 @@ typedef struct {
   tpu_pjrt_buffer *buffer;               /* out */
 } tpu_pjrt_from_host_args;
 
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_device *device; tpu_pjrt_device_desc *desc; } tpu_pjrt_device_desc_args;
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_device_desc *desc; const char *kind; size_t kind_size; } tpu_pjrt_desc_kind_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_device *device;
+  tpu_pjrt_device_desc *desc;
+} tpu_pjrt_device_desc_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_device_desc *desc;
+  const char *kind;
+  size_t kind_size;
+} tpu_pjrt_desc_kind_args;
 
 /* Only bytes_in_use is mandatory; each optional statistic has a flag. */
 typedef struct {
@@ -247,8 +298,15 @@ typedef struct {
   bool peak_pool_bytes_is_set;
 } tpu_pjrt_memory_stats_args;
 
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_exec *executable; } tpu_pjrt_exec_destroy_args;
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_exec *executable; size_t num_outputs; } tpu_pjrt_num_outputs_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_exec *executable;
+} tpu_pjrt_exec_destroy_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_exec *executable;
+  size_t num_outputs;
+} tpu_pjrt_num_outputs_args;
 typedef struct {
   TPU_PJRT_HEAD;
   const tpu_pjrt_exec *executable;
@@ -257,8 +315,15 @@ typedef struct {
   tpu_pjrt_serialized *serialized;
   void (*deleter)(tpu_pjrt_serialized *s);
 } tpu_pjrt_serialize_args;
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_loaded_exec *executable; } tpu_pjrt_loaded_destroy_args;
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_loaded_exec *loaded; tpu_pjrt_exec *executable; } tpu_pjrt_get_exec_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_loaded_exec *executable;
+} tpu_pjrt_loaded_destroy_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_loaded_exec *loaded;
+  tpu_pjrt_exec *executable;
+} tpu_pjrt_get_exec_args;
 
 typedef struct {
   TPU_PJRT_HEAD;
@@ -299,8 +364,15 @@ typedef struct {
   size_t overridden_compile_options_size;
 } tpu_pjrt_deserialize_args;
 
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_buffer *buffer; } tpu_pjrt_buffer_destroy_args;
-typedef struct { TPU_PJRT_HEAD; tpu_pjrt_buffer *buffer; int type; } tpu_pjrt_element_type_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_buffer *buffer;
+} tpu_pjrt_buffer_destroy_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_buffer *buffer;
+  int type;
+} tpu_pjrt_element_type_args;
 typedef struct {
   TPU_PJRT_HEAD;
   tpu_pjrt_buffer *buffer;

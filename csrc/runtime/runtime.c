@@ -21,8 +21,8 @@
 #include "pjrt_api.h"
 
 struct tpu_rt {
-  const tpu_pjrt_api *api; /* lifetime of the process */
-  tpu_pjrt_client *client; /* owned */
+  const tpu_pjrt_api *api;         /* lifetime of the process */
+  tpu_pjrt_client *client;         /* owned */
   tpu_pjrt_device *const *devices; /* owned by the client */
   int ndevices;
   char *path, *platform, *version; /* owned */
@@ -34,7 +34,7 @@ struct tpu_rt {
 /* The shape is tracked here (from the upload's arguments, or asked of the
  * plugin once for an execution's outputs), so accessors never call PJRT. */
 struct tpu_rt_buffer {
-  tpu_rt *rt; /* borrowed; outlives the buffer */
+  tpu_rt *rt;           /* borrowed; outlives the buffer */
   tpu_pjrt_buffer *buf; /* owned */
   tpu_dtype dtype;
   int rank;
@@ -149,30 +149,30 @@ static void tpu_rt_export_unwind_stubs(void) {
  * float32, so a chain of half-type ops rounds once instead of after every
  * op as torch does (fused mode gave other values than CPU torch). */
 static const char tpu_compile_options[] = {
-    0x1a, 0x04, 0x20, 0x01, 0x28, 0x01,                                       /* replicas, partitions */
-    0x3a, 0x20, 0x0a, 0x1a, 'x', 'l', 'a', '_', 'a', 'l', 'l', 'o', 'w', '_', /* env_option_overrides */
-    'e', 'x', 'c', 'e', 's', 's', '_', 'p', 'r', 'e', 'c', 'i', 's', 'i', 'o', 'n',
-    0x12, 0x02, 0x10, 0x00};
+    0x1a, 0x04, 0x20, 0x01, 0x28, 0x01,                                         /* replicas, partitions */
+    0x3a, 0x20, 0x0a, 0x1a, 'x',  'l',  'a', '_', 'a', 'l', 'l', 'o', 'w', '_', /* env_option_overrides */
+    'e',  'x',  'c',  'e',  's',  's',  '_', 'p', 'r', 'e', 'c', 'i', 's', 'i', 'o', 'n', 0x12, 0x02, 0x10, 0x00};
 
 tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out) {
   *out = NULL;
   if (!opts || !opts->plugin_path) return tpu_status_new(TPU_ERR_PLUGIN, "no PJRT plugin path given");
   const char *path = opts->plugin_path;
   if (access(path, R_OK) != 0)
-    return tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s: no such file (install xla-cpu-pjrt, libtpu or jax-cuda13-pjrt)", path);
+    return tpu_status_new(TPU_ERR_PLUGIN,
+                          "PJRT plugin %s: no such file (install xla-cpu-pjrt, libtpu or jax-cuda13-pjrt)", path);
   tpu_rt_export_unwind_stubs();
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) return tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s could not be loaded: %s", path, dlerror());
   tpu_pjrt_get_api_fn get = (tpu_pjrt_get_api_fn)dlsym(h, "GetPjrtApi");
-  if (!get)
-    return tpu_status_new(TPU_ERR_PLUGIN, "%s is not a PJRT plugin: it exports no GetPjrtApi", path);
+  if (!get) return tpu_status_new(TPU_ERR_PLUGIN, "%s is not a PJRT plugin: it exports no GetPjrtApi", path);
   const tpu_pjrt_api *api = get();
   if (!api) return tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s returned no API table", path);
   int major = api->pjrt_api_version.major_version, minor = api->pjrt_api_version.minor_version;
   if (major != 0 || minor < TPU_RT_MIN_API_MINOR)
     return tpu_status_new(TPU_ERR_PLUGIN,
                           "PJRT plugin %s implements PJRT C API %d.%d; torchtpu needs 0.%d or newer (major 0). "
-                          "Install a newer plugin.", path, major, minor, TPU_RT_MIN_API_MINOR);
+                          "Install a newer plugin.",
+                          path, major, minor, TPU_RT_MIN_API_MINOR);
   const char *missing = NULL;
 #define TPU_NEED(name) \
   if (!missing && !TPU_HAS(api, name)) missing = "PJRT_" #name;
@@ -234,7 +234,8 @@ tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out) {
   rt->version = tpu_strndup(pv.str, pv.size);
   rt->path = tpu_strndup(path, strlen(path));
 
-  tpu_pjrt_client_devices_args dv = {TPU_PJRT_SIZE(tpu_pjrt_client_devices_args, num_devices), NULL, rt->client, NULL, 0};
+  tpu_pjrt_client_devices_args dv = {TPU_PJRT_SIZE(tpu_pjrt_client_devices_args, num_devices), NULL, rt->client, NULL,
+                                     0};
   if ((s = TPU_CALL(api, Client_AddressableDevices, &dv))) goto fail;
   if (dv.num_devices == 0) {
     s = tpu_status_new(TPU_ERR_PLUGIN, "PJRT plugin %s reports no addressable devices", path);
@@ -352,8 +353,13 @@ char *tpu_rt_cache_salt(const tpu_rt *rt) {
 tpu_status *tpu_rt_compile(tpu_rt *rt, const char *mlir, size_t len, tpu_rt_exec **out) {
   *out = NULL;
   tpu_pjrt_program p = {TPU_PJRT_SIZE(tpu_pjrt_program, format_size), NULL, (char *)mlir, len, "mlir", 4};
-  tpu_pjrt_compile_args c = {TPU_PJRT_SIZE(tpu_pjrt_compile_args, executable), NULL, rt->client, &p,
-                             tpu_compile_options, sizeof tpu_compile_options, NULL};
+  tpu_pjrt_compile_args c = {TPU_PJRT_SIZE(tpu_pjrt_compile_args, executable),
+                             NULL,
+                             rt->client,
+                             &p,
+                             tpu_compile_options,
+                             sizeof tpu_compile_options,
+                             NULL};
   tpu_status *s = TPU_CALL(rt->api, Client_Compile, &c);
   if (s) return s;
   return tpu_rt_exec_wrap(rt, c.executable, out);
@@ -445,8 +451,7 @@ static tpu_status *tpu_rt_buffer_wrap(tpu_rt *rt, tpu_pjrt_buffer *b, tpu_dtype 
   atomic_fetch_add(&rt->live_buffers, 1);
   long long now = atomic_fetch_add(&rt->live_bytes, (long long)w->nbytes) + (long long)w->nbytes;
   long long peak = atomic_load(&rt->peak_bytes);
-  while (now > peak && !atomic_compare_exchange_weak(&rt->peak_bytes, &peak, now)) {
-  }
+  while (now > peak && !atomic_compare_exchange_weak(&rt->peak_bytes, &peak, now)) {}
   *out = w;
   return NULL;
 }
@@ -460,8 +465,7 @@ static tpu_status *tpu_rt_buffer_wrap_output(tpu_rt *rt, tpu_pjrt_buffer *b, tpu
   tpu_status *s = TPU_CALL(api, Buffer_ElementType, &t);
   if (!s) s = TPU_CALL(api, Buffer_Dimensions, &d);
   if (!s && d.num_dims > TPU_MAX_RANK)
-    s = tpu_status_new(TPU_ERR_UNIMPLEMENTED, "an output of rank %zu (at most %d supported)", d.num_dims,
-                       TPU_MAX_RANK);
+    s = tpu_status_new(TPU_ERR_UNIMPLEMENTED, "an output of rank %zu (at most %d supported)", d.num_dims, TPU_MAX_RANK);
   if (s) {
     tpu_rt_pjrt_buffer_destroy(api, b);
     return s;
@@ -491,8 +495,7 @@ tpu_status *tpu_rt_event_wait(tpu_rt *rt, tpu_rt_event *ev) {
   return s;
 }
 
-tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
-                           tpu_rt_buffer **outs) {
+tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs, tpu_rt_buffer **outs) {
   return tpu_rt_execute_async(rt, e, args, nargs, outs, NULL);
 }
 
@@ -504,8 +507,8 @@ tpu_status *tpu_rt_execute_async(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *cons
   return tpu_rt_launch(rt, e, args, nargs, outs, done_out, false);
 }
 
-tpu_status *tpu_rt_execute_keep(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
-                                tpu_rt_buffer **outs, tpu_rt_event **done_out) {
+tpu_status *tpu_rt_execute_keep(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs, tpu_rt_buffer **outs,
+                                tpu_rt_event **done_out) {
   return tpu_rt_launch(rt, e, args, nargs, outs, done_out, true);
 }
 
@@ -554,8 +557,10 @@ static tpu_status *tpu_rt_launch(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *cons
       *done_out = w;
     }
   }
-  if (!s) s = tpu_rt_event_finish(api, done[0], "executing");
-  else if (done[0]) tpu_status_free(tpu_rt_event_finish(api, done[0], "executing"));
+  if (!s)
+    s = tpu_rt_event_finish(api, done[0], "executing");
+  else if (done[0])
+    tpu_status_free(tpu_rt_event_finish(api, done[0], "executing"));
   /* Every output the plugin returned is either wrapped or destroyed. */
   for (int i = 0; i < nout; i++) {
     outs[i] = NULL;

@@ -38,11 +38,11 @@ typedef struct {
 tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out);
 void tpu_rt_close(tpu_rt *rt);
 
-const char *tpu_rt_platform_name(const tpu_rt *rt);    /* e.g. "cpu", "cuda", "tpu" */
+const char *tpu_rt_platform_name(const tpu_rt *rt); /* e.g. "cpu", "cuda", "tpu" */
 const char *tpu_rt_platform_version(const tpu_rt *rt);
 const char *tpu_rt_plugin_path(const tpu_rt *rt);
 void tpu_rt_api_version(const tpu_rt *rt, int *major, int *minor);
-int tpu_rt_device_count(const tpu_rt *rt);              /* addressable devices */
+int tpu_rt_device_count(const tpu_rt *rt);               /* addressable devices */
 const char *tpu_rt_device_kind(const tpu_rt *rt, int i); /* e.g. "cpu", "NVIDIA H100" */
 
 /* What a compiled program depends on besides its text, for the disk cache's
@@ -53,25 +53,20 @@ const char *tpu_rt_device_kind(const tpu_rt *rt, int i); /* e.g. "cpu", "NVIDIA 
 char *tpu_rt_cache_salt(const tpu_rt *rt);
 
 /* Compile StableHLO text (or MLIR bytecode) for one device, one replica. */
-tpu_status *tpu_rt_compile(tpu_rt *rt, const char *mlir, size_t len,
-                           tpu_rt_exec **out);
+tpu_status *tpu_rt_compile(tpu_rt *rt, const char *mlir, size_t len, tpu_rt_exec **out);
 int tpu_rt_exec_num_outputs(const tpu_rt_exec *e);
 void tpu_rt_exec_free(tpu_rt_exec *e);
 
 /* Serialized executable bytes (owned by the caller, free()), for the disk
  * cache; TPU_ERR_UNIMPLEMENTED where the plugin cannot serialize. */
-tpu_status *tpu_rt_exec_serialize(tpu_rt *rt, tpu_rt_exec *e, void **bytes,
-                                  size_t *len);
-tpu_status *tpu_rt_exec_deserialize(tpu_rt *rt, const void *bytes, size_t len,
-                                    tpu_rt_exec **out);
+tpu_status *tpu_rt_exec_serialize(tpu_rt *rt, tpu_rt_exec *e, void **bytes, size_t *len);
+tpu_status *tpu_rt_exec_deserialize(tpu_rt *rt, const void *bytes, size_t len, tpu_rt_exec **out);
 
 /* Run e on device 0. args: borrowed for the call (none donated). outs: a
  * caller array of tpu_rt_exec_num_outputs(e) slots, filled with owned
  * buffers. Returns when the outputs are ready (errors of the computation
  * itself are reported here). */
-tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e,
-                           tpu_rt_buffer *const *args, int nargs,
-                           tpu_rt_buffer **outs);
+tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs, tpu_rt_buffer **outs);
 
 /* The same, without waiting for the computation: *done (owned, may be NULL
  * when the plugin finished inline) completes when it has; its error, if any,
@@ -81,8 +76,8 @@ tpu_status *tpu_rt_execute_async(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *cons
                                  tpu_rt_buffer **outs, tpu_rt_event **done);
 /* The same, donating no argument even where the program aliases an input
  * to an output (the plugin then writes a new buffer). */
-tpu_status *tpu_rt_execute_keep(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
-                                tpu_rt_buffer **outs, tpu_rt_event **done);
+tpu_status *tpu_rt_execute_keep(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs, tpu_rt_buffer **outs,
+                                tpu_rt_event **done);
 /* Non-blocking: has ev completed (NULL: yes)? */
 bool tpu_rt_event_ready(tpu_rt *rt, tpu_rt_event *ev);
 /* Waits for ev, frees it, returns its error. NULL ev: nothing. */
@@ -90,13 +85,11 @@ tpu_status *tpu_rt_event_wait(tpu_rt *rt, tpu_rt_event *ev);
 
 /* Host -> device. data: dense row-major, borrowed for the call (copied before
  * return). rank 0 is a scalar; dims may be NULL when rank is 0. */
-tpu_status *tpu_rt_buffer_from_host(tpu_rt *rt, const void *data,
-                                    tpu_dtype dtype, const int64_t *dims,
-                                    int rank, tpu_rt_buffer **out);
+tpu_status *tpu_rt_buffer_from_host(tpu_rt *rt, const void *data, tpu_dtype dtype, const int64_t *dims, int rank,
+                                    tpu_rt_buffer **out);
 /* Device -> host, dense row-major into dst (nbytes must equal
  * tpu_rt_buffer_nbytes, else TPU_ERR_VALUE). Waits for completion. */
-tpu_status *tpu_rt_buffer_to_host(tpu_rt *rt, tpu_rt_buffer *b, void *dst,
-                                  size_t nbytes);
+tpu_status *tpu_rt_buffer_to_host(tpu_rt *rt, tpu_rt_buffer *b, void *dst, size_t nbytes);
 /* The buffer's shape, recorded at upload or asked of the plugin once for an
  * execution's outputs; these never call into the plugin. nbytes is the dense
  * row-major size. dims: rank entries, lifetime of b. */

@@ -162,7 +162,8 @@ static void test_eviction(void) {
     }
     if (d) closedir(d);
   }
-  CHECK(tpu_dcache_size(c) <= 4 * (TPU_DC_HEADER_BYTES + 4 + 100), "under the limit: %lld", (long long)tpu_dcache_size(c));
+  CHECK(tpu_dcache_size(c) <= 4 * (TPU_DC_HEADER_BYTES + 4 + 100), "under the limit: %lld",
+        (long long)tpu_dcache_size(c));
   void *p = NULL;
   size_t n = 0;
   CHECK(tpu_dcache_get(c, "k005", 4, &p, &n, why, sizeof why) == TPU_DC_HIT, "newest kept");
@@ -273,8 +274,9 @@ static void test_sha256_vectors(void) {
   memset(d3, 0xdd, sizeof d3);
   memset(d4, 0xcd, sizeof d4);
   static const char *m6 = "Test Using Larger Than Block-Size Key - Hash Key First";
-  static const char *m7 = "This is a test using a larger than block-size key and a larger than block-size data. The "
-                          "key needs to be hashed before being used by the HMAC algorithm.";
+  static const char *m7 =
+      "This is a test using a larger than block-size key and a larger than block-size data. The "
+      "key needs to be hashed before being used by the HMAC algorithm.";
   const struct {
     const void *key;
     size_t keylen;
@@ -463,9 +465,9 @@ static void test_untrusted_entries(void) {
   CHECK(strstr(why, "tampered or foreign entry"), "why: %s", why);
   /* the next put replaces a refused entry; a good entry loads */
   CHECK(tpu_dcache_put(c, "key-A", 5, pa, strlen(pa), why, sizeof why) == 0, "put A again");
-  CHECK(tpu_dcache_get(c, "key-A", 5, &p, &n, why, sizeof why) == TPU_DC_HIT && n == strlen(pa) &&
-            memcmp(p, pa, n) == 0,
-        "good entry loads");
+  CHECK(
+      tpu_dcache_get(c, "key-A", 5, &p, &n, why, sizeof why) == TPU_DC_HIT && n == strlen(pa) && memcmp(p, pa, n) == 0,
+      "good entry loads");
   free(p);
   p = NULL;
 

@@ -40,8 +40,8 @@ static void expect(tpu_hlo *m, const tpu_hv *res, int n, const char *name, const
   if (!got) return;
   size_t i = 0;
   while (got[i] && got[i] == want[i]) i++;
-  CHECK(got[i] == want[i], "%s: text differs at byte %zu\n--- got:\n%s--- want:\n%s--- got from there: %.80s\n", name, i,
-        got, want, got + i);
+  CHECK(got[i] == want[i], "%s: text differs at byte %zu\n--- got:\n%s--- want:\n%s--- got from there: %.80s\n", name,
+        i, got, want, got + i);
   free(got);
 }
 
@@ -55,9 +55,10 @@ static void test_add(void) {
   tpu_hv r = tpu_hlo_binary(m, TPU_HLO_ADD, a, b);
   CHECK(tpu_hlo_ok(m), "add failed");
   expect(m, &r, 1, "add",
-         HEAD "  func.func public @main(%v0: tensor<2x3xf32>, %v1: tensor<2x3xf32>) -> (tensor<2x3xf32>) {\n"
-              "    %v2 = \"stablehlo.add\"(%v0, %v1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>\n"
-              "    \"func.return\"(%v2) : (tensor<2x3xf32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<2x3xf32>, %v1: tensor<2x3xf32>) -> (tensor<2x3xf32>) {\n"
+         "    %v2 = \"stablehlo.add\"(%v0, %v1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>\n"
+         "    \"func.return\"(%v2) : (tensor<2x3xf32>) -> ()\n" TAIL);
 }
 
 #define KONST(n, lit, t) \
@@ -74,8 +75,8 @@ static void test_constants(void) {
       tpu_hlo_constant(m, TPU_F16, 1e6), /* overflows f16: inf */
       tpu_hlo_constant_int(m, TPU_PRED, 1),        tpu_hlo_constant_int(m, TPU_PRED, 0),
       tpu_hlo_constant_int(m, TPU_S32, -7),        tpu_hlo_constant_int(m, TPU_S8, 200), /* wraps to -56 */
-      tpu_hlo_constant_int(m, TPU_S8, -129),       /* wraps to 127 */
-      tpu_hlo_constant_int(m, TPU_U8, -1),         /* 255 */
+      tpu_hlo_constant_int(m, TPU_S8, -129),                                             /* wraps to 127 */
+      tpu_hlo_constant_int(m, TPU_U8, -1),                                               /* 255 */
       tpu_hlo_constant_int(m, TPU_S64, INT64_MIN), tpu_hlo_constant(m, TPU_C64, 2.5),
       tpu_hlo_constant(m, TPU_S32, 3.9), /* integer dtypes truncate */
       tpu_hlo_constant(m, TPU_F64, INFINITY),      tpu_hlo_constant(m, TPU_F16, -INFINITY),
@@ -119,11 +120,13 @@ static void test_constants(void) {
   for (int i = 0; i < N; i++) strcat(body, want[i]);
   strcat(body, "    \"func.return\"(%v0, %v1, ");
   CHECK(strstr(text, body) != NULL, "constants: body\n%s\nnot found in\n%s", body, text);
-  CHECK(strstr(text, "@main() -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f64>, tensor<f16>, tensor<bf16>, "
-                     "tensor<f32>, tensor<f32>, tensor<f64>, tensor<f32>, tensor<f16>, tensor<i1>, tensor<i1>, "
-                     "tensor<i32>, tensor<i8>, tensor<i8>, tensor<ui8>, tensor<i64>, tensor<complex<f32>>, "
-                     "tensor<i32>, tensor<f64>, tensor<f16>, tensor<bf16>, tensor<f64>, tensor<f16>, tensor<i8>) {\n") != NULL,
-        "constants: signature in\n%s", text);
+  CHECK(
+      strstr(text,
+             "@main() -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f64>, tensor<f16>, tensor<bf16>, "
+             "tensor<f32>, tensor<f32>, tensor<f64>, tensor<f32>, tensor<f16>, tensor<i1>, tensor<i1>, "
+             "tensor<i32>, tensor<i8>, tensor<i8>, tensor<ui8>, tensor<i64>, tensor<complex<f32>>, "
+             "tensor<i32>, tensor<f64>, tensor<f16>, tensor<bf16>, tensor<f64>, tensor<f16>, tensor<i8>) {\n") != NULL,
+      "constants: signature in\n%s", text);
   free(text);
 
   /* A dense integer constant (nested brackets) and a bool one. */
@@ -136,12 +139,13 @@ static void test_constants(void) {
   tpu_hv f = tpu_hlo_constant_ints(m, scalar(TPU_U32), &one);
   tpu_hv r[3] = {d, e, f};
   expect(m, r, 3, "dense constants",
-         HEAD "  func.func public @main() -> (tensor<2x3xi8>, tensor<2xi1>, tensor<ui32>) {\n"
-              "    %v0 = \"stablehlo.constant\"() {value = dense<[[1, -2, 3], [44, 0, -1]]> : tensor<2x3xi8>} : () -> "
-              "tensor<2x3xi8>\n"
-              "    %v1 = \"stablehlo.constant\"() {value = dense<[true, false]> : tensor<2xi1>} : () -> tensor<2xi1>\n"
-              "    %v2 = \"stablehlo.constant\"() {value = dense<7> : tensor<ui32>} : () -> tensor<ui32>\n"
-              "    \"func.return\"(%v0, %v1, %v2) : (tensor<2x3xi8>, tensor<2xi1>, tensor<ui32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main() -> (tensor<2x3xi8>, tensor<2xi1>, tensor<ui32>) {\n"
+         "    %v0 = \"stablehlo.constant\"() {value = dense<[[1, -2, 3], [44, 0, -1]]> : tensor<2x3xi8>} : () -> "
+         "tensor<2x3xi8>\n"
+         "    %v1 = \"stablehlo.constant\"() {value = dense<[true, false]> : tensor<2xi1>} : () -> tensor<2xi1>\n"
+         "    %v2 = \"stablehlo.constant\"() {value = dense<7> : tensor<ui32>} : () -> tensor<ui32>\n"
+         "    \"func.return\"(%v0, %v1, %v2) : (tensor<2x3xi8>, tensor<2xi1>, tensor<ui32>) -> ()\n" TAIL);
 }
 
 static void test_broadcast(void) {
@@ -153,13 +157,14 @@ static void test_broadcast(void) {
   const tpu_hlo_type *t = tpu_hlo_typeof(m, r[0]);
   CHECK(t->dtype == TPU_F32 && t->rank == 2 && t->dims[0] == 2 && t->dims[1] == 3, "broadcast type");
   expect(m, r, 2, "broadcast_in_dim",
-         HEAD "  func.func public @main(%v0: tensor<3xf32>) -> (tensor<2x3xf32>, tensor<2x3xf32>) {\n"
-              "    %v1 = \"stablehlo.broadcast_in_dim\"(%v0) {broadcast_dimensions = array<i64: 1>} : (tensor<3xf32>) "
-              "-> tensor<2x3xf32>\n"
-              "    %v2 = \"stablehlo.constant\"() {value = dense<2.0> : tensor<f32>} : () -> tensor<f32>\n"
-              "    %v3 = \"stablehlo.broadcast_in_dim\"(%v2) {broadcast_dimensions = array<i64>} : (tensor<f32>) -> "
-              "tensor<2x3xf32>\n"
-              "    \"func.return\"(%v1, %v3) : (tensor<2x3xf32>, tensor<2x3xf32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<3xf32>) -> (tensor<2x3xf32>, tensor<2x3xf32>) {\n"
+         "    %v1 = \"stablehlo.broadcast_in_dim\"(%v0) {broadcast_dimensions = array<i64: 1>} : (tensor<3xf32>) "
+         "-> tensor<2x3xf32>\n"
+         "    %v2 = \"stablehlo.constant\"() {value = dense<2.0> : tensor<f32>} : () -> tensor<f32>\n"
+         "    %v3 = \"stablehlo.broadcast_in_dim\"(%v2) {broadcast_dimensions = array<i64>} : (tensor<f32>) -> "
+         "tensor<2x3xf32>\n"
+         "    \"func.return\"(%v1, %v3) : (tensor<2x3xf32>, tensor<2x3xf32>) -> ()\n" TAIL);
 }
 
 static void test_reduce(void) {
@@ -170,14 +175,15 @@ static void test_reduce(void) {
   const tpu_hlo_type *t = tpu_hlo_typeof(m, r);
   CHECK(t->rank == 1 && t->dims[0] == 2, "reduce drops the reduced dim");
   expect(m, &r, 1, "reduce",
-         HEAD "  func.func public @main(%v0: tensor<2x3xf32>) -> (tensor<2xf32>) {\n"
-              "    %v1 = \"stablehlo.constant\"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>\n"
-              "    %v5 = \"stablehlo.reduce\"(%v0, %v1) ({\n"
-              "    ^bb0(%v2: tensor<f32>, %v3: tensor<f32>):\n"
-              "      %v4 = \"stablehlo.add\"(%v2, %v3) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
-              "      \"stablehlo.return\"(%v4) : (tensor<f32>) -> ()\n"
-              "    }) {dimensions = array<i64: 1>} : (tensor<2x3xf32>, tensor<f32>) -> tensor<2xf32>\n"
-              "    \"func.return\"(%v5) : (tensor<2xf32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<2x3xf32>) -> (tensor<2xf32>) {\n"
+         "    %v1 = \"stablehlo.constant\"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>\n"
+         "    %v5 = \"stablehlo.reduce\"(%v0, %v1) ({\n"
+         "    ^bb0(%v2: tensor<f32>, %v3: tensor<f32>):\n"
+         "      %v4 = \"stablehlo.add\"(%v2, %v3) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+         "      \"stablehlo.return\"(%v4) : (tensor<f32>) -> ()\n"
+         "    }) {dimensions = array<i64: 1>} : (tensor<2x3xf32>, tensor<f32>) -> tensor<2xf32>\n"
+         "    \"func.return\"(%v5) : (tensor<2xf32>) -> ()\n" TAIL);
 }
 
 static void test_reduce_region(void) {
@@ -197,20 +203,21 @@ static void test_reduce_region(void) {
   CHECK(tpu_hlo_reduce_region(m, xs, in, 2, &d0, 1, reg, outs), "reduce_region");
   CHECK(tpu_hlo_typeof(m, outs[0])->rank == 0 && tpu_hlo_typeof(m, outs[1])->dtype == TPU_S32, "result types");
   expect(m, outs, 2, "variadic reduce",
-         HEAD "  func.func public @main(%v0: tensor<4xf32>) -> (tensor<f32>, tensor<i32>) {\n"
-              "    %v1 = \"stablehlo.iota\"() {iota_dimension = 0 : i64} : () -> tensor<4xi32>\n"
-              "    %v9 = \"stablehlo.constant\"() {value = dense<0xFF800000> : tensor<f32>} : () -> tensor<f32>\n"
-              "    %v10 = \"stablehlo.constant\"() {value = dense<0> : tensor<i32>} : () -> tensor<i32>\n"
-              "    %v11, %v12 = \"stablehlo.reduce\"(%v0, %v1, %v9, %v10) ({\n"
-              "    ^bb0(%v2: tensor<f32>, %v3: tensor<i32>, %v4: tensor<f32>, %v5: tensor<i32>):\n"
-              "      %v6 = \"stablehlo.compare\"(%v4, %v2) {comparison_direction = #stablehlo<comparison_direction GT>, "
-              "compare_type = #stablehlo<comparison_type FLOAT>} : (tensor<f32>, tensor<f32>) -> tensor<i1>\n"
-              "      %v7 = \"stablehlo.select\"(%v6, %v4, %v2) : (tensor<i1>, tensor<f32>, tensor<f32>) -> tensor<f32>\n"
-              "      %v8 = \"stablehlo.select\"(%v6, %v5, %v3) : (tensor<i1>, tensor<i32>, tensor<i32>) -> tensor<i32>\n"
-              "      \"stablehlo.return\"(%v7, %v8) : (tensor<f32>, tensor<i32>) -> ()\n"
-              "    }) {dimensions = array<i64: 0>} : (tensor<4xf32>, tensor<4xi32>, tensor<f32>, tensor<i32>) -> "
-              "(tensor<f32>, tensor<i32>)\n"
-              "    \"func.return\"(%v11, %v12) : (tensor<f32>, tensor<i32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<4xf32>) -> (tensor<f32>, tensor<i32>) {\n"
+         "    %v1 = \"stablehlo.iota\"() {iota_dimension = 0 : i64} : () -> tensor<4xi32>\n"
+         "    %v9 = \"stablehlo.constant\"() {value = dense<0xFF800000> : tensor<f32>} : () -> tensor<f32>\n"
+         "    %v10 = \"stablehlo.constant\"() {value = dense<0> : tensor<i32>} : () -> tensor<i32>\n"
+         "    %v11, %v12 = \"stablehlo.reduce\"(%v0, %v1, %v9, %v10) ({\n"
+         "    ^bb0(%v2: tensor<f32>, %v3: tensor<i32>, %v4: tensor<f32>, %v5: tensor<i32>):\n"
+         "      %v6 = \"stablehlo.compare\"(%v4, %v2) {comparison_direction = #stablehlo<comparison_direction GT>, "
+         "compare_type = #stablehlo<comparison_type FLOAT>} : (tensor<f32>, tensor<f32>) -> tensor<i1>\n"
+         "      %v7 = \"stablehlo.select\"(%v6, %v4, %v2) : (tensor<i1>, tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+         "      %v8 = \"stablehlo.select\"(%v6, %v5, %v3) : (tensor<i1>, tensor<i32>, tensor<i32>) -> tensor<i32>\n"
+         "      \"stablehlo.return\"(%v7, %v8) : (tensor<f32>, tensor<i32>) -> ()\n"
+         "    }) {dimensions = array<i64: 0>} : (tensor<4xf32>, tensor<4xi32>, tensor<f32>, tensor<i32>) -> "
+         "(tensor<f32>, tensor<i32>)\n"
+         "    \"func.return\"(%v11, %v12) : (tensor<f32>, tensor<i32>) -> ()\n" TAIL);
 }
 
 static void test_compare_select(void) {
@@ -224,21 +231,22 @@ static void test_compare_select(void) {
   r[3] = tpu_hlo_select(m, tpu_hlo_constant_int(m, TPU_PRED, 1), f, f); /* 0-d predicate */
   CHECK(tpu_hlo_typeof(m, r[1])->dtype == TPU_PRED, "compare gives i1");
   expect(m, r, 4, "compare/select",
-         HEAD "  func.func public @main(%v0: tensor<4xi32>, %v1: tensor<4xi32>, %v2: tensor<4xui8>, %v3: "
-              "tensor<4xf32>) -> (tensor<4xi32>, tensor<4xi1>, tensor<4xi1>, tensor<4xf32>) {\n"
-              "    %v4 = \"stablehlo.compare\"(%v0, %v1) {comparison_direction = #stablehlo<comparison_direction LT>, "
-              "compare_type = #stablehlo<comparison_type SIGNED>} : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>\n"
-              "    %v5 = \"stablehlo.select\"(%v4, %v0, %v1) : (tensor<4xi1>, tensor<4xi32>, tensor<4xi32>) -> "
-              "tensor<4xi32>\n"
-              "    %v6 = \"stablehlo.compare\"(%v2, %v2) {comparison_direction = #stablehlo<comparison_direction GE>, "
-              "compare_type = #stablehlo<comparison_type UNSIGNED>} : (tensor<4xui8>, tensor<4xui8>) -> tensor<4xi1>\n"
-              "    %v7 = \"stablehlo.compare\"(%v3, %v3) {comparison_direction = #stablehlo<comparison_direction NE>, "
-              "compare_type = #stablehlo<comparison_type FLOAT>} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>\n"
-              "    %v8 = \"stablehlo.constant\"() {value = dense<true> : tensor<i1>} : () -> tensor<i1>\n"
-              "    %v9 = \"stablehlo.select\"(%v8, %v3, %v3) : (tensor<i1>, tensor<4xf32>, tensor<4xf32>) -> "
-              "tensor<4xf32>\n"
-              "    \"func.return\"(%v5, %v6, %v7, %v9) : (tensor<4xi32>, tensor<4xi1>, tensor<4xi1>, tensor<4xf32>) -> "
-              "()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<4xi32>, %v1: tensor<4xi32>, %v2: tensor<4xui8>, %v3: "
+         "tensor<4xf32>) -> (tensor<4xi32>, tensor<4xi1>, tensor<4xi1>, tensor<4xf32>) {\n"
+         "    %v4 = \"stablehlo.compare\"(%v0, %v1) {comparison_direction = #stablehlo<comparison_direction LT>, "
+         "compare_type = #stablehlo<comparison_type SIGNED>} : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>\n"
+         "    %v5 = \"stablehlo.select\"(%v4, %v0, %v1) : (tensor<4xi1>, tensor<4xi32>, tensor<4xi32>) -> "
+         "tensor<4xi32>\n"
+         "    %v6 = \"stablehlo.compare\"(%v2, %v2) {comparison_direction = #stablehlo<comparison_direction GE>, "
+         "compare_type = #stablehlo<comparison_type UNSIGNED>} : (tensor<4xui8>, tensor<4xui8>) -> tensor<4xi1>\n"
+         "    %v7 = \"stablehlo.compare\"(%v3, %v3) {comparison_direction = #stablehlo<comparison_direction NE>, "
+         "compare_type = #stablehlo<comparison_type FLOAT>} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>\n"
+         "    %v8 = \"stablehlo.constant\"() {value = dense<true> : tensor<i1>} : () -> tensor<i1>\n"
+         "    %v9 = \"stablehlo.select\"(%v8, %v3, %v3) : (tensor<i1>, tensor<4xf32>, tensor<4xf32>) -> "
+         "tensor<4xf32>\n"
+         "    \"func.return\"(%v5, %v6, %v7, %v9) : (tensor<4xi32>, tensor<4xi1>, tensor<4xi1>, tensor<4xf32>) -> "
+         "()\n" TAIL);
 }
 
 static void test_dot_general(void) {
@@ -247,12 +255,13 @@ static void test_dot_general(void) {
   int64_t lc = 1, rc = 0;
   tpu_hv r = tpu_hlo_dot_general(m, a, b, 0, NULL, NULL, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, TPU_INVALID);
   expect(m, &r, 1, "dot_general",
-         HEAD "  func.func public @main(%v0: tensor<2x3xf32>, %v1: tensor<3x4xf32>) -> (tensor<2x4xf32>) {\n"
-              "    %v2 = \"stablehlo.dot_general\"(%v0, %v1) {dot_dimension_numbers = "
-              "#stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>, precision_config = "
-              "[#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]} : (tensor<2x3xf32>, tensor<3x4xf32>) -> "
-              "tensor<2x4xf32>\n"
-              "    \"func.return\"(%v2) : (tensor<2x4xf32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<2x3xf32>, %v1: tensor<3x4xf32>) -> (tensor<2x4xf32>) {\n"
+         "    %v2 = \"stablehlo.dot_general\"(%v0, %v1) {dot_dimension_numbers = "
+         "#stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>, precision_config = "
+         "[#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]} : (tensor<2x3xf32>, tensor<3x4xf32>) -> "
+         "tensor<2x4xf32>\n"
+         "    \"func.return\"(%v2) : (tensor<2x4xf32>) -> ()\n" TAIL);
 
   /* Batched, with an explicit result dtype. */
   m = tpu_hlo_new();
@@ -262,12 +271,13 @@ static void test_dot_general(void) {
   int64_t z = 0, two = 2;
   r = tpu_hlo_dot_general(m, a, b, 1, &z, &z, 1, &two, &lc, TPU_HLO_PREC_DEFAULT, TPU_F32);
   expect(m, &r, 1, "batched dot_general",
-         HEAD "  func.func public @main(%v0: tensor<5x2x3xbf16>, %v1: tensor<5x3x4xbf16>) -> (tensor<5x2x4xf32>) {\n"
-              "    %v2 = \"stablehlo.dot_general\"(%v0, %v1) {dot_dimension_numbers = "
-              "#stablehlo.dot<lhs_batching_dimensions = [0], rhs_batching_dimensions = [0], lhs_contracting_dimensions "
-              "= [2], rhs_contracting_dimensions = [1]>, precision_config = [#stablehlo<precision DEFAULT>, "
-              "#stablehlo<precision DEFAULT>]} : (tensor<5x2x3xbf16>, tensor<5x3x4xbf16>) -> tensor<5x2x4xf32>\n"
-              "    \"func.return\"(%v2) : (tensor<5x2x4xf32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<5x2x3xbf16>, %v1: tensor<5x3x4xbf16>) -> (tensor<5x2x4xf32>) {\n"
+         "    %v2 = \"stablehlo.dot_general\"(%v0, %v1) {dot_dimension_numbers = "
+         "#stablehlo.dot<lhs_batching_dimensions = [0], rhs_batching_dimensions = [0], lhs_contracting_dimensions "
+         "= [2], rhs_contracting_dimensions = [1]>, precision_config = [#stablehlo<precision DEFAULT>, "
+         "#stablehlo<precision DEFAULT>]} : (tensor<5x2x3xbf16>, tensor<5x3x4xbf16>) -> tensor<5x2x4xf32>\n"
+         "    \"func.return\"(%v2) : (tensor<5x2x4xf32>) -> ()\n" TAIL);
 }
 
 static void test_gather(void) {
@@ -283,11 +293,12 @@ static void test_gather(void) {
   int64_t ss[2] = {1, 3};
   tpu_hv r = tpu_hlo_gather(m, a, b, &g, ss, ty(TPU_F32, 2, 2, 3));
   expect(m, &r, 1, "gather",
-         HEAD "  func.func public @main(%v0: tensor<4x3xf32>, %v1: tensor<2xi32>) -> (tensor<2x3xf32>) {\n"
-              "    %v2 = \"stablehlo.gather\"(%v0, %v1) {dimension_numbers = #stablehlo.gather<offset_dims = [1], "
-              "collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, "
-              "slice_sizes = array<i64: 1, 3>} : (tensor<4x3xf32>, tensor<2xi32>) -> tensor<2x3xf32>\n"
-              "    \"func.return\"(%v2) : (tensor<2x3xf32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<4x3xf32>, %v1: tensor<2xi32>) -> (tensor<2x3xf32>) {\n"
+         "    %v2 = \"stablehlo.gather\"(%v0, %v1) {dimension_numbers = #stablehlo.gather<offset_dims = [1], "
+         "collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, "
+         "slice_sizes = array<i64: 1, 3>} : (tensor<4x3xf32>, tensor<2xi32>) -> tensor<2x3xf32>\n"
+         "    \"func.return\"(%v2) : (tensor<2x3xf32>) -> ()\n" TAIL);
 }
 
 static void test_scatter(void) {
@@ -307,31 +318,33 @@ static void test_scatter(void) {
   tpu_hv s = tpu_hlo_binary(m, TPU_HLO_ADD, ra[0], ra[1]);
   r[1] = tpu_hlo_scatter(m, a, b, up, &sd, tpu_hlo_region_end(m, &s, 1));
   expect(m, r, 2, "scatter",
-         HEAD "  func.func public @main(%v0: tensor<5xf32>, %v1: tensor<3x1xi32>, %v2: tensor<3xf32>) -> "
-              "(tensor<5xf32>, tensor<5xf32>) {\n"
-              "    %v5 = \"stablehlo.scatter\"(%v0, %v1, %v2) ({\n"
-              "    ^bb0(%v3: tensor<f32>, %v4: tensor<f32>):\n"
-              "      \"stablehlo.return\"(%v4) : (tensor<f32>) -> ()\n"
-              "    }) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims "
-              "= [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false} : "
-              "(tensor<5xf32>, tensor<3x1xi32>, tensor<3xf32>) -> tensor<5xf32>\n"
-              "    %v9 = \"stablehlo.scatter\"(%v0, %v1, %v2) ({\n"
-              "    ^bb0(%v6: tensor<f32>, %v7: tensor<f32>):\n"
-              "      %v8 = \"stablehlo.add\"(%v6, %v7) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
-              "      \"stablehlo.return\"(%v8) : (tensor<f32>) -> ()\n"
-              "    }) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims "
-              "= [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false} : "
-              "(tensor<5xf32>, tensor<3x1xi32>, tensor<3xf32>) -> tensor<5xf32>\n"
-              "    \"func.return\"(%v5, %v9) : (tensor<5xf32>, tensor<5xf32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<5xf32>, %v1: tensor<3x1xi32>, %v2: tensor<3xf32>) -> "
+         "(tensor<5xf32>, tensor<5xf32>) {\n"
+         "    %v5 = \"stablehlo.scatter\"(%v0, %v1, %v2) ({\n"
+         "    ^bb0(%v3: tensor<f32>, %v4: tensor<f32>):\n"
+         "      \"stablehlo.return\"(%v4) : (tensor<f32>) -> ()\n"
+         "    }) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims "
+         "= [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false} : "
+         "(tensor<5xf32>, tensor<3x1xi32>, tensor<3xf32>) -> tensor<5xf32>\n"
+         "    %v9 = \"stablehlo.scatter\"(%v0, %v1, %v2) ({\n"
+         "    ^bb0(%v6: tensor<f32>, %v7: tensor<f32>):\n"
+         "      %v8 = \"stablehlo.add\"(%v6, %v7) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+         "      \"stablehlo.return\"(%v8) : (tensor<f32>) -> ()\n"
+         "    }) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims "
+         "= [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false} : "
+         "(tensor<5xf32>, tensor<3x1xi32>, tensor<3xf32>) -> tensor<5xf32>\n"
+         "    \"func.return\"(%v5, %v9) : (tensor<5xf32>, tensor<5xf32>) -> ()\n" TAIL);
 }
 
 static void test_iota(void) {
   tpu_hlo *m = tpu_hlo_new();
   tpu_hv r = tpu_hlo_iota(m, ty(TPU_S64, 2, 2, 3), 1);
   expect(m, &r, 1, "iota",
-         HEAD "  func.func public @main() -> (tensor<2x3xi64>) {\n"
-              "    %v0 = \"stablehlo.iota\"() {iota_dimension = 1 : i64} : () -> tensor<2x3xi64>\n"
-              "    \"func.return\"(%v0) : (tensor<2x3xi64>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main() -> (tensor<2x3xi64>) {\n"
+         "    %v0 = \"stablehlo.iota\"() {iota_dimension = 1 : i64} : () -> tensor<2x3xi64>\n"
+         "    \"func.return\"(%v0) : (tensor<2x3xi64>) -> ()\n" TAIL);
 }
 
 static void test_noops(void) {
@@ -349,10 +362,11 @@ static void test_noops(void) {
   int64_t d6 = 6;
   tpu_hv rs = tpu_hlo_reshape(m, c, 1, &d6);
   expect(m, &rs, 1, "no-ops emit nothing",
-         HEAD "  func.func public @main(%v0: tensor<2x3xf32>) -> (tensor<6xf16>) {\n"
-              "    %v1 = \"stablehlo.convert\"(%v0) : (tensor<2x3xf32>) -> tensor<2x3xf16>\n"
-              "    %v2 = \"stablehlo.reshape\"(%v1) : (tensor<2x3xf16>) -> tensor<6xf16>\n"
-              "    \"func.return\"(%v2) : (tensor<6xf16>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<2x3xf32>) -> (tensor<6xf16>) {\n"
+         "    %v1 = \"stablehlo.convert\"(%v0) : (tensor<2x3xf32>) -> tensor<2x3xf16>\n"
+         "    %v2 = \"stablehlo.reshape\"(%v1) : (tensor<2x3xf16>) -> tensor<6xf16>\n"
+         "    \"func.return\"(%v2) : (tensor<6xf16>) -> ()\n" TAIL);
 }
 
 static void test_slice_concat_pad(void) {
@@ -369,20 +383,21 @@ static void test_slice_concat_pad(void) {
   const tpu_hlo_type *t = tpu_hlo_typeof(m, r[2]);
   CHECK(t->dims[0] == 3 && t->dims[1] == 6, "pad type %lldx%lld", (long long)t->dims[0], (long long)t->dims[1]);
   expect(m, r, 4, "slice/concat/pad",
-         HEAD "  func.func public @main(%v0: tensor<2x3xf32>) -> (tensor<2x1xf32>, tensor<2x6xf32>, tensor<3x6xf32>, "
-              "tensor<2x2xf32>) {\n"
-              "    %v1 = \"stablehlo.slice\"(%v0) {start_indices = array<i64: 0, 1>, limit_indices = array<i64: 2, 3>, "
-              "strides = array<i64: 1, 2>} : (tensor<2x3xf32>) -> tensor<2x1xf32>\n"
-              "    %v2 = \"stablehlo.concatenate\"(%v0, %v0) {dimension = 1 : i64} : (tensor<2x3xf32>, "
-              "tensor<2x3xf32>) -> tensor<2x6xf32>\n"
-              "    %v3 = \"stablehlo.constant\"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>\n"
-              "    %v4 = \"stablehlo.pad\"(%v0, %v3) {edge_padding_low = array<i64: 1, -1>, edge_padding_high = "
-              "array<i64: 0, 2>, interior_padding = array<i64: 0, 1>} : (tensor<2x3xf32>, tensor<f32>) -> "
-              "tensor<3x6xf32>\n"
-              "    %v5 = \"stablehlo.slice\"(%v0) {start_indices = array<i64: 0, 1>, limit_indices = array<i64: 2, 3>, "
-              "strides = array<i64: 1, 1>} : (tensor<2x3xf32>) -> tensor<2x2xf32>\n"
-              "    \"func.return\"(%v1, %v2, %v4, %v5) : (tensor<2x1xf32>, tensor<2x6xf32>, tensor<3x6xf32>, "
-              "tensor<2x2xf32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<2x3xf32>) -> (tensor<2x1xf32>, tensor<2x6xf32>, tensor<3x6xf32>, "
+         "tensor<2x2xf32>) {\n"
+         "    %v1 = \"stablehlo.slice\"(%v0) {start_indices = array<i64: 0, 1>, limit_indices = array<i64: 2, 3>, "
+         "strides = array<i64: 1, 2>} : (tensor<2x3xf32>) -> tensor<2x1xf32>\n"
+         "    %v2 = \"stablehlo.concatenate\"(%v0, %v0) {dimension = 1 : i64} : (tensor<2x3xf32>, "
+         "tensor<2x3xf32>) -> tensor<2x6xf32>\n"
+         "    %v3 = \"stablehlo.constant\"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>\n"
+         "    %v4 = \"stablehlo.pad\"(%v0, %v3) {edge_padding_low = array<i64: 1, -1>, edge_padding_high = "
+         "array<i64: 0, 2>, interior_padding = array<i64: 0, 1>} : (tensor<2x3xf32>, tensor<f32>) -> "
+         "tensor<3x6xf32>\n"
+         "    %v5 = \"stablehlo.slice\"(%v0) {start_indices = array<i64: 0, 1>, limit_indices = array<i64: 2, 3>, "
+         "strides = array<i64: 1, 1>} : (tensor<2x3xf32>) -> tensor<2x2xf32>\n"
+         "    \"func.return\"(%v1, %v2, %v4, %v5) : (tensor<2x1xf32>, tensor<2x6xf32>, tensor<3x6xf32>, "
+         "tensor<2x2xf32>) -> ()\n" TAIL);
 }
 
 static void test_alias(void) {
@@ -394,10 +409,11 @@ static void test_alias(void) {
   tpu_hlo_param_alias(m, b, 1);
   CHECK(tpu_hlo_ok(m), "alias failed");
   expect(m, r, 2, "alias",
-         HEAD "  func.func public @main(%v0: tensor<3xf32> {tf.aliasing_output = 0 : i32}, %v1: tensor<i32> "
-              "{tf.aliasing_output = 1 : i32}) -> (tensor<3xf32>, tensor<i32>) {\n"
-              "    %v2 = \"stablehlo.negate\"(%v0) : (tensor<3xf32>) -> tensor<3xf32>\n"
-              "    \"func.return\"(%v2, %v1) : (tensor<3xf32>, tensor<i32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<3xf32> {tf.aliasing_output = 0 : i32}, %v1: tensor<i32> "
+         "{tf.aliasing_output = 1 : i32}) -> (tensor<3xf32>, tensor<i32>) {\n"
+         "    %v2 = \"stablehlo.negate\"(%v0) : (tensor<3xf32>) -> tensor<3xf32>\n"
+         "    \"func.return\"(%v2, %v1) : (tensor<3xf32>, tensor<i32>) -> ()\n" TAIL);
 }
 
 static void test_sort_rng(void) {
@@ -409,39 +425,43 @@ static void test_sort_rng(void) {
   tpu_hv lt = tpu_hlo_compare(m, TPU_HLO_LT, ca[0], ca[1]);
   CHECK(tpu_hlo_sort(m, &a, 1, 0, true, tpu_hlo_region_end(m, &lt, 1), &o), "sort");
   expect(m, &o, 1, "sort",
-         HEAD "  func.func public @main(%v0: tensor<5xf32>) -> (tensor<5xf32>) {\n"
-              "    %v4 = \"stablehlo.sort\"(%v0) ({\n"
-              "    ^bb0(%v1: tensor<f32>, %v2: tensor<f32>):\n"
-              "      %v3 = \"stablehlo.compare\"(%v1, %v2) {comparison_direction = #stablehlo<comparison_direction LT>, "
-              "compare_type = #stablehlo<comparison_type FLOAT>} : (tensor<f32>, tensor<f32>) -> tensor<i1>\n"
-              "      \"stablehlo.return\"(%v3) : (tensor<i1>) -> ()\n"
-              "    }) {dimension = 0 : i64, is_stable = true} : (tensor<5xf32>) -> tensor<5xf32>\n"
-              "    \"func.return\"(%v4) : (tensor<5xf32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<5xf32>) -> (tensor<5xf32>) {\n"
+         "    %v4 = \"stablehlo.sort\"(%v0) ({\n"
+         "    ^bb0(%v1: tensor<f32>, %v2: tensor<f32>):\n"
+         "      %v3 = \"stablehlo.compare\"(%v1, %v2) {comparison_direction = #stablehlo<comparison_direction LT>, "
+         "compare_type = #stablehlo<comparison_type FLOAT>} : (tensor<f32>, tensor<f32>) -> tensor<i1>\n"
+         "      \"stablehlo.return\"(%v3) : (tensor<i1>) -> ()\n"
+         "    }) {dimension = 0 : i64, is_stable = true} : (tensor<5xf32>) -> tensor<5xf32>\n"
+         "    \"func.return\"(%v4) : (tensor<5xf32>) -> ()\n" TAIL);
 
   m = tpu_hlo_new();
   tpu_hv st = tpu_hlo_param(m, ty(TPU_U64, 1, 2, 0)), ns;
   tpu_hv bits = tpu_hlo_rng_bit_generator(m, st, ty(TPU_U32, 1, 4, 0), &ns);
   tpu_hv r[2] = {bits, ns};
   expect(m, r, 2, "rng_bit_generator",
-         HEAD "  func.func public @main(%v0: tensor<2xui64>) -> (tensor<4xui32>, tensor<2xui64>) {\n"
-              "    %v1, %v2 = \"stablehlo.rng_bit_generator\"(%v0) {rng_algorithm = #stablehlo<rng_algorithm "
-              "THREE_FRY>} : (tensor<2xui64>) -> (tensor<2xui64>, tensor<4xui32>)\n"
-              "    \"func.return\"(%v2, %v1) : (tensor<4xui32>, tensor<2xui64>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<2xui64>) -> (tensor<4xui32>, tensor<2xui64>) {\n"
+         "    %v1, %v2 = \"stablehlo.rng_bit_generator\"(%v0) {rng_algorithm = #stablehlo<rng_algorithm "
+         "THREE_FRY>} : (tensor<2xui64>) -> (tensor<2xui64>, tensor<4xui32>)\n"
+         "    \"func.return\"(%v2, %v1) : (tensor<4xui32>, tensor<2xui64>) -> ()\n" TAIL);
 }
 
 static void test_conv_pool_transpose(void) {
   tpu_hlo *m = tpu_hlo_new();
   int64_t di[4] = {1, 2, 5, 5}, dk[4] = {3, 2, 3, 3}, st[2] = {2, 2}, pad[4] = {1, 1, 0, 1};
-  tpu_hv x = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, di)), w = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, dk));
+  tpu_hv x = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, di)),
+         w = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, dk));
   tpu_hv c = tpu_hlo_convolution(m, x, w, 2, st, pad, NULL, NULL, 1, 1, TPU_HLO_PREC_DEFAULT);
   expect(m, &c, 1, "convolution",
-         HEAD "  func.func public @main(%v0: tensor<1x2x5x5xf32>, %v1: tensor<3x2x3x3xf32>) -> (tensor<1x3x3x2xf32>) {\n"
-              "    %v2 = \"stablehlo.convolution\"(%v0, %v1) {batch_group_count = 1 : i64, dimension_numbers = "
-              "#stablehlo.conv<[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]>, feature_group_count = 1 : i64, lhs_dilation = "
-              "array<i64: 1, 1>, padding = dense<[[1, 1], [0, 1]]> : tensor<2x2xi64>, precision_config = "
-              "[#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>], rhs_dilation = array<i64: 1, 1>, "
-              "window_strides = array<i64: 2, 2>} : (tensor<1x2x5x5xf32>, tensor<3x2x3x3xf32>) -> tensor<1x3x3x2xf32>\n"
-              "    \"func.return\"(%v2) : (tensor<1x3x3x2xf32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<1x2x5x5xf32>, %v1: tensor<3x2x3x3xf32>) -> (tensor<1x3x3x2xf32>) {\n"
+         "    %v2 = \"stablehlo.convolution\"(%v0, %v1) {batch_group_count = 1 : i64, dimension_numbers = "
+         "#stablehlo.conv<[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]>, feature_group_count = 1 : i64, lhs_dilation = "
+         "array<i64: 1, 1>, padding = dense<[[1, 1], [0, 1]]> : tensor<2x2xi64>, precision_config = "
+         "[#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>], rhs_dilation = array<i64: 1, 1>, "
+         "window_strides = array<i64: 2, 2>} : (tensor<1x2x5x5xf32>, tensor<3x2x3x3xf32>) -> tensor<1x3x3x2xf32>\n"
+         "    \"func.return\"(%v2) : (tensor<1x3x3x2xf32>) -> ()\n" TAIL);
 
   m = tpu_hlo_new();
   int64_t dx[4] = {1, 1, 4, 4}, win[4] = {1, 1, 2, 2}, str[4] = {1, 1, 2, 2};
@@ -454,27 +474,29 @@ static void test_conv_pool_transpose(void) {
   tpu_hv init = tpu_hlo_constant(m, TPU_F32, -INFINITY);
   CHECK(tpu_hlo_reduce_window(m, &x, &init, 1, win, str, NULL, NULL, NULL, reg, &o), "reduce_window");
   expect(m, &o, 1, "reduce_window",
-         HEAD "  func.func public @main(%v0: tensor<1x1x4x4xf32>) -> (tensor<1x1x2x2xf32>) {\n"
-              "    %v4 = \"stablehlo.constant\"() {value = dense<0xFF800000> : tensor<f32>} : () -> tensor<f32>\n"
-              "    %v5 = \"stablehlo.reduce_window\"(%v0, %v4) ({\n"
-              "    ^bb0(%v1: tensor<f32>, %v2: tensor<f32>):\n"
-              "      %v3 = \"stablehlo.maximum\"(%v1, %v2) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
-              "      \"stablehlo.return\"(%v3) : (tensor<f32>) -> ()\n"
-              "    }) {window_dimensions = array<i64: 1, 1, 2, 2>, window_strides = array<i64: 1, 1, 2, 2>, "
-              "base_dilations = array<i64: 1, 1, 1, 1>, window_dilations = array<i64: 1, 1, 1, 1>, padding = "
-              "dense<[[0, 0], [0, 0], [0, 0], [0, 0]]> : tensor<4x2xi64>} : (tensor<1x1x4x4xf32>, tensor<f32>) -> "
-              "tensor<1x1x2x2xf32>\n"
-              "    \"func.return\"(%v5) : (tensor<1x1x2x2xf32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<1x1x4x4xf32>) -> (tensor<1x1x2x2xf32>) {\n"
+         "    %v4 = \"stablehlo.constant\"() {value = dense<0xFF800000> : tensor<f32>} : () -> tensor<f32>\n"
+         "    %v5 = \"stablehlo.reduce_window\"(%v0, %v4) ({\n"
+         "    ^bb0(%v1: tensor<f32>, %v2: tensor<f32>):\n"
+         "      %v3 = \"stablehlo.maximum\"(%v1, %v2) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+         "      \"stablehlo.return\"(%v3) : (tensor<f32>) -> ()\n"
+         "    }) {window_dimensions = array<i64: 1, 1, 2, 2>, window_strides = array<i64: 1, 1, 2, 2>, "
+         "base_dilations = array<i64: 1, 1, 1, 1>, window_dilations = array<i64: 1, 1, 1, 1>, padding = "
+         "dense<[[0, 0], [0, 0], [0, 0], [0, 0]]> : tensor<4x2xi64>} : (tensor<1x1x4x4xf32>, tensor<f32>) -> "
+         "tensor<1x1x2x2xf32>\n"
+         "    \"func.return\"(%v5) : (tensor<1x1x2x2xf32>) -> ()\n" TAIL);
 
   m = tpu_hlo_new();
   int64_t perm[2] = {1, 0};
   x = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
   o = tpu_hlo_transpose(m, x, perm);
   expect(m, &o, 1, "transpose",
-         HEAD "  func.func public @main(%v0: tensor<2x3xf32>) -> (tensor<3x2xf32>) {\n"
-              "    %v1 = \"stablehlo.transpose\"(%v0) {permutation = array<i64: 1, 0>} : (tensor<2x3xf32>) -> "
-              "tensor<3x2xf32>\n"
-              "    \"func.return\"(%v1) : (tensor<3x2xf32>) -> ()\n" TAIL);
+         HEAD
+         "  func.func public @main(%v0: tensor<2x3xf32>) -> (tensor<3x2xf32>) {\n"
+         "    %v1 = \"stablehlo.transpose\"(%v0) {permutation = array<i64: 1, 0>} : (tensor<2x3xf32>) -> "
+         "tensor<3x2xf32>\n"
+         "    \"func.return\"(%v1) : (tensor<3x2xf32>) -> ()\n" TAIL);
 }
 
 /* The core this builder stands on: statuses and dtypes. */
@@ -527,8 +549,10 @@ static void test_types(void) {
   tpu_hv bits = tpu_hlo_rng_bit_generator(m, st, ty(TPU_U32, 2, 4, 4), &ns);
   CHECK(tpu_hlo_typeof(m, bits)->dims[1] == 4 && tpu_hlo_typeof(m, ns)->dtype == TPU_U64, "rng types");
   int64_t di[4] = {2, 3, 8, 8}, dk[4] = {4, 3, 3, 3}, str[2] = {2, 2}, pad[4] = {1, 1, 1, 1};
-  tpu_hv in = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, di)), k = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, dk));
-  const tpu_hlo_type *ct = tpu_hlo_typeof(m, tpu_hlo_convolution(m, in, k, 2, str, pad, NULL, NULL, 1, 1, TPU_HLO_PREC_DEFAULT));
+  tpu_hv in = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, di)),
+         k = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, dk));
+  const tpu_hlo_type *ct =
+      tpu_hlo_typeof(m, tpu_hlo_convolution(m, in, k, 2, str, pad, NULL, NULL, 1, 1, TPU_HLO_PREC_DEFAULT));
   CHECK(ct->rank == 4 && ct->dims[0] == 2 && ct->dims[1] == 4 && ct->dims[2] == 4 && ct->dims[3] == 4,
         "conv type %lldx%lldx%lldx%lld", (long long)ct->dims[0], (long long)ct->dims[1], (long long)ct->dims[2],
         (long long)ct->dims[3]);
@@ -591,8 +615,8 @@ static void test_sticky(void) {
   m = tpu_hlo_new();
   a = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
   CHECK(tpu_hlo_reshape(m, a, 1, &d4) == TPU_HV_NONE, "bad reshape");
-  expect_error(finish_err(m, &a, 1), TPU_ERR_VALUE, "stablehlo.reshape: cannot reshape tensor<2x3xf32> to tensor<4xf32>",
-               "reshape");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_VALUE,
+               "stablehlo.reshape: cannot reshape tensor<2x3xf32> to tensor<4xf32>", "reshape");
   tpu_hlo_free(m);
 
   m = tpu_hlo_new();
@@ -703,7 +727,8 @@ static void test_sticky(void) {
   m = tpu_hlo_new();
   a = tpu_hlo_param(m, ty(TPU_F32, 1, 2, 0));
   CHECK(tpu_hlo_emit(m, "stablehlo.reduce", &a, 1, &(int){3}, 1, NULL, &st, 1, outs) == false, "bad region id");
-  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "stablehlo.reduce: invalid or already used region 3", "region id");
+  expect_error(finish_err(m, &a, 1), TPU_ERR_RUNTIME, "stablehlo.reduce: invalid or already used region 3",
+               "region id");
   tpu_hlo_free(m);
 
   /* A region is consumed by exactly one op. */
@@ -718,7 +743,8 @@ static void test_sticky(void) {
   int64_t dz = 0;
   CHECK(tpu_hlo_reduce_region(m, &a, &z, 1, &dz, 1, reg, &red[0]), "first use of a region");
   CHECK(!tpu_hlo_reduce_region(m, &a, &z, 1, &dz, 1, reg, &red[1]), "second use of a region");
-  expect_error(finish_err(m, red, 1), TPU_ERR_RUNTIME, "stablehlo.reduce: invalid or already used region 0", "region reuse");
+  expect_error(finish_err(m, red, 1), TPU_ERR_RUNTIME, "stablehlo.reduce: invalid or already used region 0",
+               "region reuse");
   tpu_hlo_free(m);
 }
 
@@ -729,16 +755,16 @@ static void test_sticky(void) {
 static void test_float_rounding(void) {
   tpu_hlo *m = tpu_hlo_new();
   tpu_hv c[] = {
-      tpu_hlo_constant(m, TPU_F16, 65519.0),  /* rounds down to the largest f16 */
-      tpu_hlo_constant(m, TPU_F16, 65520.0),  /* the first value that rounds to inf */
-      tpu_hlo_constant(m, TPU_BF16, 1.0 / 3), /* 8 significant bits */
-      tpu_hlo_constant(m, TPU_F16, 1e-8),     /* below half the smallest subnormal: 0 */
-      tpu_hlo_constant(m, TPU_F16, 6e-8),     /* the smallest subnormal, 2^-24 */
+      tpu_hlo_constant(m, TPU_F16, 65519.0),               /* rounds down to the largest f16 */
+      tpu_hlo_constant(m, TPU_F16, 65520.0),               /* the first value that rounds to inf */
+      tpu_hlo_constant(m, TPU_BF16, 1.0 / 3),              /* 8 significant bits */
+      tpu_hlo_constant(m, TPU_F16, 1e-8),                  /* below half the smallest subnormal: 0 */
+      tpu_hlo_constant(m, TPU_F16, 6e-8),                  /* the smallest subnormal, 2^-24 */
       tpu_hlo_constant(m, TPU_F32, 3.4028235677973366e38), /* FLT_MAX + 1 ulp/2: inf (ties to even) */
       tpu_hlo_constant(m, TPU_F32, 3.4028235e38),          /* FLT_MAX itself */
       tpu_hlo_constant(m, TPU_S32, 1e30),                  /* saturates, then wraps like a cast */
       tpu_hlo_constant(m, TPU_U64, 1.8e19),
-      tpu_hlo_constant(m, TPU_F32, 1e-30),                 /* MLIR needs the '.': 1.0e-30 */
+      tpu_hlo_constant(m, TPU_F32, 1e-30), /* MLIR needs the '.': 1.0e-30 */
   };
   enum { N = sizeof c / sizeof c[0] };
   char *text = finish(m, c, N, "rounding");
@@ -778,12 +804,12 @@ static void test_typeof_stable(void) {
 }
 
 /* Build a module with `bad`, expect finish to report code/msg. */
-#define EXPECT_BAD(code, msg, ...)                                  \
-  do {                                                              \
-    tpu_hlo *m = tpu_hlo_new();                                     \
-    __VA_ARGS__;                                                    \
-    expect_error(finish_err(m, NULL, 0), code, msg, msg);           \
-    tpu_hlo_free(m);                                                \
+#define EXPECT_BAD(code, msg, ...)                        \
+  do {                                                    \
+    tpu_hlo *m = tpu_hlo_new();                           \
+    __VA_ARGS__;                                          \
+    expect_error(finish_err(m, NULL, 0), code, msg, msg); \
+    tpu_hlo_free(m);                                      \
   } while (0)
 
 static void test_checks(void) {
@@ -793,20 +819,25 @@ static void test_checks(void) {
   EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.sqrt: operand type tensor<4xi32> has an unsupported element type",
              tpu_hlo_unary(m, TPU_HLO_SQRT, tpu_hlo_param(m, i32)));
   EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.shift_left: operand type tensor<4xf32> has an unsupported element type",
-             tpu_hv a = tpu_hlo_param(m, f); tpu_hlo_binary(m, TPU_HLO_SHL, a, a));
+             tpu_hv a = tpu_hlo_param(m, f);
+             tpu_hlo_binary(m, TPU_HLO_SHL, a, a));
   EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.and: operand type tensor<4xf32> has an unsupported element type",
-             tpu_hv a = tpu_hlo_param(m, f); tpu_hlo_binary(m, TPU_HLO_AND, a, a));
+             tpu_hv a = tpu_hlo_param(m, f);
+             tpu_hlo_binary(m, TPU_HLO_AND, a, a));
   EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.complex: operand type tensor<4xi32> has an unsupported element type",
-             tpu_hv a = tpu_hlo_param(m, i32); tpu_hlo_binary(m, TPU_HLO_COMPLEX, a, a));
+             tpu_hv a = tpu_hlo_param(m, i32);
+             tpu_hlo_binary(m, TPU_HLO_COMPLEX, a, a));
   /* Remainder of complex values crashes XLA's CPU plugin (not merely fails); the others do not compile. */
   EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.remainder: operand type tensor<4xcomplex<f32>> has an unsupported element type",
-             tpu_hv a = tpu_hlo_param(m, ty(TPU_C64, 1, 4, 0)); tpu_hlo_binary(m, TPU_HLO_REM, a, a));
+             tpu_hv a = tpu_hlo_param(m, ty(TPU_C64, 1, 4, 0));
+             tpu_hlo_binary(m, TPU_HLO_REM, a, a));
   EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.cbrt: operand type tensor<4xcomplex<f32>> has an unsupported element type",
              tpu_hlo_unary(m, TPU_HLO_CBRT, tpu_hlo_param(m, ty(TPU_C64, 1, 4, 0))));
   EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.abs: operand type tensor<4xui8> has an unsupported element type",
              tpu_hlo_unary(m, TPU_HLO_ABS, tpu_hlo_param(m, ty(TPU_U8, 1, 4, 0))));
   EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.compare: direction 2 is not defined for complex<f32>",
-             tpu_hv a = tpu_hlo_param(m, ty(TPU_C64, 1, 4, 0)); tpu_hlo_compare(m, TPU_HLO_LT, a, a));
+             tpu_hv a = tpu_hlo_param(m, ty(TPU_C64, 1, 4, 0));
+             tpu_hlo_compare(m, TPU_HLO_LT, a, a));
   EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.convert: complex<f32> to f32 drops the imaginary part; take REAL first",
              tpu_hlo_convert(m, tpu_hlo_param(m, ty(TPU_C64, 1, 4, 0)), TPU_F32));
   EXPECT_BAD(TPU_ERR_VALUE, "hlo: parameter: invalid type tensor<?> (dtype 0, rank 0)",
@@ -828,21 +859,24 @@ static void test_checks(void) {
   EXPECT_BAD(TPU_ERR_RUNTIME,
              "stablehlo.sort: region 0 has signature (tensor<f32>, tensor<f32>) -> (tensor<f32>), want "
              "(tensor<f32>, tensor<f32>) -> (tensor<i1>)",
-             tpu_hv x = tpu_hlo_param(m, f); tpu_hv ra[2]; tpu_hlo_region_begin(m, sts, 2, ra);
-             int r = tpu_hlo_region_end(m, ra, 1); tpu_hv o; tpu_hlo_sort(m, &x, 1, 0, true, r, &o));
+             tpu_hv x = tpu_hlo_param(m, f);
+             tpu_hv ra[2]; tpu_hlo_region_begin(m, sts, 2, ra); int r = tpu_hlo_region_end(m, ra, 1); tpu_hv o;
+             tpu_hlo_sort(m, &x, 1, 0, true, r, &o));
   EXPECT_BAD(TPU_ERR_RUNTIME,
              "stablehlo.reduce: region 0 has signature (tensor<f32>) -> (tensor<f32>), want "
              "(tensor<f32>, tensor<f32>) -> (tensor<f32>)",
-             tpu_hv x = tpu_hlo_param(m, f); tpu_hv z = tpu_hlo_constant(m, TPU_F32, 0); tpu_hv ra[1];
-             tpu_hlo_region_begin(m, &st, 1, ra); int r = tpu_hlo_region_end(m, ra, 1); int64_t d0 = 0; tpu_hv o;
+             tpu_hv x = tpu_hlo_param(m, f);
+             tpu_hv z = tpu_hlo_constant(m, TPU_F32, 0); tpu_hv ra[1]; tpu_hlo_region_begin(m, &st, 1, ra);
+             int r = tpu_hlo_region_end(m, ra, 1); int64_t d0 = 0; tpu_hv o;
              tpu_hlo_reduce_region(m, &x, &z, 1, &d0, 1, r, &o));
   EXPECT_BAD(TPU_ERR_RUNTIME, "stablehlo.reduce: operand types tensor<4xf32> and tensor<i32> differ",
-             tpu_hv x = tpu_hlo_param(m, f); tpu_hv z = tpu_hlo_constant_int(m, TPU_S32, 0); int64_t d0 = 0;
+             tpu_hv x = tpu_hlo_param(m, f);
+             tpu_hv z = tpu_hlo_constant_int(m, TPU_S32, 0); int64_t d0 = 0;
              tpu_hlo_reduce(m, x, z, &d0, 1, TPU_HLO_ADD));
   EXPECT_BAD(TPU_ERR_INDEX, "stablehlo.sort: dimension 1 out of range for rank 1", tpu_hv x = tpu_hlo_param(m, f);
              tpu_hv ra[2]; tpu_hlo_region_begin(m, sts, 2, ra);
-             tpu_hv lt = tpu_hlo_compare(m, TPU_HLO_LT, ra[0], ra[1]); int r = tpu_hlo_region_end(m, &lt, 1);
-             tpu_hv o; tpu_hlo_sort(m, &x, 1, 1, true, r, &o));
+             tpu_hv lt = tpu_hlo_compare(m, TPU_HLO_LT, ra[0], ra[1]); int r = tpu_hlo_region_end(m, &lt, 1); tpu_hv o;
+             tpu_hlo_sort(m, &x, 1, 1, true, r, &o));
   EXPECT_BAD(TPU_ERR_RUNTIME, "stablehlo.sort: 9 operands (1 to 8 supported)", tpu_hv xs[9] = {0}; tpu_hv o[9];
              tpu_hlo_sort(m, xs, 9, 0, true, 0, o));
   /* Out-of-range dimension numbers are errors, never out-of-bounds reads. */
@@ -852,33 +886,35 @@ static void test_checks(void) {
              tpu_hv a = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 8, d8));
              tpu_hlo_dot_general(m, a, a, 0, NULL, NULL, 0, NULL, NULL, TPU_HLO_PREC_DEFAULT, TPU_INVALID));
   EXPECT_BAD(TPU_ERR_RUNTIME, "stablehlo.dot_general: operand types tensor<4xf32> and tensor<4xf32> differ",
-             tpu_hv a = tpu_hlo_param(m, f); int64_t big = 5, zero = 0;
+             tpu_hv a = tpu_hlo_param(m, f);
+             int64_t big = 5, zero = 0;
              tpu_hlo_dot_general(m, a, a, 0, NULL, NULL, 1, &big, &zero, TPU_HLO_PREC_DEFAULT, TPU_INVALID));
   EXPECT_BAD(TPU_ERR_RUNTIME,
              "stablehlo.gather: bad dimension numbers, slice sizes or types for: operand types tensor<4xf32> and "
              "tensor<2x1xi32> differ",
-             tpu_hv a = tpu_hlo_param(m, f); tpu_hv ix = tpu_hlo_param(m, ty(TPU_S32, 2, 2, 1));
-             tpu_hlo_gather_dims g = {0}; g.n_offset = 100; int64_t ss = 1;
-             tpu_hlo_gather(m, a, ix, &g, &ss, ty(TPU_F32, 1, 2, 0)));
+             tpu_hv a = tpu_hlo_param(m, f);
+             tpu_hv ix = tpu_hlo_param(m, ty(TPU_S32, 2, 2, 1)); tpu_hlo_gather_dims g = {0}; g.n_offset = 100;
+             int64_t ss = 1; tpu_hlo_gather(m, a, ix, &g, &ss, ty(TPU_F32, 1, 2, 0)));
   EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.rng_bit_generator: state has type tensor<2xui32>, want tensor<2xui64>",
-             tpu_hv s = tpu_hlo_param(m, ty(TPU_U32, 1, 2, 0)); tpu_hv ns;
-             tpu_hlo_rng_bit_generator(m, s, ty(TPU_U32, 1, 4, 0), &ns));
-  EXPECT_BAD(TPU_ERR_TYPE, "stablehlo.dynamic_slice: start index 0 has type tensor<f32>; want 0-d integers of one dtype",
-             tpu_hv a = tpu_hlo_param(m, f); tpu_hv s0 = tpu_hlo_constant(m, TPU_F32, 0); int64_t sz = 2;
-             tpu_hlo_dynamic_slice(m, a, &s0, &sz));
+             tpu_hv s = tpu_hlo_param(m, ty(TPU_U32, 1, 2, 0));
+             tpu_hv ns; tpu_hlo_rng_bit_generator(m, s, ty(TPU_U32, 1, 4, 0), &ns));
+  EXPECT_BAD(TPU_ERR_TYPE,
+             "stablehlo.dynamic_slice: start index 0 has type tensor<f32>; want 0-d integers of one dtype",
+             tpu_hv a = tpu_hlo_param(m, f);
+             tpu_hv s0 = tpu_hlo_constant(m, TPU_F32, 0); int64_t sz = 2; tpu_hlo_dynamic_slice(m, a, &s0, &sz));
   EXPECT_BAD(TPU_ERR_VALUE, "stablehlo.dynamic_slice: size 5 out of range in dimension 0",
-             tpu_hv a = tpu_hlo_param(m, f); tpu_hv s0 = tpu_hlo_constant_int(m, TPU_S32, 0); int64_t sz = 5;
-             tpu_hlo_dynamic_slice(m, a, &s0, &sz));
+             tpu_hv a = tpu_hlo_param(m, f);
+             tpu_hv s0 = tpu_hlo_constant_int(m, TPU_S32, 0); int64_t sz = 5; tpu_hlo_dynamic_slice(m, a, &s0, &sz));
   EXPECT_BAD(TPU_ERR_RUNTIME, "stablehlo.pad: operand types tensor<4xf32> and tensor<i32> differ",
-             tpu_hv a = tpu_hlo_param(m, f); tpu_hv z = tpu_hlo_constant_int(m, TPU_S32, 0); int64_t one = 1;
-             tpu_hlo_pad(m, a, z, &one, &one, NULL));
-  EXPECT_BAD(TPU_ERR_INDEX, "stablehlo.reverse: bad dimension list", tpu_hv a = tpu_hlo_param(m, f);
-             int64_t d = 1; tpu_hlo_reverse(m, a, &d, 1));
+             tpu_hv a = tpu_hlo_param(m, f);
+             tpu_hv z = tpu_hlo_constant_int(m, TPU_S32, 0); int64_t one = 1; tpu_hlo_pad(m, a, z, &one, &one, NULL));
+  EXPECT_BAD(TPU_ERR_INDEX, "stablehlo.reverse: bad dimension list", tpu_hv a = tpu_hlo_param(m, f); int64_t d = 1;
+             tpu_hlo_reverse(m, a, &d, 1));
   EXPECT_BAD(TPU_ERR_RUNTIME,
              "stablehlo.convolution: ranks, dtypes or group counts do not fit for: operand types tensor<1x3x5x5xf32> "
              "and tensor<2x2x3x3xf32> differ",
-             int64_t di[4] = {1, 3, 5, 5}; int64_t dk[4] = {2, 2, 3, 3};
-             tpu_hv in = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, di));
+             int64_t di[4] = {1, 3, 5, 5};
+             int64_t dk[4] = {2, 2, 3, 3}; tpu_hv in = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, di));
              tpu_hv k = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 4, dk));
              tpu_hlo_convolution(m, in, k, 2, NULL, NULL, NULL, NULL, 1, 1, TPU_HLO_PREC_DEFAULT));
   {
@@ -959,8 +995,8 @@ static void test_exact_division(void) {
     char *text = finish(m, r, 5, "exact division");
     if (!text) continue;
     int want = on ? 3 : 0;
-    CHECK(count_of(text, "stablehlo.optimization_barrier") == want, "exact division %d: %d barriers, want %d\n%s",
-          on, count_of(text, "stablehlo.optimization_barrier"), want, text);
+    CHECK(count_of(text, "stablehlo.optimization_barrier") == want, "exact division %d: %d barriers, want %d\n%s", on,
+          count_of(text, "stablehlo.optimization_barrier"), want, text);
     CHECK(count_of(text, "stablehlo.divide") == 5, "exact division %d: divides\n%s", on, text);
     free(text);
   }
@@ -970,8 +1006,8 @@ static void test_exact_division(void) {
     tpu_hlo_set_exact_division(m, on);
     int64_t d23[2] = {2, 3};
     tpu_hv x = tpu_hlo_param(m, ty(TPU_F32, 2, 2, 3));
-    tpu_hv r = tpu_hlo_binary(m, TPU_HLO_ATAN2, x,
-                              tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant(m, TPU_F32, 1), 2, d23, NULL));
+    tpu_hv r =
+        tpu_hlo_binary(m, TPU_HLO_ATAN2, x, tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant(m, TPU_F32, 1), 2, d23, NULL));
     char *text = finish(m, &r, 1, "exact atan2");
     if (!text) continue;
     CHECK(count_of(text, "stablehlo.optimization_barrier") == on && count_of(text, "stablehlo.atan2") == 1,

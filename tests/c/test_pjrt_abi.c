@@ -28,23 +28,24 @@
 #define FSIZE(type, f) sizeof(((type *)0)->f)
 
 /* Our field f of `ours` sits where upstream's g of `theirs` does, with the same size. */
-#define SAME(ours, f, theirs, g)                                                                                   \
-  CHECK(offsetof(ours, f) == offsetof(theirs, g) && FSIZE(ours, f) == FSIZE(theirs, g),                           \
-        #ours "." #f " at %zu (size %zu), upstream " #theirs "." #g " at %zu (size %zu)", offsetof(ours, f),       \
+#define SAME(ours, f, theirs, g)                                                                             \
+  CHECK(offsetof(ours, f) == offsetof(theirs, g) && FSIZE(ours, f) == FSIZE(theirs, g),                      \
+        #ours "." #f " at %zu (size %zu), upstream " #theirs "." #g " at %zu (size %zu)", offsetof(ours, f), \
         FSIZE(ours, f), offsetof(theirs, g), FSIZE(theirs, g))
 
-#define HEAD(ours, theirs)                         \
-  SAME(ours, struct_size, theirs, struct_size);   \
+#define HEAD(ours, theirs)                      \
+  SAME(ours, struct_size, theirs, struct_size); \
   SAME(ours, extension_start, theirs, extension_start)
 
 /* Our last field exists upstream: the struct_size we send must be upstream's. */
-#define SIZE(ours, last, theirs)                                                                                 \
-  CHECK(TPU_PJRT_SIZE(ours, last) == (size_t)theirs##_STRUCT_SIZE,                                               \
-        #ours ": struct_size %zu (through " #last "), upstream " #theirs "_STRUCT_SIZE %zu", TPU_PJRT_SIZE(ours, last), \
-        (size_t)theirs##_STRUCT_SIZE)
+#define SIZE(ours, last, theirs)                                                             \
+  CHECK(TPU_PJRT_SIZE(ours, last) == (size_t)theirs##_STRUCT_SIZE,                           \
+        #ours ": struct_size %zu (through " #last "), upstream " #theirs "_STRUCT_SIZE %zu", \
+        TPU_PJRT_SIZE(ours, last), (size_t)theirs##_STRUCT_SIZE)
 
 /* Two enumerators (of different enums) with the same value. */
-#define ENUM(ours, theirs) CHECK((int)(ours) == (int)(theirs), #ours " = %d, upstream " #theirs " = %d", (int)(ours), (int)(theirs))
+#define ENUM(ours, theirs) \
+  CHECK((int)(ours) == (int)(theirs), #ours " = %d, upstream " #theirs " = %d", (int)(ours), (int)(theirs))
 
 static int longer; /* structs where we declare more than this header */
 
@@ -55,9 +56,10 @@ static void report_longer(const char *ours, size_t our_size, const char *theirs,
         our_size, theirs, their_size);
   if (our_size > their_size) {
     longer++;
-    printf("note: %s sends struct_size %zu, longer than %s_STRUCT_SIZE %zu in this header (%s; the common prefix "
-           "matches)\n",
-           ours, our_size, theirs, their_size, why);
+    printf(
+        "note: %s sends struct_size %zu, longer than %s_STRUCT_SIZE %zu in this header (%s; the common prefix "
+        "matches)\n",
+        ours, our_size, theirs, their_size, why);
   }
 }
 
@@ -219,12 +221,28 @@ static void test_structs(void) {
   /* memory statistics */
 #define MS(f) SAME(tpu_pjrt_memory_stats_args, f, PJRT_Device_MemoryStats_Args, f)
   HEAD(tpu_pjrt_memory_stats_args, PJRT_Device_MemoryStats_Args);
-  MS(device); MS(bytes_in_use); MS(peak_bytes_in_use); MS(peak_bytes_in_use_is_set); MS(num_allocs);
-  MS(num_allocs_is_set); MS(largest_alloc_size); MS(largest_alloc_size_is_set); MS(bytes_limit);
-  MS(bytes_limit_is_set); MS(bytes_reserved); MS(bytes_reserved_is_set); MS(peak_bytes_reserved);
-  MS(peak_bytes_reserved_is_set); MS(bytes_reservable_limit); MS(bytes_reservable_limit_is_set);
-  MS(largest_free_block_bytes); MS(largest_free_block_bytes_is_set); MS(pool_bytes); MS(pool_bytes_is_set);
-  MS(peak_pool_bytes); MS(peak_pool_bytes_is_set);
+  MS(device);
+  MS(bytes_in_use);
+  MS(peak_bytes_in_use);
+  MS(peak_bytes_in_use_is_set);
+  MS(num_allocs);
+  MS(num_allocs_is_set);
+  MS(largest_alloc_size);
+  MS(largest_alloc_size_is_set);
+  MS(bytes_limit);
+  MS(bytes_limit_is_set);
+  MS(bytes_reserved);
+  MS(bytes_reserved_is_set);
+  MS(peak_bytes_reserved);
+  MS(peak_bytes_reserved_is_set);
+  MS(bytes_reservable_limit);
+  MS(bytes_reservable_limit_is_set);
+  MS(largest_free_block_bytes);
+  MS(largest_free_block_bytes_is_set);
+  MS(pool_bytes);
+  MS(pool_bytes_is_set);
+  MS(peak_pool_bytes);
+  MS(peak_pool_bytes_is_set);
 #undef MS
   SIZE(tpu_pjrt_memory_stats_args, peak_pool_bytes_is_set, PJRT_Device_MemoryStats_Args);
 
@@ -262,8 +280,7 @@ static void test_structs(void) {
   SAME(tpu_pjrt_execute_options, num_recv_ops, PJRT_ExecuteOptions, num_recv_ops);
   SAME(tpu_pjrt_execute_options, launch_id, PJRT_ExecuteOptions, launch_id);
   SAME(tpu_pjrt_execute_options, non_donatable_input_indices, PJRT_ExecuteOptions, non_donatable_input_indices);
-  SAME(tpu_pjrt_execute_options, num_non_donatable_input_indices, PJRT_ExecuteOptions,
-       num_non_donatable_input_indices);
+  SAME(tpu_pjrt_execute_options, num_non_donatable_input_indices, PJRT_ExecuteOptions, num_non_donatable_input_indices);
   SAME(tpu_pjrt_execute_options, context, PJRT_ExecuteOptions, context);
   SAME(tpu_pjrt_execute_options, call_location, PJRT_ExecuteOptions, call_location);
   SAME(tpu_pjrt_execute_options, num_tasks, PJRT_ExecuteOptions, num_tasks);
@@ -295,8 +312,7 @@ static void test_structs(void) {
   HEAD(tpu_pjrt_deserialize_args, PJRT_Executable_DeserializeAndLoad_Args);
   SAME(tpu_pjrt_deserialize_args, client, PJRT_Executable_DeserializeAndLoad_Args, client);
   SAME(tpu_pjrt_deserialize_args, serialized, PJRT_Executable_DeserializeAndLoad_Args, serialized_executable);
-  SAME(tpu_pjrt_deserialize_args, serialized_size, PJRT_Executable_DeserializeAndLoad_Args,
-       serialized_executable_size);
+  SAME(tpu_pjrt_deserialize_args, serialized_size, PJRT_Executable_DeserializeAndLoad_Args, serialized_executable_size);
   SAME(tpu_pjrt_deserialize_args, loaded, PJRT_Executable_DeserializeAndLoad_Args, loaded_executable);
   SAME(tpu_pjrt_deserialize_args, overridden_compile_options, PJRT_Executable_DeserializeAndLoad_Args,
        overridden_serialized_compile_options);
@@ -359,7 +375,7 @@ static void test_table(void) {
   HEAD(tpu_pjrt_api, PJRT_Api);
   SAME(tpu_pjrt_api, pjrt_api_version, PJRT_Api, pjrt_api_version);
   int n = 0;
-#define TPU_ENTRY(name) \
+#define TPU_ENTRY(name)                            \
   SAME(tpu_pjrt_api, name, PJRT_Api, PJRT_##name); \
   n++;
   TPU_PJRT_ENTRIES(TPU_ENTRY)
@@ -373,7 +389,8 @@ static void test_table(void) {
 /* The entries runtime.c calls: the required ones (TPU_PJRT_REQUIRED) and
  * the optional ones, which the CPU plugin has too. All must be inside the
  * plugin's table and non-NULL. */
-#define TPU_OPTIONAL(X) X(Plugin_Initialize) X(Device_MemoryStats) X(Executable_Serialize) X(Executable_DeserializeAndLoad)
+#define TPU_OPTIONAL(X) \
+  X(Plugin_Initialize) X(Device_MemoryStats) X(Executable_Serialize) X(Executable_DeserializeAndLoad)
 #define TPU_USED(X) TPU_PJRT_REQUIRED(X) TPU_OPTIONAL(X)
 
 static void test_plugin(const char *path) {
@@ -394,10 +411,12 @@ static void test_plugin(const char *path) {
            api->pjrt_api_version.minor_version, PJRT_API_MAJOR, PJRT_API_MINOR);
   CHECK(api->struct_size >= sizeof(tpu_pjrt_api), "plugin table is %zu bytes, ours %zu", api->struct_size,
         sizeof(tpu_pjrt_api));
-#define TPU_PRESENT(name)                                                                                         \
-  CHECK(api->struct_size >= offsetof(tpu_pjrt_api, name) + sizeof(tpu_pjrt_fn), "plugin table (%zu bytes) ends " \
-        "before " #name " (at %zu)", api->struct_size, offsetof(tpu_pjrt_api, name));                             \
-  CHECK(api->name != NULL, "plugin has no " #name);                                                               \
+#define TPU_PRESENT(name)                                                       \
+  CHECK(api->struct_size >= offsetof(tpu_pjrt_api, name) + sizeof(tpu_pjrt_fn), \
+        "plugin table (%zu bytes) ends "                                        \
+        "before " #name " (at %zu)",                                            \
+        api->struct_size, offsetof(tpu_pjrt_api, name));                        \
+  CHECK(api->name != NULL, "plugin has no " #name);                             \
   CHECK((void *)api->name == (void *)theirs->PJRT_##name, #name " read two ways differs");
   TPU_USED(TPU_PRESENT)
 #undef TPU_PRESENT
@@ -409,8 +428,10 @@ static void test_plugin(const char *path) {
 int main(int argc, char **argv) {
   test_structs();
   test_table();
-  if (argc > 1) test_plugin(argv[1]);
-  else CHECK(0, "usage: %s PJRT_PLUGIN.so", argv[0]);
+  if (argc > 1)
+    test_plugin(argv[1]);
+  else
+    CHECK(0, "usage: %s PJRT_PLUGIN.so", argv[0]);
   if (!longer) printf("note: every struct we declare matches this header's size exactly\n");
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;

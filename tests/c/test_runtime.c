@@ -70,8 +70,10 @@ static bool run(tpu_hlo *m, const tpu_hv *res, int nres, tpu_rt_buffer **args, i
   bool good = true;
   for (int i = 0; i < nargs; i++) good = good && args[i];
   tpu_rt_exec *e = good ? compile(m, res, nres, name) : (tpu_hlo_free(m), NULL);
-  if (e) good = OK(tpu_rt_execute(rt, e, args, nargs, outs), name);
-  else good = false;
+  if (e)
+    good = OK(tpu_rt_execute(rt, e, args, nargs, outs), name);
+  else
+    good = false;
   tpu_rt_exec_free(e);
   for (int i = 0; i < nargs; i++) tpu_rt_buffer_free(args[i]);
   return good;
@@ -91,8 +93,7 @@ static void check_f32(const char *name, const float *got, const float *want, int
   int bad = -1;
   for (int i = 0; i < n && bad < 0; i++)
     if (!close_enough(got[i], want[i], tol)) bad = i;
-  CHECK(bad < 0, "%s: element %d is %.9g, want %.9g", name, bad, bad >= 0 ? got[bad] : 0.0,
-        bad >= 0 ? want[bad] : 0.0);
+  CHECK(bad < 0, "%s: element %d is %.9g, want %.9g", name, bad, bad >= 0 ? got[bad] : 0.0, bad >= 0 ? want[bad] : 0.0);
 }
 
 static void check_i32(const char *name, const int32_t *got, const int32_t *want, int n) {
@@ -112,8 +113,7 @@ static void test_open_errors(void) {
   CHECK(s && r == NULL, "opening a missing plugin succeeded");
   if (s) {
     CHECK(tpu_status_code(s) == TPU_ERR_PLUGIN, "code %d", tpu_status_code(s));
-    CHECK(strstr(tpu_status_message(s), missing) != NULL, "message does not name the path: %s",
-          tpu_status_message(s));
+    CHECK(strstr(tpu_status_message(s), missing) != NULL, "message does not name the path: %s", tpu_status_message(s));
     tpu_status_free(s);
   }
 
@@ -137,8 +137,7 @@ static void test_open_errors(void) {
   if (s) {
     CHECK(tpu_status_code(s) == TPU_ERR_PLUGIN, "code %d", tpu_status_code(s));
     CHECK(strstr(tpu_status_message(s), "GetPjrtApi") != NULL, "message: %s", tpu_status_message(s));
-    CHECK(strstr(tpu_status_message(s), libc) != NULL, "message does not name %s: %s", libc,
-          tpu_status_message(s));
+    CHECK(strstr(tpu_status_message(s), libc) != NULL, "message does not name %s: %s", libc, tpu_status_message(s));
     tpu_status_free(s);
   }
   o.plugin_path = NULL;
@@ -175,7 +174,7 @@ static void test_info(void) {
 /* ---- dtypes ------------------------------------------------------------------------------- */
 
 static void test_dtype_roundtrips(void) {
-  static const tpu_dtype dts[] = {TPU_PRED, TPU_S8,  TPU_S16, TPU_S32, TPU_S64, TPU_U8,   TPU_U16, TPU_U32,
+  static const tpu_dtype dts[] = {TPU_PRED, TPU_S8,  TPU_S16,  TPU_S32, TPU_S64, TPU_U8,  TPU_U16, TPU_U32,
                                   TPU_U64,  TPU_F16, TPU_BF16, TPU_F32, TPU_F64, TPU_C64, TPU_C128};
   const int64_t dims[2] = {2, 3};
   for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
@@ -196,13 +195,13 @@ static void test_dtype_roundtrips(void) {
     if (!b) continue;
     CHECK(tpu_rt_buffer_nbytes(b) == n, "%s: nbytes %zu", tpu_dtype_name(dt), tpu_rt_buffer_nbytes(b));
     CHECK(tpu_rt_buffer_dtype(b) == dt, "%s: dtype %d", tpu_dtype_name(dt), tpu_rt_buffer_dtype(b));
-    CHECK(tpu_rt_buffer_rank(b) == 2 && tpu_rt_buffer_dims(b)[0] == 2 && tpu_rt_buffer_dims(b)[1] == 3,
-          "%s: rank %d", tpu_dtype_name(dt), tpu_rt_buffer_rank(b));
-    if (download(b, out, n)) CHECK(memcmp(in, out, n) == 0, "%s: bytes differ after the round trip", tpu_dtype_name(dt));
+    CHECK(tpu_rt_buffer_rank(b) == 2 && tpu_rt_buffer_dims(b)[0] == 2 && tpu_rt_buffer_dims(b)[1] == 3, "%s: rank %d",
+          tpu_dtype_name(dt), tpu_rt_buffer_rank(b));
+    if (download(b, out, n))
+      CHECK(memcmp(in, out, n) == 0, "%s: bytes differ after the round trip", tpu_dtype_name(dt));
     /* A wrong destination size is an error, not an overflow. */
     tpu_status *s = tpu_rt_buffer_to_host(rt, b, out, n + 1);
-    CHECK(s && tpu_status_code(s) == TPU_ERR_VALUE, "%s: to_host with a wrong size succeeded",
-          tpu_dtype_name(dt));
+    CHECK(s && tpu_status_code(s) == TPU_ERR_VALUE, "%s: to_host with a wrong size succeeded", tpu_dtype_name(dt));
     tpu_status_free(s);
     tpu_rt_buffer_free(b);
   }
@@ -310,13 +309,12 @@ static void test_bad_buffers(void) {
 static void test_elementwise(void) {
   const int64_t n = 4;
   float x[4] = {0.5f, 1.5f, 2.25f, -2.5f}, y[4] = {2.0f, -1.0f, 0.75f, 3.0f};
-  static const tpu_hlo_op un[] = {TPU_HLO_ABS,   TPU_HLO_NEG,        TPU_HLO_EXP,        TPU_HLO_EXPM1,
-                                  TPU_HLO_SQRT,  TPU_HLO_RSQRT,      TPU_HLO_CBRT,       TPU_HLO_TANH,
-                                  TPU_HLO_LOGISTIC, TPU_HLO_SIN,     TPU_HLO_COS,        TPU_HLO_TAN,
-                                  TPU_HLO_FLOOR, TPU_HLO_CEIL,       TPU_HLO_ROUND_EVEN, TPU_HLO_ROUND_AWAY,
-                                  TPU_HLO_SIGN,  TPU_HLO_LOG,        TPU_HLO_LOG1P};
-  static const tpu_hlo_op bin[] = {TPU_HLO_ADD, TPU_HLO_SUB, TPU_HLO_MUL, TPU_HLO_DIV,
-                                   TPU_HLO_REM, TPU_HLO_POW, TPU_HLO_MAX, TPU_HLO_MIN, TPU_HLO_ATAN2};
+  static const tpu_hlo_op un[] = {TPU_HLO_ABS,        TPU_HLO_NEG,  TPU_HLO_EXP,   TPU_HLO_EXPM1,    TPU_HLO_SQRT,
+                                  TPU_HLO_RSQRT,      TPU_HLO_CBRT, TPU_HLO_TANH,  TPU_HLO_LOGISTIC, TPU_HLO_SIN,
+                                  TPU_HLO_COS,        TPU_HLO_TAN,  TPU_HLO_FLOOR, TPU_HLO_CEIL,     TPU_HLO_ROUND_EVEN,
+                                  TPU_HLO_ROUND_AWAY, TPU_HLO_SIGN, TPU_HLO_LOG,   TPU_HLO_LOG1P};
+  static const tpu_hlo_op bin[] = {TPU_HLO_ADD, TPU_HLO_SUB, TPU_HLO_MUL, TPU_HLO_DIV,  TPU_HLO_REM,
+                                   TPU_HLO_POW, TPU_HLO_MAX, TPU_HLO_MIN, TPU_HLO_ATAN2};
   enum { NU = sizeof un / sizeof un[0], NB = sizeof bin / sizeof bin[0] };
   tpu_hlo *m = tpu_hlo_new();
   tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 1, &n)), b = tpu_hlo_param(m, ty(TPU_F32, 1, &n));
@@ -330,8 +328,7 @@ static void test_elementwise(void) {
     bool pos = bin[i] == TPU_HLO_POW;
     res[NU + i] = tpu_hlo_binary(m, bin[i], pos ? ax : a, b);
   }
-  res[NU + NB] = tpu_hlo_convert(m, tpu_hlo_unary(m, TPU_HLO_IS_FINITE, tpu_hlo_binary(m, TPU_HLO_DIV, a, b)),
-                                 TPU_F32);
+  res[NU + NB] = tpu_hlo_convert(m, tpu_hlo_unary(m, TPU_HLO_IS_FINITE, tpu_hlo_binary(m, TPU_HLO_DIV, a, b)), TPU_F32);
   tpu_rt_buffer *args[2] = {upload(x, TPU_F32, 1, &n), upload(y, TPU_F32, 1, &n)}, *outs[NU + NB + 1];
   if (!run(m, res, NU + NB + 1, args, 2, outs, "elementwise f32")) {
     free_all(outs, NU + NB + 1);
@@ -364,7 +361,8 @@ static void test_elementwise(void) {
           case TPU_HLO_LOG1P: r = log1p(av); break;
           default: break;
         }
-      else if (i < NU + NB) switch (bin[i - NU]) {
+      else if (i < NU + NB)
+        switch (bin[i - NU]) {
           case TPU_HLO_ADD: r = v + w; break;
           case TPU_HLO_SUB: r = v - w; break;
           case TPU_HLO_MUL: r = v * w; break;
@@ -376,7 +374,8 @@ static void test_elementwise(void) {
           case TPU_HLO_ATAN2: r = atan2(v, w); break;
           default: break;
         }
-      else r = 1;
+      else
+        r = 1;
       want[k] = (float)r;
     }
     char name[32];
@@ -390,13 +389,15 @@ static void test_elementwise(void) {
   m = tpu_hlo_new();
   a = tpu_hlo_param(m, ty(TPU_S32, 1, &n));
   b = tpu_hlo_param(m, ty(TPU_S32, 1, &n));
-  tpu_hv sh = tpu_hlo_binary(m, TPU_HLO_AND, b, tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant_int(m, TPU_S32, 7), 1, &n, NULL));
+  tpu_hv sh =
+      tpu_hlo_binary(m, TPU_HLO_AND, b, tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant_int(m, TPU_S32, 7), 1, &n, NULL));
   tpu_hv ir[12] = {
-      tpu_hlo_binary(m, TPU_HLO_AND, a, b), tpu_hlo_binary(m, TPU_HLO_OR, a, b), tpu_hlo_binary(m, TPU_HLO_XOR, a, b),
-      tpu_hlo_binary(m, TPU_HLO_SHL, a, sh), tpu_hlo_binary(m, TPU_HLO_SHR_A, a, sh),
-      tpu_hlo_binary(m, TPU_HLO_SHR_L, a, sh), tpu_hlo_unary(m, TPU_HLO_NOT, a), tpu_hlo_unary(m, TPU_HLO_POPCNT, a),
-      tpu_hlo_unary(m, TPU_HLO_CLZ, a), tpu_hlo_binary(m, TPU_HLO_DIV, a, b), tpu_hlo_binary(m, TPU_HLO_REM, a, b),
-      tpu_hlo_select(m, tpu_hlo_compare(m, TPU_HLO_GT, a, b), a, b)};
+      tpu_hlo_binary(m, TPU_HLO_AND, a, b),    tpu_hlo_binary(m, TPU_HLO_OR, a, b),
+      tpu_hlo_binary(m, TPU_HLO_XOR, a, b),    tpu_hlo_binary(m, TPU_HLO_SHL, a, sh),
+      tpu_hlo_binary(m, TPU_HLO_SHR_A, a, sh), tpu_hlo_binary(m, TPU_HLO_SHR_L, a, sh),
+      tpu_hlo_unary(m, TPU_HLO_NOT, a),        tpu_hlo_unary(m, TPU_HLO_POPCNT, a),
+      tpu_hlo_unary(m, TPU_HLO_CLZ, a),        tpu_hlo_binary(m, TPU_HLO_DIV, a, b),
+      tpu_hlo_binary(m, TPU_HLO_REM, a, b),    tpu_hlo_select(m, tpu_hlo_compare(m, TPU_HLO_GT, a, b), a, b)};
   tpu_hlo_cmp dirs[6] = {TPU_HLO_EQ, TPU_HLO_NE, TPU_HLO_LT, TPU_HLO_LE, TPU_HLO_GT, TPU_HLO_GE};
   tpu_hv cr[6];
   for (int i = 0; i < 6; i++) cr[i] = tpu_hlo_convert(m, tpu_hlo_compare(m, dirs[i], a, b), TPU_S32);

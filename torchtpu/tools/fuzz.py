@@ -60,9 +60,11 @@ VALUE_ERRORS = ("ZeroDivisionError", "negative integer powers", "out of bounds",
 # Inputs: a spec (shape, dtype, kind of values, seed, layout) makes a CPU
 # tensor; the program's line builds it from literal values.
 
+
 def make_base(spec):
     """The contiguous tensor an input is a view of (CPU)."""
     import torch
+
     shape = base_shape(spec)
     gen = torch.Generator().manual_seed(spec["seed"])
     n = 1
@@ -120,9 +122,12 @@ def _lit(x):
 
 def input_line(name, spec, values=None):
     import torch  # noqa: F401
+
     v = make_base(spec) if values is None else values
-    return (f"{name} = torch.tensor({_lit(v.tolist())}, dtype=torch.{spec['dtype']})"
-            f".reshape({tuple(base_shape(spec))}).to(dev){LAYOUT_CODE[spec.get('layout', 'contig')]}")
+    return (
+        f"{name} = torch.tensor({_lit(v.tolist())}, dtype=torch.{spec['dtype']})"
+        f".reshape({tuple(base_shape(spec))}).to(dev){LAYOUT_CODE[spec.get('layout', 'contig')]}"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -130,6 +135,7 @@ def input_line(name, spec, values=None):
 # step is {"op", "fmt", "args": [names], "consts": [source], "simp": [const
 # positions that are plain scalars], "out": name or None}. Its line is
 # fmt.format(a0=..., c0=...), assigned to out when it has one.
+
 
 def step_code(step):
     kw = {f"a{i}": a for i, a in enumerate(step["args"])}
@@ -150,9 +156,34 @@ def defined_names(prog):
 # rounding between implementations (transcendentals, reductions, matmuls),
 # and ops whose results are discrete (a float that differs by an ulp can
 # change them).
-INEXACT = {"exp", "log", "sin", "cos", "tanh", "sigmoid", "erf", "expm1", "log1p", "rsqrt", "pow",
-           "atan2", "mean", "sum", "prod", "mm", "bmm", "matmul", "remainder", "fmod", "reciprocal",
-           "sqrt", "div", "true_divide", "div_", "index_put_acc"}
+INEXACT = {
+    "exp",
+    "log",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "erf",
+    "expm1",
+    "log1p",
+    "rsqrt",
+    "pow",
+    "atan2",
+    "mean",
+    "sum",
+    "prod",
+    "mm",
+    "bmm",
+    "matmul",
+    "remainder",
+    "fmod",
+    "reciprocal",
+    "sqrt",
+    "div",
+    "true_divide",
+    "div_",
+    "index_put_acc",
+}
 DISCRETE = {"floor", "ceil", "round", "trunc", "frac", "sign", "floor_divide", "remainder", "fmod", "to"}
 ARITH = {"add", "sub", "mul", "add_", "mul_", "sub_", "neg", "abs", "square", "rsub"}
 
@@ -196,10 +227,12 @@ def prog_dtype(prog, name):
 # ---------------------------------------------------------------------------
 # Running a program (in the worker).
 
+
 def run_lines(lines, dev, ns_extra=None, before=None):
     """Run each line; returns (namespace, [exception or None per line]).
     before(i, namespace) is called before line i."""
     import torch
+
     ns = {"torch": torch, "dev": dev, "nan": float("nan"), "inf": float("inf")}
     if ns_extra:
         ns.update(ns_extra)
@@ -220,6 +253,7 @@ def undefined_casts(prog):
     float NaN, Inf or out-of-range value to an integer dtype (undefined in C:
     the result depends on the machine), whose results are then not compared."""
     import torch
+
     n_in = len(prog["order"])
     found = set()
 
@@ -233,8 +267,9 @@ def undefined_casts(prog):
         for a in s["args"]:
             v = ns.get(a)
             if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel():
-                if not (v.isfinite() & (v.abs() < 2.0 ** 31)).all():
+                if not (v.isfinite() & (v.abs() < 2.0**31)).all():
                     found.add(i - n_in)
+
     return found, before
 
 
@@ -244,6 +279,7 @@ TOL = {"float32": (1e-5, 1e-5), "bfloat16": (1.6e-2, 1e-2), "float16": (2e-3, 1e
 def compare_tensor(e, a, approx):
     """None if a (on tpu) matches e (CPU), else (subkind, detail)."""
     import torch
+
     if not isinstance(a, torch.Tensor):
         return "type", f"{type(a).__name__}, expected a tensor"
     if a.dtype != e.dtype:
@@ -265,11 +301,17 @@ def compare_tensor(e, a, approx):
     an, en = af.isnan(), ef.isnan()
     if not torch.equal(an, en):
         bad = (an != en).nonzero()[0].tolist()
-        return "nan", f"NaN at different places: at {bad}: {af[tuple(bad)].item()!r}, expected {ef[tuple(bad)].item()!r}"
+        return (
+            "nan",
+            f"NaN at different places: at {bad}: {af[tuple(bad)].item()!r}, expected {ef[tuple(bad)].item()!r}",
+        )
     ai, ei = af.isinf(), ef.isinf()
     if not torch.equal(ai, ei) or not torch.equal(af[ei], ef[ei]):
         bad = ((ai != ei) | (ei & (af != ef))).nonzero()[0].tolist()
-        return "inf", f"Inf at different places: at {bad}: {af[tuple(bad)].item()!r}, expected {ef[tuple(bad)].item()!r}"
+        return (
+            "inf",
+            f"Inf at different places: at {bad}: {af[tuple(bad)].item()!r}, expected {ef[tuple(bad)].item()!r}",
+        )
     fin = ~(en | ei)
     rtol, atol = TOL.get(str(e.dtype).replace("torch.", ""), (1e-5, 1e-5))
     if approx:
@@ -279,7 +321,11 @@ def compare_tensor(e, a, approx):
     bad = fin & (diff > atol + rtol * ef.abs())
     if bad.any():
         i = bad.nonzero()[0].tolist()
-        return "value", f"at {i}: {af[tuple(i)].item()!r}, expected {ef[tuple(i)].item()!r} (max abs diff {diff[fin].max().item():.3g})"
+        return (
+            "value",
+            f"at {i}: {af[tuple(i)].item()!r}, expected {ef[tuple(i)].item()!r} "
+            f"(max abs diff {diff[fin].max().item():.3g})",
+        )
     return None
 
 
@@ -287,7 +333,9 @@ def check_program(prog, modes, inject=None):
     """Run prog on the CPU and on tpu in each mode; returns a list of failures
     {kind, mode, sig, detail} (empty: it passed)."""
     import torch
+
     import torchtpu
+
     lines = program_lines(prog)
     n_in = len(prog["order"])
     casts, before = undefined_casts(prog)
@@ -306,14 +354,21 @@ def check_program(prog, modes, inject=None):
                     fail = ("error", f"input {prog['order'][i]}: {type(te).__name__}: {te}", "input")
                     break
                 if ce is None and te is not None:
-                    fail = ("error", f"step {i - n_in} `{lines[i]}`: the CPU succeeds, tpu raises "
-                            f"{type(te).__name__}: {_first_line(te)}", f"None->{type(te).__name__}:{_gist(te)}")
+                    fail = (
+                        "error",
+                        f"step {i - n_in} `{lines[i]}`: the CPU succeeds, tpu raises "
+                        f"{type(te).__name__}: {_first_line(te)}",
+                        f"None->{type(te).__name__}:{_gist(te)}",
+                    )
                     break
                 if ce is not None and (te is None or type(te) is not type(ce)):
                     got = "nothing" if te is None else f"{type(te).__name__}: {_first_line(te)}"
-                    fail = ("error", f"step {i - n_in} `{lines[i]}`: the CPU raises {type(ce).__name__}: "
-                            f"{_first_line(ce)}; tpu raises {got}",
-                            f"{type(ce).__name__}->{type(te).__name__ if te is not None else 'None'}:{_gist(ce)}")
+                    fail = (
+                        "error",
+                        f"step {i - n_in} `{lines[i]}`: the CPU raises {type(ce).__name__}: "
+                        f"{_first_line(ce)}; tpu raises {got}",
+                        f"{type(ce).__name__}->{type(te).__name__ if te is not None else 'None'}:{_gist(ce)}",
+                    )
                     break
             if fail is None:
                 try:
@@ -332,8 +387,7 @@ def check_program(prog, modes, inject=None):
                 except Exception as e:  # noqa: BLE001  (raised at a sync point)
                     fail = ("error", f"at the sync point: {type(e).__name__}: {_first_line(e)}", "sync")
             if fail:
-                failures.append({"kind": fail[0], "mode": mode, "detail": fail[1][:600],
-                                 "sig": f"{fail[0]}|{fail[2]}"})
+                failures.append({"kind": fail[0], "mode": mode, "detail": fail[1][:600], "sig": f"{fail[0]}|{fail[2]}"})
     return failures
 
 
@@ -341,8 +395,13 @@ def _gist(e):
     """An error message without its numbers and quoted names: the cause, for
     grouping failures."""
     import re
-    m = re.sub(r"\b(BFloat16|Float|Double|Half|Long|Int|Short|Byte|Char|Bool|bfloat16|float16|float32|float64|"
-               r"int64|int32|int16|int8|uint8|bool)\b", "_", _first_line(e))
+
+    m = re.sub(
+        r"\b(BFloat16|Float|Double|Half|Long|Int|Short|Byte|Char|Bool|bfloat16|float16|float32|float64|"
+        r"int64|int32|int16|int8|uint8|bool)\b",
+        "_",
+        _first_line(e),
+    )
     m = re.sub(r"'[^']*'|\"[^\"]*\"|`[^`]*`|\([^)]*\)|\[[^\]]*\]|-?\d+", "_", m)
     return re.sub(r"\s+", " ", m)[:60].strip()
 
@@ -376,6 +435,7 @@ class _Injected:
 
     def __init__(self, name):
         import torch
+
         self._torch, self._name = torch, name
 
     def __getattr__(self, attr):
@@ -388,15 +448,18 @@ class _Injected:
             if isinstance(r, self._torch.Tensor) and r.device.type == "tpu" and r.numel() > 1:
                 r = r + 1
             return r
+
         return wrong
 
 
 # ---------------------------------------------------------------------------
 # The generator.
 
+
 class Gen:
     def __init__(self, seed, ops=None):
         import torch
+
         self.torch = torch
         self.rng = random.Random(seed)
         self.prog = {"inputs": {}, "order": [], "steps": [], "dtypes": {}}
@@ -413,8 +476,7 @@ class Gen:
         return self.ns[name]
 
     def tensors(self, pred=None):
-        return [n for n in defined_names(self.prog)
-                if n in self.ns and (pred is None or pred(self.ns[n]))]
+        return [n for n in defined_names(self.prog) if n in self.ns and (pred is None or pred(self.ns[n]))]
 
     def rand_shape(self, rank=None, maxsize=5):
         r = self.rng
@@ -435,9 +497,15 @@ class Gen:
             layout = "contig"
             if r.random() < 0.3 and len(shape) >= 1:
                 layout = r.choice(("t", "step", "offset")) if len(shape) >= 2 else r.choice(("step", "offset"))
-        spec = {"shape": shape, "dtype": dtype, "kind": kind or "normal", "seed": r.randrange(1 << 30),
-                "layout": layout, "bound": bound,
-                "special": r.choice((0.0, 0.0, 0.1, 0.3)) if dtype in FLOATS and not kind else 0.0}
+        spec = {
+            "shape": shape,
+            "dtype": dtype,
+            "kind": kind or "normal",
+            "seed": r.randrange(1 << 30),
+            "layout": layout,
+            "bound": bound,
+            "special": r.choice((0.0, 0.0, 0.1, 0.3)) if dtype in FLOATS and not kind else 0.0,
+        }
         name = self.fresh()
         self.prog["inputs"][name] = spec
         self.prog["order"].append(name)
@@ -471,7 +539,7 @@ class Gen:
         r = self.rng
         s = list(shape)
         if s and r.random() < 0.5:
-            s = s[r.randint(0, len(s)):]
+            s = s[r.randint(0, len(s)) :]
         s = [1 if r.random() < 0.3 else d for d in s]
         if len(s) < 4 and r.random() < 0.15:
             s = [r.randint(1, 3)] + s
@@ -490,8 +558,15 @@ class Gen:
 
     # steps
     def add_step(self, op, fmt, args, consts=(), simp=(), out=True, view=False):
-        step = {"op": op, "fmt": fmt, "args": list(args), "consts": list(consts), "simp": list(simp),
-                "out": self.fresh() if out else None, "view": view}
+        step = {
+            "op": op,
+            "fmt": fmt,
+            "args": list(args),
+            "consts": list(consts),
+            "simp": list(simp),
+            "out": self.fresh() if out else None,
+            "view": view,
+        }
         code = step_code(step)
         try:
             exec(compile(code, "<fuzz>", "exec"), self.ns)
@@ -515,8 +590,7 @@ class Gen:
         return step
 
     def step(self):
-        fams = FAMILIES if self.ops is None else [f for f in FAMILIES if f[1] in self.ops or
-                                                  set(f[2]) & set(self.ops)]
+        fams = FAMILIES if self.ops is None else [f for f in FAMILIES if f[1] in self.ops or set(f[2]) & set(self.ops)]
         weights = [f[0] for f in fams]
         for _ in range(20):
             fam = self.rng.choices(fams, weights)[0]
@@ -525,15 +599,64 @@ class Gen:
         return False
 
 
-UNARY = ["neg", "abs", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "relu", "floor", "ceil",
-         "round", "trunc", "frac", "sign", "reciprocal", "rsqrt", "expm1", "log1p", "isnan", "isinf",
-         "isfinite", "logical_not", "bitwise_not", "square", "erf", "nan_to_num"]
-BINARY = ["add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "maximum", "minimum", "eq", "ne",
-          "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
-          "bitwise_xor", "atan2", "pow", "rsub"]
+UNARY = [
+    "neg",
+    "abs",
+    "exp",
+    "log",
+    "sqrt",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "floor",
+    "ceil",
+    "round",
+    "trunc",
+    "frac",
+    "sign",
+    "reciprocal",
+    "rsqrt",
+    "expm1",
+    "log1p",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "logical_not",
+    "bitwise_not",
+    "square",
+    "erf",
+    "nan_to_num",
+]
+BINARY = [
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "floor_divide",
+    "remainder",
+    "fmod",
+    "maximum",
+    "minimum",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "atan2",
+    "pow",
+    "rsub",
+]
 REDUCE = ["sum", "mean", "amax", "amin", "argmax", "argmin", "prod"]
-VIEWS = ["transpose", "permute", "slice", "narrow", "expand", "view", "reshape", "unsqueeze", "select",
-         "squeeze", "t"]
+VIEWS = ["transpose", "permute", "slice", "narrow", "expand", "view", "reshape", "unsqueeze", "select", "squeeze", "t"]
 INPLACE = ["add_", "mul_", "sub_", "div_", "copy_", "fill_", "zero_", "masked_fill_", "clamp_"]
 
 
@@ -554,17 +677,24 @@ def g_binary(g, ops):
         if op in ("floor_divide", "remainder", "fmod", "div") and k in ("0", "False"):
             k = "2"
         if r.random() < 0.2 and op in ("add", "sub", "mul", "eq", "lt", "maximum"):
-            return g.add_step(op, f"{{c0}} {_PYOP.get(op, '+')} {{a0}}" if op in _PYOP else f"torch.{op}({{a0}}, {{c0}})",
-                              [x], [k], [0])
+            return g.add_step(
+                op,
+                f"{{c0}} {_PYOP.get(op, '+')} {{a0}}" if op in _PYOP else f"torch.{op}({{a0}}, {{c0}})",
+                [x],
+                [k],
+                [0],
+            )
         return g.add_step(op, f"torch.{op}({{a0}}, {{c0}})", [x], [k], [0])
     shp = g.broadcast_shape_of(list(xv.shape))
     if c < 0.6:
+
         def ok(v):
             try:
                 g.torch.broadcast_shapes(v.shape, xv.shape)
                 return True
             except RuntimeError:
                 return False
+
         y = g.pick(ok, lambda: g.new_input(shp), p_new=0.3)
     else:
         dt = str(xv.dtype).replace("torch.", "") if r.random() < 0.5 else None
@@ -578,8 +708,20 @@ def g_binary(g, ops):
     return g.add_step(op, f"torch.{op}({{a0}}, {{a1}})", [a, b])
 
 
-_PYOP = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "lt": "<", "floor_divide": "//",
-         "remainder": "%", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^", "maximum": None}
+_PYOP = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "eq": "==",
+    "lt": "<",
+    "floor_divide": "//",
+    "remainder": "%",
+    "bitwise_and": "&",
+    "bitwise_or": "|",
+    "bitwise_xor": "^",
+    "maximum": None,
+}
 _PYOP = {k: v for k, v in _PYOP.items() if v}
 
 
@@ -587,8 +729,10 @@ def g_where(g, ops):
     r = g.rng
     x = g.pick()
     xv = g.val(x)
-    cond = g.pick(lambda v: v.dtype == g.torch.bool and _bcast(g, v.shape, xv.shape),
-                  lambda: g.new_input(g.broadcast_shape_of(list(xv.shape)), "bool"))
+    cond = g.pick(
+        lambda v: v.dtype == g.torch.bool and _bcast(g, v.shape, xv.shape),
+        lambda: g.new_input(g.broadcast_shape_of(list(xv.shape)), "bool"),
+    )
     if r.random() < 0.3:
         return g.add_step("where", "torch.where({a0}, {a1}, {c0})", [cond, x], [g.scalar(str(xv.dtype))], [0])
     y = g.new_input(g.broadcast_shape_of(list(xv.shape)), r.choice((str(xv.dtype).replace("torch.", ""), None)))
@@ -661,8 +805,11 @@ def g_matmul(g, ops):
         b = g.new_input([bsz, k, n], dt2)
     else:
         ra, rb = r.randint(1, 4), r.randint(1, 4)
-        a = g.pick(lambda v: v.dim() >= 1 and str(v.dtype) == "torch." + dt, lambda: g.new_input(
-            [r.randint(1, 3) for _ in range(ra - 2)] + ([m, k] if ra >= 2 else [k]), dt), 0.5)
+        a = g.pick(
+            lambda v: v.dim() >= 1 and str(v.dtype) == "torch." + dt,
+            lambda: g.new_input([r.randint(1, 3) for _ in range(ra - 2)] + ([m, k] if ra >= 2 else [k]), dt),
+            0.5,
+        )
         av = g.val(a)
         k = av.shape[-1]
         batch = list(av.shape[:-2])
@@ -682,7 +829,6 @@ def g_matmul(g, ops):
 def g_index(g, ops):
     r = g.rng
     op = r.choice(ops)
-    torch = g.torch
     if op == "index_select":
         x = g.pick(lambda v: v.dim() >= 1)
         xv = g.val(x)
@@ -702,20 +848,31 @@ def g_index(g, ops):
         x = g.pick(lambda v: v.dim() >= 1)
         xv = g.val(x)
         d = 0 if xv.dim() < 2 or r.random() < 0.6 else 1
-        idx = g.new_input(g.rand_shape(r.randint(0, 2)) if xv.shape[d] else [0], r.choice(("int64", "int64", "int32")),
-                          "index", xv.shape[d], None)
+        idx = g.new_input(
+            g.rand_shape(r.randint(0, 2)) if xv.shape[d] else [0],
+            r.choice(("int64", "int64", "int32")),
+            "index",
+            xv.shape[d],
+            None,
+        )
         return g.add_step(op, "{a0}[{a1}]" if d == 0 else "{a0}[:, {a1}]", [x, idx])
     if op == "masked_fill":
         x = g.pick()
         xv = g.val(x)
         mask = g.new_input(g.broadcast_shape_of(list(xv.shape)), "bool")
         inplace = r.random() < 0.3
-        return g.add_step(op + ("_" if inplace else ""), "{a0}.masked_fill%s({a1}, {c0})" % ("_" if inplace else ""),
-                          [x, mask], [g.scalar(str(xv.dtype))], [0], out=not inplace)
+        return g.add_step(
+            op + ("_" if inplace else ""),
+            "{a0}.masked_fill%s({a1}, {c0})" % ("_" if inplace else ""),
+            [x, mask],
+            [g.scalar(str(xv.dtype))],
+            [0],
+            out=not inplace,
+        )
     if op == "mask_getitem":
         x = g.pick(lambda v: v.dim() >= 1)
         xv = g.val(x)
-        mask = g.new_input(list(xv.shape[:r.randint(1, xv.dim())]), "bool")
+        mask = g.new_input(list(xv.shape[: r.randint(1, xv.dim())]), "bool")
         return g.add_step(op, "{a0}[{a1}]", [x, mask])
     # index_put_ (unique indices unless accumulating)
     x = g.pick(lambda v: v.dim() >= 1)
@@ -727,13 +884,18 @@ def g_index(g, ops):
     idx = g.new_input([n], "int64", "index" if acc else "perm", xv.shape[0], "contig")
     vshape = [n] + list(xv.shape[1:])
     if r.random() < 0.3:
-        vshape = vshape[r.randint(0, len(vshape)):]
+        vshape = vshape[r.randint(0, len(vshape)) :]
     dt = str(xv.dtype).replace("torch.", "") if r.random() < 0.85 else None
     v = g.new_input(vshape, dt, layout="contig")
     if not acc and r.random() < 0.4:
         return g.add_step("index_put_", "{a0}[{a1}] = {a2}", [x, idx, v], out=False)
-    return g.add_step("index_put_acc" if acc else "index_put_", "{a0}.index_put_(({a1},), {a2}, accumulate={c0})",
-                      [x, idx, v], [repr(acc)], out=False)
+    return g.add_step(
+        "index_put_acc" if acc else "index_put_",
+        "{a0}.index_put_(({a1},), {a2}, accumulate={c0})",
+        [x, idx, v],
+        [repr(acc)],
+        out=False,
+    )
 
 
 def view_step(g, x, op=None):
@@ -745,7 +907,9 @@ def view_step(g, x, op=None):
         op = r.choice(("unsqueeze", "view", "reshape", "expand"))
     shp = list(xv.shape)
     if op == "transpose":
-        return g.add_step(op, "{a0}.transpose({c0}, {c1})", [x], [str(r.randrange(nd)), str(r.randrange(-nd, nd))], view=True)
+        return g.add_step(
+            op, "{a0}.transpose({c0}, {c1})", [x], [str(r.randrange(nd)), str(r.randrange(-nd, nd))], view=True
+        )
     if op == "t":
         if nd > 2:
             op = "permute"
@@ -830,10 +994,15 @@ def g_inplace(g, ops):
             k = "2"
         return g.add_step(op, "{a0}.%s({c0})" % op, [tgt], [k], [0], out=False)
     src_dt = dt if r.random() < 0.7 else g.rand_dtype()
-    src = g.pick(lambda v: _bcast(g, v.shape, tv.shape) and len(v.shape) <= len(tv.shape)
-                 and g.torch.broadcast_shapes(v.shape, tv.shape) == tv.shape,
-                 lambda: g.new_input(g.broadcast_shape_of(list(tv.shape)), src_dt,
-                                     "nonzero" if op == "div_" else None), p_new=0.6)
+    src = g.pick(
+        lambda v: (
+            _bcast(g, v.shape, tv.shape)
+            and len(v.shape) <= len(tv.shape)
+            and g.torch.broadcast_shapes(v.shape, tv.shape) == tv.shape
+        ),
+        lambda: g.new_input(g.broadcast_shape_of(list(tv.shape)), src_dt, "nonzero" if op == "div_" else None),
+        p_new=0.6,
+    )
     return g.add_step(op, "{a0}.%s({a1})" % op, [tgt, src], out=False)
 
 
@@ -869,6 +1038,7 @@ def generate(seed, ops=None):
 # ---------------------------------------------------------------------------
 # Minimization (in the driver): candidates run in the worker.
 
+
 def _drop_steps(prog, drop):
     """prog without the steps at positions drop, nor those that use their
     names; unused inputs removed."""
@@ -900,17 +1070,28 @@ def _variants(prog):
     for i, s in enumerate(prog["steps"]):
         out = s["out"]
         if out and not s.get("view") and out in prog.get("shapes", {}) and prog["dtypes"].get(out) in DTYPES:
-            spec = {"shape": prog["shapes"][out], "dtype": prog["dtypes"][out], "kind": "normal", "seed": 0,
-                    "layout": "contig", "bound": 0, "special": 0.0}
-            yield dict(prog, steps=prog["steps"][:i] + prog["steps"][i + 1:], order=prog["order"] + [out],
-                       inputs=dict(prog["inputs"], **{out: spec}))
+            spec = {
+                "shape": prog["shapes"][out],
+                "dtype": prog["dtypes"][out],
+                "kind": "normal",
+                "seed": 0,
+                "layout": "contig",
+                "bound": 0,
+                "special": 0.0,
+            }
+            yield dict(
+                prog,
+                steps=prog["steps"][:i] + prog["steps"][i + 1 :],
+                order=prog["order"] + [out],
+                inputs=dict(prog["inputs"], **{out: spec}),
+            )
     # inputs: fewer elements, simpler layout and values
     for name in prog["order"]:
         spec = prog["inputs"][name]
         for d, s in enumerate(spec["shape"]):
             for new in sorted({1, s - 1, s // 2}):
                 if 0 < new < s:
-                    yield _with_input(prog, name, shape=spec["shape"][:d] + [new] + spec["shape"][d + 1:])
+                    yield _with_input(prog, name, shape=spec["shape"][:d] + [new] + spec["shape"][d + 1 :])
         if spec.get("layout", "contig") != "contig":
             yield _with_input(prog, name, layout="contig")
         if spec.get("special"):
@@ -937,12 +1118,15 @@ def _with_input(prog, name, **kw):
 
 
 def _size(prog):
-    return (len(prog["steps"]), len(prog["order"]),
-            sum(_numel(s["shape"]) for s in prog["inputs"].values()),
-            sum(s.get("layout", "contig") != "contig" for s in prog["inputs"].values()),
-            sum(bool(s.get("special")) for s in prog["inputs"].values()),
-            sum(s["seed"] for s in prog["inputs"].values()),
-            sum(len(c) for s in prog["steps"] for c in s["consts"]))
+    return (
+        len(prog["steps"]),
+        len(prog["order"]),
+        sum(_numel(s["shape"]) for s in prog["inputs"].values()),
+        sum(s.get("layout", "contig") != "contig" for s in prog["inputs"].values()),
+        sum(bool(s.get("special")) for s in prog["inputs"].values()),
+        sum(s["seed"] for s in prog["inputs"].values()),
+        sum(len(c) for s in prog["steps"] for c in s["consts"]),
+    )
 
 
 def _numel(shape):
@@ -981,37 +1165,58 @@ def minimize(prog, sig, mode, check, budget_s=120.0, max_tries=400):
 def reproducer(prog, mode, detail=""):
     """A standalone Python script that shows the failure."""
     import torch  # noqa: F401
+
     lines = program_lines(prog)
-    n_in = len(prog["order"])
     cpu_ns, cpu_exc = run_lines(lines, "cpu")
     body = []
     for i, line in enumerate(lines):
         if cpu_exc[i] is not None:
-            body += ["    try:", f"        {line}", "    except Exception as e:",
-                     f"        print(dev, 'raises', type(e).__name__)  # the CPU raises {type(cpu_exc[i]).__name__}"]
+            body += [
+                "    try:",
+                f"        {line}",
+                "    except Exception as e:",
+                f"        print(dev, 'raises', type(e).__name__)  # the CPU raises {type(cpu_exc[i]).__name__}",
+            ]
         else:
             body.append(f"    {line}")
     names = [n for n in defined_names(prog) if n in cpu_ns]
-    out = [f"# torchtpu fuzz: {detail}" if detail else "# torchtpu fuzz reproducer",
-           "import torch", "import torchtpu", "", f'torchtpu.eager_mode("{mode}")',
-           "nan, inf = float('nan'), float('inf')", "", "", "def run(dev):"]
+    out = [
+        f"# torchtpu fuzz: {detail}" if detail else "# torchtpu fuzz reproducer",
+        "import torch",
+        "import torchtpu",
+        "",
+        f'torchtpu.eager_mode("{mode}")',
+        "nan, inf = float('nan'), float('inf')",
+        "",
+        "",
+        "def run(dev):",
+    ]
     out += body
-    out += [f"    return [{', '.join(names)}]", "", "",
-            "for c, t in zip(run(\"cpu\"), run(\"tpu\")):",
-            "    print('cpu', c)", "    print('tpu', t.cpu())"]
+    out += [
+        f"    return [{', '.join(names)}]",
+        "",
+        "",
+        "for c, t in zip(run(\"cpu\"), run(\"tpu\")):",
+        "    print('cpu', c)",
+        "    print('tpu', t.cpu())",
+    ]
     return "\n".join(out) + "\n"
 
 
 # ---------------------------------------------------------------------------
 # The worker and the driver.
 
+
 def _worker():
     import warnings
+
     warnings.filterwarnings("ignore")
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     import torch  # noqa: F401
+
     import torchtpu  # noqa: F401
+
     inject = os.environ.get("TORCHTPU_FUZZ_INJECT") or None
     out.write(RESULT_TAG + json.dumps({"ready": True}) + "\n")
     out.flush()
@@ -1020,8 +1225,7 @@ def _worker():
         try:
             fails = check_program(job["prog"], job["modes"], inject)
         except Exception:  # noqa: BLE001  (a bug of the harness itself)
-            fails = [{"kind": "harness", "mode": "", "sig": "harness",
-                      "detail": traceback.format_exc(limit=3)[-600:]}]
+            fails = [{"kind": "harness", "mode": "", "sig": "harness", "detail": traceback.format_exc(limit=3)[-600:]}]
         out.write(RESULT_TAG + json.dumps({"failures": fails}) + "\n")
         out.flush()
 
@@ -1037,9 +1241,14 @@ class Runner:
         self.proc = None
 
     def start(self):
-        self.proc = subprocess.Popen([sys.executable, "-m", "torchtpu.tools.fuzz", "--worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, env=self.env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torchtpu.tools.fuzz", "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=self.env,
+        )
         r = self._read(300)
         if not r or not r.get("ready"):
             raise RuntimeError("fuzz: a worker could not start (does `import torchtpu` work?)")
@@ -1057,7 +1266,7 @@ class Runner:
             if not line:
                 return None
             if line.startswith(RESULT_TAG):
-                return json.loads(line[len(RESULT_TAG):])
+                return json.loads(line[len(RESULT_TAG) :])
 
     def run(self, prog, modes):
         if self.proc is None:
@@ -1071,10 +1280,15 @@ class Runner:
         if r is None or r == "timeout":
             code = self.kill()
             if r is None:
-                return [{"kind": "crash", "mode": ",".join(modes), "sig": "crash",
-                         "detail": f"the worker died (exit status {code})"}]
-            return [{"kind": "timeout", "mode": ",".join(modes), "sig": "timeout",
-                     "detail": f"over {self.timeout} s"}]
+                return [
+                    {
+                        "kind": "crash",
+                        "mode": ",".join(modes),
+                        "sig": "crash",
+                        "detail": f"the worker died (exit status {code})",
+                    }
+                ]
+            return [{"kind": "timeout", "mode": ",".join(modes), "sig": "timeout", "detail": f"over {self.timeout} s"}]
         return r["failures"]
 
     def kill(self):
@@ -1109,27 +1323,52 @@ def _minimize_failure(runner, prog, f, fails, pseed, modes, budget_s):
 
     def check(cand, mode):
         return {x["sig"] for x in runner.run(cand, mode)}
+
     small = minimize(prog, sig, first_mode, check, budget_s=budget_s)
     again = runner.run(small, first_mode)
     detail = next((x["detail"] for x in again if x["sig"] == sig), f["detail"])
     mode = first_mode[0] if len(first_mode) == 1 else "strict"
     head = f"{f['kind']} ({sig}) in {f['mode']} mode: {detail}"[:400].replace("\n", " ")
-    return {"sig": sig, "kind": f["kind"], "count": 1, "modes": {x["mode"] for x in fails if x["sig"] == sig},
-            "seed": pseed, "detail": detail, "steps": len(small["steps"]), "reproducer": reproducer(small, mode, head),
-            "program": small, "still_fails": any(x["sig"] == sig for x in again)}
+    return {
+        "sig": sig,
+        "kind": f["kind"],
+        "count": 1,
+        "modes": {x["mode"] for x in fails if x["sig"] == sig},
+        "seed": pseed,
+        "detail": detail,
+        "steps": len(small["steps"]),
+        "reproducer": reproducer(small, mode, head),
+        "program": small,
+        "still_fails": any(x["sig"] == sig for x in again),
+    }
 
 
-def fuzz(minutes=None, seed=0, programs=None, modes=MODES, out=None, ops=None, quiet=False,
-         minimize_budget_s=120.0, timeout=PER_PROGRAM_SECONDS, env=None, log=print):
+def fuzz(
+    minutes=None,
+    seed=0,
+    programs=None,
+    modes=MODES,
+    out=None,
+    ops=None,
+    quiet=False,
+    minimize_budget_s=120.0,
+    timeout=PER_PROGRAM_SECONDS,
+    env=None,
+    log=print,
+):
     """Run the fuzzer; returns a summary dict (counts and the distinct
     failures with their reproducers)."""
     t0 = time.time()
     deadline = None if minutes is None else t0 + 60.0 * minutes
     runner = Runner(timeout, env)
-    counts = {"programs": 0, "mismatches": 0, "error_mismatches": 0, "crashes": 0, "timeouts": 0,
-              "harness": 0}
-    key = {"mismatch": "mismatches", "error": "error_mismatches", "crash": "crashes", "timeout": "timeouts",
-           "harness": "harness"}
+    counts = {"programs": 0, "mismatches": 0, "error_mismatches": 0, "crashes": 0, "timeouts": 0, "harness": 0}
+    key = {
+        "mismatch": "mismatches",
+        "error": "error_mismatches",
+        "crash": "crashes",
+        "timeout": "timeouts",
+        "harness": "harness",
+    }
     distinct = {}
     if out:
         os.makedirs(out, exist_ok=True)
@@ -1177,12 +1416,24 @@ def fuzz(minutes=None, seed=0, programs=None, modes=MODES, out=None, ops=None, q
     finally:
         runner.close()
     failed = sum(counts[k] for k in ("mismatches", "error_mismatches", "crashes", "timeouts", "harness"))
-    summary = {"counts": counts, "failed": failed, "seconds": round(time.time() - t0, 1),
-               "distinct": list(distinct.values())}
+    summary = {
+        "counts": counts,
+        "failed": failed,
+        "seconds": round(time.time() - t0, 1),
+        "distinct": list(distinct.values()),
+    }
     if out:
         with open(os.path.join(out, "summary.json"), "w") as fh:
-            json.dump({**summary, "distinct": [{k: (sorted(v) if isinstance(v, set) else v) for k, v in d.items()}
-                                               for d in distinct.values()]}, fh, indent=1)
+            json.dump(
+                {
+                    **summary,
+                    "distinct": [
+                        {k: (sorted(v) if isinstance(v, set) else v) for k, v in d.items()} for d in distinct.values()
+                    ],
+                },
+                fh,
+                indent=1,
+            )
     return summary
 
 
@@ -1214,12 +1465,17 @@ def main(argv=None):
         a.minutes = 1.0
     s = fuzz(a.minutes, a.seed, a.programs, modes, a.out, ops, a.quiet, a.minimize_seconds, a.timeout)
     c = s["counts"]
-    print(f"programs {c['programs']}, mismatches {c['mismatches']}, error mismatches {c['error_mismatches']}, "
-          f"crashes {c['crashes']}, timeouts {c['timeouts']}" + (f", harness errors {c['harness']}" if c["harness"] else "")
-          + f" ({s['seconds']:.0f} s); distinct failures {len(s['distinct'])}")
+    print(
+        f"programs {c['programs']}, mismatches {c['mismatches']}, error mismatches {c['error_mismatches']}, "
+        f"crashes {c['crashes']}, timeouts {c['timeouts']}"
+        + (f", harness errors {c['harness']}" if c["harness"] else "")
+        + f" ({s['seconds']:.0f} s); distinct failures {len(s['distinct'])}"
+    )
     for d in s["distinct"]:
-        print(f"  {d['sig']}: {d['count']}x, modes {','.join(sorted(d['modes']))}, first seed {d['seed']}, "
-              f"minimized to {d['steps']} steps" + (f" ({d['file']})" if d.get("file") else ""))
+        print(
+            f"  {d['sig']}: {d['count']}x, modes {','.join(sorted(d['modes']))}, first seed {d['seed']}, "
+            f"minimized to {d['steps']} steps" + (f" ({d['file']})" if d.get("file") else "")
+        )
     return 1 if s["failed"] else 0
 
 

@@ -46,16 +46,38 @@ DTYPES = ("float32", "bfloat16", "int64", "bool")
 # Ops whose values are random or uninitialised: their results are compared for
 # shape and dtype only (their statistics are tested in tests/test_random.py).
 RANDOM_OPS = {
-    "bernoulli", "normal", "normal.number_mean", "normal.in_place", "uniform",
-    "multinomial", "nn.functional.dropout", "nn.functional.dropout2d",
-    "nn.functional.dropout3d", "nn.functional.alpha_dropout",
+    "bernoulli",
+    "normal",
+    "normal.number_mean",
+    "normal.in_place",
+    "uniform",
+    "multinomial",
+    "nn.functional.dropout",
+    "nn.functional.dropout2d",
+    "nn.functional.dropout3d",
+    "nn.functional.alpha_dropout",
     "nn.functional.feature_alpha_dropout.with_train",
     "nn.functional.feature_alpha_dropout.without_train",
-    "nn.functional.rrelu", "rand_like", "randn_like", "randint_like", "randint",
-    "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
-    "empty_permuted", "exponential", "geometric", "log_normal", "cauchy",
-    "torch.empty", "nn.functional.fractional_max_pool2d",
-    "nn.functional.fractional_max_pool3d", "randperm", "cuda_rng_state",
+    "nn.functional.rrelu",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "randint",
+    "empty",
+    "empty_like",
+    "new_empty",
+    "new_empty_strided",
+    "empty_strided",
+    "empty_permuted",
+    "exponential",
+    "geometric",
+    "log_normal",
+    "cauchy",
+    "torch.empty",
+    "nn.functional.fractional_max_pool2d",
+    "nn.functional.fractional_max_pool3d",
+    "randperm",
+    "cuda_rng_state",
 }
 
 # Entries whose samples are random only in training mode (dropout inside):
@@ -63,6 +85,7 @@ RANDOM_OPS = {
 RANDOM_IN_TRAINING = {"nn.functional.multi_head_attention_forward"}
 # Entries whose samples are random when their dropout_p is positive.
 RANDOM_WITH_DROPOUT_P = {"nn.functional.scaled_dot_product_attention"}
+
 
 # Ops whose returned indices are not specified when values tie (torch's CPU
 # sorts are not stable by default; topk/kthvalue/median pick any of equal
@@ -90,6 +113,7 @@ TIE_INDEX_OPS = {
 def _check_tie_indices(name, sample, expected, actual, dtype_name):
     """Compare an op's outputs where tied indices may differ; raises _Mismatch."""
     import torch
+
     dim_of, keep_of, pos = TIE_INDEX_OPS[name]
     dim = dim_of(sample)
     if pos is not None and not isinstance(expected, (tuple, list)):  # no indices returned
@@ -98,10 +122,15 @@ def _check_tie_indices(name, sample, expected, actual, dtype_name):
     exp_i = expected if pos is None else expected[pos]
     act_i = actual if pos is None else actual[pos]
     if pos is not None:  # every other output exactly
-        _compare([e for i, e in enumerate(expected) if i != pos], [a for i, a in enumerate(actual) if i != pos],
-                 dtype_name)
-    if not isinstance(exp_i, torch.Tensor) or dim is None or (name == "sort" and sample.kwargs.get("stable")) \
-            or (name == "argsort" and sample.kwargs.get("stable")):
+        _compare(
+            [e for i, e in enumerate(expected) if i != pos], [a for i, a in enumerate(actual) if i != pos], dtype_name
+        )
+    if (
+        not isinstance(exp_i, torch.Tensor)
+        or dim is None
+        or (name == "sort" and sample.kwargs.get("stable"))
+        or (name == "argsort" and sample.kwargs.get("stable"))
+    ):
         _compare(exp_i, act_i, dtype_name, what="indices")
         return
     _compare(exp_i, act_i, dtype_name, values=False, what="indices")
@@ -117,8 +146,9 @@ def _check_tie_indices(name, sample, expected, actual, dtype_name):
     ge, ga = torch.gather(inp, dim, e), torch.gather(inp, dim, a)
     if not torch.equal(ge.isnan(), ga.isnan()) if ge.is_floating_point() else False:
         raise _Mismatch("indices: point at different elements")
-    if not torch.equal(torch.nan_to_num(ge) if ge.is_floating_point() else ge,
-                       torch.nan_to_num(ga) if ga.is_floating_point() else ga):
+    if not torch.equal(
+        torch.nan_to_num(ge) if ge.is_floating_point() else ge, torch.nan_to_num(ga) if ga.is_floating_point() else ga
+    ):
         raise _Mismatch("indices: point at elements that differ from the CPU's")
 
 
@@ -134,6 +164,7 @@ def _eig_match(e, a):
     """Per matrix, the permutation p (int64, e's shape) with a[..., p] nearest e:
     greedy over the globally closest remaining pairs."""
     import torch
+
     n = e.shape[-1]
     ef, af = e.detach().reshape(-1, n), a.detach().cpu().reshape(-1, n).to(e.dtype)
     perms = []
@@ -153,7 +184,7 @@ def _eig_match(e, a):
 
 def _eig_matrix(name, sample):
     """The matrix whose eigenpairs the entry computes (eigh reads one triangle)."""
-    import torch
+
     A = sample.input.detach()
     if name == "linalg.eigh":
         lower = str(_arg(sample, 0, "UPLO", "L")).upper() == "L"
@@ -167,6 +198,7 @@ def _check_eig(name, sample, expected, actual, dtype_name):
     """Compare an eigendecomposition invariantly (see above); raises _Mismatch.
     Returns actual with its eigenpairs in the CPU's order (differentiable)."""
     import torch
+
     vectors = isinstance(expected, (tuple, list))
     ew, aw = (expected[0], actual[0]) if vectors else (expected, actual)
     _compare(expected, actual, dtype_name, values=False)
@@ -233,6 +265,7 @@ def entry_name(op):
 # ---------------------------------------------------------------------------
 # The worker: runs one (op, dtype) at a time.
 
+
 class _Mismatch(Exception):
     pass
 
@@ -243,10 +276,16 @@ def _to_tpu(x):
     offset) of a tpu copy of its whole storage, so that ops see what they
     would see on the CPU."""
     import torch
+
     if not isinstance(x, torch.Tensor):
         return x
-    plain = (x.layout != torch.strided or x.is_conj() or x.is_neg() or x.numel() == 0
-             or (x.is_contiguous() and x.storage_offset() == 0 and x._base is None))
+    plain = (
+        x.layout != torch.strided
+        or x.is_conj()
+        or x.is_neg()
+        or x.numel() == 0
+        or (x.is_contiguous() and x.storage_offset() == 0 and x._base is None)
+    )
     if plain:
         y = x.detach().to("tpu")
     else:
@@ -264,6 +303,7 @@ def _aliasing_to_tpu():
     views of one tpu copy of that storage, so the op sees the overlap the CPU
     sees. Tensors on other devices (meta) are left as they are."""
     import torch
+
     flats = {}
 
     def conv(x):
@@ -281,6 +321,7 @@ def _aliasing_to_tpu():
         if x.requires_grad:
             y = y.detach().requires_grad_(True)
         return y
+
     return conv
 
 
@@ -300,6 +341,7 @@ def _tree_map(fn, x):
 
 def _leaves(x, out):
     import torch
+
     if isinstance(x, torch.Tensor):
         out.append(x)
     elif isinstance(x, (list, tuple)):
@@ -314,6 +356,7 @@ def _leaves(x, out):
 def _compare(expected, actual, dtype_name, values=True, what="output"):
     """Raise _Mismatch naming what differs."""
     import torch
+
     el, al = _leaves(expected, []), _leaves(actual, [])
     if not isinstance(expected, torch.Tensor) and not el:
         if isinstance(actual, torch.Tensor):
@@ -347,13 +390,17 @@ def _compare(expected, actual, dtype_name, values=True, what="output"):
             torch.testing.assert_close(ac, ec, equal_nan=True, check_stride=False, **tol)
         except AssertionError as err:
             msg = str(err).strip().splitlines()
-            raise _Mismatch(f"{name}: " + " ".join(m.strip() for m in msg[:4]))
+            raise _Mismatch(f"{name}: " + " ".join(m.strip() for m in msg[:4])) from None
 
 
 def _grad_inputs(sample):
     import torch
-    return [t for t in _leaves([sample.input, list(sample.args), dict(sample.kwargs)], [])
-            if isinstance(t, torch.Tensor) and t.requires_grad]
+
+    return [
+        t
+        for t in _leaves([sample.input, list(sample.args), dict(sample.kwargs)], [])
+        if isinstance(t, torch.Tensor) and t.requires_grad
+    ]
 
 
 # Singular vectors are defined up to a sign per pair (u_j, v_j), and the
@@ -367,6 +414,7 @@ SVD_OPS = {"svd", "linalg.svd"}
 
 def _check_svd(name, expected, actual, dtype_name):
     import torch
+
     _compare(expected, actual, dtype_name, values=False)
     eu, es, ev = expected
     au, as_, av = (t.detach().cpu() for t in actual)
@@ -393,6 +441,7 @@ def _run_sample(op, sample, dtype_name, values, grad):
     """Compare one sample; returns 'pass', 'skip' (the CPU refused it), or
     raises (_Mismatch or the tpu error)."""
     import torch
+
     try:
         expected = op(sample.input, *sample.args, **sample.kwargs)
     except Exception:
@@ -425,8 +474,10 @@ def _run_sample(op, sample, dtype_name, values, grad):
     if len(touts) != len(couts):
         raise _Mismatch(f"gradient: {len(touts)} differentiable outputs, expected {len(couts)}")
     gen = torch.Generator().manual_seed(0)
-    gos = [torch.randn(o.shape, generator=gen, dtype=o.dtype) if o.is_floating_point() else torch.ones_like(o)
-           for o in couts]
+    gos = [
+        torch.randn(o.shape, generator=gen, dtype=o.dtype) if o.is_floating_point() else torch.ones_like(o)
+        for o in couts
+    ]
     try:
         cgrads = torch.autograd.grad(couts, cin, gos, allow_unused=True)
     except Exception:
@@ -454,7 +505,9 @@ def _classify(exc):
     # torch's own dispatcher: no kernel for the tpu key (a sparse layout, or an
     # op torch routes to an "_overrideable" hook for out-of-tree devices)
     if isinstance(exc, NotImplementedError):
-        m = re.search(r"Could not run '(aten::[\w.]+)'", text) or re.search(r"^(\w+_overrideable) not implemented", text)
+        m = re.search(r"Could not run '(aten::[\w.]+)'", text) or re.search(
+            r"^(\w+_overrideable) not implemented", text
+        )
         if m:
             name = m.group(1)
             return "not_lowered", name if name.startswith("aten::") else "aten::" + name
@@ -475,6 +528,7 @@ def run_entry(op, dtype_name, grad=True):
     status, detail, samples counted, grad (status of the gradient check, or
     None when the op has no gradient for this dtype)."""
     import torch
+
     dtype = getattr(torch, dtype_name)
     name = entry_name(op)
     values = name not in RANDOM_OPS
@@ -523,6 +577,7 @@ def _force(x):
     """Bring every tensor of a result to the host, so that an error the
     device would report late is raised here."""
     import torch
+
     for t in _leaves(x, []):
         if isinstance(t, torch.Tensor) and t.device.type != "cpu":
             t.detach().cpu()
@@ -530,13 +585,16 @@ def _force(x):
 
 def _describe_error_input(e):
     s = e.sample_input
+
     def d(x):
         import torch
+
         if isinstance(x, torch.Tensor):
             return f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}"
         if isinstance(x, (list, tuple)):
             return "(" + ", ".join(d(v) for v in x) + ")"
         return repr(x)[:40]
+
     parts = [d(s.input)] + [d(a) for a in s.args] + [f"{k}={d(v)}" for k, v in s.kwargs.items()]
     return ", ".join(parts)[:200]
 
@@ -547,6 +605,7 @@ def run_error_entry(op):
     raises another type), none (tpu raises nothing), cpu_none (the CPU raises
     nothing either: not counted), and the details of those that differ."""
     import torch
+
     res = {"status": "errors", "same": 0, "other": 0, "none": 0, "cpu_none": 0, "details": []}
     try:
         errs = list(op.error_inputs("cpu"))
@@ -579,20 +638,29 @@ def run_error_entry(op):
             res["same"] += 1
         else:
             res["other"] += 1
-            res["details"].append({"kind": "other", "input": what, "cpu": f"{cpu_t}: {str(cpu_exc)[:150]}",
-                                   "tpu": f"{type(tpu_exc).__name__}: {str(tpu_exc)[:150]}"})
+            res["details"].append(
+                {
+                    "kind": "other",
+                    "input": what,
+                    "cpu": f"{cpu_t}: {str(cpu_exc)[:150]}",
+                    "tpu": f"{type(tpu_exc).__name__}: {str(tpu_exc)[:150]}",
+                }
+            )
     return res
 
 
 def _worker():
     """Read 'name<TAB>dtype<TAB>grad' lines, answer one tagged JSON line each."""
     import warnings
+
     warnings.filterwarnings("ignore")
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything an op prints goes to stderr, not into the answers
     import torch  # noqa: F401
-    import torchtpu  # noqa: F401
     from torch.testing._internal.common_methods_invocations import op_db
+
+    import torchtpu  # noqa: F401
+
     by_name = {entry_name(o): o for o in op_db}
     out.write(RESULT_TAG + json.dumps({"ready": True}) + "\n")
     out.flush()
@@ -604,9 +672,14 @@ def _worker():
                 r = run_error_entry(by_name[name])
             else:
                 r = run_entry(by_name[name], dtype_name, grad == "1")
-        except Exception as e:  # a bug of the harness itself, reported as such
-            r = {"status": "error", "detail": "harness: " + traceback.format_exc(limit=2)[-300:],
-                 "samples": 0, "grad": None, "grad_detail": ""}
+        except Exception:  # a bug of the harness itself, reported as such
+            r = {
+                "status": "error",
+                "detail": "harness: " + traceback.format_exc(limit=2)[-300:],
+                "samples": 0,
+                "grad": None,
+                "grad_detail": "",
+            }
         r["seconds"] = round(time.time() - t0, 2)
         out.write(RESULT_TAG + json.dumps(r) + "\n")
         out.flush()
@@ -615,12 +688,17 @@ def _worker():
 # ---------------------------------------------------------------------------
 # The driver.
 
+
 class _Worker:
     def __init__(self, env):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torchtpu.tools.op_coverage", "--worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True, env=env)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
         self.job = None
         self.started = None
         self.ready = False
@@ -646,7 +724,7 @@ def _read_tagged(w):
         if not line:
             return None
         if line.startswith(RESULT_TAG):
-            return json.loads(line[len(RESULT_TAG):])
+            return json.loads(line[len(RESULT_TAG) :])
 
 
 def run(jobs, nworkers=1, grad=True, progress=None, per_op_seconds=PER_OP_SECONDS):
@@ -682,9 +760,14 @@ def run(jobs, nworkers=1, grad=True, progress=None, per_op_seconds=PER_OP_SECOND
             job = (w.job[0], w.job[1])
             if r is None:
                 code = w.proc.wait()
-                results[job] = {"status": "crash", "detail": f"worker died (exit status {code})",
-                                "samples": 0, "grad": None, "grad_detail": "",
-                                "seconds": round(time.time() - w.started, 2)}
+                results[job] = {
+                    "status": "crash",
+                    "detail": f"worker died (exit status {code})",
+                    "samples": 0,
+                    "grad": None,
+                    "grad_detail": "",
+                    "seconds": round(time.time() - w.started, 2),
+                }
                 w.kill()
                 w = start()
             else:
@@ -698,9 +781,14 @@ def run(jobs, nworkers=1, grad=True, progress=None, per_op_seconds=PER_OP_SECOND
                 busy.pop(fd)
                 job = (w.job[0], w.job[1])
                 w.kill()
-                results[job] = {"status": "timeout", "detail": f"over {per_op_seconds} s",
-                                "samples": 0, "grad": None, "grad_detail": "",
-                                "seconds": round(now - w.started, 2)}
+                results[job] = {
+                    "status": "timeout",
+                    "detail": f"over {per_op_seconds} s",
+                    "samples": 0,
+                    "grad": None,
+                    "grad_detail": "",
+                    "seconds": round(now - w.started, 2),
+                }
                 idle.append(start())
                 if progress:
                     progress(len(results), total, job, results[job])
@@ -713,6 +801,7 @@ def run(jobs, nworkers=1, grad=True, progress=None, per_op_seconds=PER_OP_SECOND
 def all_jobs(dtypes=DTYPES, names=None, errors=False):
     import torch
     from torch.testing._internal.common_methods_invocations import op_db
+
     jobs, unsupported = [], []
     for op in op_db:
         name = entry_name(op)
@@ -733,6 +822,7 @@ def decomposed_ops():
     """ATen overloads torchtpu runs through torch._decomp decompositions."""
     try:
         from .. import _registry
+
         return sorted(getattr(_registry, "DECOMPOSED", ()))
     except Exception:
         return []
@@ -743,8 +833,7 @@ def summarize(results):
     for (name, d), r in results.items():
         if d == ERRORS:
             continue
-        s = by_dtype.setdefault(d, {"entries": 0, "status": {}, "grad_entries": 0, "grad_pass": 0,
-                                    "grad_status": {}})
+        s = by_dtype.setdefault(d, {"entries": 0, "status": {}, "grad_entries": 0, "grad_pass": 0, "grad_status": {}})
         s["entries"] += 1
         s["status"][r["status"]] = s["status"].get(r["status"], 0) + 1
         if r.get("grad") is not None:
@@ -758,8 +847,17 @@ def summarize_errors(results):
     """Totals of the error-input pass: inputs the CPU rejects, and of those how
     many tpu rejects with the same type, another type, or not at all; entries
     whose worker crashed or timed out (their inputs are not counted)."""
-    t = {"entries": 0, "with_inputs": 0, "cpu_rejects": 0, "same": 0, "other": 0, "none": 0, "cpu_none": 0,
-         "crash": 0, "timeout": 0}
+    t = {
+        "entries": 0,
+        "with_inputs": 0,
+        "cpu_rejects": 0,
+        "same": 0,
+        "other": 0,
+        "none": 0,
+        "cpu_none": 0,
+        "crash": 0,
+        "timeout": 0,
+    }
     for (name, d), r in results.items():
         if d != ERRORS:
             continue
@@ -791,6 +889,7 @@ def _fmt_pct(n, d):
 
 def write_report(results, out_prefix, dtypes, meta):
     import torch
+
     summary = summarize(results)
     data = {
         "torch": torch.__version__,
@@ -804,20 +903,28 @@ def write_report(results, out_prefix, dtypes, meta):
     os.makedirs(os.path.dirname(out_prefix) or ".", exist_ok=True)
     with open(out_prefix + ".json", "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
-    lines = ["# Op coverage", "",
-             "Generated by `python -m torchtpu.tools.op_coverage` (`make coverage`): every entry of "
-             f"PyTorch's OpInfo `op_db` (torch {torch.__version__}), each sample input run on `tpu` and on "
-             "the CPU and compared (values, dtypes, shapes), and for float32 the gradients of every "
-             "differentiable input through `torch.autograd.grad`. Samples the CPU itself refuses are "
-             "not counted. Ops with random or uninitialised results (listed below) are compared for "
-             "shape and dtype only. Nothing is skipped by a list: every entry is run.", "",
-             f"Tolerances: float32 rtol {TOLERANCES['float32']['rtol']}, atol {TOLERANCES['float32']['atol']}; "
-             f"bfloat16 rtol {TOLERANCES['bfloat16']['rtol']}, atol {TOLERANCES['bfloat16']['atol']}; "
-             "integers and bool exact.", "",
-             f"Run: {meta.get('date', '')}, {meta.get('seconds', 0):.0f} s, platform {meta.get('platform', '')}.",
-             "", "## Totals", "",
-             "| dtype | entries | pass | wrong | error | not lowered | crash | timeout | no samples | forward pass rate | with gradients | gradients pass | gradient pass rate |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Op coverage",
+        "",
+        "Generated by `python -m torchtpu.tools.op_coverage` (`make coverage`): every entry of "
+        f"PyTorch's OpInfo `op_db` (torch {torch.__version__}), each sample input run on `tpu` and on "
+        "the CPU and compared (values, dtypes, shapes), and for float32 the gradients of every "
+        "differentiable input through `torch.autograd.grad`. Samples the CPU itself refuses are "
+        "not counted. Ops with random or uninitialised results (listed below) are compared for "
+        "shape and dtype only. Nothing is skipped by a list: every entry is run.",
+        "",
+        f"Tolerances: float32 rtol {TOLERANCES['float32']['rtol']}, atol {TOLERANCES['float32']['atol']}; "
+        f"bfloat16 rtol {TOLERANCES['bfloat16']['rtol']}, atol {TOLERANCES['bfloat16']['atol']}; "
+        "integers and bool exact.",
+        "",
+        f"Run: {meta.get('date', '')}, {meta.get('seconds', 0):.0f} s, platform {meta.get('platform', '')}.",
+        "",
+        "## Totals",
+        "",
+        "| dtype | entries | pass | wrong | error | not lowered | crash | timeout | no samples | forward pass rate "
+        "| with gradients | gradients pass | gradient pass rate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for d in dtypes:
         if d not in summary:
             continue
@@ -829,40 +936,63 @@ def write_report(results, out_prefix, dtypes, meta):
             f"| {d} | {s['entries']} | {st.get('pass', 0)} | {st.get('wrong', 0)} | {st.get('error', 0)} | "
             f"{st.get('not_lowered', 0)} | {st.get('crash', 0)} | {st.get('timeout', 0)} | "
             f"{st.get('no_samples', 0)} | {_fmt_pct(st.get('pass', 0), counted)} | {s['grad_entries']} | "
-            f"{s['grad_pass']} | {_fmt_pct(s['grad_pass'], gcounted)} |")
-    lines += ["", "Pass rates are over entries with at least one sample the CPU accepts. A gradient is "
-              "checked only for float32 entries whose forward passes and whose OpInfo says they support "
-              "autograd.", ""]
+            f"{s['grad_pass']} | {_fmt_pct(s['grad_pass'], gcounted)} |"
+        )
+    lines += [
+        "",
+        "Pass rates are over entries with at least one sample the CPU accepts. A gradient is "
+        "checked only for float32 entries whose forward passes and whose OpInfo says they support "
+        "autograd.",
+        "",
+    ]
     dec = data["decomposed"]
-    lines += ["## Decompositions", "",
-              f"{len(dec)} ATen overloads run through `torch._decomp` decompositions in Python instead of a "
-              "C lowering: " + (", ".join(f"`{x}`" for x in dec) if dec else "none") + ".", ""]
+    lines += [
+        "## Decompositions",
+        "",
+        f"{len(dec)} ATen overloads run through `torch._decomp` decompositions in Python instead of a "
+        "C lowering: " + (", ".join(f"`{x}`" for x in dec) if dec else "none") + ".",
+        "",
+    ]
     miss = data["missing_overloads"]
-    lines += ["## Missing lowerings", "",
-              "ATen overloads that stopped an entry (forward or gradient), with how many (entry, dtype) pairs "
-              "each stopped:", ""]
+    lines += [
+        "## Missing lowerings",
+        "",
+        "ATen overloads that stopped an entry (forward or gradient), with how many (entry, dtype) pairs each stopped:",
+        "",
+    ]
     lines += [", ".join(f"`{ov}` ({n})" for ov, n in miss) if miss else "none", ""]
-    lines += ["## Random and uninitialised ops (compared for shape and dtype only)", "",
-              ", ".join(f"`{x}`" for x in sorted(RANDOM_OPS)),
-              "", "Indices of equal elements are unspecified for "
-              + ", ".join(f"`{x}`" for x in sorted(TIE_INDEX_OPS))
-              + ": their values are compared exactly, and their indices must point at elements equal to those "
-              "the CPU's indices point at (exactly equal indices when the sample asks for a stable sort).",
-              "", "Compared in full except for their samples in training mode (dropout inside): "
-              + ", ".join(f"`{x}`" for x in sorted(RANDOM_IN_TRAINING)) + ".", ""]
+    lines += [
+        "## Random and uninitialised ops (compared for shape and dtype only)",
+        "",
+        ", ".join(f"`{x}`" for x in sorted(RANDOM_OPS)),
+        "",
+        "Indices of equal elements are unspecified for "
+        + ", ".join(f"`{x}`" for x in sorted(TIE_INDEX_OPS))
+        + ": their values are compared exactly, and their indices must point at elements equal to those "
+        "the CPU's indices point at (exactly equal indices when the sample asks for a stable sort).",
+        "",
+        "Compared in full except for their samples in training mode (dropout inside): "
+        + ", ".join(f"`{x}`" for x in sorted(RANDOM_IN_TRAINING))
+        + ".",
+        "",
+    ]
     et = data["error_inputs"]
     if et["entries"]:
-        lines += ["## Error inputs", "",
-                  "Each entry's OpInfo `error_inputs` (inputs PyTorch documents as refused), run on the CPU and "
-                  "on `tpu` (forced to the host, so a late error counts). An input counts when the CPU rejects "
-                  "it; it matches when `tpu` rejects it with the same exception type."
-                  + (f" Run: {meta['errors_date']}, {meta['errors_seconds']:.0f} s." if meta.get("errors_date") else ""),
-                  "",
-                  "| entries | with error inputs | CPU rejects | same type | other type | no error | "
-                  "crash (entries) | timeout (entries) | CPU accepts (not counted) |",
-                  "|---|---|---|---|---|---|---|---|---|",
-                  f"| {et['entries']} | {et['with_inputs']} | {et['cpu_rejects']} | {et['same']} | {et['other']} | "
-                  f"{et['none']} | {et['crash']} | {et['timeout']} | {et['cpu_none']} |", ""]
+        lines += [
+            "## Error inputs",
+            "",
+            "Each entry's OpInfo `error_inputs` (inputs PyTorch documents as refused), run on the CPU and "
+            "on `tpu` (forced to the host, so a late error counts). An input counts when the CPU rejects "
+            "it; it matches when `tpu` rejects it with the same exception type."
+            + (f" Run: {meta['errors_date']}, {meta['errors_seconds']:.0f} s." if meta.get("errors_date") else ""),
+            "",
+            "| entries | with error inputs | CPU rejects | same type | other type | no error | "
+            "crash (entries) | timeout (entries) | CPU accepts (not counted) |",
+            "|---|---|---|---|---|---|---|---|---|",
+            f"| {et['entries']} | {et['with_inputs']} | {et['cpu_rejects']} | {et['same']} | {et['other']} | "
+            f"{et['none']} | {et['crash']} | {et['timeout']} | {et['cpu_none']} |",
+            "",
+        ]
         diff = []
         for (n, d), r in sorted(results.items()):
             if d != ERRORS:
@@ -870,13 +1000,24 @@ def write_report(results, out_prefix, dtypes, meta):
             if r["status"] in ("crash", "timeout", "error"):
                 diff.append(f"| {n} | - | {r['status']}: {_md(r.get('detail', ''))} | |")
             for x in r.get("details", []):
-                diff.append(f"| {n} | {_md(x['input'])} | {_md(x['cpu'])} | "
-                            f"{_md(x.get('tpu', 'no error'))} |")
+                diff.append(f"| {n} | {_md(x['input'])} | {_md(x['cpu'])} | {_md(x.get('tpu', 'no error'))} |")
         if diff:
-            lines += ["Error inputs `tpu` does not reject as the CPU does:", "",
-                      "| entry | input | CPU | tpu |", "|---|---|---|---|"] + diff + [""]
-    lines += ["## Per op", "", "| op | " + " | ".join(dtypes) + " | gradient (float32) |",
-              "|---|" + "---|" * (len(dtypes) + 1)]
+            lines += (
+                [
+                    "Error inputs `tpu` does not reject as the CPU does:",
+                    "",
+                    "| entry | input | CPU | tpu |",
+                    "|---|---|---|---|",
+                ]
+                + diff
+                + [""]
+            )
+    lines += [
+        "## Per op",
+        "",
+        "| op | " + " | ".join(dtypes) + " | gradient (float32) |",
+        "|---|" + "---|" * (len(dtypes) + 1),
+    ]
     names = sorted({n for n, _ in results} | {n for n, _ in meta.get("unsupported", [])})
     for n in names:
         cells = []
@@ -911,8 +1052,11 @@ def main(argv=None):
     p.add_argument("--out", default="docs/op_coverage")
     p.add_argument("--no-grad", action="store_true")
     p.add_argument("--no-errors", action="store_true", help="skip the error-input pass")
-    p.add_argument("--errors-only", action="store_true",
-                   help="run only the error-input pass; the forward results of an existing report at --out are kept")
+    p.add_argument(
+        "--errors-only",
+        action="store_true",
+        help="run only the error-input pass; the forward results of an existing report at --out are kept",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
@@ -945,38 +1089,51 @@ def main(argv=None):
         if a.quiet:
             return
         if job[1] == ERRORS and r["status"] == "errors":
-            print(f"[{done}/{total}] {job[0]} error inputs: same {r['same']} other {r['other']} none {r['none']} "
-                  f"({r.get('seconds', 0)} s)", flush=True)
+            print(
+                f"[{done}/{total}] {job[0]} error inputs: same {r['same']} other {r['other']} none {r['none']} "
+                f"({r.get('seconds', 0)} s)",
+                flush=True,
+            )
             return
         g = "" if r.get("grad") in (None,) else f" grad={r['grad']}"
         det = "" if r["status"] == "pass" else f"  {r['detail'][:120]}"
         gd = f"  [{r['grad_detail'][:100]}]" if r.get("grad") not in (None, "pass") else ""
-        print(f"[{done}/{total}] {job[0]} {job[1]}: {r['status']}{g} ({r.get('seconds', 0)} s){det}{gd}",
-              flush=True)
+        print(f"[{done}/{total}] {job[0]} {job[1]}: {r['status']}{g} ({r.get('seconds', 0)} s){det}{gd}", flush=True)
 
     results = run(jobs, a.jobs, grad=not a.no_grad, progress=progress)
     results.update({k: v for k, v in kept.items() if k not in results})
     import torch  # noqa: F401
+
     platform = ""
     try:
         import torchtpu
+
         platform = torchtpu.runtime_info().get("platform", "")
     except Exception:
         pass
-    meta = {"date": time.strftime("%Y-%m-%d"), "seconds": time.time() - t0, "platform": platform,
-            "unsupported": unsupported, "dtypes": dtypes}
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "seconds": time.time() - t0,
+        "platform": platform,
+        "unsupported": unsupported,
+        "dtypes": dtypes,
+    }
     if old_meta and kept:  # the forward results are the old run's: so are its date and time
         meta = dict(old_meta, unsupported=unsupported, errors_date=meta["date"], errors_seconds=meta["seconds"])
     summary = write_report(results, a.out, dtypes, meta)
     for d in dtypes:
         if d in summary:
             s = summary[d]
-            print(f"{d}: {s['status'].get('pass', 0)}/{s['entries']} pass {s['status']}; "
-                  f"gradients {s['grad_pass']}/{s['grad_entries']} {s['grad_status']}")
+            print(
+                f"{d}: {s['status'].get('pass', 0)}/{s['entries']} pass {s['status']}; "
+                f"gradients {s['grad_pass']}/{s['grad_entries']} {s['grad_status']}"
+            )
     et = summarize_errors(results)
     if et["entries"]:
-        print(f"error inputs: {et['cpu_rejects']} the CPU rejects: same type {et['same']}, other type "
-              f"{et['other']}, no error {et['none']}; crashed entries {et['crash']}, timeouts {et['timeout']}")
+        print(
+            f"error inputs: {et['cpu_rejects']} the CPU rejects: same type {et['same']}, other type "
+            f"{et['other']}, no error {et['none']}; crashed entries {et['crash']}, timeouts {et['timeout']}"
+        )
     print(f"report: {a.out}.md, {a.out}.json ({time.time() - t0:.0f} s)")
     return 0
 
