@@ -12,7 +12,7 @@ import warnings
 import torch
 import torch.utils.backend_registration as _br
 
-from . import _C, _plugin, _settings
+from . import _C, _patches, _plugin, _settings
 
 _LIB = None
 _IMPL = None
@@ -839,21 +839,6 @@ def _cpu_fallback(op, args, kwargs):
     return back(out)
 
 
-def _patch_printing():
-    """Tensor printing formats on the CPU (as torch does for XLA tensors):
-    the formatter's statistics would otherwise be dozens of device ops."""
-    import torch._tensor_str as ts
-
-    inner = ts._tensor_str
-
-    def tensor_str(self, indent):
-        if self.device.type == "tpu":
-            self = self.cpu()
-        return inner(self, indent)
-
-    ts._tensor_str = tensor_str
-
-
 def _pin_memory(self, device=None):
     """pin_memory() of a CPU tensor. torchtpu has no page-locked host
     allocator (a Python-registered device cannot provide one, and host->tpu
@@ -873,120 +858,6 @@ def _pin_memory(self, device=None):
             stacklevel=3,
         )
     return self.clone()
-
-
-def _patch_storage_constructor():
-    """torch.UntypedStorage(n, device="tpu") would ask PyTorch's allocator
-    registry, which a Python-registered device leaves empty (a crash in
-    C++): such storages are made from tpu tensors instead. torch.load's
-    restore path builds storages this way."""
-    cls = torch.UntypedStorage
-    orig = cls.__new__
-
-    def new(klass, *args, device=None, **kwargs):
-        if device is not None and torch.device(device).type == "tpu":
-            if kwargs or len(args) > 1:
-                raise TypeError("torch.UntypedStorage(..., device='tpu') takes a size or a sequence of bytes")
-            if not args or isinstance(args[0], int):
-                n = int(args[0]) if args else 0
-                return torch.empty(n, dtype=torch.uint8, device="tpu").untyped_storage()
-            return torch.tensor(list(args[0]), dtype=torch.uint8).to("tpu").untyped_storage()
-        if device is not None:
-            kwargs["device"] = device
-        return orig(klass, *args, **kwargs)
-
-    cls.__new__ = new
-
-
-def _crosses_tpu(module, device):
-    """Whether moving module to device takes a tensor onto or off the tpu."""
-    if device is None:
-        return False
-    if torch.device(device).type == "tpu":
-        return True
-    return any(t.device.type == "tpu" for t in module.parameters())
-
-
-def _patch_module_moves():
-    """module.to("tpu"), .tpu() and .cpu() keep each Parameter object, as
-    they do for CUDA. PyTorch keeps them by assigning `param.data`, which it
-    allows only between its built-in dense backends; for any other device it
-    makes new Parameters, which unties tied weights (an embedding shared with
-    the output layer) and leaves an optimizer made before the move holding
-    the old ones. Across the tpu boundary the move swaps the tensors instead
-    (torch.utils.swap_tensors, PyTorch's own mechanism for this), so identity,
-    and with it every tie, is kept. A parameter that cannot be swapped (one
-    with a weak reference) falls back to PyTorch's default behaviour."""
-    Module = torch.nn.Module
-    fut = torch.__future__
-
-    def moving(orig, device_of):
-        def move(self, *args, **kwargs):
-            if fut.get_swap_module_params_on_conversion() or not _crosses_tpu(self, device_of(*args, **kwargs)):
-                return orig(self, *args, **kwargs)
-            fut.set_swap_module_params_on_conversion(True)
-            try:
-                return orig(self, *args, **kwargs)
-            except RuntimeError as e:
-                if "Couldn't swap" not in str(e):
-                    raise
-            finally:
-                fut.set_swap_module_params_on_conversion(False)
-            return orig(self, *args, **kwargs)
-
-        move.__name__, move.__doc__ = orig.__name__, orig.__doc__
-        return move
-
-    Module.to = moving(Module.to, lambda *a, **k: torch._C._nn._parse_to(*a, **k)[0])
-    Module.tpu = moving(Module.tpu, lambda device=None: torch.device("tpu"))
-    Module.cpu = moving(Module.cpu, lambda: torch.device("cpu"))
-
-
-def _patch_matmul_precision(device_module):
-    """torch.set_float32_matmul_precision also sets the tpu's precision."""
-    orig = torch.set_float32_matmul_precision
-
-    def set_float32_matmul_precision(precision):
-        orig(precision)
-        device_module.set_matmul_precision(precision)
-
-    set_float32_matmul_precision.__doc__ = orig.__doc__
-    torch.set_float32_matmul_precision = set_float32_matmul_precision
-    device_module.set_matmul_precision(torch.get_float32_matmul_precision())
-
-
-def _patch_accelerator(device_module):
-    """torch.accelerator's memory and synchronize calls reach PyTorch's C++
-    DeviceAllocator registry, which a Python-registered device cannot fill
-    (an internal assert). In a torchtpu process the accelerator is the tpu,
-    so they answer from torch.tpu. (accelerate's Trainer calls
-    torch.accelerator.empty_cache() on every train().)"""
-    import torch.accelerator as acc
-    import torch.accelerator.memory as accmem
-
-    def stats(device_index=None, /):
-        from collections import OrderedDict
-
-        return OrderedDict(sorted(device_module.memory_stats().items()))
-
-    table = {
-        "empty_cache": lambda: device_module.empty_cache(),
-        "memory_stats": stats,
-        "memory_allocated": lambda device_index=None, /: device_module.memory_allocated(),
-        "max_memory_allocated": lambda device_index=None, /: device_module.max_memory_allocated(),
-        "memory_reserved": lambda device_index=None, /: device_module.memory_reserved(),
-        "max_memory_reserved": lambda device_index=None, /: device_module.max_memory_reserved(),
-        "reset_accumulated_memory_stats": lambda device_index=None, /: None,
-        "reset_peak_memory_stats": lambda device_index=None, /: device_module.reset_peak_memory_stats(),
-        "get_memory_info": lambda device_index=None, /: device_module.mem_get_info(),
-        "synchronize": lambda device=None, /: device_module.synchronize(),
-    }
-    for name, fn in table.items():
-        for mod in (acc, accmem):
-            orig = getattr(mod, name, None)
-            if orig is not None:
-                fn.__name__, fn.__doc__ = name, orig.__doc__
-                setattr(mod, name, fn)
 
 
 def default_cache_dir():
@@ -1042,8 +913,9 @@ def setup_disk_cache(directory=None, max_mb=None):
 
 def _skip_kernel_frames():
     """Our Python kernels (views, indexing, cat, autocast, ...) run inside the
-    dispatcher; when eager code runs between compiled graphs (a graph break,
-    as at nn.LSTM) Dynamo must not try to compile their frames. Marked
+    dispatcher, and the patches of _patches.py around torch's own functions;
+    when eager code runs between compiled graphs (a graph break, as at
+    nn.LSTM) Dynamo must not try to compile their frames. Marked
     through Dynamo's C hook (importing torch._dynamo here would cost most of
     a second at import)."""
     try:
@@ -1064,7 +936,7 @@ def _skip_kernel_frames():
 
     from . import _autocast
 
-    for mod in (sys.modules[__name__], _autocast):
+    for mod in (sys.modules[__name__], _autocast, _patches):
         for v in list(vars(mod).values()):
             if isinstance(v, types.FunctionType) and v.__module__ == mod.__name__:
                 walk(v.__code__)
@@ -1272,20 +1144,7 @@ def setup(device_module):
         _impl("_scaled_dot_product_fused_attention_overrideable", attn["fused"])
         _impl("_scaled_dot_product_fused_attention_overrideable_backward", attn["backward"])
     _impl("_pin_memory", _pin_memory, "CPU")
-    for patch, args in (
-        (_patch_printing, ()),
-        (_patch_storage_constructor, ()),
-        (_patch_module_moves, ()),
-        (_patch_matmul_precision, (device_module,)),
-        (_patch_accelerator, (device_module,)),
-    ):
-        try:
-            patch(*args)
-        except (AttributeError, ImportError, TypeError) as e:
-            warnings.warn(
-                f"torchtpu: {patch.__name__[1:]} skipped: torch {torch.__version__} lacks what it patches ({e})",
-                stacklevel=2,
-            )
+    _patches.apply(device_module)
     from . import _autocast
 
     _autocast.setup()
