@@ -179,6 +179,19 @@ _BIT_AWARE = {
 }
 
 
+def _clone_resolving_bits(c_clone):
+    """clone: torch materialises lazily conjugated or negated tensors by
+    cloning them, so such an input comes back resolved (the C kernel copies
+    the stored, unconjugated values)."""
+
+    def clone(self, memory_format=None):
+        if self.is_conj() or self.is_neg():
+            return _resolve_bits(self)
+        return c_clone(self, memory_format=memory_format)
+
+    return clone
+
+
 def _copy_from(self, dst, non_blocking=False):
     if self.is_conj() or self.is_neg():
         self = _resolve_bits(self)
@@ -289,14 +302,22 @@ def _masks_to_indices(self, indices):
     return out
 
 
-def _wrap_indexing(c_index, c_index_put):
+def _index_with_masks(c_index):
+    """index.Tensor: mask indices become long indices first (_masks_to_indices)."""
+
     def index(self, indices):
         return c_index(self, _masks_to_indices(self, indices))
+
+    return index
+
+
+def _index_put_with_masks(c_index_put):
+    """_index_put_impl_: mask indices become long indices first (_masks_to_indices)."""
 
     def index_put_impl(self, indices, values, accumulate=False, unsafe=False):
         return c_index_put(self, _masks_to_indices(self, indices), values, accumulate, unsafe)
 
-    return index, index_put_impl
+    return index_put_impl
 
 
 def _equal(self, other):
@@ -413,81 +434,83 @@ def _unique_count(self, consecutive):
     return int((f[1:] != f[:-1]).sum().item()) + 1
 
 
-def _wrap_unique():
-    """unique and friends: the size is read first, then the C lowering of
-    the .out overload builds the results (it reads the size from out0)."""
+# unique and friends: the size is read first, then the C lowering of the
+# .out overload builds the results (it reads the size from out0).
+def _unique_outs(self, n, inverse, counts):
+    long = dict(dtype=torch.long, device=self.device)
+    return (
+        torch.empty(n, dtype=self.dtype, device=self.device),
+        torch.empty(self.shape if inverse else (0,), **long),
+        torch.empty(n if counts else 0, **long),
+    )
 
-    def outs(self, n, inverse, counts):
-        long = dict(dtype=torch.long, device=self.device)
-        return (
-            torch.empty(n, dtype=self.dtype, device=self.device),
-            torch.empty(self.shape if inverse else (0,), **long),
-            torch.empty(n if counts else 0, **long),
+
+def _unique_slices(self, dim, inverse, counts, run):
+    """Unique slices along dim: the C lowering fills results with room for
+    every slice; the count is the largest inverse + 1, read back once."""
+    n = self.shape[dim]
+    long = dict(dtype=torch.long, device=self.device)
+    v, i, c = run(
+        (
+            torch.empty(self.shape, dtype=self.dtype, device=self.device),
+            torch.empty(n, **long),
+            torch.empty(n, **long),
         )
+    )
+    u = int(i.max().item()) + 1 if n else 0
+    none = torch.empty(0, **long)
+    return v.narrow(dim, 0, u).clone(), i if inverse else none, c[:u].clone() if counts else none
 
-    def slices(self, dim, inverse, counts, run):
-        """Unique slices along dim: the C lowering fills results with room for
-        every slice; the count is the largest inverse + 1, read back once."""
-        n = self.shape[dim]
-        long = dict(dtype=torch.long, device=self.device)
-        v, i, c = run(
-            (
-                torch.empty(self.shape, dtype=self.dtype, device=self.device),
-                torch.empty(n, **long),
-                torch.empty(n, **long),
-            )
-        )
-        u = int(i.max().item()) + 1 if n else 0
-        none = torch.empty(0, **long)
-        return v.narrow(dim, 0, u).clone(), i if inverse else none, c[:u].clone() if counts else none
 
-    def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
-        return slices(
+def _unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
+    return _unique_slices(
+        self,
+        dim,
+        return_inverse,
+        return_counts,
+        lambda o: _KERNELS["unique_dim.out"](
+            self, dim, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2]
+        ),
+    )
+
+
+def _unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    o = _unique_outs(self, _unique_count(self, False), return_inverse, return_counts)
+    return _KERNELS["_unique2.out"](self, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2])
+
+
+def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    if dim is not None:
+        return _unique_slices(
             self,
             dim,
             return_inverse,
             return_counts,
-            lambda o: _KERNELS["unique_dim.out"](
-                self, dim, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2]
+            lambda o: _KERNELS["unique_consecutive.out"](
+                self, return_inverse, return_counts, dim, out0=o[0], out1=o[1], out2=o[2]
             ),
         )
+    o = _unique_outs(self, _unique_count(self, True), return_inverse, return_counts)
+    return _KERNELS["unique_consecutive.out"](
+        self, return_inverse, return_counts, None, out0=o[0], out1=o[1], out2=o[2]
+    )
 
-    def unique2(self, sorted=True, return_inverse=False, return_counts=False):
-        o = outs(self, _unique_count(self, False), return_inverse, return_counts)
-        return _KERNELS["_unique2.out"](self, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2])
 
-    def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
-        if dim is not None:
-            return slices(
-                self,
-                dim,
-                return_inverse,
-                return_counts,
-                lambda o: _KERNELS["unique_consecutive.out"](
-                    self, return_inverse, return_counts, dim, out0=o[0], out1=o[1], out2=o[2]
-                ),
-            )
-        o = outs(self, _unique_count(self, True), return_inverse, return_counts)
-        return _KERNELS["unique_consecutive.out"](
-            self, return_inverse, return_counts, None, out0=o[0], out1=o[1], out2=o[2]
-        )
+def _unique1(self, sorted=True, return_inverse=False):
+    o = _unique_outs(self, _unique_count(self, False), return_inverse, False)
+    return _KERNELS["_unique.out"](self, sorted, return_inverse, out0=o[0], out1=o[1])
 
-    def unique1(self, sorted=True, return_inverse=False):
-        o = outs(self, _unique_count(self, False), return_inverse, False)
-        return _KERNELS["_unique.out"](self, sorted, return_inverse, out0=o[0], out1=o[1])
+
+def _sized_repeat_interleave(c_repeat_interleave):
+    """repeat_interleave.Tensor: the output size (the sum of repeats) is read
+    back first when the caller did not give it."""
 
     def repeat_interleave(repeats, output_size=None):
         if output_size is None:
             output_size = int(repeats.sum().item()) if repeats.numel() else 0
-        return _KERNELS["repeat_interleave.Tensor"](repeats, output_size=output_size)
+        return c_repeat_interleave(repeats, output_size=output_size)
 
-    return {
-        "_unique2": unique2,
-        "unique_consecutive": unique_consecutive,
-        "_unique": unique1,
-        "unique_dim": unique_dim,
-        "repeat_interleave.Tensor": repeat_interleave,
-    }
+    return repeat_interleave
 
 
 # Fused optimizers (aten::_fused_adam_, _fused_adamw_, _fused_sgd_,
@@ -860,6 +883,94 @@ def _pin_memory(self, device=None):
     return self.clone()
 
 
+# ---- what setup() registers, as data ---------------------------------------
+# Every ATen row of the C op table (_C.ops(): csrc/lower/ops.def) is registered
+# for PrivateUse1 as its Kernel (_C.kernel, made from the overload's schema);
+# the Kernels are kept in _KERNELS by name. The tables below are the
+# exceptions and the kernels written in Python. Adding an op that needs a
+# Python wrapper is one entry in WRAPPERS.
+
+# Rows whose Kernel is registered through a Python wrapper: name ->
+# wrapper(kernel), the function registered in the Kernel's place (_KERNELS
+# keeps the Kernel itself).
+WRAPPERS = {
+    # any number of tensors (torch.stack and clip_grad_norm_ over a model's
+    # parameters make long lists): cats of at most _LIST_MAX, then a cat of those
+    "cat": _chunked_cat,
+    # GradScaler's unscale over any number of gradients, _LIST_MAX at a time
+    "_amp_foreach_non_finite_check_and_unscale_": _chunked_unscale,
+    # torch materialises lazily conjugated or negated tensors with clone
+    "clone": _clone_resolving_bits,
+    # boolean (or uint8) mask indices become long indices, whose count is read
+    # back first; CPU index tensors move to the tpu
+    "index.Tensor": _index_with_masks,
+    "_index_put_impl_": _index_put_with_masks,
+    # the output size is read back first when the caller gave none
+    "repeat_interleave.Tensor": _sized_repeat_interleave,
+}
+
+# ATen overloads without a row, served by a Python kernel under PrivateUse1.
+PYTHON_KERNELS = {
+    # data-dependent shapes: the size is computed on the device and read back,
+    # then static-shape C rows build the result
+    "nonzero": _nonzero,
+    "masked_select": _masked_select,
+    "masked_select.out": _masked_select_out,
+    "_histogramdd_bin_edges": _histogramdd_bin_edges,
+    "_histogramdd_from_bin_cts": _histogramdd_from_bin_cts,
+    "_unique2": _unique2,
+    "unique_consecutive": _unique_consecutive,
+    "_unique": _unique1,
+    "unique_dim": _unique_dim,
+    # the CPU kernel's error for a dim past the last (narrow's is an IndexError)
+    "narrow_copy": _narrow_copy,
+    # a bool on the host
+    "equal": _equal,
+    # storage: making, resizing and setting it, copies across devices, reading a scalar back
+    "set_": _set_empty,
+    "resize_": _resize_,
+    "_to_copy": _to_copy,
+    "empty.memory_format": _empty_memory_format,
+    "empty_strided": _empty_strided,
+    "_efficientzerotensor": _efficientzerotensor,
+    "_copy_from": _copy_from,
+    "_copy_from_and_resize": _copy_from_and_resize,
+    "_local_scalar_dense": _local_scalar_dense,
+}
+
+# View ops: the CPU kernel only makes metadata over the same storage, so it
+# serves tpu tensors as they are (_redispatch_cpu).
+CPU_VIEWS = (
+    "view",
+    "as_strided",
+    "_reshape_alias",
+    "alias",
+    "_unsafe_view",
+    "unfold",
+    "set_.source_Storage_storage_offset",
+    "set_.source_Storage",
+    "set_.source_Tensor",
+    "view.dtype",
+    "view_as_real",
+    "view_as_complex",
+)
+
+# Fused optimizers, each with its .tensor_lr overload: name -> (the internal
+# row that runs it, the flags passed after the overload's own arguments).
+FUSED_OPTIMIZERS = {
+    "_fused_adam_": ("tpu::fused_adam", {"adamw": False}),
+    "_fused_adamw_": ("tpu::fused_adam", {"adamw": True}),
+    "_fused_sgd_": ("tpu::fused_sgd", {}),
+    "_fused_adagrad_": ("tpu::fused_adagrad", {}),
+}
+
+# Kernels for CPU tensors that torch asks of the accelerator.
+CPU_KERNELS = {
+    # pinned memory: an ordinary copy (no page-locked allocator here)
+    "_pin_memory": _pin_memory,
+}
+
+
 def default_cache_dir():
     """TORCHTPU_CACHE_DIR, else torchtpu/ under the user's own cache folder
     (XDG_CACHE_HOME when it is an absolute path, else ~/.cache, ~ from HOME or
@@ -999,6 +1110,56 @@ def _impl(name, fn, key="PrivateUse1"):
         _IMPL.impl(name, fn, key)
 
 
+def _register_rows():
+    """Registers a Kernel for every ATen row of the C table (through its
+    WRAPPERS entry where it has one); returns the internal rows' op ids by
+    name (tpu::..., not ATen overloads: the Python kernels call them)."""
+    internal = {}
+    for name, op_id, flags in _C.ops():
+        if name.startswith("tpu::"):
+            internal[name] = op_id
+            continue
+        opov = _overload(name)
+        if opov is None:
+            continue
+        schema = opov._schema
+        try:
+            spec = _spec(schema)
+        except NotImplementedError:
+            NOT_REGISTERED.add(name)  # a schema this torch changed: left to the fallback
+            continue
+        if name in _BIT_AWARE:
+            k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED, _resolve_bits, _BIT_AWARE[name])
+        else:
+            k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED)
+        _KERNELS[name] = k
+        wrap = WRAPPERS.get(name)
+        _IMPL.impl(name, k if wrap is None else wrap(k), "PrivateUse1")
+    return internal
+
+
+def _register_fused_optimizers(internal):
+    for name, (row, flags) in FUSED_OPTIMIZERS.items():
+        for qualified in (name, f"{name}.tensor_lr"):
+            opov = _overload(qualified)
+            if opov is not None:
+                _IMPL.impl(qualified, _fused_optimizer(internal[row], opov, **flags), "PrivateUse1")
+
+
+def _register_attention(internal):
+    fused, math = (
+        _overload("_scaled_dot_product_fused_attention_overrideable"),
+        _overload("_scaled_dot_product_attention_math"),
+    )
+    if fused is None or math is None:
+        return  # torch's own composition serves attention
+    attn = _attention(internal["tpu::sdpa"], internal["tpu::sdpa_backward"], fused, math)
+    _impl("scaled_dot_product_attention", attn["sdpa"])
+    _impl("scaled_dot_product_attention", attn["sdpa"], "AutogradPrivateUse1")
+    _impl("_scaled_dot_product_fused_attention_overrideable", attn["fused"])
+    _impl("_scaled_dot_product_fused_attention_overrideable_backward", attn["backward"])
+
+
 def _device_error():
     """Why the device cannot be used, found without loading the plugin (raised
     at its first use), or None."""
@@ -1043,107 +1204,20 @@ def setup(device_module):
 
     warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
     _IMPL = torch.library.Library("aten", "IMPL")
-    internal = {}
-    for name, op_id, flags in _C.ops():
-        if name.startswith("tpu::"):
-            internal[name] = op_id
-            continue
-        opov = _overload(name)
-        if opov is None:
-            continue
-        schema = opov._schema
-        try:
-            spec = _spec(schema)
-        except NotImplementedError:
-            NOT_REGISTERED.add(name)  # a schema this torch changed: left to the fallback
-            continue
-        if name in _BIT_AWARE:
-            k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED, _resolve_bits, _BIT_AWARE[name])
-        else:
-            k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED)
-        _KERNELS[name] = k
-        if name == "cat":
-            k = _chunked_cat(k)
-        elif name == "_amp_foreach_non_finite_check_and_unscale_":
-            k = _chunked_unscale(k)
-        if name not in ("index.Tensor", "_index_put_impl_", "clone", "repeat_interleave.Tensor"):
-            _IMPL.impl(name, k, "PrivateUse1")
-
-    if "clone" in _KERNELS:
-        c_clone = _KERNELS["clone"]
-
-        def clone(self, memory_format=None):
-            # torch materialises lazily conjugated/negated inputs with clone
-            if self.is_conj() or self.is_neg():
-                return _resolve_bits(self)
-            return c_clone(self, memory_format=memory_format)
-
-        _IMPL.impl("clone", clone, "PrivateUse1")
-
-    if "index.Tensor" in _KERNELS and "_index_put_impl_" in _KERNELS:
-        index, index_put_impl = _wrap_indexing(_KERNELS["index.Tensor"], _KERNELS["_index_put_impl_"])
-        _IMPL.impl("index.Tensor", index, "PrivateUse1")
-        _IMPL.impl("_index_put_impl_", index_put_impl, "PrivateUse1")
-    _impl("nonzero", _nonzero)
-    _impl("masked_select", _masked_select)
-    _impl("masked_select.out", _masked_select_out)
-    _impl("narrow_copy", _narrow_copy)
-    _impl("_histogramdd_bin_edges", _histogramdd_bin_edges)
-    _impl("_histogramdd_from_bin_cts", _histogramdd_from_bin_cts)
-    _impl("equal", _equal)
-    for name, fn in _wrap_unique().items():
+    internal = _register_rows()
+    for name, fn in PYTHON_KERNELS.items():
         _impl(name, fn)
-
-    for name in (
-        "view",
-        "as_strided",
-        "_reshape_alias",
-        "alias",
-        "_unsafe_view",
-        "unfold",
-        "set_.source_Storage_storage_offset",
-        "set_.source_Storage",
-        "set_.source_Tensor",
-        "view.dtype",
-        "view_as_real",
-        "view_as_complex",
-    ):
+    for name in CPU_VIEWS:
         opov = _overload(name)
         if opov is not None:
             _IMPL.impl(name, _redispatch_cpu(opov), "PrivateUse1")
     _register_foreach()
+    # clip_grad_norm_'s norms: one op per _LIST_MAX tensors, not torch's loop over norm
     _impl("_foreach_norm.Scalar", _foreach_norm(internal["tpu::foreach_norm"]))
-    _impl("set_", _set_empty)
-    _impl("resize_", _resize_)
-    _impl("_to_copy", _to_copy)
-    _impl("empty.memory_format", _empty_memory_format)
-    _impl("empty_strided", _empty_strided)
-    _impl("_efficientzerotensor", _efficientzerotensor)
-    _impl("_copy_from", _copy_from)
-    _impl("_copy_from_and_resize", _copy_from_and_resize)
-    _impl("_local_scalar_dense", _local_scalar_dense)
-
-    for name, row, flags in (
-        ("_fused_adam_", "tpu::fused_adam", {"adamw": False}),
-        ("_fused_adamw_", "tpu::fused_adam", {"adamw": True}),
-        ("_fused_sgd_", "tpu::fused_sgd", {}),
-        ("_fused_adagrad_", "tpu::fused_adagrad", {}),
-    ):
-        for qualified in (name, f"{name}.tensor_lr"):
-            opov = _overload(qualified)
-            if opov is not None:
-                _IMPL.impl(qualified, _fused_optimizer(internal[row], opov, **flags), "PrivateUse1")
-    fused, math = (
-        _overload("_scaled_dot_product_fused_attention_overrideable"),
-        _overload("_scaled_dot_product_attention_math"),
-    )
-    if fused is not None and math is not None:  # else torch's own composition serves attention
-        attn = _attention(internal["tpu::sdpa"], internal["tpu::sdpa_backward"], fused, math)
-        _impl("scaled_dot_product_attention", attn["sdpa"])
-        _impl("scaled_dot_product_attention", attn["sdpa"], "AutogradPrivateUse1")
-        _impl("_scaled_dot_product_fused_attention_overrideable", attn["fused"])
-        _impl("_scaled_dot_product_fused_attention_overrideable_backward", attn["backward"])
-    _impl("_pin_memory", _pin_memory, "CPU")
+    _register_fused_optimizers(internal)
+    _register_attention(internal)
+    for name, fn in CPU_KERNELS.items():
+        _impl(name, fn, "CPU")
     _patches.apply(device_module)
     from . import _autocast
 
