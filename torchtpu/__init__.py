@@ -6,6 +6,7 @@ package only wires it into PyTorch.
 """
 
 import weakref as _weakref
+from typing import Any as _Any
 
 import torch
 
@@ -25,7 +26,7 @@ class OutOfMemoryError(torch.OutOfMemoryError, MemoryError):
 _registry.setup(_device_module)
 
 
-def metrics():
+def metrics() -> dict[str, int | float]:
     """Counters of the core: ops dispatched, programs compiled, cache hits and
     misses, compile and execute seconds, host<->device bytes, live buffers;
     and ops_not_registered: lowered ATen overloads this torch lacks."""
@@ -34,7 +35,7 @@ def metrics():
     return m
 
 
-def get_eager_mode():
+def get_eager_mode() -> str:
     """The current eager mode: "debug", "strict" or "fused"."""
     return _C.eager_mode()
 
@@ -56,15 +57,15 @@ class eager_mode:
       training loop settles into one cached program per step.
     """
 
-    def __init__(self, mode):
+    def __init__(self, mode: str) -> None:
         self.previous = get_eager_mode()
         self.mode = mode
         _C.eager_mode(mode)  # raises ValueError for an unknown mode
 
-    def __enter__(self):
+    def __enter__(self) -> "eager_mode":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> bool:
         _C.eager_mode(self.previous)
         return False
 
@@ -122,7 +123,7 @@ _register_pre_hook(_before_optimizer_step)
 _register_post_hook(_after_optimizer_step)
 
 
-def metrics_report():
+def metrics_report() -> str:
     """The counters of metrics() as an aligned text table."""
     m = metrics()
     width = max(len(k) for k in m)
@@ -144,7 +145,7 @@ if _settings.flag("TORCHTPU_METRICS"):
     atexit.register(_report_at_exit)
 
 
-def runtime_info():
+def runtime_info() -> dict[str, _Any]:
     """The PJRT platform, plugin path and versions in use."""
     return _registry.runtime_info()
 

@@ -20,8 +20,10 @@ Registered lazily through the "torch_dynamo_backends" entry point.
 """
 
 import sys
+from typing import Any, Callable
 
 import torch
+import torch.fx
 
 from . import _C, _settings
 
@@ -241,7 +243,10 @@ def _make_compiler(shared, kind):
     return compile
 
 
-def backend(gm, example_inputs, **kwargs):
+def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], **kwargs: Any) -> Callable[..., Any]:
+    """The "tpu" torch.compile backend: AOTAutograd with core ATen
+    decompositions, each forward, backward and inference graph run by the
+    fused recorder and replayed from its plan (see the module's doc)."""
     from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
 

@@ -12,7 +12,7 @@ import warnings
 import torch
 import torch.utils.backend_registration as _br
 
-from . import _C, _plugin, _settings
+from . import _C, _patches, _plugin, _settings
 
 _LIB = None
 _IMPL = None
@@ -179,6 +179,19 @@ _BIT_AWARE = {
 }
 
 
+def _clone_resolving_bits(c_clone):
+    """clone: torch materialises lazily conjugated or negated tensors by
+    cloning them, so such an input comes back resolved (the C kernel copies
+    the stored, unconjugated values)."""
+
+    def clone(self, memory_format=None):
+        if self.is_conj() or self.is_neg():
+            return _resolve_bits(self)
+        return c_clone(self, memory_format=memory_format)
+
+    return clone
+
+
 def _copy_from(self, dst, non_blocking=False):
     if self.is_conj() or self.is_neg():
         self = _resolve_bits(self)
@@ -289,14 +302,22 @@ def _masks_to_indices(self, indices):
     return out
 
 
-def _wrap_indexing(c_index, c_index_put):
+def _index_with_masks(c_index):
+    """index.Tensor: mask indices become long indices first (_masks_to_indices)."""
+
     def index(self, indices):
         return c_index(self, _masks_to_indices(self, indices))
+
+    return index
+
+
+def _index_put_with_masks(c_index_put):
+    """_index_put_impl_: mask indices become long indices first (_masks_to_indices)."""
 
     def index_put_impl(self, indices, values, accumulate=False, unsafe=False):
         return c_index_put(self, _masks_to_indices(self, indices), values, accumulate, unsafe)
 
-    return index, index_put_impl
+    return index_put_impl
 
 
 def _equal(self, other):
@@ -413,81 +434,83 @@ def _unique_count(self, consecutive):
     return int((f[1:] != f[:-1]).sum().item()) + 1
 
 
-def _wrap_unique():
-    """unique and friends: the size is read first, then the C lowering of
-    the .out overload builds the results (it reads the size from out0)."""
+# unique and friends: the size is read first, then the C lowering of the
+# .out overload builds the results (it reads the size from out0).
+def _unique_outs(self, n, inverse, counts):
+    long = dict(dtype=torch.long, device=self.device)
+    return (
+        torch.empty(n, dtype=self.dtype, device=self.device),
+        torch.empty(self.shape if inverse else (0,), **long),
+        torch.empty(n if counts else 0, **long),
+    )
 
-    def outs(self, n, inverse, counts):
-        long = dict(dtype=torch.long, device=self.device)
-        return (
-            torch.empty(n, dtype=self.dtype, device=self.device),
-            torch.empty(self.shape if inverse else (0,), **long),
-            torch.empty(n if counts else 0, **long),
+
+def _unique_slices(self, dim, inverse, counts, run):
+    """Unique slices along dim: the C lowering fills results with room for
+    every slice; the count is the largest inverse + 1, read back once."""
+    n = self.shape[dim]
+    long = dict(dtype=torch.long, device=self.device)
+    v, i, c = run(
+        (
+            torch.empty(self.shape, dtype=self.dtype, device=self.device),
+            torch.empty(n, **long),
+            torch.empty(n, **long),
         )
+    )
+    u = int(i.max().item()) + 1 if n else 0
+    none = torch.empty(0, **long)
+    return v.narrow(dim, 0, u).clone(), i if inverse else none, c[:u].clone() if counts else none
 
-    def slices(self, dim, inverse, counts, run):
-        """Unique slices along dim: the C lowering fills results with room for
-        every slice; the count is the largest inverse + 1, read back once."""
-        n = self.shape[dim]
-        long = dict(dtype=torch.long, device=self.device)
-        v, i, c = run(
-            (
-                torch.empty(self.shape, dtype=self.dtype, device=self.device),
-                torch.empty(n, **long),
-                torch.empty(n, **long),
-            )
-        )
-        u = int(i.max().item()) + 1 if n else 0
-        none = torch.empty(0, **long)
-        return v.narrow(dim, 0, u).clone(), i if inverse else none, c[:u].clone() if counts else none
 
-    def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
-        return slices(
+def _unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
+    return _unique_slices(
+        self,
+        dim,
+        return_inverse,
+        return_counts,
+        lambda o: _KERNELS["unique_dim.out"](
+            self, dim, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2]
+        ),
+    )
+
+
+def _unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    o = _unique_outs(self, _unique_count(self, False), return_inverse, return_counts)
+    return _KERNELS["_unique2.out"](self, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2])
+
+
+def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    if dim is not None:
+        return _unique_slices(
             self,
             dim,
             return_inverse,
             return_counts,
-            lambda o: _KERNELS["unique_dim.out"](
-                self, dim, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2]
+            lambda o: _KERNELS["unique_consecutive.out"](
+                self, return_inverse, return_counts, dim, out0=o[0], out1=o[1], out2=o[2]
             ),
         )
+    o = _unique_outs(self, _unique_count(self, True), return_inverse, return_counts)
+    return _KERNELS["unique_consecutive.out"](
+        self, return_inverse, return_counts, None, out0=o[0], out1=o[1], out2=o[2]
+    )
 
-    def unique2(self, sorted=True, return_inverse=False, return_counts=False):
-        o = outs(self, _unique_count(self, False), return_inverse, return_counts)
-        return _KERNELS["_unique2.out"](self, sorted, return_inverse, return_counts, out0=o[0], out1=o[1], out2=o[2])
 
-    def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
-        if dim is not None:
-            return slices(
-                self,
-                dim,
-                return_inverse,
-                return_counts,
-                lambda o: _KERNELS["unique_consecutive.out"](
-                    self, return_inverse, return_counts, dim, out0=o[0], out1=o[1], out2=o[2]
-                ),
-            )
-        o = outs(self, _unique_count(self, True), return_inverse, return_counts)
-        return _KERNELS["unique_consecutive.out"](
-            self, return_inverse, return_counts, None, out0=o[0], out1=o[1], out2=o[2]
-        )
+def _unique1(self, sorted=True, return_inverse=False):
+    o = _unique_outs(self, _unique_count(self, False), return_inverse, False)
+    return _KERNELS["_unique.out"](self, sorted, return_inverse, out0=o[0], out1=o[1])
 
-    def unique1(self, sorted=True, return_inverse=False):
-        o = outs(self, _unique_count(self, False), return_inverse, False)
-        return _KERNELS["_unique.out"](self, sorted, return_inverse, out0=o[0], out1=o[1])
+
+def _sized_repeat_interleave(c_repeat_interleave):
+    """repeat_interleave.Tensor: the output size (the sum of repeats) is read
+    back first when the caller did not give it."""
 
     def repeat_interleave(repeats, output_size=None):
         if output_size is None:
             output_size = int(repeats.sum().item()) if repeats.numel() else 0
-        return _KERNELS["repeat_interleave.Tensor"](repeats, output_size=output_size)
+        return c_repeat_interleave(repeats, output_size=output_size)
 
-    return {
-        "_unique2": unique2,
-        "unique_consecutive": unique_consecutive,
-        "_unique": unique1,
-        "unique_dim": unique_dim,
-        "repeat_interleave.Tensor": repeat_interleave,
-    }
+    return repeat_interleave
 
 
 # Fused optimizers (aten::_fused_adam_, _fused_adamw_, _fused_sgd_,
@@ -839,21 +862,6 @@ def _cpu_fallback(op, args, kwargs):
     return back(out)
 
 
-def _patch_printing():
-    """Tensor printing formats on the CPU (as torch does for XLA tensors):
-    the formatter's statistics would otherwise be dozens of device ops."""
-    import torch._tensor_str as ts
-
-    inner = ts._tensor_str
-
-    def tensor_str(self, indent):
-        if self.device.type == "tpu":
-            self = self.cpu()
-        return inner(self, indent)
-
-    ts._tensor_str = tensor_str
-
-
 def _pin_memory(self, device=None):
     """pin_memory() of a CPU tensor. torchtpu has no page-locked host
     allocator (a Python-registered device cannot provide one, and host->tpu
@@ -875,118 +883,92 @@ def _pin_memory(self, device=None):
     return self.clone()
 
 
-def _patch_storage_constructor():
-    """torch.UntypedStorage(n, device="tpu") would ask PyTorch's allocator
-    registry, which a Python-registered device leaves empty (a crash in
-    C++): such storages are made from tpu tensors instead. torch.load's
-    restore path builds storages this way."""
-    cls = torch.UntypedStorage
-    orig = cls.__new__
+# ---- what setup() registers, as data ---------------------------------------
+# Every ATen row of the C op table (_C.ops(): csrc/lower/ops.def) is registered
+# for PrivateUse1 as its Kernel (_C.kernel, made from the overload's schema);
+# the Kernels are kept in _KERNELS by name. The tables below are the
+# exceptions and the kernels written in Python. Adding an op that needs a
+# Python wrapper is one entry in WRAPPERS.
 
-    def new(klass, *args, device=None, **kwargs):
-        if device is not None and torch.device(device).type == "tpu":
-            if kwargs or len(args) > 1:
-                raise TypeError("torch.UntypedStorage(..., device='tpu') takes a size or a sequence of bytes")
-            if not args or isinstance(args[0], int):
-                n = int(args[0]) if args else 0
-                return torch.empty(n, dtype=torch.uint8, device="tpu").untyped_storage()
-            return torch.tensor(list(args[0]), dtype=torch.uint8).to("tpu").untyped_storage()
-        if device is not None:
-            kwargs["device"] = device
-        return orig(klass, *args, **kwargs)
+# Rows whose Kernel is registered through a Python wrapper: name ->
+# wrapper(kernel), the function registered in the Kernel's place (_KERNELS
+# keeps the Kernel itself).
+WRAPPERS = {
+    # any number of tensors (torch.stack and clip_grad_norm_ over a model's
+    # parameters make long lists): cats of at most _LIST_MAX, then a cat of those
+    "cat": _chunked_cat,
+    # GradScaler's unscale over any number of gradients, _LIST_MAX at a time
+    "_amp_foreach_non_finite_check_and_unscale_": _chunked_unscale,
+    # torch materialises lazily conjugated or negated tensors with clone
+    "clone": _clone_resolving_bits,
+    # boolean (or uint8) mask indices become long indices, whose count is read
+    # back first; CPU index tensors move to the tpu
+    "index.Tensor": _index_with_masks,
+    "_index_put_impl_": _index_put_with_masks,
+    # the output size is read back first when the caller gave none
+    "repeat_interleave.Tensor": _sized_repeat_interleave,
+}
 
-    cls.__new__ = new
+# ATen overloads without a row, served by a Python kernel under PrivateUse1.
+PYTHON_KERNELS = {
+    # data-dependent shapes: the size is computed on the device and read back,
+    # then static-shape C rows build the result
+    "nonzero": _nonzero,
+    "masked_select": _masked_select,
+    "masked_select.out": _masked_select_out,
+    "_histogramdd_bin_edges": _histogramdd_bin_edges,
+    "_histogramdd_from_bin_cts": _histogramdd_from_bin_cts,
+    "_unique2": _unique2,
+    "unique_consecutive": _unique_consecutive,
+    "_unique": _unique1,
+    "unique_dim": _unique_dim,
+    # the CPU kernel's error for a dim past the last (narrow's is an IndexError)
+    "narrow_copy": _narrow_copy,
+    # a bool on the host
+    "equal": _equal,
+    # storage: making, resizing and setting it, copies across devices, reading a scalar back
+    "set_": _set_empty,
+    "resize_": _resize_,
+    "_to_copy": _to_copy,
+    "empty.memory_format": _empty_memory_format,
+    "empty_strided": _empty_strided,
+    "_efficientzerotensor": _efficientzerotensor,
+    "_copy_from": _copy_from,
+    "_copy_from_and_resize": _copy_from_and_resize,
+    "_local_scalar_dense": _local_scalar_dense,
+}
 
+# View ops: the CPU kernel only makes metadata over the same storage, so it
+# serves tpu tensors as they are (_redispatch_cpu).
+CPU_VIEWS = (
+    "view",
+    "as_strided",
+    "_reshape_alias",
+    "alias",
+    "_unsafe_view",
+    "unfold",
+    "set_.source_Storage_storage_offset",
+    "set_.source_Storage",
+    "set_.source_Tensor",
+    "view.dtype",
+    "view_as_real",
+    "view_as_complex",
+)
 
-def _crosses_tpu(module, device):
-    """Whether moving module to device takes a tensor onto or off the tpu."""
-    if device is None:
-        return False
-    if torch.device(device).type == "tpu":
-        return True
-    return any(t.device.type == "tpu" for t in module.parameters())
+# Fused optimizers, each with its .tensor_lr overload: name -> (the internal
+# row that runs it, the flags passed after the overload's own arguments).
+FUSED_OPTIMIZERS = {
+    "_fused_adam_": ("tpu::fused_adam", {"adamw": False}),
+    "_fused_adamw_": ("tpu::fused_adam", {"adamw": True}),
+    "_fused_sgd_": ("tpu::fused_sgd", {}),
+    "_fused_adagrad_": ("tpu::fused_adagrad", {}),
+}
 
-
-def _patch_module_moves():
-    """module.to("tpu"), .tpu() and .cpu() keep each Parameter object, as
-    they do for CUDA. PyTorch keeps them by assigning `param.data`, which it
-    allows only between its built-in dense backends; for any other device it
-    makes new Parameters, which unties tied weights (an embedding shared with
-    the output layer) and leaves an optimizer made before the move holding
-    the old ones. Across the tpu boundary the move swaps the tensors instead
-    (torch.utils.swap_tensors, PyTorch's own mechanism for this), so identity,
-    and with it every tie, is kept. A parameter that cannot be swapped (one
-    with a weak reference) falls back to PyTorch's default behaviour."""
-    Module = torch.nn.Module
-    fut = torch.__future__
-
-    def moving(orig, device_of):
-        def move(self, *args, **kwargs):
-            if fut.get_swap_module_params_on_conversion() or not _crosses_tpu(self, device_of(*args, **kwargs)):
-                return orig(self, *args, **kwargs)
-            fut.set_swap_module_params_on_conversion(True)
-            try:
-                return orig(self, *args, **kwargs)
-            except RuntimeError as e:
-                if "Couldn't swap" not in str(e):
-                    raise
-            finally:
-                fut.set_swap_module_params_on_conversion(False)
-            return orig(self, *args, **kwargs)
-
-        move.__name__, move.__doc__ = orig.__name__, orig.__doc__
-        return move
-
-    Module.to = moving(Module.to, lambda *a, **k: torch._C._nn._parse_to(*a, **k)[0])
-    Module.tpu = moving(Module.tpu, lambda device=None: torch.device("tpu"))
-    Module.cpu = moving(Module.cpu, lambda: torch.device("cpu"))
-
-
-def _patch_matmul_precision(device_module):
-    """torch.set_float32_matmul_precision also sets the tpu's precision."""
-    orig = torch.set_float32_matmul_precision
-
-    def set_float32_matmul_precision(precision):
-        orig(precision)
-        device_module.set_matmul_precision(precision)
-
-    set_float32_matmul_precision.__doc__ = orig.__doc__
-    torch.set_float32_matmul_precision = set_float32_matmul_precision
-    device_module.set_matmul_precision(torch.get_float32_matmul_precision())
-
-
-def _patch_accelerator(device_module):
-    """torch.accelerator's memory and synchronize calls reach PyTorch's C++
-    DeviceAllocator registry, which a Python-registered device cannot fill
-    (an internal assert). In a torchtpu process the accelerator is the tpu,
-    so they answer from torch.tpu. (accelerate's Trainer calls
-    torch.accelerator.empty_cache() on every train().)"""
-    import torch.accelerator as acc
-    import torch.accelerator.memory as accmem
-
-    def stats(device_index=None, /):
-        from collections import OrderedDict
-
-        return OrderedDict(sorted(device_module.memory_stats().items()))
-
-    table = {
-        "empty_cache": lambda: device_module.empty_cache(),
-        "memory_stats": stats,
-        "memory_allocated": lambda device_index=None, /: device_module.memory_allocated(),
-        "max_memory_allocated": lambda device_index=None, /: device_module.max_memory_allocated(),
-        "memory_reserved": lambda device_index=None, /: device_module.memory_reserved(),
-        "max_memory_reserved": lambda device_index=None, /: device_module.max_memory_reserved(),
-        "reset_accumulated_memory_stats": lambda device_index=None, /: None,
-        "reset_peak_memory_stats": lambda device_index=None, /: device_module.reset_peak_memory_stats(),
-        "get_memory_info": lambda device_index=None, /: device_module.mem_get_info(),
-        "synchronize": lambda device=None, /: device_module.synchronize(),
-    }
-    for name, fn in table.items():
-        for mod in (acc, accmem):
-            orig = getattr(mod, name, None)
-            if orig is not None:
-                fn.__name__, fn.__doc__ = name, orig.__doc__
-                setattr(mod, name, fn)
+# Kernels for CPU tensors that torch asks of the accelerator.
+CPU_KERNELS = {
+    # pinned memory: an ordinary copy (no page-locked allocator here)
+    "_pin_memory": _pin_memory,
+}
 
 
 def default_cache_dir():
@@ -1042,8 +1024,9 @@ def setup_disk_cache(directory=None, max_mb=None):
 
 def _skip_kernel_frames():
     """Our Python kernels (views, indexing, cat, autocast, ...) run inside the
-    dispatcher; when eager code runs between compiled graphs (a graph break,
-    as at nn.LSTM) Dynamo must not try to compile their frames. Marked
+    dispatcher, and the patches of _patches.py around torch's own functions;
+    when eager code runs between compiled graphs (a graph break, as at
+    nn.LSTM) Dynamo must not try to compile their frames. Marked
     through Dynamo's C hook (importing torch._dynamo here would cost most of
     a second at import)."""
     try:
@@ -1064,7 +1047,7 @@ def _skip_kernel_frames():
 
     from . import _autocast
 
-    for mod in (sys.modules[__name__], _autocast):
+    for mod in (sys.modules[__name__], _autocast, _patches):
         for v in list(vars(mod).values()):
             if isinstance(v, types.FunctionType) and v.__module__ == mod.__name__:
                 walk(v.__code__)
@@ -1127,6 +1110,56 @@ def _impl(name, fn, key="PrivateUse1"):
         _IMPL.impl(name, fn, key)
 
 
+def _register_rows():
+    """Registers a Kernel for every ATen row of the C table (through its
+    WRAPPERS entry where it has one); returns the internal rows' op ids by
+    name (tpu::..., not ATen overloads: the Python kernels call them)."""
+    internal = {}
+    for name, op_id, flags in _C.ops():
+        if name.startswith("tpu::"):
+            internal[name] = op_id
+            continue
+        opov = _overload(name)
+        if opov is None:
+            continue
+        schema = opov._schema
+        try:
+            spec = _spec(schema)
+        except NotImplementedError:
+            NOT_REGISTERED.add(name)  # a schema this torch changed: left to the fallback
+            continue
+        if name in _BIT_AWARE:
+            k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED, _resolve_bits, _BIT_AWARE[name])
+        else:
+            k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED)
+        _KERNELS[name] = k
+        wrap = WRAPPERS.get(name)
+        _IMPL.impl(name, k if wrap is None else wrap(k), "PrivateUse1")
+    return internal
+
+
+def _register_fused_optimizers(internal):
+    for name, (row, flags) in FUSED_OPTIMIZERS.items():
+        for qualified in (name, f"{name}.tensor_lr"):
+            opov = _overload(qualified)
+            if opov is not None:
+                _IMPL.impl(qualified, _fused_optimizer(internal[row], opov, **flags), "PrivateUse1")
+
+
+def _register_attention(internal):
+    fused, math = (
+        _overload("_scaled_dot_product_fused_attention_overrideable"),
+        _overload("_scaled_dot_product_attention_math"),
+    )
+    if fused is None or math is None:
+        return  # torch's own composition serves attention
+    attn = _attention(internal["tpu::sdpa"], internal["tpu::sdpa_backward"], fused, math)
+    _impl("scaled_dot_product_attention", attn["sdpa"])
+    _impl("scaled_dot_product_attention", attn["sdpa"], "AutogradPrivateUse1")
+    _impl("_scaled_dot_product_fused_attention_overrideable", attn["fused"])
+    _impl("_scaled_dot_product_fused_attention_overrideable_backward", attn["backward"])
+
+
 def _device_error():
     """Why the device cannot be used, found without loading the plugin (raised
     at its first use), or None."""
@@ -1171,121 +1204,21 @@ def setup(device_module):
 
     warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
     _IMPL = torch.library.Library("aten", "IMPL")
-    internal = {}
-    for name, op_id, flags in _C.ops():
-        if name.startswith("tpu::"):
-            internal[name] = op_id
-            continue
-        opov = _overload(name)
-        if opov is None:
-            continue
-        schema = opov._schema
-        try:
-            spec = _spec(schema)
-        except NotImplementedError:
-            NOT_REGISTERED.add(name)  # a schema this torch changed: left to the fallback
-            continue
-        if name in _BIT_AWARE:
-            k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED, _resolve_bits, _BIT_AWARE[name])
-        else:
-            k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED)
-        _KERNELS[name] = k
-        if name == "cat":
-            k = _chunked_cat(k)
-        elif name == "_amp_foreach_non_finite_check_and_unscale_":
-            k = _chunked_unscale(k)
-        if name not in ("index.Tensor", "_index_put_impl_", "clone", "repeat_interleave.Tensor"):
-            _IMPL.impl(name, k, "PrivateUse1")
-
-    if "clone" in _KERNELS:
-        c_clone = _KERNELS["clone"]
-
-        def clone(self, memory_format=None):
-            # torch materialises lazily conjugated/negated inputs with clone
-            if self.is_conj() or self.is_neg():
-                return _resolve_bits(self)
-            return c_clone(self, memory_format=memory_format)
-
-        _IMPL.impl("clone", clone, "PrivateUse1")
-
-    if "index.Tensor" in _KERNELS and "_index_put_impl_" in _KERNELS:
-        index, index_put_impl = _wrap_indexing(_KERNELS["index.Tensor"], _KERNELS["_index_put_impl_"])
-        _IMPL.impl("index.Tensor", index, "PrivateUse1")
-        _IMPL.impl("_index_put_impl_", index_put_impl, "PrivateUse1")
-    _impl("nonzero", _nonzero)
-    _impl("masked_select", _masked_select)
-    _impl("masked_select.out", _masked_select_out)
-    _impl("narrow_copy", _narrow_copy)
-    _impl("_histogramdd_bin_edges", _histogramdd_bin_edges)
-    _impl("_histogramdd_from_bin_cts", _histogramdd_from_bin_cts)
-    _impl("equal", _equal)
-    for name, fn in _wrap_unique().items():
+    internal = _register_rows()
+    for name, fn in PYTHON_KERNELS.items():
         _impl(name, fn)
-
-    for name in (
-        "view",
-        "as_strided",
-        "_reshape_alias",
-        "alias",
-        "_unsafe_view",
-        "unfold",
-        "set_.source_Storage_storage_offset",
-        "set_.source_Storage",
-        "set_.source_Tensor",
-        "view.dtype",
-        "view_as_real",
-        "view_as_complex",
-    ):
+    for name in CPU_VIEWS:
         opov = _overload(name)
         if opov is not None:
             _IMPL.impl(name, _redispatch_cpu(opov), "PrivateUse1")
     _register_foreach()
+    # clip_grad_norm_'s norms: one op per _LIST_MAX tensors, not torch's loop over norm
     _impl("_foreach_norm.Scalar", _foreach_norm(internal["tpu::foreach_norm"]))
-    _impl("set_", _set_empty)
-    _impl("resize_", _resize_)
-    _impl("_to_copy", _to_copy)
-    _impl("empty.memory_format", _empty_memory_format)
-    _impl("empty_strided", _empty_strided)
-    _impl("_efficientzerotensor", _efficientzerotensor)
-    _impl("_copy_from", _copy_from)
-    _impl("_copy_from_and_resize", _copy_from_and_resize)
-    _impl("_local_scalar_dense", _local_scalar_dense)
-
-    for name, row, flags in (
-        ("_fused_adam_", "tpu::fused_adam", {"adamw": False}),
-        ("_fused_adamw_", "tpu::fused_adam", {"adamw": True}),
-        ("_fused_sgd_", "tpu::fused_sgd", {}),
-        ("_fused_adagrad_", "tpu::fused_adagrad", {}),
-    ):
-        for qualified in (name, f"{name}.tensor_lr"):
-            opov = _overload(qualified)
-            if opov is not None:
-                _IMPL.impl(qualified, _fused_optimizer(internal[row], opov, **flags), "PrivateUse1")
-    fused, math = (
-        _overload("_scaled_dot_product_fused_attention_overrideable"),
-        _overload("_scaled_dot_product_attention_math"),
-    )
-    if fused is not None and math is not None:  # else torch's own composition serves attention
-        attn = _attention(internal["tpu::sdpa"], internal["tpu::sdpa_backward"], fused, math)
-        _impl("scaled_dot_product_attention", attn["sdpa"])
-        _impl("scaled_dot_product_attention", attn["sdpa"], "AutogradPrivateUse1")
-        _impl("_scaled_dot_product_fused_attention_overrideable", attn["fused"])
-        _impl("_scaled_dot_product_fused_attention_overrideable_backward", attn["backward"])
-    _impl("_pin_memory", _pin_memory, "CPU")
-    for patch, args in (
-        (_patch_printing, ()),
-        (_patch_storage_constructor, ()),
-        (_patch_module_moves, ()),
-        (_patch_matmul_precision, (device_module,)),
-        (_patch_accelerator, (device_module,)),
-    ):
-        try:
-            patch(*args)
-        except (AttributeError, ImportError, TypeError) as e:
-            warnings.warn(
-                f"torchtpu: {patch.__name__[1:]} skipped: torch {torch.__version__} lacks what it patches ({e})",
-                stacklevel=2,
-            )
+    _register_fused_optimizers(internal)
+    _register_attention(internal)
+    for name, fn in CPU_KERNELS.items():
+        _impl(name, fn, "CPU")
+    _patches.apply(device_module)
     from . import _autocast
 
     _autocast.setup()

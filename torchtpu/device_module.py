@@ -1,8 +1,14 @@
 """torch.tpu: the device module, shaped like torch.cuda."""
 
+from typing import Any, NoReturn, Union
+
 import torch
 
 from . import _C
+
+# What the functions below accept as a device, as torch.cuda's do (the index
+# is checked where it matters: one device per process).
+_Device = Union[torch.device, str, int, None]
 
 _info = None
 
@@ -17,19 +23,19 @@ def _runtime():
 _setup_error = None  # why the plugin cannot be used, found at import without loading it
 
 
-def is_available():
+def is_available() -> bool:
     """Whether a plugin was found (the platform's package is installed); it
     is loaded at the device's first use."""
     return _setup_error is None
 
 
-def is_initialized():
+def is_initialized() -> bool:
     """Whether the runtime has started: the plugin is loaded at the device's
     first use (a tensor on it, init(), get_device_properties()), not at import."""
     return _C.initialized()
 
 
-def init():
+def init() -> None:
     """Starts the runtime now (loads the plugin, makes its client), as
     torch.cuda.init() does; raises what is wrong with the plugin."""
     _runtime()
@@ -40,22 +46,22 @@ def _is_in_bad_fork():
     return _C.in_bad_fork()
 
 
-def device_count():
+def device_count() -> int:
     # One device per process (torch's Python PrivateUse1 guard knows one).
     return 1
 
 
-def current_device():
+def current_device() -> int:
     return 0
 
 
-def set_device(device):
+def set_device(device: _Device) -> None:
     idx = torch.device(device).index if not isinstance(device, int) else device
     if idx not in (None, 0):
         raise ValueError(f"torchtpu uses one device per process; got device index {idx}")
 
 
-def get_device_name(device=None):
+def get_device_name(device: _Device = None) -> str:
     info = _runtime()
     platform = info["platform"]
     names = {"cpu": "XLA CPU", "cuda": "XLA CUDA", "tpu": "XLA TPU"}
@@ -64,11 +70,11 @@ def get_device_name(device=None):
     return f"{base} ({kind})" if kind and kind.lower() != platform.lower() else base
 
 
-def get_device_properties(device=None):
+def get_device_properties(device: _Device = None) -> dict[str, Any]:
     return dict(_runtime())
 
 
-def synchronize(device=None):
+def synchronize(device: _Device = None) -> None:
     """Waits for every launched computation (strict mode runs them
     asynchronously); raises the error of one that failed."""
     _C.synchronize()
@@ -83,53 +89,53 @@ def synchronize(device=None):
 class Stream:
     """The device's stream (torch.cuda.Stream's interface)."""
 
-    def __init__(self, device=None, priority=0, **kwargs):
+    def __init__(self, device: _Device = None, priority: int = 0, **kwargs: Any) -> None:
         self.priority = priority
 
     @property
-    def device(self):
+    def device(self) -> torch.device:
         return torch.device("tpu", 0)
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         synchronize()
 
-    def query(self):
+    def query(self) -> bool:
         """True when all work launched so far has finished (does not wait)."""
         return _C.idle()
 
-    def wait_stream(self, stream):
+    def wait_stream(self, stream: "Stream") -> None:
         pass  # one stream: already in order
 
-    def wait_event(self, event):
+    def wait_event(self, event: "Event") -> None:
         pass
 
-    def record_event(self, event=None):
+    def record_event(self, event: "Event | None" = None) -> "Event":
         event = Event() if event is None else event
         event.record(self)
         return event
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream)
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(("tpu", 0))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<torch.tpu.Stream device=tpu:0 (the device's one stream)>"
 
 
 _STREAM = Stream()
 
 
-def current_stream(device=None):
+def current_stream(device: _Device = None) -> Stream:
     return _STREAM
 
 
-def default_stream(device=None):
+def default_stream(device: _Device = None) -> Stream:
     return _STREAM
 
 
-def set_stream(stream):
+def set_stream(stream: Stream) -> None:
     pass
 
 
@@ -137,15 +143,15 @@ class stream:
     """Context manager selecting a stream; there is one, so it only checks
     its argument (torch.cuda.stream's interface; None is allowed)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: Stream | None) -> None:
         if stream is not None and not isinstance(stream, Stream):
             raise TypeError(f"torch.tpu.stream: expected a torch.tpu.Stream, got {type(stream).__name__}")
         self.stream = stream
 
-    def __enter__(self):
+    def __enter__(self) -> Stream | None:
         return self.stream
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> bool:
         return False
 
 
@@ -157,7 +163,7 @@ class Event:
     it when recorded and takes the host's clock: elapsed_time() is the wall
     time between two drained points, in milliseconds."""
 
-    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         if interprocess:
             raise NotImplementedError("torch.tpu.Event: interprocess events are not supported")
         self.enable_timing = enable_timing
@@ -165,7 +171,7 @@ class Event:
         self._recorded = False
         self._time = None
 
-    def record(self, stream=None):
+    def record(self, stream: Stream | None = None) -> None:
         if self.enable_timing:
             synchronize()
             import time
@@ -175,56 +181,56 @@ class Event:
             _C.flush()
         self._recorded = True
 
-    def query(self):
+    def query(self) -> bool:
         return not self._recorded or _C.idle()
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         if self._recorded:
             synchronize()
 
-    def wait(self, stream=None):
+    def wait(self, stream: Stream | None = None) -> None:
         pass  # one stream: already in order
 
-    def elapsed_time(self, end_event):
+    def elapsed_time(self, end_event: "Event") -> float:
         if not (self.enable_timing and end_event.enable_timing):
             raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
         if self._time is None or end_event._time is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
         return (end_event._time - self._time) * 1000.0
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<torch.tpu.Event enable_timing={self.enable_timing} recorded={self._recorded}>"
 
 
-def manual_seed(seed):
+def manual_seed(seed: int) -> None:
     _C.manual_seed(int(seed))
 
 
-def manual_seed_all(seed):
+def manual_seed_all(seed: int) -> None:
     _C.manual_seed(int(seed))
 
 
-def seed():
+def seed() -> None:
     import random
 
     manual_seed(random.getrandbits(63))
 
 
-def initial_seed():
+def initial_seed() -> int:
     return _C.rng_state()[0]
 
 
-def get_rng_state(device=None):
+def get_rng_state(device: _Device = None) -> torch.Tensor:
     s, off = _C.rng_state()
     return torch.tensor([s & 0x7FFFFFFFFFFFFFFF, s >> 63, off], dtype=torch.int64)
 
 
-def set_rng_state(state, device=None):
+def set_rng_state(state: torch.Tensor, device: _Device = None) -> None:
     s = int(state[0]) | (int(state[1]) << 63)
     _C.rng_state(s, int(state[2]))
 
 
-def get_amp_supported_dtype():
+def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
 
 
@@ -232,7 +238,7 @@ class device:
     """Context manager that selects a tpu device, like torch.cuda.device.
     One device per process, so it only checks the index."""
 
-    def __init__(self, device):
+    def __init__(self, device: _Device) -> None:
         if device is not None and not isinstance(device, int):
             device = torch.device(device)
             if device.type != "tpu":
@@ -241,17 +247,17 @@ class device:
         set_device(0 if device is None or device == -1 else device)
         self.idx = 0
 
-    def __enter__(self):
+    def __enter__(self) -> "device":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> bool:
         return False
 
 
 class device_of(device):
     """Selects the device of a tensor (a no-op for CPU tensors)."""
 
-    def __init__(self, obj):
+    def __init__(self, obj: torch.Tensor) -> None:
         super().__init__(obj.get_device() if obj.device.type == "tpu" else None)
 
 
@@ -261,7 +267,7 @@ class device_of(device):
 # beyond the live buffers, so allocated and reserved are the same figure.
 
 
-def memory_stats(device=None):
+def memory_stats(device: _Device = None) -> dict[str, int]:
     m = _C.memory()
     out = {
         "allocated_bytes.all.current": m["allocated"],
@@ -278,7 +284,7 @@ def memory_stats(device=None):
     return out
 
 
-def memory_summary(device=None, abbreviated=False):
+def memory_summary(device: _Device = None, abbreviated: bool = False) -> str:
     """A short text report of memory_stats() (torch.cuda.memory_summary's
     role; torchtpu caches nothing, so allocated and reserved coincide)."""
     lines = ["torch.tpu memory summary (tpu:0)"]
@@ -287,36 +293,36 @@ def memory_summary(device=None, abbreviated=False):
     return "\n".join(lines) + "\n"
 
 
-def memory_allocated(device=None):
+def memory_allocated(device: _Device = None) -> int:
     return _C.memory()["allocated"]
 
 
-def max_memory_allocated(device=None):
+def max_memory_allocated(device: _Device = None) -> int:
     return _C.memory()["peak"]
 
 
-def memory_reserved(device=None):
+def memory_reserved(device: _Device = None) -> int:
     return memory_allocated(device)
 
 
-def max_memory_reserved(device=None):
+def max_memory_reserved(device: _Device = None) -> int:
     return max_memory_allocated(device)
 
 
-def reset_peak_memory_stats(device=None):
+def reset_peak_memory_stats(device: _Device = None) -> None:
     _C.memory(True)
 
 
-def reset_max_memory_allocated(device=None):
+def reset_max_memory_allocated(device: _Device = None) -> None:
     _C.memory(True)
 
 
-def empty_cache():
+def empty_cache() -> None:
     # Buffers are freed when their last tensor dies; nothing is cached.
     return None
 
 
-def mem_get_info(device=None):
+def mem_get_info(device: _Device = None) -> tuple[int, int]:
     """(free, total) bytes of the device. From the plugin where it reports a
     limit; on XLA's CPU plugin the device memory is the host's memory."""
     m = _C.memory()
@@ -332,7 +338,7 @@ def mem_get_info(device=None):
     raise RuntimeError(f"torch.tpu.mem_get_info: the {_runtime()['platform']} PJRT plugin reports no memory limit")
 
 
-def is_bf16_supported(including_emulation=True):
+def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
@@ -344,13 +350,13 @@ def is_bf16_supported(including_emulation=True):
 _PRECISIONS = ("medium", "high", "highest")
 
 
-def set_matmul_precision(precision):
+def set_matmul_precision(precision: str) -> None:
     if precision not in _PRECISIONS:
         raise ValueError(f"torch.tpu.set_matmul_precision: expected one of {_PRECISIONS}, got {precision!r}")
     _C.matmul_precision(_PRECISIONS.index(precision))
 
 
-def get_matmul_precision():
+def get_matmul_precision() -> str:
     return _PRECISIONS[_C.matmul_precision()]
 
 
@@ -374,50 +380,50 @@ class TPUGraph:
     """torch.cuda.CUDAGraph's interface: capture_begin/capture_end (or the
     torch.tpu.graph context manager), replay(), reset()."""
 
-    def __init__(self, keep_graph=False):
+    def __init__(self, keep_graph: bool = False) -> None:
         self._plan = None
         self._token = None
 
-    def capture_begin(self, pool=None, capture_error_mode="global"):
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
         if self._token is not None:
             raise RuntimeError("TPUGraph.capture_begin: this graph is already capturing")
         self.reset()
         self._token = _C.graph_capture_begin(True)
 
-    def capture_end(self, _keep=True):
+    def capture_end(self, _keep: bool = True) -> None:
         if self._token is None:
             raise RuntimeError("TPUGraph.capture_end: capture_begin was not called")
         token, self._token = self._token, None
         self._plan = _C.whole_end(token, _keep)
 
-    def instantiate(self):
+    def instantiate(self) -> None:
         pass
 
-    def replay(self):
+    def replay(self) -> None:
         if self._token is not None:
             raise RuntimeError("TPUGraph.replay: the graph is still capturing")
         if self._plan is not None:
             _C.whole_replay(self._plan)
 
-    def reset(self):
+    def reset(self) -> None:
         self._plan = None
 
-    def pool(self):
+    def pool(self) -> tuple[int, int]:
         return graph_pool_handle()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"torch.tpu.TPUGraph(captured={self._plan is not None})"
 
 
 _pool_ids = iter(range(1, 1 << 62))
 
 
-def graph_pool_handle():
+def graph_pool_handle() -> tuple[int, int]:
     """An opaque memory-pool handle (buffers are not pooled per graph here)."""
     return (0, next(_pool_ids))
 
 
-def is_current_stream_capturing():
+def is_current_stream_capturing() -> bool:
     return _C.whole_capturing()
 
 
@@ -425,22 +431,30 @@ class graph:
     """Captures the code inside it into tpu_graph (torch.cuda.graph's
     interface). An exception inside drops the capture."""
 
-    def __init__(self, tpu_graph, pool=None, stream=None, capture_error_mode="global"):
+    def __init__(
+        self, tpu_graph: TPUGraph, pool: Any = None, stream: Stream | None = None, capture_error_mode: str = "global"
+    ) -> None:
         if not isinstance(tpu_graph, TPUGraph):
             raise TypeError(f"torch.tpu.graph: expected a torch.tpu.TPUGraph, got {type(tpu_graph).__name__}")
         self.tpu_graph = tpu_graph
 
-    def __enter__(self):
+    def __enter__(self) -> "graph":
         synchronize()
         self.tpu_graph.capture_begin()
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
         self.tpu_graph.capture_end(_keep=exc_type is None)
         return False
 
 
-def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None):
+def make_graphed_callables(
+    callables: Any,
+    sample_args: Any,
+    num_warmup_iters: int = 3,
+    allow_unused_input: bool = False,
+    pool: Any = None,
+) -> NoReturn:
     raise NotImplementedError(
         "torch.tpu.make_graphed_callables is not supported yet: capture the whole training step with "
         "torch.tpu.graph (forward, backward and optimizer step in one graph) instead"

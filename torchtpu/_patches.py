@@ -1,0 +1,208 @@
+"""Every change torchtpu makes to torch's own Python objects, in one place.
+
+A device registered from Python (PrivateUse1 renamed "tpu") gets most of what
+a built-in device gets through torch's public hooks: dispatcher kernels, the
+device module, autocast keys, optimizer step hooks. What those hooks cannot
+reach is patched here, one function per patch, each saying what it works
+around and which torch versions need it (the supported range is torch 2.11 to
+2.13, pyproject.toml; the reasons were checked against torch 2.13's source).
+
+apply() runs them all, once, from torchtpu._registry.setup(), after the
+kernels are registered and before autocast. A patch whose target this torch
+lacks is skipped with one warning; the others still apply.
+"""
+
+import warnings
+
+import torch
+
+
+def _patch_printing(device_module):
+    """Tensor printing formats on the CPU (as torch does for XLA tensors):
+    the formatter's statistics would otherwise be dozens of device ops.
+
+    torch._tensor_str._str_intern copies only "xla", "lazy", "ipu" and "mtia"
+    tensors to the CPU before formatting (a fixed list, no hook for another
+    device); a tpu tensor would be sliced, reduced and compared on the device,
+    each a small program. Needed by torch 2.11 to 2.13 (2.13 keeps the list;
+    checked on 2.13: printing a 2x3 tensor without the patch dispatches 27 ops
+    and compiles 18 programs)."""
+    import torch._tensor_str as ts
+
+    inner = ts._tensor_str
+
+    def tensor_str(self, indent):
+        if self.device.type == "tpu":
+            self = self.cpu()
+        return inner(self, indent)
+
+    ts._tensor_str = tensor_str
+
+
+def _patch_storage_constructor(device_module):
+    """torch.UntypedStorage(n, device="tpu") would ask PyTorch's allocator
+    registry, which a Python-registered device leaves empty (a crash in
+    C++): such storages are made from tpu tensors instead. torch.load's
+    restore path builds storages this way.
+
+    UntypedStorage's constructor is C++ (StorageBase) and takes its allocator
+    from c10's per-device table, which only a C++ extension can fill; torch's
+    own storage.to(device) (torch/_utils.py _to, used by storage.tpu() and so
+    by torch.load's map_location) calls it for any device but the CPU. Needed
+    by torch 2.11 to 2.13 (checked on 2.13: a segmentation fault without the
+    patch)."""
+    cls = torch.UntypedStorage
+    orig = cls.__new__
+
+    def new(klass, *args, device=None, **kwargs):
+        if device is not None and torch.device(device).type == "tpu":
+            if kwargs or len(args) > 1:
+                raise TypeError("torch.UntypedStorage(..., device='tpu') takes a size or a sequence of bytes")
+            if not args or isinstance(args[0], int):
+                n = int(args[0]) if args else 0
+                return torch.empty(n, dtype=torch.uint8, device="tpu").untyped_storage()
+            return torch.tensor(list(args[0]), dtype=torch.uint8).to("tpu").untyped_storage()
+        if device is not None:
+            kwargs["device"] = device
+        return orig(klass, *args, **kwargs)
+
+    cls.__new__ = new
+
+
+def _crosses_tpu(module, device):
+    """Whether moving module to device takes a tensor onto or off the tpu."""
+    if device is None:
+        return False
+    if torch.device(device).type == "tpu":
+        return True
+    return any(t.device.type == "tpu" for t in module.parameters())
+
+
+def _patch_module_moves(device_module):
+    """module.to("tpu"), .tpu() and .cpu() keep each Parameter object, as
+    they do for CUDA. PyTorch keeps them by assigning `param.data`, which it
+    allows only between its built-in dense backends; for any other device it
+    makes new Parameters, which unties tied weights (an embedding shared with
+    the output layer) and leaves an optimizer made before the move holding
+    the old ones. Across the tpu boundary the move swaps the tensors instead
+    (torch.utils.swap_tensors, PyTorch's own mechanism for this), so identity,
+    and with it every tie, is kept. A parameter that cannot be swapped (one
+    with a weak reference) falls back to PyTorch's default behaviour.
+
+    The rule is Module._apply's compute_should_use_set_data:
+    torch._has_compatible_shallow_copy_type is false between a CPU tensor and
+    a PrivateUse1 one, so without the swap future flag _apply makes new
+    Parameters. Needed by torch 2.11 to 2.13 (the flag stays off by default;
+    checked on 2.13: without the patch an embedding tied to its output layer
+    comes back untied from .to("tpu"))."""
+    Module = torch.nn.Module
+    fut = torch.__future__
+
+    def moving(orig, device_of):
+        def move(self, *args, **kwargs):
+            if fut.get_swap_module_params_on_conversion() or not _crosses_tpu(self, device_of(*args, **kwargs)):
+                return orig(self, *args, **kwargs)
+            fut.set_swap_module_params_on_conversion(True)
+            try:
+                return orig(self, *args, **kwargs)
+            except RuntimeError as e:
+                if "Couldn't swap" not in str(e):
+                    raise
+            finally:
+                fut.set_swap_module_params_on_conversion(False)
+            return orig(self, *args, **kwargs)
+
+        move.__name__, move.__doc__ = orig.__name__, orig.__doc__
+        return move
+
+    Module.to = moving(Module.to, lambda *a, **k: torch._C._nn._parse_to(*a, **k)[0])
+    Module.tpu = moving(Module.tpu, lambda device=None: torch.device("tpu"))
+    Module.cpu = moving(Module.cpu, lambda: torch.device("cpu"))
+
+
+def _patch_matmul_precision(device_module):
+    """torch.set_float32_matmul_precision also sets the tpu's precision.
+
+    Not a workaround but a reach: torch's knob sets only its own global (read
+    by its CPU, CUDA and MKLDNN kernels) and tells no device module, so the
+    tpu's precision (torch.tpu.set_matmul_precision, an XLA operand precision
+    in the core) would not follow it. Needed by torch 2.11 to 2.13 (checked on
+    2.13: the unpatched knob leaves torch.tpu.get_matmul_precision() as it
+    was)."""
+    orig = torch.set_float32_matmul_precision
+
+    def set_float32_matmul_precision(precision):
+        orig(precision)
+        device_module.set_matmul_precision(precision)
+
+    set_float32_matmul_precision.__doc__ = orig.__doc__
+    torch.set_float32_matmul_precision = set_float32_matmul_precision
+    device_module.set_matmul_precision(torch.get_float32_matmul_precision())
+
+
+def _patch_accelerator(device_module):
+    """torch.accelerator's memory and synchronize calls reach PyTorch's C++
+    DeviceAllocator registry, which a Python-registered device cannot fill
+    (an internal assert). In a torchtpu process the accelerator is the tpu,
+    so they answer from torch.tpu. (accelerate's Trainer calls
+    torch.accelerator.empty_cache() on every train().)
+
+    torch.accelerator.memory's functions call torch._C._accelerator_* (the
+    C++ DeviceAllocator of the current accelerator; even 2.13's
+    _accelerator_isAllocatorInitialized guard asserts for a device without
+    one) and synchronize calls torch._C._accelerator_synchronizeDevice,
+    which the Python device guard refuses ("Backend doesn't support
+    synchronizing all streams"); neither looks at the Python device module.
+    Needed by torch 2.11 to 2.13 (checked on 2.13: every one of them raises
+    without the patch)."""
+    import torch.accelerator as acc
+    import torch.accelerator.memory as accmem
+
+    def stats(device_index=None, /):
+        from collections import OrderedDict
+
+        return OrderedDict(sorted(device_module.memory_stats().items()))
+
+    table = {
+        "empty_cache": lambda: device_module.empty_cache(),
+        "memory_stats": stats,
+        "memory_allocated": lambda device_index=None, /: device_module.memory_allocated(),
+        "max_memory_allocated": lambda device_index=None, /: device_module.max_memory_allocated(),
+        "memory_reserved": lambda device_index=None, /: device_module.memory_reserved(),
+        "max_memory_reserved": lambda device_index=None, /: device_module.max_memory_reserved(),
+        "reset_accumulated_memory_stats": lambda device_index=None, /: None,
+        "reset_peak_memory_stats": lambda device_index=None, /: device_module.reset_peak_memory_stats(),
+        "get_memory_info": lambda device_index=None, /: device_module.mem_get_info(),
+        "synchronize": lambda device=None, /: device_module.synchronize(),
+    }
+    for name, fn in table.items():
+        for mod in (acc, accmem):
+            orig = getattr(mod, name, None)
+            if orig is not None:
+                fn.__name__, fn.__doc__ = name, orig.__doc__
+                setattr(mod, name, fn)
+
+
+# In the order they are applied; each takes the device module (torch.tpu),
+# which only some of them use.
+PATCHES = (
+    _patch_printing,
+    _patch_storage_constructor,
+    _patch_module_moves,
+    _patch_matmul_precision,
+    _patch_accelerator,
+)
+
+
+def apply(device_module):
+    """Applies every patch, in order; one whose target this torch lacks is
+    skipped with a warning (naming it; the warning points at the caller of
+    torchtpu._registry.setup, as it did when the patches lived there)."""
+    for patch in PATCHES:
+        try:
+            patch(device_module)
+        except (AttributeError, ImportError, TypeError) as e:
+            warnings.warn(
+                f"torchtpu: {patch.__name__[1:]} skipped: torch {torch.__version__} lacks what it patches ({e})",
+                stacklevel=3,
+            )
