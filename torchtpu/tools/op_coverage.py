@@ -920,7 +920,13 @@ def write_report(results, out_prefix, dtypes, meta):
         f"bfloat16 rtol {TOLERANCES['bfloat16']['rtol']}, atol {TOLERANCES['bfloat16']['atol']}; "
         "integers and bool exact.",
         "",
-        f"Run: {meta.get('date', '')}, {meta.get('seconds', 0):.0f} s, platform {meta.get('platform', '')}.",
+        (
+            "Runs: "
+            + ", ".join(f"{'error inputs' if d == ERRORS else d} {v}" for d, v in meta["dates"].items())
+            + f"; platform {meta.get('platform', '')}."
+            if meta.get("dates")
+            else f"Run: {meta.get('date', '')}, {meta.get('seconds', 0):.0f} s, platform {meta.get('platform', '')}."
+        ),
         "",
         "## Totals",
         "",
@@ -1060,6 +1066,12 @@ def main(argv=None):
         action="store_true",
         help="run only the error-input pass; the forward results of an existing report at --out are kept",
     )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the existing report's results at --out for the dtypes (and the error pass) not run now; "
+        "the report gives each its own date",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
@@ -1081,6 +1093,20 @@ def main(argv=None):
                 kept[(n, d)] = r
         unsupported = [tuple(x) for x in old.get("meta", {}).get("unsupported", [])]
         old_meta = old.get("meta", {})
+    merged_dates = {}
+    if a.merge and not a.errors_only and os.path.exists(a.out + ".json"):
+        with open(a.out + ".json") as f:
+            old = json.load(f)
+        om = old.get("meta", {})
+        old_dates = om.get("dates") or dict(
+            {d: om.get("date", "") for d in om.get("dtypes", [])}, **{ERRORS: om.get("errors_date", om.get("date", ""))}
+        )
+        for k, r in old.get("results", {}).items():
+            n, d = k.rsplit("|", 1)
+            if (d == ERRORS and a.no_errors) or (d != ERRORS and d not in dtypes):
+                kept[(n, d)] = r
+                merged_dates[d] = old_dates.get(d, "")
+        unsupported = sorted(set(unsupported) | {tuple(x) for x in om.get("unsupported", []) if x[1] not in dtypes})
     if names:
         known = {n for n, _ in jobs} | {n for n, _ in unsupported}
         unknown = names - known
@@ -1121,7 +1147,11 @@ def main(argv=None):
         "unsupported": unsupported,
         "dtypes": dtypes,
     }
-    if old_meta and kept:  # the forward results are the old run's: so are its date and time
+    if merged_dates:  # each dtype (and the error pass) with the date of the run that made it
+        today = meta["date"]
+        meta["dates"] = dict(merged_dates, **{d: today for d in dtypes}, **({} if a.no_errors else {ERRORS: today}))
+        meta["dtypes"] = dtypes = [d for d in DTYPES if d in meta["dates"]]
+    if old_meta and kept and not merged_dates:  # the forward results are the old run's: so are its date and time
         meta = dict(old_meta, unsupported=unsupported, errors_date=meta["date"], errors_seconds=meta["seconds"])
     summary = write_report(results, a.out, dtypes, meta)
     for d in dtypes:
