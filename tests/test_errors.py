@@ -354,3 +354,41 @@ CASES_INDEX = {
 def test_index_errors(name):
     fn, match = CASES_INDEX[name]
     same_as_cpu(fn, match)
+
+
+# masked_fill with a 0-d value tensor: the CPU reads the value and converts it
+# checked (c10's "value cannot be converted to type ... without overflow");
+# on tpu a value check makes the same refusal at the sync point.
+MASKED_FILL_VALUES = [
+    (torch.int64, 1 + 2j, torch.complex64),
+    (torch.int64, 2 + 0j, torch.complex64),
+    (torch.int8, 300, torch.int64),
+    (torch.uint8, -1, torch.int64),
+    (torch.int32, 2**40, torch.int64),
+    (torch.float32, 1e300, torch.float64),
+    (torch.float16, 1e6, torch.float32),
+    (torch.bool, 5, torch.int64),
+    (torch.float32, math.inf, torch.float64),
+    (torch.int64, math.nan, torch.float32),
+    (torch.int16, 40000.0, torch.float32),
+    (torch.float32, 1 + 1j, torch.complex64),
+    (torch.complex64, 1e300 + 0j, torch.complex128),
+]
+
+
+@pytest.mark.parametrize("case", range(len(MASKED_FILL_VALUES)))
+def test_masked_fill_value_tensor_must_fit(case):
+    dt, v, vdt = MASKED_FILL_VALUES[case]
+    out = []
+    for dev in ("cpu", "tpu"):
+        x = torch.zeros(3, dtype=dt, device=dev)
+        mask = torch.tensor([True, False, True], device=dev)
+        try:
+            out.append(x.masked_fill(mask, torch.tensor(v, dtype=vdt, device=dev)).cpu())
+        except RuntimeError as e:
+            out.append(str(e))
+    if isinstance(out[0], str):
+        assert isinstance(out[1], str) and out[0] in out[1], out
+    else:
+        assert not isinstance(out[1], str), out
+        assert out[1].dtype == out[0].dtype and torch.equal(out[1], out[0])

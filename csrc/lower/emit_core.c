@@ -455,6 +455,7 @@ void tpu_emit_masked_fill(tpu_lower *L) {
       return;
     }
     val = tpu_lower_tensor(L, 2, -1);
+    tpu_lower_check_fits(L, val, dt); /* the CPU reads the value and converts it checked */
     if (tpu_dtype_is_complex(T(L, val)->dtype) && !tpu_dtype_is_complex(dt)) val = tpu_hlo_unary(H, TPU_HLO_REAL, val);
     val = tpu_hlo_reshape(H, tpu_hlo_convert(H, val, dt), 0, NULL);
   }

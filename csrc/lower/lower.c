@@ -604,6 +604,86 @@ void tpu_lower_check_divisor(tpu_lower *L, tpu_hv b) {
                   "ZeroDivisionError (integer division by zero)");
 }
 
+/* The message of tpu_lower_check_fits (static: checks keep their message). */
+static const char *tpu_fits_msg(tpu_dtype dt) {
+  switch (dt) {
+    case TPU_S8: return "value cannot be converted to type int8_t without overflow";
+    case TPU_S16: return "value cannot be converted to type int16_t without overflow";
+    case TPU_S32: return "value cannot be converted to type int without overflow";
+    case TPU_S64: return "value cannot be converted to type int64_t without overflow";
+    case TPU_U8: return "value cannot be converted to type uint8_t without overflow";
+    case TPU_U16: return "value cannot be converted to type uint16_t without overflow";
+    case TPU_U32: return "value cannot be converted to type uint32_t without overflow";
+    case TPU_U64: return "value cannot be converted to type uint64_t without overflow";
+    case TPU_F16: return "value cannot be converted to type c10::Half without overflow";
+    case TPU_BF16: return "value cannot be converted to type c10::BFloat16 without overflow";
+    case TPU_F32: return "value cannot be converted to type float without overflow";
+    case TPU_F64: return "value cannot be converted to type double without overflow";
+    case TPU_C64: return "value cannot be converted to type c10::complex<float> without overflow";
+    case TPU_C128: return "value cannot be converted to type c10::complex<double> without overflow";
+    default: return NULL;
+  }
+}
+
+void tpu_lower_check_fits(tpu_lower *L, tpu_hv v, tpu_dtype dt) {
+  const char *msg = tpu_fits_msg(dt);
+  if (!L->value_checks || v == TPU_HV_NONE || !msg) return;
+  tpu_hlo *H = L->hlo;
+  tpu_hlo_type vt = *tpu_hlo_typeof(H, v);
+  if (vt.dtype == TPU_PRED || vt.dtype == TPU_INVALID) return; /* a bool always converts */
+  tpu_hv bad = TPU_HV_NONE;
+  if (tpu_dtype_is_complex(vt.dtype)) {
+    if (!tpu_dtype_is_complex(dt)) {
+      tpu_hv im = tpu_hlo_unary(H, TPU_HLO_IMAG, v);
+      bad = tpu_hlo_compare(H, TPU_HLO_NE, im, tpu_lower_full_like(L, im, 0));
+    }
+    v = tpu_hlo_unary(H, TPU_HLO_REAL, v);
+    vt = *tpu_hlo_typeof(H, v);
+  }
+  /* the bounds, as tpu_scalar_check's (the value is compared in f64) */
+  double hi = 0, lo = 0;
+  switch (dt) {
+    case TPU_S8: lo = -128, hi = 127; break;
+    case TPU_S16: lo = -32768, hi = 32767; break;
+    case TPU_S32: lo = -2147483648.0, hi = 2147483647.0; break;
+    case TPU_S64: lo = -9223372036854775808.0, hi = 9223372036854775807.0; break;
+    case TPU_U8: hi = 255; break;
+    case TPU_U16: hi = 65535; break;
+    case TPU_U32: hi = 4294967295.0; break;
+    case TPU_U64: hi = 18446744073709551615.0; break;
+    case TPU_F16: hi = 65504; break;
+    case TPU_BF16: hi = 3.3895313892515355e38; break;
+    case TPU_F32:
+    case TPU_C64: hi = 3.4028234663852886e38; break;
+    default: hi = INFINITY; break;
+  }
+  if (tpu_dtype_is_float(dt) || tpu_dtype_is_complex(dt)) lo = -hi;
+  tpu_hv f = tpu_hlo_convert(H, v, TPU_F64);
+  tpu_hv over;
+  if (tpu_dtype_is_int(vt.dtype)) {
+    if (tpu_dtype_is_unsigned_int(dt)) /* c10 lets a negative wrap when its magnitude fits */
+      over = tpu_hlo_compare(H, TPU_HLO_GT, tpu_hlo_unary(H, TPU_HLO_ABS, f), tpu_lower_full_like(L, f, hi));
+    else if (dt == TPU_S64 || dt == TPU_U64)
+      over = TPU_HV_NONE;
+    else
+      over = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_LT, f, tpu_lower_full_like(L, f, lo)),
+                            tpu_hlo_compare(H, TPU_HLO_GT, f, tpu_lower_full_like(L, f, hi)));
+  } else {
+    tpu_hv out = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_LT, f, tpu_lower_full_like(L, f, lo)),
+                                tpu_hlo_compare(H, TPU_HLO_GT, f, tpu_lower_full_like(L, f, hi)));
+    if (tpu_dtype_is_int(dt)) { /* NaN never converts; 2**63 is past int64 */
+      over = tpu_hlo_binary(H, TPU_HLO_OR, out, tpu_hlo_compare(H, TPU_HLO_NE, f, f));
+      if (dt == TPU_S64)
+        over = tpu_hlo_binary(H, TPU_HLO_OR, over,
+                              tpu_hlo_compare(H, TPU_HLO_GE, f, tpu_lower_full_like(L, f, 9223372036854775808.0)));
+    } else { /* inf and NaN convert to a float */
+      over = tpu_hlo_binary(H, TPU_HLO_AND, out, tpu_hlo_unary(H, TPU_HLO_IS_FINITE, f));
+    }
+  }
+  if (over != TPU_HV_NONE) bad = bad == TPU_HV_NONE ? over : tpu_hlo_binary(H, TPU_HLO_OR, bad, over);
+  if (bad != TPU_HV_NONE) tpu_lower_check(L, tpu_hlo_reshape(H, bad, 0, NULL), TPU_ERR_RUNTIME, msg);
+}
+
 void tpu_lower_write(tpu_lower *L, int i, int item, tpu_hv v) {
   tpu_tref *t = tpu_lower_tref(L, i, item);
   if (t && t->zero_size) { /* nothing to write, but the shapes must still fit */

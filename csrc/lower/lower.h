@@ -138,6 +138,11 @@ void tpu_lower_check_targets(tpu_lower *L, tpu_hv tg, int64_t C, int64_t ignore_
 /* A check that an integer divisor b has no zero ("ZeroDivisionError", as
  * CPU torch); nothing for floats. */
 void tpu_lower_check_divisor(tpu_lower *L, tpu_hv b);
+/* A check that the 0-d value v (any dtype) converts to dt as c10's checked
+ * conversion allows ("value cannot be converted to type ... without
+ * overflow"): an imaginary part into a real dtype, NaN or a value out of
+ * range into an integer, a finite value out of range into a float. */
+void tpu_lower_check_fits(tpu_lower *L, tpu_hv v, tpu_dtype dt);
 
 /* Declare a new output tensor; returns its index. */
 int tpu_lower_out(tpu_lower *L, tpu_hv v);
