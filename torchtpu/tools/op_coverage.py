@@ -608,7 +608,7 @@ def run_error_entry(op):
 
     res = {"status": "errors", "same": 0, "other": 0, "none": 0, "cpu_none": 0, "details": []}
     if getattr(op, "error_inputs_func", None) is None:  # the entry documents no error inputs
-        res["status"] = "no_error_inputs"
+        res["status"], res["detail"] = "no_error_inputs", ""
         return res
     try:
         errs = list(op.error_inputs("cpu"))
