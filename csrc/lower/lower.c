@@ -395,9 +395,9 @@ static const char *tpu_cxx_type_name(tpu_dtype dt) {
   }
 }
 
-tpu_status *tpu_scalar_check(const tpu_arg *a, tpu_dtype dt) {
-  if (a->kind != TPU_ARG_SCALAR || a->skind == TPU_SCALAR_BOOL || dt == TPU_PRED) return NULL;
-  bool over = false;
+/* The range of finite values of dt that c10's checked conversion accepts
+ * (unsigned types: also negatives of a magnitude that fits, by the caller). */
+static void tpu_dtype_bounds(tpu_dtype dt, double *lo_out, double *hi_out) {
   double lo = 0, hi = 0;
   switch (dt) {
     case TPU_S8: lo = -128, hi = 127; break;
@@ -415,6 +415,15 @@ tpu_status *tpu_scalar_check(const tpu_arg *a, tpu_dtype dt) {
     default: hi = INFINITY; break;
   }
   if (tpu_dtype_is_float(dt) || tpu_dtype_is_complex(dt)) lo = -hi;
+  *lo_out = lo;
+  *hi_out = hi;
+}
+
+tpu_status *tpu_scalar_check(const tpu_arg *a, tpu_dtype dt) {
+  if (a->kind != TPU_ARG_SCALAR || a->skind == TPU_SCALAR_BOOL || dt == TPU_PRED) return NULL;
+  bool over = false;
+  double lo, hi;
+  tpu_dtype_bounds(dt, &lo, &hi);
   if (a->skind == TPU_SCALAR_COMPLEX && !tpu_dtype_is_complex(dt) && a->f_imag != 0) over = true;
   if (a->skind == TPU_SCALAR_INT) {
     if (tpu_dtype_is_unsigned_int(dt)) /* c10 lets a negative wrap when its magnitude fits */
@@ -640,24 +649,8 @@ void tpu_lower_check_fits(tpu_lower *L, tpu_hv v, tpu_dtype dt) {
     v = tpu_hlo_unary(H, TPU_HLO_REAL, v);
     vt = *tpu_hlo_typeof(H, v);
   }
-  /* the bounds, as tpu_scalar_check's (the value is compared in f64) */
-  double hi = 0, lo = 0;
-  switch (dt) {
-    case TPU_S8: lo = -128, hi = 127; break;
-    case TPU_S16: lo = -32768, hi = 32767; break;
-    case TPU_S32: lo = -2147483648.0, hi = 2147483647.0; break;
-    case TPU_S64: lo = -9223372036854775808.0, hi = 9223372036854775807.0; break;
-    case TPU_U8: hi = 255; break;
-    case TPU_U16: hi = 65535; break;
-    case TPU_U32: hi = 4294967295.0; break;
-    case TPU_U64: hi = 18446744073709551615.0; break;
-    case TPU_F16: hi = 65504; break;
-    case TPU_BF16: hi = 3.3895313892515355e38; break;
-    case TPU_F32:
-    case TPU_C64: hi = 3.4028234663852886e38; break;
-    default: hi = INFINITY; break;
-  }
-  if (tpu_dtype_is_float(dt) || tpu_dtype_is_complex(dt)) lo = -hi;
+  double lo, hi; /* compared in f64, as tpu_scalar_check compares */
+  tpu_dtype_bounds(dt, &lo, &hi);
   tpu_hv f = tpu_hlo_convert(H, v, TPU_F64);
   tpu_hv over;
   if (tpu_dtype_is_int(vt.dtype)) {
