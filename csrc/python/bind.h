@@ -80,6 +80,9 @@ int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *op
 PyObject *tpu_py_to_tref_args(tpu_mod_state *st, PyObject *o, tpu_arg *a, const char *op);
 
 /* kernel.c: Kernel objects: parsing arguments, running an op, building results */
+/* Runs one op through the engine, its warnings and error turned into Python's:
+ * 0, or -1 with an exception set (nothing left to release). */
+int tpu_call_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, tpu_engine_result *res);
 PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params, int nreturns);
 PyObject *tpu_py_kernel(PyObject *m, PyObject *args);
 

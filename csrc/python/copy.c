@@ -94,16 +94,7 @@ static PyObject *tpu_download_view(tpu_mod_state *st, PyObject *src_o, tpu_arg *
     if (host != Py_None) return host;
     Py_DECREF(host);
     tpu_engine_result res;
-    tpu_status *s =
-        tpu_engine_call(st->eng, &tpu_op_table[TPU_OP_tpu_materialize], TPU_OP_tpu_materialize, src, 1, &res);
-    if (tpu_flush_warnings(st) < 0) {
-      if (s)
-        tpu_status_free(s);
-      else
-        tpu_engine_result_release(&res);
-      return NULL;
-    }
-    if (s) return tpu_raise(s);
+    if (tpu_call_op(st, TPU_OP_tpu_materialize, src, 1, &res) < 0) return NULL;
     tmp = res.outs[0];
     res.outs[0] = NULL;
     tpu_engine_result_release(&res);

@@ -252,6 +252,19 @@ static bool tpu_on_autograd_thread(void) {
   return tpu_autograd_thread;
 }
 
+int tpu_call_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, tpu_engine_result *res) {
+  tpu_status *s = tpu_engine_call(st->eng, &tpu_op_table[op_id], op_id, args, nargs, res);
+  if (tpu_flush_warnings(st) < 0) {
+    if (s)
+      tpu_status_free(s);
+    else
+      tpu_engine_result_release(res);
+    return -1;
+  }
+  if (s) return tpu_raise(s), -1;
+  return 0;
+}
+
 PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params, int nreturns) {
   /* Fused mode: the first op of a backward pass launches what the forward
    * pass recorded (tpu_engine_backward_begins). Ops hold the GIL, so the
@@ -265,15 +278,7 @@ PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyO
     st->in_backward = bw;
   }
   tpu_engine_result res;
-  tpu_status *s = tpu_engine_call(st->eng, &tpu_op_table[op_id], op_id, args, nargs, &res);
-  if (tpu_flush_warnings(st) < 0) {
-    if (s)
-      tpu_status_free(s);
-    else
-      tpu_engine_result_release(&res);
-    return NULL;
-  }
-  if (s) return tpu_raise(s);
+  if (tpu_call_op(st, op_id, args, nargs, &res) < 0) return NULL;
   return tpu_build_result(st, &res, params, nreturns);
 }
 
