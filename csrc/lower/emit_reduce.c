@@ -1,9 +1,12 @@
-/* emit_reduce.c: reductions beyond the first op set, scans, sorting and
- * searching. Emitters index their arguments from the front, so the
- * functional and .out overloads (whose out= tensors trail) share them.
- * Scans are reduce_window over the whole prefix (XLA turns them into
- * efficient loops); sorts are stablehlo.sort with a comparator that orders
- * NaN as torch does (largest), stable so that ties keep their order. */
+/* emit_reduce.c: reductions (sum, mean, prod, max/min and their indices,
+ * any/all, var/std, norms, count_nonzero, trace), scans, sorting and
+ * selection (sort, topk, kthvalue, median, mode), searching (searchsorted,
+ * bucketize), histograms and hash_tensor. Emitters index their arguments
+ * from the front, so the functional and .out overloads (whose out= tensors
+ * trail) share them. Scans are reduce_window over the whole prefix (XLA
+ * turns them into efficient loops); sorts are stablehlo.sort with a
+ * comparator that orders NaN as torch does (largest), stable so that ties
+ * keep their order. */
 #include <math.h>
 #include <string.h>
 
@@ -11,10 +14,9 @@
 
 /* ---- helpers --------------------------------------------------------------------------- */
 
-static bool tpu_has(tpu_lower *L, int i, tpu_argkind k) { return i < L->nargs && L->args[i].kind == k; }
 
 static tpu_dtype tpu_sum_dtype(tpu_lower *L, int dt_arg) {
-  if (tpu_has(L, dt_arg, TPU_ARG_DTYPE)) return L->args[dt_arg].dtype;
+  if (tpu_arg_is(L, dt_arg, TPU_ARG_DTYPE)) return L->args[dt_arg].dtype;
   tpu_dtype dt = L->args[0].t.dtype;
   return (dt == TPU_PRED || tpu_dtype_is_int(dt)) ? TPU_S64 : dt;
 }
@@ -62,6 +64,254 @@ static void tpu_scan(tpu_lower *L, const tpu_hv *xs, const tpu_hv *inits, int n,
   tpu_hlo_reduce_window(H, xs, inits, n, win, NULL, NULL, NULL, pad, region, outs);
 }
 
+/* ---- max, min and their indices, any, all ------------------------------------------------------- */
+
+/* Dims to reduce from an optional int list argument (None or [] = all). */
+int tpu_red_dims(tpu_lower *L, int arg, int rank, int64_t *dims, bool *mask) {
+  memset(mask, 0, sizeof(bool) * TPU_MAX_RANK);
+  int n = 0;
+  bool all = arg >= L->nargs || L->args[arg].kind == TPU_ARG_NONE ||
+             (L->args[arg].kind == TPU_ARG_INTS && L->args[arg].nints == 0);
+  if (all) {
+    for (int i = 0; i < rank; i++) dims[n++] = i;
+  } else if (L->args[arg].kind == TPU_ARG_INT) {
+    dims[n++] = tpu_lower_dim(L, L->args[arg].i, rank);
+  } else {
+    for (int i = 0; i < L->args[arg].nints; i++) {
+      int64_t d = tpu_lower_dim(L, L->args[arg].ints[i], rank);
+      if (rank == 0) continue;
+      if (mask[d]) {
+        tpu_lower_fail(L, TPU_ERR_VALUE, "dim %lld appears multiple times in the list of dims", (long long)d);
+        return 0;
+      }
+      dims[n++] = d;
+    }
+  }
+  for (int i = 0; i < n; i++) mask[dims[i]] = true;
+  return rank == 0 ? 0 : n;
+}
+
+tpu_hv tpu_keepdim(tpu_lower *L, tpu_hv r, const tpu_hlo_type *in, const bool *mask, bool keep) {
+  if (!keep) return r;
+  int64_t dims[TPU_MAX_RANK];
+  for (int i = 0; i < in->rank; i++) dims[i] = mask[i] ? 1 : in->dims[i];
+  return tpu_hlo_reshape(H, r, in->rank, dims);
+}
+
+
+tpu_hv tpu_reduce_sum(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
+  tpu_dtype dt = T(L, x)->dtype;
+  tpu_hlo_op op = dt == TPU_PRED ? TPU_HLO_OR : TPU_HLO_ADD;
+  return tpu_hlo_reduce(H, x, tpu_lower_full(L, tpu_hlo_type_make(dt, 0, NULL), 0), dims, n, op);
+}
+
+static double tpu_lowest(tpu_dtype dt) {
+  switch (dt) {
+    case TPU_PRED: return 0;
+    case TPU_S8: return -128;
+    case TPU_S16: return -32768;
+    case TPU_S32: return -2147483648.0;
+    case TPU_S64: return -9223372036854775808.0;
+    default: return tpu_dtype_is_unsigned_int(dt) ? 0 : -INFINITY;
+  }
+}
+static double tpu_highest(tpu_dtype dt) {
+  switch (dt) {
+    case TPU_PRED: return 1;
+    case TPU_S8: return 127;
+    case TPU_U8: return 255;
+    case TPU_S16: return 32767;
+    case TPU_U16: return 65535;
+    case TPU_S32: return 2147483647.0;
+    case TPU_U32: return 4294967295.0;
+    default: return tpu_dtype_is_int(dt) ? 9223372036854775807.0 : INFINITY;
+  }
+}
+
+tpu_hv tpu_init_value(tpu_lower *L, tpu_dtype dt, bool is_max) {
+  tpu_hlo_type s = tpu_hlo_type_make(dt, 0, NULL);
+  if (dt == TPU_S64) return tpu_hlo_constant_int(H, dt, is_max ? INT64_MIN : INT64_MAX);
+  if (dt == TPU_U64) return tpu_hlo_constant_int(H, dt, is_max ? 0 : -1);
+  return tpu_lower_full(L, s, is_max ? tpu_lowest(dt) : tpu_highest(dt));
+}
+
+/* max/min with NaN propagation for floats (torch propagates NaN). */
+tpu_hv tpu_reduce_extreme(tpu_lower *L, tpu_hv x, const int64_t *dims, int n, bool is_max) {
+  tpu_dtype dt = T(L, x)->dtype;
+  tpu_hlo_op op = dt == TPU_PRED ? (is_max ? TPU_HLO_OR : TPU_HLO_AND) : (is_max ? TPU_HLO_MAX : TPU_HLO_MIN);
+  tpu_hv r = tpu_hlo_reduce(H, x, tpu_init_value(L, dt, is_max), dims, n, op);
+  if (!tpu_dtype_is_float(dt)) return r;
+  /* XLA's max/min may drop NaNs; torch propagates them */
+  tpu_hv nan = tpu_hlo_reduce(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), tpu_hlo_constant_int(H, TPU_PRED, 0), dims, n,
+                              TPU_HLO_OR);
+  return tpu_hlo_select(H, nan, tpu_k(L, r, NAN), r);
+}
+
+static void tpu_emit_amaxmin(tpu_lower *L, bool is_max) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  int64_t dims[TPU_MAX_RANK];
+  bool mask[TPU_MAX_RANK];
+  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
+  bool all =
+      L->nargs < 2 || L->args[1].kind == TPU_ARG_NONE || (L->args[1].kind == TPU_ARG_INTS && L->args[1].nints == 0);
+  int64_t numel = 1;
+  for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
+  if (all && numel == 0)
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "%s(): Expected reduction dim to be specified for input.numel() == 0. "
+                   "Specify the reduction dim with the 'dim' argument.",
+                   is_max ? "amax" : "amin");
+  for (int i = 0; i < n; i++)
+    if (t->sizes[dims[i]] == 0)
+      tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.",
+                     is_max ? "amax" : "amin", (long long)dims[i]);
+  tpu_hlo_type in = *T(L, x);
+  tpu_lower_out(L, tpu_keepdim(L, tpu_reduce_extreme(L, x, dims, n, is_max), &in, mask, tpu_arg_bool(L, 2)));
+}
+void tpu_emit_amax(tpu_lower *L) { tpu_emit_amaxmin(L, true); }
+void tpu_emit_amin(tpu_lower *L) { tpu_emit_amaxmin(L, false); }
+
+/* max() / min(): full reduction */
+static void tpu_emit_maxmin_all(tpu_lower *L, bool is_max) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t numel = 1, dims[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) {
+    numel *= t->sizes[i];
+    dims[i] = i;
+  }
+  if (numel == 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "%s(): Expected reduction dim to be specified for input.numel() == 0. "
+                   "Specify the reduction dim with the 'dim' argument.",
+                   is_max ? "max" : "min");
+    return;
+  }
+  tpu_lower_out(L, tpu_reduce_extreme(L, tpu_lower_tensor(L, 0, -1), dims, t->rank, is_max));
+}
+void tpu_emit_max_all(tpu_lower *L) { tpu_emit_maxmin_all(L, true); }
+void tpu_emit_min_all(tpu_lower *L) { tpu_emit_maxmin_all(L, false); }
+
+/* (values, indices) along one dim: a variadic reduce keeping the first
+ * index of the extreme; NaN counts as the extreme (torch's rule). */
+void tpu_arg_extreme(tpu_lower *L, tpu_hv x, int64_t dim, bool is_max, tpu_hv *vals, tpu_hv *idx) {
+  const tpu_hlo_type xt = *T(L, x);
+  tpu_dtype dt = xt.dtype;
+  tpu_hv iota = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, xt.rank, xt.dims), (int)dim);
+  tpu_hlo_type st[4] = {tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL),
+                        tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL)};
+  tpu_hlo_type rs[4] = {st[0], st[1], st[0], st[1]};
+  tpu_hv a[4];
+  tpu_hlo_region_begin(H, rs, 4, a); /* acc value, acc index, elem value, elem index */
+  tpu_hv better = tpu_hlo_compare(H, is_max ? TPU_HLO_GT : TPU_HLO_LT, a[2], a[0]);
+  tpu_hv eq = tpu_hlo_compare(H, TPU_HLO_EQ, a[2], a[0]);
+  if (tpu_dtype_is_float(dt)) {
+    tpu_hv enan = tpu_hlo_compare(H, TPU_HLO_NE, a[2], a[2]);
+    tpu_hv anan = tpu_hlo_compare(H, TPU_HLO_NE, a[0], a[0]);
+    better = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_binary(H, TPU_HLO_AND, enan, tpu_hlo_unary(H, TPU_HLO_NOT, anan)),
+                            tpu_hlo_binary(H, TPU_HLO_AND, better, tpu_hlo_unary(H, TPU_HLO_NOT, anan)));
+    eq = tpu_hlo_binary(H, TPU_HLO_OR, eq, tpu_hlo_binary(H, TPU_HLO_AND, enan, anan));
+  }
+  tpu_hv lower_idx = tpu_hlo_compare(H, TPU_HLO_LT, a[3], a[1]);
+  tpu_hv take = tpu_hlo_binary(H, TPU_HLO_OR, better, tpu_hlo_binary(H, TPU_HLO_AND, eq, lower_idx));
+  tpu_hv rv[2] = {tpu_hlo_select(H, take, a[2], a[0]), tpu_hlo_select(H, take, a[3], a[1])};
+  int region = tpu_hlo_region_end(H, rv, 2);
+  tpu_hv xs[2] = {x, iota};
+  tpu_hv inits[2] = {tpu_init_value(L, dt, is_max), tpu_hlo_constant_int(H, TPU_S64, 0)};
+  tpu_hv outs[2] = {TPU_HV_NONE, TPU_HV_NONE};
+  tpu_hlo_reduce_region(H, xs, inits, 2, &dim, 1, region, outs);
+  *vals = outs[0];
+  *idx = outs[1];
+}
+
+/* max.dim / min.dim (self, dim, keepdim) -> (values, indices) */
+static void tpu_emit_maxmin_dim(tpu_lower *L, bool is_max) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (t->rank == 0) x = tpu_hlo_reshape(H, x, 1, (int64_t[]){1});
+  tpu_hlo_type in = *T(L, x);
+  if (in.dims[d] == 0)
+    tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.", is_max ? "max" : "min",
+                   (long long)d);
+  tpu_hv v, i;
+  tpu_arg_extreme(L, x, d, is_max, &v, &i);
+  bool mask[TPU_MAX_RANK] = {0};
+  mask[d] = true;
+  bool keep = tpu_arg_bool(L, 2);
+  if (t->rank == 0) {
+    v = tpu_hlo_reshape(H, v, 0, NULL);
+    i = tpu_hlo_reshape(H, i, 0, NULL);
+    keep = false;
+  }
+  tpu_lower_out(L, tpu_keepdim(L, v, &in, mask, keep));
+  tpu_lower_out(L, tpu_keepdim(L, i, &in, mask, keep));
+}
+void tpu_emit_max_dim(tpu_lower *L) { tpu_emit_maxmin_dim(L, true); }
+void tpu_emit_min_dim(tpu_lower *L) { tpu_emit_maxmin_dim(L, false); }
+
+/* argmax/argmin(self, dim=None, keepdim=False) */
+static void tpu_emit_argext(tpu_lower *L, bool is_max) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  bool keep = tpu_arg_bool(L, 2);
+  if (t->dtype == TPU_PRED) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): does not support bool input", is_max ? "argmax" : "argmin");
+    return;
+  }
+  if (tpu_lower_is_none(L, 1)) {
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+    if (n == 0)
+      tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim to be specified for input.numel() == 0.",
+                     is_max ? "argmax" : "argmin");
+    x = tpu_hlo_reshape(H, x, 1, &n);
+    tpu_hv v, i;
+    tpu_arg_extreme(L, x, 0, is_max, &v, &i);
+    if (keep) {
+      int64_t ones[TPU_MAX_RANK];
+      for (int k = 0; k < t->rank; k++) ones[k] = 1;
+      i = tpu_hlo_reshape(H, i, t->rank, ones);
+    }
+    tpu_lower_out(L, i);
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  if (t->rank == 0) {
+    tpu_lower_out(L, tpu_hlo_constant_int(H, TPU_S64, 0));
+    return;
+  }
+  tpu_hlo_type in = *T(L, x);
+  if (in.dims[d] == 0) {
+    tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.",
+                   is_max ? "argmax" : "argmin", (long long)d);
+    return;
+  }
+  tpu_hv v, i;
+  tpu_arg_extreme(L, x, d, is_max, &v, &i);
+  bool mask[TPU_MAX_RANK] = {0};
+  mask[d] = true;
+  tpu_lower_out(L, tpu_keepdim(L, i, &in, mask, keep));
+}
+void tpu_emit_argmax(tpu_lower *L) { tpu_emit_argext(L, true); }
+void tpu_emit_argmin(tpu_lower *L) { tpu_emit_argext(L, false); }
+
+/* any/all (self) and (.dim self, dim, keepdim) */
+static void tpu_emit_anyall(tpu_lower *L, bool any) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_input(L, 0, TPU_PRED);
+  int64_t dims[TPU_MAX_RANK];
+  bool mask[TPU_MAX_RANK];
+  int n = tpu_red_dims(L, L->nargs > 1 ? 1 : L->nargs, t->rank, dims, mask);
+  tpu_hlo_type in = *T(L, x);
+  tpu_hv r =
+      tpu_hlo_reduce(H, x, tpu_hlo_constant_int(H, TPU_PRED, any ? 0 : 1), dims, n, any ? TPU_HLO_OR : TPU_HLO_AND);
+  r = tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2));
+  tpu_lower_out(L, t->dtype == TPU_U8 ? tpu_hlo_convert(H, r, TPU_U8) : r);
+}
+void tpu_emit_any(tpu_lower *L) { tpu_emit_anyall(L, true); }
+void tpu_emit_all(tpu_lower *L) { tpu_emit_anyall(L, false); }
+
 /* ---- sums, products, means --------------------------------------------------------------------- */
 
 static tpu_hv tpu_reduce_prod(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
@@ -79,7 +329,7 @@ static void tpu_emit_red(tpu_lower *L, tpu_red_kind kind, int dim_i, int keep_i,
   tpu_tref *t = &L->args[0].t;
   tpu_dtype dt;
   if (kind == TPU_RED_MEAN) {
-    dt = tpu_has(L, dt_i, TPU_ARG_DTYPE) ? L->args[dt_i].dtype : t->dtype;
+    dt = tpu_arg_is(L, dt_i, TPU_ARG_DTYPE) ? L->args[dt_i].dtype : t->dtype;
     if (!tpu_dtype_is_float(dt) && !tpu_dtype_is_complex(dt)) {
       tpu_lower_fail(L, TPU_ERR_RUNTIME,
                      "mean(): could not infer output dtype. Input dtype must be either a floating "
@@ -179,7 +429,7 @@ static tpu_hv tpu_pnorm(tpu_lower *L, tpu_hv x, double p, const int64_t *dims, i
  * of the norm's result dtype (argument dt_arg, else the input's, real for a
  * complex input), stored in *dt; TPU_HV_NONE after failing on an integer input. */
 static tpu_hv tpu_norm_abs(tpu_lower *L, int i, int j, const tpu_tref *t, int dt_arg, tpu_dtype *dt) {
-  *dt = tpu_has(L, dt_arg, TPU_ARG_DTYPE) ? L->args[dt_arg].dtype : t->dtype;
+  *dt = tpu_arg_is(L, dt_arg, TPU_ARG_DTYPE) ? L->args[dt_arg].dtype : t->dtype;
   if (tpu_dtype_is_complex(*dt)) *dt = *dt == TPU_C128 ? TPU_F64 : TPU_F32;
   if (!tpu_dtype_is_float(*dt)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME,
@@ -673,8 +923,8 @@ static void tpu_searchsorted_impl(tpu_lower *L, int seq_i, int val_i, int sorter
 
 void tpu_emit_searchsorted(tpu_lower *L) {
   bool right = tpu_arg_bool(L, 3);
-  if (tpu_has(L, 4, TPU_ARG_STR)) right = strcmp(L->args[4].str, "right") == 0;
-  tpu_searchsorted_impl(L, 0, 1, tpu_has(L, 5, TPU_ARG_TENSOR) ? 5 : -1, tpu_arg_bool(L, 2), right);
+  if (tpu_arg_is(L, 4, TPU_ARG_STR)) right = strcmp(L->args[4].str, "right") == 0;
+  tpu_searchsorted_impl(L, 0, 1, tpu_arg_is(L, 5, TPU_ARG_TENSOR) ? 5 : -1, tpu_arg_bool(L, 2), right);
 }
 
 /* bucketize.Tensor(self, boundaries, *, out_int32, right) */
@@ -894,7 +1144,8 @@ static tpu_hv tpu_hist_count(tpu_lower *L, tpu_hv x, int64_t N, tpu_hv edges, in
 void tpu_emit_histogram_bin_ct(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   int64_t bins = L->args[1].i;
-  bool has_range = tpu_has(L, 2, TPU_ARG_FLOATS), has_w = tpu_has(L, 3, TPU_ARG_TENSOR), density = tpu_arg_bool(L, 4);
+  bool has_range = tpu_arg_is(L, 2, TPU_ARG_FLOATS), has_w = tpu_arg_is(L, 3, TPU_ARG_TENSOR),
+       density = tpu_arg_bool(L, 4);
   tpu_dtype dt = t->dtype;
   if (!tpu_dtype_is_float(dt)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"histogram_cpu\" not implemented for '%s'", tpu_dtype_name(dt));
@@ -963,7 +1214,7 @@ void tpu_emit_histogram_bins_tensor(tpu_lower *L) {
                    tpu_dtype_name(e->dtype), tpu_dtype_name(dt));
     return;
   }
-  bool has_w = tpu_has(L, 2, TPU_ARG_TENSOR);
+  bool has_w = tpu_arg_is(L, 2, TPU_ARG_TENSOR);
   if (has_w && L->args[2].t.dtype != dt) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME,
                    "torch.histogram: if weight tensor is provided, it should have the same shape "
