@@ -1,4 +1,5 @@
-/* emit_conv.c: convolution, pooling, normalization and upsampling.
+/* emit_conv.c: convolution, pooling, upsampling, im2col/col2im, channel_shuffle
+ * and grid sampling.
  *
  * Convolutions map onto stablehlo.convolution in the (batch, feature,
  * spatial...) layout torch uses. Three building blocks serve every case: the
@@ -513,12 +514,10 @@ static tpu_hv tpu_take(tpu_lower *L, tpu_hv x, int dim, const int64_t *idx, int6
   return tpu_hlo_gather(H, x, iv, &g, slice, rt);
 }
 
+/* The lowest value of dt (-inf for floats), the padding of max pooling. */
 static tpu_hv tpu_lowest_value(tpu_lower *L, tpu_dtype dt) {
   if (tpu_dtype_is_float(dt)) return tpu_hlo_constant(H, dt, -INFINITY);
-  if (dt == TPU_PRED) return tpu_hlo_constant_int(H, dt, 0);
-  if (tpu_dtype_is_unsigned_int(dt)) return tpu_hlo_constant_int(H, dt, 0);
-  int bits = dt == TPU_S8 ? 8 : dt == TPU_S16 ? 16 : dt == TPU_S32 ? 32 : 64;
-  return tpu_hlo_constant_int(H, dt, bits == 64 ? INT64_MIN : -((int64_t)1 << (bits - 1)));
+  return tpu_hlo_constant_int(H, dt, tpu_dtype_int_min(dt));
 }
 
 /* Max pooling: (values, flat indices within each plane). */
@@ -625,10 +624,6 @@ static tpu_hv tpu_pool_max_backward(tpu_lower *L, int garg, int xarg, int iarg, 
   return tpu_hlo_convert(H, tpu_hlo_reshape(H, r, x->rank, x->sizes), dt);
 }
 
-static bool tpu_arg_flag(tpu_lower *L, int i) {
-  return i < L->nargs && L->args[i].kind == TPU_ARG_BOOL && L->args[i].i;
-}
-
 /* max_pool{2,3}d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode) -> (out, indices) */
 static void tpu_emit_max_pool_nd(tpu_lower *L, int nsp) {
   tpu_pool P;
@@ -646,7 +641,7 @@ static void tpu_emit_max_pool_nd(tpu_lower *L, int nsp) {
                      name, shp, d);
       return;
     }
-  if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, true, tpu_arg_flag(L, 5), false, name, &P)) {
+  if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, true, tpu_arg_bool(L, 5), false, name, &P)) {
     tpu_hv v, i;
     tpu_pool_max(L, 0, &P, &v, &i);
     tpu_lower_out(L, v);
@@ -690,7 +685,7 @@ static void tpu_emit_avg_pool_nd(tpu_lower *L, int nsp) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"avg_pool%dd\" not implemented for 'Bool'", nsp);
     return;
   }
-  if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, false, tpu_arg_flag(L, 4),
+  if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, false, tpu_arg_bool(L, 4),
                        L->args[5].kind != TPU_ARG_BOOL || L->args[5].i, nsp == 2 ? "avg_pool2d" : "avg_pool3d", &P))
     tpu_lower_out(L, tpu_pool_avg(L, 0, &P, 6));
   tpu_pool_free(&P);
@@ -701,7 +696,7 @@ void tpu_emit_avg_pool3d(tpu_lower *L) { tpu_emit_avg_pool_nd(L, 3); }
 /* avg_pool{2,3}d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override) */
 static void tpu_emit_avg_pool_backward_nd(tpu_lower *L, int nsp) {
   tpu_pool P;
-  if (tpu_pool_sliding(L, &L->args[1].t, nsp, 2, false, tpu_arg_flag(L, 5),
+  if (tpu_pool_sliding(L, &L->args[1].t, nsp, 2, false, tpu_arg_bool(L, 5),
                        L->args[6].kind != TPU_ARG_BOOL || L->args[6].i,
                        nsp == 2 ? "avg_pool2d_backward" : "avg_pool3d_backward", &P))
     tpu_lower_out(L, tpu_pool_avg_backward(L, 0, &P, 7));

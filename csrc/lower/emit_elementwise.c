@@ -24,20 +24,6 @@ static tpu_hv tpu_float_in(tpu_lower *L, int i) {
   return tpu_lower_input(L, i, tpu_lower_float_type(tpu_arg_dtype(L, i)));
 }
 
-static tpu_hv tpu_named1(tpu_lower *L, const char *name, tpu_hv x) {
-  tpu_hlo_type t = *T(L, x);
-  return tpu_hlo_emit1(H, name, &x, 1, NULL, t);
-}
-
-/* Float unary f(x) computed in the accumulation type, rounded once. */
-typedef tpu_hv (*tpu_ufn)(tpu_lower *L, tpu_hv x);
-
-static void tpu_float_unary(tpu_lower *L, tpu_ufn f) {
-  tpu_hv x = tpu_float_in(L, 0);
-  tpu_dtype dt = T(L, x)->dtype;
-  tpu_lower_out(L, tpu_hlo_convert(H, f(L, tpu_hlo_convert(H, x, tpu_acc_type(dt))), dt));
-}
-
 /* ---- arithmetic ----------------------------------------------------------------------------- */
 
 /* add(self, other, *, alpha=1) */
@@ -223,7 +209,7 @@ void tpu_emit_hypot(tpu_lower *L) {
   tpu_lower_out(L, tpu_hlo_unary(L->hlo, TPU_HLO_SQRT, s));
 }
 
-/* ---- binary ---------------------------------------------------------------------------- */
+/* ---- other binary ops ----------------------------------------------------------------------- */
 
 /* Arguments 0 and 1 promoted together (to a float type when to_float) and broadcast. */
 static tpu_dtype tpu_bin_in(tpu_lower *L, tpu_hv *v, bool to_float) {
@@ -471,8 +457,8 @@ void tpu_emit_erf(tpu_lower *L) {
   tpu_lower_out(L, tpu_erf(L, tpu_lower_input(L, 0, dt)));
 }
 
-#define TPU_CHLO_UNARY(op, name)                                                      \
-  static tpu_hv tpu_f_##op(tpu_lower *L, tpu_hv x) { return tpu_named1(L, name, x); } \
+#define TPU_CHLO_UNARY(op, name)                                                            \
+  static tpu_hv tpu_f_##op(tpu_lower *L, tpu_hv x) { return tpu_named_op(L, name, &x, 1); } \
   void tpu_emit_##op(tpu_lower *L) { tpu_float_unary(L, tpu_f_##op); }
 
 TPU_CHLO_UNARY(acos, "chlo.acos")
@@ -574,16 +560,6 @@ void tpu_emit_isnan(tpu_lower *L) {
   tpu_lower_out(L, tpu_isnan(L, x)); /* false for ints */
 }
 
-/* largest finite value of a float dtype */
-static double tpu_float_max(tpu_dtype dt) {
-  switch (dt) {
-    case TPU_F16: return 65504.0;
-    case TPU_BF16: return 3.3895313892515355e38;
-    case TPU_F32: return 3.4028234663852886e38;
-    default: return 1.7976931348623157e308;
-  }
-}
-
 /* nan_to_num(self, nan=None, posinf=None, neginf=None) */
 void tpu_emit_nan_to_num(tpu_lower *L) {
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
@@ -593,8 +569,8 @@ void tpu_emit_nan_to_num(tpu_lower *L) {
     return;
   }
   double nv = L->args[1].kind == TPU_ARG_FLOAT ? L->args[1].f : 0.0;
-  double pv = L->args[2].kind == TPU_ARG_FLOAT ? L->args[2].f : tpu_float_max(dt);
-  double mv = L->args[3].kind == TPU_ARG_FLOAT ? L->args[3].f : -tpu_float_max(dt);
+  double pv = L->args[2].kind == TPU_ARG_FLOAT ? L->args[2].f : tpu_dtype_float_max(dt);
+  double mv = L->args[3].kind == TPU_ARG_FLOAT ? L->args[3].f : -tpu_dtype_float_max(dt);
   tpu_hv y = tpu_sel(L, tpu_isnan(L, x), tpu_k(L, x, nv), x);
   y = tpu_sel(L, tpu_cmp(L, TPU_HLO_EQ, x, tpu_k(L, x, INFINITY)), tpu_k(L, x, pv), y);
   y = tpu_sel(L, tpu_cmp(L, TPU_HLO_EQ, x, tpu_k(L, x, -INFINITY)), tpu_k(L, x, mv), y);
@@ -678,7 +654,7 @@ void tpu_emit_angle(tpu_lower *L) {
   tpu_lower_out(L, tpu_sel(L, tpu_isnan(L, x), x, r));
 }
 
-/* ---- logic and comparisons -------------------------------------------------------------------- */
+/* ---- logical and bitwise ops ---------------------------------------------------------------- */
 
 void tpu_emit_logical_not(tpu_lower *L) {
   tpu_hv x = tpu_lower_input(L, 0, TPU_PRED);

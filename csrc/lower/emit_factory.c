@@ -13,8 +13,9 @@ void tpu_emit_copy(tpu_lower *L) {
   tpu_lower_return_arg(L, 0, -1);
 }
 
-/* tpu::materialize(src): a contiguous copy of a view. */
-void tpu_emit_materialize(tpu_lower *L) { tpu_lower_out(L, tpu_lower_tensor(L, 0, -1)); }
+/* clone(self, *, memory_format) and tpu::materialize(src): a contiguous copy
+ * (of a view). */
+void tpu_emit_clone(tpu_lower *L) { tpu_lower_out(L, tpu_lower_tensor(L, 0, -1)); }
 
 /* ---- fills and factories -------------------------------------------------------------------- */
 
@@ -31,8 +32,6 @@ void tpu_emit_zero(tpu_lower *L) {
   tpu_lower_write(L, 0, -1, tpu_lower_full(L, tpu_hlo_type_make(L->args[0].t.dtype, 0, NULL), 0));
   tpu_lower_return_arg(L, 0, -1);
 }
-
-void tpu_emit_clone(tpu_lower *L) { tpu_lower_out(L, tpu_lower_tensor(L, 0, -1)); }
 
 /* arange.start_step(start, end, step=1, *, dtype, layout, device, pin_memory):
  * the values fix the shape, so they are read here, not passed as inputs. */

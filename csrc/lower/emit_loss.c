@@ -14,8 +14,6 @@
 
 enum { RED_NONE = 0, RED_MEAN = 1, RED_SUM = 2 };
 
-static int64_t tpu_numel_of(const tpu_hlo_type *t) { return tpu_hlo_type_numel(t); }
-
 static tpu_hv tpu_sum_all(tpu_lower *L, tpu_hv x) {
   const tpu_hlo_type *t = T(L, x);
   int64_t dims[TPU_MAX_RANK];
@@ -29,7 +27,7 @@ static void tpu_loss_out(tpu_lower *L, tpu_hv l, int64_t red, tpu_dtype dt) {
     tpu_lower_out(L, tpu_hlo_convert(H, l, dt));
     return;
   }
-  int64_t n = tpu_numel_of(T(L, l));
+  int64_t n = tpu_hlo_type_numel(T(L, l));
   tpu_hv s = tpu_sum_all(L, l);
   /* mean of nothing is NaN, as 0/0 on CPU */
   if (red == RED_MEAN) s = tpu_hlo_binary(H, TPU_HLO_DIV, s, tpu_k(L, s, (double)n));
@@ -43,18 +41,9 @@ static tpu_hv tpu_loss_grad(tpu_lower *L, int gi, tpu_hv like, int64_t red) {
   tpu_hv g = tpu_lower_input(L, gi, lt.dtype);
   if (red != RED_NONE) {
     g = tpu_hlo_reshape(H, g, 0, NULL);
-    if (red == RED_MEAN) g = tpu_hlo_binary(H, TPU_HLO_DIV, g, tpu_k(L, g, (double)tpu_numel_of(&lt)));
+    if (red == RED_MEAN) g = tpu_hlo_binary(H, TPU_HLO_DIV, g, tpu_k(L, g, (double)tpu_hlo_type_numel(&lt)));
   }
   return tpu_lower_broadcast_to(L, g, lt.rank, lt.dims);
-}
-
-static bool tpu_loss_check_float(tpu_lower *L, int i, const char *what) {
-  tpu_dtype dt = L->args[i].t.dtype;
-  if (!tpu_dtype_is_float(dt)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s\" not implemented for '%s'", what, tpu_dtype_name(dt));
-    return false;
-  }
-  return true;
 }
 
 /* self and target (args a, b) in the acc type, broadcast together. */
@@ -165,7 +154,7 @@ void tpu_emit_nll_loss_backward(tpu_lower *L) {
 
 /* mse_loss(self, target, reduction) */
 void tpu_emit_mse_loss(tpu_lower *L) {
-  if (!tpu_loss_check_float(L, 0, "mse_cpu")) return;
+  if (!tpu_need_float(L, 0, "mse_cpu")) return;
   tpu_hv x, y;
   tpu_dtype dt = tpu_loss_pair(L, 0, 1, &x, &y);
   tpu_hv d = tpu_sub(L, x, y);
@@ -247,7 +236,7 @@ void tpu_emit_huber_loss_backward(tpu_lower *L) {
 /* binary_cross_entropy(self, target, weight, reduction):
  * -w (y max(log x, -100) + (1 - y) max(log(1 - x), -100)) */
 void tpu_emit_binary_cross_entropy(tpu_lower *L) {
-  if (!tpu_loss_check_float(L, 0, "binary_cross_entropy")) return;
+  if (!tpu_need_float(L, 0, "binary_cross_entropy")) return;
   tpu_tref *s = &L->args[0].t, *t = &L->args[1].t;
   if (s->rank != t->rank || memcmp(s->sizes, t->sizes, sizeof(int64_t) * (size_t)s->rank)) {
     tpu_lower_fail(L, TPU_ERR_VALUE,
@@ -367,7 +356,7 @@ static bool tpu_margin_check_p(tpu_lower *L, int pi) {
 /* multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=Mean):
  * per sample sum_{j != y} max(0, margin - x[y] + x[j])^p w[y] / C */
 void tpu_emit_multi_margin_loss(tpu_lower *L) {
-  if (!tpu_loss_check_float(L, 0, "multi_margin_loss_cpu_kernel")) return;
+  if (!tpu_need_float(L, 0, "multi_margin_loss_cpu_kernel")) return;
   int64_t N, C;
   if (!tpu_margin_check_p(L, 2) || !tpu_margin_shape(L, 0, 1, &N, &C)) return;
   tpu_tref *s = &L->args[0].t;
@@ -471,7 +460,7 @@ static void tpu_mlm_terms(tpu_lower *L, int si, int ti, int64_t N, int64_t C, tp
 
 /* multilabel_margin_loss_forward(self, target, reduction) -> (output, is_target) */
 void tpu_emit_multilabel_margin_loss_forward(tpu_lower *L) {
-  if (!tpu_loss_check_float(L, 0, "multilabel_margin_loss_forward_out_frame")) return;
+  if (!tpu_need_float(L, 0, "multilabel_margin_loss_forward_out_frame")) return;
   int64_t N, C;
   if (!tpu_mlm_shape(L, 0, 1, &N, &C)) return;
   tpu_tref *s = &L->args[0].t;
@@ -581,7 +570,7 @@ static bool tpu_nll2d_common(tpu_lower *L, int si, int ti, int wi, int ii, tpu_h
 
 /* nll_loss2d_forward(self, target, weight, reduction, ignore_index) -> (output, total_weight) */
 void tpu_emit_nll_loss2d_forward(tpu_lower *L) {
-  if (!tpu_loss_check_float(L, 0, "nll_loss2d_forward_out_frame")) return;
+  if (!tpu_need_float(L, 0, "nll_loss2d_forward_out_frame")) return;
   tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
   tpu_hv hot, w;
   if (!tpu_nll2d_common(L, 0, 1, 2, 4, &hot, &w)) return;

@@ -37,7 +37,7 @@ static bool tpu_same_dtype(tpu_lower *L, int a, int b, const char *what) {
 }
 
 /* The C++ type name torch's mm/addmm dtype message prints (caffe2's TypeMeta). */
-static const char *tpu_cxx_type_name(tpu_dtype t) {
+static const char *tpu_typemeta_name(tpu_dtype t) {
   switch (t) {
     case TPU_PRED: return "bool";
     case TPU_S8: return "signed char";
@@ -58,7 +58,7 @@ static const char *tpu_cxx_type_name(tpu_dtype t) {
 static void tpu_check_mm_dtypes(tpu_lower *L, int a, int b) {
   if (L->args[a].t.dtype != L->args[b].t.dtype)
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected m1 and m2 to have the same dtype, but got: %s != %s",
-                   tpu_cxx_type_name(L->args[a].t.dtype), tpu_cxx_type_name(L->args[b].t.dtype));
+                   tpu_typemeta_name(L->args[a].t.dtype), tpu_typemeta_name(L->args[b].t.dtype));
 }
 
 /* torch's CPU matmul kernels have no bool instance: they refuse bool inputs

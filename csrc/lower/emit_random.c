@@ -23,15 +23,10 @@ static tpu_hv tpu_normal_values(tpu_lower *L, tpu_dtype dt, int rank, const int6
   return z;
 }
 
-static void tpu_need_float(tpu_lower *L, const char *op) {
-  if (!tpu_dtype_is_float(L->args[0].t.dtype))
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s\" not implemented for '%s'", op, tpu_dtype_name(L->args[0].t.dtype));
-}
-
 /* normal_(self, mean=0, std=1, *, generator) */
 void tpu_emit_normal(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  tpu_need_float(L, "normal_kernel_cpu");
+  tpu_need_float(L, 0, "normal_kernel_cpu");
   if (L->args[2].f < 0) tpu_lower_fail(L, TPU_ERR_RUNTIME, "normal expects std >= 0.0, but found std %g", L->args[2].f);
   tpu_hv z = tpu_normal_values(L, t->dtype, t->rank, t->sizes);
   z = tpu_add(L, tpu_mul(L, z, tpu_k(L, z, L->args[2].f)), tpu_k(L, z, L->args[1].f));
@@ -42,7 +37,7 @@ void tpu_emit_normal(tpu_lower *L) {
 /* uniform_(self, from=0, to=1, *, generator) */
 void tpu_emit_uniform(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  tpu_need_float(L, "uniform_kernel_cpu");
+  tpu_need_float(L, 0, "uniform_kernel_cpu");
   tpu_dtype w = t->dtype == TPU_F64 ? TPU_F64 : TPU_F32;
   tpu_hv u = tpu_lower_uniform(L, w, t->rank, t->sizes);
   double lo = L->args[1].f, hi = L->args[2].f;
@@ -100,15 +95,6 @@ static tpu_hv tpu_std_normal(tpu_lower *L, tpu_dtype w, int rank, const int64_t 
   return tpu_mul(L, r, tpu_hlo_unary(H, TPU_HLO_COS, tpu_mul(L, u2, tpu_k(L, u2, 6.283185307179586))));
 }
 
-static bool tpu_rand_float_self(tpu_lower *L, const char *what) {
-  tpu_dtype dt = L->args[0].t.dtype;
-  if (!tpu_dtype_is_float(dt)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s\" not implemented for '%s'", what, tpu_dtype_name(dt));
-    return false;
-  }
-  return true;
-}
-
 static void tpu_rand_write_self(tpu_lower *L, tpu_hv v) {
   tpu_lower_write(L, 0, -1, v);
   tpu_lower_return_arg(L, 0, -1);
@@ -135,7 +121,7 @@ void tpu_emit_bernoulli_tensor(tpu_lower *L) {
 /* bernoulli(self, *, generator): a new tensor of draws with probabilities self */
 void tpu_emit_bernoulli_self(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  if (!tpu_rand_float_self(L, "bernoulli_tensor_cpu_self_")) return;
+  if (!tpu_need_float(L, 0, "bernoulli_tensor_cpu_self_")) return;
   tpu_hv p = tpu_lower_input(L, 0, TPU_F64);
   tpu_check_probability(L, p);
   tpu_hv u = tpu_hlo_convert(H, tpu_lower_uniform(L, TPU_F32, t->rank, t->sizes), TPU_F64);
@@ -183,7 +169,7 @@ void tpu_emit_normal_tensor(tpu_lower *L) {
 void tpu_emit_exponential(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   double lambd = L->args[1].f;
-  if (!tpu_rand_float_self(L, "exponential_cpu")) return;
+  if (!tpu_need_float(L, 0, "exponential_cpu")) return;
   if (!(lambd > 0)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "exponential_ expects lambda > 0.0, but found lambda=%g", lambd);
     return;
@@ -213,7 +199,7 @@ void tpu_emit_geometric(tpu_lower *L) {
 void tpu_emit_log_normal(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   double mean = L->args[1].f, sd = L->args[2].f;
-  if (!tpu_rand_float_self(L, "log_normal_cpu")) return;
+  if (!tpu_need_float(L, 0, "log_normal_cpu")) return;
   if (!(sd > 0)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "log_normal_ expects std > 0.0, but found std=%g", sd);
     return;
@@ -225,7 +211,7 @@ void tpu_emit_log_normal(tpu_lower *L) {
 /* cauchy_(self, median=0, sigma=1): median + sigma tan(pi (u - 1/2)) */
 void tpu_emit_cauchy(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  if (!tpu_rand_float_self(L, "cauchy_cpu")) return;
+  if (!tpu_need_float(L, 0, "cauchy_cpu")) return;
   tpu_hv u = tpu_lower_uniform(L, tpu_rand_work(t->dtype), t->rank, t->sizes);
   tpu_hv a = tpu_mul(L, tpu_sub(L, u, tpu_k(L, u, 0.5)), tpu_k(L, u, 3.141592653589793));
   tpu_hv r = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_SIN, a), tpu_hlo_unary(H, TPU_HLO_COS, a));
@@ -259,20 +245,7 @@ static tpu_hv tpu_random_ints(tpu_lower *L, int rank, const int64_t *dims, int64
 /* The largest value random_() draws for dt (inclusive): 2^digits for
  * floats, the type's max for integers. */
 static int64_t tpu_random_max(tpu_dtype dt) {
-  switch (dt) {
-    case TPU_PRED: return 1;
-    case TPU_S8: return 127;
-    case TPU_U8: return 255;
-    case TPU_S16: return 32767;
-    case TPU_U16: return 65535;
-    case TPU_S32: return 2147483647;
-    case TPU_U32: return 4294967295LL;
-    case TPU_F16: return 1 << 11;
-    case TPU_BF16: return 1 << 8;
-    case TPU_F32: return 1 << 24;
-    case TPU_F64: return (int64_t)1 << 53;
-    default: return INT64_MAX;
-  }
+  return tpu_dtype_is_float(dt) ? (int64_t)1 << tpu_dtype_float_digits(dt) : tpu_dtype_int_max(dt);
 }
 
 /* random_(self), random_.to(self, to), random_.from(self, from, to=None) */
@@ -416,7 +389,7 @@ void tpu_emit_multinomial(tpu_lower *L) {
  * recorded in noise (1 elsewhere); in eval by the mean slope. */
 void tpu_emit_rrelu_with_noise(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  if (!tpu_rand_float_self(L, "rrelu_with_noise_out_cpu")) return;
+  if (!tpu_need_float(L, 0, "rrelu_with_noise_out_cpu")) return;
   tpu_dtype dt = t->dtype, w = tpu_rand_work(dt);
   tpu_hv x = tpu_lower_input(L, 0, w);
   tpu_hv lo = tpu_lower_broadcast_to(L, tpu_lower_scalar(L, 2, w), t->rank, t->sizes);

@@ -14,14 +14,14 @@
 
 /* ---- helpers --------------------------------------------------------------------------- */
 
-
 static tpu_dtype tpu_sum_dtype(tpu_lower *L, int dt_arg) {
   if (tpu_arg_is(L, dt_arg, TPU_ARG_DTYPE)) return L->args[dt_arg].dtype;
   tpu_dtype dt = L->args[0].t.dtype;
   return (dt == TPU_PRED || tpu_dtype_is_int(dt)) ? TPU_S64 : dt;
 }
 
-static int64_t tpu_numel_of(const tpu_hlo_type *t, const int64_t *dims, int n) {
+/* The elements over dims of t: the count a reduction over them combines. */
+static int64_t tpu_numel_over(const tpu_hlo_type *t, const int64_t *dims, int n) {
   int64_t c = 1;
   for (int i = 0; i < n; i++) c *= t->dims[dims[i]];
   return c;
@@ -64,8 +64,6 @@ static void tpu_scan(tpu_lower *L, const tpu_hv *xs, const tpu_hv *inits, int n,
   tpu_hlo_reduce_window(H, xs, inits, n, win, NULL, NULL, NULL, pad, region, outs);
 }
 
-/* ---- max, min and their indices, any, all ------------------------------------------------------- */
-
 /* Dims to reduce from an optional int list argument (None or [] = all). */
 int tpu_red_dims(tpu_lower *L, int arg, int rank, int64_t *dims, bool *mask) {
   memset(mask, 0, sizeof(bool) * TPU_MAX_RANK);
@@ -98,41 +96,17 @@ tpu_hv tpu_keepdim(tpu_lower *L, tpu_hv r, const tpu_hlo_type *in, const bool *m
   return tpu_hlo_reshape(H, r, in->rank, dims);
 }
 
-
 tpu_hv tpu_reduce_sum(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
   tpu_dtype dt = T(L, x)->dtype;
   tpu_hlo_op op = dt == TPU_PRED ? TPU_HLO_OR : TPU_HLO_ADD;
   return tpu_hlo_reduce(H, x, tpu_lower_full(L, tpu_hlo_type_make(dt, 0, NULL), 0), dims, n, op);
 }
 
-static double tpu_lowest(tpu_dtype dt) {
-  switch (dt) {
-    case TPU_PRED: return 0;
-    case TPU_S8: return -128;
-    case TPU_S16: return -32768;
-    case TPU_S32: return -2147483648.0;
-    case TPU_S64: return -9223372036854775808.0;
-    default: return tpu_dtype_is_unsigned_int(dt) ? 0 : -INFINITY;
-  }
-}
-static double tpu_highest(tpu_dtype dt) {
-  switch (dt) {
-    case TPU_PRED: return 1;
-    case TPU_S8: return 127;
-    case TPU_U8: return 255;
-    case TPU_S16: return 32767;
-    case TPU_U16: return 65535;
-    case TPU_S32: return 2147483647.0;
-    case TPU_U32: return 4294967295.0;
-    default: return tpu_dtype_is_int(dt) ? 9223372036854775807.0 : INFINITY;
-  }
-}
-
 tpu_hv tpu_init_value(tpu_lower *L, tpu_dtype dt, bool is_max) {
   tpu_hlo_type s = tpu_hlo_type_make(dt, 0, NULL);
   if (dt == TPU_S64) return tpu_hlo_constant_int(H, dt, is_max ? INT64_MIN : INT64_MAX);
   if (dt == TPU_U64) return tpu_hlo_constant_int(H, dt, is_max ? 0 : -1);
-  return tpu_lower_full(L, s, is_max ? tpu_lowest(dt) : tpu_highest(dt));
+  return tpu_lower_full(L, s, is_max ? tpu_dtype_lowest(dt) : tpu_dtype_highest(dt));
 }
 
 /* max/min with NaN propagation for floats (torch propagates NaN). */
@@ -146,6 +120,8 @@ tpu_hv tpu_reduce_extreme(tpu_lower *L, tpu_hv x, const int64_t *dims, int n, bo
                               TPU_HLO_OR);
   return tpu_hlo_select(H, nan, tpu_k(L, r, NAN), r);
 }
+
+/* ---- max, min and their indices, any, all --------------------------------------------------- */
 
 static void tpu_emit_amaxmin(tpu_lower *L, bool is_max) {
   tpu_tref *t = &L->args[0].t;
@@ -349,7 +325,7 @@ static void tpu_emit_red(tpu_lower *L, tpu_red_kind kind, int dim_i, int keep_i,
   int n = tpu_red_dims(L, dim_i < 0 ? L->nargs : dim_i, t->rank, dims, mask);
   tpu_hlo_type in = *T(L, x);
   tpu_hv r = kind == TPU_RED_PROD ? tpu_reduce_prod(L, x, dims, n) : tpu_reduce_sum(L, x, dims, n);
-  if (kind == TPU_RED_MEAN) r = tpu_hlo_binary(H, TPU_HLO_DIV, r, tpu_k(L, r, (double)tpu_numel_of(&in, dims, n)));
+  if (kind == TPU_RED_MEAN) r = tpu_hlo_binary(H, TPU_HLO_DIV, r, tpu_k(L, r, (double)tpu_numel_over(&in, dims, n)));
   bool keep = keep_i >= 0 && tpu_arg_bool(L, keep_i);
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, keep), dt));
 }
@@ -381,7 +357,7 @@ static void tpu_emit_moments(tpu_lower *L, bool sqrt_it, bool with_mean) {
   int n = tpu_red_dims(L, 1, t->rank, dims, mask);
   tpu_hlo_type in = *T(L, x);
   bool keep = tpu_arg_bool(L, 3);
-  double count = (double)tpu_numel_of(&in, dims, n);
+  double count = (double)tpu_numel_over(&in, dims, n);
   tpu_hv sum = tpu_reduce_sum(L, x, dims, n);
   tpu_hv mean = tpu_hlo_binary(H, TPU_HLO_DIV, sum, tpu_k(L, sum, count));
   tpu_hv meank = tpu_keepdim(L, mean, &in, mask, true);
@@ -402,7 +378,8 @@ void tpu_emit_std_mean(tpu_lower *L) { tpu_emit_moments(L, true, true); }
 
 /* ---- norms ---------------------------------------------------------------------------------------- */
 
-static double tpu_scalar_value(const tpu_arg *a, double dflt) {
+/* A number argument (a Python scalar, float or int) as a double; dflt when None. */
+static double tpu_arg_number(const tpu_arg *a, double dflt) {
   if (a->kind == TPU_ARG_NONE) return dflt;
   if (a->kind == TPU_ARG_SCALAR) return a->skind == TPU_SCALAR_INT || a->skind == TPU_SCALAR_BOOL ? (double)a->i : a->f;
   if (a->kind == TPU_ARG_FLOAT) return a->f;
@@ -445,7 +422,7 @@ static tpu_hv tpu_norm_abs(tpu_lower *L, int i, int j, const tpu_tref *t, int dt
 
 void tpu_emit_vector_norm(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  double p = tpu_scalar_value(&L->args[1], 2.0);
+  double p = tpu_arg_number(&L->args[1], 2.0);
   tpu_dtype dt;
   tpu_hv x = tpu_norm_abs(L, 0, -1, t, 4, &dt);
   if (x == TPU_HV_NONE) return;
@@ -453,7 +430,7 @@ void tpu_emit_vector_norm(tpu_lower *L) {
   bool mask[TPU_MAX_RANK];
   int n = tpu_red_dims(L, 2, t->rank, dims, mask);
   tpu_hlo_type in = *T(L, x);
-  if (tpu_numel_of(&in, dims, n) == 0 && p < 0) {
+  if (tpu_numel_over(&in, dims, n) == 0 && p < 0) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME,
                    "linalg.vector_norm cannot compute the %g norm on an empty tensor because the "
                    "operation does not have an identity",
@@ -468,7 +445,7 @@ void tpu_emit_vector_norm(tpu_lower *L) {
  * vector norm of each tensor (clip_grad_norm_ over a model's gradients). */
 void tpu_emit_foreach_norm(tpu_lower *L) {
   tpu_arg *a = &L->args[0];
-  double p = tpu_scalar_value(&L->args[1], 2.0);
+  double p = tpu_arg_number(&L->args[1], 2.0);
   for (int j = 0; j < a->nlist; j++) {
     tpu_tref *t = &a->list[j];
     tpu_dtype dt;
@@ -476,7 +453,7 @@ void tpu_emit_foreach_norm(tpu_lower *L) {
     if (x == TPU_HV_NONE) return;
     int64_t dims[TPU_MAX_RANK];
     for (int i = 0; i < t->rank; i++) dims[i] = i;
-    if (tpu_numel_of(T(L, x), dims, t->rank) == 0 && (p < 0 || isinf(p))) {
+    if (tpu_numel_over(T(L, x), dims, t->rank) == 0 && (p < 0 || isinf(p))) {
       if (isinf(p) && p > 0)
         tpu_lower_fail(L, TPU_ERR_RUNTIME,
                        "_foreach_norm cannot compute the infinity norm on an empty tensor because "
@@ -512,7 +489,7 @@ void tpu_emit_aminmax(tpu_lower *L) {
   int64_t dims[TPU_MAX_RANK];
   bool mask[TPU_MAX_RANK];
   int n = tpu_red_dims(L, 1, t->rank, dims, mask);
-  if (tpu_numel_of(T(L, x), dims, n) == 0 && t->rank > 0) {
+  if (tpu_numel_over(T(L, x), dims, n) == 0 && t->rank > 0) {
     tpu_lower_fail(L, TPU_ERR_INDEX, "aminmax(): Expected reduction dim to have non-zero size.");
     return;
   }
@@ -746,7 +723,8 @@ void tpu_emit_topk(tpu_lower *L) {
 
 /* Pick, along dim of sorted values/indices, the position pos (s64, the
  * reduced shape); keepdim as asked. */
-static void tpu_pick(tpu_lower *L, tpu_hv v, tpu_hv i, int64_t dim, tpu_hv pos, bool keep, tpu_hv *ov, tpu_hv *oi) {
+static void tpu_pick_sorted(tpu_lower *L, tpu_hv v, tpu_hv i, int64_t dim, tpu_hv pos, bool keep, tpu_hv *ov,
+                            tpu_hv *oi) {
   tpu_hlo_type vt = *T(L, v);
   tpu_hv iota = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, vt.rank, vt.dims), (int)dim);
   int64_t bd[TPU_MAX_RANK];
@@ -789,7 +767,7 @@ void tpu_emit_kthvalue(tpu_lower *L) {
     if (q != d) pt.dims[pt.rank++] = vt.dims[q];
   pt.dtype = TPU_S64;
   tpu_hv ov, oi;
-  tpu_pick(L, v, i, d, tpu_lower_full(L, pt, (double)(k - 1)), tpu_arg_bool(L, 3), &ov, &oi);
+  tpu_pick_sorted(L, v, i, d, tpu_lower_full(L, pt, (double)(k - 1)), tpu_arg_bool(L, 3), &ov, &oi);
   tpu_lower_out(L, ov);
   tpu_lower_out(L, oi);
 }
@@ -843,7 +821,7 @@ static void tpu_median_impl(tpu_lower *L, bool all, bool ignore_nan) {
   }
   tpu_hv ov, oi;
   bool keep = !all && t->rank > 0 && tpu_arg_bool(L, 2);
-  tpu_pick(L, v, i, d, pos, keep, &ov, &oi);
+  tpu_pick_sorted(L, v, i, d, pos, keep, &ov, &oi);
   if (all || t->rank == 0) {
     ov = tpu_hlo_reshape(H, ov, 0, NULL);
     oi = tpu_hlo_reshape(H, oi, 0, NULL);
@@ -938,7 +916,7 @@ void tpu_emit_bucketize(tpu_lower *L) { tpu_searchsorted_impl(L, 1, 0, -1, tpu_a
  * the input's type before the product, as torch's kernel does. */
 void tpu_emit_renorm(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  double p = tpu_scalar_value(&L->args[1], 2.0), maxnorm = tpu_scalar_value(&L->args[3], 0.0);
+  double p = tpu_arg_number(&L->args[1], 2.0), maxnorm = tpu_arg_number(&L->args[3], 0.0);
   if (!tpu_dtype_is_float(t->dtype)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "renorm: expected a floating point input, got %s", tpu_dtype_name(t->dtype));
     return;
@@ -982,7 +960,7 @@ void tpu_emit_renorm(tpu_lower *L) {
 void tpu_emit_histc(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   int64_t bins = L->args[1].i;
-  double lo = tpu_scalar_value(&L->args[2], 0.0), hi = tpu_scalar_value(&L->args[3], 0.0);
+  double lo = tpu_arg_number(&L->args[2], 0.0), hi = tpu_arg_number(&L->args[3], 0.0);
   if (!tpu_dtype_is_float(t->dtype)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"histogram_cpu\" not implemented for '%s'", tpu_dtype_name(t->dtype));
     return;
