@@ -618,8 +618,7 @@ void tpu_emit_masked_scatter(tpu_lower *L) {
   }
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   tpu_hv m = tpu_lower_broadcast_to(L, tpu_lower_input(L, 1, TPU_PRED), t->rank, t->sizes);
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  int64_t n = tpu_numel(t->rank, t->sizes);
   tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), dt);
   int64_t ns = tpu_hlo_type_numel(T(L, src));
   if (n == 0 || ns == 0) {
@@ -784,8 +783,7 @@ void tpu_emit_index_reduce(tpu_lower *L) {
 void tpu_emit_take(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   if (!tpu_check_index_dtype(L, 1, "take")) return;
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  int64_t n = tpu_numel(t->rank, t->sizes);
   tpu_hv idx = tpu_lower_tensor(L, 1, -1);
   tpu_hlo_type it = *T(L, idx);
   int64_t m = tpu_hlo_type_numel(&it), m1[2] = {m, 1};
@@ -807,8 +805,7 @@ void tpu_emit_put(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   if (!tpu_check_index_dtype(L, 1, "put_")) return;
   tpu_dtype dt = t->dtype;
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  int64_t n = tpu_numel(t->rank, t->sizes);
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   tpu_hv idx = tpu_lower_tensor(L, 1, -1);
   tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), dt);
@@ -1023,8 +1020,7 @@ static void tpu_emit_unique_impl(tpu_lower *L, bool consecutive, int inv_arg, in
   tpu_tref *t = &L->args[0].t;
   bool want_inv = tpu_arg_bool(L, inv_arg), want_cnt = cnt_arg >= 0 && tpu_arg_bool(L, cnt_arg);
   int64_t u = L->args[out0].t.rank == 1 ? L->args[out0].t.sizes[0] : 0, z = 0;
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  int64_t n = tpu_numel(t->rank, t->sizes);
   tpu_dtype dt = t->dtype;
   tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, want_inv ? t->rank : 1, want_inv ? t->sizes : &z);
   if (n == 0 || u == 0) {

@@ -300,8 +300,7 @@ static bool tpu_margin_shape(tpu_lower *L, int si, int ti, int64_t *N, int64_t *
   }
   *N = s->rank == 2 ? s->sizes[0] : 1;
   *C = s->rank == 0 ? 1 : s->sizes[s->rank - 1];
-  int64_t tn = 1;
-  for (int i = 0; i < t->rank; i++) tn *= t->sizes[i];
+  int64_t tn = tpu_numel(t->rank, t->sizes);
   if (t->rank > 1 || tn != *N) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "inconsistent target size: [%lld] for input of size: [%lld, %lld]",
                    (long long)tn, (long long)*N, (long long)*C);
@@ -538,8 +537,7 @@ static bool tpu_nll2d_common(tpu_lower *L, int si, int ti, int wi, int ii, tpu_h
   int64_t C = s->sizes[1];
   if (!tpu_lower_is_none(L, wi)) {
     tpu_tref *wt = &L->args[wi].t;
-    int64_t wn = 1;
-    for (int i = 0; i < wt->rank; i++) wn *= wt->sizes[i];
+    int64_t wn = tpu_numel(wt->rank, wt->sizes);
     if (wn != C) {
       tpu_lower_fail(L, TPU_ERR_RUNTIME,
                      "weight tensor should be defined either for all %lld classes or no classes but "

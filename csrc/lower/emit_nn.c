@@ -351,8 +351,7 @@ void tpu_emit_native_group_norm(tpu_lower *L) {
   int params[2] = {1, 2};
   tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 2, dt);
   int64_t N = L->args[3].i, C = L->args[4].i, S = L->args[5].i, G = L->args[6].i;
-  int64_t numel = 1;
-  for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
+  int64_t numel = tpu_numel(t->rank, t->sizes);
   if (G <= 0 || C % G != 0 || numel != N * C * S) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME,
                    "Expected number of channels in input to be divisible by num_groups, but got input "

@@ -13,6 +13,9 @@
 
 #include "emit.h"
 
+/* normal_'s standard normal values. tpu_std_normal below computes the same
+ * values with its ops in another order: one of them for both would change
+ * the programs of normal_ or of the other samplers. */
 static tpu_hv tpu_normal_values(tpu_lower *L, tpu_dtype dt, int rank, const int64_t *dims) {
   /* Box-Muller in f32 (f64 for f64 tensors): sqrt(-2 log(1 - u1)) cos(2 pi u2) */
   tpu_dtype w = dt == TPU_F64 ? TPU_F64 : TPU_F32;

@@ -131,8 +131,7 @@ static void tpu_emit_amaxmin(tpu_lower *L, bool is_max) {
   int n = tpu_red_dims(L, 1, t->rank, dims, mask);
   bool all =
       L->nargs < 2 || L->args[1].kind == TPU_ARG_NONE || (L->args[1].kind == TPU_ARG_INTS && L->args[1].nints == 0);
-  int64_t numel = 1;
-  for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
+  int64_t numel = tpu_numel(t->rank, t->sizes);
   if (all && numel == 0)
     tpu_lower_fail(L, TPU_ERR_RUNTIME,
                    "%s(): Expected reduction dim to be specified for input.numel() == 0. "
@@ -236,8 +235,7 @@ static void tpu_emit_argext(tpu_lower *L, bool is_max) {
     return;
   }
   if (tpu_lower_is_none(L, 1)) {
-    int64_t n = 1;
-    for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+    int64_t n = tpu_numel(t->rank, t->sizes);
     if (n == 0)
       tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim to be specified for input.numel() == 0.",
                      is_max ? "argmax" : "argmin");
