@@ -6,6 +6,7 @@
  */
 #include "core.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +124,60 @@ bool tpu_dtype_is_complex(tpu_dtype t) { return t == TPU_C64 || t == TPU_C128; }
 bool tpu_dtype_is_signed_int(tpu_dtype t) { return t >= TPU_S8 && t <= TPU_S64; }
 bool tpu_dtype_is_unsigned_int(tpu_dtype t) { return t >= TPU_U8 && t <= TPU_U64; }
 bool tpu_dtype_is_int(tpu_dtype t) { return tpu_dtype_is_signed_int(t) || tpu_dtype_is_unsigned_int(t); }
+
+int64_t tpu_dtype_int_min(tpu_dtype t) {
+  switch (t) {
+    case TPU_PRED:
+    case TPU_U8:
+    case TPU_U16:
+    case TPU_U32:
+    case TPU_U64: return 0;
+    case TPU_S8: return INT8_MIN;
+    case TPU_S16: return INT16_MIN;
+    case TPU_S32: return INT32_MIN;
+    default: return INT64_MIN;
+  }
+}
+
+int64_t tpu_dtype_int_max(tpu_dtype t) {
+  switch (t) {
+    case TPU_PRED: return 1;
+    case TPU_S8: return INT8_MAX;
+    case TPU_U8: return UINT8_MAX;
+    case TPU_S16: return INT16_MAX;
+    case TPU_U16: return UINT16_MAX;
+    case TPU_S32: return INT32_MAX;
+    case TPU_U32: return UINT32_MAX;
+    default: return INT64_MAX;
+  }
+}
+
+double tpu_dtype_lowest(tpu_dtype t) {
+  return tpu_dtype_is_int(t) || t == TPU_PRED ? (double)tpu_dtype_int_min(t) : -INFINITY;
+}
+
+double tpu_dtype_highest(tpu_dtype t) {
+  return tpu_dtype_is_int(t) || t == TPU_PRED ? (double)tpu_dtype_int_max(t) : INFINITY;
+}
+
+double tpu_dtype_float_max(tpu_dtype t) {
+  switch (t) {
+    case TPU_F16: return 65504.0;
+    case TPU_BF16: return 3.3895313892515355e38;
+    case TPU_F32: return 3.4028234663852886e38;
+    default: return 1.7976931348623157e308;
+  }
+}
+
+int tpu_dtype_float_digits(tpu_dtype t) {
+  switch (t) {
+    case TPU_F16: return 11;
+    case TPU_BF16: return 8;
+    case TPU_F32: return 24;
+    case TPU_F64: return 53;
+    default: return 0;
+  }
+}
 
 /* torch's promotion lattice: bool < integers < floats < complex. Within a
  * kind the wider type wins; mixing signed and unsigned needs a signed type

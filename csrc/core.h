@@ -83,6 +83,19 @@ bool tpu_dtype_is_signed_int(tpu_dtype t);   /* s8..s64 */
 bool tpu_dtype_is_unsigned_int(tpu_dtype t); /* u8..u64 */
 bool tpu_dtype_is_int(tpu_dtype t);          /* signed or unsigned, not pred */
 const char *tpu_dtype_c10_name(tpu_dtype t); /* c10's name: "Float", "Long", "ComplexFloat" */
+/* The range of dtype t's values: for bool and the integer types exactly
+ * (u64's highest clamped to INT64_MAX), the int64 range for other types. */
+int64_t tpu_dtype_int_min(tpu_dtype t);
+int64_t tpu_dtype_int_max(tpu_dtype t);
+/* The same as doubles, -inf and inf for floating and complex types (the
+ * identities of max and min). */
+double tpu_dtype_lowest(tpu_dtype t);
+double tpu_dtype_highest(tpu_dtype t);
+/* The largest finite value of a floating type (f64's for other types). */
+double tpu_dtype_float_max(tpu_dtype t);
+/* The significand bits of a floating type (f16 11, bf16 8, f32 24, f64 53:
+ * every integer of magnitude up to 2**digits is exact); 0 for other types. */
+int tpu_dtype_float_digits(tpu_dtype t);
 /* torch.can_cast: a result of dtype from may be written into a tensor of
  * dtype to (no complex to real, no float to integer, nothing else to bool). */
 bool tpu_dtype_can_cast(tpu_dtype from, tpu_dtype to);

@@ -1,5 +1,7 @@
-"""Every op of the first op set against CPU PyTorch: values, dtypes and shapes
-across dtypes, non-contiguous inputs, and gradients (float32)."""
+"""The everyday ops (elementwise, activations, matmuls, reductions, softmax and
+norms, factories, random, foreach) against CPU PyTorch: values, dtypes and shapes
+across dtypes, non-contiguous inputs, and gradients (float32). Other families
+have their own test_ops_<family>.py."""
 
 import math
 

@@ -1,4 +1,5 @@
-/* emit_conv.c: convolution, pooling, normalization and upsampling.
+/* emit_conv.c: convolution, pooling, upsampling, im2col/col2im, channel_shuffle
+ * and grid sampling.
  *
  * Convolutions map onto stablehlo.convolution in the (batch, feature,
  * spatial...) layout torch uses. Three building blocks serve every case: the
@@ -513,12 +514,10 @@ static tpu_hv tpu_take(tpu_lower *L, tpu_hv x, int dim, const int64_t *idx, int6
   return tpu_hlo_gather(H, x, iv, &g, slice, rt);
 }
 
+/* The lowest value of dt (-inf for floats), the padding of max pooling. */
 static tpu_hv tpu_lowest_value(tpu_lower *L, tpu_dtype dt) {
   if (tpu_dtype_is_float(dt)) return tpu_hlo_constant(H, dt, -INFINITY);
-  if (dt == TPU_PRED) return tpu_hlo_constant_int(H, dt, 0);
-  if (tpu_dtype_is_unsigned_int(dt)) return tpu_hlo_constant_int(H, dt, 0);
-  int bits = dt == TPU_S8 ? 8 : dt == TPU_S16 ? 16 : dt == TPU_S32 ? 32 : 64;
-  return tpu_hlo_constant_int(H, dt, bits == 64 ? INT64_MIN : -((int64_t)1 << (bits - 1)));
+  return tpu_hlo_constant_int(H, dt, tpu_dtype_int_min(dt));
 }
 
 /* Max pooling: (values, flat indices within each plane). */
@@ -625,10 +624,6 @@ static tpu_hv tpu_pool_max_backward(tpu_lower *L, int garg, int xarg, int iarg, 
   return tpu_hlo_convert(H, tpu_hlo_reshape(H, r, x->rank, x->sizes), dt);
 }
 
-static bool tpu_arg_flag(tpu_lower *L, int i) {
-  return i < L->nargs && L->args[i].kind == TPU_ARG_BOOL && L->args[i].i;
-}
-
 /* max_pool{2,3}d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode) -> (out, indices) */
 static void tpu_emit_max_pool_nd(tpu_lower *L, int nsp) {
   tpu_pool P;
@@ -646,7 +641,7 @@ static void tpu_emit_max_pool_nd(tpu_lower *L, int nsp) {
                      name, shp, d);
       return;
     }
-  if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, true, tpu_arg_flag(L, 5), false, name, &P)) {
+  if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, true, tpu_arg_bool(L, 5), false, name, &P)) {
     tpu_hv v, i;
     tpu_pool_max(L, 0, &P, &v, &i);
     tpu_lower_out(L, v);
@@ -690,7 +685,7 @@ static void tpu_emit_avg_pool_nd(tpu_lower *L, int nsp) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"avg_pool%dd\" not implemented for 'Bool'", nsp);
     return;
   }
-  if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, false, tpu_arg_flag(L, 4),
+  if (tpu_pool_sliding(L, &L->args[0].t, nsp, 1, false, tpu_arg_bool(L, 4),
                        L->args[5].kind != TPU_ARG_BOOL || L->args[5].i, nsp == 2 ? "avg_pool2d" : "avg_pool3d", &P))
     tpu_lower_out(L, tpu_pool_avg(L, 0, &P, 6));
   tpu_pool_free(&P);
@@ -701,7 +696,7 @@ void tpu_emit_avg_pool3d(tpu_lower *L) { tpu_emit_avg_pool_nd(L, 3); }
 /* avg_pool{2,3}d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override) */
 static void tpu_emit_avg_pool_backward_nd(tpu_lower *L, int nsp) {
   tpu_pool P;
-  if (tpu_pool_sliding(L, &L->args[1].t, nsp, 2, false, tpu_arg_flag(L, 5),
+  if (tpu_pool_sliding(L, &L->args[1].t, nsp, 2, false, tpu_arg_bool(L, 5),
                        L->args[6].kind != TPU_ARG_BOOL || L->args[6].i,
                        nsp == 2 ? "avg_pool2d_backward" : "avg_pool3d_backward", &P))
     tpu_lower_out(L, tpu_pool_avg_backward(L, 0, &P, 7));
@@ -794,263 +789,6 @@ static void tpu_emit_max_unpool_nd(tpu_lower *L, int nsp) {
 }
 void tpu_emit_max_unpool2d(tpu_lower *L) { tpu_emit_max_unpool_nd(L, 2); }
 void tpu_emit_max_unpool3d(tpu_lower *L) { tpu_emit_max_unpool_nd(L, 3); }
-
-/* ---- batch norm and group norm -------------------------------------------------------------
- *
- * Inputs are viewed as (N, C, S) (S: the product of the spatial dims). Batch
- * norm reduces over (N, S) per channel, group norm over (C/G, S) per (N, G).
- * Statistics are kept in the parameters' dtype (f32 for a half input with f32
- * parameters, else the input's), as torch's CPU kernels do. 1/sqrt is rounded
- * once through f64 (XLA's f32 rsqrt is approximate). */
-
-static tpu_hv tpu_inv_sqrt(tpu_lower *L, tpu_hv v, double eps) {
-  tpu_dtype dt = T(L, v)->dtype;
-  tpu_hv sd = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_convert(H, tpu_add(L, v, tpu_k(L, v, eps)), TPU_F64));
-  return tpu_hlo_convert(H, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, sd, 1), sd), dt);
-}
-
-/* The first present parameter's dtype, else the input's. */
-static tpu_dtype tpu_param_type(tpu_lower *L, const int *params, int n, tpu_dtype input) {
-  for (int k = 0; k < n; k++)
-    if (params[k] >= 0 && !tpu_lower_is_none(L, params[k])) return L->args[params[k]].t.dtype;
-  return input;
-}
-
-static void tpu_ncs(const tpu_tref *t, int64_t *ncs) {
-  ncs[0] = t->sizes[0];
-  ncs[1] = t->rank > 1 ? t->sizes[1] : 1;
-  ncs[2] = 1;
-  for (int i = 2; i < t->rank; i++) ncs[2] *= t->sizes[i];
-}
-
-/* A per-channel vector (arg i, or the constant dflt when None) broadcast over (N, C, S). */
-static tpu_hv tpu_chan(tpu_lower *L, int i, tpu_dtype acc, const int64_t *ncs, double dflt) {
-  int64_t one = 1;
-  if (i < 0 || tpu_lower_is_none(L, i)) return tpu_lower_full(L, tpu_hlo_type_make(acc, 3, ncs), dflt);
-  tpu_hv v = tpu_hlo_reshape(H, tpu_lower_input(L, i, acc), 1, &ncs[1]);
-  return tpu_hlo_broadcast_in_dim(H, v, 3, ncs, &one);
-}
-
-static tpu_hv tpu_chan_b(tpu_lower *L, tpu_hv v, const int64_t *ncs) {
-  int64_t one = 1;
-  return tpu_hlo_broadcast_in_dim(H, v, 3, ncs, &one);
-}
-
-static tpu_hv tpu_sum_ns(tpu_lower *L, tpu_hv x) {
-  int64_t dims[2] = {0, 2};
-  return tpu_hlo_reduce(H, x, tpu_hlo_constant(H, T(L, x)->dtype, 0), dims, 2, TPU_HLO_ADD);
-}
-
-static void tpu_bn_forward(tpu_lower *L, int rm_i, int rv_i, bool training, double momentum, double eps, bool reserve) {
-  tpu_tref *t = &L->args[0].t;
-  if (t->rank < 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "batch_norm: expected 2D or higher input, but got %dD", t->rank);
-    return;
-  }
-  int params[4] = {1, 2, rm_i, rv_i};
-  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 4, dt);
-  int64_t ncs[3], C;
-  tpu_ncs(t, ncs);
-  C = ncs[1];
-  for (int k = 0; k < 4; k++) {
-    int i = params[k];
-    if (i < 0 || tpu_lower_is_none(L, i)) continue;
-    tpu_tref *p = &L->args[i].t;
-    int64_t n = 1;
-    for (int d = 0; d < p->rank; d++) n *= p->sizes[d];
-    if (n != C) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s should contain %lld elements not %lld",
-                     k == 0   ? "weight"
-                     : k == 1 ? "bias"
-                     : k == 2 ? "running_mean"
-                              : "running_var",
-                     (long long)C, (long long)n);
-      return;
-    }
-  }
-  if (!training && (rm_i < 0 || tpu_lower_is_none(L, rm_i) || tpu_lower_is_none(L, rv_i))) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "running_mean and running_var must be defined in evaluation mode");
-    return;
-  }
-  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 3, ncs);
-  double count = (double)(ncs[0] * ncs[2]);
-  tpu_hv mean, invstd, var = TPU_HV_NONE;
-  if (training) {
-    mean = tpu_sum_ns(L, x);
-    mean = tpu_hlo_binary(H, TPU_HLO_DIV, mean, tpu_k(L, mean, count));
-    tpu_hv xc = tpu_sub(L, x, tpu_chan_b(L, mean, ncs));
-    var = tpu_sum_ns(L, tpu_mul(L, xc, xc));
-    var = tpu_hlo_binary(H, TPU_HLO_DIV, var, tpu_k(L, var, count));
-  } else {
-    mean = tpu_hlo_reshape(H, tpu_lower_input(L, rm_i, acc), 1, &C);
-    var = tpu_hlo_reshape(H, tpu_lower_input(L, rv_i, acc), 1, &C);
-  }
-  invstd = tpu_inv_sqrt(L, var, eps);
-  /* torch's kernel normalizes with the statistics as stored (rounded to a half parameter type) */
-  mean = tpu_hlo_convert(H, tpu_hlo_convert(H, mean, pdt), acc);
-  invstd = tpu_hlo_convert(H, tpu_hlo_convert(H, invstd, pdt), acc);
-  tpu_hv y = tpu_mul(L, tpu_sub(L, x, tpu_chan_b(L, mean, ncs)), tpu_chan_b(L, invstd, ncs));
-  if (!tpu_lower_is_none(L, 1)) y = tpu_mul(L, y, tpu_chan(L, 1, acc, ncs, 1));
-  if (!tpu_lower_is_none(L, 2)) y = tpu_add(L, y, tpu_chan(L, 2, acc, ncs, 0));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, y, t->rank, t->sizes), dt));
-  if (training) {
-    tpu_lower_out(L, tpu_hlo_convert(H, mean, pdt));
-    tpu_lower_out(L, tpu_hlo_convert(H, invstd, pdt));
-  } else {
-    int64_t zero = 0;
-    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(pdt, 1, &zero), 0));
-    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(pdt, 1, &zero), 0));
-  }
-  if (reserve) {
-    int64_t zero = 0;
-    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_U8, 1, &zero), 0));
-  }
-  if (training && rm_i >= 0 && !tpu_lower_is_none(L, rm_i)) {
-    tpu_tref *r = &L->args[rm_i].t;
-    tpu_hv old = tpu_hlo_reshape(H, tpu_lower_input(L, rm_i, acc), 1, &C);
-    tpu_hv nv = tpu_add(L, tpu_mul(L, old, tpu_k(L, old, 1 - momentum)), tpu_mul(L, mean, tpu_k(L, mean, momentum)));
-    tpu_lower_write(L, rm_i, -1, tpu_hlo_reshape(H, nv, r->rank, r->sizes));
-  }
-  if (training && rv_i >= 0 && !tpu_lower_is_none(L, rv_i)) {
-    tpu_tref *r = &L->args[rv_i].t;
-    tpu_hv old = tpu_hlo_reshape(H, tpu_lower_input(L, rv_i, acc), 1, &C);
-    tpu_hv ub = tpu_mul(L, var, tpu_k(L, var, count / (count - 1)));
-    tpu_hv nv = tpu_add(L, tpu_mul(L, old, tpu_k(L, old, 1 - momentum)), tpu_mul(L, ub, tpu_k(L, ub, momentum)));
-    tpu_lower_write(L, rv_i, -1, tpu_hlo_reshape(H, nv, r->rank, r->sizes));
-  }
-}
-
-/* native_batch_norm / _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps) */
-void tpu_emit_native_batch_norm(tpu_lower *L) {
-  tpu_bn_forward(L, 3, 4, L->args[5].i != 0, L->args[6].f, L->args[7].f, false);
-}
-/* _native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps) */
-void tpu_emit_batch_norm_no_stats(tpu_lower *L) { tpu_bn_forward(L, -1, -1, true, L->args[4].f, L->args[5].f, false); }
-/* _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps) -> (out, mean, rstd, reserve) */
-void tpu_emit_batch_norm_with_update(tpu_lower *L) { tpu_bn_forward(L, 3, 4, true, L->args[5].f, L->args[6].f, true); }
-
-/* native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
- * save_invstd, train, eps, output_mask); batch_norm_backward has the same
- * leading arguments (update for train, save_var holding the invstd) and a reserve. */
-void tpu_emit_native_batch_norm_backward(tpu_lower *L) {
-  tpu_tref *t = &L->args[1].t;
-  int params[3] = {2, 3, 4};
-  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 3, dt);
-  bool train = L->args[7].i != 0;
-  double eps = L->args[8].f;
-  bool mask[3] = {true, true, true};
-  for (int k = 0; k < 3 && k < L->args[9].nints; k++) mask[k] = L->args[9].ints[k] != 0;
-  int64_t ncs[3], C;
-  tpu_ncs(t, ncs);
-  C = ncs[1];
-  double count = (double)(ncs[0] * ncs[2]);
-  tpu_hv mean, invstd;
-  if (train) {
-    if (tpu_lower_is_none(L, 5) || tpu_lower_is_none(L, 6)) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                     "batch_norm_backward: save_mean and save_invstd must be defined in training mode");
-      return;
-    }
-    mean = tpu_hlo_reshape(H, tpu_lower_input(L, 5, acc), 1, &C);
-    invstd = tpu_hlo_reshape(H, tpu_lower_input(L, 6, acc), 1, &C);
-  } else {
-    if (tpu_lower_is_none(L, 3) || tpu_lower_is_none(L, 4)) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "batch_norm_backward: running stats must be defined in evaluation mode");
-      return;
-    }
-    mean = tpu_hlo_reshape(H, tpu_lower_input(L, 3, acc), 1, &C);
-    invstd = tpu_inv_sqrt(L, tpu_hlo_reshape(H, tpu_lower_input(L, 4, acc), 1, &C), eps);
-  }
-  tpu_hv g = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 3, ncs);
-  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 1, acc), 3, ncs);
-  tpu_hv xhat = tpu_mul(L, tpu_sub(L, x, tpu_chan_b(L, mean, ncs)), tpu_chan_b(L, invstd, ncs));
-  tpu_hv sg = tpu_sum_ns(L, g), sgx = tpu_sum_ns(L, tpu_mul(L, g, xhat));
-  tpu_hv w = tpu_chan(L, 2, acc, ncs, 1);
-  tpu_hv gi;
-  if (train) {
-    tpu_hv a = tpu_chan_b(L, tpu_hlo_binary(H, TPU_HLO_DIV, sg, tpu_k(L, sg, count)), ncs);
-    tpu_hv b = tpu_chan_b(L, tpu_hlo_binary(H, TPU_HLO_DIV, sgx, tpu_k(L, sgx, count)), ncs);
-    gi = tpu_sub(L, tpu_sub(L, g, a), tpu_mul(L, xhat, b));
-    gi = tpu_mul(L, gi, tpu_mul(L, w, tpu_chan_b(L, invstd, ncs)));
-  } else {
-    gi = tpu_mul(L, g, tpu_mul(L, w, tpu_chan_b(L, invstd, ncs)));
-  }
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, mask[0] ? gi : tpu_k(L, gi, 0), t->rank, t->sizes), dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, mask[1] ? sgx : tpu_k(L, sgx, 0), pdt));
-  tpu_lower_out(L, tpu_hlo_convert(H, mask[2] ? sg : tpu_k(L, sg, 0), pdt));
-}
-
-/* native_group_norm(input, weight, bias, N, C, HxW, group, eps) -> (out, mean, rstd) */
-void tpu_emit_native_group_norm(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  int params[2] = {1, 2};
-  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 2, dt);
-  int64_t N = L->args[3].i, C = L->args[4].i, S = L->args[5].i, G = L->args[6].i;
-  int64_t numel = 1;
-  for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
-  if (G <= 0 || C % G != 0 || numel != N * C * S) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                   "Expected number of channels in input to be divisible by num_groups, but got input "
-                   "of shape [...] and num_groups=%lld",
-                   (long long)G);
-    return;
-  }
-  for (int k = 0; k < 2; k++)
-    if (!tpu_lower_is_none(L, params[k]) && L->args[params[k]].t.rank == 1 && L->args[params[k]].t.sizes[0] != C) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                     "Expected %s to be a vector of size equal to the number of channels in input, "
-                     "but got %s of shape [%lld] and input of shape [...]",
-                     k ? "bias" : "weight", k ? "bias" : "weight", (long long)L->args[params[k]].t.sizes[0]);
-      return;
-    }
-  int64_t ngd[3] = {N, G, C / G * S}, ncs[3] = {N, C, S}, two = 2, ng[2] = {N, G}, bd[2] = {0, 1};
-  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 3, ngd);
-  double D = (double)(C / G * S);
-  tpu_hv mean = tpu_hlo_reduce(H, x, tpu_hlo_constant(H, acc, 0), &two, 1, TPU_HLO_ADD);
-  mean = tpu_hlo_binary(H, TPU_HLO_DIV, mean, tpu_k(L, mean, D));
-  tpu_hv xc = tpu_sub(L, x, tpu_hlo_broadcast_in_dim(H, mean, 3, ngd, bd));
-  tpu_hv var = tpu_hlo_reduce(H, tpu_mul(L, xc, xc), tpu_hlo_constant(H, acc, 0), &two, 1, TPU_HLO_ADD);
-  var = tpu_hlo_binary(H, TPU_HLO_DIV, var, tpu_k(L, var, D));
-  tpu_hv rstd = tpu_inv_sqrt(L, var, L->args[7].f);
-  tpu_hv y = tpu_hlo_reshape(H, tpu_mul(L, xc, tpu_hlo_broadcast_in_dim(H, rstd, 3, ngd, bd)), 3, ncs);
-  if (!tpu_lower_is_none(L, 1)) y = tpu_mul(L, y, tpu_chan(L, 1, acc, ncs, 1));
-  if (!tpu_lower_is_none(L, 2)) y = tpu_add(L, y, tpu_chan(L, 2, acc, ncs, 0));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, y, t->rank, t->sizes), dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, mean, 2, ng), pdt));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, rstd, 2, ng), pdt));
-}
-
-/* native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask) */
-void tpu_emit_native_group_norm_backward(tpu_lower *L) {
-  tpu_tref *t = &L->args[1].t;
-  int params[1] = {4};
-  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 1, L->args[2].t.dtype);
-  int64_t N = L->args[5].i, C = L->args[6].i, S = L->args[7].i, G = L->args[8].i;
-  bool mask[3] = {true, true, true};
-  for (int k = 0; k < 3 && k < L->args[9].nints; k++) mask[k] = L->args[9].ints[k] != 0;
-  if (G <= 0 || C % G != 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "native_group_norm_backward: bad group count %lld", (long long)G);
-    return;
-  }
-  int64_t ngd[3] = {N, G, C / G * S}, ncs[3] = {N, C, S}, two = 2, ng[2] = {N, G}, bd[2] = {0, 1};
-  double D = (double)(C / G * S);
-  tpu_hv g = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 3, ncs);
-  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 1, acc), 3, ngd);
-  tpu_hv mean = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, tpu_lower_input(L, 2, acc), 2, ng), 3, ngd, bd);
-  tpu_hv rstd = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, tpu_lower_input(L, 3, acc), 2, ng), 3, ngd, bd);
-  tpu_hv xhat = tpu_mul(L, tpu_sub(L, x, mean), rstd);
-  tpu_hv gw = tpu_hlo_reshape(H, tpu_mul(L, g, tpu_chan(L, 4, acc, ncs, 1)), 3, ngd);
-  tpu_hv m1 = tpu_hlo_reduce(H, gw, tpu_hlo_constant(H, acc, 0), &two, 1, TPU_HLO_ADD);
-  tpu_hv m2 = tpu_hlo_reduce(H, tpu_mul(L, gw, xhat), tpu_hlo_constant(H, acc, 0), &two, 1, TPU_HLO_ADD);
-  m1 = tpu_hlo_broadcast_in_dim(H, tpu_hlo_binary(H, TPU_HLO_DIV, m1, tpu_k(L, m1, D)), 3, ngd, bd);
-  m2 = tpu_hlo_broadcast_in_dim(H, tpu_hlo_binary(H, TPU_HLO_DIV, m2, tpu_k(L, m2, D)), 3, ngd, bd);
-  tpu_hv gi = tpu_mul(L, tpu_sub(L, tpu_sub(L, gw, m1), tpu_mul(L, xhat, m2)), rstd);
-  tpu_hv xh = tpu_hlo_reshape(H, xhat, 3, ncs);
-  tpu_hv gwt = tpu_sum_ns(L, tpu_mul(L, g, xh)), gbt = tpu_sum_ns(L, g);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, mask[0] ? gi : tpu_k(L, gi, 0), t->rank, t->sizes), dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, mask[1] ? gwt : tpu_k(L, gwt, 0), pdt));
-  tpu_lower_out(L, tpu_hlo_convert(H, mask[2] ? gbt : tpu_k(L, gbt, 0), pdt));
-}
 
 /* ---- upsampling ----------------------------------------------------------------------------
  *

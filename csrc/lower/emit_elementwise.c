@@ -1,9 +1,14 @@
-/* emit_elementwise.c: elementwise math and activations beyond the first op
- * set. Most unary ops are one StableHLO op, or one CHLO op (XLA legalises
- * CHLO when it compiles a StableHLO module, with its own accurate
- * expansions), on the input promoted to a float type; half types compute in
- * f32 and round once, as torch's CPU kernels do. Activations and their
- * backwards are small select/arith compositions with PyTorch's formulas. */
+/* emit_elementwise.c: elementwise arithmetic, math, logic and comparisons:
+ * add ... pow and the other binary ops (fmod, copysign, xlogy, logaddexp,
+ * shifts, lerp, addcmul), the unary functions, complex numbers (complex,
+ * polar, conj_physical, angle), logical and bitwise ops, comparisons,
+ * where, masked_fill and clamp.
+ *
+ * Most unary ops are one StableHLO op, or one CHLO op (XLA legalises CHLO
+ * when it compiles a StableHLO module, with its own accurate expansions), on
+ * the input promoted to a float type; half types compute in f32 and round
+ * once, as torch's CPU kernels do. hypot is the worked example of
+ * notes/adding_an_op.md. */
 #include <math.h>
 #include <string.h>
 
@@ -14,191 +19,197 @@
 
 /* ---- helpers --------------------------------------------------------------------------- */
 
-static tpu_dtype tpu_arg_dtype(tpu_lower *L, int i) {
-  return L->args[i].kind == TPU_ARG_TENSOR ? L->args[i].t.dtype : TPU_F32;
-}
-
 /* Input i promoted to the default float type if it is not floating. */
 static tpu_hv tpu_float_in(tpu_lower *L, int i) {
   return tpu_lower_input(L, i, tpu_lower_float_type(tpu_arg_dtype(L, i)));
 }
 
-static tpu_hv tpu_named1(tpu_lower *L, const char *name, tpu_hv x) {
-  tpu_hlo_type t = *T(L, x);
-  return tpu_hlo_emit1(H, name, &x, 1, NULL, t);
+/* ---- arithmetic ----------------------------------------------------------------------------- */
+
+/* add(self, other, *, alpha=1) */
+void tpu_emit_add(tpu_lower *L) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
+  if (L->nargs > 2 && !L->args[2].is_default && !tpu_lower_is_none(L, 2))
+    v[1] = tpu_lower_binary(L, TPU_HLO_MUL, v[1], tpu_lower_scalar(L, 2, dt));
+  tpu_lower_out(L, tpu_lower_binary(L, dt == TPU_PRED ? TPU_HLO_OR : TPU_HLO_ADD, v[0], v[1]));
 }
 
-static tpu_hv tpu_isnan(tpu_lower *L, tpu_hv x) { return tpu_hlo_compare(H, TPU_HLO_NE, x, x); }
-static tpu_hv tpu_sel(tpu_lower *L, tpu_hv p, tpu_hv a, tpu_hv b) { return tpu_hlo_select(H, p, a, b); }
-static tpu_hv tpu_cmp(tpu_lower *L, tpu_hlo_cmp d, tpu_hv a, tpu_hv b) { return tpu_hlo_compare(H, d, a, b); }
-static tpu_hv tpu_div(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_DIV, a, b); }
-static tpu_hv tpu_un(tpu_lower *L, tpu_hlo_op op, tpu_hv x) { return tpu_hlo_unary(H, op, x); }
-
-/* Scalar argument i as a value broadcast like `like` (in like's dtype). */
-static tpu_hv tpu_scalar_like(tpu_lower *L, int i, tpu_hv like) {
-  const tpu_hlo_type *t = T(L, like);
-  return tpu_lower_broadcast_to(L, tpu_lower_scalar(L, i, t->dtype), t->rank, t->dims);
+/* Whether argument i is a bool tensor or a Python bool. */
+static bool tpu_arg_is_bool(tpu_lower *L, int i) {
+  if (i >= L->nargs) return false;
+  const tpu_arg *a = &L->args[i];
+  if (a->kind == TPU_ARG_TENSOR) return a->t.dtype == TPU_PRED;
+  return a->kind == TPU_ARG_SCALAR && a->skind == TPU_SCALAR_BOOL;
 }
 
-/* Float unary f(x) computed in the accumulation type, rounded once. */
-typedef tpu_hv (*tpu_ufn)(tpu_lower *L, tpu_hv x);
-
-static void tpu_float_unary(tpu_lower *L, tpu_ufn f) {
-  tpu_hv x = tpu_float_in(L, 0);
-  tpu_dtype dt = T(L, x)->dtype;
-  tpu_lower_out(L, tpu_hlo_convert(H, f(L, tpu_hlo_convert(H, x, tpu_acc_type(dt))), dt));
+/* torch's sub_check: no subtraction with a bool operand. */
+static bool tpu_refuse_bool_sub(tpu_lower *L) {
+  bool a = tpu_arg_is_bool(L, 0), b = tpu_arg_is_bool(L, 1);
+  if (a && b)
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Subtraction, the `-` operator, with two bool tensors is not supported. "
+                   "Use the `^` or `logical_xor()` operator instead.");
+  else if (a || b)
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Subtraction, the `-` operator, with a bool tensor is not supported. "
+                   "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
+  return a || b;
 }
 
-#define TPU_CHLO_UNARY(op, name)                                                      \
-  static tpu_hv tpu_f_##op(tpu_lower *L, tpu_hv x) { return tpu_named1(L, name, x); } \
-  void tpu_emit_##op(tpu_lower *L) { tpu_float_unary(L, tpu_f_##op); }
-
-TPU_CHLO_UNARY(acos, "chlo.acos")
-TPU_CHLO_UNARY(asin, "chlo.asin")
-/* atan(x) = atan2(x, 1): the newer XLA CPU plugin's atan is wrong for arrays
- * of 64 elements and more (up to 20 off); its atan2 is right (the builder
- * keeps the 1 opaque on CPU, or XLA turns atan2(x, 1) back into atan). */
-static tpu_hv tpu_f_atan(tpu_lower *L, tpu_hv x) { return tpu_hlo_binary(H, TPU_HLO_ATAN2, x, tpu_k(L, x, 1.0)); }
-void tpu_emit_atan(tpu_lower *L) { tpu_float_unary(L, tpu_f_atan); }
-TPU_CHLO_UNARY(acosh, "chlo.acosh")
-TPU_CHLO_UNARY(asinh, "chlo.asinh")
-TPU_CHLO_UNARY(atanh, "chlo.atanh")
-TPU_CHLO_UNARY(cosh, "chlo.cosh")
-TPU_CHLO_UNARY(sinh, "chlo.sinh")
-TPU_CHLO_UNARY(tan, "stablehlo.tan")
-TPU_CHLO_UNARY(erfc, "chlo.erfc")
-TPU_CHLO_UNARY(erfinv, "chlo.erf_inv")
-TPU_CHLO_UNARY(lgamma, "chlo.lgamma")
-/* digamma: emit_special.c (torch's poles) */
-
-static tpu_hv tpu_f_exp2(tpu_lower *L, tpu_hv x) { return tpu_hlo_binary(H, TPU_HLO_POW, tpu_k(L, x, 2.0), x); }
-static tpu_hv tpu_f_log2(tpu_lower *L, tpu_hv x) {
-  return tpu_mul(L, tpu_un(L, TPU_HLO_LOG, x), tpu_k(L, x, 1.0 / TPU_LN2));
-}
-static tpu_hv tpu_f_log10(tpu_lower *L, tpu_hv x) {
-  return tpu_mul(L, tpu_un(L, TPU_HLO_LOG, x), tpu_k(L, x, 1.0 / TPU_LN10));
-}
-void tpu_emit_exp2(tpu_lower *L) { tpu_float_unary(L, tpu_f_exp2); }
-void tpu_emit_log2(tpu_lower *L) { tpu_float_unary(L, tpu_f_log2); }
-void tpu_emit_log10(tpu_lower *L) { tpu_float_unary(L, tpu_f_log10); }
-
-static tpu_hv tpu_trunc_v(tpu_lower *L, tpu_hv x) {
-  if (!tpu_dtype_is_float(T(L, x)->dtype)) return x;
-  return tpu_sel(L, tpu_cmp(L, TPU_HLO_LT, x, tpu_k(L, x, 0)), tpu_un(L, TPU_HLO_CEIL, x), tpu_un(L, TPU_HLO_FLOOR, x));
+/* Binary arithmetic on promoted operands 0 and 1; int results for true
+ * division are floats (float_result). */
+static void tpu_emit_arith(tpu_lower *L, tpu_hlo_op op, bool float_result) {
+  if (op == TPU_HLO_SUB && tpu_refuse_bool_sub(L)) return;
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  if (float_result) dt = tpu_lower_float_type(dt);
+  tpu_hv a = tpu_lower_input(L, 0, dt), b = tpu_lower_input(L, 1, dt);
+  if (op == TPU_HLO_SUB && L->nargs > 2 && L->args[2].kind == TPU_ARG_SCALAR && !L->args[2].is_default)
+    b = tpu_lower_binary(L, TPU_HLO_MUL, b, tpu_lower_scalar(L, 2, dt));
+  if (op == TPU_HLO_SUB && dt == TPU_PRED)
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Subtraction, the `-` operator, with two bool tensors is not supported. "
+                   "Use the `^` or `logical_xor()` operator instead.");
+  if (op == TPU_HLO_MUL && dt == TPU_PRED) op = TPU_HLO_AND;
+  tpu_lower_out(L, tpu_lower_binary(L, op, a, b));
 }
 
-/* trunc and frac keep the dtype; ints are their own trunc. */
-void tpu_emit_trunc(tpu_lower *L) {
-  if (L->args[0].t.dtype == TPU_PRED) {
-    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"trunc_vml_cpu\" not implemented for 'Bool'");
+void tpu_emit_sub(tpu_lower *L) { tpu_emit_arith(L, TPU_HLO_SUB, false); }
+void tpu_emit_mul(tpu_lower *L) { tpu_emit_arith(L, TPU_HLO_MUL, false); }
+void tpu_emit_maximum(tpu_lower *L) { tpu_emit_arith(L, TPU_HLO_MAX, false); }
+void tpu_emit_minimum(tpu_lower *L) { tpu_emit_arith(L, TPU_HLO_MIN, false); }
+void tpu_emit_atan2(tpu_lower *L) { tpu_emit_arith(L, TPU_HLO_ATAN2, true); }
+
+/* rsub(self, other, alpha): other - alpha * self */
+void tpu_emit_rsub(tpu_lower *L) {
+  if (tpu_refuse_bool_sub(L)) return;
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  tpu_hv a = tpu_lower_input(L, 0, dt), b = tpu_lower_input(L, 1, dt);
+  if (L->nargs > 2 && L->args[2].kind == TPU_ARG_SCALAR && !L->args[2].is_default)
+    a = tpu_lower_binary(L, TPU_HLO_MUL, a, tpu_lower_scalar(L, 2, dt));
+  tpu_lower_out(L, tpu_lower_binary(L, TPU_HLO_SUB, b, a));
+}
+
+/* div of arguments 0 and 1 with rounding mode NULL, "trunc" or "floor". */
+static void tpu_emit_div_rounding(tpu_lower *L, const char *mode) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  if (!mode) {
+    dt = tpu_lower_float_type(dt);
+    tpu_lower_out(L, tpu_lower_binary(L, TPU_HLO_DIV, tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)));
     return;
   }
-  tpu_lower_out(L, tpu_trunc_v(L, tpu_lower_tensor(L, 0, -1)));
-}
-void tpu_emit_frac(tpu_lower *L) {
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  if (!tpu_dtype_is_float(T(L, x)->dtype)) {
-    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"frac_cpu\" not implemented for '%s'",
-                   tpu_dtype_c10_name(T(L, x)->dtype));
-    return;
-  }
-  tpu_lower_out(L, tpu_sub(L, x, tpu_trunc_v(L, x)));
-}
-
-/* sgn on real tensors is sign. */
-void tpu_emit_sgn(tpu_lower *L) {
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  tpu_dtype dt = T(L, x)->dtype;
   if (dt == TPU_PRED) {
-    tpu_lower_out(L, x);
-  } else if (tpu_dtype_is_complex(dt)) {
-    tpu_hv a = tpu_un(L, TPU_HLO_ABS, x); /* real */
-    tpu_hv ac = tpu_hlo_binary(H, TPU_HLO_COMPLEX, a, tpu_k(L, a, 0));
-    tpu_hv z = tpu_cmp(L, TPU_HLO_EQ, a, tpu_k(L, a, 0));
-    tpu_lower_out(L, tpu_sel(L, z, tpu_k(L, x, 0), tpu_div(L, x, ac)));
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"%s_cpu\" not implemented for 'Bool'",
+                   strcmp(mode, "floor") == 0 ? "div_floor" : "div_trunc");
+    return;
+  }
+  /* half types divide and round in f32, then round once to the result type */
+  tpu_dtype out_dt = dt;
+  dt = tpu_acc_type(dt);
+  tpu_hv a = tpu_lower_input(L, 0, dt), b = tpu_lower_input(L, 1, dt);
+  tpu_lower_check_divisor(L, b);
+  tpu_hv q = tpu_lower_binary(L, TPU_HLO_DIV, a, b);
+  if (strcmp(mode, "trunc") == 0) {
+    /* torch's CPU kernel rounds the quotient to the half type before truncating */
+    q = tpu_hlo_convert(H, tpu_hlo_convert(H, q, out_dt), dt);
+    if (tpu_dtype_is_float(dt)) {
+      tpu_hv neg = tpu_hlo_compare(H, TPU_HLO_LT, q, tpu_lower_full_like(L, q, 0));
+      q = tpu_hlo_select(H, neg, tpu_hlo_unary(H, TPU_HLO_CEIL, q), tpu_hlo_unary(H, TPU_HLO_FLOOR, q));
+    }
+  } else if (strcmp(mode, "floor") == 0) {
+    if (tpu_dtype_is_float(dt)) {
+      /* As torch, step by step in the tensor's own type (half types round
+       * after each step): div = (a - fmod(a, b)) / b, one less when the
+       * remainder's sign differs from b's, then rounded to the nearest
+       * integer; b == 0 keeps a / b (inf or nan). */
+      tpu_hv v[2] = {tpu_lower_input(L, 0, out_dt), tpu_lower_input(L, 1, out_dt)};
+      tpu_lower_broadcast_all(L, v, 2);
+      q = tpu_hlo_convert(H, q, out_dt);
+      tpu_hv z = tpu_lower_full_like(L, v[0], 0), one = tpu_lower_full_like(L, v[0], 1);
+      tpu_hv mod = tpu_hlo_binary(H, TPU_HLO_REM, v[0], v[1]);
+      tpu_hv d = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_binary(H, TPU_HLO_SUB, v[0], mod), v[1]);
+      tpu_hv sdiff = tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_compare(H, TPU_HLO_LT, v[1], z),
+                                     tpu_hlo_compare(H, TPU_HLO_LT, mod, z));
+      tpu_hv adj = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, mod, z), sdiff);
+      d = tpu_hlo_select(H, adj, tpu_hlo_binary(H, TPU_HLO_SUB, d, one), d);
+      tpu_hv f = tpu_hlo_unary(H, TPU_HLO_FLOOR, d);
+      tpu_hv up = tpu_hlo_compare(H, TPU_HLO_GT, tpu_hlo_binary(H, TPU_HLO_SUB, d, f), tpu_lower_full_like(L, d, 0.5));
+      f = tpu_hlo_select(H, up, tpu_hlo_binary(H, TPU_HLO_ADD, f, one), f);
+      /* a zero quotient takes the sign of a / b (1 / q < 0 tells -0) */
+      tpu_hv neg = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_LT, q, z),
+                                  tpu_hlo_compare(H, TPU_HLO_LT, tpu_hlo_binary(H, TPU_HLO_DIV, one, q), z));
+      tpu_hv zq = tpu_hlo_select(H, neg, tpu_lower_full_like(L, q, -0.0), z);
+      f = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, d, z), zq, f);
+      q = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, v[1], z), q, f);
+    } else {
+      /* integer division truncates; step down when signs differ and it is inexact */
+      tpu_hv v[2] = {a, b};
+      tpu_lower_broadcast_all(L, v, 2);
+      tpu_hv r = tpu_hlo_binary(H, TPU_HLO_REM, v[0], v[1]);
+      tpu_hv z = tpu_lower_full_like(L, r, 0);
+      tpu_hv inexact = tpu_hlo_compare(H, TPU_HLO_NE, r, z);
+      tpu_hv sdiff =
+          tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_compare(H, TPU_HLO_LT, r, z), tpu_hlo_compare(H, TPU_HLO_LT, v[1], z));
+      tpu_hv adj = tpu_hlo_binary(H, TPU_HLO_AND, inexact, sdiff);
+      q = tpu_hlo_select(H, adj, tpu_hlo_binary(H, TPU_HLO_SUB, q, tpu_lower_full_like(L, q, 1)), q);
+    }
   } else {
-    tpu_lower_out(L, tpu_sign_v(L, x));
+    tpu_lower_fail(L, TPU_ERR_VALUE, "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '%s'",
+                   mode);
   }
+  tpu_lower_out(L, tpu_hlo_convert(H, q, out_dt));
 }
 
-/* signbit: the sign bit itself, so -0.0 and negative NaNs count. */
-void tpu_emit_signbit(tpu_lower *L) {
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  tpu_dtype dt = T(L, x)->dtype;
-  if (dt == TPU_PRED || tpu_dtype_is_unsigned_int(dt)) {
-    tpu_lower_out(L, tpu_cmp(L, TPU_HLO_NE, x, x)); /* all false */
+/* div(self, other, *, rounding_mode=None|"trunc"|"floor") */
+void tpu_emit_div(tpu_lower *L) {
+  tpu_emit_div_rounding(L, (L->nargs > 2 && L->args[2].kind == TPU_ARG_STR) ? L->args[2].str : NULL);
+}
+
+/* remainder: Python semantics (sign of the divisor). */
+void tpu_emit_remainder(tpu_lower *L) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
+  tpu_lower_broadcast_all(L, v, 2);
+  tpu_lower_check_divisor(L, v[1]);
+  tpu_hv r = tpu_hlo_binary(H, TPU_HLO_REM, v[0], v[1]);
+  tpu_hv z = tpu_lower_full_like(L, r, 0);
+  tpu_hv fix = tpu_hlo_binary(
+      H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_NE, r, z),
+      tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_compare(H, TPU_HLO_LT, r, z), tpu_hlo_compare(H, TPU_HLO_LT, v[1], z)));
+  tpu_lower_out(L, tpu_hlo_select(H, fix, tpu_hlo_binary(H, TPU_HLO_ADD, r, v[1]), r));
+}
+
+void tpu_emit_pow(tpu_lower *L) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  if (dt == TPU_PRED && L->args[1].kind != TPU_ARG_SCALAR) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"pow\" not implemented for 'Bool'");
     return;
   }
-  if (tpu_dtype_is_float(dt)) {
-    tpu_dtype it = tpu_dtype_size(dt) == 8 ? TPU_S64 : tpu_dtype_size(dt) == 4 ? TPU_S32 : TPU_S16;
-    x = tpu_hlo_bitcast_convert(H, x, it);
-  }
-  tpu_lower_out(L, tpu_cmp(L, TPU_HLO_LT, x, tpu_k(L, x, 0)));
-}
-
-static void tpu_emit_isinf_dir(tpu_lower *L, double v) {
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  if (!tpu_dtype_is_float(T(L, x)->dtype)) {
-    tpu_lower_out(L, tpu_cmp(L, TPU_HLO_NE, x, x));
+  if (dt == TPU_PRED) { /* bool tensor ** a Python bool: computed as integers */
+    tpu_hv r = tpu_lower_binary(L, TPU_HLO_POW, tpu_lower_input(L, 0, TPU_S32), tpu_lower_input(L, 1, TPU_S32));
+    tpu_lower_out(L, tpu_hlo_convert(H, r, TPU_PRED));
     return;
   }
-  tpu_lower_out(L, tpu_cmp(L, TPU_HLO_EQ, x, tpu_k(L, x, v)));
-}
-void tpu_emit_isposinf(tpu_lower *L) { tpu_emit_isinf_dir(L, INFINITY); }
-void tpu_emit_isneginf(tpu_lower *L) { tpu_emit_isinf_dir(L, -INFINITY); }
-
-void tpu_emit_isnan(tpu_lower *L) {
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  tpu_lower_out(L, tpu_isnan(L, x)); /* false for ints */
+  tpu_lower_out(L, tpu_lower_binary(L, TPU_HLO_POW, tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)));
 }
 
-/* largest finite value of a float dtype */
-static double tpu_float_max(tpu_dtype dt) {
-  switch (dt) {
-    case TPU_F16: return 65504.0;
-    case TPU_BF16: return 3.3895313892515355e38;
-    case TPU_F32: return 3.4028234663852886e38;
-    default: return 1.7976931348623157e308;
-  }
+/* hypot(self, other) = sqrt(self^2 + other^2), floats only */
+void tpu_emit_hypot(tpu_lower *L) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_float_type(tpu_lower_result_type(L, idx, 2));
+  tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
+  tpu_lower_broadcast_all(L, v, 2);
+  tpu_hv s = tpu_add(L, tpu_mul(L, v[0], v[0]), tpu_mul(L, v[1], v[1]));
+  tpu_lower_out(L, tpu_hlo_unary(L->hlo, TPU_HLO_SQRT, s));
 }
 
-/* nan_to_num(self, nan=None, posinf=None, neginf=None) */
-void tpu_emit_nan_to_num(tpu_lower *L) {
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  tpu_dtype dt = T(L, x)->dtype;
-  if (!tpu_dtype_is_float(dt)) {
-    tpu_lower_out(L, x);
-    return;
-  }
-  double nv = L->args[1].kind == TPU_ARG_FLOAT ? L->args[1].f : 0.0;
-  double pv = L->args[2].kind == TPU_ARG_FLOAT ? L->args[2].f : tpu_float_max(dt);
-  double mv = L->args[3].kind == TPU_ARG_FLOAT ? L->args[3].f : -tpu_float_max(dt);
-  tpu_hv y = tpu_sel(L, tpu_isnan(L, x), tpu_k(L, x, nv), x);
-  y = tpu_sel(L, tpu_cmp(L, TPU_HLO_EQ, x, tpu_k(L, x, INFINITY)), tpu_k(L, x, pv), y);
-  y = tpu_sel(L, tpu_cmp(L, TPU_HLO_EQ, x, tpu_k(L, x, -INFINITY)), tpu_k(L, x, mv), y);
-  tpu_lower_out(L, y);
-}
-
-/* round.decimals(self, *, decimals): round half to even at 10^-decimals */
-void tpu_emit_round_decimals(tpu_lower *L) {
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  tpu_dtype dt = T(L, x)->dtype;
-  if (!tpu_dtype_is_float(dt)) {
-    tpu_lower_out(L, x);
-    return;
-  }
-  int64_t d = L->args[1].i;
-  tpu_hv xa = tpu_hlo_convert(H, x, tpu_acc_type(dt));
-  double p = pow(10.0, (double)(d < 0 ? -d : d));
-  tpu_hv y;
-  if (d >= 0)
-    y = tpu_div(L, tpu_un(L, TPU_HLO_ROUND_EVEN, tpu_mul(L, xa, tpu_k(L, xa, p))), tpu_k(L, xa, p));
-  else
-    y = tpu_mul(L, tpu_un(L, TPU_HLO_ROUND_EVEN, tpu_div(L, xa, tpu_k(L, xa, p))), tpu_k(L, xa, p));
-  tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
-}
-
-/* ---- binary ---------------------------------------------------------------------------- */
+/* ---- other binary ops ----------------------------------------------------------------------- */
 
 /* Arguments 0 and 1 promoted together (to a float type when to_float) and broadcast. */
 static tpu_dtype tpu_bin_in(tpu_lower *L, tpu_hv *v, bool to_float) {
@@ -343,331 +354,278 @@ static void tpu_emit_addc(tpu_lower *L, bool div) {
 void tpu_emit_addcmul(tpu_lower *L) { tpu_emit_addc(L, false); }
 void tpu_emit_addcdiv(tpu_lower *L) { tpu_emit_addc(L, true); }
 
-/* ---- activations ------------------------------------------------------------------------ */
+/* ---- unary ----------------------------------------------------------------------------- */
 
-/* The float input (argument i) in f32 for half types; *dt gets the result type. */
-static tpu_hv tpu_act_in(tpu_lower *L, int i, tpu_dtype *dt) {
-  *dt = tpu_lower_float_type(tpu_arg_dtype(L, i));
-  return tpu_lower_input(L, i, tpu_acc_type(*dt));
+static void tpu_emit_unary_op(tpu_lower *L, tpu_hlo_op op, bool to_float) {
+  tpu_dtype dt = L->args[0].t.dtype;
+  if (to_float) dt = tpu_lower_float_type(dt);
+  tpu_lower_out(L, tpu_hlo_unary(H, op, tpu_lower_input(L, 0, dt)));
 }
 
-static tpu_hv tpu_s(tpu_lower *L, int i, tpu_hv like, double dflt) {
-  if (i >= L->nargs || L->args[i].kind == TPU_ARG_NONE) return tpu_k(L, like, dflt);
-  if (L->args[i].kind == TPU_ARG_FLOAT) return tpu_k(L, like, L->args[i].f);
-  return tpu_scalar_like(L, i, like);
+void tpu_emit_neg(tpu_lower *L) {
+  if (L->args[0].t.dtype == TPU_PRED)
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Negation, the `-` operator, on a bool tensor is not supported. "
+                   "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
+  tpu_emit_unary_op(L, TPU_HLO_NEG, false);
+}
+/* torch's CPU kernels refuse bool for these; so do we, with the same words. */
+static bool tpu_refuse_bool(tpu_lower *L, const char *kernel) {
+  if (L->args[0].t.dtype != TPU_PRED) return false;
+  tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"%s\" not implemented for 'Bool'", kernel);
+  return true;
 }
 
-/* elu(self, alpha=1, scale=1, input_scale=1) */
-void tpu_emit_elu(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 0, &dt);
-  tpu_hv alpha = tpu_s(L, 1, x, 1), scale = tpu_s(L, 2, x, 1), iscale = tpu_s(L, 3, x, 1);
-  tpu_hv neg = tpu_mul(L, tpu_mul(L, alpha, scale), tpu_un(L, TPU_HLO_EXPM1, tpu_mul(L, x, iscale)));
-  tpu_hv y = tpu_sel(L, tpu_cmp(L, TPU_HLO_LE, x, tpu_k(L, x, 0)), neg, tpu_mul(L, x, scale));
-  tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
+void tpu_emit_abs(tpu_lower *L) {
+  if (!tpu_refuse_bool(L, "abs_cpu")) tpu_emit_unary_op(L, TPU_HLO_ABS, false);
 }
-
-/* elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result) */
-void tpu_emit_elu_backward(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 5, &dt);
-  tpu_hv g = tpu_lower_input(L, 0, tpu_acc_type(dt));
-  tpu_hv alpha = tpu_s(L, 1, x, 1), scale = tpu_s(L, 2, x, 1), iscale = tpu_s(L, 3, x, 1);
-  tpu_hv negcoef = tpu_mul(L, alpha, scale), neg;
-  if (L->args[4].i)
-    neg = tpu_mul(L, tpu_mul(L, g, iscale), tpu_add(L, x, negcoef));
+void tpu_emit_exp(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_EXP, true); }
+void tpu_emit_expm1(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_EXPM1, true); }
+void tpu_emit_log(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_LOG, true); }
+void tpu_emit_log1p(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_LOG1P, true); }
+void tpu_emit_sqrt(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_SQRT, true); }
+void tpu_emit_rsqrt(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_RSQRT, true); }
+void tpu_emit_sin(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_SIN, true); }
+void tpu_emit_cos(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_COS, true); }
+void tpu_emit_tanh(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_TANH, true); }
+void tpu_emit_sigmoid(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_LOGISTIC, true); }
+void tpu_emit_floor(tpu_lower *L) {
+  if (tpu_refuse_bool(L, "floor_vml_cpu")) return;
+  if (!tpu_dtype_is_float(L->args[0].t.dtype))
+    tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
   else
-    neg = tpu_mul(L, tpu_mul(L, tpu_mul(L, g, iscale), negcoef), tpu_un(L, TPU_HLO_EXP, tpu_mul(L, x, iscale)));
-  tpu_hv y = tpu_sel(L, tpu_cmp(L, TPU_HLO_LE, x, tpu_k(L, x, 0)), neg, tpu_mul(L, g, scale));
-  tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
+    tpu_emit_unary_op(L, TPU_HLO_FLOOR, false);
+}
+void tpu_emit_ceil(tpu_lower *L) {
+  if (tpu_refuse_bool(L, "ceil_vml_cpu")) return;
+  if (!tpu_dtype_is_float(L->args[0].t.dtype))
+    tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
+  else
+    tpu_emit_unary_op(L, TPU_HLO_CEIL, false);
+}
+void tpu_emit_round(tpu_lower *L) {
+  if (tpu_refuse_bool(L, "round_vml_cpu")) return;
+  if (!tpu_dtype_is_float(L->args[0].t.dtype))
+    tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
+  else
+    tpu_emit_unary_op(L, TPU_HLO_ROUND_EVEN, false);
+}
+/* sign as torch's CPU kernel computes it, (0 < x) - (x < 0): NaN gives 0. */
+static tpu_hv tpu_sign_v(tpu_lower *L, tpu_hv x) {
+  tpu_hv s = tpu_hlo_unary(H, TPU_HLO_SIGN, x);
+  if (!tpu_dtype_is_float(T(L, x)->dtype)) return s;
+  return tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), tpu_lower_full_like(L, x, 0), s);
+}
+void tpu_emit_sign(tpu_lower *L) {
+  if (L->args[0].t.dtype == TPU_PRED)
+    tpu_lower_out(L, tpu_lower_tensor(L, 0, -1));
+  else
+    tpu_lower_out(L, tpu_sign_v(L, tpu_lower_tensor(L, 0, -1)));
+}
+void tpu_emit_reciprocal(tpu_lower *L) {
+  tpu_dtype dt = tpu_lower_float_type(L->args[0].t.dtype);
+  tpu_hv x = tpu_lower_input(L, 0, dt);
+  tpu_lower_out(L, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_lower_full_like(L, x, 1), x));
+}
+/* erf in f32: a rational approximation on [-4, 4] (beyond it erf is +-1 in
+ * f32), the odd numerator and even denominator evaluated by Horner's rule. */
+static tpu_hv tpu_erf_f32(tpu_lower *L, tpu_hv x) {
+  static const double alpha[] = {-2.72614225801306e-10, 2.77068142495902e-08,  -2.10102402082508e-06,
+                                 -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+                                 -1.60960333262415e-02};
+  static const double beta[] = {-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+                                -7.37332916720468e-03, -1.42647390514189e-02};
+  x = tpu_hlo_clamp(H, tpu_hlo_constant(H, TPU_F32, -4.0), x, tpu_hlo_constant(H, TPU_F32, 4.0));
+  tpu_hv x2 = tpu_hlo_binary(H, TPU_HLO_MUL, x, x);
+  tpu_hv p = tpu_lower_full_like(L, x, alpha[0]);
+  for (int i = 1; i < 7; i++)
+    p = tpu_hlo_binary(H, TPU_HLO_ADD, tpu_hlo_binary(H, TPU_HLO_MUL, p, x2), tpu_lower_full_like(L, x, alpha[i]));
+  p = tpu_hlo_binary(H, TPU_HLO_MUL, p, x);
+  tpu_hv q = tpu_lower_full_like(L, x, beta[0]);
+  for (int i = 1; i < 5; i++)
+    q = tpu_hlo_binary(H, TPU_HLO_ADD, tpu_hlo_binary(H, TPU_HLO_MUL, q, x2), tpu_lower_full_like(L, x, beta[i]));
+  return tpu_hlo_binary(H, TPU_HLO_DIV, p, q);
 }
 
-/* leaky_relu(self, negative_slope=0.01) */
-void tpu_emit_leaky_relu(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 0, &dt);
-  tpu_hv y = tpu_sel(L, tpu_cmp(L, TPU_HLO_GT, x, tpu_k(L, x, 0)), x, tpu_mul(L, x, tpu_s(L, 1, x, 0.01)));
-  tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
+tpu_hv tpu_erf(tpu_lower *L, tpu_hv x) {
+  tpu_dtype dt = T(L, x)->dtype;
+  return tpu_hlo_convert(H, tpu_erf_f32(L, tpu_hlo_convert(H, x, TPU_F32)), dt);
 }
 
-/* leaky_relu_backward(grad_output, self, negative_slope, self_is_result) */
-void tpu_emit_leaky_relu_backward(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 1, &dt);
-  tpu_hv g = tpu_lower_input(L, 0, tpu_acc_type(dt));
-  tpu_hv v[2] = {g, x};
-  tpu_lower_broadcast_all(L, v, 2);
-  tpu_hv y =
-      tpu_sel(L, tpu_cmp(L, TPU_HLO_GT, v[1], tpu_k(L, v[1], 0)), v[0], tpu_mul(L, v[0], tpu_s(L, 2, v[0], 0.01)));
-  tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
+void tpu_emit_erf(tpu_lower *L) {
+  tpu_dtype dt = tpu_lower_float_type(L->args[0].t.dtype);
+  tpu_lower_out(L, tpu_erf(L, tpu_lower_input(L, 0, dt)));
 }
 
-/* hardtanh(self, min_val=-1, max_val=1): ints too */
-void tpu_emit_hardtanh(tpu_lower *L) {
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  if (T(L, x)->dtype == TPU_PRED) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Bool inputs not supported for hardtanh");
+#define TPU_CHLO_UNARY(op, name)                                                            \
+  static tpu_hv tpu_f_##op(tpu_lower *L, tpu_hv x) { return tpu_named_op(L, name, &x, 1); } \
+  void tpu_emit_##op(tpu_lower *L) { tpu_float_unary(L, tpu_f_##op); }
+
+TPU_CHLO_UNARY(acos, "chlo.acos")
+TPU_CHLO_UNARY(asin, "chlo.asin")
+/* atan(x) = atan2(x, 1): the newer XLA CPU plugin's atan is wrong for arrays
+ * of 64 elements and more (up to 20 off); its atan2 is right (the builder
+ * keeps the 1 opaque on CPU, or XLA turns atan2(x, 1) back into atan). */
+static tpu_hv tpu_f_atan(tpu_lower *L, tpu_hv x) { return tpu_hlo_binary(H, TPU_HLO_ATAN2, x, tpu_k(L, x, 1.0)); }
+void tpu_emit_atan(tpu_lower *L) { tpu_float_unary(L, tpu_f_atan); }
+TPU_CHLO_UNARY(acosh, "chlo.acosh")
+TPU_CHLO_UNARY(asinh, "chlo.asinh")
+TPU_CHLO_UNARY(atanh, "chlo.atanh")
+TPU_CHLO_UNARY(cosh, "chlo.cosh")
+TPU_CHLO_UNARY(sinh, "chlo.sinh")
+TPU_CHLO_UNARY(tan, "stablehlo.tan")
+TPU_CHLO_UNARY(erfc, "chlo.erfc")
+TPU_CHLO_UNARY(erfinv, "chlo.erf_inv")
+TPU_CHLO_UNARY(lgamma, "chlo.lgamma")
+/* digamma: emit_special.c (torch's poles) */
+
+static tpu_hv tpu_f_exp2(tpu_lower *L, tpu_hv x) { return tpu_hlo_binary(H, TPU_HLO_POW, tpu_k(L, x, 2.0), x); }
+static tpu_hv tpu_f_log2(tpu_lower *L, tpu_hv x) {
+  return tpu_mul(L, tpu_un(L, TPU_HLO_LOG, x), tpu_k(L, x, 1.0 / TPU_LN2));
+}
+static tpu_hv tpu_f_log10(tpu_lower *L, tpu_hv x) {
+  return tpu_mul(L, tpu_un(L, TPU_HLO_LOG, x), tpu_k(L, x, 1.0 / TPU_LN10));
+}
+void tpu_emit_exp2(tpu_lower *L) { tpu_float_unary(L, tpu_f_exp2); }
+void tpu_emit_log2(tpu_lower *L) { tpu_float_unary(L, tpu_f_log2); }
+void tpu_emit_log10(tpu_lower *L) { tpu_float_unary(L, tpu_f_log10); }
+
+static tpu_hv tpu_trunc_v(tpu_lower *L, tpu_hv x) {
+  if (!tpu_dtype_is_float(T(L, x)->dtype)) return x;
+  return tpu_sel(L, tpu_cmp(L, TPU_HLO_LT, x, tpu_k(L, x, 0)), tpu_un(L, TPU_HLO_CEIL, x), tpu_un(L, TPU_HLO_FLOOR, x));
+}
+
+/* trunc and frac keep the dtype; ints are their own trunc. */
+void tpu_emit_trunc(tpu_lower *L) {
+  if (L->args[0].t.dtype == TPU_PRED) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"trunc_vml_cpu\" not implemented for 'Bool'");
     return;
   }
-  tpu_hv lo = tpu_s(L, 1, x, -1), hi = tpu_s(L, 2, x, 1);
-  tpu_lower_out(L, tpu_hlo_binary(H, TPU_HLO_MIN, tpu_hlo_binary(H, TPU_HLO_MAX, x, lo), hi));
+  tpu_lower_out(L, tpu_trunc_v(L, tpu_lower_tensor(L, 0, -1)));
 }
-
-/* hardtanh_backward(grad_output, self, min_val, max_val) */
-void tpu_emit_hardtanh_backward(tpu_lower *L) {
-  tpu_dtype dt = L->args[1].t.dtype;
-  tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
-  tpu_lower_broadcast_all(L, v, 2);
-  tpu_hv x = v[1];
-  tpu_hv out = tpu_hlo_binary(H, TPU_HLO_OR, tpu_cmp(L, TPU_HLO_LE, x, tpu_s(L, 2, x, -1)),
-                              tpu_cmp(L, TPU_HLO_GE, x, tpu_s(L, 3, x, 1)));
-  tpu_lower_out(L, tpu_sel(L, out, tpu_k(L, v[0], 0), v[0]));
-}
-
-static tpu_hv tpu_relu6_shift(tpu_lower *L, tpu_hv x) {
-  return tpu_hlo_clamp(H, tpu_k(L, x, 0), tpu_add(L, x, tpu_k(L, x, 3)), tpu_k(L, x, 6));
-}
-
-void tpu_emit_hardswish(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 0, &dt);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_div(L, tpu_mul(L, x, tpu_relu6_shift(L, x)), tpu_k(L, x, 6)), dt));
-}
-
-/* hardswish_backward(grad_output, self) */
-void tpu_emit_hardswish_backward(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 1, &dt);
-  tpu_hv v[2] = {tpu_lower_input(L, 0, tpu_acc_type(dt)), x};
-  tpu_lower_broadcast_all(L, v, 2);
-  tpu_hv g = v[0];
-  x = v[1];
-  tpu_hv mid = tpu_mul(L, g, tpu_add(L, tpu_div(L, x, tpu_k(L, x, 3)), tpu_k(L, x, 0.5)));
-  tpu_hv y = tpu_sel(L, tpu_cmp(L, TPU_HLO_LT, x, tpu_k(L, x, -3)), tpu_k(L, x, 0),
-                     tpu_sel(L, tpu_cmp(L, TPU_HLO_LE, x, tpu_k(L, x, 3)), mid, g));
-  tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
-}
-
-void tpu_emit_hardsigmoid(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 0, &dt);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_div(L, tpu_relu6_shift(L, x), tpu_k(L, x, 6)), dt));
-}
-
-/* hardsigmoid_backward(grad_output, self) */
-void tpu_emit_hardsigmoid_backward(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 1, &dt);
-  tpu_hv v[2] = {tpu_lower_input(L, 0, tpu_acc_type(dt)), x};
-  tpu_lower_broadcast_all(L, v, 2);
-  x = v[1];
-  tpu_hv in = tpu_hlo_binary(H, TPU_HLO_AND, tpu_cmp(L, TPU_HLO_GT, x, tpu_k(L, x, -3)),
-                             tpu_cmp(L, TPU_HLO_LT, x, tpu_k(L, x, 3)));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_sel(L, in, tpu_div(L, v[0], tpu_k(L, x, 6)), tpu_k(L, x, 0)), dt));
-}
-
-/* hardshrink(self, lambd=0.5); softshrink(self, lambd=0.5) */
-void tpu_emit_hardshrink(tpu_lower *L) {
+void tpu_emit_frac(tpu_lower *L) {
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  tpu_hv l = tpu_s(L, 1, x, 0.5);
-  tpu_hv in = tpu_hlo_binary(H, TPU_HLO_AND, tpu_cmp(L, TPU_HLO_GE, x, tpu_un(L, TPU_HLO_NEG, l)),
-                             tpu_cmp(L, TPU_HLO_LE, x, l));
-  tpu_lower_out(L, tpu_sel(L, in, tpu_k(L, x, 0), x));
+  if (!tpu_dtype_is_float(T(L, x)->dtype)) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"frac_cpu\" not implemented for '%s'",
+                   tpu_dtype_c10_name(T(L, x)->dtype));
+    return;
+  }
+  tpu_lower_out(L, tpu_sub(L, x, tpu_trunc_v(L, x)));
 }
 
-void tpu_emit_softshrink(tpu_lower *L) {
+/* sgn on real tensors is sign. */
+void tpu_emit_sgn(tpu_lower *L) {
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  tpu_hv l = tpu_s(L, 1, x, 0.5);
-  tpu_hv y =
-      tpu_sel(L, tpu_cmp(L, TPU_HLO_GT, x, l), tpu_sub(L, x, l),
-              tpu_sel(L, tpu_cmp(L, TPU_HLO_LT, x, tpu_un(L, TPU_HLO_NEG, l)), tpu_add(L, x, l), tpu_k(L, x, 0)));
+  tpu_dtype dt = T(L, x)->dtype;
+  if (dt == TPU_PRED) {
+    tpu_lower_out(L, x);
+  } else if (tpu_dtype_is_complex(dt)) {
+    tpu_hv a = tpu_un(L, TPU_HLO_ABS, x); /* real */
+    tpu_hv ac = tpu_hlo_binary(H, TPU_HLO_COMPLEX, a, tpu_k(L, a, 0));
+    tpu_hv z = tpu_cmp(L, TPU_HLO_EQ, a, tpu_k(L, a, 0));
+    tpu_lower_out(L, tpu_sel(L, z, tpu_k(L, x, 0), tpu_div(L, x, ac)));
+  } else {
+    tpu_lower_out(L, tpu_sign_v(L, x));
+  }
+}
+
+/* signbit: the sign bit itself, so -0.0 and negative NaNs count. */
+void tpu_emit_signbit(tpu_lower *L) {
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_dtype dt = T(L, x)->dtype;
+  if (dt == TPU_PRED || tpu_dtype_is_unsigned_int(dt)) {
+    tpu_lower_out(L, tpu_cmp(L, TPU_HLO_NE, x, x)); /* all false */
+    return;
+  }
+  if (tpu_dtype_is_float(dt)) {
+    tpu_dtype it = tpu_dtype_size(dt) == 8 ? TPU_S64 : tpu_dtype_size(dt) == 4 ? TPU_S32 : TPU_S16;
+    x = tpu_hlo_bitcast_convert(H, x, it);
+  }
+  tpu_lower_out(L, tpu_cmp(L, TPU_HLO_LT, x, tpu_k(L, x, 0)));
+}
+
+static void tpu_emit_isinf_dir(tpu_lower *L, double v) {
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (!tpu_dtype_is_float(T(L, x)->dtype)) {
+    tpu_lower_out(L, tpu_cmp(L, TPU_HLO_NE, x, x));
+    return;
+  }
+  tpu_lower_out(L, tpu_cmp(L, TPU_HLO_EQ, x, tpu_k(L, x, v)));
+}
+void tpu_emit_isposinf(tpu_lower *L) { tpu_emit_isinf_dir(L, INFINITY); }
+void tpu_emit_isneginf(tpu_lower *L) { tpu_emit_isinf_dir(L, -INFINITY); }
+
+void tpu_emit_isnan(tpu_lower *L) {
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_lower_out(L, tpu_isnan(L, x)); /* false for ints */
+}
+
+/* nan_to_num(self, nan=None, posinf=None, neginf=None) */
+void tpu_emit_nan_to_num(tpu_lower *L) {
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_dtype dt = T(L, x)->dtype;
+  if (!tpu_dtype_is_float(dt)) {
+    tpu_lower_out(L, x);
+    return;
+  }
+  double nv = L->args[1].kind == TPU_ARG_FLOAT ? L->args[1].f : 0.0;
+  double pv = L->args[2].kind == TPU_ARG_FLOAT ? L->args[2].f : tpu_dtype_float_max(dt);
+  double mv = L->args[3].kind == TPU_ARG_FLOAT ? L->args[3].f : -tpu_dtype_float_max(dt);
+  tpu_hv y = tpu_sel(L, tpu_isnan(L, x), tpu_k(L, x, nv), x);
+  y = tpu_sel(L, tpu_cmp(L, TPU_HLO_EQ, x, tpu_k(L, x, INFINITY)), tpu_k(L, x, pv), y);
+  y = tpu_sel(L, tpu_cmp(L, TPU_HLO_EQ, x, tpu_k(L, x, -INFINITY)), tpu_k(L, x, mv), y);
   tpu_lower_out(L, y);
 }
 
-/* hardshrink_backward / softshrink_backward(grad_out, self, lambd): zero inside [-l, l] */
-void tpu_emit_shrink_backward(tpu_lower *L) {
-  tpu_dtype dt = L->args[1].t.dtype;
-  tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
-  tpu_lower_broadcast_all(L, v, 2);
-  tpu_hv x = v[1], l = tpu_s(L, 2, x, 0.5);
-  tpu_hv in = tpu_hlo_binary(H, TPU_HLO_AND, tpu_cmp(L, TPU_HLO_GE, x, tpu_un(L, TPU_HLO_NEG, l)),
-                             tpu_cmp(L, TPU_HLO_LE, x, l));
-  tpu_lower_out(L, tpu_sel(L, in, tpu_k(L, v[0], 0), v[0]));
-}
-
-/* softplus(self, beta=1, threshold=20) */
-void tpu_emit_softplus(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 0, &dt);
-  tpu_hv beta = tpu_s(L, 1, x, 1), th = tpu_s(L, 2, x, 20);
-  tpu_hv xb = tpu_mul(L, x, beta);
-  tpu_hv soft = tpu_div(L, tpu_un(L, TPU_HLO_LOG1P, tpu_un(L, TPU_HLO_EXP, xb)), beta);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_sel(L, tpu_cmp(L, TPU_HLO_GT, xb, th), x, soft), dt));
-}
-
-/* softplus_backward(grad_output, self, beta, threshold) */
-void tpu_emit_softplus_backward(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 1, &dt);
-  tpu_hv v[2] = {tpu_lower_input(L, 0, tpu_acc_type(dt)), x};
-  tpu_lower_broadcast_all(L, v, 2);
-  x = v[1];
-  tpu_hv beta = tpu_s(L, 2, x, 1), th = tpu_s(L, 3, x, 20);
-  tpu_hv xb = tpu_mul(L, x, beta);
-  tpu_hv z = tpu_un(L, TPU_HLO_EXP, xb);
-  tpu_hv d = tpu_mul(L, v[0], tpu_div(L, z, tpu_add(L, z, tpu_k(L, z, 1))));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_sel(L, tpu_cmp(L, TPU_HLO_GT, xb, th), v[0], d), dt));
-}
-
-/* mish(x) = x * tanh(softplus(x)) */
-void tpu_emit_mish(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 0, &dt);
-  tpu_hv sp = tpu_un(L, TPU_HLO_LOG1P, tpu_un(L, TPU_HLO_EXP, x));
-  sp = tpu_sel(L, tpu_cmp(L, TPU_HLO_GT, x, tpu_k(L, x, 20)), x, sp);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_mul(L, x, tpu_un(L, TPU_HLO_TANH, sp)), dt));
-}
-
-/* threshold(self, threshold, value): value where self <= threshold */
-void tpu_emit_threshold(tpu_lower *L) {
-  int idx[1] = {0};
-  tpu_dtype dt = tpu_lower_result_type(L, idx, 1);
-  tpu_hv x = tpu_lower_input(L, 0, dt);
-  tpu_hv th = tpu_scalar_like(L, 1, x), val = tpu_scalar_like(L, 2, x);
-  tpu_lower_out(L, tpu_sel(L, tpu_cmp(L, TPU_HLO_LE, x, th), val, x));
-}
-
-/* log_sigmoid_forward(self) -> (output, buffer): min(x, 0) - log1p(exp(-|x|)) */
-void tpu_emit_log_sigmoid_forward(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 0, &dt);
-  tpu_hv z = tpu_un(L, TPU_HLO_EXP, tpu_un(L, TPU_HLO_NEG, tpu_un(L, TPU_HLO_ABS, x)));
-  tpu_hv y = tpu_sub(L, tpu_hlo_binary(H, TPU_HLO_MIN, x, tpu_k(L, x, 0)), tpu_un(L, TPU_HLO_LOG1P, z));
-  tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, z, dt));
-}
-
-/* log_sigmoid_backward(grad_output, self, buffer) */
-void tpu_emit_log_sigmoid_backward(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 1, &dt);
-  tpu_hv v[2] = {tpu_lower_input(L, 0, tpu_acc_type(dt)), x};
-  tpu_lower_broadcast_all(L, v, 2);
-  x = v[1];
-  tpu_hv neg = tpu_cmp(L, TPU_HLO_LT, x, tpu_k(L, x, 0));
-  tpu_hv z = tpu_un(L, TPU_HLO_EXP, tpu_un(L, TPU_HLO_NEG, tpu_un(L, TPU_HLO_ABS, x)));
-  tpu_hv q = tpu_div(L, z, tpu_add(L, z, tpu_k(L, z, 1)));
-  tpu_hv d = tpu_sel(L, neg, tpu_sub(L, tpu_k(L, x, 1), q), q);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_mul(L, v[0], d), dt));
-}
-
-/* Halves of x along dim (glu). */
-static void tpu_halves(tpu_lower *L, tpu_hv x, int64_t dim, tpu_hv *a, tpu_hv *b) {
-  const tpu_hlo_type *t = T(L, x);
-  int64_t s0[TPU_MAX_RANK] = {0}, s1[TPU_MAX_RANK] = {0}, l0[TPU_MAX_RANK], l1[TPU_MAX_RANK], st[TPU_MAX_RANK];
-  for (int i = 0; i < t->rank; i++) {
-    l0[i] = l1[i] = t->dims[i];
-    st[i] = 1;
-  }
-  int64_t h = t->dims[dim] / 2;
-  l0[dim] = h;
-  s1[dim] = h;
-  *a = tpu_hlo_slice(H, x, s0, l0, st);
-  *b = tpu_hlo_slice(H, x, s1, l1, st);
-}
-
-static int64_t tpu_glu_dim(tpu_lower *L, int argi, int rank) {
-  int64_t d = tpu_lower_dim(L, L->args[argi].kind == TPU_ARG_INT ? L->args[argi].i : -1, rank);
-  return d;
-}
-
-/* glu(self, dim=-1) = a * sigmoid(b) */
-void tpu_emit_glu(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 0, &dt);
-  int rank = T(L, x)->rank;
-  if (rank == 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "glu does not support scalars because halving size must be even");
+/* round.decimals(self, *, decimals): round half to even at 10^-decimals */
+void tpu_emit_round_decimals(tpu_lower *L) {
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_dtype dt = T(L, x)->dtype;
+  if (!tpu_dtype_is_float(dt)) {
+    tpu_lower_out(L, x);
     return;
   }
-  int64_t d = tpu_glu_dim(L, 1, rank);
-  if (T(L, x)->dims[d] % 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Halving dimension must be even, but dimension %lld is size %lld", (long long)d,
-                   (long long)T(L, x)->dims[d]);
-    return;
-  }
-  tpu_hv a, b;
-  tpu_halves(L, x, d, &a, &b);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_mul(L, a, tpu_un(L, TPU_HLO_LOGISTIC, b)), dt));
-}
-
-/* glu_backward(grad_output, self, dim) */
-void tpu_emit_glu_backward(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 1, &dt);
-  tpu_hv g = tpu_lower_input(L, 0, tpu_acc_type(dt));
-  int64_t d = tpu_glu_dim(L, 2, T(L, x)->rank);
-  tpu_hv a, b;
-  tpu_halves(L, x, d, &a, &b);
-  tpu_hv s = tpu_un(L, TPU_HLO_LOGISTIC, b);
-  tpu_hv ga = tpu_mul(L, g, s);
-  tpu_hv gb = tpu_mul(L, tpu_mul(L, ga, a), tpu_sub(L, tpu_k(L, s, 1), s));
-  tpu_hv parts[2] = {ga, gb};
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_concat(H, parts, 2, (int)d), dt));
-}
-
-/* _prelu_kernel(self, weight): weight already broadcastable to self */
-void tpu_emit_prelu(tpu_lower *L) {
-  int idx[2] = {0, 1};
-  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
-  tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
-  tpu_lower_broadcast_all(L, v, 2);
-  tpu_lower_out(L, tpu_sel(L, tpu_cmp(L, TPU_HLO_GT, v[0], tpu_k(L, v[0], 0)), v[0], tpu_mul(L, v[0], v[1])));
-}
-
-/* _prelu_kernel_backward(grad_output, self, weight) -> (grad_self, grad_weight) */
-void tpu_emit_prelu_backward(tpu_lower *L) {
-  int idx[3] = {0, 1, 2};
-  tpu_dtype dt = tpu_lower_result_type(L, idx, 3);
-  tpu_hv v[3] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt), tpu_lower_input(L, 2, dt)};
-  tpu_lower_broadcast_all(L, v, 3);
-  tpu_hv pos = tpu_cmp(L, TPU_HLO_GT, v[1], tpu_k(L, v[1], 0));
-  tpu_lower_out(L, tpu_sel(L, pos, v[0], tpu_mul(L, v[2], v[0])));
-  tpu_lower_out(L, tpu_sel(L, pos, tpu_k(L, v[0], 0), tpu_mul(L, v[1], v[0])));
-}
-
-/* logit(self, eps=None) */
-void tpu_emit_logit(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 0, &dt);
-  if (L->nargs > 1 && L->args[1].kind == TPU_ARG_FLOAT) {
-    double e = L->args[1].f;
-    x = tpu_hlo_clamp(H, tpu_k(L, x, e), x, tpu_k(L, x, 1 - e));
-  }
-  tpu_hv y = tpu_un(L, TPU_HLO_LOG, tpu_div(L, x, tpu_sub(L, tpu_k(L, x, 1), x)));
-  tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
-}
-
-/* logit_backward(grad_output, self, eps=None) */
-void tpu_emit_logit_backward(tpu_lower *L) {
-  tpu_dtype dt;
-  tpu_hv x = tpu_act_in(L, 1, &dt);
-  tpu_hv v[2] = {tpu_lower_input(L, 0, tpu_acc_type(dt)), x};
-  tpu_lower_broadcast_all(L, v, 2);
-  x = v[1];
-  tpu_hv d = tpu_div(L, v[0], tpu_mul(L, x, tpu_sub(L, tpu_k(L, x, 1), x)));
+  int64_t d = L->args[1].i;
+  tpu_hv xa = tpu_hlo_convert(H, x, tpu_acc_type(dt));
+  double p = pow(10.0, (double)(d < 0 ? -d : d));
   tpu_hv y;
-  if (L->nargs > 2 && L->args[2].kind == TPU_ARG_FLOAT) {
-    double e = L->args[2].f;
-    tpu_hv out = tpu_hlo_binary(H, TPU_HLO_OR, tpu_cmp(L, TPU_HLO_LT, x, tpu_k(L, x, e)),
-                                tpu_cmp(L, TPU_HLO_GT, x, tpu_k(L, x, 1 - e)));
-    y = tpu_sel(L, out, tpu_k(L, x, 0), d);
-  } else {
-    tpu_hv out = tpu_hlo_binary(H, TPU_HLO_OR, tpu_cmp(L, TPU_HLO_LT, x, tpu_k(L, x, 0)),
-                                tpu_cmp(L, TPU_HLO_GT, x, tpu_k(L, x, 1)));
-    y = tpu_sel(L, out, tpu_k(L, x, NAN), d);
-  }
+  if (d >= 0)
+    y = tpu_div(L, tpu_un(L, TPU_HLO_ROUND_EVEN, tpu_mul(L, xa, tpu_k(L, xa, p))), tpu_k(L, xa, p));
+  else
+    y = tpu_mul(L, tpu_un(L, TPU_HLO_ROUND_EVEN, tpu_div(L, xa, tpu_k(L, xa, p))), tpu_k(L, xa, p));
   tpu_lower_out(L, tpu_hlo_convert(H, y, dt));
+}
+
+/* ---- complex numbers ---------------------------------------------------------------------- */
+
+/* Arguments 0 and 1 of complex/polar: two f32 (or two f64) tensors,
+ * broadcast together (half types are refused, as by torch's CPU kernel). */
+static bool tpu_complex_parts(tpu_lower *L, tpu_hv *v) {
+  tpu_dtype a = L->args[0].t.dtype, b = L->args[1].t.dtype;
+  if (a != b || (a != TPU_F32 && a != TPU_F64)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Expected both inputs to be Float or Double tensors but got %s and %s",
+                   tpu_dtype_name(a), tpu_dtype_name(b));
+    return false;
+  }
+  v[0] = tpu_lower_tensor(L, 0, -1);
+  v[1] = tpu_lower_tensor(L, 1, -1);
+  tpu_lower_broadcast_all(L, v, 2);
+  return true;
+}
+
+/* complex(real, imag): f32 -> c64, f64 -> c128 */
+void tpu_emit_complex(tpu_lower *L) {
+  tpu_hv v[2];
+  if (tpu_complex_parts(L, v)) tpu_lower_out(L, tpu_hlo_binary(L->hlo, TPU_HLO_COMPLEX, v[0], v[1]));
+}
+
+/* polar(abs, angle) = abs * (cos(angle) + i sin(angle)) */
+void tpu_emit_polar(tpu_lower *L) {
+  tpu_hv v[2];
+  if (!tpu_complex_parts(L, v)) return;
+  tpu_hv re = tpu_mul(L, v[0], tpu_hlo_unary(L->hlo, TPU_HLO_COS, v[1]));
+  tpu_hv im = tpu_mul(L, v[0], tpu_hlo_unary(L->hlo, TPU_HLO_SIN, v[1]));
+  tpu_lower_out(L, tpu_hlo_binary(L->hlo, TPU_HLO_COMPLEX, re, im));
 }
 
 /* conj_physical(self): the conjugate, materialised (torch resolves lazily
@@ -694,4 +652,121 @@ void tpu_emit_angle(tpu_lower *L) {
   tpu_hv x = tpu_float_in(L, 0);
   tpu_hv r = tpu_sel(L, tpu_cmp(L, TPU_HLO_LT, x, tpu_k(L, x, 0)), tpu_k(L, x, 3.14159265358979323846), tpu_k(L, x, 0));
   tpu_lower_out(L, tpu_sel(L, tpu_isnan(L, x), x, r));
+}
+
+/* ---- logical and bitwise ops ---------------------------------------------------------------- */
+
+void tpu_emit_logical_not(tpu_lower *L) {
+  tpu_hv x = tpu_lower_input(L, 0, TPU_PRED);
+  tpu_lower_out(L, tpu_hlo_unary(H, TPU_HLO_NOT, x));
+}
+void tpu_emit_bitwise_not(tpu_lower *L) {
+  if (tpu_dtype_is_float(L->args[0].t.dtype))
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"bitwise_not_cpu\" not implemented for '%s'",
+                   tpu_dtype_c10_name(L->args[0].t.dtype));
+  tpu_lower_out(L, tpu_hlo_unary(H, TPU_HLO_NOT, tpu_lower_tensor(L, 0, -1)));
+}
+static void tpu_emit_logical(tpu_lower *L, tpu_hlo_op op) {
+  tpu_hv a = tpu_lower_input(L, 0, TPU_PRED), b = tpu_lower_input(L, 1, TPU_PRED);
+  tpu_lower_out(L, tpu_lower_binary(L, op, a, b));
+}
+void tpu_emit_logical_and(tpu_lower *L) { tpu_emit_logical(L, TPU_HLO_AND); }
+void tpu_emit_logical_or(tpu_lower *L) { tpu_emit_logical(L, TPU_HLO_OR); }
+void tpu_emit_logical_xor(tpu_lower *L) { tpu_emit_logical(L, TPU_HLO_XOR); }
+static void tpu_emit_bitwise(tpu_lower *L, tpu_hlo_op op) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  if (tpu_dtype_is_float(dt) || tpu_dtype_is_complex(dt))
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"%s_cpu\" not implemented for '%s'",
+                   op == TPU_HLO_AND  ? "bitwise_and"
+                   : op == TPU_HLO_OR ? "bitwise_or"
+                                      : "bitwise_xor",
+                   tpu_dtype_c10_name(dt));
+  tpu_lower_out(L, tpu_lower_binary(L, op, tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)));
+}
+void tpu_emit_bitwise_and(tpu_lower *L) { tpu_emit_bitwise(L, TPU_HLO_AND); }
+void tpu_emit_bitwise_or(tpu_lower *L) { tpu_emit_bitwise(L, TPU_HLO_OR); }
+void tpu_emit_bitwise_xor(tpu_lower *L) { tpu_emit_bitwise(L, TPU_HLO_XOR); }
+
+/* ---- comparisons, where, clamp ------------------------------------------------------- */
+
+static void tpu_emit_cmp(tpu_lower *L, tpu_hlo_cmp dir) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
+  tpu_lower_broadcast_all(L, v, 2);
+  tpu_lower_out(L, tpu_hlo_compare(H, dir, v[0], v[1]));
+}
+void tpu_emit_eq(tpu_lower *L) { tpu_emit_cmp(L, TPU_HLO_EQ); }
+void tpu_emit_ne(tpu_lower *L) { tpu_emit_cmp(L, TPU_HLO_NE); }
+void tpu_emit_lt(tpu_lower *L) { tpu_emit_cmp(L, TPU_HLO_LT); }
+void tpu_emit_le(tpu_lower *L) { tpu_emit_cmp(L, TPU_HLO_LE); }
+void tpu_emit_gt(tpu_lower *L) { tpu_emit_cmp(L, TPU_HLO_GT); }
+void tpu_emit_ge(tpu_lower *L) { tpu_emit_cmp(L, TPU_HLO_GE); }
+
+/* where(condition, self, other) */
+void tpu_emit_where(tpu_lower *L) {
+  int idx[2] = {1, 2};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  tpu_hv v[3] = {tpu_lower_input(L, 0, TPU_PRED), tpu_lower_input(L, 1, dt), tpu_lower_input(L, 2, dt)};
+  tpu_lower_broadcast_all(L, v, 3);
+  tpu_lower_out(L, tpu_hlo_select(H, v[0], v[1], v[2]));
+}
+
+/* masked_fill(self, mask, value) */
+void tpu_emit_masked_fill(tpu_lower *L) {
+  tpu_dtype dt = L->args[0].t.dtype;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  tpu_hv m = tpu_lower_input(L, 1, TPU_PRED);
+  tpu_hv val;
+  if (L->args[2].kind == TPU_ARG_SCALAR) {
+    val = tpu_lower_scalar(L, 2, dt);
+  } else {
+    if (L->args[2].t.rank != 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "masked_fill_ only supports a 0-dimensional value tensor, but got tensor "
+                     "with %d dimension(s).",
+                     L->args[2].t.rank);
+      return;
+    }
+    val = tpu_lower_tensor(L, 2, -1);
+    tpu_lower_check_fits(L, val, dt); /* the CPU reads the value and converts it checked */
+    if (tpu_dtype_is_complex(T(L, val)->dtype) && !tpu_dtype_is_complex(dt)) val = tpu_hlo_unary(H, TPU_HLO_REAL, val);
+    val = tpu_hlo_reshape(H, tpu_hlo_convert(H, val, dt), 0, NULL);
+  }
+  /* out of place, self and mask broadcast together; in place, mask to self */
+  if (!(L->flags & TPU_OP_INPLACE)) {
+    tpu_hv v[2] = {x, m};
+    tpu_lower_broadcast_all(L, v, 2);
+    x = v[0], m = v[1];
+  }
+  const tpu_hlo_type *xt = T(L, x);
+  m = tpu_lower_broadcast_to(L, m, xt->rank, xt->dims);
+  tpu_lower_out(L, tpu_hlo_select(H, m, tpu_lower_broadcast_to(L, val, xt->rank, xt->dims), x));
+}
+
+/* clamp(self, min=None, max=None): Scalar or Tensor bounds */
+void tpu_emit_clamp(tpu_lower *L) {
+  int idx[3] = {0, 1, 2};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 3);
+  if (dt == TPU_PRED && (L->args[1].kind == TPU_ARG_TENSOR || L->args[2].kind == TPU_ARG_TENSOR)) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"clamp_cpu\" not implemented for 'Bool'");
+    return;
+  }
+  tpu_hv x = tpu_lower_input(L, 0, dt);
+  if (tpu_lower_is_none(L, 1) && tpu_lower_is_none(L, 2))
+    tpu_lower_fail(L, TPU_ERR_VALUE, "torch.clamp: At least one of 'min' or 'max' must not be None");
+  if (!tpu_lower_is_none(L, 1)) x = tpu_lower_binary(L, TPU_HLO_MAX, x, tpu_lower_input(L, 1, dt));
+  if (!tpu_lower_is_none(L, 2)) x = tpu_lower_binary(L, TPU_HLO_MIN, x, tpu_lower_input(L, 2, dt));
+  tpu_lower_out(L, x);
+}
+void tpu_emit_clamp_min(tpu_lower *L) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  tpu_lower_out(L, tpu_lower_binary(L, TPU_HLO_MAX, tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)));
+}
+void tpu_emit_clamp_max(tpu_lower *L) {
+  int idx[2] = {0, 1};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  tpu_lower_out(L, tpu_lower_binary(L, TPU_HLO_MIN, tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)));
 }

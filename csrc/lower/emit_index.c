@@ -281,6 +281,61 @@ void tpu_emit_index_fill(tpu_lower *L) {
   tpu_lower_out(L, tpu_hlo_select(H, mb, tpu_lower_broadcast_to(L, val, t->rank, t->sizes), x));
 }
 
+/* ---- concatenation and triangles --------------------------------------------------------------- */
+
+void tpu_emit_cat(tpu_lower *L) {
+  tpu_arg *a = &L->args[0];
+  int idx[1] = {0};
+  tpu_dtype dt = tpu_lower_result_type(L, idx, 1);
+  tpu_hv vs[TPU_MAX_LIST];
+  int n = 0, rank = -1;
+  for (int j = 0; j < a->nlist; j++) {
+    tpu_tref *t = &a->list[j];
+    if (t->rank == 1 && t->sizes[0] == 0) continue; /* legacy: empty 1-d tensors are skipped */
+    if (rank < 0) rank = t->rank;
+    vs[n++] = tpu_hlo_convert(H, tpu_lower_tensor(L, 0, j), dt);
+  }
+  if (n == 0) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, (int64_t[]){0}), 0));
+    return;
+  }
+  if (rank == 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "zero-dimensional tensor (at position 0) cannot be concatenated");
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[1].i, rank);
+  for (int j = 1; j < n; j++) {
+    const tpu_hlo_type *u = T(L, vs[j]), *v = T(L, vs[0]);
+    for (int k = 0; k < rank && u->rank == rank; k++)
+      if (k != d && u->dims[k] != v->dims[k]) {
+        tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                       "Sizes of tensors must match except in dimension %lld. Expected size %lld "
+                       "but got size %lld for tensor number %d in the list.",
+                       (long long)d, (long long)v->dims[k], (long long)u->dims[k], j);
+        return;
+      }
+  }
+  tpu_lower_out(L, tpu_hlo_concat(H, vs, n, (int)d));
+}
+
+static void tpu_emit_tri(tpu_lower *L, bool lower) {
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  const tpu_hlo_type xt = *T(L, x);
+  if (xt.rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: input tensor must have at least 2 dimensions", lower ? "tril" : "triu");
+    return;
+  }
+  int64_t k = L->args[1].i;
+  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, xt.rank, xt.dims);
+  tpu_hv row = tpu_hlo_iota(H, it, xt.rank - 2), col = tpu_hlo_iota(H, it, xt.rank - 1);
+  tpu_hv diff = tpu_hlo_binary(H, TPU_HLO_SUB, col, row);
+  tpu_hv kk = tpu_lower_full(L, it, (double)k);
+  tpu_hv keep = tpu_hlo_compare(H, lower ? TPU_HLO_LE : TPU_HLO_GE, diff, kk);
+  tpu_lower_out(L, tpu_hlo_select(H, keep, x, tpu_k(L, x, 0)));
+}
+void tpu_emit_tril(tpu_lower *L) { tpu_emit_tri(L, true); }
+void tpu_emit_triu(tpu_lower *L) { tpu_emit_tri(L, false); }
+
 /* ---- flips and rolls ------------------------------------------------------------------------- */
 
 /* flip(self, dims) */
@@ -563,8 +618,7 @@ void tpu_emit_masked_scatter(tpu_lower *L) {
   }
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   tpu_hv m = tpu_lower_broadcast_to(L, tpu_lower_input(L, 1, TPU_PRED), t->rank, t->sizes);
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  int64_t n = tpu_numel(t->rank, t->sizes);
   tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), dt);
   int64_t ns = tpu_hlo_type_numel(T(L, src));
   if (n == 0 || ns == 0) {
@@ -729,8 +783,7 @@ void tpu_emit_index_reduce(tpu_lower *L) {
 void tpu_emit_take(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   if (!tpu_check_index_dtype(L, 1, "take")) return;
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  int64_t n = tpu_numel(t->rank, t->sizes);
   tpu_hv idx = tpu_lower_tensor(L, 1, -1);
   tpu_hlo_type it = *T(L, idx);
   int64_t m = tpu_hlo_type_numel(&it), m1[2] = {m, 1};
@@ -752,8 +805,7 @@ void tpu_emit_put(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   if (!tpu_check_index_dtype(L, 1, "put_")) return;
   tpu_dtype dt = t->dtype;
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  int64_t n = tpu_numel(t->rank, t->sizes);
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   tpu_hv idx = tpu_lower_tensor(L, 1, -1);
   tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 2, -1), dt);
@@ -968,8 +1020,7 @@ static void tpu_emit_unique_impl(tpu_lower *L, bool consecutive, int inv_arg, in
   tpu_tref *t = &L->args[0].t;
   bool want_inv = tpu_arg_bool(L, inv_arg), want_cnt = cnt_arg >= 0 && tpu_arg_bool(L, cnt_arg);
   int64_t u = L->args[out0].t.rank == 1 ? L->args[out0].t.sizes[0] : 0, z = 0;
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
+  int64_t n = tpu_numel(t->rank, t->sizes);
   tpu_dtype dt = t->dtype;
   tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, want_inv ? t->rank : 1, want_inv ? t->sizes : &z);
   if (n == 0 || u == 0) {
@@ -1055,6 +1106,61 @@ void tpu_emit_repeat_interleave(tpu_lower *L) {
                              tpu_reduce_region(L, TPU_S64, TPU_RED_SUM));
   (void)m1;
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_prefix_sum(L, marks), t->dtype));
+}
+
+/* ---- embeddings -------------------------------------------------------------------------------- */
+
+/* embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse) */
+void tpu_emit_embedding(tpu_lower *L) {
+  tpu_tref *w = &L->args[0].t, *ix = &L->args[1].t;
+  if (w->rank != 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "'weight' must be 2-D");
+    return;
+  }
+  if (tpu_dtype_is_float(ix->dtype) || ix->dtype == TPU_PRED) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected tensor for argument #1 'indices' to have one of the following scalar "
+                   "types: Long, Int; but got %s instead",
+                   tpu_dtype_name(ix->dtype));
+    return;
+  }
+  int64_t n = 1, D = w->sizes[1];
+  for (int i = 0; i < ix->rank; i++) n *= ix->sizes[i];
+  tpu_hv idx = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, 1, -1), TPU_S64), 2, (int64_t[]){n, 1});
+  tpu_lower_check_range(L, idx, w->sizes[0], false, TPU_ERR_INDEX, "index out of range in self");
+  tpu_hv r = tpu_lower_gather_rows(L, tpu_lower_tensor(L, 0, -1), idx);
+  int64_t od[TPU_MAX_RANK + 1];
+  for (int i = 0; i < ix->rank; i++) od[i] = ix->sizes[i];
+  od[ix->rank] = D;
+  tpu_lower_out(L, tpu_hlo_reshape(H, r, ix->rank + 1, od));
+}
+
+/* embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq) */
+void tpu_emit_embedding_dense_backward(tpu_lower *L) {
+  tpu_tref *g = &L->args[0].t, *ix = &L->args[1].t;
+  if (tpu_arg_bool(L, 4)) {
+    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "embedding backward with scale_grad_by_freq=True is not lowered yet");
+    return;
+  }
+  int64_t n = 1, D = g->sizes[g->rank - 1], V = L->args[2].i;
+  for (int i = 0; i < ix->rank; i++) n *= ix->sizes[i];
+  tpu_dtype dt = g->dtype, acc = tpu_acc_type(dt);
+  tpu_hv idx = tpu_hlo_convert(H, tpu_hlo_reshape(H, tpu_lower_tensor(L, 1, -1), 1, &n), TPU_S64);
+  tpu_hv upd = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 2, (int64_t[]){n, D});
+  if (L->args[3].i >= 0) {
+    tpu_hv keep =
+        tpu_hlo_compare(H, TPU_HLO_NE, idx, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), (double)L->args[3].i));
+    keep = tpu_hlo_broadcast_in_dim(H, keep, 2, (int64_t[]){n, D}, (int64_t[]){0});
+    upd = tpu_hlo_select(H, keep, upd, tpu_k(L, upd, 0));
+  }
+  idx = tpu_hlo_reshape(H, idx, 2, (int64_t[]){n, 1});
+  tpu_hlo_type st = tpu_hlo_type_make(acc, 0, NULL), sts[2] = {st, st};
+  tpu_hv a[2];
+  tpu_hlo_region_begin(H, sts, 2, a);
+  tpu_hv s = tpu_add(L, a[0], a[1]);
+  int region = tpu_hlo_region_end(H, &s, 1);
+  tpu_hv zeros = tpu_lower_full(L, tpu_hlo_type_make(acc, 2, (int64_t[]){V, D}), 0);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_lower_scatter_rows(L, zeros, idx, upd, region), dt));
 }
 
 /* ---- embedding bags -------------------------------------------------------------------------------- */

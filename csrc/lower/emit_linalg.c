@@ -1,7 +1,7 @@
-/* emit_linalg.c: the linalg family beyond the first matmuls.
+/* emit_linalg.c: the linalg family: factorizations and solvers (Cholesky,
+ * triangular solves, LU, determinants, QR, eigh, least squares, LDL^T),
+ * matrix_exp and cross; emit_eig.c and emit_svd.c hold eig and the SVD.
  *
- * Products (baddbmm, addbmm, addmv, vdot, cross) are dot_general with f32
- * accumulation for half types, as torch's CPU kernels compute them.
  * Factorizations work on batches of matrices [..., m, n]: Cholesky and
  * triangular solves are the StableHLO ops of the same names; LU is a
  * partial-pivoting elimination written as a stablehlo.while over columns that
@@ -18,13 +18,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static bool tpu_has(tpu_lower *L, int i, tpu_argkind k) { return i < L->nargs && L->args[i].kind == k; }
-
-bool tpu_bool_arg(tpu_lower *L, int i, bool dflt) {
-  if (tpu_has(L, i, TPU_ARG_BOOL)) return L->args[i].i != 0;
-  return dflt;
-}
-
 /* Elements [i, i+1) of x along dim, that dim dropped. */
 static tpu_hv tpu_take1(tpu_lower *L, tpu_hv x, int dim, int64_t i) {
   const tpu_hlo_type *t = T(L, x);
@@ -39,113 +32,7 @@ static tpu_hv tpu_take1(tpu_lower *L, tpu_hv x, int dim, int64_t i) {
   return tpu_hlo_reshape(H, tpu_hlo_slice(H, x, st, lim, one), k, dims);
 }
 
-/* beta * self + alpha * prod with torch's rule that beta == 0 ignores self
- * (NaN in self does not propagate). Scalars are program inputs. */
-static tpu_hv tpu_scaled_sum(tpu_lower *L, int self_arg, tpu_hv prod, int beta_arg, int alpha_arg, tpu_dtype dt) {
-  const tpu_hlo_type *pt = T(L, prod);
-  int rank = pt->rank;
-  int64_t dims[TPU_MAX_RANK];
-  memcpy(dims, pt->dims, sizeof(int64_t) * (size_t)rank);
-  tpu_hv p = prod;
-  if (tpu_has(L, alpha_arg, TPU_ARG_SCALAR) && !L->args[alpha_arg].is_default)
-    p = tpu_lower_binary(L, TPU_HLO_MUL, p, tpu_lower_scalar(L, alpha_arg, dt));
-  tpu_hv s = tpu_lower_broadcast_to(L, tpu_lower_input(L, self_arg, dt), rank, dims);
-  if (tpu_has(L, beta_arg, TPU_ARG_SCALAR) && !L->args[beta_arg].is_default) {
-    tpu_hv b = tpu_lower_scalar(L, beta_arg, dt);
-    tpu_hv bs = tpu_lower_binary(L, TPU_HLO_MUL, s, b);
-    tpu_hv z = tpu_hlo_compare(H, TPU_HLO_EQ, b, tpu_hlo_constant(H, dt, 0));
-    s = tpu_hlo_select(H, tpu_lower_broadcast_to(L, z, rank, dims), tpu_k(L, bs, 0), bs);
-  }
-  return tpu_hlo_binary(H, TPU_HLO_ADD, s, p);
-}
-
-static bool tpu_same_dtype(tpu_lower *L, int a, int b, const char *what) {
-  if (L->args[a].t.dtype != L->args[b].t.dtype) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: expected %s to have the same dtype, but got: %s != %s", L->opname, what,
-                   tpu_dtype_name(L->args[a].t.dtype), tpu_dtype_name(L->args[b].t.dtype));
-    return false;
-  }
-  return true;
-}
-
-/* ---- products ---------------------------------------------------------------------------- */
-
-/* baddbmm(self, batch1, batch2, *, beta, alpha) and addbmm (sum over the batch). */
-static void tpu_emit_bmm_add(tpu_lower *L, bool reduce_batch) {
-  if (!tpu_same_dtype(L, 1, 2, "batch1 and batch2")) return;
-  tpu_tref *a = &L->args[1].t, *b = &L->args[2].t;
-  if (a->rank != 3 || b->rank != 3) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "batch1 must be a 3D tensor");
-    return;
-  }
-  if (a->sizes[0] != b->sizes[0] || a->sizes[2] != b->sizes[1]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                   "Expected size for first two dimensions of batch2 tensor to be: [%lld, %lld] but got: [%lld, %lld].",
-                   (long long)a->sizes[0], (long long)a->sizes[2], (long long)b->sizes[0], (long long)b->sizes[1]);
-    return;
-  }
-  tpu_dtype dt = a->dtype, acc = tpu_acc_type(dt);
-  tpu_hv x = tpu_lower_tensor(L, 1, -1), y = tpu_lower_tensor(L, 2, -1);
-  tpu_hv p;
-  if (reduce_batch) {
-    int64_t lc[2] = {0, 2}, rc[2] = {0, 1};
-    p = tpu_hlo_dot_general(H, x, y, 0, NULL, NULL, 2, lc, rc, L->precision, acc);
-  } else {
-    int64_t z = 0, lc = 2, rc = 1;
-    p = tpu_hlo_dot_general(H, x, y, 1, &z, &z, 1, &lc, &rc, L->precision, acc);
-  }
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_scaled_sum(L, 0, p, 3, 4, acc), dt));
-}
-void tpu_emit_baddbmm(tpu_lower *L) { tpu_emit_bmm_add(L, false); }
-void tpu_emit_addbmm(tpu_lower *L) { tpu_emit_bmm_add(L, true); }
-
-/* addmv(self, mat, vec, *, beta, alpha) */
-void tpu_emit_addmv(tpu_lower *L) {
-  if (!tpu_same_dtype(L, 1, 2, "mat and vec")) return;
-  tpu_tref *m = &L->args[1].t, *v = &L->args[2].t;
-  if (m->rank != 2 || v->rank != 1 || m->sizes[1] != v->sizes[0]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "size mismatch, got input (%lld), mat (%lldx%lld), vec (%lld)",
-                   (long long)(L->args[0].t.rank ? L->args[0].t.sizes[0] : 1),
-                   (long long)(m->rank > 0 ? m->sizes[0] : 0), (long long)(m->rank > 1 ? m->sizes[1] : 0),
-                   (long long)(v->rank > 0 ? v->sizes[0] : 0));
-    return;
-  }
-  tpu_dtype dt = m->dtype, acc = tpu_acc_type(dt);
-  int64_t lc = 1, rc = 0;
-  tpu_hv p = tpu_hlo_dot_general(H, tpu_lower_tensor(L, 1, -1), tpu_lower_tensor(L, 2, -1), 0, NULL, NULL, 1, &lc, &rc,
-                                 L->precision, acc);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_scaled_sum(L, 0, p, 3, 4, acc), dt));
-}
-
-/* vdot(self, other): dot of 1-d tensors (real dtypes: no conjugation to do). */
-void tpu_emit_vdot(tpu_lower *L) {
-  tpu_tref *a = &L->args[0].t, *b = &L->args[1].t;
-  if (a->rank != 1 || b->rank != 1) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "1D tensors expected, but got %dD and %dD tensors", a->rank, b->rank);
-    return;
-  }
-  if (a->dtype != b->dtype) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected both vectors to have same dtype, but found %s and %s",
-                   tpu_dtype_name(a->dtype), tpu_dtype_name(b->dtype));
-    return;
-  }
-  if (a->sizes[0] != b->sizes[0]) {
-    tpu_lower_fail(
-        L, TPU_ERR_RUNTIME,
-        "inconsistent tensor size, expected tensor [%lld] and src [%lld] to have the same number of elements, but got %lld and %lld elements respectively",
-        (long long)a->sizes[0], (long long)b->sizes[0], (long long)a->sizes[0], (long long)b->sizes[0]);
-    return;
-  }
-  if (tpu_dtype_is_complex(a->dtype)) {
-    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "vdot: complex tensors are not supported on tpu yet");
-    return;
-  }
-  tpu_dtype dt = a->dtype, acc = tpu_acc_type(dt);
-  int64_t lc = 0, rc = 0;
-  tpu_hv r = tpu_hlo_dot_general(H, tpu_lower_tensor(L, 0, -1), tpu_lower_tensor(L, 1, -1), 0, NULL, NULL, 1, &lc, &rc,
-                                 L->precision, acc);
-  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
-}
+/* ---- cross product -------------------------------------------------------------------------- */
 
 /* linalg_cross(self, other, *, dim=-1): broadcast, then the 3-vector cross product along dim. */
 void tpu_emit_linalg_cross(tpu_lower *L) {
@@ -160,7 +47,7 @@ void tpu_emit_linalg_cross(tpu_lower *L) {
                    tpu_dtype_name(a->dtype), tpu_dtype_name(b->dtype));
     return;
   }
-  int64_t dim = tpu_lower_dim(L, tpu_has(L, 2, TPU_ARG_INT) ? L->args[2].i : -1, a->rank);
+  int64_t dim = tpu_lower_dim(L, tpu_arg_is(L, 2, TPU_ARG_INT) ? L->args[2].i : -1, a->rank);
   if (!tpu_hlo_ok(H)) return;
   if (a->sizes[dim] != 3 || b->sizes[dim] != 3) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.cross: inputs dimension %lld must have length 3. Got %lld and %lld",
@@ -186,24 +73,6 @@ void tpu_emit_linalg_cross(tpu_lower *L) {
   for (int d = 0, k = 0; d < r; d++) dims[d] = d == dim ? 1 : ct->dims[k++];
   for (int i = 0; i < 3; i++) z[i] = tpu_hlo_reshape(H, z[i], r, dims);
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_concat(H, z, 3, (int)dim), dt));
-}
-
-/* eye.out(n, *, out), eye.m_out(n, m, *, out): the identity in out's dtype. */
-void tpu_emit_eye_out(tpu_lower *L) {
-  int64_t n = L->args[0].i, m = tpu_has(L, 1, TPU_ARG_INT) ? L->args[1].i : n;
-  if (n < 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "n must be greater or equal to 0, got %lld", (long long)n);
-    return;
-  }
-  if (m < 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "m must be greater or equal to 0, got %lld", (long long)m);
-    return;
-  }
-  tpu_dtype dt = L->args[L->nargs - 1].t.dtype;
-  int64_t dims[2] = {n, m};
-  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, 2, dims);
-  tpu_hv eq = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, it, 0), tpu_hlo_iota(H, it, 1));
-  tpu_lower_out(L, tpu_hlo_convert(H, eq, dt));
 }
 
 /* ---- matrix helpers ------------------------------------------------------------------------ */
@@ -253,8 +122,6 @@ tpu_hv tpu_eye_like(tpu_lower *L, const tpu_hlo_type *t) {
   return tpu_hlo_convert(H, eq, t->dtype);
 }
 
-static int64_t tpu_numel_t(const tpu_hlo_type *t) { return tpu_hlo_type_numel(t); }
-
 /* Broadcast the batch dims (all but the last two) of a and b to their common shape. */
 bool tpu_batch_bcast(tpu_lower *L, tpu_hv *a, tpu_hv *b) {
   const tpu_hlo_type *at = T(L, *a), *bt = T(L, *b);
@@ -288,7 +155,7 @@ static tpu_hv tpu_trisolve(tpu_lower *L, tpu_hv a, tpu_hv b, bool left, bool low
   const tpu_hlo_type *bt = T(L, b);
   if (bt->dtype == TPU_INVALID) return TPU_HV_NONE;
   tpu_hlo_type rt = *bt;
-  if (tpu_numel_t(&rt) == 0 || tpu_numel_t(T(L, a)) == 0) return tpu_lower_full(L, rt, 0);
+  if (tpu_hlo_type_numel(&rt) == 0 || tpu_hlo_type_numel(T(L, a)) == 0) return tpu_lower_full(L, rt, 0);
   char attrs[256];
   snprintf(
       attrs, sizeof attrs, "left_side = %s, lower = %s, unit_diagonal = %s, transpose_a = #stablehlo<transpose %s>",
@@ -301,7 +168,7 @@ static tpu_hv tpu_trisolve(tpu_lower *L, tpu_hv a, tpu_hv b, bool left, bool low
 static tpu_hv tpu_chol_lower(tpu_lower *L, tpu_hv a) {
   const tpu_hlo_type *t = T(L, a);
   if (t->dtype == TPU_INVALID) return TPU_HV_NONE;
-  if (tpu_numel_t(t) == 0) return a;
+  if (tpu_hlo_type_numel(t) == 0) return a;
   tpu_hv c = tpu_hlo_emit1(H, "stablehlo.cholesky", &a, 1, "lower = true", *t);
   return tpu_tri(L, c, true);
 }
@@ -361,7 +228,7 @@ static tpu_hv tpu_chol_info(tpu_lower *L, tpu_hv c) {
 /* linalg_cholesky_ex.L(self, *, upper, check_errors, L, info) */
 void tpu_emit_linalg_cholesky_ex(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, true, "linalg.cholesky")) return;
-  bool upper = tpu_bool_arg(L, 1, false);
+  bool upper = tpu_arg_bool_or(L, 1, false);
   tpu_hv a = tpu_lower_tensor(L, 0, -1);
   tpu_hv c = tpu_chol_lower(L, a);
   tpu_hv info = tpu_chol_info(L, c);
@@ -372,7 +239,7 @@ void tpu_emit_linalg_cholesky_ex(tpu_lower *L) {
 /* cholesky(self, upper=False): the factor (upper: U with A = U^T U) */
 void tpu_emit_cholesky(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, true, "cholesky")) return;
-  bool upper = tpu_bool_arg(L, 1, false);
+  bool upper = tpu_arg_bool_or(L, 1, false);
   tpu_hv c = tpu_chol_lower(L, tpu_lower_tensor(L, 0, -1));
   tpu_lower_out(L, upper ? tpu_mT(L, c) : c);
 }
@@ -380,7 +247,7 @@ void tpu_emit_cholesky(tpu_lower *L) {
 /* _cholesky_solve_helper(self=B, A=factor, upper): solve (F F^T) X = B with F
  * lower (or F^T F with F upper). Batch dims are broadcast by the caller. */
 void tpu_emit_cholesky_solve_helper(tpu_lower *L) {
-  bool upper = tpu_bool_arg(L, 2, false);
+  bool upper = tpu_arg_bool_or(L, 2, false);
   tpu_hv b = tpu_lower_tensor(L, 0, -1), f = tpu_lower_tensor(L, 1, -1);
   if (!tpu_batch_bcast(L, &f, &b)) return;
   tpu_hv y, x;
@@ -397,7 +264,7 @@ void tpu_emit_cholesky_solve_helper(tpu_lower *L) {
 /* cholesky_inverse(self=factor, upper): (F F^T)^-1 */
 void tpu_emit_cholesky_inverse(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, true, "cholesky_inverse")) return;
-  bool upper = tpu_bool_arg(L, 1, false);
+  bool upper = tpu_arg_bool_or(L, 1, false);
   tpu_hv f = tpu_lower_tensor(L, 0, -1);
   tpu_hv id = tpu_eye_like(L, T(L, f));
   tpu_hv fi = tpu_trisolve(L, f, id, true, !upper, false, false); /* F^-1 */
@@ -429,7 +296,7 @@ void tpu_emit_triangular_solve(tpu_lower *L) {
         (long long)bt->sizes[bt->rank - 1]);
     return;
   }
-  bool upper = tpu_bool_arg(L, 2, true), trans = tpu_bool_arg(L, 3, false), unit = tpu_bool_arg(L, 4, false);
+  bool upper = tpu_arg_bool_or(L, 2, true), trans = tpu_arg_bool_or(L, 3, false), unit = tpu_arg_bool_or(L, 4, false);
   tpu_hv b = tpu_lower_tensor(L, 0, -1), a = tpu_lower_tensor(L, 1, -1);
   if (!tpu_batch_bcast(L, &a, &b)) return;
   tpu_lower_out(L, tpu_trisolve(L, a, b, true, !upper, unit, trans));
@@ -451,7 +318,7 @@ void tpu_emit_linalg_solve_triangular(tpu_lower *L) {
         tpu_dtype_name(at->dtype), tpu_dtype_name(bt->dtype));
     return;
   }
-  bool upper = tpu_bool_arg(L, 2, false), left = tpu_bool_arg(L, 3, true), unit = tpu_bool_arg(L, 4, false);
+  bool upper = tpu_arg_bool_or(L, 2, false), left = tpu_arg_bool_or(L, 3, true), unit = tpu_arg_bool_or(L, 4, false);
   int64_t n = at->sizes[at->rank - 1], k = left ? bt->sizes[bt->rank - 2] : bt->sizes[bt->rank - 1];
   if (n != k) {
     tpu_lower_fail(
@@ -492,7 +359,7 @@ static tpu_hv tpu_bcast0(tpu_lower *L, tpu_hv s, int rank, const int64_t *dims) 
 }
 
 /* Sum over dim `d` of select(mask, x, 0): picks the masked element exactly. */
-static tpu_hv tpu_pick(tpu_lower *L, tpu_hv mask, tpu_hv x, int64_t d) {
+static tpu_hv tpu_pick_masked(tpu_lower *L, tpu_hv mask, tpu_hv x, int64_t d) {
   tpu_hv z = tpu_hlo_select(H, mask, x, tpu_k(L, x, 0));
   return tpu_hlo_reduce(H, z, tpu_hlo_constant(H, T(L, x)->dtype, 0), &d, 1, TPU_HLO_ADD);
 }
@@ -551,7 +418,7 @@ static tpu_lu_res tpu_lu(tpu_lower *L, tpu_hv a, bool pivot) {
     tpu_hv row = tpu_hlo_iota(H, i64, r - 2), col = tpu_hlo_iota(H, i64, r - 1);
     tpu_hv kA = tpu_bcast0(L, k, r, at.dims);
     /* column k: [..., m] */
-    tpu_hv colk = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, col, kA), A, r - 1);
+    tpu_hv colk = tpu_pick_masked(L, tpu_hlo_compare(H, TPU_HLO_EQ, col, kA), A, r - 1);
     tpu_hlo_type rt = tpu_hlo_type_make(TPU_S64, nb + 1, qd);
     tpu_hv rows = tpu_hlo_iota(H, rt, nb);
     tpu_hv kR = tpu_bcast0(L, k, nb + 1, qd);
@@ -582,7 +449,7 @@ static tpu_lu_res tpu_lu(tpu_lower *L, tpu_hv a, bool pivot) {
     for (int i = 0; i < nb; i++) bd[i] = i;
     tpu_hv pA = tpu_hlo_broadcast_in_dim(H, p, r, at.dims, bd);
     tpu_hv isk = tpu_hlo_compare(H, TPU_HLO_EQ, row, kA), isp = tpu_hlo_compare(H, TPU_HLO_EQ, row, pA);
-    tpu_hv rowk = tpu_pick(L, isk, A, r - 2), rowp = tpu_pick(L, isp, A, r - 2); /* [..., n] */
+    tpu_hv rowk = tpu_pick_masked(L, isk, A, r - 2), rowp = tpu_pick_masked(L, isp, A, r - 2); /* [..., n] */
     for (int i = 0; i <= nb; i++) bd[i] = i == nb ? r - 1 : i;
     tpu_hv rowkA = tpu_hlo_broadcast_in_dim(H, rowk, r, at.dims, bd),
            rowpA = tpu_hlo_broadcast_in_dim(H, rowp, r, at.dims, bd);
@@ -591,7 +458,7 @@ static tpu_lu_res tpu_lu(tpu_lower *L, tpu_hv a, bool pivot) {
     tpu_hv pR = tpu_hlo_broadcast_in_dim(H, p, nb + 1, qd, bd);
     tpu_hv iskR = tpu_hlo_compare(H, TPU_HLO_EQ, rows, kR), ispR = tpu_hlo_compare(H, TPU_HLO_EQ, rows, pR);
     int64_t dn = nb;
-    tpu_hv permk = tpu_pick(L, iskR, perm, dn), permp = tpu_pick(L, ispR, perm, dn);
+    tpu_hv permk = tpu_pick_masked(L, iskR, perm, dn), permp = tpu_pick_masked(L, ispR, perm, dn);
     tpu_hv permkR = tpu_hlo_broadcast_in_dim(H, permk, nb + 1, qd, bd),
            permpR = tpu_hlo_broadcast_in_dim(H, permp, nb + 1, qd, bd);
     perm = tpu_hlo_select(H, iskR, permpR, tpu_hlo_select(H, ispR, permkR, perm));
@@ -607,14 +474,14 @@ static tpu_lu_res tpu_lu(tpu_lower *L, tpu_hv a, bool pivot) {
     cd[nb] = n;
     tpu_hv colsN = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, nb + 1, cd), nb);
     tpu_hv kN = tpu_bcast0(L, k, nb + 1, cd);
-    tpu_hv piv_v = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, colsN, kN), newrowk, nb); /* [...] */
+    tpu_hv piv_v = tpu_pick_masked(L, tpu_hlo_compare(H, TPU_HLO_EQ, colsN, kN), newrowk, nb); /* [...] */
     tpu_hv zero = tpu_hlo_compare(H, TPU_HLO_EQ, piv_v, tpu_k(L, piv_v, 0));
     tpu_hv infoz = tpu_hlo_compare(H, TPU_HLO_EQ, info, tpu_k(L, info, 0));
     tpu_hv k1 = tpu_hlo_convert(H, tpu_add(L, k, tpu_hlo_constant_int(H, TPU_S64, 1)), TPU_S32);
     info = tpu_hlo_select(H, tpu_hlo_binary(H, TPU_HLO_AND, zero, infoz), tpu_bcast0(L, k1, nb, at.dims), info);
     /* column k after the swap, scaled by 1/pivot below the diagonal (unscaled
      * when the pivot is zero: the column is zero there, as LAPACK leaves it) */
-    tpu_hv colk2 = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, col, kA), A, r - 1); /* [..., m] */
+    tpu_hv colk2 = tpu_pick_masked(L, tpu_hlo_compare(H, TPU_HLO_EQ, col, kA), A, r - 1); /* [..., m] */
     tpu_hv safe = tpu_hlo_select(H, zero, tpu_k(L, piv_v, 1), piv_v);
     tpu_hv lcol = tpu_hlo_binary(H, TPU_HLO_DIV, colk2, tpu_hlo_broadcast_in_dim(H, safe, nb + 1, qd, bd));
     tpu_hv belowR = tpu_hlo_compare(H, TPU_HLO_GT, rows, kR);
@@ -678,14 +545,14 @@ static tpu_hv tpu_perm_from_piv(tpu_lower *L, tpu_hv piv, int64_t m) {
   tpu_hv i0 = v[0], perm = v[1];
   int64_t dn = nb;
   tpu_hlo_type kt = tpu_hlo_type_make(TPU_S64, nb + 1, pt.dims);
-  tpu_hv pk = tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, kt, nb), tpu_bcast0(L, i0, nb + 1, pt.dims)),
-                       v[2], dn);
+  tpu_hv pk = tpu_pick_masked(
+      L, tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, kt, nb), tpu_bcast0(L, i0, nb + 1, pt.dims)), v[2], dn);
   tpu_hv p = tpu_hlo_convert(H, tpu_sub(L, pk, tpu_k(L, pk, 1)), TPU_S64); /* [...] 0-based */
   tpu_hlo_type rt = tpu_hlo_type_make(TPU_S64, nb + 1, qd);
   tpu_hv rows = tpu_hlo_iota(H, rt, nb);
   tpu_hv isk = tpu_hlo_compare(H, TPU_HLO_EQ, rows, tpu_bcast0(L, i0, nb + 1, qd));
   tpu_hv isp = tpu_hlo_compare(H, TPU_HLO_EQ, rows, tpu_hlo_broadcast_in_dim(H, p, nb + 1, qd, bd));
-  tpu_hv a = tpu_pick(L, isk, perm, dn), b = tpu_pick(L, isp, perm, dn);
+  tpu_hv a = tpu_pick_masked(L, isk, perm, dn), b = tpu_pick_masked(L, isp, perm, dn);
   perm = tpu_hlo_select(H, isk, tpu_hlo_broadcast_in_dim(H, b, nb + 1, qd, bd),
                         tpu_hlo_select(H, isp, tpu_hlo_broadcast_in_dim(H, a, nb + 1, qd, bd), perm));
   tpu_hv outs[3] = {tpu_add(L, i0, tpu_hlo_constant_int(H, TPU_S64, 1)), perm, v[2]};
@@ -743,7 +610,7 @@ static tpu_hv tpu_lu_solve_impl(tpu_lower *L, tpu_hv lu, tpu_hv perm, tpu_hv b, 
 /* linalg_lu_factor_ex.out(A, *, pivot, check_errors, LU, pivots, info) */
 void tpu_emit_linalg_lu_factor_ex(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, false, "torch.linalg.lu_factor_ex")) return;
-  if (!tpu_bool_arg(L, 1, true)) {
+  if (!tpu_arg_bool_or(L, 1, true)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_factor: LU without pivoting is not implemented on the CPU");
     return;
   }
@@ -756,7 +623,7 @@ void tpu_emit_linalg_lu_factor_ex(tpu_lower *L) {
 /* linalg_lu.out(A, *, pivot, P, L, U) */
 void tpu_emit_linalg_lu(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, false, "linalg.lu")) return;
-  if (!tpu_bool_arg(L, 1, true)) {
+  if (!tpu_arg_bool_or(L, 1, true)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_factor: LU without pivoting is not implemented on the CPU");
     return;
   }
@@ -783,7 +650,7 @@ void tpu_emit_lu_unpack(tpu_lower *L) {
                    "Note: this function is intended to be used with the output produced by torch.linalg.lu_factor");
     return;
   }
-  bool data = tpu_bool_arg(L, 2, true), pivs = tpu_bool_arg(L, 3, true);
+  bool data = tpu_arg_bool_or(L, 2, true), pivs = tpu_arg_bool_or(L, 3, true);
   int64_t m = t->sizes[t->rank - 2];
   int64_t z = 0;
   tpu_hv empty = tpu_lower_full(L, tpu_hlo_type_make(t->dtype, 1, &z), 0);
@@ -808,7 +675,7 @@ void tpu_emit_lu_unpack(tpu_lower *L) {
 void tpu_emit_linalg_lu_solve(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, true, "linalg.lu_solve")) return;
   tpu_tref *bt = &L->args[2].t, *at = &L->args[0].t;
-  bool left = tpu_bool_arg(L, 3, true), adjoint = tpu_bool_arg(L, 4, false);
+  bool left = tpu_arg_bool_or(L, 3, true), adjoint = tpu_arg_bool_or(L, 4, false);
   if (bt->rank < 2) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "linalg.lu_solve: The input tensor B must have at least 2 dimensions.");
     return;
@@ -852,7 +719,7 @@ void tpu_emit_linalg_inv_ex(tpu_lower *L) {
 void tpu_emit_linalg_solve_ex(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, true, "linalg.solve")) return;
   tpu_tref *at = &L->args[0].t, *bt = &L->args[1].t;
-  bool left = tpu_bool_arg(L, 2, true);
+  bool left = tpu_arg_bool_or(L, 2, true);
   if (at->dtype != bt->dtype) {
     tpu_lower_fail(
         L, TPU_ERR_RUNTIME,
@@ -899,7 +766,7 @@ static tpu_hv tpu_diag(tpu_lower *L, tpu_hv x) {
   int r = t->rank;
   tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, r, t->dims);
   tpu_hv eq = tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_iota(H, it, r - 2), tpu_hlo_iota(H, it, r - 1));
-  return tpu_pick(L, eq, x, r - 1);
+  return tpu_pick_masked(L, eq, x, r - 1);
 }
 
 /* (-1)^(number of actual swaps) of the pivots, in dt, shape [...]. */
@@ -973,7 +840,7 @@ static tpu_hv tpu_col(tpu_lower *L, tpu_hv x, tpu_hv j) {
   const tpu_hlo_type *t = T(L, x);
   int r = t->rank;
   tpu_hv col = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
-  return tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, col, tpu_bcast0(L, j, r, t->dims)), x, r - 1);
+  return tpu_pick_masked(L, tpu_hlo_compare(H, TPU_HLO_EQ, col, tpu_bcast0(L, j, r, t->dims)), x, r - 1);
 }
 
 /* x with columns p and q replaced by cp and cq ([..., m]). */
@@ -1040,7 +907,7 @@ static tpu_hv tpu_entry(tpu_lower *L, tpu_hv x, tpu_hv p, tpu_hv q) {
   const tpu_hlo_type *t = T(L, c);
   int r = t->rank;
   tpu_hv row = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
-  return tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, row, tpu_bcast0(L, p, r, t->dims)), c, r - 1);
+  return tpu_pick_masked(L, tpu_hlo_compare(H, TPU_HLO_EQ, row, tpu_bcast0(L, p, r, t->dims)), c, r - 1);
 }
 
 /* x J for the rotation J in the (p, q) plane: column update. */
@@ -1126,8 +993,8 @@ tpu_hv tpu_sort_desc(tpu_lower *L, tpu_hv s, tpu_hv *mat) {
 void tpu_emit_linalg_eigh(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, true, "linalg.eigh")) return;
   tpu_tref *tr = &L->args[0].t;
-  bool upper = tpu_has(L, 1, TPU_ARG_STR) && (L->args[1].str[0] == 'U' || L->args[1].str[0] == 'u');
-  bool cv = tpu_bool_arg(L, 2, true);
+  bool upper = tpu_arg_is(L, 1, TPU_ARG_STR) && (L->args[1].str[0] == 'U' || L->args[1].str[0] == 'u');
+  bool cv = tpu_arg_bool_or(L, 2, true);
   tpu_hv a = tpu_lower_tensor(L, 0, -1);
   /* the symmetric matrix the chosen triangle describes */
   tpu_hv tri = tpu_tri(L, a, !upper);
@@ -1163,7 +1030,7 @@ static tpu_hv tpu_at_last(tpu_lower *L, tpu_hv x, tpu_hv k) {
   const tpu_hlo_type *t = T(L, x);
   int r = t->rank;
   tpu_hv i = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, r, t->dims), r - 1);
-  return tpu_pick(L, tpu_hlo_compare(H, TPU_HLO_EQ, i, tpu_bcast0(L, k, r, t->dims)), x, r - 1);
+  return tpu_pick_masked(L, tpu_hlo_compare(H, TPU_HLO_EQ, i, tpu_bcast0(L, k, r, t->dims)), x, r - 1);
 }
 
 /* x - tau v (v^T x) restricted to columns selected by colmask (or all when
@@ -1285,7 +1152,7 @@ tpu_hv tpu_hh_product(tpu_lower *L, tpu_hv packed, tpu_hv taus, int64_t ncols) {
 void tpu_emit_ormqr(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, false, "torch.ormqr")) return;
   tpu_tref *a = &L->args[0].t, *tt = &L->args[1].t, *ct = &L->args[2].t;
-  bool left = tpu_bool_arg(L, 3, true), tr = tpu_bool_arg(L, 4, false);
+  bool left = tpu_arg_bool_or(L, 3, true), tr = tpu_arg_bool_or(L, 4, false);
   int64_t m = a->sizes[a->rank - 2];
   if (ct->rank != a->rank || tt->rank != a->rank - 1 ||
       (left ? ct->sizes[ct->rank - 2] : ct->sizes[ct->rank - 1]) != m) {
@@ -1317,7 +1184,7 @@ void tpu_emit_geqrf(tpu_lower *L) {
 void tpu_emit_linalg_qr(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, false, "linalg.qr")) return;
   tpu_tref *t = &L->args[0].t;
-  const char *mode = tpu_has(L, 1, TPU_ARG_STR) ? L->args[1].str : "reduced";
+  const char *mode = tpu_arg_is(L, 1, TPU_ARG_STR) ? L->args[1].str : "reduced";
   bool complete = strcmp(mode, "complete") == 0, ronly = strcmp(mode, "r") == 0;
   if (!complete && !ronly && strcmp(mode, "reduced") != 0) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME,
@@ -1448,7 +1315,7 @@ void tpu_emit_matrix_exp(tpu_lower *L) {
 void tpu_emit_linalg_lstsq(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, false, "torch.linalg.lstsq")) return;
   tpu_tref *at = &L->args[0].t, *bt = &L->args[1].t;
-  const char *driver = tpu_has(L, 3, TPU_ARG_STR) ? L->args[3].str : "gelsy";
+  const char *driver = tpu_arg_is(L, 3, TPU_ARG_STR) ? L->args[3].str : "gelsy";
   bool gels = strcmp(driver, "gels") == 0, gelsy = strcmp(driver, "gelsy") == 0;
   bool with_sv = strcmp(driver, "gelsd") == 0 || strcmp(driver, "gelss") == 0;
   if (!gels && !gelsy && !with_sv) {
@@ -1485,7 +1352,7 @@ void tpu_emit_linalg_lstsq(tpu_lower *L) {
   const tpu_hlo_type st = *T(L, S);
   int sr = st.rank;
   double eps = dt == TPU_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-07;
-  double rc = tpu_has(L, 2, TPU_ARG_FLOAT) ? L->args[2].f : eps * (double)(m > n ? m : n);
+  double rc = tpu_arg_is(L, 2, TPU_ARG_FLOAT) ? L->args[2].f : eps * (double)(m > n ? m : n);
   if (gels) rc = 0;
   /* sigma_max (the first, values are sorted) times rcond */
   int64_t bd[TPU_MAX_RANK];
@@ -1574,22 +1441,17 @@ static tpu_hv ldl_iota2(tpu_lower *L, const tpu_ldl_sh *s) {
   return tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, s->d2), 1);
 }
 static tpu_hv ldl_eq(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_compare(H, TPU_HLO_EQ, a, b); }
-static tpu_hv ldl_and(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_AND, a, b); }
-static tpu_hv ldl_or(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_OR, a, b); }
-static tpu_hv ldl_not(tpu_lower *L, tpu_hv a) { return tpu_hlo_unary(H, TPU_HLO_NOT, a); }
-static tpu_hv ldl_sel(tpu_lower *L, tpu_hv p, tpu_hv a, tpu_hv b) { return tpu_hlo_select(H, p, a, b); }
-static tpu_hv ldl_div(tpu_lower *L, tpu_hv a, tpu_hv b) { return tpu_hlo_binary(H, TPU_HLO_DIV, a, b); }
 /* row i ([B]) of a [B, n, n]: [B, n] */
 static tpu_hv ldl_row(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv a, tpu_hv i) {
-  return tpu_pick(L, ldl_eq(L, ldl_iota3(L, s, 1), ldl_b3(L, s, i)), a, 1);
+  return tpu_pick_masked(L, ldl_eq(L, ldl_iota3(L, s, 1), ldl_b3(L, s, i)), a, 1);
 }
 /* column j ([B]) of a [B, n, n]: [B, n] */
 static tpu_hv ldl_col(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv a, tpu_hv j) {
-  return tpu_pick(L, ldl_eq(L, ldl_iota3(L, s, 2), ldl_b3(L, s, j)), a, 2);
+  return tpu_pick_masked(L, ldl_eq(L, ldl_iota3(L, s, 2), ldl_b3(L, s, j)), a, 2);
 }
 /* v[b, i_b] of v [B, n] */
 static tpu_hv ldl_at(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv v, tpu_hv i) {
-  return tpu_pick(L, ldl_eq(L, ldl_iota2(L, s), ldl_b2(L, s, i)), v, 1);
+  return tpu_pick_masked(L, ldl_eq(L, ldl_iota2(L, s), ldl_b2(L, s, i)), v, 1);
 }
 /* a [B, n, m] with rows i and j ([B]) swapped */
 static tpu_hv ldl_swap_rows(tpu_lower *L, tpu_hv a, tpu_hv i, tpu_hv j) {
@@ -1598,10 +1460,10 @@ static tpu_hv ldl_swap_rows(tpu_lower *L, tpu_hv a, tpu_hv i, tpu_hv j) {
   tpu_hv row = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 3, t.dims), 1);
   tpu_hv isi = ldl_eq(L, row, tpu_hlo_broadcast_in_dim(H, i, 3, t.dims, &b0));
   tpu_hv isj = ldl_eq(L, row, tpu_hlo_broadcast_in_dim(H, j, 3, t.dims, &b0));
-  tpu_hv ri = tpu_pick(L, isi, a, 1), rj = tpu_pick(L, isj, a, 1);
+  tpu_hv ri = tpu_pick_masked(L, isi, a, 1), rj = tpu_pick_masked(L, isj, a, 1);
   (void)rd;
   tpu_hv rib = tpu_hlo_broadcast_in_dim(H, ri, 3, t.dims, bd), rjb = tpu_hlo_broadcast_in_dim(H, rj, 3, t.dims, bd);
-  return ldl_sel(L, isi, rjb, ldl_sel(L, isj, rib, a));
+  return tpu_sel(L, isi, rjb, tpu_sel(L, isj, rib, a));
 }
 
 #define TPU_BK_ALPHA 0.64038820320220756872 /* (1 + sqrt(17)) / 8 */
@@ -1621,81 +1483,81 @@ static void ldl_factor_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv *pa, tpu_h
   tpu_hv ck = ldl_col(L, s, A, k);
   tpu_hv akk = ldl_at(L, s, ck, k), absakk = tpu_hlo_unary(H, TPU_HLO_ABS, akk);
   tpu_hv below = tpu_hlo_compare(H, TPU_HLO_GT, rows2, ldl_b2(L, s, k));
-  tpu_hv mag = ldl_sel(L, below, tpu_hlo_unary(H, TPU_HLO_ABS, ck), tpu_k(L, ck, -1));
+  tpu_hv mag = tpu_sel(L, below, tpu_hlo_unary(H, TPU_HLO_ABS, ck), tpu_k(L, ck, -1));
   tpu_hv colmax = tpu_hlo_reduce(H, mag, tpu_hlo_constant(H, dt, -INFINITY), &d1, 1, TPU_HLO_MAX);
-  tpu_hv ismax = ldl_and(L, below, ldl_eq(L, mag, ldl_b2(L, s, colmax)));
-  tpu_hv imax = tpu_hlo_reduce(H, ldl_sel(L, ismax, rows2, tpu_k(L, rows2, (double)n)),
+  tpu_hv ismax = tpu_and(L, below, ldl_eq(L, mag, ldl_b2(L, s, colmax)));
+  tpu_hv imax = tpu_hlo_reduce(H, tpu_sel(L, ismax, rows2, tpu_k(L, rows2, (double)n)),
                                tpu_hlo_constant_int(H, TPU_S64, n), &d1, 1, TPU_HLO_MIN);
-  imax = ldl_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, imax, tpu_k(L, imax, (double)n)), k, imax);
+  imax = tpu_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, imax, tpu_k(L, imax, (double)n)), k, imax);
   colmax = tpu_hlo_binary(H, TPU_HLO_MAX, colmax, tpu_k(L, colmax, 0));
-  tpu_hv zero = ldl_or(L, ldl_eq(L, tpu_hlo_binary(H, TPU_HLO_MAX, absakk, colmax), tpu_k(L, colmax, 0)),
+  tpu_hv zero = tpu_or(L, ldl_eq(L, tpu_hlo_binary(H, TPU_HLO_MAX, absakk, colmax), tpu_k(L, colmax, 0)),
                        tpu_hlo_compare(H, TPU_HLO_NE, absakk, absakk));
   /* the largest off-diagonal entry of row imax in the trailing block */
   tpu_hv ri = ldl_row(L, s, A, imax);
-  tpu_hv inr = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GE, rows2, ldl_b2(L, s, k)),
+  tpu_hv inr = tpu_and(L, tpu_hlo_compare(H, TPU_HLO_GE, rows2, ldl_b2(L, s, k)),
                        tpu_hlo_compare(H, TPU_HLO_NE, rows2, ldl_b2(L, s, imax)));
-  tpu_hv rowmax = tpu_hlo_reduce(H, ldl_sel(L, inr, tpu_hlo_unary(H, TPU_HLO_ABS, ri), tpu_k(L, ri, 0)),
+  tpu_hv rowmax = tpu_hlo_reduce(H, tpu_sel(L, inr, tpu_hlo_unary(H, TPU_HLO_ABS, ri), tpu_k(L, ri, 0)),
                                  tpu_hlo_constant(H, dt, 0), &d1, 1, TPU_HLO_MAX);
   tpu_hv aimax = tpu_hlo_unary(H, TPU_HLO_ABS, ldl_at(L, s, ri, imax));
   tpu_hv acol = tpu_mul(L, colmax, tpu_k(L, colmax, TPU_BK_ALPHA));
   tpu_hv c1 = tpu_hlo_compare(H, TPU_HLO_GE, absakk, acol);
-  tpu_hv c2 = tpu_hlo_compare(H, TPU_HLO_GE, absakk, tpu_mul(L, acol, ldl_div(L, colmax, rowmax)));
+  tpu_hv c2 = tpu_hlo_compare(H, TPU_HLO_GE, absakk, tpu_mul(L, acol, tpu_div(L, colmax, rowmax)));
   tpu_hv c3 = tpu_hlo_compare(H, TPU_HLO_GE, aimax, tpu_mul(L, rowmax, tpu_k(L, rowmax, TPU_BK_ALPHA)));
-  tpu_hv nopiv = ldl_or(L, zero, ldl_or(L, c1, c2));
-  tpu_hv two = ldl_and(L, ldl_not(L, nopiv), ldl_not(L, c3));
-  tpu_hv kp = ldl_sel(L, nopiv, k, imax);
-  tpu_hv kk = ldl_sel(L, two, tpu_add(L, k, one), k);
+  tpu_hv nopiv = tpu_or(L, zero, tpu_or(L, c1, c2));
+  tpu_hv two = tpu_and(L, tpu_not(L, nopiv), tpu_not(L, c3));
+  tpu_hv kp = tpu_sel(L, nopiv, k, imax);
+  tpu_hv kk = tpu_sel(L, two, tpu_add(L, k, one), k);
   /* swap kk and kp in the trailing block (rows and columns) */
-  tpu_hv trail = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GE, row3, ldl_b3(L, s, k)),
+  tpu_hv trail = tpu_and(L, tpu_hlo_compare(H, TPU_HLO_GE, row3, ldl_b3(L, s, k)),
                          tpu_hlo_compare(H, TPU_HLO_GE, col3, ldl_b3(L, s, k)));
   tpu_hv As = ldl_swap_rows(L, A, kk, kp);
   As = tpu_mT(L, ldl_swap_rows(L, tpu_mT(L, As), kk, kp));
-  As = ldl_sel(L, trail, As, A);
+  As = tpu_sel(L, trail, As, A);
   /* 1x1 pivot: A(i, j) += x_i (-x_j / d) for i, j > k; column k scaled by 1/d */
   tpu_hv x = ldl_col(L, s, As, k);
-  tpu_hv d11 = ldl_div(L, tpu_k(L, akk, 1), ldl_at(L, s, x, k));
-  x = ldl_sel(L, below, x, tpu_k(L, x, 0));
+  tpu_hv d11 = tpu_div(L, tpu_k(L, akk, 1), ldl_at(L, s, x, k));
+  x = tpu_sel(L, below, x, tpu_k(L, x, 0));
   tpu_hv tmp = tpu_mul(L, ldl_b2(L, s, tpu_hlo_unary(H, TPU_HLO_NEG, d11)), x);
-  tpu_hv rest1 = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k)),
+  tpu_hv rest1 = tpu_and(L, tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k)),
                          tpu_hlo_compare(H, TPU_HLO_GT, col3, ldl_b3(L, s, k)));
-  tpu_hv A1 = ldl_sel(L, rest1, tpu_add(L, As, tpu_mul(L, ldl_ascol(L, s, x), ldl_asrow(L, s, tmp))), As);
-  tpu_hv colk3 = ldl_and(L, ldl_eq(L, col3, ldl_b3(L, s, k)), tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k)));
-  A1 = ldl_sel(L, colk3, ldl_ascol(L, s, tpu_mul(L, x, ldl_b2(L, s, d11))), A1);
+  tpu_hv A1 = tpu_sel(L, rest1, tpu_add(L, As, tpu_mul(L, ldl_ascol(L, s, x), ldl_asrow(L, s, tmp))), As);
+  tpu_hv colk3 = tpu_and(L, ldl_eq(L, col3, ldl_b3(L, s, k)), tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k)));
+  A1 = tpu_sel(L, colk3, ldl_ascol(L, s, tpu_mul(L, x, ldl_b2(L, s, d11))), A1);
   /* 2x2 pivot on (k, k+1): for i >= j >= k+2, A(i, j) -= A(i,k) wk_j + A(i,k+1) wkp1_j */
   tpu_hv k1 = tpu_add(L, k, one);
   tpu_hv c0 = ldl_col(L, s, As, k), c1v = ldl_col(L, s, As, k1);
   tpu_hv d21 = ldl_at(L, s, c0, k1);
-  tpu_hv e11 = ldl_div(L, ldl_at(L, s, c1v, k1), d21), e22 = ldl_div(L, ldl_at(L, s, c0, k), d21);
-  tpu_hv t = ldl_div(L, tpu_k(L, e11, 1), tpu_sub(L, tpu_mul(L, e11, e22), tpu_k(L, e11, 1)));
-  tpu_hv f21 = ldl_div(L, t, d21);
+  tpu_hv e11 = tpu_div(L, ldl_at(L, s, c1v, k1), d21), e22 = tpu_div(L, ldl_at(L, s, c0, k), d21);
+  tpu_hv t = tpu_div(L, tpu_k(L, e11, 1), tpu_sub(L, tpu_mul(L, e11, e22), tpu_k(L, e11, 1)));
+  tpu_hv f21 = tpu_div(L, t, d21);
   tpu_hv below2 = tpu_hlo_compare(H, TPU_HLO_GT, rows2, ldl_b2(L, s, k1));
-  c0 = ldl_sel(L, below2, c0, tpu_k(L, c0, 0));
-  c1v = ldl_sel(L, below2, c1v, tpu_k(L, c1v, 0));
+  c0 = tpu_sel(L, below2, c0, tpu_k(L, c0, 0));
+  c1v = tpu_sel(L, below2, c1v, tpu_k(L, c1v, 0));
   tpu_hv wk = tpu_mul(L, ldl_b2(L, s, f21), tpu_sub(L, tpu_mul(L, ldl_b2(L, s, e11), c0), c1v));
   tpu_hv wkp1 = tpu_mul(L, ldl_b2(L, s, f21), tpu_sub(L, tpu_mul(L, ldl_b2(L, s, e22), c1v), c0));
-  tpu_hv rest2 = ldl_and(L, tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k1)),
+  tpu_hv rest2 = tpu_and(L, tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k1)),
                          tpu_hlo_compare(H, TPU_HLO_GT, col3, ldl_b3(L, s, k1)));
   tpu_hv up = tpu_sub(L, tpu_sub(L, As, tpu_mul(L, ldl_ascol(L, s, c0), ldl_asrow(L, s, wk))),
                       tpu_mul(L, ldl_ascol(L, s, c1v), ldl_asrow(L, s, wkp1)));
-  tpu_hv A2 = ldl_sel(L, rest2, up, As);
+  tpu_hv A2 = tpu_sel(L, rest2, up, As);
   tpu_hv b2r = tpu_hlo_compare(H, TPU_HLO_GT, row3, ldl_b3(L, s, k1));
-  A2 = ldl_sel(L, ldl_and(L, ldl_eq(L, col3, ldl_b3(L, s, k)), b2r), ldl_ascol(L, s, wk), A2);
-  A2 = ldl_sel(L, ldl_and(L, ldl_eq(L, col3, ldl_b3(L, s, k1)), b2r), ldl_ascol(L, s, wkp1), A2);
+  A2 = tpu_sel(L, tpu_and(L, ldl_eq(L, col3, ldl_b3(L, s, k)), b2r), ldl_ascol(L, s, wk), A2);
+  A2 = tpu_sel(L, tpu_and(L, ldl_eq(L, col3, ldl_b3(L, s, k1)), b2r), ldl_ascol(L, s, wkp1), A2);
   /* the chosen update; the lower triangle is what LAPACK computes, mirrored up */
-  tpu_hv An = ldl_sel(L, ldl_b3(L, s, zero), As, ldl_sel(L, ldl_b3(L, s, two), A2, A1));
-  An = ldl_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, row3, col3), An, tpu_mT(L, An));
-  An = ldl_sel(L, ldl_b3(L, s, active), An, A);
+  tpu_hv An = tpu_sel(L, ldl_b3(L, s, zero), As, tpu_sel(L, ldl_b3(L, s, two), A2, A1));
+  An = tpu_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, row3, col3), An, tpu_mT(L, An));
+  An = tpu_sel(L, ldl_b3(L, s, active), An, A);
   /* pivots (1-based; a 2x2 block marks both rows with -(kp + 1)) and info */
   tpu_hv kp1 = tpu_hlo_convert(H, tpu_add(L, kp, one), TPU_S32);
-  tpu_hv pv = ldl_sel(L, two, tpu_hlo_unary(H, TPU_HLO_NEG, kp1), kp1);
+  tpu_hv pv = tpu_sel(L, two, tpu_hlo_unary(H, TPU_HLO_NEG, kp1), kp1);
   tpu_hv atk = ldl_eq(L, rows2, ldl_b2(L, s, k));
-  tpu_hv atk1 = ldl_and(L, ldl_b2(L, s, two), ldl_eq(L, rows2, ldl_b2(L, s, k1)));
-  tpu_hv pn = ldl_sel(L, ldl_or(L, atk, atk1), ldl_b2(L, s, pv), piv);
-  piv = ldl_sel(L, ldl_b2(L, s, active), pn, piv);
-  tpu_hv setinfo = ldl_and(L, ldl_and(L, active, zero), ldl_eq(L, info, tpu_k(L, info, 0)));
-  info = ldl_sel(L, setinfo, tpu_hlo_convert(H, tpu_add(L, k, one), TPU_S32), info);
+  tpu_hv atk1 = tpu_and(L, ldl_b2(L, s, two), ldl_eq(L, rows2, ldl_b2(L, s, k1)));
+  tpu_hv pn = tpu_sel(L, tpu_or(L, atk, atk1), ldl_b2(L, s, pv), piv);
+  piv = tpu_sel(L, ldl_b2(L, s, active), pn, piv);
+  tpu_hv setinfo = tpu_and(L, tpu_and(L, active, zero), ldl_eq(L, info, tpu_k(L, info, 0)));
+  info = tpu_sel(L, setinfo, tpu_hlo_convert(H, tpu_add(L, k, one), TPU_S32), info);
   *pa = An;
-  *pk = ldl_sel(L, active, tpu_add(L, k, ldl_sel(L, two, tpu_k(L, k, 2), one)), k);
+  *pk = tpu_sel(L, active, tpu_add(L, k, tpu_sel(L, two, tpu_k(L, k, 2), one)), k);
   *ppiv = piv;
   *pinfo = info;
 }
@@ -1720,7 +1582,7 @@ void tpu_emit_linalg_ldl_factor_ex(tpu_lower *L) {
   tpu_hv a = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 3, s.d3);
   /* the symmetric matrix of the lower triangle */
   tpu_hv r3 = ldl_iota3(L, &s, 1), c3 = ldl_iota3(L, &s, 2);
-  a = ldl_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, r3, c3), a, tpu_mT(L, a));
+  a = tpu_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, r3, c3), a, tpu_mT(L, a));
   tpu_hv init[5] = {tpu_hlo_constant_int(H, TPU_S64, 0), a, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &B), 0),
                     tpu_lower_full(L, tpu_hlo_type_make(TPU_S32, 2, s.d2), 0),
                     tpu_lower_full(L, tpu_hlo_type_make(TPU_S32, 1, &B), 0)};
@@ -1734,7 +1596,7 @@ void tpu_emit_linalg_ldl_factor_ex(tpu_lower *L) {
   int body = tpu_hlo_region_end(H, v, 5);
   tpu_hv fin[5];
   if (!tpu_while(L, init, 5, cond, body, fin)) return;
-  tpu_hv ld = ldl_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, r3, c3), fin[1], tpu_k(L, fin[1], 0));
+  tpu_hv ld = tpu_sel(L, tpu_hlo_compare(H, TPU_HLO_GE, r3, c3), fin[1], tpu_k(L, fin[1], 0));
   tpu_lower_out(L, tpu_hlo_reshape(H, ld, r, t->sizes));
   tpu_lower_out(L, tpu_hlo_reshape(H, fin[3], r - 1, pd));
   tpu_lower_out(L, tpu_hlo_reshape(H, fin[4], nb, t->sizes));
@@ -1745,7 +1607,7 @@ static tpu_hv ldl_brow(tpu_lower *L, tpu_hv b, tpu_hv i) {
   const tpu_hlo_type t = *T(L, b);
   int64_t b0 = 0;
   tpu_hv row = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 3, t.dims), 1);
-  return tpu_pick(L, ldl_eq(L, row, tpu_hlo_broadcast_in_dim(H, i, 3, t.dims, &b0)), b, 1);
+  return tpu_pick_masked(L, ldl_eq(L, row, tpu_hlo_broadcast_in_dim(H, i, 3, t.dims, &b0)), b, 1);
 }
 
 /* One step of sytrs's solve with L D (forward) or L^T (backward) at each
@@ -1761,7 +1623,7 @@ static void ldl_solve_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv ld, tpu_hv 
   tpu_hv rows2 = ldl_iota2(L, s);
   tpu_hv pk_ = tpu_hlo_convert(H, ldl_at(L, s, tpu_hlo_convert(H, piv, TPU_S64), kc), TPU_S64);
   tpu_hv two = tpu_hlo_compare(H, TPU_HLO_LT, pk_, tpu_k(L, pk_, 0));
-  tpu_hv kp = ldl_sel(L, two, tpu_sub(L, tpu_hlo_unary(H, TPU_HLO_NEG, pk_), one), tpu_sub(L, pk_, one));
+  tpu_hv kp = tpu_sel(L, two, tpu_sub(L, tpu_hlo_unary(H, TPU_HLO_NEG, pk_), one), tpu_sub(L, pk_, one));
   tpu_hv rowb = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 3, bt.dims), 1);
   tpu_hv Bn;
   if (fwd) {
@@ -1770,23 +1632,23 @@ static void ldl_solve_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv ld, tpu_hv 
     /* 1x1: swap k, kp; B[i] -= LD[i, k] B[k] (i > k); B[k] /= LD[k, k] */
     tpu_hv B1 = ldl_swap_rows(L, Bm, kc, kp);
     tpu_hv lk = ldl_col(L, s, ld, kc);
-    tpu_hv lkb = ldl_sel(L, tpu_hlo_compare(H, TPU_HLO_GT, rows2, ldl_b2(L, s, kc)), lk, tpu_k(L, lk, 0));
+    tpu_hv lkb = tpu_sel(L, tpu_hlo_compare(H, TPU_HLO_GT, rows2, ldl_b2(L, s, kc)), lk, tpu_k(L, lk, 0));
     tpu_hv bk = ldl_brow(L, B1, kc);
     /* products only where they apply: 0 * inf would make NaN elsewhere */
     tpu_hv gt1 = tpu_hlo_compare(H, TPU_HLO_GT, rowb, tpu_hlo_broadcast_in_dim(H, kc, 3, bt.dims, &b0));
-    B1 = ldl_sel(L, gt1,
+    B1 = tpu_sel(L, gt1,
                  tpu_sub(L, B1,
                          tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lkb, 3, bt.dims, bdc),
                                  tpu_hlo_broadcast_in_dim(H, bk, 3, bt.dims, bdr))),
                  B1);
-    tpu_hv dk = ldl_div(L, tpu_k(L, ldl_at(L, s, lk, kc), 1), ldl_at(L, s, lk, kc));
+    tpu_hv dk = tpu_div(L, tpu_k(L, ldl_at(L, s, lk, kc), 1), ldl_at(L, s, lk, kc));
     tpu_hv isk = ldl_eq(L, rowb, tpu_hlo_broadcast_in_dim(H, kc, 3, bt.dims, &b0));
-    B1 = ldl_sel(L, isk, tpu_mul(L, B1, tpu_hlo_broadcast_in_dim(H, dk, 3, bt.dims, &b0)), B1);
+    B1 = tpu_sel(L, isk, tpu_mul(L, B1, tpu_hlo_broadcast_in_dim(H, dk, 3, bt.dims, &b0)), B1);
     /* 2x2 on (k, k+1): swap k+1, kp; eliminate below with both columns; solve the block */
     tpu_hv B2 = ldl_swap_rows(L, Bm, kc1, kp);
     tpu_hv l1 = ldl_col(L, s, ld, kc1);
     tpu_hv below2 = tpu_hlo_compare(H, TPU_HLO_GT, rows2, ldl_b2(L, s, kc1));
-    tpu_hv lkz = ldl_sel(L, below2, lk, tpu_k(L, lk, 0)), l1z = ldl_sel(L, below2, l1, tpu_k(L, l1, 0));
+    tpu_hv lkz = tpu_sel(L, below2, lk, tpu_k(L, lk, 0)), l1z = tpu_sel(L, below2, l1, tpu_k(L, l1, 0));
     tpu_hv b1 = ldl_brow(L, B2, kc), b2 = ldl_brow(L, B2, kc1);
     tpu_hv gt2 = tpu_hlo_compare(H, TPU_HLO_GT, rowb, tpu_hlo_broadcast_in_dim(H, kc1, 3, bt.dims, &b0));
     tpu_hv u2 = tpu_sub(L, B2,
@@ -1795,48 +1657,48 @@ static void ldl_solve_step(tpu_lower *L, const tpu_ldl_sh *s, tpu_hv ld, tpu_hv 
     u2 = tpu_sub(L, u2,
                  tpu_mul(L, tpu_hlo_broadcast_in_dim(H, l1z, 3, bt.dims, bdc),
                          tpu_hlo_broadcast_in_dim(H, b2, 3, bt.dims, bdr)));
-    B2 = ldl_sel(L, gt2, u2, B2);
+    B2 = tpu_sel(L, gt2, u2, B2);
     tpu_hv akm1k = ldl_at(L, s, lk, kc1);
-    tpu_hv akm1 = ldl_div(L, ldl_at(L, s, lk, kc), akm1k), ak = ldl_div(L, ldl_at(L, s, l1, kc1), akm1k);
+    tpu_hv akm1 = tpu_div(L, ldl_at(L, s, lk, kc), akm1k), ak = tpu_div(L, ldl_at(L, s, l1, kc1), akm1k);
     tpu_hv denom = tpu_sub(L, tpu_mul(L, akm1, ak), tpu_k(L, ak, 1));
     int64_t m = bt.dims[2], bm[2] = {s->B, m};
     tpu_hv akm1kb = tpu_hlo_broadcast_in_dim(H, akm1k, 2, bm, &b0),
            denb = tpu_hlo_broadcast_in_dim(H, denom, 2, bm, &b0);
-    tpu_hv bkm1 = ldl_div(L, b1, akm1kb), bkk = ldl_div(L, b2, akm1kb);
-    tpu_hv n1 = ldl_div(L, tpu_sub(L, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, ak, 2, bm, &b0), bkm1), bkk), denb);
-    tpu_hv n2 = ldl_div(L, tpu_sub(L, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, akm1, 2, bm, &b0), bkk), bkm1), denb);
+    tpu_hv bkm1 = tpu_div(L, b1, akm1kb), bkk = tpu_div(L, b2, akm1kb);
+    tpu_hv n1 = tpu_div(L, tpu_sub(L, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, ak, 2, bm, &b0), bkm1), bkk), denb);
+    tpu_hv n2 = tpu_div(L, tpu_sub(L, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, akm1, 2, bm, &b0), bkk), bkm1), denb);
     tpu_hv isk1 = ldl_eq(L, rowb, tpu_hlo_broadcast_in_dim(H, kc1, 3, bt.dims, &b0));
-    B2 = ldl_sel(L, isk, tpu_hlo_broadcast_in_dim(H, n1, 3, bt.dims, bdr),
-                 ldl_sel(L, isk1, tpu_hlo_broadcast_in_dim(H, n2, 3, bt.dims, bdr), B2));
-    Bn = ldl_sel(L, tpu_hlo_broadcast_in_dim(H, two, 3, bt.dims, &b0), B2, B1);
-    *pk = ldl_sel(L, active, tpu_add(L, k, ldl_sel(L, two, tpu_k(L, k, 2), one)), k);
+    B2 = tpu_sel(L, isk, tpu_hlo_broadcast_in_dim(H, n1, 3, bt.dims, bdr),
+                 tpu_sel(L, isk1, tpu_hlo_broadcast_in_dim(H, n2, 3, bt.dims, bdr), B2));
+    Bn = tpu_sel(L, tpu_hlo_broadcast_in_dim(H, two, 3, bt.dims, &b0), B2, B1);
+    *pk = tpu_sel(L, active, tpu_add(L, k, tpu_sel(L, two, tpu_k(L, k, 2), one)), k);
   } else {
     tpu_hv km1 = tpu_hlo_clamp(H, tpu_k(L, k, 0), tpu_sub(L, k, one), tpu_k(L, k, (double)(n - 1)));
     tpu_hv below = tpu_hlo_compare(H, TPU_HLO_GT, rows2, ldl_b2(L, s, kc));
     tpu_hv lk = ldl_col(L, s, ld, kc);
-    lk = ldl_sel(L, below, lk, tpu_k(L, lk, 0));
+    lk = tpu_sel(L, below, lk, tpu_k(L, lk, 0));
     int64_t d1 = 1;
     /* B[k] -= sum_{i > k} LD[i, k] B[i] */
     tpu_hv below3 = tpu_hlo_broadcast_in_dim(H, below, 3, bt.dims, bdc);
     tpu_hv zb = tpu_k(L, Bm, 0);
     tpu_hv sk =
-        tpu_hlo_reduce(H, ldl_sel(L, below3, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lk, 3, bt.dims, bdc), Bm), zb),
+        tpu_hlo_reduce(H, tpu_sel(L, below3, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lk, 3, bt.dims, bdc), Bm), zb),
                        tpu_hlo_constant(H, bt.dtype, 0), &d1, 1, TPU_HLO_ADD);
     tpu_hv isk = ldl_eq(L, rowb, tpu_hlo_broadcast_in_dim(H, kc, 3, bt.dims, &b0));
-    tpu_hv B1 = ldl_sel(L, isk, tpu_sub(L, Bm, tpu_hlo_broadcast_in_dim(H, sk, 3, bt.dims, bdr)), Bm);
+    tpu_hv B1 = tpu_sel(L, isk, tpu_sub(L, Bm, tpu_hlo_broadcast_in_dim(H, sk, 3, bt.dims, bdr)), Bm);
     /* 2x2 (rows k-1, k): also B[k-1] -= sum_{i > k} LD[i, k-1] B[i] */
     tpu_hv lm = ldl_col(L, s, ld, km1);
-    lm = ldl_sel(L, below, lm, tpu_k(L, lm, 0));
+    lm = tpu_sel(L, below, lm, tpu_k(L, lm, 0));
     tpu_hv sm =
-        tpu_hlo_reduce(H, ldl_sel(L, below3, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lm, 3, bt.dims, bdc), Bm), zb),
+        tpu_hlo_reduce(H, tpu_sel(L, below3, tpu_mul(L, tpu_hlo_broadcast_in_dim(H, lm, 3, bt.dims, bdc), Bm), zb),
                        tpu_hlo_constant(H, bt.dtype, 0), &d1, 1, TPU_HLO_ADD);
     tpu_hv ism = ldl_eq(L, rowb, tpu_hlo_broadcast_in_dim(H, km1, 3, bt.dims, &b0));
-    tpu_hv B2 = ldl_sel(L, ldl_and(L, ism, tpu_hlo_broadcast_in_dim(H, two, 3, bt.dims, &b0)),
+    tpu_hv B2 = tpu_sel(L, tpu_and(L, ism, tpu_hlo_broadcast_in_dim(H, two, 3, bt.dims, &b0)),
                         tpu_sub(L, B1, tpu_hlo_broadcast_in_dim(H, sm, 3, bt.dims, bdr)), B1);
     Bn = ldl_swap_rows(L, B2, kc, kp);
-    *pk = ldl_sel(L, active, tpu_sub(L, k, ldl_sel(L, two, tpu_k(L, k, 2), one)), k);
+    *pk = tpu_sel(L, active, tpu_sub(L, k, tpu_sel(L, two, tpu_k(L, k, 2), one)), k);
   }
-  *pb = ldl_sel(L, tpu_hlo_broadcast_in_dim(H, active, 3, bt.dims, &b0), Bn, Bm);
+  *pb = tpu_sel(L, tpu_hlo_broadcast_in_dim(H, active, 3, bt.dims, &b0), Bn, Bm);
 }
 
 /* linalg_ldl_solve(LD, pivots, B, *, hermitian=False) */

@@ -1,51 +1,7 @@
-/* emit_nn.c: reductions, matmuls, concatenation, softmax, losses, norms,
- * embeddings, factories and random numbers. */
-#include <math.h>
-#include <string.h>
-
+/* emit_nn.c: nn layers that compute along dims: softmax and log_softmax,
+ * the normalizations (layer norm, batch norm, group norm) and the fused
+ * LSTM and GRU cells, with their backwards. */
 #include "emit.h"
-
-/* ---- reductions ---------------------------------------------------------------------- */
-
-/* Dims to reduce from an optional int list argument (None or [] = all). */
-int tpu_red_dims(tpu_lower *L, int arg, int rank, int64_t *dims, bool *mask) {
-  memset(mask, 0, sizeof(bool) * TPU_MAX_RANK);
-  int n = 0;
-  bool all = arg >= L->nargs || L->args[arg].kind == TPU_ARG_NONE ||
-             (L->args[arg].kind == TPU_ARG_INTS && L->args[arg].nints == 0);
-  if (all) {
-    for (int i = 0; i < rank; i++) dims[n++] = i;
-  } else if (L->args[arg].kind == TPU_ARG_INT) {
-    dims[n++] = tpu_lower_dim(L, L->args[arg].i, rank);
-  } else {
-    for (int i = 0; i < L->args[arg].nints; i++) {
-      int64_t d = tpu_lower_dim(L, L->args[arg].ints[i], rank);
-      if (rank == 0) continue;
-      if (mask[d]) {
-        tpu_lower_fail(L, TPU_ERR_VALUE, "dim %lld appears multiple times in the list of dims", (long long)d);
-        return 0;
-      }
-      dims[n++] = d;
-    }
-  }
-  for (int i = 0; i < n; i++) mask[dims[i]] = true;
-  return rank == 0 ? 0 : n;
-}
-
-tpu_hv tpu_keepdim(tpu_lower *L, tpu_hv r, const tpu_hlo_type *in, const bool *mask, bool keep) {
-  if (!keep) return r;
-  int64_t dims[TPU_MAX_RANK];
-  for (int i = 0; i < in->rank; i++) dims[i] = mask[i] ? 1 : in->dims[i];
-  return tpu_hlo_reshape(H, r, in->rank, dims);
-}
-
-bool tpu_arg_bool(tpu_lower *L, int i) { return i < L->nargs && L->args[i].kind == TPU_ARG_BOOL && L->args[i].i; }
-
-tpu_hv tpu_reduce_sum(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
-  tpu_dtype dt = T(L, x)->dtype;
-  tpu_hlo_op op = dt == TPU_PRED ? TPU_HLO_OR : TPU_HLO_ADD;
-  return tpu_hlo_reduce(H, x, tpu_lower_full(L, tpu_hlo_type_make(dt, 0, NULL), 0), dims, n, op);
-}
 
 /* Sum over dims keeping them (size 1). */
 static tpu_hv tpu_sum_keep(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
@@ -54,427 +10,6 @@ static tpu_hv tpu_sum_keep(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
   for (int i = 0; i < n; i++) mask[dims[i]] = true;
   return tpu_keepdim(L, tpu_reduce_sum(L, x, dims, n), &in, mask, true);
 }
-
-static double tpu_lowest(tpu_dtype dt) {
-  switch (dt) {
-    case TPU_PRED: return 0;
-    case TPU_S8: return -128;
-    case TPU_S16: return -32768;
-    case TPU_S32: return -2147483648.0;
-    case TPU_S64: return -9223372036854775808.0;
-    default: return tpu_dtype_is_unsigned_int(dt) ? 0 : -INFINITY;
-  }
-}
-static double tpu_highest(tpu_dtype dt) {
-  switch (dt) {
-    case TPU_PRED: return 1;
-    case TPU_S8: return 127;
-    case TPU_U8: return 255;
-    case TPU_S16: return 32767;
-    case TPU_U16: return 65535;
-    case TPU_S32: return 2147483647.0;
-    case TPU_U32: return 4294967295.0;
-    default: return tpu_dtype_is_int(dt) ? 9223372036854775807.0 : INFINITY;
-  }
-}
-
-tpu_hv tpu_init_value(tpu_lower *L, tpu_dtype dt, bool is_max) {
-  tpu_hlo_type s = tpu_hlo_type_make(dt, 0, NULL);
-  if (dt == TPU_S64) return tpu_hlo_constant_int(H, dt, is_max ? INT64_MIN : INT64_MAX);
-  if (dt == TPU_U64) return tpu_hlo_constant_int(H, dt, is_max ? 0 : -1);
-  return tpu_lower_full(L, s, is_max ? tpu_lowest(dt) : tpu_highest(dt));
-}
-
-/* max/min with NaN propagation for floats (torch propagates NaN). */
-tpu_hv tpu_reduce_extreme(tpu_lower *L, tpu_hv x, const int64_t *dims, int n, bool is_max) {
-  tpu_dtype dt = T(L, x)->dtype;
-  tpu_hlo_op op = dt == TPU_PRED ? (is_max ? TPU_HLO_OR : TPU_HLO_AND) : (is_max ? TPU_HLO_MAX : TPU_HLO_MIN);
-  tpu_hv r = tpu_hlo_reduce(H, x, tpu_init_value(L, dt, is_max), dims, n, op);
-  if (!tpu_dtype_is_float(dt)) return r;
-  /* XLA's max/min may drop NaNs; torch propagates them */
-  tpu_hv nan = tpu_hlo_reduce(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), tpu_hlo_constant_int(H, TPU_PRED, 0), dims, n,
-                              TPU_HLO_OR);
-  return tpu_hlo_select(H, nan, tpu_k(L, r, NAN), r);
-}
-
-static void tpu_emit_amaxmin(tpu_lower *L, bool is_max) {
-  tpu_tref *t = &L->args[0].t;
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  int64_t dims[TPU_MAX_RANK];
-  bool mask[TPU_MAX_RANK];
-  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
-  bool all =
-      L->nargs < 2 || L->args[1].kind == TPU_ARG_NONE || (L->args[1].kind == TPU_ARG_INTS && L->args[1].nints == 0);
-  int64_t numel = 1;
-  for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
-  if (all && numel == 0)
-    tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                   "%s(): Expected reduction dim to be specified for input.numel() == 0. "
-                   "Specify the reduction dim with the 'dim' argument.",
-                   is_max ? "amax" : "amin");
-  for (int i = 0; i < n; i++)
-    if (t->sizes[dims[i]] == 0)
-      tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.",
-                     is_max ? "amax" : "amin", (long long)dims[i]);
-  tpu_hlo_type in = *T(L, x);
-  tpu_lower_out(L, tpu_keepdim(L, tpu_reduce_extreme(L, x, dims, n, is_max), &in, mask, tpu_arg_bool(L, 2)));
-}
-void tpu_emit_amax(tpu_lower *L) { tpu_emit_amaxmin(L, true); }
-void tpu_emit_amin(tpu_lower *L) { tpu_emit_amaxmin(L, false); }
-
-/* max() / min(): full reduction */
-static void tpu_emit_maxmin_all(tpu_lower *L, bool is_max) {
-  tpu_tref *t = &L->args[0].t;
-  int64_t numel = 1, dims[TPU_MAX_RANK];
-  for (int i = 0; i < t->rank; i++) {
-    numel *= t->sizes[i];
-    dims[i] = i;
-  }
-  if (numel == 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                   "%s(): Expected reduction dim to be specified for input.numel() == 0. "
-                   "Specify the reduction dim with the 'dim' argument.",
-                   is_max ? "max" : "min");
-    return;
-  }
-  tpu_lower_out(L, tpu_reduce_extreme(L, tpu_lower_tensor(L, 0, -1), dims, t->rank, is_max));
-}
-void tpu_emit_max_all(tpu_lower *L) { tpu_emit_maxmin_all(L, true); }
-void tpu_emit_min_all(tpu_lower *L) { tpu_emit_maxmin_all(L, false); }
-
-/* (values, indices) along one dim: a variadic reduce keeping the first
- * index of the extreme; NaN counts as the extreme (torch's rule). */
-void tpu_arg_extreme(tpu_lower *L, tpu_hv x, int64_t dim, bool is_max, tpu_hv *vals, tpu_hv *idx) {
-  const tpu_hlo_type xt = *T(L, x);
-  tpu_dtype dt = xt.dtype;
-  tpu_hv iota = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, xt.rank, xt.dims), (int)dim);
-  tpu_hlo_type st[4] = {tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL),
-                        tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL)};
-  tpu_hlo_type rs[4] = {st[0], st[1], st[0], st[1]};
-  tpu_hv a[4];
-  tpu_hlo_region_begin(H, rs, 4, a); /* acc value, acc index, elem value, elem index */
-  tpu_hv better = tpu_hlo_compare(H, is_max ? TPU_HLO_GT : TPU_HLO_LT, a[2], a[0]);
-  tpu_hv eq = tpu_hlo_compare(H, TPU_HLO_EQ, a[2], a[0]);
-  if (tpu_dtype_is_float(dt)) {
-    tpu_hv enan = tpu_hlo_compare(H, TPU_HLO_NE, a[2], a[2]);
-    tpu_hv anan = tpu_hlo_compare(H, TPU_HLO_NE, a[0], a[0]);
-    better = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_binary(H, TPU_HLO_AND, enan, tpu_hlo_unary(H, TPU_HLO_NOT, anan)),
-                            tpu_hlo_binary(H, TPU_HLO_AND, better, tpu_hlo_unary(H, TPU_HLO_NOT, anan)));
-    eq = tpu_hlo_binary(H, TPU_HLO_OR, eq, tpu_hlo_binary(H, TPU_HLO_AND, enan, anan));
-  }
-  tpu_hv lower_idx = tpu_hlo_compare(H, TPU_HLO_LT, a[3], a[1]);
-  tpu_hv take = tpu_hlo_binary(H, TPU_HLO_OR, better, tpu_hlo_binary(H, TPU_HLO_AND, eq, lower_idx));
-  tpu_hv rv[2] = {tpu_hlo_select(H, take, a[2], a[0]), tpu_hlo_select(H, take, a[3], a[1])};
-  int region = tpu_hlo_region_end(H, rv, 2);
-  tpu_hv xs[2] = {x, iota};
-  tpu_hv inits[2] = {tpu_init_value(L, dt, is_max), tpu_hlo_constant_int(H, TPU_S64, 0)};
-  tpu_hv outs[2] = {TPU_HV_NONE, TPU_HV_NONE};
-  tpu_hlo_reduce_region(H, xs, inits, 2, &dim, 1, region, outs);
-  *vals = outs[0];
-  *idx = outs[1];
-}
-
-/* max.dim / min.dim (self, dim, keepdim) -> (values, indices) */
-static void tpu_emit_maxmin_dim(tpu_lower *L, bool is_max) {
-  tpu_tref *t = &L->args[0].t;
-  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  if (t->rank == 0) x = tpu_hlo_reshape(H, x, 1, (int64_t[]){1});
-  tpu_hlo_type in = *T(L, x);
-  if (in.dims[d] == 0)
-    tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.", is_max ? "max" : "min",
-                   (long long)d);
-  tpu_hv v, i;
-  tpu_arg_extreme(L, x, d, is_max, &v, &i);
-  bool mask[TPU_MAX_RANK] = {0};
-  mask[d] = true;
-  bool keep = tpu_arg_bool(L, 2);
-  if (t->rank == 0) {
-    v = tpu_hlo_reshape(H, v, 0, NULL);
-    i = tpu_hlo_reshape(H, i, 0, NULL);
-    keep = false;
-  }
-  tpu_lower_out(L, tpu_keepdim(L, v, &in, mask, keep));
-  tpu_lower_out(L, tpu_keepdim(L, i, &in, mask, keep));
-}
-void tpu_emit_max_dim(tpu_lower *L) { tpu_emit_maxmin_dim(L, true); }
-void tpu_emit_min_dim(tpu_lower *L) { tpu_emit_maxmin_dim(L, false); }
-
-/* argmax/argmin(self, dim=None, keepdim=False) */
-static void tpu_emit_argext(tpu_lower *L, bool is_max) {
-  tpu_tref *t = &L->args[0].t;
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  bool keep = tpu_arg_bool(L, 2);
-  if (t->dtype == TPU_PRED) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): does not support bool input", is_max ? "argmax" : "argmin");
-    return;
-  }
-  if (tpu_lower_is_none(L, 1)) {
-    int64_t n = 1;
-    for (int i = 0; i < t->rank; i++) n *= t->sizes[i];
-    if (n == 0)
-      tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim to be specified for input.numel() == 0.",
-                     is_max ? "argmax" : "argmin");
-    x = tpu_hlo_reshape(H, x, 1, &n);
-    tpu_hv v, i;
-    tpu_arg_extreme(L, x, 0, is_max, &v, &i);
-    if (keep) {
-      int64_t ones[TPU_MAX_RANK];
-      for (int k = 0; k < t->rank; k++) ones[k] = 1;
-      i = tpu_hlo_reshape(H, i, t->rank, ones);
-    }
-    tpu_lower_out(L, i);
-    return;
-  }
-  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
-  if (t->rank == 0) {
-    tpu_lower_out(L, tpu_hlo_constant_int(H, TPU_S64, 0));
-    return;
-  }
-  tpu_hlo_type in = *T(L, x);
-  if (in.dims[d] == 0) {
-    tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.",
-                   is_max ? "argmax" : "argmin", (long long)d);
-    return;
-  }
-  tpu_hv v, i;
-  tpu_arg_extreme(L, x, d, is_max, &v, &i);
-  bool mask[TPU_MAX_RANK] = {0};
-  mask[d] = true;
-  tpu_lower_out(L, tpu_keepdim(L, i, &in, mask, keep));
-}
-void tpu_emit_argmax(tpu_lower *L) { tpu_emit_argext(L, true); }
-void tpu_emit_argmin(tpu_lower *L) { tpu_emit_argext(L, false); }
-
-/* any/all (self) and (.dim self, dim, keepdim) */
-static void tpu_emit_anyall(tpu_lower *L, bool any) {
-  tpu_tref *t = &L->args[0].t;
-  tpu_hv x = tpu_lower_input(L, 0, TPU_PRED);
-  int64_t dims[TPU_MAX_RANK];
-  bool mask[TPU_MAX_RANK];
-  int n = tpu_red_dims(L, L->nargs > 1 ? 1 : L->nargs, t->rank, dims, mask);
-  tpu_hlo_type in = *T(L, x);
-  tpu_hv r =
-      tpu_hlo_reduce(H, x, tpu_hlo_constant_int(H, TPU_PRED, any ? 0 : 1), dims, n, any ? TPU_HLO_OR : TPU_HLO_AND);
-  r = tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2));
-  tpu_lower_out(L, t->dtype == TPU_U8 ? tpu_hlo_convert(H, r, TPU_U8) : r);
-}
-void tpu_emit_any(tpu_lower *L) { tpu_emit_anyall(L, true); }
-void tpu_emit_all(tpu_lower *L) { tpu_emit_anyall(L, false); }
-
-/* ---- matmuls -------------------------------------------------------------------------- */
-
-/* The C++ type name torch's mm/addmm dtype message prints (caffe2's TypeMeta). */
-static const char *tpu_cxx_type_name(tpu_dtype t) {
-  switch (t) {
-    case TPU_PRED: return "bool";
-    case TPU_S8: return "signed char";
-    case TPU_U8: return "unsigned char";
-    case TPU_S16: return "short int";
-    case TPU_S32: return "int";
-    case TPU_S64: return "long int";
-    case TPU_F16: return "c10::Half";
-    case TPU_BF16: return "c10::BFloat16";
-    case TPU_F32: return "float";
-    case TPU_F64: return "double";
-    case TPU_C64: return "c10::complex<float>";
-    case TPU_C128: return "c10::complex<double>";
-    default: return tpu_dtype_name(t);
-  }
-}
-
-static void tpu_check_mm_dtypes(tpu_lower *L, int a, int b) {
-  if (L->args[a].t.dtype != L->args[b].t.dtype)
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected m1 and m2 to have the same dtype, but got: %s != %s",
-                   tpu_cxx_type_name(L->args[a].t.dtype), tpu_cxx_type_name(L->args[b].t.dtype));
-}
-
-/* torch's CPU matmul kernels have no bool instance: they refuse bool inputs
- * only where they would compute, not for an empty result or an empty sum
- * (those return before the kernel's dtype dispatch). */
-static bool tpu_mm_bool_refused(tpu_lower *L, int a, int64_t out_numel, int64_t inner, const char *kernel) {
-  if (L->args[a].t.dtype != TPU_PRED || out_numel == 0 || inner == 0) return false;
-  tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"%s\" not implemented for 'Bool'", kernel);
-  return true;
-}
-
-static tpu_hv tpu_matmul2(tpu_lower *L, tpu_hv a, tpu_hv b) {
-  const tpu_hlo_type *at = T(L, a), *bt = T(L, b);
-  if (at->rank != 2 || bt->rank != 2 || at->dims[1] != bt->dims[0]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "mat1 and mat2 shapes cannot be multiplied (%lldx%lld and %lldx%lld)",
-                   (long long)at->dims[0], (long long)(at->rank > 1 ? at->dims[1] : 0), (long long)bt->dims[0],
-                   (long long)(bt->rank > 1 ? bt->dims[1] : 0));
-    return TPU_HV_NONE;
-  }
-  tpu_dtype dt = at->dtype, acc = tpu_acc_type(dt);
-  int64_t lc = 1, rc = 0;
-  tpu_hv r = tpu_hlo_dot_general(H, a, b, 0, NULL, NULL, 1, &lc, &rc, L->precision, acc);
-  return tpu_hlo_convert(H, r, dt);
-}
-
-void tpu_emit_mm(tpu_lower *L) {
-  tpu_check_mm_dtypes(L, 0, 1);
-  tpu_tref *x = &L->args[0].t, *y = &L->args[1].t;
-  if (x->rank == 2 && y->rank == 2 &&
-      tpu_mm_bool_refused(L, 0, x->sizes[0] * y->sizes[1], x->sizes[1], "addmm_impl_cpu_"))
-    return;
-  tpu_lower_out(L, tpu_matmul2(L, tpu_lower_tensor(L, 0, -1), tpu_lower_tensor(L, 1, -1)));
-}
-
-/* addmm(self, mat1, mat2, *, beta=1, alpha=1) = beta*self + alpha*(mat1@mat2),
- * accumulated in f32 for half types and rounded once, as torch's CPU kernel */
-void tpu_emit_addmm(tpu_lower *L) {
-  const char *what[2] = {"self", "mat1"};
-  for (int i = 0; i < 2; i++)
-    if (L->args[i].t.dtype != L->args[2].t.dtype) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s and mat2 must have the same dtype, but got %s and %s", what[i],
-                     tpu_dtype_c10_name(L->args[i].t.dtype), tpu_dtype_c10_name(L->args[2].t.dtype));
-      return;
-    }
-  tpu_tref *x = &L->args[1].t, *y = &L->args[2].t;
-  if (x->rank == 2 && y->rank == 2 &&
-      tpu_mm_bool_refused(L, 1, x->sizes[0] * y->sizes[1], x->sizes[1], "addmm_impl_cpu_"))
-    return;
-  tpu_dtype dt = L->args[1].t.dtype, acc = tpu_acc_type(dt);
-  tpu_hv a = tpu_lower_tensor(L, 1, -1), b = tpu_lower_tensor(L, 2, -1);
-  if (T(L, a)->rank != 2 || T(L, b)->rank != 2 || T(L, a)->dims[1] != T(L, b)->dims[0]) {
-    tpu_matmul2(L, a, b); /* reports the shape error */
-    return;
-  }
-  int64_t lc = 1, rc = 0;
-  tpu_hv p = tpu_hlo_dot_general(H, a, b, 0, NULL, NULL, 1, &lc, &rc, L->precision, acc);
-  if (!L->args[4].is_default) p = tpu_lower_binary(L, TPU_HLO_MUL, p, tpu_lower_scalar(L, 4, acc));
-  tpu_hv s = tpu_lower_input(L, 0, acc);
-  if (!L->args[3].is_default) {
-    tpu_hv beta = tpu_lower_scalar(L, 3, acc);
-    s = tpu_lower_binary(L, TPU_HLO_MUL, s, beta); /* beta == 0 ignores self, NaNs included */
-    s = tpu_hlo_select(
-        H,
-        tpu_hlo_compare(H, TPU_HLO_EQ, tpu_lower_broadcast_to(L, beta, T(L, s)->rank, T(L, s)->dims), tpu_k(L, s, 0)),
-        tpu_k(L, s, 0), s);
-  }
-  const tpu_hlo_type *pt = T(L, p);
-  tpu_hv r = tpu_hlo_binary(H, TPU_HLO_ADD, tpu_lower_broadcast_to(L, s, pt->rank, pt->dims), p);
-  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
-}
-
-/* bmm(self, mat2): the result takes mat2's dtype (torch's meta kernel
- * allocates it from mat2), and an empty result or an empty sum (zeros)
- * returns before any dtype check, whatever the two dtypes; otherwise bool is
- * refused and the dtypes must agree. */
-void tpu_emit_bmm(tpu_lower *L) {
-  tpu_tref *x = &L->args[0].t, *y = &L->args[1].t;
-  if (x->rank != 3 || y->rank != 3) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s must be a 3D tensor", x->rank != 3 ? "batch1" : "batch2");
-    return;
-  }
-  if (x->sizes[0] != y->sizes[0] || x->sizes[2] != y->sizes[1]) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                   "Expected size for first two dimensions of batch2 tensor to be: [%lld, %lld] but got: [%lld, %lld].",
-                   (long long)x->sizes[0], (long long)x->sizes[2], (long long)y->sizes[0], (long long)y->sizes[1]);
-    return;
-  }
-  int64_t rd[3] = {x->sizes[0], x->sizes[1], y->sizes[2]};
-  if (rd[0] * rd[1] * rd[2] == 0 || x->sizes[2] == 0) {
-    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(y->dtype, 3, rd), 0));
-    return;
-  }
-  if (tpu_mm_bool_refused(L, 0, 1, 1, "bmm")) return;
-  if (x->dtype != y->dtype) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected scalar type %s but found %s", tpu_dtype_c10_name(x->dtype),
-                   tpu_dtype_c10_name(y->dtype));
-    return;
-  }
-  tpu_hv a = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 1, -1);
-  tpu_dtype dt = x->dtype;
-  int64_t z = 0, lc = 2, rc = 1;
-  tpu_hv r = tpu_hlo_dot_general(H, a, b, 1, &z, &z, 1, &lc, &rc, L->precision, tpu_acc_type(dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
-}
-
-/* dot(self, tensor), mv(self, vec) */
-void tpu_emit_dot(tpu_lower *L) {
-  tpu_tref *x = &L->args[0].t, *y = &L->args[1].t;
-  if (!strncmp(L->opname, "mv", 2) &&
-      (L->opname[2] == 0 || L->opname[2] == '.')) { /* torch's addmv: (result = vec's dtype, mat, vec) */
-    if (x->dtype != y->dtype) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "addmv input tensors must have the same dtype, but got %s, %s, and %s",
-                     tpu_dtype_c10_name(y->dtype), tpu_dtype_c10_name(x->dtype), tpu_dtype_c10_name(y->dtype));
-      return;
-    }
-    if (x->rank == 2 && tpu_mm_bool_refused(L, 0, x->sizes[0], x->sizes[1], "addmv_impl_cpu")) return;
-  } else {
-    if (x->dtype != y->dtype) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "dot : expected both vectors to have same dtype, but found %s and %s",
-                     tpu_dtype_c10_name(x->dtype), tpu_dtype_c10_name(y->dtype));
-      return;
-    }
-    if (x->dtype == TPU_PRED) { /* refused even when empty */
-      tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "\"dot\" not implemented for 'Bool'");
-      return;
-    }
-  }
-  tpu_hv a = tpu_lower_tensor(L, 0, -1), b = tpu_lower_tensor(L, 1, -1);
-  tpu_dtype dt = T(L, a)->dtype;
-  int64_t lc = T(L, a)->rank - 1, rc = 0;
-  tpu_hv r = tpu_hlo_dot_general(H, a, b, 0, NULL, NULL, 1, &lc, &rc, L->precision, tpu_acc_type(dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
-}
-
-/* ---- cat, tril/triu ---------------------------------------------------------------------- */
-
-void tpu_emit_cat(tpu_lower *L) {
-  tpu_arg *a = &L->args[0];
-  int idx[1] = {0};
-  tpu_dtype dt = tpu_lower_result_type(L, idx, 1);
-  tpu_hv vs[TPU_MAX_LIST];
-  int n = 0, rank = -1;
-  for (int j = 0; j < a->nlist; j++) {
-    tpu_tref *t = &a->list[j];
-    if (t->rank == 1 && t->sizes[0] == 0) continue; /* legacy: empty 1-d tensors are skipped */
-    if (rank < 0) rank = t->rank;
-    vs[n++] = tpu_hlo_convert(H, tpu_lower_tensor(L, 0, j), dt);
-  }
-  if (n == 0) {
-    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, (int64_t[]){0}), 0));
-    return;
-  }
-  if (rank == 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "zero-dimensional tensor (at position 0) cannot be concatenated");
-    return;
-  }
-  int64_t d = tpu_lower_dim(L, L->args[1].i, rank);
-  for (int j = 1; j < n; j++) {
-    const tpu_hlo_type *u = T(L, vs[j]), *v = T(L, vs[0]);
-    for (int k = 0; k < rank && u->rank == rank; k++)
-      if (k != d && u->dims[k] != v->dims[k]) {
-        tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                       "Sizes of tensors must match except in dimension %lld. Expected size %lld "
-                       "but got size %lld for tensor number %d in the list.",
-                       (long long)d, (long long)v->dims[k], (long long)u->dims[k], j);
-        return;
-      }
-  }
-  tpu_lower_out(L, tpu_hlo_concat(H, vs, n, (int)d));
-}
-
-static void tpu_emit_tri(tpu_lower *L, bool lower) {
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  const tpu_hlo_type xt = *T(L, x);
-  if (xt.rank < 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s: input tensor must have at least 2 dimensions", lower ? "tril" : "triu");
-    return;
-  }
-  int64_t k = L->args[1].i;
-  tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, xt.rank, xt.dims);
-  tpu_hv row = tpu_hlo_iota(H, it, xt.rank - 2), col = tpu_hlo_iota(H, it, xt.rank - 1);
-  tpu_hv diff = tpu_hlo_binary(H, TPU_HLO_SUB, col, row);
-  tpu_hv kk = tpu_lower_full(L, it, (double)k);
-  tpu_hv keep = tpu_hlo_compare(H, lower ? TPU_HLO_LE : TPU_HLO_GE, diff, kk);
-  tpu_lower_out(L, tpu_hlo_select(H, keep, x, tpu_k(L, x, 0)));
-}
-void tpu_emit_tril(tpu_lower *L) { tpu_emit_tri(L, true); }
-void tpu_emit_triu(tpu_lower *L) { tpu_emit_tri(L, false); }
 
 /* ---- softmax ---------------------------------------------------------------------------- */
 
@@ -531,99 +66,6 @@ void tpu_emit_log_softmax_backward(tpu_lower *L) {
   tpu_hv s = rank ? tpu_sum_keep(L, g, &d, 1) : g;
   tpu_hv r = tpu_sub(L, g, tpu_lower_binary(L, TPU_HLO_MUL, tpu_hlo_unary(H, TPU_HLO_EXP, y), s));
   tpu_lower_out(L, tpu_hlo_convert(H, r, in_dt));
-}
-
-/* ---- nll_loss ----------------------------------------------------------------------------- */
-
-/* One-hot [N, C] of target (or [C] for a 0-d target) and the per-sample
- * weight * (target != ignore_index). */
-static void tpu_nll_common(tpu_lower *L, int self_i, int target_i, int weight_i, int ignore_i, tpu_hv *onehot,
-                           tpu_hv *w) {
-  tpu_tref *s = &L->args[self_i].t;
-  tpu_dtype dt = s->dtype;
-  if (s->rank < 1 || s->rank > 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "input tensor should be 1D or 2D");
-    return;
-  }
-  int64_t C = s->sizes[s->rank - 1];
-  tpu_hv tg = tpu_lower_tensor(L, target_i, -1);
-  if (tpu_dtype_is_float(T(L, tg)->dtype))
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected scalar type Long but found %s", tpu_dtype_name(T(L, tg)->dtype));
-  tg = tpu_hlo_convert(H, tg, TPU_S64);
-  int64_t N = s->rank == 2 ? s->sizes[0] : 1;
-  if (s->rank == 2 && (T(L, tg)->rank != 1 || T(L, tg)->dims[0] != N)) {
-    tpu_lower_fail(L, TPU_ERR_VALUE, "Expected input batch_size (%lld) to match target batch_size (%lld).",
-                   (long long)N, (long long)(T(L, tg)->rank ? T(L, tg)->dims[0] : 0));
-    return;
-  }
-  int64_t nc[2] = {N, C};
-  tg = tpu_hlo_reshape(H, tg, 1, &N);
-  tpu_lower_check_targets(L, tg, C, L->args[ignore_i].i);
-  tpu_hv tgb = tpu_hlo_broadcast_in_dim(H, tg, 2, nc, (int64_t[]){0});
-  tpu_hv cls = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nc), 1);
-  tpu_hv hot = tpu_hlo_compare(H, TPU_HLO_EQ, tgb, cls);
-  tpu_hv valid = tpu_hlo_compare(H, TPU_HLO_NE, tg,
-                                 tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &N), (double)L->args[ignore_i].i));
-  tpu_hv hotf = tpu_hlo_convert(H, hot, dt);
-  tpu_hv wn;
-  if (!tpu_lower_is_none(L, weight_i)) {
-    tpu_hv wt = tpu_hlo_broadcast_in_dim(H, tpu_lower_input(L, weight_i, dt), 2, nc, (int64_t[]){1});
-    int64_t one = 1;
-    wn = tpu_hlo_reduce(H, tpu_mul(L, hotf, wt), tpu_hlo_constant(H, dt, 0), &one, 1, TPU_HLO_ADD);
-  } else {
-    wn = tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &N), 1);
-  }
-  wn = tpu_hlo_select(H, valid, wn, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &N), 0));
-  *onehot = hotf;
-  *w = wn;
-}
-
-/* nll_loss_forward(self, target, weight, reduction, ignore_index) -> (output, total_weight) */
-void tpu_emit_nll_loss_forward(tpu_lower *L) {
-  tpu_tref *s = &L->args[0].t;
-  tpu_dtype dt = s->dtype;
-  tpu_hv hot, w;
-  tpu_nll_common(L, 0, 1, 2, 4, &hot, &w);
-  if (!tpu_hlo_ok(H)) return;
-  int64_t N = s->rank == 2 ? s->sizes[0] : 1, C = s->sizes[s->rank - 1], nc[2] = {N, C};
-  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 2, nc);
-  int64_t one = 1, zero = 0;
-  tpu_hv picked = tpu_hlo_reduce(H, tpu_mul(L, x, hot), tpu_hlo_constant(H, dt, 0), &one, 1, TPU_HLO_ADD);
-  /* A masked-out target picks nothing; keep inf * 0 out of the product. */
-  tpu_hv loss = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, w, tpu_k(L, w, 0)),
-                               tpu_hlo_unary(H, TPU_HLO_NEG, tpu_mul(L, picked, w)), tpu_k(L, w, 0));
-  tpu_hv tw = tpu_hlo_reduce(H, w, tpu_hlo_constant(H, dt, 0), &zero, 1, TPU_HLO_ADD);
-  int64_t red = L->args[3].i;
-  if (red == 0) {
-    tpu_lower_out(L, s->rank == 2 ? loss : tpu_hlo_reshape(H, loss, 0, NULL));
-  } else {
-    tpu_hv sum = tpu_hlo_reduce(H, loss, tpu_hlo_constant(H, dt, 0), &zero, 1, TPU_HLO_ADD);
-    tpu_lower_out(L, red == 1 ? tpu_hlo_binary(H, TPU_HLO_DIV, sum, tw) : sum);
-  }
-  tpu_lower_out(L, tw);
-}
-
-/* nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight) */
-void tpu_emit_nll_loss_backward(tpu_lower *L) {
-  tpu_tref *s = &L->args[1].t;
-  tpu_dtype dt = s->dtype;
-  tpu_hv hot, w;
-  tpu_nll_common(L, 1, 2, 3, 5, &hot, &w);
-  if (!tpu_hlo_ok(H)) return;
-  int64_t N = s->rank == 2 ? s->sizes[0] : 1, C = s->sizes[s->rank - 1], nc[2] = {N, C};
-  tpu_hv g = tpu_lower_input(L, 0, dt);
-  int64_t red = L->args[4].i;
-  tpu_hv gn;
-  if (red == 0 && s->rank == 2) {
-    gn = tpu_hlo_reshape(H, g, 1, &N);
-  } else {
-    g = tpu_hlo_reshape(H, g, 0, NULL);
-    if (red == 1) g = tpu_hlo_binary(H, TPU_HLO_DIV, g, tpu_hlo_reshape(H, tpu_lower_input(L, 6, dt), 0, NULL));
-    gn = tpu_hlo_broadcast_in_dim(H, g, 1, &N, NULL);
-  }
-  tpu_hv coef = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_mul(L, gn, w));
-  tpu_hv r = tpu_mul(L, hot, tpu_hlo_broadcast_in_dim(H, coef, 2, nc, (int64_t[]){0}));
-  tpu_lower_out(L, tpu_hlo_reshape(H, r, s->rank, s->sizes));
 }
 
 /* ---- layer norm ------------------------------------------------------------------------ */
@@ -718,276 +160,382 @@ void tpu_emit_native_layer_norm_backward(tpu_lower *L) {
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, g, bdims, axis), bdt));
 }
 
-/* ---- embedding --------------------------------------------------------------------------- */
+/* ---- batch norm and group norm -------------------------------------------------------------
+ *
+ * Inputs are viewed as (N, C, S) (S: the product of the spatial dims). Batch
+ * norm reduces over (N, S) per channel, group norm over (C/G, S) per (N, G).
+ * Statistics are kept in the parameters' dtype (f32 for a half input with f32
+ * parameters, else the input's), as torch's CPU kernels do. 1/sqrt is rounded
+ * once through f64 (XLA's f32 rsqrt is approximate). */
 
-/* embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse) */
-void tpu_emit_embedding(tpu_lower *L) {
-  tpu_tref *w = &L->args[0].t, *ix = &L->args[1].t;
-  if (w->rank != 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "'weight' must be 2-D");
-    return;
-  }
-  if (tpu_dtype_is_float(ix->dtype) || ix->dtype == TPU_PRED) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                   "Expected tensor for argument #1 'indices' to have one of the following scalar "
-                   "types: Long, Int; but got %s instead",
-                   tpu_dtype_name(ix->dtype));
-    return;
-  }
-  int64_t n = 1, D = w->sizes[1];
-  for (int i = 0; i < ix->rank; i++) n *= ix->sizes[i];
-  tpu_hv idx = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, 1, -1), TPU_S64), 2, (int64_t[]){n, 1});
-  tpu_lower_check_range(L, idx, w->sizes[0], false, TPU_ERR_INDEX, "index out of range in self");
-  tpu_hv r = tpu_lower_gather_rows(L, tpu_lower_tensor(L, 0, -1), idx);
-  int64_t od[TPU_MAX_RANK + 1];
-  for (int i = 0; i < ix->rank; i++) od[i] = ix->sizes[i];
-  od[ix->rank] = D;
-  tpu_lower_out(L, tpu_hlo_reshape(H, r, ix->rank + 1, od));
+static tpu_hv tpu_inv_sqrt(tpu_lower *L, tpu_hv v, double eps) {
+  tpu_dtype dt = T(L, v)->dtype;
+  tpu_hv sd = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_convert(H, tpu_add(L, v, tpu_k(L, v, eps)), TPU_F64));
+  return tpu_hlo_convert(H, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, sd, 1), sd), dt);
 }
 
-/* embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq) */
-void tpu_emit_embedding_dense_backward(tpu_lower *L) {
-  tpu_tref *g = &L->args[0].t, *ix = &L->args[1].t;
-  if (tpu_arg_bool(L, 4)) {
-    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "embedding backward with scale_grad_by_freq=True is not lowered yet");
-    return;
-  }
-  int64_t n = 1, D = g->sizes[g->rank - 1], V = L->args[2].i;
-  for (int i = 0; i < ix->rank; i++) n *= ix->sizes[i];
-  tpu_dtype dt = g->dtype, acc = tpu_acc_type(dt);
-  tpu_hv idx = tpu_hlo_convert(H, tpu_hlo_reshape(H, tpu_lower_tensor(L, 1, -1), 1, &n), TPU_S64);
-  tpu_hv upd = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 2, (int64_t[]){n, D});
-  if (L->args[3].i >= 0) {
-    tpu_hv keep =
-        tpu_hlo_compare(H, TPU_HLO_NE, idx, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), (double)L->args[3].i));
-    keep = tpu_hlo_broadcast_in_dim(H, keep, 2, (int64_t[]){n, D}, (int64_t[]){0});
-    upd = tpu_hlo_select(H, keep, upd, tpu_k(L, upd, 0));
-  }
-  idx = tpu_hlo_reshape(H, idx, 2, (int64_t[]){n, 1});
-  tpu_hlo_type st = tpu_hlo_type_make(acc, 0, NULL), sts[2] = {st, st};
-  tpu_hv a[2];
-  tpu_hlo_region_begin(H, sts, 2, a);
-  tpu_hv s = tpu_add(L, a[0], a[1]);
-  int region = tpu_hlo_region_end(H, &s, 1);
-  tpu_hv zeros = tpu_lower_full(L, tpu_hlo_type_make(acc, 2, (int64_t[]){V, D}), 0);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_lower_scatter_rows(L, zeros, idx, upd, region), dt));
+/* The first present parameter's dtype, else the input's. */
+static tpu_dtype tpu_param_type(tpu_lower *L, const int *params, int n, tpu_dtype input) {
+  for (int k = 0; k < n; k++)
+    if (params[k] >= 0 && !tpu_lower_is_none(L, params[k])) return L->args[params[k]].t.dtype;
+  return input;
 }
 
-/* ---- factories and fills --------------------------------------------------------------------- */
+static void tpu_ncs(const tpu_tref *t, int64_t *ncs) {
+  ncs[0] = t->sizes[0];
+  ncs[1] = t->rank > 1 ? t->sizes[1] : 1;
+  ncs[2] = 1;
+  for (int i = 2; i < t->rank; i++) ncs[2] *= t->sizes[i];
+}
 
-/* fill_.Scalar(self, value), fill_.Tensor(self, value) */
-void tpu_emit_fill(tpu_lower *L) {
+/* A per-channel vector (arg i, or the constant dflt when None) broadcast over (N, C, S). */
+static tpu_hv tpu_chan(tpu_lower *L, int i, tpu_dtype acc, const int64_t *ncs, double dflt) {
+  int64_t one = 1;
+  if (i < 0 || tpu_lower_is_none(L, i)) return tpu_lower_full(L, tpu_hlo_type_make(acc, 3, ncs), dflt);
+  tpu_hv v = tpu_hlo_reshape(H, tpu_lower_input(L, i, acc), 1, &ncs[1]);
+  return tpu_hlo_broadcast_in_dim(H, v, 3, ncs, &one);
+}
+
+static tpu_hv tpu_chan_b(tpu_lower *L, tpu_hv v, const int64_t *ncs) {
+  int64_t one = 1;
+  return tpu_hlo_broadcast_in_dim(H, v, 3, ncs, &one);
+}
+
+static tpu_hv tpu_sum_ns(tpu_lower *L, tpu_hv x) {
+  int64_t dims[2] = {0, 2};
+  return tpu_hlo_reduce(H, x, tpu_hlo_constant(H, T(L, x)->dtype, 0), dims, 2, TPU_HLO_ADD);
+}
+
+static void tpu_bn_forward(tpu_lower *L, int rm_i, int rv_i, bool training, double momentum, double eps, bool reserve) {
   tpu_tref *t = &L->args[0].t;
-  tpu_hv v = L->args[1].kind == TPU_ARG_SCALAR ? tpu_lower_scalar(L, 1, t->dtype)
-                                               : tpu_hlo_reshape(H, tpu_lower_input(L, 1, t->dtype), 0, NULL);
-  tpu_lower_write(L, 0, -1, v);
-  tpu_lower_return_arg(L, 0, -1);
-}
-
-void tpu_emit_zero(tpu_lower *L) {
-  tpu_lower_write(L, 0, -1, tpu_lower_full(L, tpu_hlo_type_make(L->args[0].t.dtype, 0, NULL), 0));
-  tpu_lower_return_arg(L, 0, -1);
-}
-
-void tpu_emit_clone(tpu_lower *L) { tpu_lower_out(L, tpu_lower_tensor(L, 0, -1)); }
-
-/* arange.start_step(start, end, step=1, *, dtype, layout, device, pin_memory):
- * the values fix the shape, so they are read here, not passed as inputs. */
-void tpu_emit_arange(tpu_lower *L) {
-  /* arange(end), arange.start(start, end), arange.start_step(start, end, step) */
-  int ns = 0;
-  while (ns < 3 && ns < L->nargs && L->args[ns].kind == TPU_ARG_SCALAR) ns++;
-  tpu_arg zero = {.kind = TPU_ARG_SCALAR, .skind = TPU_SCALAR_INT, .i = 0, .f = 0};
-  tpu_arg one = {.kind = TPU_ARG_SCALAR, .skind = TPU_SCALAR_INT, .i = 1, .f = 1};
-  tpu_arg *s = ns == 1 ? &zero : &L->args[0], *e = ns == 1 ? &L->args[0] : &L->args[1];
-  tpu_arg *st = ns == 3 ? &L->args[2] : &one;
-  bool is_float = s->skind == TPU_SCALAR_FLOAT || e->skind == TPU_SCALAR_FLOAT || st->skind == TPU_SCALAR_FLOAT;
-  tpu_dtype dt =
-      (ns < L->nargs && L->args[ns].kind == TPU_ARG_DTYPE) ? L->args[ns].dtype : (is_float ? TPU_F32 : TPU_S64);
-  double a = s->f, b = e->f, c = st->f;
-  if ((L->flags & TPU_OP_OUT) && L->args[L->nargs - 1].kind == TPU_ARG_TENSOR &&
-      tpu_dtype_is_int(L->args[L->nargs - 1].t.dtype) && (int64_t)c == 0) {
-    /* an integer out= takes the step as an integer, as torch does */
-    tpu_lower_fail(L, TPU_ERR_VALUE, "step must be nonzero");
+  if (t->rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "batch_norm: expected 2D or higher input, but got %dD", t->rank);
     return;
   }
-  if (c == 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "step must be nonzero");
-    return;
-  }
-  if ((c > 0 && b < a) || (c < 0 && b > a)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "upper bound and larger bound inconsistent with step sign");
-    return;
-  }
-  int64_t n;
-  if (is_float) {
-    n = (int64_t)ceil((b - a) / c);
-  } else {
-    int64_t ia = s->i, ib = e->i, ic = st->i;
-    n = ic > 0 ? (ib - ia + ic - 1) / ic : (ia - ib + (-ic) - 1) / (-ic);
-  }
-  if (n < 0) n = 0;
-  tpu_hlo_type it = tpu_hlo_type_make(tpu_dtype_is_float(dt) || is_float ? TPU_F64 : TPU_S64, 1, &n);
-  tpu_hv io = tpu_hlo_iota(H, it, 0), r;
-  if (it.dtype == TPU_S64) {
-    /* integer bounds stay integers: a double holds them only below 2**53 */
-    tpu_hv ic = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, st->i), 1, &n, NULL);
-    tpu_hv ia = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, s->i), 1, &n, NULL);
-    r = tpu_add(L, tpu_mul(L, io, ic), ia);
-  } else {
-    r = tpu_add(L, tpu_mul(L, io, tpu_lower_full(L, it, c)), tpu_lower_full(L, it, a));
-  }
-  tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
-}
-
-/* x rounded to dt and back (f32 working values of a half type). */
-static tpu_hv tpu_round_to(tpu_lower *L, tpu_hv x, tpu_dtype dt) {
-  return tpu_hlo_convert(H, tpu_hlo_convert(H, x, dt), T(L, x)->dtype);
-}
-
-/* base + step * j (f64 values, j integers below 2^26) as one fused
- * multiply-add rounds it: step splits into halves whose products with j are
- * exact, summed with the rounding error of the first sum kept. */
-static tpu_hv tpu_fma_f64(tpu_lower *L, tpu_hv base, double step, tpu_hv j) {
-  double c = step * 134217729.0, hi = c - (c - step), lo = step - hi;
-  tpu_hv ph = tpu_mul(L, tpu_k(L, j, hi), j), pl = tpu_mul(L, tpu_k(L, j, lo), j);
-  tpu_hv sum = tpu_add(L, base, ph), bb = tpu_sub(L, sum, base);
-  tpu_hv err = tpu_add(L, tpu_sub(L, base, tpu_sub(L, sum, bb)), tpu_sub(L, ph, bb));
-  return tpu_add(L, sum, tpu_add(L, err, pl));
-}
-
-/* linspace.out(start, end, steps, *, out) / logspace.out(start, end, steps, base, *, out):
- * as torch's CPU kernel: start and end in the output type (integers
- * truncate), the step in that type (f64 for integers), the first half
- * counting up from start and the second down from end (both ends exact).
- * torch's build contracts start + step * i into one fused multiply-add
- * (emulated: in f64 for f32, split products for f64 and integers); half
- * types round after every operation, as c10::Half arithmetic does. */
-static void tpu_emit_space(tpu_lower *L, bool log) {
-  const tpu_arg *s = &L->args[0], *e = &L->args[1];
-  int64_t n = L->args[2].i;
-  if (n < 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "number of steps must be non-negative");
-    return;
-  }
-  double base = log ? L->args[3].f : 0;
-  tpu_dtype dt = L->args[L->nargs - 1].t.dtype; /* the out tensor's */
-  if (tpu_dtype_is_complex(dt)) {
-    tpu_lower_fail(L, TPU_ERR_UNIMPLEMENTED, "%s into a complex tensor is not supported yet",
-                   log ? "logspace" : "linspace");
-    return;
-  }
-  bool flt = tpu_dtype_is_float(dt), half = dt == TPU_F16 || dt == TPU_BF16;
-  double a = s->skind == TPU_SCALAR_INT ? (double)s->i : s->f, b = e->skind == TPU_SCALAR_INT ? (double)e->i : e->f;
-  if (!flt && !log)
-    a = trunc(a), b = trunc(b);
-  else if (dt == TPU_F32)
-    a = (float)a, b = (float)b;
-  /* f32 working values for half types (rounded to them after every
-   * operation), f64 otherwise */
-  tpu_hlo_type t = tpu_hlo_type_make(half ? TPU_F32 : TPU_F64, 1, &n);
-  tpu_hv v = tpu_lower_full(L, t, a);
-  if (half) v = tpu_round_to(L, v, dt);
-  if (n > 1) {
-    tpu_hv i = tpu_hlo_iota(H, t, 0), j = tpu_sub(L, tpu_lower_full(L, t, (double)(n - 1)), i);
-    tpu_hv first = tpu_hlo_compare(H, TPU_HLO_LT, i, tpu_lower_full(L, t, (double)(n / 2)));
-    tpu_hv up, down;
-    if (half) {
-      tpu_hv ah = v, bh = tpu_round_to(L, tpu_lower_full(L, t, b), dt);
-      tpu_hv st = tpu_round_to(L,
-                               tpu_hlo_binary(H, TPU_HLO_DIV, tpu_round_to(L, tpu_sub(L, bh, ah), dt),
-                                              tpu_round_to(L, tpu_lower_full(L, t, (double)(n - 1)), dt)),
-                               dt);
-      up = tpu_round_to(L, tpu_add(L, ah, tpu_round_to(L, tpu_mul(L, st, tpu_round_to(L, i, dt)), dt)), dt);
-      down = tpu_round_to(L, tpu_sub(L, bh, tpu_round_to(L, tpu_mul(L, st, tpu_round_to(L, j, dt)), dt)), dt);
-    } else if (dt == TPU_F32) { /* products of an f32 step and small integers are exact in f64 */
-      tpu_hv st = tpu_lower_full(L, t, (double)(((float)b - (float)a) / (float)(n - 1)));
-      up = tpu_add(L, v, tpu_mul(L, st, i));
-      down = tpu_sub(L, tpu_lower_full(L, t, b), tpu_mul(L, st, j));
-    } else {
-      double step = (b - a) / (double)(n - 1);
-      up = tpu_fma_f64(L, v, step, i);
-      down = tpu_fma_f64(L, tpu_lower_full(L, t, b), -step, j);
+  int params[4] = {1, 2, rm_i, rv_i};
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 4, dt);
+  int64_t ncs[3], C;
+  tpu_ncs(t, ncs);
+  C = ncs[1];
+  for (int k = 0; k < 4; k++) {
+    int i = params[k];
+    if (i < 0 || tpu_lower_is_none(L, i)) continue;
+    tpu_tref *p = &L->args[i].t;
+    int64_t n = 1;
+    for (int d = 0; d < p->rank; d++) n *= p->sizes[d];
+    if (n != C) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s should contain %lld elements not %lld",
+                     k == 0   ? "weight"
+                     : k == 1 ? "bias"
+                     : k == 2 ? "running_mean"
+                              : "running_var",
+                     (long long)C, (long long)n);
+      return;
     }
-    v = tpu_hlo_select(H, first, up, down);
   }
-  if (dt == TPU_F32) v = tpu_hlo_convert(H, v, TPU_F32);
-  if (log) v = tpu_hlo_binary(H, TPU_HLO_POW, tpu_lower_full(L, *T(L, v), base), v);
-  tpu_lower_out(L, tpu_hlo_convert(H, v, dt));
-}
-void tpu_emit_linspace(tpu_lower *L) { tpu_emit_space(L, false); }
-void tpu_emit_logspace(tpu_lower *L) { tpu_emit_space(L, true); }
-
-/* ---- random --------------------------------------------------------------------------------- */
-
-static tpu_hv tpu_normal_values(tpu_lower *L, tpu_dtype dt, int rank, const int64_t *dims) {
-  /* Box-Muller in f32 (f64 for f64 tensors): sqrt(-2 log(1 - u1)) cos(2 pi u2) */
-  tpu_dtype w = dt == TPU_F64 ? TPU_F64 : TPU_F32;
-  tpu_hv u1 = tpu_lower_uniform(L, w, rank, dims), u2 = tpu_lower_uniform(L, w, rank, dims);
-  tpu_hv r = tpu_hlo_unary(
-      H, TPU_HLO_SQRT, tpu_mul(L, tpu_k(L, u1, -2), tpu_hlo_unary(H, TPU_HLO_LOG, tpu_sub(L, tpu_k(L, u1, 1), u1))));
-  tpu_hv z = tpu_mul(L, r, tpu_hlo_unary(H, TPU_HLO_COS, tpu_mul(L, u2, tpu_k(L, u2, 6.283185307179586))));
-  return z;
-}
-
-static void tpu_need_float(tpu_lower *L, const char *op) {
-  if (!tpu_dtype_is_float(L->args[0].t.dtype))
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s\" not implemented for '%s'", op, tpu_dtype_name(L->args[0].t.dtype));
-}
-
-/* normal_(self, mean=0, std=1, *, generator) */
-void tpu_emit_normal(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  tpu_need_float(L, "normal_kernel_cpu");
-  if (L->args[2].f < 0) tpu_lower_fail(L, TPU_ERR_RUNTIME, "normal expects std >= 0.0, but found std %g", L->args[2].f);
-  tpu_hv z = tpu_normal_values(L, t->dtype, t->rank, t->sizes);
-  z = tpu_add(L, tpu_mul(L, z, tpu_k(L, z, L->args[2].f)), tpu_k(L, z, L->args[1].f));
-  tpu_lower_write(L, 0, -1, z);
-  tpu_lower_return_arg(L, 0, -1);
-}
-
-/* uniform_(self, from=0, to=1, *, generator) */
-void tpu_emit_uniform(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  tpu_need_float(L, "uniform_kernel_cpu");
-  tpu_dtype w = t->dtype == TPU_F64 ? TPU_F64 : TPU_F32;
-  tpu_hv u = tpu_lower_uniform(L, w, t->rank, t->sizes);
-  double lo = L->args[1].f, hi = L->args[2].f;
-  u = tpu_add(L, tpu_mul(L, u, tpu_k(L, u, hi - lo)), tpu_k(L, u, lo));
-  tpu_lower_write(L, 0, -1, u);
-  tpu_lower_return_arg(L, 0, -1);
-}
-
-/* bernoulli_.float(self, p=0.5, *, generator) */
-void tpu_emit_bernoulli(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  tpu_hv u = tpu_lower_uniform(L, TPU_F32, t->rank, t->sizes);
-  tpu_lower_write(L, 0, -1, tpu_hlo_compare(H, TPU_HLO_LT, u, tpu_k(L, u, L->args[1].f)));
-  tpu_lower_return_arg(L, 0, -1);
-}
-
-/* native_dropout(input, p, train) -> (output, mask) */
-void tpu_emit_native_dropout(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  double p = L->args[1].f;
-  bool train = L->args[2].kind != TPU_ARG_BOOL || L->args[2].i;
-  tpu_hv x = tpu_lower_tensor(L, 0, -1);
-  if (!train || p == 0) {
-    tpu_lower_out(L, x);
-    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_PRED, t->rank, t->sizes), 1));
+  if (!training && (rm_i < 0 || tpu_lower_is_none(L, rm_i) || tpu_lower_is_none(L, rv_i))) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "running_mean and running_var must be defined in evaluation mode");
     return;
   }
-  tpu_hv u = tpu_lower_uniform(L, TPU_F32, t->rank, t->sizes);
-  tpu_hv keep = tpu_hlo_compare(H, TPU_HLO_LT, u, tpu_k(L, u, 1.0 - p));
-  tpu_hv scale = tpu_k(L, x, p >= 1 ? 0.0 : 1.0 / (1.0 - p));
-  tpu_lower_out(L, tpu_hlo_select(H, keep, tpu_mul(L, x, scale), tpu_k(L, x, 0)));
-  tpu_lower_out(L, keep);
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 3, ncs);
+  double count = (double)(ncs[0] * ncs[2]);
+  tpu_hv mean, invstd, var = TPU_HV_NONE;
+  if (training) {
+    mean = tpu_sum_ns(L, x);
+    mean = tpu_hlo_binary(H, TPU_HLO_DIV, mean, tpu_k(L, mean, count));
+    tpu_hv xc = tpu_sub(L, x, tpu_chan_b(L, mean, ncs));
+    var = tpu_sum_ns(L, tpu_mul(L, xc, xc));
+    var = tpu_hlo_binary(H, TPU_HLO_DIV, var, tpu_k(L, var, count));
+  } else {
+    mean = tpu_hlo_reshape(H, tpu_lower_input(L, rm_i, acc), 1, &C);
+    var = tpu_hlo_reshape(H, tpu_lower_input(L, rv_i, acc), 1, &C);
+  }
+  invstd = tpu_inv_sqrt(L, var, eps);
+  /* torch's kernel normalizes with the statistics as stored (rounded to a half parameter type) */
+  mean = tpu_hlo_convert(H, tpu_hlo_convert(H, mean, pdt), acc);
+  invstd = tpu_hlo_convert(H, tpu_hlo_convert(H, invstd, pdt), acc);
+  tpu_hv y = tpu_mul(L, tpu_sub(L, x, tpu_chan_b(L, mean, ncs)), tpu_chan_b(L, invstd, ncs));
+  if (!tpu_lower_is_none(L, 1)) y = tpu_mul(L, y, tpu_chan(L, 1, acc, ncs, 1));
+  if (!tpu_lower_is_none(L, 2)) y = tpu_add(L, y, tpu_chan(L, 2, acc, ncs, 0));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, y, t->rank, t->sizes), dt));
+  if (training) {
+    tpu_lower_out(L, tpu_hlo_convert(H, mean, pdt));
+    tpu_lower_out(L, tpu_hlo_convert(H, invstd, pdt));
+  } else {
+    int64_t zero = 0;
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(pdt, 1, &zero), 0));
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(pdt, 1, &zero), 0));
+  }
+  if (reserve) {
+    int64_t zero = 0;
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(TPU_U8, 1, &zero), 0));
+  }
+  if (training && rm_i >= 0 && !tpu_lower_is_none(L, rm_i)) {
+    tpu_tref *r = &L->args[rm_i].t;
+    tpu_hv old = tpu_hlo_reshape(H, tpu_lower_input(L, rm_i, acc), 1, &C);
+    tpu_hv nv = tpu_add(L, tpu_mul(L, old, tpu_k(L, old, 1 - momentum)), tpu_mul(L, mean, tpu_k(L, mean, momentum)));
+    tpu_lower_write(L, rm_i, -1, tpu_hlo_reshape(H, nv, r->rank, r->sizes));
+  }
+  if (training && rv_i >= 0 && !tpu_lower_is_none(L, rv_i)) {
+    tpu_tref *r = &L->args[rv_i].t;
+    tpu_hv old = tpu_hlo_reshape(H, tpu_lower_input(L, rv_i, acc), 1, &C);
+    tpu_hv ub = tpu_mul(L, var, tpu_k(L, var, count / (count - 1)));
+    tpu_hv nv = tpu_add(L, tpu_mul(L, old, tpu_k(L, old, 1 - momentum)), tpu_mul(L, ub, tpu_k(L, ub, momentum)));
+    tpu_lower_write(L, rv_i, -1, tpu_hlo_reshape(H, nv, r->rank, r->sizes));
+  }
 }
 
-/* native_dropout_backward(grad_output, mask, scale) */
-void tpu_emit_native_dropout_backward(tpu_lower *L) {
-  tpu_dtype dt = L->args[0].t.dtype;
-  tpu_hv g = tpu_lower_tensor(L, 0, -1);
-  tpu_hv m = tpu_hlo_convert(H, tpu_lower_input(L, 1, TPU_PRED), dt);
-  tpu_lower_out(L, tpu_mul(L, tpu_lower_binary(L, TPU_HLO_MUL, g, m), tpu_k(L, g, L->args[2].f)));
+/* native_batch_norm / _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps) */
+void tpu_emit_native_batch_norm(tpu_lower *L) {
+  tpu_bn_forward(L, 3, 4, L->args[5].i != 0, L->args[6].f, L->args[7].f, false);
+}
+/* _native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps) */
+void tpu_emit_batch_norm_no_stats(tpu_lower *L) { tpu_bn_forward(L, -1, -1, true, L->args[4].f, L->args[5].f, false); }
+/* _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps) -> (out, mean, rstd, reserve) */
+void tpu_emit_batch_norm_with_update(tpu_lower *L) { tpu_bn_forward(L, 3, 4, true, L->args[5].f, L->args[6].f, true); }
+
+/* native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
+ * save_invstd, train, eps, output_mask); batch_norm_backward has the same
+ * leading arguments (update for train, save_var holding the invstd) and a reserve. */
+void tpu_emit_native_batch_norm_backward(tpu_lower *L) {
+  tpu_tref *t = &L->args[1].t;
+  int params[3] = {2, 3, 4};
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 3, dt);
+  bool train = L->args[7].i != 0;
+  double eps = L->args[8].f;
+  bool mask[3] = {true, true, true};
+  for (int k = 0; k < 3 && k < L->args[9].nints; k++) mask[k] = L->args[9].ints[k] != 0;
+  int64_t ncs[3], C;
+  tpu_ncs(t, ncs);
+  C = ncs[1];
+  double count = (double)(ncs[0] * ncs[2]);
+  tpu_hv mean, invstd;
+  if (train) {
+    if (tpu_lower_is_none(L, 5) || tpu_lower_is_none(L, 6)) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "batch_norm_backward: save_mean and save_invstd must be defined in training mode");
+      return;
+    }
+    mean = tpu_hlo_reshape(H, tpu_lower_input(L, 5, acc), 1, &C);
+    invstd = tpu_hlo_reshape(H, tpu_lower_input(L, 6, acc), 1, &C);
+  } else {
+    if (tpu_lower_is_none(L, 3) || tpu_lower_is_none(L, 4)) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "batch_norm_backward: running stats must be defined in evaluation mode");
+      return;
+    }
+    mean = tpu_hlo_reshape(H, tpu_lower_input(L, 3, acc), 1, &C);
+    invstd = tpu_inv_sqrt(L, tpu_hlo_reshape(H, tpu_lower_input(L, 4, acc), 1, &C), eps);
+  }
+  tpu_hv g = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 3, ncs);
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 1, acc), 3, ncs);
+  tpu_hv xhat = tpu_mul(L, tpu_sub(L, x, tpu_chan_b(L, mean, ncs)), tpu_chan_b(L, invstd, ncs));
+  tpu_hv sg = tpu_sum_ns(L, g), sgx = tpu_sum_ns(L, tpu_mul(L, g, xhat));
+  tpu_hv w = tpu_chan(L, 2, acc, ncs, 1);
+  tpu_hv gi;
+  if (train) {
+    tpu_hv a = tpu_chan_b(L, tpu_hlo_binary(H, TPU_HLO_DIV, sg, tpu_k(L, sg, count)), ncs);
+    tpu_hv b = tpu_chan_b(L, tpu_hlo_binary(H, TPU_HLO_DIV, sgx, tpu_k(L, sgx, count)), ncs);
+    gi = tpu_sub(L, tpu_sub(L, g, a), tpu_mul(L, xhat, b));
+    gi = tpu_mul(L, gi, tpu_mul(L, w, tpu_chan_b(L, invstd, ncs)));
+  } else {
+    gi = tpu_mul(L, g, tpu_mul(L, w, tpu_chan_b(L, invstd, ncs)));
+  }
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, mask[0] ? gi : tpu_k(L, gi, 0), t->rank, t->sizes), dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, mask[1] ? sgx : tpu_k(L, sgx, 0), pdt));
+  tpu_lower_out(L, tpu_hlo_convert(H, mask[2] ? sg : tpu_k(L, sg, 0), pdt));
+}
+
+/* native_group_norm(input, weight, bias, N, C, HxW, group, eps) -> (out, mean, rstd) */
+void tpu_emit_native_group_norm(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int params[2] = {1, 2};
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 2, dt);
+  int64_t N = L->args[3].i, C = L->args[4].i, S = L->args[5].i, G = L->args[6].i;
+  int64_t numel = tpu_numel(t->rank, t->sizes);
+  if (G <= 0 || C % G != 0 || numel != N * C * S) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Expected number of channels in input to be divisible by num_groups, but got input "
+                   "of shape [...] and num_groups=%lld",
+                   (long long)G);
+    return;
+  }
+  for (int k = 0; k < 2; k++)
+    if (!tpu_lower_is_none(L, params[k]) && L->args[params[k]].t.rank == 1 && L->args[params[k]].t.sizes[0] != C) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     "Expected %s to be a vector of size equal to the number of channels in input, "
+                     "but got %s of shape [%lld] and input of shape [...]",
+                     k ? "bias" : "weight", k ? "bias" : "weight", (long long)L->args[params[k]].t.sizes[0]);
+      return;
+    }
+  int64_t ngd[3] = {N, G, C / G * S}, ncs[3] = {N, C, S}, two = 2, ng[2] = {N, G}, bd[2] = {0, 1};
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 3, ngd);
+  double D = (double)(C / G * S);
+  tpu_hv mean = tpu_hlo_reduce(H, x, tpu_hlo_constant(H, acc, 0), &two, 1, TPU_HLO_ADD);
+  mean = tpu_hlo_binary(H, TPU_HLO_DIV, mean, tpu_k(L, mean, D));
+  tpu_hv xc = tpu_sub(L, x, tpu_hlo_broadcast_in_dim(H, mean, 3, ngd, bd));
+  tpu_hv var = tpu_hlo_reduce(H, tpu_mul(L, xc, xc), tpu_hlo_constant(H, acc, 0), &two, 1, TPU_HLO_ADD);
+  var = tpu_hlo_binary(H, TPU_HLO_DIV, var, tpu_k(L, var, D));
+  tpu_hv rstd = tpu_inv_sqrt(L, var, L->args[7].f);
+  tpu_hv y = tpu_hlo_reshape(H, tpu_mul(L, xc, tpu_hlo_broadcast_in_dim(H, rstd, 3, ngd, bd)), 3, ncs);
+  if (!tpu_lower_is_none(L, 1)) y = tpu_mul(L, y, tpu_chan(L, 1, acc, ncs, 1));
+  if (!tpu_lower_is_none(L, 2)) y = tpu_add(L, y, tpu_chan(L, 2, acc, ncs, 0));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, y, t->rank, t->sizes), dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, mean, 2, ng), pdt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, rstd, 2, ng), pdt));
+}
+
+/* native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask) */
+void tpu_emit_native_group_norm_backward(tpu_lower *L) {
+  tpu_tref *t = &L->args[1].t;
+  int params[1] = {4};
+  tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt), pdt = tpu_param_type(L, params, 1, L->args[2].t.dtype);
+  int64_t N = L->args[5].i, C = L->args[6].i, S = L->args[7].i, G = L->args[8].i;
+  bool mask[3] = {true, true, true};
+  for (int k = 0; k < 3 && k < L->args[9].nints; k++) mask[k] = L->args[9].ints[k] != 0;
+  if (G <= 0 || C % G != 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "native_group_norm_backward: bad group count %lld", (long long)G);
+    return;
+  }
+  int64_t ngd[3] = {N, G, C / G * S}, ncs[3] = {N, C, S}, two = 2, ng[2] = {N, G}, bd[2] = {0, 1};
+  double D = (double)(C / G * S);
+  tpu_hv g = tpu_hlo_reshape(H, tpu_lower_input(L, 0, acc), 3, ncs);
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_input(L, 1, acc), 3, ngd);
+  tpu_hv mean = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, tpu_lower_input(L, 2, acc), 2, ng), 3, ngd, bd);
+  tpu_hv rstd = tpu_hlo_broadcast_in_dim(H, tpu_hlo_reshape(H, tpu_lower_input(L, 3, acc), 2, ng), 3, ngd, bd);
+  tpu_hv xhat = tpu_mul(L, tpu_sub(L, x, mean), rstd);
+  tpu_hv gw = tpu_hlo_reshape(H, tpu_mul(L, g, tpu_chan(L, 4, acc, ncs, 1)), 3, ngd);
+  tpu_hv m1 = tpu_hlo_reduce(H, gw, tpu_hlo_constant(H, acc, 0), &two, 1, TPU_HLO_ADD);
+  tpu_hv m2 = tpu_hlo_reduce(H, tpu_mul(L, gw, xhat), tpu_hlo_constant(H, acc, 0), &two, 1, TPU_HLO_ADD);
+  m1 = tpu_hlo_broadcast_in_dim(H, tpu_hlo_binary(H, TPU_HLO_DIV, m1, tpu_k(L, m1, D)), 3, ngd, bd);
+  m2 = tpu_hlo_broadcast_in_dim(H, tpu_hlo_binary(H, TPU_HLO_DIV, m2, tpu_k(L, m2, D)), 3, ngd, bd);
+  tpu_hv gi = tpu_mul(L, tpu_sub(L, tpu_sub(L, gw, m1), tpu_mul(L, xhat, m2)), rstd);
+  tpu_hv xh = tpu_hlo_reshape(H, xhat, 3, ncs);
+  tpu_hv gwt = tpu_sum_ns(L, tpu_mul(L, g, xh)), gbt = tpu_sum_ns(L, g);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_reshape(H, mask[0] ? gi : tpu_k(L, gi, 0), t->rank, t->sizes), dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, mask[1] ? gwt : tpu_k(L, gwt, 0), pdt));
+  tpu_lower_out(L, tpu_hlo_convert(H, mask[2] ? gbt : tpu_k(L, gbt, 0), pdt));
+}
+
+/* ---- fused RNN cells (nn.LSTM / nn.GRU on an accelerator) --------------------------------
+ * aten::lstm and aten::gru run their cells through these on every device
+ * but the CPU. Gate order along dim 1: LSTM (input, forget, cell, output),
+ * GRU (reset, update, new). The workspace a cell returns holds what its
+ * backward needs: LSTM, the four activated gates [B, 4H]; GRU, the reset,
+ * update and new gates, hx and the hidden new-gate pre-activation [B, 5H]. */
+
+/* Columns [k*h, (k+1)*h) of a [B, n*h] value. */
+static tpu_hv tpu_gate(tpu_lower *L, tpu_hv x, int k, int64_t h) {
+  const tpu_hlo_type *t = T(L, x);
+  int64_t s[2] = {0, k * h}, l[2] = {t->dims[0], (k + 1) * h}, st[2] = {1, 1};
+  return tpu_hlo_slice(H, x, s, l, st);
+}
+
+static tpu_hv tpu_sigm(tpu_lower *L, tpu_hv x) { return tpu_hlo_unary(H, TPU_HLO_LOGISTIC, x); }
+static tpu_hv tpu_tanh(tpu_lower *L, tpu_hv x) { return tpu_hlo_unary(H, TPU_HLO_TANH, x); }
+/* s * (1 - s): the derivative of a sigmoid from its value */
+static tpu_hv tpu_dsigm(tpu_lower *L, tpu_hv s) { return tpu_mul(L, s, tpu_sub(L, tpu_k(L, s, 1), s)); }
+
+/* Gate pre-activations gates [+ bias] as acc values; the bias is [n*h]. */
+static tpu_hv tpu_gates_in(tpu_lower *L, int gi, int bi, tpu_dtype acc) {
+  tpu_hv g = tpu_lower_input(L, gi, acc);
+  if (!tpu_lower_is_none(L, bi)) g = tpu_lower_binary(L, TPU_HLO_ADD, g, tpu_lower_input(L, bi, acc));
+  return g;
+}
+
+static bool tpu_cell_check(tpu_lower *L, int n, int hx_arg) {
+  tpu_tref *ig = &L->args[0].t, *hg = &L->args[1].t, *hx = &L->args[hx_arg].t;
+  if (ig->rank != 2 || hg->rank != 2 || ig->sizes[0] != hg->sizes[0] || ig->sizes[1] != hg->sizes[1] || hx->rank != 2 ||
+      ig->sizes[1] != n * hx->sizes[1] || ig->sizes[0] != hx->sizes[0]) {
+    tpu_lower_fail(L, TPU_ERR_VALUE, "expected input and hidden gates of one shape [B, %d*H] and a state [B, H]", n);
+    return false;
+  }
+  return true;
+}
+
+/* _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias, hidden_bias) -> (hy, cy, workspace) */
+void tpu_emit_thnn_fused_lstm_cell(tpu_lower *L) {
+  if (!tpu_cell_check(L, 4, 2)) return;
+  tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
+  int64_t h = L->args[2].t.sizes[1];
+  tpu_hv g = tpu_add(L, tpu_gates_in(L, 0, 3, acc), tpu_gates_in(L, 1, 4, acc));
+  tpu_hv ig = tpu_sigm(L, tpu_gate(L, g, 0, h)), fg = tpu_sigm(L, tpu_gate(L, g, 1, h));
+  tpu_hv cg = tpu_tanh(L, tpu_gate(L, g, 2, h)), og = tpu_sigm(L, tpu_gate(L, g, 3, h));
+  tpu_hv cx = tpu_lower_input(L, 2, acc);
+  tpu_hv cy = tpu_add(L, tpu_mul(L, fg, cx), tpu_mul(L, ig, cg));
+  tpu_hv hy = tpu_mul(L, og, tpu_tanh(L, cy));
+  tpu_hv ws[4] = {ig, fg, cg, og};
+  tpu_lower_out(L, tpu_hlo_convert(H, hy, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, cy, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_concat(H, ws, 4, 1), dt));
+}
+
+/* _thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias)
+ * -> (grad_gates, grad_cx, grad_bias); missing output gradients count as zeros.
+ * The bias gradient is computed even without a bias (autograd drops it). */
+void tpu_emit_thnn_fused_lstm_cell_backward(tpu_lower *L) {
+  tpu_dtype dt = L->args[2].t.dtype, acc = tpu_acc_type(dt);
+  int64_t h = L->args[2].t.sizes[1];
+  tpu_hv cx = tpu_lower_input(L, 2, acc), cy = tpu_lower_input(L, 3, acc), w = tpu_lower_input(L, 4, acc);
+  tpu_hv go = tpu_lower_is_none(L, 0) ? tpu_k(L, cx, 0) : tpu_lower_input(L, 0, acc);
+  tpu_hv goc = tpu_lower_is_none(L, 1) ? tpu_k(L, cx, 0) : tpu_lower_input(L, 1, acc);
+  tpu_hv ig = tpu_gate(L, w, 0, h), fg = tpu_gate(L, w, 1, h), cg = tpu_gate(L, w, 2, h), og = tpu_gate(L, w, 3, h);
+  tpu_hv t = tpu_tanh(L, cy);
+  tpu_hv gcx = tpu_add(L, tpu_mul(L, tpu_mul(L, go, og), tpu_sub(L, tpu_k(L, t, 1), tpu_mul(L, t, t))), goc);
+  tpu_hv gs[4] = {
+      tpu_mul(L, tpu_mul(L, gcx, cg), tpu_dsigm(L, ig)),
+      tpu_mul(L, tpu_mul(L, gcx, cx), tpu_dsigm(L, fg)),
+      tpu_mul(L, tpu_mul(L, gcx, ig), tpu_sub(L, tpu_k(L, cg, 1), tpu_mul(L, cg, cg))),
+      tpu_mul(L, tpu_mul(L, go, t), tpu_dsigm(L, og)),
+  };
+  tpu_hv gates = tpu_hlo_concat(H, gs, 4, 1);
+  int64_t d0 = 0;
+  tpu_lower_out(L, tpu_hlo_convert(H, gates, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_mul(L, gcx, fg), dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, gates, &d0, 1), dt));
+}
+
+/* _thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias, hidden_bias) -> (hy, workspace) */
+void tpu_emit_thnn_fused_gru_cell(tpu_lower *L) {
+  if (!tpu_cell_check(L, 3, 2)) return;
+  tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
+  int64_t h = L->args[2].t.sizes[1];
+  tpu_hv ig = tpu_gates_in(L, 0, 3, acc), hg = tpu_gates_in(L, 1, 4, acc);
+  tpu_hv hx = tpu_lower_input(L, 2, acc);
+  tpu_hv rg = tpu_sigm(L, tpu_add(L, tpu_gate(L, ig, 0, h), tpu_gate(L, hg, 0, h)));
+  tpu_hv zg = tpu_sigm(L, tpu_add(L, tpu_gate(L, ig, 1, h), tpu_gate(L, hg, 1, h)));
+  tpu_hv hn = tpu_gate(L, hg, 2, h);
+  tpu_hv ng = tpu_tanh(L, tpu_add(L, tpu_gate(L, ig, 2, h), tpu_mul(L, rg, hn)));
+  tpu_hv hy = tpu_add(L, ng, tpu_mul(L, zg, tpu_sub(L, hx, ng)));
+  tpu_hv ws[5] = {rg, zg, ng, hx, hn};
+  tpu_lower_out(L, tpu_hlo_convert(H, hy, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_concat(H, ws, 5, 1), dt));
+}
+
+/* _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias)
+ * -> (grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias) */
+void tpu_emit_thnn_fused_gru_cell_backward(tpu_lower *L) {
+  tpu_tref *g = &L->args[0].t, *ws = &L->args[1].t;
+  if (g->rank != 2 || ws->rank != 2 || ws->sizes[1] != 5 * g->sizes[1] || ws->sizes[0] != g->sizes[0]) {
+    tpu_lower_fail(L, TPU_ERR_VALUE, "expected grad_hy [B, H] and a workspace [B, 5*H]");
+    return;
+  }
+  tpu_dtype dt = g->dtype, acc = tpu_acc_type(dt);
+  int64_t h = g->sizes[1];
+  tpu_hv go = tpu_lower_input(L, 0, acc), w = tpu_lower_input(L, 1, acc);
+  tpu_hv rg = tpu_gate(L, w, 0, h), zg = tpu_gate(L, w, 1, h), ng = tpu_gate(L, w, 2, h);
+  tpu_hv hx = tpu_gate(L, w, 3, h), hn = tpu_gate(L, w, 4, h);
+  tpu_hv gz = tpu_mul(L, tpu_mul(L, go, tpu_sub(L, hx, ng)), tpu_dsigm(L, zg));
+  tpu_hv ghx = tpu_mul(L, go, zg);
+  tpu_hv gn =
+      tpu_mul(L, tpu_mul(L, go, tpu_sub(L, tpu_k(L, zg, 1), zg)), tpu_sub(L, tpu_k(L, ng, 1), tpu_mul(L, ng, ng)));
+  tpu_hv ghn = tpu_mul(L, gn, rg);
+  tpu_hv gr = tpu_mul(L, tpu_mul(L, gn, hn), tpu_dsigm(L, rg));
+  tpu_hv gi3[3] = {gr, gz, gn}, gh3[3] = {gr, gz, ghn};
+  tpu_hv gi = tpu_hlo_concat(H, gi3, 3, 1), gh = tpu_hlo_concat(H, gh3, 3, 1);
+  int64_t d0 = 0;
+  tpu_lower_out(L, tpu_hlo_convert(H, gi, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, gh, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, ghx, dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, gi, &d0, 1), dt));
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, gh, &d0, 1), dt));
 }

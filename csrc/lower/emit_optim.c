@@ -1,20 +1,22 @@
-/* emit_optim.c: fused optimizer steps (Adam/AdamW, SGD, Adagrad).
+/* emit_optim.c: fused optimizer steps (Adam/AdamW, SGD, Adagrad) and
+ * GradScaler's two ops (unscaling with the inf/NaN check, the scale update).
  *
  * tpu::fused_adam updates every parameter of a group in one program, as
  * PyTorch's fused Adam/AdamW kernels do: the parameters, moments (and the
- * running maximum for amsgrad) are in-place writes of their records. The
- * Each internal row takes the arguments of its aten overload (a trailing
- * adamw flag for Adam); the Python wrapper splits long parameter lists into
- * groups that fit one call. Hyper-parameters arrive as program
- * inputs (Python numbers or 0-d tensors), so a learning-rate schedule never
- * recompiles. Math in f32 (f64 for f64 parameters), as torch's fused CPU
- * kernel does in its opmath type; weight decay and the found_inf skip are
- * branch-free selects on input values.
+ * running maximum for amsgrad) are in-place writes of their records;
+ * tpu::fused_sgd (momentum buffers) and tpu::fused_adagrad (state sums) do
+ * the same for SGD and Adagrad. Each internal row takes the arguments of its
+ * aten overload (a trailing adamw flag for Adam); the Python wrapper splits
+ * long parameter lists into groups that fit one call. Hyper-parameters
+ * arrive as program inputs (Python numbers or 0-d tensors), so a
+ * learning-rate schedule never recompiles. Math in f32 (f64 for f64
+ * parameters), as torch's fused CPU kernel does in its opmath type; weight
+ * decay and the found_inf skip are branch-free selects on input values.
  *
- * Arguments: params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
- * state_steps (lists), lr, beta1, beta2, weight_decay, eps (numbers or 0-d
- * tensors), amsgrad, maximize (bools), grad_scale, found_inf (optional 0-d
- * tensors), adamw (bool). */
+ * tpu::fused_adam's arguments: params, grads, exp_avgs, exp_avg_sqs,
+ * max_exp_avg_sqs, state_steps (lists), lr, beta1, beta2, weight_decay, eps
+ * (numbers or 0-d tensors), amsgrad, maximize (bools), grad_scale, found_inf
+ * (optional 0-d tensors), adamw (bool). */
 #include "emit.h"
 
 enum {

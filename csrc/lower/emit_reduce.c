@@ -1,9 +1,12 @@
-/* emit_reduce.c: reductions beyond the first op set, scans, sorting and
- * searching. Emitters index their arguments from the front, so the
- * functional and .out overloads (whose out= tensors trail) share them.
- * Scans are reduce_window over the whole prefix (XLA turns them into
- * efficient loops); sorts are stablehlo.sort with a comparator that orders
- * NaN as torch does (largest), stable so that ties keep their order. */
+/* emit_reduce.c: reductions (sum, mean, prod, max/min and their indices,
+ * any/all, var/std, norms, count_nonzero, trace), scans, sorting and
+ * selection (sort, topk, kthvalue, median, mode), searching (searchsorted,
+ * bucketize), histograms and hash_tensor. Emitters index their arguments
+ * from the front, so the functional and .out overloads (whose out= tensors
+ * trail) share them. Scans are reduce_window over the whole prefix (XLA
+ * turns them into efficient loops); sorts are stablehlo.sort with a
+ * comparator that orders NaN as torch does (largest), stable so that ties
+ * keep their order. */
 #include <math.h>
 #include <string.h>
 
@@ -11,15 +14,14 @@
 
 /* ---- helpers --------------------------------------------------------------------------- */
 
-static bool tpu_has(tpu_lower *L, int i, tpu_argkind k) { return i < L->nargs && L->args[i].kind == k; }
-
 static tpu_dtype tpu_sum_dtype(tpu_lower *L, int dt_arg) {
-  if (tpu_has(L, dt_arg, TPU_ARG_DTYPE)) return L->args[dt_arg].dtype;
+  if (tpu_arg_is(L, dt_arg, TPU_ARG_DTYPE)) return L->args[dt_arg].dtype;
   tpu_dtype dt = L->args[0].t.dtype;
   return (dt == TPU_PRED || tpu_dtype_is_int(dt)) ? TPU_S64 : dt;
 }
 
-static int64_t tpu_numel_of(const tpu_hlo_type *t, const int64_t *dims, int n) {
+/* The elements over dims of t: the count a reduction over them combines. */
+static int64_t tpu_numel_over(const tpu_hlo_type *t, const int64_t *dims, int n) {
   int64_t c = 1;
   for (int i = 0; i < n; i++) c *= t->dims[dims[i]];
   return c;
@@ -62,6 +64,228 @@ static void tpu_scan(tpu_lower *L, const tpu_hv *xs, const tpu_hv *inits, int n,
   tpu_hlo_reduce_window(H, xs, inits, n, win, NULL, NULL, NULL, pad, region, outs);
 }
 
+/* Dims to reduce from an optional int list argument (None or [] = all). */
+int tpu_red_dims(tpu_lower *L, int arg, int rank, int64_t *dims, bool *mask) {
+  memset(mask, 0, sizeof(bool) * TPU_MAX_RANK);
+  int n = 0;
+  bool all = arg >= L->nargs || L->args[arg].kind == TPU_ARG_NONE ||
+             (L->args[arg].kind == TPU_ARG_INTS && L->args[arg].nints == 0);
+  if (all) {
+    for (int i = 0; i < rank; i++) dims[n++] = i;
+  } else if (L->args[arg].kind == TPU_ARG_INT) {
+    dims[n++] = tpu_lower_dim(L, L->args[arg].i, rank);
+  } else {
+    for (int i = 0; i < L->args[arg].nints; i++) {
+      int64_t d = tpu_lower_dim(L, L->args[arg].ints[i], rank);
+      if (rank == 0) continue;
+      if (mask[d]) {
+        tpu_lower_fail(L, TPU_ERR_VALUE, "dim %lld appears multiple times in the list of dims", (long long)d);
+        return 0;
+      }
+      dims[n++] = d;
+    }
+  }
+  for (int i = 0; i < n; i++) mask[dims[i]] = true;
+  return rank == 0 ? 0 : n;
+}
+
+tpu_hv tpu_keepdim(tpu_lower *L, tpu_hv r, const tpu_hlo_type *in, const bool *mask, bool keep) {
+  if (!keep) return r;
+  int64_t dims[TPU_MAX_RANK];
+  for (int i = 0; i < in->rank; i++) dims[i] = mask[i] ? 1 : in->dims[i];
+  return tpu_hlo_reshape(H, r, in->rank, dims);
+}
+
+tpu_hv tpu_reduce_sum(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
+  tpu_dtype dt = T(L, x)->dtype;
+  tpu_hlo_op op = dt == TPU_PRED ? TPU_HLO_OR : TPU_HLO_ADD;
+  return tpu_hlo_reduce(H, x, tpu_lower_full(L, tpu_hlo_type_make(dt, 0, NULL), 0), dims, n, op);
+}
+
+tpu_hv tpu_init_value(tpu_lower *L, tpu_dtype dt, bool is_max) {
+  tpu_hlo_type s = tpu_hlo_type_make(dt, 0, NULL);
+  if (dt == TPU_S64) return tpu_hlo_constant_int(H, dt, is_max ? INT64_MIN : INT64_MAX);
+  if (dt == TPU_U64) return tpu_hlo_constant_int(H, dt, is_max ? 0 : -1);
+  return tpu_lower_full(L, s, is_max ? tpu_dtype_lowest(dt) : tpu_dtype_highest(dt));
+}
+
+/* max/min with NaN propagation for floats (torch propagates NaN). */
+tpu_hv tpu_reduce_extreme(tpu_lower *L, tpu_hv x, const int64_t *dims, int n, bool is_max) {
+  tpu_dtype dt = T(L, x)->dtype;
+  tpu_hlo_op op = dt == TPU_PRED ? (is_max ? TPU_HLO_OR : TPU_HLO_AND) : (is_max ? TPU_HLO_MAX : TPU_HLO_MIN);
+  tpu_hv r = tpu_hlo_reduce(H, x, tpu_init_value(L, dt, is_max), dims, n, op);
+  if (!tpu_dtype_is_float(dt)) return r;
+  /* XLA's max/min may drop NaNs; torch propagates them */
+  tpu_hv nan = tpu_hlo_reduce(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), tpu_hlo_constant_int(H, TPU_PRED, 0), dims, n,
+                              TPU_HLO_OR);
+  return tpu_hlo_select(H, nan, tpu_k(L, r, NAN), r);
+}
+
+/* ---- max, min and their indices, any, all --------------------------------------------------- */
+
+static void tpu_emit_amaxmin(tpu_lower *L, bool is_max) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  int64_t dims[TPU_MAX_RANK];
+  bool mask[TPU_MAX_RANK];
+  int n = tpu_red_dims(L, 1, t->rank, dims, mask);
+  bool all =
+      L->nargs < 2 || L->args[1].kind == TPU_ARG_NONE || (L->args[1].kind == TPU_ARG_INTS && L->args[1].nints == 0);
+  int64_t numel = tpu_numel(t->rank, t->sizes);
+  if (all && numel == 0)
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "%s(): Expected reduction dim to be specified for input.numel() == 0. "
+                   "Specify the reduction dim with the 'dim' argument.",
+                   is_max ? "amax" : "amin");
+  for (int i = 0; i < n; i++)
+    if (t->sizes[dims[i]] == 0)
+      tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.",
+                     is_max ? "amax" : "amin", (long long)dims[i]);
+  tpu_hlo_type in = *T(L, x);
+  tpu_lower_out(L, tpu_keepdim(L, tpu_reduce_extreme(L, x, dims, n, is_max), &in, mask, tpu_arg_bool(L, 2)));
+}
+void tpu_emit_amax(tpu_lower *L) { tpu_emit_amaxmin(L, true); }
+void tpu_emit_amin(tpu_lower *L) { tpu_emit_amaxmin(L, false); }
+
+/* max() / min(): full reduction */
+static void tpu_emit_maxmin_all(tpu_lower *L, bool is_max) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t numel = 1, dims[TPU_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) {
+    numel *= t->sizes[i];
+    dims[i] = i;
+  }
+  if (numel == 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "%s(): Expected reduction dim to be specified for input.numel() == 0. "
+                   "Specify the reduction dim with the 'dim' argument.",
+                   is_max ? "max" : "min");
+    return;
+  }
+  tpu_lower_out(L, tpu_reduce_extreme(L, tpu_lower_tensor(L, 0, -1), dims, t->rank, is_max));
+}
+void tpu_emit_max_all(tpu_lower *L) { tpu_emit_maxmin_all(L, true); }
+void tpu_emit_min_all(tpu_lower *L) { tpu_emit_maxmin_all(L, false); }
+
+/* (values, indices) along one dim: a variadic reduce keeping the first
+ * index of the extreme; NaN counts as the extreme (torch's rule). */
+void tpu_arg_extreme(tpu_lower *L, tpu_hv x, int64_t dim, bool is_max, tpu_hv *vals, tpu_hv *idx) {
+  const tpu_hlo_type xt = *T(L, x);
+  tpu_dtype dt = xt.dtype;
+  tpu_hv iota = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, xt.rank, xt.dims), (int)dim);
+  tpu_hlo_type st[4] = {tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL),
+                        tpu_hlo_type_make(dt, 0, NULL), tpu_hlo_type_make(TPU_S64, 0, NULL)};
+  tpu_hlo_type rs[4] = {st[0], st[1], st[0], st[1]};
+  tpu_hv a[4];
+  tpu_hlo_region_begin(H, rs, 4, a); /* acc value, acc index, elem value, elem index */
+  tpu_hv better = tpu_hlo_compare(H, is_max ? TPU_HLO_GT : TPU_HLO_LT, a[2], a[0]);
+  tpu_hv eq = tpu_hlo_compare(H, TPU_HLO_EQ, a[2], a[0]);
+  if (tpu_dtype_is_float(dt)) {
+    tpu_hv enan = tpu_hlo_compare(H, TPU_HLO_NE, a[2], a[2]);
+    tpu_hv anan = tpu_hlo_compare(H, TPU_HLO_NE, a[0], a[0]);
+    better = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_binary(H, TPU_HLO_AND, enan, tpu_hlo_unary(H, TPU_HLO_NOT, anan)),
+                            tpu_hlo_binary(H, TPU_HLO_AND, better, tpu_hlo_unary(H, TPU_HLO_NOT, anan)));
+    eq = tpu_hlo_binary(H, TPU_HLO_OR, eq, tpu_hlo_binary(H, TPU_HLO_AND, enan, anan));
+  }
+  tpu_hv lower_idx = tpu_hlo_compare(H, TPU_HLO_LT, a[3], a[1]);
+  tpu_hv take = tpu_hlo_binary(H, TPU_HLO_OR, better, tpu_hlo_binary(H, TPU_HLO_AND, eq, lower_idx));
+  tpu_hv rv[2] = {tpu_hlo_select(H, take, a[2], a[0]), tpu_hlo_select(H, take, a[3], a[1])};
+  int region = tpu_hlo_region_end(H, rv, 2);
+  tpu_hv xs[2] = {x, iota};
+  tpu_hv inits[2] = {tpu_init_value(L, dt, is_max), tpu_hlo_constant_int(H, TPU_S64, 0)};
+  tpu_hv outs[2] = {TPU_HV_NONE, TPU_HV_NONE};
+  tpu_hlo_reduce_region(H, xs, inits, 2, &dim, 1, region, outs);
+  *vals = outs[0];
+  *idx = outs[1];
+}
+
+/* max.dim / min.dim (self, dim, keepdim) -> (values, indices) */
+static void tpu_emit_maxmin_dim(tpu_lower *L, bool is_max) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  if (t->rank == 0) x = tpu_hlo_reshape(H, x, 1, (int64_t[]){1});
+  tpu_hlo_type in = *T(L, x);
+  if (in.dims[d] == 0)
+    tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.", is_max ? "max" : "min",
+                   (long long)d);
+  tpu_hv v, i;
+  tpu_arg_extreme(L, x, d, is_max, &v, &i);
+  bool mask[TPU_MAX_RANK] = {0};
+  mask[d] = true;
+  bool keep = tpu_arg_bool(L, 2);
+  if (t->rank == 0) {
+    v = tpu_hlo_reshape(H, v, 0, NULL);
+    i = tpu_hlo_reshape(H, i, 0, NULL);
+    keep = false;
+  }
+  tpu_lower_out(L, tpu_keepdim(L, v, &in, mask, keep));
+  tpu_lower_out(L, tpu_keepdim(L, i, &in, mask, keep));
+}
+void tpu_emit_max_dim(tpu_lower *L) { tpu_emit_maxmin_dim(L, true); }
+void tpu_emit_min_dim(tpu_lower *L) { tpu_emit_maxmin_dim(L, false); }
+
+/* argmax/argmin(self, dim=None, keepdim=False) */
+static void tpu_emit_argext(tpu_lower *L, bool is_max) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  bool keep = tpu_arg_bool(L, 2);
+  if (t->dtype == TPU_PRED) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): does not support bool input", is_max ? "argmax" : "argmin");
+    return;
+  }
+  if (tpu_lower_is_none(L, 1)) {
+    int64_t n = tpu_numel(t->rank, t->sizes);
+    if (n == 0)
+      tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim to be specified for input.numel() == 0.",
+                     is_max ? "argmax" : "argmin");
+    x = tpu_hlo_reshape(H, x, 1, &n);
+    tpu_hv v, i;
+    tpu_arg_extreme(L, x, 0, is_max, &v, &i);
+    if (keep) {
+      int64_t ones[TPU_MAX_RANK];
+      for (int k = 0; k < t->rank; k++) ones[k] = 1;
+      i = tpu_hlo_reshape(H, i, t->rank, ones);
+    }
+    tpu_lower_out(L, i);
+    return;
+  }
+  int64_t d = tpu_lower_dim(L, L->args[1].i, t->rank);
+  if (t->rank == 0) {
+    tpu_lower_out(L, tpu_hlo_constant_int(H, TPU_S64, 0));
+    return;
+  }
+  tpu_hlo_type in = *T(L, x);
+  if (in.dims[d] == 0) {
+    tpu_lower_fail(L, TPU_ERR_INDEX, "%s(): Expected reduction dim %lld to have non-zero size.",
+                   is_max ? "argmax" : "argmin", (long long)d);
+    return;
+  }
+  tpu_hv v, i;
+  tpu_arg_extreme(L, x, d, is_max, &v, &i);
+  bool mask[TPU_MAX_RANK] = {0};
+  mask[d] = true;
+  tpu_lower_out(L, tpu_keepdim(L, i, &in, mask, keep));
+}
+void tpu_emit_argmax(tpu_lower *L) { tpu_emit_argext(L, true); }
+void tpu_emit_argmin(tpu_lower *L) { tpu_emit_argext(L, false); }
+
+/* any/all (self) and (.dim self, dim, keepdim) */
+static void tpu_emit_anyall(tpu_lower *L, bool any) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_hv x = tpu_lower_input(L, 0, TPU_PRED);
+  int64_t dims[TPU_MAX_RANK];
+  bool mask[TPU_MAX_RANK];
+  int n = tpu_red_dims(L, L->nargs > 1 ? 1 : L->nargs, t->rank, dims, mask);
+  tpu_hlo_type in = *T(L, x);
+  tpu_hv r =
+      tpu_hlo_reduce(H, x, tpu_hlo_constant_int(H, TPU_PRED, any ? 0 : 1), dims, n, any ? TPU_HLO_OR : TPU_HLO_AND);
+  r = tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2));
+  tpu_lower_out(L, t->dtype == TPU_U8 ? tpu_hlo_convert(H, r, TPU_U8) : r);
+}
+void tpu_emit_any(tpu_lower *L) { tpu_emit_anyall(L, true); }
+void tpu_emit_all(tpu_lower *L) { tpu_emit_anyall(L, false); }
+
 /* ---- sums, products, means --------------------------------------------------------------------- */
 
 static tpu_hv tpu_reduce_prod(tpu_lower *L, tpu_hv x, const int64_t *dims, int n) {
@@ -79,7 +303,7 @@ static void tpu_emit_red(tpu_lower *L, tpu_red_kind kind, int dim_i, int keep_i,
   tpu_tref *t = &L->args[0].t;
   tpu_dtype dt;
   if (kind == TPU_RED_MEAN) {
-    dt = tpu_has(L, dt_i, TPU_ARG_DTYPE) ? L->args[dt_i].dtype : t->dtype;
+    dt = tpu_arg_is(L, dt_i, TPU_ARG_DTYPE) ? L->args[dt_i].dtype : t->dtype;
     if (!tpu_dtype_is_float(dt) && !tpu_dtype_is_complex(dt)) {
       tpu_lower_fail(L, TPU_ERR_RUNTIME,
                      "mean(): could not infer output dtype. Input dtype must be either a floating "
@@ -99,7 +323,7 @@ static void tpu_emit_red(tpu_lower *L, tpu_red_kind kind, int dim_i, int keep_i,
   int n = tpu_red_dims(L, dim_i < 0 ? L->nargs : dim_i, t->rank, dims, mask);
   tpu_hlo_type in = *T(L, x);
   tpu_hv r = kind == TPU_RED_PROD ? tpu_reduce_prod(L, x, dims, n) : tpu_reduce_sum(L, x, dims, n);
-  if (kind == TPU_RED_MEAN) r = tpu_hlo_binary(H, TPU_HLO_DIV, r, tpu_k(L, r, (double)tpu_numel_of(&in, dims, n)));
+  if (kind == TPU_RED_MEAN) r = tpu_hlo_binary(H, TPU_HLO_DIV, r, tpu_k(L, r, (double)tpu_numel_over(&in, dims, n)));
   bool keep = keep_i >= 0 && tpu_arg_bool(L, keep_i);
   tpu_lower_out(L, tpu_hlo_convert(H, tpu_keepdim(L, r, &in, mask, keep), dt));
 }
@@ -131,7 +355,7 @@ static void tpu_emit_moments(tpu_lower *L, bool sqrt_it, bool with_mean) {
   int n = tpu_red_dims(L, 1, t->rank, dims, mask);
   tpu_hlo_type in = *T(L, x);
   bool keep = tpu_arg_bool(L, 3);
-  double count = (double)tpu_numel_of(&in, dims, n);
+  double count = (double)tpu_numel_over(&in, dims, n);
   tpu_hv sum = tpu_reduce_sum(L, x, dims, n);
   tpu_hv mean = tpu_hlo_binary(H, TPU_HLO_DIV, sum, tpu_k(L, sum, count));
   tpu_hv meank = tpu_keepdim(L, mean, &in, mask, true);
@@ -152,7 +376,8 @@ void tpu_emit_std_mean(tpu_lower *L) { tpu_emit_moments(L, true, true); }
 
 /* ---- norms ---------------------------------------------------------------------------------------- */
 
-static double tpu_scalar_value(const tpu_arg *a, double dflt) {
+/* A number argument (a Python scalar, float or int) as a double; dflt when None. */
+static double tpu_arg_number(const tpu_arg *a, double dflt) {
   if (a->kind == TPU_ARG_NONE) return dflt;
   if (a->kind == TPU_ARG_SCALAR) return a->skind == TPU_SCALAR_INT || a->skind == TPU_SCALAR_BOOL ? (double)a->i : a->f;
   if (a->kind == TPU_ARG_FLOAT) return a->f;
@@ -179,7 +404,7 @@ static tpu_hv tpu_pnorm(tpu_lower *L, tpu_hv x, double p, const int64_t *dims, i
  * of the norm's result dtype (argument dt_arg, else the input's, real for a
  * complex input), stored in *dt; TPU_HV_NONE after failing on an integer input. */
 static tpu_hv tpu_norm_abs(tpu_lower *L, int i, int j, const tpu_tref *t, int dt_arg, tpu_dtype *dt) {
-  *dt = tpu_has(L, dt_arg, TPU_ARG_DTYPE) ? L->args[dt_arg].dtype : t->dtype;
+  *dt = tpu_arg_is(L, dt_arg, TPU_ARG_DTYPE) ? L->args[dt_arg].dtype : t->dtype;
   if (tpu_dtype_is_complex(*dt)) *dt = *dt == TPU_C128 ? TPU_F64 : TPU_F32;
   if (!tpu_dtype_is_float(*dt)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME,
@@ -195,7 +420,7 @@ static tpu_hv tpu_norm_abs(tpu_lower *L, int i, int j, const tpu_tref *t, int dt
 
 void tpu_emit_vector_norm(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  double p = tpu_scalar_value(&L->args[1], 2.0);
+  double p = tpu_arg_number(&L->args[1], 2.0);
   tpu_dtype dt;
   tpu_hv x = tpu_norm_abs(L, 0, -1, t, 4, &dt);
   if (x == TPU_HV_NONE) return;
@@ -203,7 +428,7 @@ void tpu_emit_vector_norm(tpu_lower *L) {
   bool mask[TPU_MAX_RANK];
   int n = tpu_red_dims(L, 2, t->rank, dims, mask);
   tpu_hlo_type in = *T(L, x);
-  if (tpu_numel_of(&in, dims, n) == 0 && p < 0) {
+  if (tpu_numel_over(&in, dims, n) == 0 && p < 0) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME,
                    "linalg.vector_norm cannot compute the %g norm on an empty tensor because the "
                    "operation does not have an identity",
@@ -218,7 +443,7 @@ void tpu_emit_vector_norm(tpu_lower *L) {
  * vector norm of each tensor (clip_grad_norm_ over a model's gradients). */
 void tpu_emit_foreach_norm(tpu_lower *L) {
   tpu_arg *a = &L->args[0];
-  double p = tpu_scalar_value(&L->args[1], 2.0);
+  double p = tpu_arg_number(&L->args[1], 2.0);
   for (int j = 0; j < a->nlist; j++) {
     tpu_tref *t = &a->list[j];
     tpu_dtype dt;
@@ -226,7 +451,7 @@ void tpu_emit_foreach_norm(tpu_lower *L) {
     if (x == TPU_HV_NONE) return;
     int64_t dims[TPU_MAX_RANK];
     for (int i = 0; i < t->rank; i++) dims[i] = i;
-    if (tpu_numel_of(T(L, x), dims, t->rank) == 0 && (p < 0 || isinf(p))) {
+    if (tpu_numel_over(T(L, x), dims, t->rank) == 0 && (p < 0 || isinf(p))) {
       if (isinf(p) && p > 0)
         tpu_lower_fail(L, TPU_ERR_RUNTIME,
                        "_foreach_norm cannot compute the infinity norm on an empty tensor because "
@@ -262,7 +487,7 @@ void tpu_emit_aminmax(tpu_lower *L) {
   int64_t dims[TPU_MAX_RANK];
   bool mask[TPU_MAX_RANK];
   int n = tpu_red_dims(L, 1, t->rank, dims, mask);
-  if (tpu_numel_of(T(L, x), dims, n) == 0 && t->rank > 0) {
+  if (tpu_numel_over(T(L, x), dims, n) == 0 && t->rank > 0) {
     tpu_lower_fail(L, TPU_ERR_INDEX, "aminmax(): Expected reduction dim to have non-zero size.");
     return;
   }
@@ -496,7 +721,8 @@ void tpu_emit_topk(tpu_lower *L) {
 
 /* Pick, along dim of sorted values/indices, the position pos (s64, the
  * reduced shape); keepdim as asked. */
-static void tpu_pick(tpu_lower *L, tpu_hv v, tpu_hv i, int64_t dim, tpu_hv pos, bool keep, tpu_hv *ov, tpu_hv *oi) {
+static void tpu_pick_sorted(tpu_lower *L, tpu_hv v, tpu_hv i, int64_t dim, tpu_hv pos, bool keep, tpu_hv *ov,
+                            tpu_hv *oi) {
   tpu_hlo_type vt = *T(L, v);
   tpu_hv iota = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, vt.rank, vt.dims), (int)dim);
   int64_t bd[TPU_MAX_RANK];
@@ -539,7 +765,7 @@ void tpu_emit_kthvalue(tpu_lower *L) {
     if (q != d) pt.dims[pt.rank++] = vt.dims[q];
   pt.dtype = TPU_S64;
   tpu_hv ov, oi;
-  tpu_pick(L, v, i, d, tpu_lower_full(L, pt, (double)(k - 1)), tpu_arg_bool(L, 3), &ov, &oi);
+  tpu_pick_sorted(L, v, i, d, tpu_lower_full(L, pt, (double)(k - 1)), tpu_arg_bool(L, 3), &ov, &oi);
   tpu_lower_out(L, ov);
   tpu_lower_out(L, oi);
 }
@@ -593,7 +819,7 @@ static void tpu_median_impl(tpu_lower *L, bool all, bool ignore_nan) {
   }
   tpu_hv ov, oi;
   bool keep = !all && t->rank > 0 && tpu_arg_bool(L, 2);
-  tpu_pick(L, v, i, d, pos, keep, &ov, &oi);
+  tpu_pick_sorted(L, v, i, d, pos, keep, &ov, &oi);
   if (all || t->rank == 0) {
     ov = tpu_hlo_reshape(H, ov, 0, NULL);
     oi = tpu_hlo_reshape(H, oi, 0, NULL);
@@ -673,8 +899,8 @@ static void tpu_searchsorted_impl(tpu_lower *L, int seq_i, int val_i, int sorter
 
 void tpu_emit_searchsorted(tpu_lower *L) {
   bool right = tpu_arg_bool(L, 3);
-  if (tpu_has(L, 4, TPU_ARG_STR)) right = strcmp(L->args[4].str, "right") == 0;
-  tpu_searchsorted_impl(L, 0, 1, tpu_has(L, 5, TPU_ARG_TENSOR) ? 5 : -1, tpu_arg_bool(L, 2), right);
+  if (tpu_arg_is(L, 4, TPU_ARG_STR)) right = strcmp(L->args[4].str, "right") == 0;
+  tpu_searchsorted_impl(L, 0, 1, tpu_arg_is(L, 5, TPU_ARG_TENSOR) ? 5 : -1, tpu_arg_bool(L, 2), right);
 }
 
 /* bucketize.Tensor(self, boundaries, *, out_int32, right) */
@@ -688,7 +914,7 @@ void tpu_emit_bucketize(tpu_lower *L) { tpu_searchsorted_impl(L, 1, 0, -1, tpu_a
  * the input's type before the product, as torch's kernel does. */
 void tpu_emit_renorm(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  double p = tpu_scalar_value(&L->args[1], 2.0), maxnorm = tpu_scalar_value(&L->args[3], 0.0);
+  double p = tpu_arg_number(&L->args[1], 2.0), maxnorm = tpu_arg_number(&L->args[3], 0.0);
   if (!tpu_dtype_is_float(t->dtype)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "renorm: expected a floating point input, got %s", tpu_dtype_name(t->dtype));
     return;
@@ -732,7 +958,7 @@ void tpu_emit_renorm(tpu_lower *L) {
 void tpu_emit_histc(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   int64_t bins = L->args[1].i;
-  double lo = tpu_scalar_value(&L->args[2], 0.0), hi = tpu_scalar_value(&L->args[3], 0.0);
+  double lo = tpu_arg_number(&L->args[2], 0.0), hi = tpu_arg_number(&L->args[3], 0.0);
   if (!tpu_dtype_is_float(t->dtype)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"histogram_cpu\" not implemented for '%s'", tpu_dtype_name(t->dtype));
     return;
@@ -894,7 +1120,8 @@ static tpu_hv tpu_hist_count(tpu_lower *L, tpu_hv x, int64_t N, tpu_hv edges, in
 void tpu_emit_histogram_bin_ct(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   int64_t bins = L->args[1].i;
-  bool has_range = tpu_has(L, 2, TPU_ARG_FLOATS), has_w = tpu_has(L, 3, TPU_ARG_TENSOR), density = tpu_arg_bool(L, 4);
+  bool has_range = tpu_arg_is(L, 2, TPU_ARG_FLOATS), has_w = tpu_arg_is(L, 3, TPU_ARG_TENSOR),
+       density = tpu_arg_bool(L, 4);
   tpu_dtype dt = t->dtype;
   if (!tpu_dtype_is_float(dt)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"histogram_cpu\" not implemented for '%s'", tpu_dtype_name(dt));
@@ -963,7 +1190,7 @@ void tpu_emit_histogram_bins_tensor(tpu_lower *L) {
                    tpu_dtype_name(e->dtype), tpu_dtype_name(dt));
     return;
   }
-  bool has_w = tpu_has(L, 2, TPU_ARG_TENSOR);
+  bool has_w = tpu_arg_is(L, 2, TPU_ARG_TENSOR);
   if (has_w && L->args[2].t.dtype != dt) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME,
                    "torch.histogram: if weight tensor is provided, it should have the same shape "

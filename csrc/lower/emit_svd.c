@@ -98,7 +98,7 @@ void tpu_svd(tpu_lower *L, tpu_hv a, bool full, tpu_hv *U, tpu_hv *S, tpu_hv *V)
 void tpu_emit_linalg_svd(tpu_lower *L) {
   if (!tpu_check_matrix(L, 0, false, "linalg.svd")) return;
   tpu_tref *t = &L->args[0].t;
-  bool full = tpu_bool_arg(L, 1, false), uv = tpu_bool_arg(L, 2, true);
+  bool full = tpu_arg_bool_or(L, 1, false), uv = tpu_arg_bool_or(L, 2, true);
   tpu_hv U = TPU_HV_NONE, S = TPU_HV_NONE, V = TPU_HV_NONE;
   tpu_svd(L, tpu_lower_tensor(L, 0, -1), uv && full, &U, &S, &V);
   int64_t z = 0;

@@ -5,7 +5,6 @@
 
 #include "emit.h"
 
-bool tpu_bool_arg(tpu_lower *L, int i, bool dflt);
 /* A float matrix stack argument (rank >= 2, square when asked), else fails as torch. */
 bool tpu_check_matrix(tpu_lower *L, int i, bool square, const char *fn);
 /* x with its last two dims swapped. */

@@ -32,8 +32,28 @@ static void test_storage_numel(void) {
   CHECK(!tpu_storage_numel(1, big, bigst, 1, &n), "a stride whose span overflows");
 }
 
+/* The dtype limits the lowerings share (reductions' identities, random_'s
+ * ranges, pooling's padding, nan_to_num's defaults). */
+static void test_dtype_limits(void) {
+  CHECK(tpu_dtype_int_min(TPU_S8) == -128 && tpu_dtype_int_max(TPU_S8) == 127, "s8 range");
+  CHECK(tpu_dtype_int_min(TPU_S32) == INT32_MIN && tpu_dtype_int_max(TPU_U32) == 4294967295LL, "32-bit ranges");
+  CHECK(tpu_dtype_int_min(TPU_S64) == INT64_MIN && tpu_dtype_int_max(TPU_S64) == INT64_MAX, "s64 range");
+  CHECK(tpu_dtype_int_min(TPU_U64) == 0 && tpu_dtype_int_max(TPU_U64) == INT64_MAX, "u64 clamped to int64");
+  CHECK(tpu_dtype_int_min(TPU_PRED) == 0 && tpu_dtype_int_max(TPU_PRED) == 1, "bool range");
+  CHECK(tpu_dtype_lowest(TPU_S16) == -32768.0 && tpu_dtype_highest(TPU_U16) == 65535.0, "16-bit as doubles");
+  CHECK(tpu_dtype_lowest(TPU_U8) == 0 && tpu_dtype_highest(TPU_PRED) == 1, "u8 lowest, bool highest");
+  CHECK(tpu_dtype_lowest(TPU_BF16) < -1e308 && tpu_dtype_highest(TPU_F32) > 1e308, "floats: -inf and inf");
+  CHECK(tpu_dtype_highest(TPU_C64) > 1e308, "complex: inf");
+  CHECK(tpu_dtype_float_max(TPU_F16) == 65504.0 && tpu_dtype_float_max(TPU_F32) == 3.4028234663852886e38,
+        "largest finite f16, f32");
+  CHECK(tpu_dtype_float_digits(TPU_BF16) == 8 && tpu_dtype_float_digits(TPU_F64) == 53 &&
+            tpu_dtype_float_digits(TPU_S32) == 0,
+        "significand bits");
+}
+
 int main(void) {
   test_storage_numel();
+  test_dtype_limits();
   printf("test_core: %d passed, %d failed\n", passed, failed);
   return failed != 0;
 }

@@ -1,22 +1,18 @@
-/* emit_nnx.c: the nn family beyond the first op set: pointwise losses and
- * their backwards (mse, smooth_l1, huber, binary_cross_entropy), margin
- * losses (multi_margin, multilabel_margin), nll_loss2d, random ops on the
- * device generator, and FFTs.
+/* emit_loss.c: loss functions and their backwards: nll_loss (1-d and 2-d),
+ * the pointwise losses (mse, smooth_l1, huber, binary_cross_entropy), the
+ * margin losses (multi_margin, multilabel_margin) and CTC.
  *
  * Losses compute in the accumulation type (f32 for half inputs, as torch's
  * CPU kernels do) and reduce with torch's Reduction enum: 0 none, 1 mean,
  * 2 sum. Backwards take the gradient of the reduced output and broadcast it
  * back, so one helper serves every pointwise loss. */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "emit.h"
 
 enum { RED_NONE = 0, RED_MEAN = 1, RED_SUM = 2 };
-
-static int64_t tpu_numel_of(const tpu_hlo_type *t) { return tpu_hlo_type_numel(t); }
 
 static tpu_hv tpu_sum_all(tpu_lower *L, tpu_hv x) {
   const tpu_hlo_type *t = T(L, x);
@@ -31,7 +27,7 @@ static void tpu_loss_out(tpu_lower *L, tpu_hv l, int64_t red, tpu_dtype dt) {
     tpu_lower_out(L, tpu_hlo_convert(H, l, dt));
     return;
   }
-  int64_t n = tpu_numel_of(T(L, l));
+  int64_t n = tpu_hlo_type_numel(T(L, l));
   tpu_hv s = tpu_sum_all(L, l);
   /* mean of nothing is NaN, as 0/0 on CPU */
   if (red == RED_MEAN) s = tpu_hlo_binary(H, TPU_HLO_DIV, s, tpu_k(L, s, (double)n));
@@ -45,18 +41,9 @@ static tpu_hv tpu_loss_grad(tpu_lower *L, int gi, tpu_hv like, int64_t red) {
   tpu_hv g = tpu_lower_input(L, gi, lt.dtype);
   if (red != RED_NONE) {
     g = tpu_hlo_reshape(H, g, 0, NULL);
-    if (red == RED_MEAN) g = tpu_hlo_binary(H, TPU_HLO_DIV, g, tpu_k(L, g, (double)tpu_numel_of(&lt)));
+    if (red == RED_MEAN) g = tpu_hlo_binary(H, TPU_HLO_DIV, g, tpu_k(L, g, (double)tpu_hlo_type_numel(&lt)));
   }
   return tpu_lower_broadcast_to(L, g, lt.rank, lt.dims);
-}
-
-static bool tpu_loss_check_float(tpu_lower *L, int i, const char *what) {
-  tpu_dtype dt = L->args[i].t.dtype;
-  if (!tpu_dtype_is_float(dt)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s\" not implemented for '%s'", what, tpu_dtype_name(dt));
-    return false;
-  }
-  return true;
 }
 
 /* self and target (args a, b) in the acc type, broadcast together. */
@@ -70,11 +57,104 @@ static tpu_dtype tpu_loss_pair(tpu_lower *L, int a, int b, tpu_hv *x, tpu_hv *y)
   return dt;
 }
 
+/* ---- nll_loss ----------------------------------------------------------------------------- */
+
+/* One-hot [N, C] of target (or [C] for a 0-d target) and the per-sample
+ * weight * (target != ignore_index). */
+static void tpu_nll_common(tpu_lower *L, int self_i, int target_i, int weight_i, int ignore_i, tpu_hv *onehot,
+                           tpu_hv *w) {
+  tpu_tref *s = &L->args[self_i].t;
+  tpu_dtype dt = s->dtype;
+  if (s->rank < 1 || s->rank > 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "input tensor should be 1D or 2D");
+    return;
+  }
+  int64_t C = s->sizes[s->rank - 1];
+  tpu_hv tg = tpu_lower_tensor(L, target_i, -1);
+  if (tpu_dtype_is_float(T(L, tg)->dtype))
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected scalar type Long but found %s", tpu_dtype_name(T(L, tg)->dtype));
+  tg = tpu_hlo_convert(H, tg, TPU_S64);
+  int64_t N = s->rank == 2 ? s->sizes[0] : 1;
+  if (s->rank == 2 && (T(L, tg)->rank != 1 || T(L, tg)->dims[0] != N)) {
+    tpu_lower_fail(L, TPU_ERR_VALUE, "Expected input batch_size (%lld) to match target batch_size (%lld).",
+                   (long long)N, (long long)(T(L, tg)->rank ? T(L, tg)->dims[0] : 0));
+    return;
+  }
+  int64_t nc[2] = {N, C};
+  tg = tpu_hlo_reshape(H, tg, 1, &N);
+  tpu_lower_check_targets(L, tg, C, L->args[ignore_i].i);
+  tpu_hv tgb = tpu_hlo_broadcast_in_dim(H, tg, 2, nc, (int64_t[]){0});
+  tpu_hv cls = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nc), 1);
+  tpu_hv hot = tpu_hlo_compare(H, TPU_HLO_EQ, tgb, cls);
+  tpu_hv valid = tpu_hlo_compare(H, TPU_HLO_NE, tg,
+                                 tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &N), (double)L->args[ignore_i].i));
+  tpu_hv hotf = tpu_hlo_convert(H, hot, dt);
+  tpu_hv wn;
+  if (!tpu_lower_is_none(L, weight_i)) {
+    tpu_hv wt = tpu_hlo_broadcast_in_dim(H, tpu_lower_input(L, weight_i, dt), 2, nc, (int64_t[]){1});
+    int64_t one = 1;
+    wn = tpu_hlo_reduce(H, tpu_mul(L, hotf, wt), tpu_hlo_constant(H, dt, 0), &one, 1, TPU_HLO_ADD);
+  } else {
+    wn = tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &N), 1);
+  }
+  wn = tpu_hlo_select(H, valid, wn, tpu_lower_full(L, tpu_hlo_type_make(dt, 1, &N), 0));
+  *onehot = hotf;
+  *w = wn;
+}
+
+/* nll_loss_forward(self, target, weight, reduction, ignore_index) -> (output, total_weight) */
+void tpu_emit_nll_loss_forward(tpu_lower *L) {
+  tpu_tref *s = &L->args[0].t;
+  tpu_dtype dt = s->dtype;
+  tpu_hv hot, w;
+  tpu_nll_common(L, 0, 1, 2, 4, &hot, &w);
+  if (!tpu_hlo_ok(H)) return;
+  int64_t N = s->rank == 2 ? s->sizes[0] : 1, C = s->sizes[s->rank - 1], nc[2] = {N, C};
+  tpu_hv x = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 2, nc);
+  int64_t one = 1, zero = 0;
+  tpu_hv picked = tpu_hlo_reduce(H, tpu_mul(L, x, hot), tpu_hlo_constant(H, dt, 0), &one, 1, TPU_HLO_ADD);
+  /* A masked-out target picks nothing; keep inf * 0 out of the product. */
+  tpu_hv loss = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, w, tpu_k(L, w, 0)),
+                               tpu_hlo_unary(H, TPU_HLO_NEG, tpu_mul(L, picked, w)), tpu_k(L, w, 0));
+  tpu_hv tw = tpu_hlo_reduce(H, w, tpu_hlo_constant(H, dt, 0), &zero, 1, TPU_HLO_ADD);
+  int64_t red = L->args[3].i;
+  if (red == 0) {
+    tpu_lower_out(L, s->rank == 2 ? loss : tpu_hlo_reshape(H, loss, 0, NULL));
+  } else {
+    tpu_hv sum = tpu_hlo_reduce(H, loss, tpu_hlo_constant(H, dt, 0), &zero, 1, TPU_HLO_ADD);
+    tpu_lower_out(L, red == 1 ? tpu_hlo_binary(H, TPU_HLO_DIV, sum, tw) : sum);
+  }
+  tpu_lower_out(L, tw);
+}
+
+/* nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight) */
+void tpu_emit_nll_loss_backward(tpu_lower *L) {
+  tpu_tref *s = &L->args[1].t;
+  tpu_dtype dt = s->dtype;
+  tpu_hv hot, w;
+  tpu_nll_common(L, 1, 2, 3, 5, &hot, &w);
+  if (!tpu_hlo_ok(H)) return;
+  int64_t N = s->rank == 2 ? s->sizes[0] : 1, C = s->sizes[s->rank - 1], nc[2] = {N, C};
+  tpu_hv g = tpu_lower_input(L, 0, dt);
+  int64_t red = L->args[4].i;
+  tpu_hv gn;
+  if (red == 0 && s->rank == 2) {
+    gn = tpu_hlo_reshape(H, g, 1, &N);
+  } else {
+    g = tpu_hlo_reshape(H, g, 0, NULL);
+    if (red == 1) g = tpu_hlo_binary(H, TPU_HLO_DIV, g, tpu_hlo_reshape(H, tpu_lower_input(L, 6, dt), 0, NULL));
+    gn = tpu_hlo_broadcast_in_dim(H, g, 1, &N, NULL);
+  }
+  tpu_hv coef = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_mul(L, gn, w));
+  tpu_hv r = tpu_mul(L, hot, tpu_hlo_broadcast_in_dim(H, coef, 2, nc, (int64_t[]){0}));
+  tpu_lower_out(L, tpu_hlo_reshape(H, r, s->rank, s->sizes));
+}
+
 /* ---- pointwise losses -------------------------------------------------------------------- */
 
 /* mse_loss(self, target, reduction) */
 void tpu_emit_mse_loss(tpu_lower *L) {
-  if (!tpu_loss_check_float(L, 0, "mse_cpu")) return;
+  if (!tpu_need_float(L, 0, "mse_cpu")) return;
   tpu_hv x, y;
   tpu_dtype dt = tpu_loss_pair(L, 0, 1, &x, &y);
   tpu_hv d = tpu_sub(L, x, y);
@@ -156,7 +236,7 @@ void tpu_emit_huber_loss_backward(tpu_lower *L) {
 /* binary_cross_entropy(self, target, weight, reduction):
  * -w (y max(log x, -100) + (1 - y) max(log(1 - x), -100)) */
 void tpu_emit_binary_cross_entropy(tpu_lower *L) {
-  if (!tpu_loss_check_float(L, 0, "binary_cross_entropy")) return;
+  if (!tpu_need_float(L, 0, "binary_cross_entropy")) return;
   tpu_tref *s = &L->args[0].t, *t = &L->args[1].t;
   if (s->rank != t->rank || memcmp(s->sizes, t->sizes, sizeof(int64_t) * (size_t)s->rank)) {
     tpu_lower_fail(L, TPU_ERR_VALUE,
@@ -220,8 +300,7 @@ static bool tpu_margin_shape(tpu_lower *L, int si, int ti, int64_t *N, int64_t *
   }
   *N = s->rank == 2 ? s->sizes[0] : 1;
   *C = s->rank == 0 ? 1 : s->sizes[s->rank - 1];
-  int64_t tn = 1;
-  for (int i = 0; i < t->rank; i++) tn *= t->sizes[i];
+  int64_t tn = tpu_numel(t->rank, t->sizes);
   if (t->rank > 1 || tn != *N) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "inconsistent target size: [%lld] for input of size: [%lld, %lld]",
                    (long long)tn, (long long)*N, (long long)*C);
@@ -276,7 +355,7 @@ static bool tpu_margin_check_p(tpu_lower *L, int pi) {
 /* multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=Mean):
  * per sample sum_{j != y} max(0, margin - x[y] + x[j])^p w[y] / C */
 void tpu_emit_multi_margin_loss(tpu_lower *L) {
-  if (!tpu_loss_check_float(L, 0, "multi_margin_loss_cpu_kernel")) return;
+  if (!tpu_need_float(L, 0, "multi_margin_loss_cpu_kernel")) return;
   int64_t N, C;
   if (!tpu_margin_check_p(L, 2) || !tpu_margin_shape(L, 0, 1, &N, &C)) return;
   tpu_tref *s = &L->args[0].t;
@@ -380,7 +459,7 @@ static void tpu_mlm_terms(tpu_lower *L, int si, int ti, int64_t N, int64_t C, tp
 
 /* multilabel_margin_loss_forward(self, target, reduction) -> (output, is_target) */
 void tpu_emit_multilabel_margin_loss_forward(tpu_lower *L) {
-  if (!tpu_loss_check_float(L, 0, "multilabel_margin_loss_forward_out_frame")) return;
+  if (!tpu_need_float(L, 0, "multilabel_margin_loss_forward_out_frame")) return;
   int64_t N, C;
   if (!tpu_mlm_shape(L, 0, 1, &N, &C)) return;
   tpu_tref *s = &L->args[0].t;
@@ -458,8 +537,7 @@ static bool tpu_nll2d_common(tpu_lower *L, int si, int ti, int wi, int ii, tpu_h
   int64_t C = s->sizes[1];
   if (!tpu_lower_is_none(L, wi)) {
     tpu_tref *wt = &L->args[wi].t;
-    int64_t wn = 1;
-    for (int i = 0; i < wt->rank; i++) wn *= wt->sizes[i];
+    int64_t wn = tpu_numel(wt->rank, wt->sizes);
     if (wn != C) {
       tpu_lower_fail(L, TPU_ERR_RUNTIME,
                      "weight tensor should be defined either for all %lld classes or no classes but "
@@ -490,7 +568,7 @@ static bool tpu_nll2d_common(tpu_lower *L, int si, int ti, int wi, int ii, tpu_h
 
 /* nll_loss2d_forward(self, target, weight, reduction, ignore_index) -> (output, total_weight) */
 void tpu_emit_nll_loss2d_forward(tpu_lower *L) {
-  if (!tpu_loss_check_float(L, 0, "nll_loss2d_forward_out_frame")) return;
+  if (!tpu_need_float(L, 0, "nll_loss2d_forward_out_frame")) return;
   tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
   tpu_hv hot, w;
   if (!tpu_nll2d_common(L, 0, 1, 2, 4, &hot, &w)) return;
@@ -527,562 +605,6 @@ void tpu_emit_nll_loss2d_backward(tpu_lower *L) {
   tpu_hv coef = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_mul(L, g, w));
   tpu_hv r = tpu_mul(L, hot, tpu_hlo_broadcast_in_dim(H, coef, 4, s->sizes, (int64_t[]){0, 2, 3}));
   tpu_lower_out(L, tpu_hlo_convert(H, r, dt));
-}
-
-/* ---- random numbers -------------------------------------------------------------------------
- * All draw from the device generator (tpu_lower_random_bits / _uniform), so
- * a manual_seed makes them reproducible and successive calls differ. Float
- * distribution parameters are attributes; values are computed in f32 (f64
- * for f64 tensors) and written in the tensor's dtype. */
-
-static tpu_dtype tpu_rand_work(tpu_dtype dt) { return dt == TPU_F64 ? TPU_F64 : TPU_F32; }
-
-/* Uniform in (0, 1]: 1 - u, never 0 (safe under log). */
-static tpu_hv tpu_uniform_open0(tpu_lower *L, tpu_dtype w, int rank, const int64_t *dims) {
-  tpu_hv u = tpu_lower_uniform(L, w, rank, dims);
-  return tpu_sub(L, tpu_k(L, u, 1), u);
-}
-
-/* Standard normal values (Box-Muller on two uniforms). */
-static tpu_hv tpu_std_normal(tpu_lower *L, tpu_dtype w, int rank, const int64_t *dims) {
-  tpu_hv u1 = tpu_uniform_open0(L, w, rank, dims), u2 = tpu_lower_uniform(L, w, rank, dims);
-  tpu_hv r = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_mul(L, tpu_k(L, u1, -2), tpu_hlo_unary(H, TPU_HLO_LOG, u1)));
-  return tpu_mul(L, r, tpu_hlo_unary(H, TPU_HLO_COS, tpu_mul(L, u2, tpu_k(L, u2, 6.283185307179586))));
-}
-
-static bool tpu_rand_float_self(tpu_lower *L, const char *what) {
-  tpu_dtype dt = L->args[0].t.dtype;
-  if (!tpu_dtype_is_float(dt)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"%s\" not implemented for '%s'", what, tpu_dtype_name(dt));
-    return false;
-  }
-  return true;
-}
-
-static void tpu_rand_write_self(tpu_lower *L, tpu_hv v) {
-  tpu_lower_write(L, 0, -1, v);
-  tpu_lower_return_arg(L, 0, -1);
-}
-
-/* A value check: every probability in [0, 1] (NaN is not), as bernoulli's. */
-static void tpu_check_probability(tpu_lower *L, tpu_hv p) {
-  tpu_hv ok = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, p, tpu_k(L, p, 0)),
-                             tpu_hlo_compare(H, TPU_HLO_LE, p, tpu_k(L, p, 1)));
-  tpu_lower_check(L, tpu_hlo_unary(H, TPU_HLO_NOT, ok), TPU_ERR_RUNTIME,
-                  "Expected p_in >= 0 && p_in <= 1 to be true, but got false (a probability outside [0, 1])");
-}
-
-/* bernoulli_.Tensor(self, p, *, generator): self[i] = u < p[i] (p broadcast) */
-void tpu_emit_bernoulli_tensor(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  tpu_hv p = tpu_lower_input(L, 1, TPU_F64);
-  tpu_check_probability(L, p);
-  p = tpu_lower_broadcast_to(L, p, t->rank, t->sizes);
-  tpu_hv u = tpu_hlo_convert(H, tpu_lower_uniform(L, TPU_F32, t->rank, t->sizes), TPU_F64);
-  tpu_rand_write_self(L, tpu_hlo_compare(H, TPU_HLO_LT, u, p));
-}
-
-/* bernoulli(self, *, generator): a new tensor of draws with probabilities self */
-void tpu_emit_bernoulli_self(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  if (!tpu_rand_float_self(L, "bernoulli_tensor_cpu_self_")) return;
-  tpu_hv p = tpu_lower_input(L, 0, TPU_F64);
-  tpu_check_probability(L, p);
-  tpu_hv u = tpu_hlo_convert(H, tpu_lower_uniform(L, TPU_F32, t->rank, t->sizes), TPU_F64);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_LT, u, p), t->dtype));
-}
-
-/* bernoulli.p(self, p, *, generator): a new tensor like self of draws with probability p */
-void tpu_emit_bernoulli_p(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  double p = L->args[1].f;
-  if (!(p >= 0 && p <= 1)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "bernoulli_ expects p to be in [0, 1], but got p=%g", p);
-    return;
-  }
-  tpu_hv u = tpu_lower_uniform(L, TPU_F32, t->rank, t->sizes);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_compare(H, TPU_HLO_LT, u, tpu_k(L, u, p)), t->dtype));
-}
-
-/* normal.Tensor_Tensor(mean, std), normal.Tensor_float(mean, std), normal.float_Tensor(mean, std):
- * mean + std * z over the broadcast shape, in the tensor argument's dtype */
-void tpu_emit_normal_tensor(tpu_lower *L) {
-  int idx[2] = {0, 1};
-  tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
-  if (L->args[0].kind == TPU_ARG_FLOAT) dt = L->args[1].t.dtype;
-  if (L->args[1].kind == TPU_ARG_FLOAT) dt = L->args[0].t.dtype;
-  if (!tpu_dtype_is_float(dt)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"normal_kernel_cpu\" not implemented for '%s'", tpu_dtype_name(dt));
-    return;
-  }
-  if (L->args[1].kind == TPU_ARG_FLOAT && L->args[1].f < 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "normal expects std >= 0.0, but found std %g", L->args[1].f);
-    return;
-  }
-  tpu_dtype w = tpu_rand_work(dt);
-  tpu_hv v[2];
-  for (int i = 0; i < 2; i++)
-    v[i] = L->args[i].kind == TPU_ARG_FLOAT ? tpu_hlo_constant(H, w, L->args[i].f) : tpu_lower_input(L, i, w);
-  tpu_lower_broadcast_all(L, v, 2);
-  const tpu_hlo_type st = *T(L, v[0]);
-  tpu_hv z = tpu_std_normal(L, w, st.rank, st.dims);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_add(L, v[0], tpu_mul(L, v[1], z)), dt));
-}
-
-/* exponential_(self, lambd=1): -log(1 - u) / lambd */
-void tpu_emit_exponential(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  double lambd = L->args[1].f;
-  if (!tpu_rand_float_self(L, "exponential_cpu")) return;
-  if (!(lambd > 0)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "exponential_ expects lambda > 0.0, but found lambda=%g", lambd);
-    return;
-  }
-  tpu_hv u = tpu_uniform_open0(L, tpu_rand_work(t->dtype), t->rank, t->sizes);
-  tpu_hv r = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, u)),
-                            tpu_k(L, u, lambd));
-  tpu_rand_write_self(L, r);
-}
-
-/* geometric_(self, p): ceil(log(u) / log(1 - p)), u in (0, 1]; at least 1 */
-void tpu_emit_geometric(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  double p = L->args[1].f;
-  if (!(p > 0 && p < 1)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "geometric_ expects p to be in (0, 1), but got p=%g", p);
-    return;
-  }
-  tpu_dtype w = tpu_rand_work(t->dtype);
-  tpu_hv u = tpu_uniform_open0(L, w, t->rank, t->sizes);
-  tpu_hv r = tpu_hlo_unary(H, TPU_HLO_CEIL,
-                           tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_LOG, u), tpu_k(L, u, log1p(-p))));
-  tpu_rand_write_self(L, tpu_hlo_binary(H, TPU_HLO_MAX, r, tpu_k(L, r, 1)));
-}
-
-/* log_normal_(self, mean=1, std=2): exp(mean + std z) */
-void tpu_emit_log_normal(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  double mean = L->args[1].f, sd = L->args[2].f;
-  if (!tpu_rand_float_self(L, "log_normal_cpu")) return;
-  if (!(sd > 0)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "log_normal_ expects std > 0.0, but found std=%g", sd);
-    return;
-  }
-  tpu_hv z = tpu_std_normal(L, tpu_rand_work(t->dtype), t->rank, t->sizes);
-  tpu_rand_write_self(L, tpu_hlo_unary(H, TPU_HLO_EXP, tpu_add(L, tpu_mul(L, z, tpu_k(L, z, sd)), tpu_k(L, z, mean))));
-}
-
-/* cauchy_(self, median=0, sigma=1): median + sigma tan(pi (u - 1/2)) */
-void tpu_emit_cauchy(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  if (!tpu_rand_float_self(L, "cauchy_cpu")) return;
-  tpu_hv u = tpu_lower_uniform(L, tpu_rand_work(t->dtype), t->rank, t->sizes);
-  tpu_hv a = tpu_mul(L, tpu_sub(L, u, tpu_k(L, u, 0.5)), tpu_k(L, u, 3.141592653589793));
-  tpu_hv r = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_hlo_unary(H, TPU_HLO_SIN, a), tpu_hlo_unary(H, TPU_HLO_COS, a));
-  tpu_rand_write_self(L, tpu_add(L, tpu_mul(L, r, tpu_k(L, r, L->args[2].f)), tpu_k(L, r, L->args[1].f)));
-}
-
-/* Integers lo + (bits mod range) as s64, for 0 < range <= 2^63 (a power
- * of two takes the low bits; larger ranges draw two words). */
-static tpu_hv tpu_random_ints(tpu_lower *L, int rank, const int64_t *dims, int64_t lo, uint64_t range) {
-  tpu_hlo_type ut = tpu_hlo_type_make(TPU_U64, rank, dims);
-  tpu_hv b = tpu_hlo_convert(H, tpu_lower_random_bits(L, rank, dims), TPU_U64);
-  if (range > ((uint64_t)1 << 32)) {
-    tpu_hv hi = tpu_hlo_convert(H, tpu_lower_random_bits(L, rank, dims), TPU_U64);
-    tpu_hv sh = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_U64, 32), rank, dims, NULL);
-    b = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_binary(H, TPU_HLO_SHL, hi, sh), b);
-  }
-  (void)ut;
-  tpu_hv r;
-  if ((range & (range - 1)) == 0) {
-    tpu_hv m = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_U64, (int64_t)(range - 1)), rank, dims, NULL);
-    r = tpu_hlo_binary(H, TPU_HLO_AND, b, m);
-  } else {
-    tpu_hv m = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_U64, (int64_t)range), rank, dims, NULL);
-    r = tpu_hlo_binary(H, TPU_HLO_REM, b, m);
-  }
-  r = tpu_hlo_convert(H, r, TPU_S64);
-  if (lo == 0) return r;
-  return tpu_add(L, r, tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, lo), rank, dims, NULL));
-}
-
-/* The largest value random_() draws for dt (inclusive): 2^digits for
- * floats, the type's max for integers. */
-static int64_t tpu_random_max(tpu_dtype dt) {
-  switch (dt) {
-    case TPU_PRED: return 1;
-    case TPU_S8: return 127;
-    case TPU_U8: return 255;
-    case TPU_S16: return 32767;
-    case TPU_U16: return 65535;
-    case TPU_S32: return 2147483647;
-    case TPU_U32: return 4294967295LL;
-    case TPU_F16: return 1 << 11;
-    case TPU_BF16: return 1 << 8;
-    case TPU_F32: return 1 << 24;
-    case TPU_F64: return (int64_t)1 << 53;
-    default: return INT64_MAX;
-  }
-}
-
-/* random_(self), random_.to(self, to), random_.from(self, from, to=None) */
-void tpu_emit_random(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  int64_t lo = 0, hi; /* [lo, hi) or [lo, max] when open */
-  bool inclusive = false;
-  bool from = strstr(L->opname, ".from") != NULL, to = strstr(L->opname, ".to") != NULL;
-  if (from) {
-    lo = L->args[1].i;
-    if (L->args[2].kind == TPU_ARG_INT) {
-      hi = L->args[2].i;
-    } else {
-      hi = tpu_random_max(t->dtype);
-      inclusive = true;
-    }
-  } else if (to) {
-    hi = L->args[1].i;
-  } else {
-    hi = tpu_random_max(t->dtype);
-    inclusive = true;
-  }
-  if (!inclusive && lo >= hi) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "random_ expects 'from' to be less than 'to', but got from=%lld >= to=%lld",
-                   (long long)lo, (long long)hi);
-    return;
-  }
-  if (inclusive && lo > hi) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                   "random_ expects 'from' casted to dtype to be less than or equal to 'to' casted "
-                   "to dtype, but got from=%lld > to=%lld",
-                   (long long)lo, (long long)hi);
-    return;
-  }
-  uint64_t range = (uint64_t)hi - (uint64_t)lo + (inclusive ? 1 : 0);
-  if (range == 0 || range > ((uint64_t)1 << 63)) range = (uint64_t)1 << 63; /* the full int64 span */
-  tpu_hv r = tpu_random_ints(L, t->rank, t->sizes, lo, range);
-  tpu_rand_write_self(
-      L, t->dtype == TPU_PRED ? tpu_hlo_compare(H, TPU_HLO_NE, r, tpu_k(L, r, 0)) : tpu_hlo_convert(H, r, t->dtype));
-}
-
-/* Sort keys ascending carrying a second array; returns the carried one. */
-static tpu_hv tpu_sort_by_keys(tpu_lower *L, tpu_hv keys, tpu_hv carry, int64_t dim, bool descending) {
-  tpu_hlo_type kt = tpu_hlo_type_make(T(L, keys)->dtype, 0, NULL), ct = tpu_hlo_type_make(T(L, carry)->dtype, 0, NULL);
-  tpu_hlo_type rs[4] = {kt, kt, ct, ct};
-  tpu_hv a[4];
-  tpu_hlo_region_begin(H, rs, 4, a);
-  tpu_hv lt = tpu_hlo_compare(H, descending ? TPU_HLO_GT : TPU_HLO_LT, a[0], a[1]);
-  int region = tpu_hlo_region_end(H, &lt, 1);
-  tpu_hv xs[2] = {keys, carry}, outs[2] = {TPU_HV_NONE, TPU_HV_NONE};
-  tpu_hlo_sort(H, xs, 2, (int)dim, true, region, outs);
-  return outs[1];
-}
-
-/* randperm(n, *, dtype), randperm.generator_out(n, *, generator, out):
- * iota sorted by random keys */
-void tpu_emit_randperm(tpu_lower *L) {
-  int64_t n = L->args[0].i;
-  if (n < 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "n must be non-negative, got%lld", (long long)n);
-    return;
-  }
-  tpu_dtype dt = TPU_S64;
-  for (int i = 1; i < L->nargs; i++)
-    if (L->args[i].kind == TPU_ARG_DTYPE) dt = L->args[i].dtype;
-  if (L->flags & TPU_OP_OUT) dt = L->args[L->nargs - 1].t.dtype;
-  tpu_hv keys = tpu_lower_random_bits(L, 1, &n);
-  tpu_hv io = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &n), 0);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_sort_by_keys(L, keys, io, 0, false), dt));
-}
-
-/* multinomial(self, num_samples, replacement=False, *, generator):
- * Gumbel keys log p - log(-log u); with replacement each draw is the argmax
- * over its own keys, without it the first num_samples of one sort. */
-void tpu_emit_multinomial(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  int64_t S = L->args[1].i;
-  bool repl = tpu_arg_bool(L, 2);
-  if (t->rank < 1 || t->rank > 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "prob_dist must be 1 or 2 dim");
-    return;
-  }
-  if (!tpu_dtype_is_float(t->dtype)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "multinomial only supports floating-point dtypes for input, got: %s",
-                   tpu_dtype_name(t->dtype));
-    return;
-  }
-  if (S <= 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "cannot sample n_sample <= 0 samples");
-    return;
-  }
-  int64_t C = t->sizes[t->rank - 1], N = t->rank == 2 ? t->sizes[0] : 1;
-  if (C > (1 << 24)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "number of categories cannot exceed 2^24");
-    return;
-  }
-  if (!repl && S > C) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
-    return;
-  }
-  int64_t nc[2] = {N, C};
-  tpu_hv pr = tpu_hlo_reshape(H, tpu_lower_input(L, 0, TPU_F32), 2, nc);
-  {
-    /* probabilities finite and >= 0, and each row's sum above 0 */
-    tpu_hv okv = tpu_hlo_binary(H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_GE, pr, tpu_k(L, pr, 0)),
-                                tpu_hlo_compare(H, TPU_HLO_LT, pr, tpu_k(L, pr, INFINITY)));
-    tpu_lower_check(L, tpu_hlo_unary(H, TPU_HLO_NOT, okv), TPU_ERR_RUNTIME,
-                    "probability tensor contains either `inf`, `nan` or element < 0");
-    int64_t one = 1;
-    tpu_hv sum = tpu_hlo_reduce(H, pr, tpu_hlo_constant(H, TPU_F32, 0), &one, 1, TPU_HLO_ADD);
-    tpu_lower_check(L, tpu_hlo_compare(H, TPU_HLO_LE, sum, tpu_k(L, sum, 0)), TPU_ERR_RUNTIME,
-                    "invalid multinomial distribution (sum of probabilities <= 0)");
-  }
-  tpu_hv lp = tpu_hlo_unary(H, TPU_HLO_LOG, pr);
-  tpu_hv r;
-  if (repl) {
-    int64_t nsc[3] = {N, S, C};
-    tpu_hv u = tpu_uniform_open0(L, TPU_F32, 3, nsc);
-    tpu_hv g = tpu_hlo_unary(
-        H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, u))));
-    /* log(1) = 0 for u = 1 gives -log(0) = inf: keep it finite */
-    g = tpu_hlo_clamp(H, tpu_hlo_constant(H, TPU_F32, -1e30), g, tpu_hlo_constant(H, TPU_F32, 1e30));
-    tpu_hv keys = tpu_add(L, tpu_hlo_broadcast_in_dim(H, lp, 3, nsc, (int64_t[]){0, 2}), g);
-    tpu_hv v;
-    tpu_arg_extreme(L, keys, 2, true, &v, &r);
-  } else {
-    tpu_hv u = tpu_uniform_open0(L, TPU_F32, 2, nc);
-    tpu_hv g = tpu_hlo_unary(
-        H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, tpu_hlo_unary(H, TPU_HLO_NEG, tpu_hlo_unary(H, TPU_HLO_LOG, u))));
-    g = tpu_hlo_clamp(H, tpu_hlo_constant(H, TPU_F32, -1e30), g, tpu_hlo_constant(H, TPU_F32, 1e30));
-    tpu_hv io = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 2, nc), 1);
-    tpu_hv sorted = tpu_sort_by_keys(L, tpu_add(L, lp, g), io, 1, true);
-    r = tpu_hlo_slice(H, sorted, (int64_t[]){0, 0}, (int64_t[]){N, S}, (int64_t[]){1, 1});
-  }
-  if (t->rank == 1) r = tpu_hlo_reshape(H, r, 1, &S);
-  tpu_lower_out(L, r);
-}
-
-/* rrelu_with_noise(self, noise, lower, upper, training, generator): in
- * training negative inputs are scaled by a uniform slope in [lower, upper)
- * recorded in noise (1 elsewhere); in eval by the mean slope. */
-void tpu_emit_rrelu_with_noise(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  if (!tpu_rand_float_self(L, "rrelu_with_noise_out_cpu")) return;
-  tpu_dtype dt = t->dtype, w = tpu_rand_work(dt);
-  tpu_hv x = tpu_lower_input(L, 0, w);
-  tpu_hv lo = tpu_lower_broadcast_to(L, tpu_lower_scalar(L, 2, w), t->rank, t->sizes);
-  tpu_hv hi = tpu_lower_broadcast_to(L, tpu_lower_scalar(L, 3, w), t->rank, t->sizes);
-  tpu_hv neg = tpu_hlo_compare(H, TPU_HLO_LT, x, tpu_k(L, x, 0));
-  if (tpu_arg_bool(L, 4)) {
-    tpu_hv u = tpu_lower_uniform(L, w, t->rank, t->sizes);
-    tpu_hv slope = tpu_add(L, lo, tpu_mul(L, u, tpu_sub(L, hi, lo)));
-    slope = tpu_hlo_select(H, neg, slope, tpu_k(L, slope, 1));
-    tpu_lower_write(L, 1, -1, tpu_hlo_convert(H, slope, L->args[1].t.dtype));
-    tpu_lower_out(L, tpu_hlo_convert(H, tpu_mul(L, x, slope), dt));
-  } else {
-    tpu_hv slope = tpu_mul(L, tpu_add(L, lo, hi), tpu_k(L, lo, 0.5));
-    tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_select(H, neg, tpu_mul(L, x, slope), x), dt));
-  }
-}
-
-/* ---- FFT ------------------------------------------------------------------------------------
- * stablehlo.fft transforms the trailing 1-3 dims, so the transformed dims
- * are moved last (in the order given) and back afterwards. A real-to-complex
- * transform is an RFFT over the last listed dim, then complex FFTs over the
- * others; complex-to-real is the reverse. XLA's inverse transforms divide by
- * n; torch's normalization (0 none, 1 1/sqrt(n), 2 1/n) is applied on top of
- * the unnormalized result. */
-
-enum { FFT_FWD, FFT_INV, FFT_R2C, FFT_C2R };
-
-/* x with its dims dims[0..n) moved to the end; perm receives the permutation. */
-static tpu_hv tpu_fft_move_last(tpu_lower *L, tpu_hv x, const int64_t *dims, int n, int64_t *perm) {
-  const tpu_hlo_type *t = T(L, x);
-  bool used[TPU_MAX_RANK] = {0};
-  int k = 0;
-  for (int i = 0; i < n; i++) used[dims[i]] = true;
-  for (int i = 0; i < t->rank; i++)
-    if (!used[i]) perm[k++] = i;
-  for (int i = 0; i < n; i++) perm[k++] = dims[i];
-  return tpu_hlo_transpose(H, x, perm);
-}
-
-static tpu_hv tpu_fft_restore(tpu_lower *L, tpu_hv x, const int64_t *perm) {
-  const tpu_hlo_type *t = T(L, x);
-  int64_t inv[TPU_MAX_RANK];
-  for (int i = 0; i < t->rank; i++) inv[perm[i]] = i;
-  return tpu_hlo_transpose(H, x, inv);
-}
-
-/* One stablehlo.fft over the trailing n (1..3) dims with the given lengths. */
-static tpu_hv tpu_fft_op(tpu_lower *L, tpu_hv x, int kind, int n, const int64_t *len) {
-  static const char *names[] = {"FFT", "IFFT", "RFFT", "IRFFT"};
-  const tpu_hlo_type *t = T(L, x);
-  tpu_hlo_type rt = *t;
-  tpu_dtype real = (t->dtype == TPU_C128 || t->dtype == TPU_F64) ? TPU_F64 : TPU_F32;
-  tpu_dtype cplx = real == TPU_F64 ? TPU_C128 : TPU_C64;
-  if (kind == FFT_R2C) {
-    rt.dtype = cplx;
-    rt.dims[rt.rank - 1] = len[n - 1] / 2 + 1;
-  } else if (kind == FFT_C2R) {
-    rt.dtype = real;
-    rt.dims[rt.rank - 1] = len[n - 1];
-  }
-  char attrs[160];
-  int o = snprintf(attrs, sizeof attrs, "fft_type = #stablehlo<fft_type %s>, fft_length = array<i64: ", names[kind]);
-  for (int i = 0; i < n; i++)
-    o += snprintf(attrs + o, sizeof attrs - (size_t)o, "%s%lld", i ? ", " : "", (long long)len[i]);
-  snprintf(attrs + o, sizeof attrs - (size_t)o, ">");
-  return tpu_hlo_emit1(H, "stablehlo.fft", &x, 1, attrs, rt);
-}
-
-/* Complex FFTs (forward or unnormalized inverse) over the trailing n dims, in groups of at most 3. */
-static tpu_hv tpu_fft_c2c_trailing(tpu_lower *L, tpu_hv x, int n, bool forward) {
-  int done = 0;
-  while (done < n) {
-    int k = n - done > 3 ? 3 : n - done;
-    const tpu_hlo_type t = *T(L, x);
-    /* the group occupies dims [rank - n + done, +k): rotate it to the end */
-    int64_t perm[TPU_MAX_RANK], p = 0, first = t.rank - n + done;
-    for (int i = 0; i < t.rank; i++)
-      if (i < first || i >= first + k) perm[p++] = i;
-    for (int i = 0; i < k; i++) perm[p++] = first + i;
-    tpu_hv y = tpu_hlo_transpose(H, x, perm);
-    int64_t len[3], m = 1;
-    for (int i = 0; i < k; i++) {
-      len[i] = t.dims[first + i];
-      m *= len[i];
-    }
-    y = tpu_fft_op(L, y, forward ? FFT_FWD : FFT_INV, k, len);
-    if (!forward) y = tpu_mul(L, y, tpu_k(L, y, (double)m)); /* undo XLA's 1/n */
-    int64_t inv[TPU_MAX_RANK];
-    for (int i = 0; i < t.rank; i++) inv[perm[i]] = i;
-    x = tpu_hlo_transpose(H, y, inv);
-    done += k;
-  }
-  return x;
-}
-
-static tpu_hv tpu_fft_normalize(tpu_lower *L, tpu_hv x, int64_t mode, double n) {
-  if (mode == 1) return tpu_mul(L, x, tpu_k(L, x, 1.0 / sqrt(n)));
-  if (mode == 2) return tpu_mul(L, x, tpu_k(L, x, 1.0 / n));
-  return x;
-}
-
-/* dims of arg 1, wrapped; false on an error */
-static int tpu_fft_dims(tpu_lower *L, int rank, int64_t *dims) {
-  tpu_arg *a = &L->args[1];
-  int n = a->nints;
-  if (n < 1 || n > rank) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "fft: invalid number of dims (%d) for a tensor of rank %d", n, rank);
-    return 0;
-  }
-  bool seen[TPU_MAX_RANK] = {0};
-  for (int i = 0; i < n; i++) {
-    dims[i] = tpu_lower_dim(L, a->ints[i], rank);
-    if (!tpu_hlo_ok(H)) return 0;
-    if (seen[dims[i]]) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "dims must be unique");
-      return 0;
-    }
-    seen[dims[i]] = true;
-  }
-  return n;
-}
-
-/* _fft_c2c(self, dim, normalization, forward) */
-void tpu_emit_fft_c2c(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  if (!tpu_dtype_is_complex(t->dtype)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "_fft_c2c expects a complex input tensor, but got %s", tpu_dtype_name(t->dtype));
-    return;
-  }
-  int64_t dims[TPU_MAX_RANK], perm[TPU_MAX_RANK];
-  int n = tpu_fft_dims(L, t->rank, dims);
-  if (!n) return;
-  double count = 1;
-  for (int i = 0; i < n; i++) count *= (double)t->sizes[dims[i]];
-  tpu_hv x = tpu_fft_move_last(L, tpu_lower_tensor(L, 0, -1), dims, n, perm);
-  x = tpu_fft_c2c_trailing(L, x, n, tpu_arg_bool(L, 3));
-  x = tpu_fft_normalize(L, x, L->args[2].i, count);
-  tpu_lower_out(L, tpu_fft_restore(L, x, perm));
-}
-
-/* _fft_r2c(self, dim, normalization, onesided) */
-void tpu_emit_fft_r2c(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  if (t->dtype != TPU_F32 && t->dtype != TPU_F64) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Unsupported dtype %s", tpu_dtype_name(t->dtype));
-    return;
-  }
-  int64_t dims[TPU_MAX_RANK], perm[TPU_MAX_RANK];
-  int n = tpu_fft_dims(L, t->rank, dims);
-  if (!n) return;
-  double count = 1;
-  for (int i = 0; i < n; i++) count *= (double)t->sizes[dims[i]];
-  tpu_hv x = tpu_fft_move_last(L, tpu_lower_tensor(L, 0, -1), dims, n, perm);
-  if (tpu_arg_bool(L, 3)) {
-    int64_t last = t->sizes[dims[n - 1]];
-    x = tpu_fft_op(L, x, FFT_R2C, 1, &last);
-    /* the other dims: complex FFTs over trailing dims [.., n-1) with the last kept aside */
-    if (n > 1) {
-      const tpu_hlo_type xt = *T(L, x);
-      int64_t rot[TPU_MAX_RANK], p = 0;
-      rot[p++] = xt.rank - 1;
-      for (int i = 0; i < xt.rank - 1; i++) rot[p++] = i;
-      /* move the halved dim to the front, transform, and move it back */
-      tpu_hv y = tpu_hlo_transpose(H, x, rot);
-      y = tpu_fft_c2c_trailing(L, y, n - 1, true);
-      int64_t inv[TPU_MAX_RANK];
-      for (int i = 0; i < xt.rank; i++) inv[rot[i]] = i;
-      x = tpu_hlo_transpose(H, y, inv);
-    }
-  } else {
-    tpu_dtype c = t->dtype == TPU_F64 ? TPU_C128 : TPU_C64;
-    x = tpu_fft_c2c_trailing(L, tpu_hlo_convert(H, x, c), n, true);
-  }
-  x = tpu_fft_normalize(L, x, L->args[2].i, count);
-  tpu_lower_out(L, tpu_fft_restore(L, x, perm));
-}
-
-/* _fft_c2r(self, dim, normalization, last_dim_size) */
-void tpu_emit_fft_c2r(tpu_lower *L) {
-  tpu_tref *t = &L->args[0].t;
-  if (!tpu_dtype_is_complex(t->dtype)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "_fft_c2r expects a complex input tensor, but got %s", tpu_dtype_name(t->dtype));
-    return;
-  }
-  int64_t dims[TPU_MAX_RANK], perm[TPU_MAX_RANK];
-  int n = tpu_fft_dims(L, t->rank, dims);
-  if (!n) return;
-  int64_t last = L->args[3].i;
-  if (last < 1) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Invalid number of data points (%lld) specified", (long long)last);
-    return;
-  }
-  double count = (double)last;
-  for (int i = 0; i < n - 1; i++) count *= (double)t->sizes[dims[i]];
-  tpu_hv x = tpu_fft_move_last(L, tpu_lower_tensor(L, 0, -1), dims, n, perm);
-  if (n > 1) {
-    const tpu_hlo_type xt = *T(L, x);
-    int64_t rot[TPU_MAX_RANK], p = 0, inv[TPU_MAX_RANK];
-    rot[p++] = xt.rank - 1;
-    for (int i = 0; i < xt.rank - 1; i++) rot[p++] = i;
-    tpu_hv y = tpu_fft_c2c_trailing(L, tpu_hlo_transpose(H, x, rot), n - 1, false);
-    for (int i = 0; i < xt.rank; i++) inv[rot[i]] = i;
-    x = tpu_hlo_transpose(H, y, inv);
-  }
-  /* IRFFT reads last/2 + 1 bins: crop or zero-pad the input to that */
-  const tpu_hlo_type xt = *T(L, x);
-  int64_t want = last / 2 + 1, have = xt.dims[xt.rank - 1];
-  if (have != want) {
-    int64_t lo[TPU_MAX_RANK] = {0}, hi[TPU_MAX_RANK] = {0}, in[TPU_MAX_RANK] = {0};
-    hi[xt.rank - 1] = want - have;
-    x = tpu_hlo_pad(H, x, tpu_hlo_constant(H, xt.dtype, 0), lo, hi, in);
-  }
-  x = tpu_fft_op(L, x, FFT_C2R, 1, &last);
-  x = tpu_mul(L, x, tpu_k(L, x, (double)last)); /* undo XLA's 1/n */
-  x = tpu_fft_normalize(L, x, L->args[2].i, count);
-  tpu_lower_out(L, tpu_fft_restore(L, x, perm));
 }
 
 /* ---- CTC loss -------------------------------------------------------------------------------
@@ -1405,128 +927,4 @@ void tpu_emit_ctc_loss_backward(tpu_lower *L) {
     keep = tpu_hlo_binary(H, TPU_HLO_AND, keep, tpu_hlo_compare(H, TPU_HLO_NE, nll, tpu_k(L, nll, INFINITY)));
   r = tpu_hlo_select(H, keep, r, tpu_k(L, r, 0));
   tpu_lower_out(L, tpu_hlo_convert(H, r, L->args[1].t.dtype));
-}
-
-/* ---- fused RNN cells (nn.LSTM / nn.GRU on an accelerator) --------------------------------
- * aten::lstm and aten::gru run their cells through these on every device
- * but the CPU. Gate order along dim 1: LSTM (input, forget, cell, output),
- * GRU (reset, update, new). The workspace a cell returns holds what its
- * backward needs: LSTM, the four activated gates [B, 4H]; GRU, the reset,
- * update and new gates, hx and the hidden new-gate pre-activation [B, 5H]. */
-
-/* Columns [k*h, (k+1)*h) of a [B, n*h] value. */
-static tpu_hv tpu_gate(tpu_lower *L, tpu_hv x, int k, int64_t h) {
-  const tpu_hlo_type *t = T(L, x);
-  int64_t s[2] = {0, k * h}, l[2] = {t->dims[0], (k + 1) * h}, st[2] = {1, 1};
-  return tpu_hlo_slice(H, x, s, l, st);
-}
-
-static tpu_hv tpu_sigm(tpu_lower *L, tpu_hv x) { return tpu_hlo_unary(H, TPU_HLO_LOGISTIC, x); }
-static tpu_hv tpu_tanh(tpu_lower *L, tpu_hv x) { return tpu_hlo_unary(H, TPU_HLO_TANH, x); }
-/* s * (1 - s): the derivative of a sigmoid from its value */
-static tpu_hv tpu_dsigm(tpu_lower *L, tpu_hv s) { return tpu_mul(L, s, tpu_sub(L, tpu_k(L, s, 1), s)); }
-
-/* Gate pre-activations gates [+ bias] as acc values; the bias is [n*h]. */
-static tpu_hv tpu_gates_in(tpu_lower *L, int gi, int bi, tpu_dtype acc) {
-  tpu_hv g = tpu_lower_input(L, gi, acc);
-  if (!tpu_lower_is_none(L, bi)) g = tpu_lower_binary(L, TPU_HLO_ADD, g, tpu_lower_input(L, bi, acc));
-  return g;
-}
-
-static bool tpu_cell_check(tpu_lower *L, int n, int hx_arg) {
-  tpu_tref *ig = &L->args[0].t, *hg = &L->args[1].t, *hx = &L->args[hx_arg].t;
-  if (ig->rank != 2 || hg->rank != 2 || ig->sizes[0] != hg->sizes[0] || ig->sizes[1] != hg->sizes[1] || hx->rank != 2 ||
-      ig->sizes[1] != n * hx->sizes[1] || ig->sizes[0] != hx->sizes[0]) {
-    tpu_lower_fail(L, TPU_ERR_VALUE, "expected input and hidden gates of one shape [B, %d*H] and a state [B, H]", n);
-    return false;
-  }
-  return true;
-}
-
-/* _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias, hidden_bias) -> (hy, cy, workspace) */
-void tpu_emit_thnn_fused_lstm_cell(tpu_lower *L) {
-  if (!tpu_cell_check(L, 4, 2)) return;
-  tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
-  int64_t h = L->args[2].t.sizes[1];
-  tpu_hv g = tpu_add(L, tpu_gates_in(L, 0, 3, acc), tpu_gates_in(L, 1, 4, acc));
-  tpu_hv ig = tpu_sigm(L, tpu_gate(L, g, 0, h)), fg = tpu_sigm(L, tpu_gate(L, g, 1, h));
-  tpu_hv cg = tpu_tanh(L, tpu_gate(L, g, 2, h)), og = tpu_sigm(L, tpu_gate(L, g, 3, h));
-  tpu_hv cx = tpu_lower_input(L, 2, acc);
-  tpu_hv cy = tpu_add(L, tpu_mul(L, fg, cx), tpu_mul(L, ig, cg));
-  tpu_hv hy = tpu_mul(L, og, tpu_tanh(L, cy));
-  tpu_hv ws[4] = {ig, fg, cg, og};
-  tpu_lower_out(L, tpu_hlo_convert(H, hy, dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, cy, dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_concat(H, ws, 4, 1), dt));
-}
-
-/* _thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias)
- * -> (grad_gates, grad_cx, grad_bias); missing output gradients count as zeros.
- * The bias gradient is computed even without a bias (autograd drops it). */
-void tpu_emit_thnn_fused_lstm_cell_backward(tpu_lower *L) {
-  tpu_dtype dt = L->args[2].t.dtype, acc = tpu_acc_type(dt);
-  int64_t h = L->args[2].t.sizes[1];
-  tpu_hv cx = tpu_lower_input(L, 2, acc), cy = tpu_lower_input(L, 3, acc), w = tpu_lower_input(L, 4, acc);
-  tpu_hv go = tpu_lower_is_none(L, 0) ? tpu_k(L, cx, 0) : tpu_lower_input(L, 0, acc);
-  tpu_hv goc = tpu_lower_is_none(L, 1) ? tpu_k(L, cx, 0) : tpu_lower_input(L, 1, acc);
-  tpu_hv ig = tpu_gate(L, w, 0, h), fg = tpu_gate(L, w, 1, h), cg = tpu_gate(L, w, 2, h), og = tpu_gate(L, w, 3, h);
-  tpu_hv t = tpu_tanh(L, cy);
-  tpu_hv gcx = tpu_add(L, tpu_mul(L, tpu_mul(L, go, og), tpu_sub(L, tpu_k(L, t, 1), tpu_mul(L, t, t))), goc);
-  tpu_hv gs[4] = {
-      tpu_mul(L, tpu_mul(L, gcx, cg), tpu_dsigm(L, ig)),
-      tpu_mul(L, tpu_mul(L, gcx, cx), tpu_dsigm(L, fg)),
-      tpu_mul(L, tpu_mul(L, gcx, ig), tpu_sub(L, tpu_k(L, cg, 1), tpu_mul(L, cg, cg))),
-      tpu_mul(L, tpu_mul(L, go, t), tpu_dsigm(L, og)),
-  };
-  tpu_hv gates = tpu_hlo_concat(H, gs, 4, 1);
-  int64_t d0 = 0;
-  tpu_lower_out(L, tpu_hlo_convert(H, gates, dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_mul(L, gcx, fg), dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, gates, &d0, 1), dt));
-}
-
-/* _thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias, hidden_bias) -> (hy, workspace) */
-void tpu_emit_thnn_fused_gru_cell(tpu_lower *L) {
-  if (!tpu_cell_check(L, 3, 2)) return;
-  tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
-  int64_t h = L->args[2].t.sizes[1];
-  tpu_hv ig = tpu_gates_in(L, 0, 3, acc), hg = tpu_gates_in(L, 1, 4, acc);
-  tpu_hv hx = tpu_lower_input(L, 2, acc);
-  tpu_hv rg = tpu_sigm(L, tpu_add(L, tpu_gate(L, ig, 0, h), tpu_gate(L, hg, 0, h)));
-  tpu_hv zg = tpu_sigm(L, tpu_add(L, tpu_gate(L, ig, 1, h), tpu_gate(L, hg, 1, h)));
-  tpu_hv hn = tpu_gate(L, hg, 2, h);
-  tpu_hv ng = tpu_tanh(L, tpu_add(L, tpu_gate(L, ig, 2, h), tpu_mul(L, rg, hn)));
-  tpu_hv hy = tpu_add(L, ng, tpu_mul(L, zg, tpu_sub(L, hx, ng)));
-  tpu_hv ws[5] = {rg, zg, ng, hx, hn};
-  tpu_lower_out(L, tpu_hlo_convert(H, hy, dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_hlo_concat(H, ws, 5, 1), dt));
-}
-
-/* _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias)
- * -> (grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias) */
-void tpu_emit_thnn_fused_gru_cell_backward(tpu_lower *L) {
-  tpu_tref *g = &L->args[0].t, *ws = &L->args[1].t;
-  if (g->rank != 2 || ws->rank != 2 || ws->sizes[1] != 5 * g->sizes[1] || ws->sizes[0] != g->sizes[0]) {
-    tpu_lower_fail(L, TPU_ERR_VALUE, "expected grad_hy [B, H] and a workspace [B, 5*H]");
-    return;
-  }
-  tpu_dtype dt = g->dtype, acc = tpu_acc_type(dt);
-  int64_t h = g->sizes[1];
-  tpu_hv go = tpu_lower_input(L, 0, acc), w = tpu_lower_input(L, 1, acc);
-  tpu_hv rg = tpu_gate(L, w, 0, h), zg = tpu_gate(L, w, 1, h), ng = tpu_gate(L, w, 2, h);
-  tpu_hv hx = tpu_gate(L, w, 3, h), hn = tpu_gate(L, w, 4, h);
-  tpu_hv gz = tpu_mul(L, tpu_mul(L, go, tpu_sub(L, hx, ng)), tpu_dsigm(L, zg));
-  tpu_hv ghx = tpu_mul(L, go, zg);
-  tpu_hv gn =
-      tpu_mul(L, tpu_mul(L, go, tpu_sub(L, tpu_k(L, zg, 1), zg)), tpu_sub(L, tpu_k(L, ng, 1), tpu_mul(L, ng, ng)));
-  tpu_hv ghn = tpu_mul(L, gn, rg);
-  tpu_hv gr = tpu_mul(L, tpu_mul(L, gn, hn), tpu_dsigm(L, rg));
-  tpu_hv gi3[3] = {gr, gz, gn}, gh3[3] = {gr, gz, ghn};
-  tpu_hv gi = tpu_hlo_concat(H, gi3, 3, 1), gh = tpu_hlo_concat(H, gh3, 3, 1);
-  int64_t d0 = 0;
-  tpu_lower_out(L, tpu_hlo_convert(H, gi, dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, gh, dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, ghx, dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, gi, &d0, 1), dt));
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_reduce_sum(L, gh, &d0, 1), dt));
 }
