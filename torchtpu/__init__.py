@@ -10,7 +10,7 @@ from typing import Any as _Any
 
 import torch
 
-from . import _C, _registry, _settings
+from . import _C, _distributed, _registry, _settings
 from . import device_module as _device_module
 from ._C import metrics as _metrics
 
@@ -24,6 +24,7 @@ class OutOfMemoryError(torch.OutOfMemoryError, MemoryError):
 
 
 _registry.setup(_device_module)
+_distributed.setup()
 
 
 def metrics() -> dict[str, int | float]:

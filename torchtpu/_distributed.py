@@ -1,0 +1,529 @@
+"""torch.distributed on tpu: the c10d backend "tpu".
+
+`dist.init_process_group()` (the tpu is the accelerator), `backend="tpu"`
+or `"cpu:gloo,tpu:tpu"` make a TpuProcessGroup: one device per process, as
+torchrun and torch.multiprocessing.spawn start them. The transport is chosen
+by what the plugin can do; XLA's CPU plugins cannot run a program across
+processes, so there a collective on tpu tensors is staged through the host:
+its inputs are read back (a sync point: the ops before it run first, in every
+eager mode), torch's gloo runs the collective on the host copies, and the
+results are written back into the tpu tensors. CPU tensors go to the same
+gloo group directly, so one group serves both devices.
+
+The group is a Python ProcessGroup. What torch's Python functions call
+(group.allreduce, group.all_gather_single, ...) reaches its methods; what
+torch's C++ calls through the dispatcher (the `c10d::*` ops, for the methods
+a Python group cannot override in torch 2.13: the functional collectives'
+all_gather_into_tensor, reduce_scatter_tensor ...) reaches the same methods
+through tpu kernels of those ops. Gloo lacks AVG and PREMUL_SUM: they are
+SUM with a division after (integers truncated, as NCCL does) or a product
+before. Every failure (a rank that died, a timeout, mismatched calls) is
+raised naming the collective, the rank and the group.
+"""
+
+import datetime
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+_R = dist.ReduceOp.RedOpType
+_NOT_IN_GLOO = (_R.AVG, _R.PREMUL_SUM)
+
+
+def _done(result: Any) -> dist.Work:
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut)
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """The tensor gloo runs on: a tpu tensor's host copy (dense), a CPU
+    tensor itself."""
+    return t.cpu() if t.device.type == "tpu" else t
+
+
+def _hosts(ts):
+    return [_host(t) for t in ts]
+
+
+def _write_back(dsts, hosts) -> None:
+    for d, h in zip(dsts, hosts):
+        if d is not h:
+            d.copy_(h)
+
+
+def _timeout(opts: Any) -> datetime.timedelta | None:
+    t = getattr(opts, "timeout", None)
+    return t if isinstance(t, datetime.timedelta) and t.total_seconds() > 0 else None
+
+
+class _Reduce:
+    """A reduce op as gloo can run it: AVG is SUM then a division by the
+    group's size, PREMUL_SUM a product by its factor then SUM."""
+
+    def __init__(self, op: Any, size: int) -> None:
+        red = op.op if isinstance(op, dist.ReduceOp) else op
+        self.red = red
+        self.size = size
+        self.factor = op.factor if red == _R.PREMUL_SUM else None
+        self.gloo = dist.ReduceOp.SUM if red in _NOT_IN_GLOO else dist.ReduceOp(red)
+
+    def before(self, hosts) -> None:
+        if self.red == _R.PREMUL_SUM:
+            f = self.factor
+            f = f.cpu() if isinstance(f, torch.Tensor) else f
+            for h in hosts:
+                h.mul_(f)
+
+    def after(self, hosts) -> None:
+        if self.red == _R.AVG:
+            for h in hosts:
+                if h.is_floating_point() or h.is_complex():
+                    h.div_(self.size)
+                elif h.dtype == torch.bool:
+                    raise RuntimeError("all_reduce: ReduceOp.AVG is not defined for bool tensors")
+                else:
+                    h.copy_(torch.div(h, self.size, rounding_mode="trunc"))
+
+
+def _staged_copies(hosts, tensors):
+    """Host tensors that are CPU tensors of the caller get reduced in place;
+    AVG and PREMUL_SUM must not change a caller's CPU input before the
+    collective runs, so those are staged through a copy too."""
+    return [h.clone() if h is t else h for h, t in zip(hosts, tensors)]
+
+
+class TpuProcessGroup(dist.ProcessGroup):
+    """The c10d group of the "tpu" backend (see the module's docstring)."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        super().__init__(rank, size)
+        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._timeout = timeout
+        self._group_name = ""
+        self._group_desc = ""
+        for dev in ("cpu", "tpu"):
+            self._register_backend(torch.device(dev), dist.ProcessGroup.BackendType.GLOO, self._gloo)
+
+    # --- names: DeviceMesh, FSDP2 and the functional collectives resolve
+    # groups by name.
+    def getBackendName(self) -> str:
+        return "tpu"
+
+    def name(self) -> str:
+        return "tpu"
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
+
+    # --- the transport
+    def _run(self, what: str, work: dist.Work, opts: Any = None) -> None:
+        try:
+            t = _timeout(opts)
+            work.wait(t) if t is not None else work.wait()
+        except RuntimeError as e:
+            raise type(e)(
+                f"tpu {what} failed on rank {self.rank()} of {self.size()} (group {self._group_name!r}): {e}"
+            ) from e
+
+    def _reduce(self, op: Any) -> _Reduce:
+        return _Reduce(op, self.size())
+
+    # --- collectives
+    def allreduce(self, tensors, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        if not isinstance(opts, dist.AllreduceOptions):  # allreduce(tensors, op)
+            op, opts = opts, dist.AllreduceOptions()
+            opts.reduceOp = op
+        red = self._reduce(opts.reduceOp)
+        hosts = _hosts(tensors)
+        if red.red in _NOT_IN_GLOO:
+            hosts = _staged_copies(hosts, tensors)
+        red.before(hosts)
+        g = dist.AllreduceOptions()
+        g.reduceOp = red.gloo
+        g.timeout = opts.timeout
+        self._run("all_reduce", self._gloo.allreduce(hosts, g), opts)
+        red.after(hosts)
+        _write_back(tensors, hosts)
+        return _done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts: Any = None) -> dist.Work:
+        o = dist.AllreduceOptions()
+        if opts is not None:
+            o.reduceOp = opts.reduceOp
+            o.timeout = opts.timeout
+        # one flat buffer per dtype: one collective, not one per tensor
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        for ts in by_dtype.values():
+            flat = torch.cat([t.reshape(-1) for t in ts])
+            self.allreduce([flat], o)
+            off = 0
+            for t in ts:
+                n = t.numel()
+                t.copy_(flat[off : off + n].view(t.shape))
+                off += n
+        return _done(tensors)
+
+    def broadcast(self, tensors, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        hosts = _hosts(tensors)
+        self._run("broadcast", self._gloo.broadcast(hosts, opts), opts)
+        _write_back(tensors, hosts)
+        return _done(tensors)
+
+    def reduce(self, tensors, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.ReduceOptions()
+        red = self._reduce(opts.reduceOp)
+        hosts = _hosts(tensors)
+        if red.red in _NOT_IN_GLOO:
+            hosts = _staged_copies(hosts, tensors)
+        red.before(hosts)
+        g = dist.ReduceOptions()
+        g.reduceOp = red.gloo
+        g.rootRank = opts.rootRank
+        g.rootTensor = opts.rootTensor
+        g.timeout = opts.timeout
+        self._run("reduce", self._gloo.reduce(hosts, g), opts)
+        if self.rank() == opts.rootRank:
+            red.after(hosts)
+            _write_back(tensors, hosts)
+        return _done(tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        outs = [_hosts(o) for o in output_tensors]
+        self._run("all_gather", self._gloo.allgather(outs, _hosts(input_tensors), opts), opts)
+        for o, h in zip(output_tensors, outs):
+            _write_back(o, h)
+        return _done(output_tensors)
+
+    def allgather_coalesced(self, output_lists, input_list, opts: Any = None) -> dist.Work:
+        for outs, inp in zip(output_lists, input_list):
+            self.allgather([outs], [inp], opts)
+        return _done(output_lists)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        out = _host(output)
+        if not out.is_contiguous():
+            out = out.contiguous()
+        self._run("all_gather_into_tensor", self._gloo._allgather_base(out, _host(input).contiguous(), opts), opts)
+        _write_back([output], [out])
+        return _done(output)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts: Any = None) -> dist.Work:
+        for o, i in zip(outputs, inputs):
+            self.all_gather_single(o, i, opts)
+        return _done(outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def _reduce_scatter(self, what, outs, ins, opts, call) -> None:
+        """outs and ins are lists of host tensors; call(outs, ins, gloo
+        options) starts gloo's collective."""
+        red = self._reduce(opts.reduceOp)
+        if red.red == _R.PREMUL_SUM:
+            ins = [i.clone() for i in ins]  # the product must not reach a caller's CPU input
+        red.before(ins)
+        g = dist.ReduceScatterOptions()
+        g.reduceOp = red.gloo
+        g.timeout = opts.timeout
+        self._run(what, call(outs, ins, g), opts)
+        red.after(outs)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        outs = _hosts(output_tensors)
+        ins = [_hosts(i) for i in input_tensors]
+        flat = [x for i in ins for x in i]
+
+        def call(o, i, g):
+            it = iter(i)
+            return self._gloo.reduce_scatter(o, [[next(it) for _ in row] for row in ins], g)
+
+        self._reduce_scatter("reduce_scatter", outs, flat, opts, call)
+        _write_back(output_tensors, outs)
+        return _done(output_tensors)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        out = _host(output).contiguous()
+        inp = _host(input).contiguous()
+        self._reduce_scatter(
+            "reduce_scatter_tensor", [out], [inp], opts, lambda o, i, g: self._gloo._reduce_scatter_base(o[0], i[0], g)
+        )
+        _write_back([output], [out])
+        return _done(output)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts: Any = None) -> dist.Work:
+        for o, i in zip(outputs, inputs):
+            self.reduce_scatter_single(o, i, opts)
+        return _done(outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        out = _host(output).contiguous()
+        self._run(
+            "all_to_all_single",
+            self._gloo.alltoall_base(out, _host(input).contiguous(), output_split_sizes, input_split_sizes, opts),
+            opts,
+        )
+        _write_back([output], [out])
+        return _done(output)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        outs = _hosts(output_tensors)
+        self._run("all_to_all", self._gloo.alltoall(outs, _hosts(input_tensors), opts), opts)
+        _write_back(output_tensors, outs)
+        return _done(output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.ScatterOptions()
+        outs = _hosts(output_tensors)
+        ins = [_hosts(i) for i in input_tensors]
+        self._run("scatter", self._gloo.scatter(outs, ins, opts), opts)
+        _write_back(output_tensors, outs)
+        return _done(output_tensors)
+
+    def gather(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.GatherOptions()
+        outs = [_hosts(o) for o in output_tensors]
+        self._run("gather", self._gloo.gather(outs, _hosts(input_tensors), opts), opts)
+        for o, h in zip(output_tensors, outs):
+            _write_back(o, h)
+        return _done(output_tensors)
+
+    def send(self, tensors, dst: int, tag: int = 0) -> dist.Work:
+        self._run(f"send to rank {dst}", self._gloo.send(_hosts(tensors), dst, tag))
+        return _done(tensors)
+
+    def recv(self, tensors, src: int, tag: int = 0) -> dist.Work:
+        hosts = _hosts(tensors)
+        self._run(f"recv from rank {src}", self._gloo.recv(hosts, src, tag))
+        _write_back(tensors, hosts)
+        return _done(tensors)
+
+    def recv_anysource(self, tensors, tag: int = 0) -> dist.Work:
+        hosts = _hosts(tensors)
+        work = self._gloo.recv_anysource(hosts, tag)
+        self._run("recv", work)
+        _write_back(tensors, hosts)
+        return _done(tensors)
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.BarrierOptions()
+        # the tpu's queued work is part of what a barrier waits for
+        torch.tpu.synchronize()
+        self._run("barrier", self._gloo.barrier(opts), opts)
+        return _done(None)
+
+    def shutdown(self) -> None:
+        self._gloo.shutdown()
+
+    def abort(self) -> None:
+        self._gloo.abort()
+
+
+def _create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> TpuProcessGroup:
+    return TpuProcessGroup(store, rank, size, timeout)
+
+
+# --- c10d dispatcher ops on tpu tensors. torch's C++ reaches these for the
+# methods a Python group cannot override (see the module's docstring); each
+# kernel hands the call to the group's method.
+
+
+def _group(pg: Any) -> TpuProcessGroup:
+    g = dist.ProcessGroup.unbox(pg)
+    if not isinstance(g, TpuProcessGroup):
+        raise RuntimeError(
+            f"a collective on tpu tensors needs a group of the 'tpu' backend, got {g.getBackendName()!r}: "
+            f"init_process_group() or init_process_group('cpu:gloo,tpu:tpu')"
+        )
+    return g
+
+
+def _red(op: Any) -> Any:
+    """The RedOpType of a dispatcher ReduceOp (a TorchBind object); its
+    PREMUL_SUM factor is not readable there."""
+    red = _R(op.op())
+    if red == _R.PREMUL_SUM:
+        raise RuntimeError(
+            "ReduceOp.PREMUL_SUM reached a tpu collective through the dispatcher, which does not carry "
+            "its factor: call torch.distributed's functions (all_reduce, reduce_scatter_tensor) instead"
+        )
+    return dist.ReduceOp(red)
+
+
+def _ms(timeout: int) -> datetime.timedelta:
+    return datetime.timedelta(milliseconds=timeout) if timeout > 0 else datetime.timedelta(0)
+
+
+def _opts(cls: Any, timeout: int, **fields: Any) -> Any:
+    o = cls()
+    for k, v in fields.items():
+        setattr(o, k, v)
+    if timeout > 0:
+        o.timeout = _ms(timeout)
+    return o
+
+
+def _k_allreduce(tensors, pg, reduce_op, sparse_indices=None, async_op=True, timeout=-1):
+    w = _group(pg).allreduce(tensors, _opts(dist.AllreduceOptions, timeout, reduceOp=_red(reduce_op)))
+    return tensors, w.boxed()
+
+
+def _k_allreduce_coalesced(tensors, pg, reduce_op, async_op=True, timeout=-1):
+    o = _opts(dist.AllreduceCoalescedOptions, timeout, reduceOp=_red(reduce_op))
+    return _group(pg).allreduce_coalesced(tensors, o).boxed()
+
+
+def _k_broadcast(tensors, pg, root_rank, root_tensor, async_op=True, timeout=-1):
+    o = _opts(dist.BroadcastOptions, timeout, rootRank=root_rank, rootTensor=root_tensor)
+    return tensors, _group(pg).broadcast(tensors, o).boxed()
+
+
+def _k_reduce(tensors, pg, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):
+    o = _opts(dist.ReduceOptions, timeout, reduceOp=_red(reduce_op), rootRank=root_rank, rootTensor=root_tensor)
+    return _group(pg).reduce(tensors, o).boxed()
+
+
+def _k_allgather(output_tensors, input_tensors, pg, async_op=True, timeout=-1):
+    w = _group(pg).allgather(output_tensors, input_tensors, _opts(dist.AllgatherOptions, timeout))
+    return output_tensors, w.boxed()
+
+
+def _k_allgather_base(output_tensor, input_tensor, pg, async_op=True, timeout=-1):
+    w = _group(pg).all_gather_single(output_tensor, input_tensor, _opts(dist.AllgatherOptions, timeout))
+    return output_tensor, w.boxed()
+
+
+def _k_allgather_coalesced(output_lists, input_list, pg, async_op=True):
+    return _group(pg).allgather_coalesced(output_lists, input_list).boxed()
+
+
+def _k_allgather_into_tensor_coalesced(outputs, inputs, pg, async_op=True):
+    return _group(pg).all_gather_single_coalesced(outputs, inputs).boxed()
+
+
+def _k_reduce_scatter(output_tensors, input_tensors, pg, reduce_op, async_op=True, timeout=-1):
+    o = _opts(dist.ReduceScatterOptions, timeout, reduceOp=_red(reduce_op))
+    return output_tensors, _group(pg).reduce_scatter(output_tensors, input_tensors, o).boxed()
+
+
+def _k_reduce_scatter_base(output_tensor, input_tensor, pg, reduce_op, async_op=True, timeout=-1):
+    o = _opts(dist.ReduceScatterOptions, timeout, reduceOp=_red(reduce_op))
+    return output_tensor, _group(pg).reduce_scatter_single(output_tensor, input_tensor, o).boxed()
+
+
+def _k_reduce_scatter_tensor_coalesced(outputs, inputs, pg, reduce_op, async_op=True, timeout=-1):
+    o = _opts(dist.ReduceScatterOptions, timeout, reduceOp=_red(reduce_op))
+    return _group(pg).reduce_scatter_single_coalesced(outputs, inputs, o).boxed()
+
+
+def _k_alltoall_base(output, input, pg, output_split_sizes, input_split_sizes, async_op=True, timeout=-1):
+    o = _opts(dist.AllToAllOptions, timeout)
+    return _group(pg).all_to_all_single(output, input, output_split_sizes, input_split_sizes, o).boxed()
+
+
+def _k_alltoall(output_tensors, input_tensors, pg, async_op=True, timeout=-1):
+    w = _group(pg).alltoall(output_tensors, input_tensors, _opts(dist.AllToAllOptions, timeout))
+    return output_tensors, w.boxed()
+
+
+def _k_scatter(output_tensors, input_tensors, pg, root_rank, async_op=True, timeout=-1):
+    o = _opts(dist.ScatterOptions, timeout, rootRank=root_rank)
+    return output_tensors, _group(pg).scatter(output_tensors, input_tensors, o).boxed()
+
+
+def _k_gather(output_tensors, input_tensors, pg, root_rank, async_op=True, timeout=-1):
+    o = _opts(dist.GatherOptions, timeout, rootRank=root_rank)
+    return _group(pg).gather(output_tensors, input_tensors, o).boxed()
+
+
+def _k_send(tensors, pg, dst, tag):
+    return _group(pg).send(tensors, dst, tag).boxed()
+
+
+def _k_recv(tensors, pg, src, tag):
+    return _group(pg).recv(tensors, src, tag).boxed()
+
+
+def _k_recv_any_source(tensors, pg, tag):
+    return _group(pg).recv_anysource(tensors, tag).boxed()
+
+
+def _k_barrier(tensor, pg, device_ids, async_op=True, timeout=-1):
+    return _group(pg).barrier(_opts(dist.BarrierOptions, timeout)).boxed()
+
+
+KERNELS = {
+    "allreduce_": _k_allreduce,
+    "allreduce_coalesced_": _k_allreduce_coalesced,
+    "broadcast_": _k_broadcast,
+    "reduce_": _k_reduce,
+    "allgather_": _k_allgather,
+    "_allgather_base_": _k_allgather_base,
+    "allgather_coalesced_": _k_allgather_coalesced,
+    "allgather_into_tensor_coalesced_": _k_allgather_into_tensor_coalesced,
+    "reduce_scatter_": _k_reduce_scatter,
+    "_reduce_scatter_base_": _k_reduce_scatter_base,
+    "reduce_scatter_tensor_coalesced_": _k_reduce_scatter_tensor_coalesced,
+    "alltoall_base_": _k_alltoall_base,
+    "alltoall_": _k_alltoall,
+    "scatter_": _k_scatter,
+    "gather_": _k_gather,
+    "send": _k_send,
+    "recv_": _k_recv,
+    "recv_any_source_": _k_recv_any_source,
+    "barrier": _k_barrier,
+}
+
+_LIB = None
+
+
+def setup() -> None:
+    """Registers the "tpu" backend with c10d (tpu and CPU tensors) and the tpu
+    kernels of the c10d ops. Called once, at import."""
+    global _LIB
+    if not dist.is_available() or _LIB is not None:
+        return
+    import warnings
+
+    dist.Backend.register_backend("tpu", _create, devices=["cpu", "tpu"])
+    _LIB = torch.library.Library("c10d", "IMPL")  # noqa: TOR901
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": c10d's own forwarder
+        for name, fn in KERNELS.items():
+            _LIB.impl(name, fn, "PrivateUse1")
