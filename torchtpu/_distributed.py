@@ -324,22 +324,19 @@ class TpuProcessGroup(dist.ProcessGroup):
             _write_back(o, h)
         return _done(output_tensors)
 
+    # Point to point: the transfer is started and the Work waits for it
+    # (isend then irecv on both ranks must not block at the isend).
     def send(self, tensors, dst: int, tag: int = 0) -> dist.Work:
-        self._run(f"send to rank {dst}", self._gloo.send(_hosts(tensors), dst, tag))
-        return _done(tensors)
+        hosts = _hosts(tensors)  # kept alive by the Work until the send is done
+        return _Transfer(self, f"send to rank {dst}", self._gloo.send(hosts, dst, tag), hosts, None)
 
     def recv(self, tensors, src: int, tag: int = 0) -> dist.Work:
-        hosts = _hosts(tensors)
-        self._run(f"recv from rank {src}", self._gloo.recv(hosts, src, tag))
-        _write_back(tensors, hosts)
-        return _done(tensors)
+        hosts = [torch.empty(t.shape, dtype=t.dtype) if t.device.type == "tpu" else t for t in tensors]
+        return _Transfer(self, f"recv from rank {src}", self._gloo.recv(hosts, src, tag), hosts, tensors)
 
     def recv_anysource(self, tensors, tag: int = 0) -> dist.Work:
-        hosts = _hosts(tensors)
-        work = self._gloo.recv_anysource(hosts, tag)
-        self._run("recv", work)
-        _write_back(tensors, hosts)
-        return _done(tensors)
+        hosts = [torch.empty(t.shape, dtype=t.dtype) if t.device.type == "tpu" else t for t in tensors]
+        return _Transfer(self, "recv", self._gloo.recv_anysource(hosts, tag), hosts, tensors)
 
     def barrier(self, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.BarrierOptions()
@@ -355,7 +352,46 @@ class TpuProcessGroup(dist.ProcessGroup):
         self._gloo.abort()
 
 
+class _Transfer(dist.Work):
+    """A send or receive in flight: wait() waits for gloo's transfer, then
+    writes what was received into the tpu tensors."""
+
+    def __init__(self, group: "TpuProcessGroup", what: str, work: dist.Work, hosts, dsts) -> None:
+        super().__init__()
+        self._group, self._what, self._work, self._hosts, self._dsts = group, what, work, hosts, dsts
+        self._done = False
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if not self._done:
+            opts = dist.BarrierOptions()
+            if timeout is not None:
+                opts.timeout = timeout
+            self._group._run(self._what, self._work, opts)
+            if self._dsts is not None:
+                _write_back(self._dsts, self._hosts)
+            self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done
+
+    def is_success(self) -> bool:
+        return self._done
+
+    def get_future(self) -> torch.futures.Future:
+        self.wait()
+        fut = torch.futures.Future()
+        fut.set_result(self._dsts if self._dsts is not None else self._hosts)
+        return fut
+
+    def source_rank(self) -> int:
+        return self._work.source_rank()
+
+
 def _create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> TpuProcessGroup:
+    if not 0 <= rank < size:
+        # what gloo would refuse, in words (a RuntimeError, as gloo's)
+        raise RuntimeError(f"the tpu backend needs 0 <= rank < world_size, got rank {rank} and world_size {size}")
     return TpuProcessGroup(store, rank, size, timeout)
 
 
