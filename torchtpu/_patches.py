@@ -183,6 +183,35 @@ def _patch_accelerator(device_module):
                 setattr(mod, name, fn)
 
 
+def _patch_ddp_used_map(device_module):
+    """DistributedDataParallel(find_unused_parameters=True) and
+    static_graph=True raise at construction, naming why, on a model with tpu
+    parameters, instead of a hooks error at the first backward.
+
+    Both make DDP's C++ reducer all-reduce its map of used parameters, and
+    for a PrivateUse1 device it stages that map through pinned host memory,
+    which needs PrivateUse1HooksInterface::getPinnedMemoryAllocator: a C++
+    hook that torch's Python hooks object does not expose (torch 2.11 to
+    2.13; checked on 2.13). torchtpu registers no C++."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    init = DDP.__init__
+
+    def __init__(self, module, *args, **kwargs):
+        wanted = [k for k in ("find_unused_parameters", "static_graph") if kwargs.get(k)]
+        if wanted and any(p.device.type == "tpu" for p in module.parameters()):
+            raise NotImplementedError(
+                f"DistributedDataParallel({'=True, '.join(wanted)}=True) on tpu: torch "
+                f"{torch.__version__}'s DDP reducer needs a C++ device hook (pinned host memory for "
+                f"its map of used parameters) that a device registered from Python cannot provide; "
+                f"leave it False (every parameter must then get a gradient in each step)"
+            )
+        init(self, module, *args, **kwargs)
+
+    __init__.__doc__ = init.__doc__
+    DDP.__init__ = __init__
+
+
 # In the order they are applied; each takes the device module (torch.tpu),
 # which only some of them use.
 PATCHES = (
@@ -191,6 +220,7 @@ PATCHES = (
     _patch_module_moves,
     _patch_matmul_precision,
     _patch_accelerator,
+    _patch_ddp_used_map,
 )
 
 
