@@ -30,9 +30,12 @@ _distributed.setup()
 def metrics() -> dict[str, int | float]:
     """Counters of the core: ops dispatched, programs compiled, cache hits and
     misses, compile and execute seconds, host<->device bytes, live buffers;
-    and ops_not_registered: lowered ATen overloads this torch lacks."""
+    ops_not_registered: lowered ATen overloads this torch lacks; and
+    collectives, collective_seconds: calls of torch.distributed collectives
+    on the tpu backend and their wall time."""
     m = _metrics()
     m["ops_not_registered"] = len(_registry.NOT_REGISTERED)
+    m.update(_distributed.STATS)
     return m
 
 

@@ -22,6 +22,7 @@ raised naming the collective, the rank and the group.
 """
 
 import datetime
+import time
 from typing import Any
 
 import torch
@@ -350,6 +351,46 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def abort(self) -> None:
         self._gloo.abort()
+
+
+# Time in collectives, for torchtpu.metrics(): calls of the group's
+# collectives (the outermost: a coalesced call counts once) and their wall
+# time, staging included.
+STATS = {"collectives": 0, "collective_seconds": 0.0}
+_depth = [0]
+
+
+def _counted(fn):
+    def method(*args, **kwargs):
+        if _depth[0]:
+            return fn(*args, **kwargs)
+        _depth[0] += 1
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _depth[0] -= 1
+            STATS["collectives"] += 1
+            STATS["collective_seconds"] += time.perf_counter() - t0
+
+    method.__name__, method.__doc__ = fn.__name__, fn.__doc__
+    return method
+
+
+for _name in (
+    "allreduce allreduce_coalesced broadcast reduce allgather allgather_coalesced all_gather_single "
+    "all_gather_single_coalesced reduce_scatter reduce_scatter_single reduce_scatter_single_coalesced "
+    "all_to_all_single alltoall scatter gather barrier"
+).split():
+    setattr(TpuProcessGroup, _name, _counted(getattr(TpuProcessGroup, _name)))
+for _alias, _name in (
+    ("_allgather_base", "all_gather_single"),
+    ("allgather_into_tensor_coalesced", "all_gather_single_coalesced"),
+    ("_reduce_scatter_base", "reduce_scatter_single"),
+    ("reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced"),
+    ("alltoall_base", "all_to_all_single"),
+):
+    setattr(TpuProcessGroup, _alias, getattr(TpuProcessGroup, _name))
 
 
 class _Transfer(dist.Work):
