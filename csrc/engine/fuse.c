@@ -378,10 +378,15 @@ tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
 static void tpu_fuse_explain(tpu_engine *e, tpu_cache_entry *c, const uint64_t ex[4]) {
   memcpy(c->ex, ex, sizeof c->ex);
   c->ex_nodes = e->nnodes;
+  /* of the programs for the same ops, the closest one (fewest parts of the
+   * key differ): the explanation does not depend on where the cache put them */
   const tpu_cache_entry *old = NULL;
-  for (size_t i = 0; i < e->cache_cap && !old; i++) {
+  int best = 4;
+  for (size_t i = 0; i < e->cache_cap; i++) {
     const tpu_cache_entry *o = e->cache[i];
-    if (o && o != c && o->ex_nodes == c->ex_nodes && o->ex[0] == ex[0]) old = o;
+    if (!o || o == c || o->ex_nodes != c->ex_nodes || o->ex[0] != ex[0]) continue;
+    int d = (o->ex[1] != ex[1]) + (o->ex[2] != ex[2]) + (o->ex[3] != ex[3]);
+    if (d < best) best = d, old = o;
   }
   if (!old || e->nnotes == (int)(sizeof e->notes / sizeof e->notes[0])) return;
   const char *parts[3];
