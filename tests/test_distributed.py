@@ -341,6 +341,22 @@ def test_init_with_bad_arguments_raises():
     assert not dist.is_initialized()
 
 
+def test_a_collective_inside_a_graph_capture_is_refused():
+    store = dist.HashStore()
+    dist.init_process_group("tpu", rank=0, world_size=1, store=store, timeout=datetime.timedelta(seconds=10))
+    try:
+        y = torch.ones(4, device="tpu")
+        g = torch.tpu.TPUGraph()
+        with pytest.raises(RuntimeError, match="allreduce inside a torch.tpu.graph capture"):
+            with torch.tpu.graph(g):
+                y.mul_(2)
+                dist.all_reduce(y)
+        dist.all_reduce(y)  # outside the capture it runs
+        _same(y, torch.ones(4), "all_reduce after the refused capture")
+    finally:
+        dist.destroy_process_group()
+
+
 def test_single_process_group_of_one():
     store = dist.HashStore()
     dist.init_process_group("tpu", rank=0, world_size=1, store=store, timeout=datetime.timedelta(seconds=10))

@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
+from . import _C
+
 _R = dist.ReduceOp.RedOpType
 _NOT_IN_GLOO = (_R.AVG, _R.PREMUL_SUM)
 
@@ -364,6 +366,12 @@ def _counted(fn):
     def method(*args, **kwargs):
         if _depth[0]:
             return fn(*args, **kwargs)
+        if _C.whole_capturing():
+            raise RuntimeError(
+                f"torch.distributed {fn.__name__} inside a torch.tpu.graph capture: collectives are staged "
+                f"through the host on this plugin and cannot be part of a captured program; call it "
+                f"outside the capture (between replays)"
+            )
         _depth[0] += 1
         t0 = time.perf_counter()
         try:
