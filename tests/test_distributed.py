@@ -16,7 +16,16 @@ from _dist import run
 R = dist.ReduceOp
 
 # what gloo supports, and so what the host-staged transport supports
-DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8]
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int64,
+    torch.int32,
+    torch.int8,
+    torch.uint8,
+]
 
 
 def _data(rank, dtype, n=6, salt=0):
@@ -207,6 +216,16 @@ def _point_to_point_groups_async(rank, world):
     t = torch.full((2,), float(rank), device="tpu")
     dist.all_reduce(t, group=g, op=R.MAX)
     _same(t, torch.full((2,), 1.0), "sub-group")
+    # complex tensors (torch hands the backend their real view)
+    gloo = dist.new_group(backend="gloo")
+    z = torch.complex(torch.arange(3.0), torch.ones(3) * (rank + 1))
+    zt = z.to("tpu")
+    dist.all_reduce(zt)
+    dist.all_reduce(z, group=gloo)
+    _same(zt, z, "complex all_reduce")
+    zl = [torch.empty(3, dtype=torch.complex64, device="tpu") for _ in range(world)]
+    dist.all_gather(zl, zt)
+    _same(torch.stack(zl), torch.stack([z, z]), "complex all_gather")
     # CPU tensors on the same group go to gloo directly
     c = torch.full((2,), rank + 1.0)
     dist.all_reduce(c, op=R.AVG)
