@@ -298,6 +298,45 @@ def test_a_collective_one_rank_skips_raises_within_its_timeout():
     assert 3 <= waited < 30, waited
 
 
+def _mismatched(rank, world):
+    seen = []
+    calls = [
+        # (rank 0's call, rank 1's call): gloo would abort the process on the
+        # first (sizes differ), wait out the timeout on the second, and give
+        # wrong values silently on the third (reduce ops differ)
+        (lambda: dist.all_reduce(torch.ones(4, device="tpu")), lambda: dist.all_reduce(torch.ones(8, device="tpu"))),
+        (lambda: dist.all_reduce(torch.ones(4, device="tpu")), lambda: dist.broadcast(torch.ones(4, device="tpu"), 1)),
+        (
+            lambda: dist.all_reduce(torch.ones(4, device="tpu")),
+            lambda: dist.all_reduce(torch.ones(4, device="tpu"), op=dist.ReduceOp.MAX),
+        ),
+        (
+            lambda: dist.all_reduce(torch.ones(4, device="tpu")),
+            lambda: dist.all_reduce(torch.ones(4, device="tpu").long()),
+        ),
+    ]
+    for mine in calls:
+        try:
+            mine[rank]()
+        except RuntimeError as e:
+            assert "collective mismatch" in str(e), e
+            seen.append(str(e).split("(rank 0: ")[1])
+        else:
+            raise AssertionError("a mismatched collective returned")
+    t = torch.ones(2, device="tpu")
+    dist.all_reduce(t)  # the group still works
+    _same(t, torch.full((2,), 2.0), "all_reduce after mismatches")
+    return seen
+
+
+def test_mismatched_collectives_raise_on_every_rank_naming_both():
+    got = run(_mismatched, collective_timeout_s=20)
+    assert got[0] == got[1]
+    assert got[0][0].startswith("all_reduce(float32, 4 elements, ReduceOp.SUM); rank 1: all_reduce(float32, 8 el"), got
+    assert "rank 1: broadcast(float32, 4 elements, root 1)" in got[0][1], got
+    assert "ReduceOp.MAX" in got[0][2] and "int64" in got[0][3], got
+
+
 def _dies(rank, world):
     if rank == 1:
         os._exit(3)
@@ -366,7 +405,7 @@ def test_a_collective_inside_a_graph_capture_is_refused():
     try:
         y = torch.ones(4, device="tpu")
         g = torch.tpu.TPUGraph()
-        with pytest.raises(RuntimeError, match="allreduce inside a torch.tpu.graph capture"):
+        with pytest.raises(RuntimeError, match="all_reduce inside a torch.tpu.graph capture"):
             with torch.tpu.graph(g):
                 y.mul_(2)
                 dist.all_reduce(y)

@@ -361,21 +361,112 @@ class TpuProcessGroup(dist.ProcessGroup):
 STATS = {"collectives": 0, "collective_seconds": 0.0}
 _depth = [0]
 
+# The collectives as torch.distributed names them, in a fixed order: the
+# index is what ranks compare before each collective.
+_NAMES = {
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce_coalesced",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "allgather": "all_gather",
+    "allgather_coalesced": "all_gather_coalesced",
+    "all_gather_single": "all_gather_into_tensor",
+    "all_gather_single_coalesced": "all_gather_into_tensor (coalesced)",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_single_coalesced": "reduce_scatter_tensor (coalesced)",
+    "all_to_all_single": "all_to_all_single",
+    "alltoall": "all_to_all",
+    "scatter": "scatter",
+    "gather": "gather",
+    "barrier": "barrier",
+}
+_CODES = {n: i for i, n in enumerate(_NAMES)}
+# every dtype, in an order all processes of one torch share
+_DTYPE_CODES = {
+    d: i for i, d in enumerate(sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))
+}
+_UNEVEN = ("all_to_all_single", "alltoall")  # sizes may differ between ranks
+
+
+def _first_tensor(x):
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            t = _first_tensor(y)
+            if t is not None:
+                return t
+    return None
+
+
+def _fingerprint(name, args):
+    """What every rank must agree on before a collective: which one, the
+    dtype, the element count (where it must be equal), the reduce op and the
+    root."""
+    t = _first_tensor(args)
+    opts = next((a for a in args if hasattr(a, "timeout") and not isinstance(a, torch.Tensor)), None)
+    red = getattr(opts, "reduceOp", None)
+    red = red.op if isinstance(red, dist.ReduceOp) else red
+    return [
+        _CODES[name],
+        -1 if t is None else _DTYPE_CODES.get(t.dtype, -2),
+        -1 if t is None or name in _UNEVEN else t.numel(),
+        -1 if red is None else int(red),
+        getattr(opts, "rootRank", -1),
+    ]
+
+
+def _describe(fp):
+    name = _NAMES[list(_NAMES)[fp[0]]]
+    dtypes = {v: k for k, v in _DTYPE_CODES.items()}
+    parts = []
+    if fp[1] >= 0:
+        parts.append(str(dtypes.get(fp[1], "?")).replace("torch.", ""))
+    if fp[2] >= 0:
+        parts.append(f"{fp[2]} elements")
+    if fp[3] >= 0:
+        parts.append(f"ReduceOp.{_R(fp[3]).name}")
+    if fp[4] >= 0:
+        parts.append(f"root {fp[4]}")
+    return f"{name}({', '.join(parts)})"
+
+
+def _agree(group: "TpuProcessGroup", name: str, args) -> None:
+    """Ranks compare what they are about to run (a small gloo all-gather)
+    before running it: mismatched collectives are an error on every rank,
+    not gloo's abort of the process or a silently wrong result."""
+    mine = torch.tensor(_fingerprint(name, args), dtype=torch.int64)
+    rows = [torch.empty_like(mine) for _ in range(group.size())]
+    group._run(
+        _NAMES[name], group._gloo.allgather([rows], [mine]), next(iter(a for a in args if hasattr(a, "timeout")), None)
+    )
+    if any(not torch.equal(r, rows[0]) for r in rows):
+        calls = "; ".join(f"rank {k}: {_describe(r.tolist())}" for k, r in enumerate(rows))
+        raise RuntimeError(
+            f"tpu collective mismatch on rank {group.rank()} of {group.size()} (group {group._group_name!r}): "
+            f"the ranks called different collectives or with different arguments ({calls})"
+        )
+
 
 def _counted(fn):
-    def method(*args, **kwargs):
+    name = fn.__name__
+
+    def method(self, *args, **kwargs):
         if _depth[0]:
-            return fn(*args, **kwargs)
+            return fn(self, *args, **kwargs)
         if _C.whole_capturing():
             raise RuntimeError(
-                f"torch.distributed {fn.__name__} inside a torch.tpu.graph capture: collectives are staged "
+                f"torch.distributed {_NAMES[name]} inside a torch.tpu.graph capture: collectives are staged "
                 f"through the host on this plugin and cannot be part of a captured program; call it "
                 f"outside the capture (between replays)"
             )
         _depth[0] += 1
         t0 = time.perf_counter()
         try:
-            return fn(*args, **kwargs)
+            if self.size() > 1:
+                _agree(self, name, args)
+            return fn(self, *args, **kwargs)
         finally:
             _depth[0] -= 1
             STATS["collectives"] += 1
@@ -390,6 +481,7 @@ for _name in (
     "all_gather_single_coalesced reduce_scatter reduce_scatter_single reduce_scatter_single_coalesced "
     "all_to_all_single alltoall scatter gather barrier"
 ).split():
+    assert _name in _NAMES
     setattr(TpuProcessGroup, _name, _counted(getattr(TpuProcessGroup, _name)))
 for _alias, _name in (
     ("_allgather_base", "all_gather_single"),
