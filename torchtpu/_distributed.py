@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from . import _C
+from . import _C, _settings
 
 _R = dist.ReduceOp.RedOpType
 _NOT_IN_GLOO = (_R.AVG, _R.PREMUL_SUM)
@@ -382,6 +382,7 @@ _NAMES = {
     "barrier": "barrier",
 }
 _CODES = {n: i for i, n in enumerate(_NAMES)}
+_CHECKS = _settings.flag("TORCHTPU_COLLECTIVE_CHECKS")  # read at import, as the other flags
 # every dtype, in an order all processes of one torch share
 _DTYPE_CODES = {
     d: i for i, d in enumerate(sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))
@@ -464,7 +465,7 @@ def _counted(fn):
         _depth[0] += 1
         t0 = time.perf_counter()
         try:
-            if self.size() > 1:
+            if self.size() > 1 and _CHECKS:
                 _agree(self, name, args)
             return fn(self, *args, **kwargs)
         finally:
