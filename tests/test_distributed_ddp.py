@@ -1,7 +1,7 @@
 """DistributedDataParallel on tpu: two processes, each with half the batch,
 train as one process on the full batch (on the CPU) does: gradient buckets as
 views of one flat buffer, several buckets, no_sync() accumulation, a
-compression comm hook, fused mode, and the
+compression comm hook, fused mode, torch.compile, and the
 char-GPT example. Each run bounded in time (tests/_dist.py)."""
 
 import os
@@ -55,10 +55,11 @@ def _reference(batches, accumulate=1):
     return list(model.parameters()), losses
 
 
-def _train(rank, world, batches, accumulate=1, hook=None, **ddp):
+def _train(rank, world, batches, accumulate=1, hook=None, compiled=False, **ddp):
     torch.manual_seed(0)
     model = MLP().to("tpu")
     model = DDP(model, **ddp)
+    run_model = torch.compile(model, backend="tpu") if compiled else model
     if hook is not None:
         model.register_comm_hook(None, hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -72,7 +73,7 @@ def _train(rank, world, batches, accumulate=1, hook=None, **ddp):
             last = j == accumulate - 1
             ctx = model.no_sync() if not last else _nothing()
             with ctx:
-                loss = F.cross_entropy(model(xs), ys) / accumulate
+                loss = F.cross_entropy(run_model(xs), ys) / accumulate
                 loss.backward()
             t = loss.detach().clone()
             dist.all_reduce(t, op=dist.ReduceOp.AVG)
@@ -121,6 +122,10 @@ def _ddp_mlp(rank, world):
     with torchtpu.eager_mode("fused"):
         model, losses = _train(rank, world, batches)
     out["fused"] = (_max_diff(model.parameters(), ref), max(abs(a - b) for a, b in zip(losses, ref_losses)))
+
+    # torch.compile of the DDP model (the collectives run between graphs)
+    model, losses = _train(rank, world, batches, compiled=True)
+    out["compiled"] = (_max_diff(model.parameters(), ref), max(abs(a - b) for a, b in zip(losses, ref_losses)))
 
     # no_sync: two micro-batches per step, the gradients synchronized on the second
     ref2, ref2_losses = _reference(batches, accumulate=2)

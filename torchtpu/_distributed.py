@@ -474,7 +474,9 @@ def _counted(fn):
             STATS["collective_seconds"] += time.perf_counter() - t0
 
     method.__name__, method.__doc__ = fn.__name__, fn.__doc__
-    return method
+    # a host round trip: torch.compile runs it as it is (a graph break), as
+    # it runs a collective of torch's own backends
+    return torch.compiler.disable(method, recursive=True)
 
 
 for _name in (
