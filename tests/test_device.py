@@ -391,3 +391,18 @@ def test_memory_summary():
     text = torch.tpu.memory_summary()
     assert "allocated_bytes.all.current" in text and "MiB" in text
     del x
+
+
+def test_set_device_takes_index_0_or_the_process_local_rank(monkeypatch):
+    # torchrun sets LOCAL_RANK and DeviceMesh calls set_device(LOCAL_RANK): in a
+    # process of one device that is tpu:0
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    torch.tpu.set_device(0)
+    torch.tpu.set_device(3)
+    torch.tpu.set_device("tpu:3")
+    assert torch.tpu.current_device() == 0
+    with pytest.raises(ValueError, match="one device per process"):
+        torch.tpu.set_device(2)
+    monkeypatch.delenv("LOCAL_RANK")
+    with pytest.raises(ValueError, match="one device per process"):
+        torch.tpu.set_device(3)

@@ -155,3 +155,70 @@ def test_strided_views_read_like_cpu(mode, k):
         got_sum = _VIEWS[k](t).sum(-1).cpu()
     assert torch.equal(got, _VIEWS[k](base) * 2 + 1)
     torch.testing.assert_close(got_sum, _VIEWS[k](base).sum(-1))
+
+
+# ---- the memory behind a storage: freed and allocated again (what FSDP2's
+# free_storage and alloc_storage do on tpu)
+
+
+def test_freed_storage_is_refused_until_allocated_again():
+    from torchtpu import _C
+
+    a = torch.arange(1024.0).to("tpu")
+    v = a[10:20]
+    before = torch.tpu.memory_allocated()
+    _C.storage_free(v)  # a view frees its whole storage
+    assert _C.storage_freed(a) and torch.tpu.memory_allocated() == before - 4096
+    assert a.untyped_storage().nbytes() == 4096  # torch's storage keeps its size
+    for use in (lambda: v + 1, lambda: a.cpu(), lambda: a.copy_(torch.ones(1024)), lambda: a.zero_()):
+        with pytest.raises(RuntimeError, match="freed"):
+            use()
+    _C.storage_free(a)  # freeing again changes nothing
+    _C.storage_alloc(a)
+    assert not _C.storage_freed(v)
+    v.copy_(torch.ones(10))
+    assert a.cpu()[8:12].tolist() == [0.0, 0.0, 1.0, 1.0]  # unwritten memory reads as zeros
+    _C.storage_alloc(a)  # allocating a storage that has memory changes nothing
+    assert v.cpu().tolist() == [1.0] * 10
+    with pytest.raises(RuntimeError, match="not a tpu storage"):
+        _C.storage_free(torch.ones(3))
+
+
+def test_free_runs_the_recorded_ops_that_use_the_storage_first():
+    from torchtpu import _C
+
+    with torchtpu.eager_mode("fused"):
+        b = torch.ones(8, device="tpu")
+        c = b * 3
+        b.add_(1)
+        flushes = torchtpu.metrics()["flushes_storage_free"]
+        _C.storage_free(b)
+        assert torchtpu.metrics()["flushes_storage_free"] == flushes + 1
+        assert c.cpu().tolist() == [3.0] * 8
+        with pytest.raises(RuntimeError, match="freed"):
+            b.mul_(2)
+
+
+def test_free_inside_a_graph_capture_is_refused():
+    from torchtpu import _C
+
+    x = torch.ones(4, device="tpu")
+    with pytest.raises(RuntimeError, match="graph capture"):
+        with torch.tpu.graph(torch.tpu.TPUGraph()):
+            _C.storage_free(x)
+    assert not _C.storage_freed(x) and x.cpu().tolist() == [1.0] * 4
+
+
+def test_a_captured_graph_refuses_to_replay_on_a_freed_storage():
+    from torchtpu import _C
+
+    x = torch.ones(4, device="tpu")
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        x.mul_(2)
+    _C.storage_free(x)
+    with pytest.raises(RuntimeError, match="freed"):
+        g.replay()
+    _C.storage_alloc(x)
+    g.replay()
+    assert x.cpu().tolist() == [0.0] * 4

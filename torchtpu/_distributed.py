@@ -536,6 +536,9 @@ def _create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta
     if not 0 <= rank < size:
         # what gloo would refuse, in words (a RuntimeError, as gloo's)
         raise RuntimeError(f"the tpu backend needs 0 <= rank < world_size, got rank {rank} and world_size {size}")
+    from . import _patches
+
+    _patches.apply_distributed()  # FSDP2's storage frees (see _patches._patch_fsdp_storage)
     return TpuProcessGroup(store, rank, size, timeout)
 
 

@@ -7,9 +7,11 @@ reach is patched here, one function per patch, each saying what it works
 around and which torch versions need it (the supported range is torch 2.11 to
 2.13, pyproject.toml; the reasons were checked against torch 2.13's source).
 
-apply() runs them all, once, from torchtpu._registry.setup(), after the
-kernels are registered and before autocast. A patch whose target this torch
-lacks is skipped with one warning; the others still apply.
+apply() runs PATCHES, once, from torchtpu._registry.setup(), after the
+kernels are registered and before autocast; apply_distributed() runs
+DISTRIBUTED_PATCHES (FSDP2's) when the first tpu process group is made. A
+patch whose target this torch lacks is skipped with one warning; the others
+still apply.
 """
 
 import warnings
@@ -212,6 +214,59 @@ def _patch_ddp_used_map(device_module):
     DDP.__init__ = __init__
 
 
+def _patch_fsdp_storage(device_module):
+    """FSDP2 frees the memory of a module's unsharded parameters between
+    uses and gets it back before the next all-gather; on tpu both go through
+    torchtpu's core, which drops the device buffer behind the storage and
+    later gives the storage memory again.
+
+    FSDP2 (torch.distributed.fsdp._fully_shard._fsdp_param: free_storage,
+    alloc_storage; _fsdp_param_group imports alloc_storage by name) calls
+    tensor.untyped_storage().resize_(0) and resize_(n). For PrivateUse1,
+    torch's resize_ calls the C++ PrivateUse1HooksInterface's
+    resizePrivateUse1Bytes, which the Python hooks object of 2.11 to 2.13
+    (torch._C._acc.PrivateUse1Hooks) cannot provide: it raises
+    NotImplementedError. torch's storage size cannot change from outside C++
+    either, so the tpu versions keep it and move only the device memory
+    (torchtpu._C.storage_free, storage_alloc): a tpu tensor of a freed storage
+    is refused by every op until the storage is allocated again, so a use
+    FSDP2 does not expect is an error, not stale or zero values. Needed by
+    torch 2.11 to 2.13 (checked on 2.13: fully_shard's first forward raises
+    at free_storage without the patch). Applied when the first tpu process
+    group is made (importing FSDP2 at torchtpu's import would cost ~0.7 s)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_param_group
+
+    from . import _C
+
+    orig_free, orig_alloc = fsdp_param.free_storage, fsdp_param.alloc_storage
+
+    def free_storage(tensor):
+        if tensor.device.type != "tpu":
+            return orig_free(tensor)
+        if tensor.untyped_storage().nbytes() != 0:
+            _C.storage_free(tensor)
+
+    def alloc_storage(tensor):
+        if tensor.device.type != "tpu":
+            return orig_alloc(tensor)
+        size = tensor.numel() * tensor.itemsize
+        have = tensor.untyped_storage().nbytes()
+        if have != size:
+            raise RuntimeError(
+                f"FSDP alloc_storage: a tpu storage of {have} bytes cannot be resized to {size} bytes "
+                "(torchtpu gives a freed storage back its memory at its own size only)"
+            )
+        if size:
+            _C.storage_alloc(tensor)
+
+    for f, orig in ((free_storage, orig_free), (alloc_storage, orig_alloc)):
+        f.__name__, f.__doc__ = orig.__name__, orig.__doc__
+    fsdp_param.free_storage = free_storage
+    fsdp_param.alloc_storage = alloc_storage
+    fsdp_param_group.alloc_storage = alloc_storage
+
+
 # In the order they are applied; each takes the device module (torch.tpu),
 # which only some of them use.
 PATCHES = (
@@ -224,11 +279,17 @@ PATCHES = (
 )
 
 
-def apply(device_module):
+# Applied by apply_distributed(), when torch.distributed is first used on tpu
+# (the first tpu process group).
+DISTRIBUTED_PATCHES = (_patch_fsdp_storage,)
+_distributed_applied = False
+
+
+def apply(device_module, patches=PATCHES):
     """Applies every patch, in order; one whose target this torch lacks is
     skipped with a warning (naming it; the warning points at the caller of
     torchtpu._registry.setup, as it did when the patches lived there)."""
-    for patch in PATCHES:
+    for patch in patches:
         try:
             patch(device_module)
         except (AttributeError, ImportError, TypeError) as e:
@@ -236,3 +297,11 @@ def apply(device_module):
                 f"torchtpu: {patch.__name__[1:]} skipped: torch {torch.__version__} lacks what it patches ({e})",
                 stacklevel=3,
             )
+
+
+def apply_distributed():
+    """Applies DISTRIBUTED_PATCHES, once."""
+    global _distributed_applied
+    if not _distributed_applied:
+        _distributed_applied = True
+        apply(torch.tpu, DISTRIBUTED_PATCHES)

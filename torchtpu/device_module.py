@@ -1,5 +1,6 @@
 """torch.tpu: the device module, shaped like torch.cuda."""
 
+import os
 from typing import Any, NoReturn, Union
 
 import torch
@@ -56,8 +57,13 @@ def current_device() -> int:
 
 
 def set_device(device: _Device) -> None:
+    """Selects the process's device: index 0, or the process's LOCAL_RANK
+    (launchers give each process one device: torchrun sets LOCAL_RANK, and
+    DeviceMesh, like training scripts, calls set_device(LOCAL_RANK); in a
+    process of one device that device is tpu:0)."""
     idx = torch.device(device).index if not isinstance(device, int) else device
-    if idx not in (None, 0):
+    local = os.environ.get("LOCAL_RANK", "")
+    if idx not in (None, 0) and not (local.isdigit() and idx == int(local)):
         raise ValueError(f"torchtpu uses one device per process; got device index {idx}")
 
 

@@ -278,6 +278,26 @@ tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_
   return tpu_rt_buffer_to_host(e->rt, rec->buf, dst, nbytes);
 }
 
+tpu_status *tpu_engine_storage_free(tpu_engine *e, tpu_record *rec) {
+  if (e->capturing)
+    return tpu_status_new(TPU_ERR_RUNTIME, "freeing a tpu storage's memory inside a graph capture is not supported");
+  if (atomic_load(&rec->graph_refs) > 0) { /* recorded ops read or write it: they run first */
+    tpu_status *f = tpu_engine_flush(e, TPU_FLUSH_FREE);
+    if (f) return f;
+  }
+  /* A launched program still using the buffer keeps it until it finishes
+   * (the plugin holds its own reference), as when a write swaps it. */
+  tpu_rt_buffer_free(rec->buf);
+  rec->buf = NULL;
+  rec->freed = true;
+  return NULL;
+}
+
+void tpu_engine_storage_alloc(tpu_engine *e, tpu_record *rec) {
+  (void)e;
+  rec->freed = false;
+}
+
 /* zero_ of a whole small record is an upload of zeros, not a program: a
  * program per new shape would be compiled (autograd zero-fills gradients of
  * every shape it meets). In fused mode too when no recorded op reads or writes

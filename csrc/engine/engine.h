@@ -30,6 +30,7 @@ typedef struct tpu_record {
   tpu_dtype dtype;
   int64_t numel;
   tpu_rt_buffer *buf; /* owned; NULL until first written (reads as zeros) */
+  bool freed;         /* its memory was freed (tpu_engine_storage_free): no call may use it */
   tpu_engine *eng;    /* borrowed; outlives the record */
   /* Fused mode: references held by recorded ops (a record with no others is
    * dead: its pending value is not computed), and the flush's scratch. */
@@ -52,7 +53,8 @@ typedef struct tpu_record {
   X(MODE, "mode")            \
   X(CAP, "size_cap")         \
   X(STEP, "optimizer_step")  \
-  X(BACKWARD, "backward")
+  X(BACKWARD, "backward")    \
+  X(FREE, "storage_free")
 typedef enum {
 #define X(id, name) TPU_FLUSH_##id,
   TPU_FLUSH_REASONS(X)
@@ -230,6 +232,18 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data, 
                               const int64_t *dims);
 /* Copy the whole record buffer to dst (nbytes = numel * itemsize). */
 tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_t nbytes);
+
+/* The memory of a storage that FSDP2 frees between uses (its free_storage
+ * and alloc_storage: torch's storage.resize_(0) and back, which a device
+ * registered from Python cannot provide). Free runs the recorded ops that
+ * read or write the record (fused mode), drops its buffer and marks it
+ * freed: the bindings then refuse every call on a tensor of it, and a graph
+ * that holds it refuses to replay, until alloc gives it memory again,
+ * unwritten (it reads as zeros; torch's re-grown storage holds whatever it
+ * holds). Free is refused inside a capture, which could not replay it. The
+ * torch storage keeps its size: only the device memory comes and goes. */
+tpu_status *tpu_engine_storage_free(tpu_engine *e, tpu_record *rec);
+void tpu_engine_storage_alloc(tpu_engine *e, tpu_record *rec);
 
 /* ---- graph plans (torch.compile) ----------------------------------------------------
  *

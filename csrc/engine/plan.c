@@ -393,6 +393,11 @@ bool tpu_plan_matches(const tpu_plan *p, const tpu_tref *ins, int nin) {
 
 tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int nin, tpu_record **outs) {
   if (p->eng != e || nin != p->nin) return tpu_status_new(TPU_ERR_RUNTIME, "a graph plan was run on other inputs");
+  for (int i = 0; i < p->nheld; i++) /* the inputs were checked by the bindings */
+    if (p->held[i]->freed)
+      return tpu_status_new(TPU_ERR_RUNTIME,
+                            "a captured graph uses a tpu storage whose memory was freed (FSDP's "
+                            "free_storage) and not allocated again");
   tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_MODE);
   if (s) return s;
   tpu_cache_entry *c = p->c;

@@ -7,7 +7,8 @@
  *   kernel.c   Kernel objects (one per ATen overload): parsing, running, results
  *   explain.c  explaining per-op recompiles (TORCHTPU_EXPLAIN_RECOMPILES)
  *   foreach.c  Foreach objects (torch._foreach_* over lists)
- *   copy.c     empty, copies between the host and the device
+ *   copy.c     empty, copies between the host and the device, the memory
+ *              of a storage (FSDP2 frees it between uses)
  *   graph.c    graph plans (torch.compile) and torch.tpu.graph
  * They see the core only through the engine (engine.h) and the call
  * structs it takes (call.h).
@@ -92,10 +93,13 @@ int tpu_explain(tpu_mod_state *st, tpu_kernel *k, const tpu_arg *args);
 /* foreach.c: Foreach objects (torch._foreach_*) */
 PyObject *tpu_py_foreach(PyObject *m, PyObject *args);
 
-/* copy.c: empty, copies between host and device */
+/* copy.c: empty, copies between host and device, storage memory */
 PyObject *tpu_py_empty(PyObject *m, PyObject *args);
 PyObject *tpu_py_copy_from(PyObject *m, PyObject *args);
 PyObject *tpu_py_to_cpu(PyObject *m, PyObject *t);
+PyObject *tpu_py_storage_free(PyObject *m, PyObject *t);
+PyObject *tpu_py_storage_alloc(PyObject *m, PyObject *t);
+PyObject *tpu_py_storage_freed(PyObject *m, PyObject *t);
 
 /* graph.c: graph plans (torch.compile) and torch.tpu.graph */
 PyObject *tpu_py_graph_capture_begin(PyObject *m, PyObject *args);

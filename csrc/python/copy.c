@@ -1,4 +1,5 @@
-/* copy.c: empty tensors and copies between the host and the device.
+/* copy.c: empty tensors, copies between the host and the device, and the
+ * memory behind a storage (freed and allocated again by FSDP2).
  */
 #include "bind.h"
 
@@ -223,4 +224,49 @@ PyObject *tpu_py_to_cpu(PyObject *m, PyObject *t) {
   PyObject *r = tpu_download_view(st, t, &a); /* a sync point: recorded ops may have been compiled */
   if (r && tpu_flush_warnings(st) < 0) Py_CLEAR(r);
   return r;
+}
+
+/* ---- the memory behind a storage (FSDP2's free_storage, alloc_storage) ---------- */
+
+/* The record of tensor o's storage, freed or not (borrowed: o keeps it), or
+ * NULL with an exception. */
+static tpu_record *tpu_storage_record(tpu_mod_state *st, PyObject *o, const char *what) {
+  PyObject *s = PyObject_CallMethod(o, "untyped_storage", NULL);
+  if (!s) return NULL;
+  int64_t p = tpu_call_int(s, st->s_data_ptr);
+  Py_DECREF(s);
+  if (p == -1 && PyErr_Occurred()) return NULL;
+  tpu_record *r = tpu_engine_find_record(st->eng, (const void *)(uintptr_t)p);
+  if (!r) PyErr_Format(PyExc_RuntimeError, "%s: the storage of this tensor is not a tpu storage", what);
+  return r;
+}
+
+/* storage_free(t): frees the device memory of t's storage; its tensors may
+ * not be used until storage_alloc(t) (see tpu_engine_storage_free). */
+PyObject *tpu_py_storage_free(PyObject *m, PyObject *t) {
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_record *r = tpu_storage_record(st, t, "storage_free");
+  if (!r) return NULL;
+  tpu_status *s = tpu_engine_storage_free(st->eng, r);
+  if (s) return tpu_raise(s);
+  Py_RETURN_NONE;
+}
+
+/* storage_alloc(t): gives t's freed storage memory again (unwritten). */
+PyObject *tpu_py_storage_alloc(PyObject *m, PyObject *t) {
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_record *r = tpu_storage_record(st, t, "storage_alloc");
+  if (!r) return NULL;
+  tpu_engine_storage_alloc(st->eng, r);
+  Py_RETURN_NONE;
+}
+
+/* storage_freed(t) -> whether t's storage memory is freed. */
+PyObject *tpu_py_storage_freed(PyObject *m, PyObject *t) {
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_record *r = tpu_storage_record(st, t, "storage_freed");
+  return r ? PyBool_FromLong(r->freed) : NULL;
 }

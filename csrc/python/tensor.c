@@ -239,6 +239,13 @@ int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *op
                  opname);
     return -1;
   }
+  if (t->rec->freed) {
+    PyErr_Format(PyExc_RuntimeError,
+                 "aten::%s: the memory of this tensor's storage was freed (FSDP's free_storage) and not allocated "
+                 "again",
+                 opname);
+    return -1;
+  }
   t->rec_numel = t->rec->numel;
   if (t->rec->dtype != t->dtype) {
     /* a view that reinterprets the storage's bytes (view_as_real, view(dtype)) */
