@@ -176,9 +176,20 @@ def test_manual_seed_seeds_the_device():
 def test_rng_state_get_set():
     torch.manual_seed(7)
     state = torch.tpu.get_rng_state()
+    # CUDA's layout (DTensor's random ops move the offset in place): seed, offset
+    assert state.dtype == torch.uint8 and state.shape == (16,)
+    assert state[:8].view(torch.int64).item() == 7 and state[8:].view(torch.int64).item() == 0
     a = torch.randn(4, device="tpu").cpu()
+    assert torch.tpu.get_rng_state()[8:].view(torch.int64).item() > 0
     torch.tpu.set_rng_state(state)
     assert torch.equal(torch.randn(4, device="tpu").cpu(), a)
+    # a moved offset starts a different stream
+    moved = state.clone()
+    moved[8:] = torch.tensor([4], dtype=torch.int64).view(torch.uint8)
+    torch.tpu.set_rng_state(moved)
+    assert not torch.equal(torch.randn(4, device="tpu").cpu(), a)
+    with pytest.raises(ValueError, match="16-byte uint8"):
+        torch.tpu.set_rng_state(torch.zeros(3, dtype=torch.int64))
 
 
 def test_fork_rng_restores_the_device_generator():
