@@ -192,6 +192,20 @@ def test_rng_state_get_set():
         torch.tpu.set_rng_state(torch.zeros(3, dtype=torch.int64))
 
 
+def test_rng_offset_unit_covers_any_sampler():
+    """DTensor starts shard k of a random op at offset k x the shard's numel;
+    one offset unit is 32 random words, more than any sampler draws for an
+    element, so streams one unit apart share no bits."""
+    state = torch.tpu.get_rng_state()
+    draws = []
+    for off in (0, 1):
+        s = state.clone()
+        s[8:] = torch.tensor([off], dtype=torch.int64).view(torch.uint8)
+        torch.tpu.set_rng_state(s)
+        draws.append(set(torch.randint(0, 2**62, (16,), device="tpu").tolist()))
+    assert not draws[0] & draws[1]
+
+
 def test_fork_rng_restores_the_device_generator():
     torch.manual_seed(3)
     with torch.random.fork_rng(device_type="tpu"):
