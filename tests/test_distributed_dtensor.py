@@ -229,15 +229,19 @@ def _attention_plan(prefix="", out=None):
     return {**{f"{prefix}{w}": ColwiseParallel() for w in ("wq", "wk", "wv")}, f"{prefix}wo": wo}
 
 
-def _train_and_compare(mesh, make, plan, x, steps=3):
+def _train_and_compare(mesh, make, plan, x, adam=False, steps=3):
     """The module sharded by plan on tpu against the unsharded one on CPU:
-    outputs, every gradient and the parameters after `steps` SGD steps."""
+    outputs, every gradient (clipped by norm) and the parameters after
+    `steps` optimizer steps (SGD with momentum, or AdamW)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     torch.manual_seed(0)
     ref = make()
     tp = parallelize_module(copy.deepcopy(ref).to("tpu"), mesh, plan)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (ref, tp)]
+    if adam:
+        opts = [torch.optim.AdamW(m.parameters(), lr=0.01) for m in (ref, tp)]
+    else:
+        opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (ref, tp)]
     for _ in range(steps):
         y = ref(x)
         y.pow(2).mean().backward()
@@ -246,6 +250,8 @@ def _train_and_compare(mesh, make, plan, x, steps=3):
         _close(yt, y)
         for p, pt in zip(ref.parameters(), tp.parameters()):
             _close(pt.grad, p.grad)
+        norms = [nn.utils.clip_grad_norm_(m.parameters(), 0.5) for m in (ref, tp)]
+        _close(norms[1], norms[0])
         for o in opts:
             o.step()
             o.zero_grad()
@@ -374,7 +380,7 @@ def _world2(rank, world):
     _check_placements(mesh, rank, world)
     _check_ops(mesh, rank, world)
     _train_and_compare(mesh, _MLP, _mlp_plan(), _randn(4, 8, seed=7))
-    _train_and_compare(mesh, _Attention, _attention_plan(), _randn(2, 6, 16, seed=8))
+    _train_and_compare(mesh, _Attention, _attention_plan(), _randn(2, 6, 16, seed=8), adam=True)
     with torchtpu.eager_mode("fused"):  # collectives end the recorded program (a download)
         _train_and_compare(mesh, _MLP, _mlp_plan(), _randn(4, 8, seed=7))
     _check_sequence_parallel_transformer(mesh)
