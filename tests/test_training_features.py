@@ -357,6 +357,31 @@ def test_save_and_load_tpu_tensors():
     assert bf.dtype == torch.bfloat16 and bf.device.type == "tpu"
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpoint_recomputes_dropout_with_the_same_mask(reentrant):
+    """torch.utils.checkpoint saves the tpu generator for the recomputed
+    forward (it reads torch.tpu._initialized): the gradients are those of the
+    forward that ran."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8).to("tpu")
+    x = torch.randn(4, 8, device="tpu", requires_grad=True)
+
+    def f(t):
+        return torch.nn.functional.dropout(lin(t), 0.5)
+
+    grads = []
+    for ck in (True, False):
+        torch.manual_seed(1)
+        y = checkpoint(f, x, use_reentrant=reentrant) if ck else f(x)
+        (y * torch.arange(8.0, device="tpu")).sum().backward()
+        grads.append((y.detach().cpu(), x.grad.cpu(), lin.weight.grad.cpu()))
+        x.grad = lin.weight.grad = lin.bias.grad = None
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
 def test_state_dict_checkpoint_resumes_identically():
     m = Tied().to("tpu")
     opt = torch.optim.AdamW(m.parameters(), lr=0.01)

@@ -36,6 +36,16 @@ def is_initialized() -> bool:
     return _C.initialized()
 
 
+def __getattr__(name: str) -> Any:
+    # torch.utils.checkpoint saves the device's generator for the recomputed
+    # forward only when the device module's `_initialized` is true (as
+    # torch.cuda keeps it); without it a checkpointed dropout recomputes with
+    # another mask and the gradients are wrong.
+    if name == "_initialized":
+        return _C.initialized()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def init() -> None:
     """Starts the runtime now (loads the plugin, makes its client), as
     torch.cuda.init() does; raises what is wrong with the plugin."""
