@@ -506,3 +506,32 @@ def test_scaled_dot_product_attention_layout():
         if dev == "cpu":
             want = xs.grad
     torch.testing.assert_close(xs.grad.cpu(), want, atol=2e-5, rtol=1e-4)
+
+
+def test_backward_output_mask_gives_none_like_cpu():
+    """A gradient the output_mask turns off is None, as torch's CPU kernels
+    return it (DTensor refuses a tensor where its rules expect none)."""
+    x, w, b = rnd(2, 3, 4, 4, seed=1), rnd(3, seed=2), rnd(3, seed=3)
+    g = rnd(2, 3, 4, 4, seed=4)
+    im, grid = rnd(1, 1, 3, 3, seed=5), rnd(1, 2, 2, 2, seed=6, low=-1, high=1)
+    aten = torch.ops.aten
+
+    def calls(d, mask3, mask2):
+        _, m, r = aten.native_layer_norm(d(x), [4], d(rnd(4)), d(rnd(4)), 1e-5)
+        yield aten.native_layer_norm_backward(d(g), d(x), [4], m, r, d(rnd(4)), d(rnd(4)), mask3)
+        _, sm, si = aten.native_batch_norm(d(x), d(w), d(b), None, None, True, 0.1, 1e-5)
+        yield aten.native_batch_norm_backward(d(g), d(x), d(w), None, None, sm, si, True, 1e-5, mask3)
+        _, gm, gr = aten.native_group_norm(d(x), d(w), d(b), 2, 3, 16, 3, 1e-5)
+        yield aten.native_group_norm_backward(d(g), d(x), gm, gr, d(w), 2, 3, 16, 3, mask3)
+        cw = rnd(2, 3, 3, 3, seed=7)
+        conv = aten.convolution_backward_overrideable if d is tpu else aten.convolution_backward
+        extra = () if d is tpu else ([2],)
+        yield conv(d(rnd(2, 2, 2, 2)), d(x), d(cw), *extra, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, mask3)
+        yield aten.grid_sampler_2d_backward(d(rnd(1, 1, 2, 2)), d(im), d(grid), 0, 0, False, mask2)
+
+    for mask3, mask2 in (([False, True, True], [False, True]), ([True, False, False], [True, True])):
+        for got, want in zip(calls(tpu, mask3, mask2), calls(lambda t: t, mask3, mask2)):
+            assert [o is None for o in got] == [o is None for o in want], (mask3, got, want)
+            for a, e in zip(got, want):
+                if e is not None:
+                    torch.testing.assert_close(a.cpu(), e, atol=1e-4, rtol=1e-4)

@@ -176,9 +176,34 @@ def test_manual_seed_seeds_the_device():
 def test_rng_state_get_set():
     torch.manual_seed(7)
     state = torch.tpu.get_rng_state()
+    # CUDA's layout (DTensor's random ops move the offset in place): seed, offset
+    assert state.dtype == torch.uint8 and state.shape == (16,)
+    assert state[:8].view(torch.int64).item() == 7 and state[8:].view(torch.int64).item() == 0
     a = torch.randn(4, device="tpu").cpu()
+    assert torch.tpu.get_rng_state()[8:].view(torch.int64).item() > 0
     torch.tpu.set_rng_state(state)
     assert torch.equal(torch.randn(4, device="tpu").cpu(), a)
+    # a moved offset starts a different stream
+    moved = state.clone()
+    moved[8:] = torch.tensor([4], dtype=torch.int64).view(torch.uint8)
+    torch.tpu.set_rng_state(moved)
+    assert not torch.equal(torch.randn(4, device="tpu").cpu(), a)
+    with pytest.raises(ValueError, match="16-byte uint8"):
+        torch.tpu.set_rng_state(torch.zeros(3, dtype=torch.int64))
+
+
+def test_rng_offset_unit_covers_any_sampler():
+    """DTensor starts shard k of a random op at offset k x the shard's numel;
+    one offset unit is 32 random words, more than any sampler draws for an
+    element, so streams one unit apart share no bits."""
+    state = torch.tpu.get_rng_state()
+    draws = []
+    for off in (0, 1):
+        s = state.clone()
+        s[8:] = torch.tensor([off], dtype=torch.int64).view(torch.uint8)
+        torch.tpu.set_rng_state(s)
+        draws.append(set(torch.randint(0, 2**62, (16,), device="tpu").tolist()))
+    assert not draws[0] & draws[1]
 
 
 def test_fork_rng_restores_the_device_generator():
@@ -330,6 +355,31 @@ def test_save_and_load_tpu_tensors():
     assert moved.device.type == "tpu" and torch.equal(moved.cpu(), t.cpu())
     bf = _roundtrip(torch.randn(5).bfloat16().to("tpu"))
     assert bf.dtype == torch.bfloat16 and bf.device.type == "tpu"
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpoint_recomputes_dropout_with_the_same_mask(reentrant):
+    """torch.utils.checkpoint saves the tpu generator for the recomputed
+    forward (it reads torch.tpu._initialized): the gradients are those of the
+    forward that ran."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8).to("tpu")
+    x = torch.randn(4, 8, device="tpu", requires_grad=True)
+
+    def f(t):
+        return torch.nn.functional.dropout(lin(t), 0.5)
+
+    grads = []
+    for ck in (True, False):
+        torch.manual_seed(1)
+        y = checkpoint(f, x, use_reentrant=reentrant) if ck else f(x)
+        (y * torch.arange(8.0, device="tpu")).sum().backward()
+        grads.append((y.detach().cpu(), x.grad.cpu(), lin.weight.grad.cpu()))
+        x.grad = lin.weight.grad = lin.bias.grad = None
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
 
 
 def test_state_dict_checkpoint_resumes_identically():

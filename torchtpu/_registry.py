@@ -513,6 +513,21 @@ def _sized_repeat_interleave(c_repeat_interleave):
     return repeat_interleave
 
 
+def _masked_outputs(index):
+    """A backward whose argument `index` is an output_mask: the C row computes
+    every gradient (zeros where the mask is off); an output the mask turns
+    off is None, as torch's own kernels return it (DTensor's sharding rules
+    give such an output no placement and refuse a tensor there)."""
+
+    def wrap(kernel):
+        def masked(*args, **kwargs):
+            return tuple(o if m else None for o, m in zip(kernel(*args, **kwargs), args[index]))
+
+        return masked
+
+    return wrap
+
+
 # Fused optimizers (aten::_fused_adam_, _fused_adamw_, _fused_sgd_,
 # _fused_adagrad_): one C program per group of parameters. A group is
 # bounded by what one call may write (up to 4 tensors per parameter).
@@ -664,12 +679,9 @@ def _attention(sdpa_row, backward_row, fused, math):
         want_bias = attn_bias is not None and attn_bias.dtype != torch.bool and bool(grad_input_mask[3])
         o = [order(query), order(key), order(value)]
         grads = bwd(grad_out, query, key, value, attn_bias, out, logsumexp, is_causal, scale, want_bias, *o)
-        return (
-            laid_out(grads[0], o[0]),
-            laid_out(grads[1], o[1]),
-            laid_out(grads[2], o[2]),
-            grads[3] if want_bias else None,
-        )
+        # a gradient the mask turns off is None, as torch's kernels return it
+        qkv = tuple(laid_out(grads[i], o[i]) if grad_input_mask[i] else None for i in range(3))
+        return (*qkv, grads[3] if want_bias else None)
 
     return {"sdpa": sdpa, "fused": fused_attention, "backward": fused_attention_backward}
 
@@ -907,6 +919,14 @@ WRAPPERS = {
     "_index_put_impl_": _index_put_with_masks,
     # the output size is read back first when the caller gave none
     "repeat_interleave.Tensor": _sized_repeat_interleave,
+    # outputs the output_mask turns off are None
+    "native_layer_norm_backward": _masked_outputs(7),
+    "native_batch_norm_backward": _masked_outputs(9),
+    "batch_norm_backward": _masked_outputs(9),
+    "native_group_norm_backward": _masked_outputs(9),
+    "convolution_backward_overrideable": _masked_outputs(9),
+    "grid_sampler_2d_backward": _masked_outputs(6),
+    "grid_sampler_3d_backward": _masked_outputs(6),
 }
 
 # ATen overloads without a row, served by a Python kernel under PrivateUse1.

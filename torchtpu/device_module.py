@@ -1,6 +1,7 @@
 """torch.tpu: the device module, shaped like torch.cuda."""
 
 import os
+import struct
 from typing import Any, NoReturn, Union
 
 import torch
@@ -34,6 +35,16 @@ def is_initialized() -> bool:
     """Whether the runtime has started: the plugin is loaded at the device's
     first use (a tensor on it, init(), get_device_properties()), not at import."""
     return _C.initialized()
+
+
+def __getattr__(name: str) -> Any:
+    # torch.utils.checkpoint saves the device's generator for the recomputed
+    # forward only when the device module's `_initialized` is true (as
+    # torch.cuda keeps it); without it a checkpointed dropout recomputes with
+    # another mask and the gradients are wrong.
+    if name == "_initialized":
+        return _C.initialized()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def init() -> None:
@@ -227,13 +238,22 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device: _Device = None) -> torch.Tensor:
+    """The generator's state as torch.cuda gives it: 16 bytes (uint8), the
+    seed then the offset, each a little-endian uint64. DTensor's random ops
+    read and move the offset in place (torch.distributed.tensor._random), so
+    the layout is CUDA's Philox state, not one of our own."""
     s, off = _C.rng_state()
-    return torch.tensor([s & 0x7FFFFFFFFFFFFFFF, s >> 63, off], dtype=torch.int64)
+    return torch.frombuffer(bytearray(struct.pack("<QQ", s, off)), dtype=torch.uint8)
 
 
 def set_rng_state(state: torch.Tensor, device: _Device = None) -> None:
-    s = int(state[0]) | (int(state[1]) << 63)
-    _C.rng_state(s, int(state[2]))
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() != 16:
+        what = f"{state.dtype} tensor of {state.numel()} elements" if isinstance(state, torch.Tensor) else type(state)
+        raise ValueError(
+            f"torch.tpu.set_rng_state expects the 16-byte uint8 tensor of torch.tpu.get_rng_state(), got a {what}"
+        )
+    s, off = struct.unpack("<QQ", bytes(state.detach().cpu().reshape(-1).tolist()))
+    _C.rng_state(s, off)
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

@@ -184,6 +184,20 @@ static inline tpu_tref *tpu_arg_tref(tpu_arg *args, const tpu_in_plan *p) {
   return p->item >= 0 ? &a->list[p->item] : &a->t;
 }
 
+/* The generator state a program's rng_bit_generator starts from: the seed
+ * (Threefry's key) and a counter made from the op's offset. An op moves the
+ * offset on by the words it draws (numel + 1 a draw); one offset unit is
+ * TPU_RNG_COUNTERS Threefry counters of 2 words each. DTensor moves the
+ * offset itself, by elements, CUDA's convention (a shard starts at its index
+ * x its numel, rounded up to 4: torch.distributed.tensor._random); 32 words
+ * an element cover every sampler (8 at most: a float64 truncated normal),
+ * so the shards of a sharded random op never draw the same bits. */
+enum { TPU_RNG_COUNTERS = 16 };
+static inline void tpu_rng_key(const tpu_engine *e, uint64_t offset, uint64_t st[2]) {
+  st[0] = e->rng_seed;
+  st[1] = offset * (uint64_t)TPU_RNG_COUNTERS; /* wraps after 2^60 units: harmless */
+}
+
 /* engine.c */
 void tpu_engine_warn(tpu_engine *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

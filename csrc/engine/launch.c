@@ -207,7 +207,8 @@ tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args,
       return tpu_scalar_buffer(e, TPU_S64, &off, b, temp);
     }
     case TPU_IN_RNG: {
-      uint64_t st[2] = {e->rng_seed, rng_offset};
+      uint64_t st[2];
+      tpu_rng_key(e, rng_offset, st);
       int64_t two = 2;
       tpu_status *s = tpu_rt_buffer_from_host(e->rt, st, TPU_U64, &two, 1, b);
       *temp = *b;

@@ -423,7 +423,8 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
       case TPU_SRC_HELD: r = p->held[d->idx]; break;
       case TPU_SRC_CONST: inbuf[k] = d->buf; break;
       default: {
-        uint64_t st[2] = {e->rng_seed, rng_base + d->rng};
+        uint64_t st[2];
+        tpu_rng_key(e, rng_base + d->rng, st);
         int64_t two = 2;
         s = tpu_rt_buffer_from_host(e->rt, st, TPU_U64, &two, 1, &inbuf[k]);
         if (!s) temps[ntemp++] = inbuf[k];
