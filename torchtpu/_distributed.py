@@ -51,6 +51,17 @@ def _hosts(ts):
     return [_host(t) for t in ts]
 
 
+def _out(t: torch.Tensor) -> torch.Tensor:
+    """Where gloo writes a collective's output: for a tpu tensor a new host
+    tensor (its old contents are overwritten, so they are not read back), a
+    CPU tensor itself."""
+    return torch.empty(t.shape, dtype=t.dtype) if t.device.type == "tpu" else t
+
+
+def _outs(ts):
+    return [_out(t) for t in ts]
+
+
 def _write_back(dsts, hosts) -> None:
     for d, h in zip(dsts, hosts):
         if d is not h:
@@ -216,7 +227,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllgatherOptions()
-        outs = [_hosts(o) for o in output_tensors]
+        outs = [_outs(o) for o in output_tensors]
         self._run("all_gather", self._gloo.allgather(outs, _hosts(input_tensors), opts), opts)
         for o, h in zip(output_tensors, outs):
             _write_back(o, h)
@@ -229,7 +240,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllgatherOptions()
-        out = _host(output)
+        out = _out(output)
         if not out.is_contiguous():
             out = out.contiguous()
         self._run("all_gather_into_tensor", self._gloo._allgather_base(out, _host(input).contiguous(), opts), opts)
@@ -260,7 +271,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        outs = _hosts(output_tensors)
+        outs = _outs(output_tensors)
         ins = [_hosts(i) for i in input_tensors]
         flat = [x for i in ins for x in i]
 
@@ -274,7 +285,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        out = _host(output).contiguous()
+        out = _out(output).contiguous()
         inp = _host(input).contiguous()
         self._reduce_scatter(
             "reduce_scatter_tensor", [out], [inp], opts, lambda o, i, g: self._gloo._reduce_scatter_base(o[0], i[0], g)
@@ -293,7 +304,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
-        out = _host(output).contiguous()
+        out = _out(output).contiguous()
         self._run(
             "all_to_all_single",
             self._gloo.alltoall_base(out, _host(input).contiguous(), output_split_sizes, input_split_sizes, opts),
@@ -306,14 +317,14 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def alltoall(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
-        outs = _hosts(output_tensors)
+        outs = _outs(output_tensors)
         self._run("all_to_all", self._gloo.alltoall(outs, _hosts(input_tensors), opts), opts)
         _write_back(output_tensors, outs)
         return _done(output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ScatterOptions()
-        outs = _hosts(output_tensors)
+        outs = _outs(output_tensors)
         ins = [_hosts(i) for i in input_tensors]
         self._run("scatter", self._gloo.scatter(outs, ins, opts), opts)
         _write_back(output_tensors, outs)
@@ -321,7 +332,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def gather(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.GatherOptions()
-        outs = [_hosts(o) for o in output_tensors]
+        outs = [_outs(o) for o in output_tensors]
         self._run("gather", self._gloo.gather(outs, _hosts(input_tensors), opts), opts)
         for o, h in zip(output_tensors, outs):
             _write_back(o, h)
