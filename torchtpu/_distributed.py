@@ -247,14 +247,10 @@ class TpuProcessGroup(dist.ProcessGroup):
         _write_back([output], [out])
         return _done(output)
 
-    _allgather_base = all_gather_single
-
     def all_gather_single_coalesced(self, outputs, inputs, opts: Any = None) -> dist.Work:
         for o, i in zip(outputs, inputs):
             self.all_gather_single(o, i, opts)
         return _done(outputs)
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def _reduce_scatter(self, what, outs, ins, opts, call) -> None:
         """outs and ins are lists of host tensors; call(outs, ins, gloo
@@ -293,14 +289,10 @@ class TpuProcessGroup(dist.ProcessGroup):
         _write_back([output], [out])
         return _done(output)
 
-    _reduce_scatter_base = reduce_scatter_single
-
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts: Any = None) -> dist.Work:
         for o, i in zip(outputs, inputs):
             self.reduce_scatter_single(o, i, opts)
         return _done(outputs)
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
@@ -312,8 +304,6 @@ class TpuProcessGroup(dist.ProcessGroup):
         )
         _write_back([output], [out])
         return _done(output)
-
-    alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
@@ -497,6 +487,7 @@ for _name in (
 ).split():
     assert _name in _NAMES
     setattr(TpuProcessGroup, _name, _counted(getattr(TpuProcessGroup, _name)))
+# torch's older names of the same methods (its Python calls either)
 for _alias, _name in (
     ("_allgather_base", "all_gather_single"),
     ("allgather_into_tensor_coalesced", "all_gather_single_coalesced"),
