@@ -12,7 +12,7 @@ RT      := csrc/runtime/runtime.c
 HLO     := $(wildcard csrc/hlo/*.c)
 CACHE   := csrc/cache/cache.c csrc/cache/sha256.c
 
-.PHONY: setup build test check pytest coverage fuzz clean bench-setup lint asan-pytest
+.PHONY: setup build test check pytest coverage fuzz dist4 clean bench-setup lint asan-pytest
 
 setup:
 	$(PY) -m venv $(VENV)
@@ -101,6 +101,11 @@ coverage: build
 # short fixed-seed run is part of `make test` (tests/test_fuzz.py).
 fuzz: build
 	$(VPY) -m torchtpu.tools.fuzz --minutes 20 --seed 1 --out build/fuzz
+
+# The distributed checks that need 4 processes (a 2x2 device mesh), slow on
+# 2 cores: not in `make test`.
+dist4: build
+	TORCHTPU_TEST_WORLD4=1 $(VPY) -m pytest -q tests/test_distributed_dtensor.py -k four_processes
 
 clean:
 	rm -rf build *.egg-info torchtpu/_C*.so
