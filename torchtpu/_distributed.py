@@ -480,22 +480,35 @@ def _counted(fn):
     return torch.compiler.disable(method, recursive=True)
 
 
-for _name in (
+_COLLECTIVES = (
     "allreduce allreduce_coalesced broadcast reduce allgather allgather_coalesced all_gather_single "
     "all_gather_single_coalesced reduce_scatter reduce_scatter_single reduce_scatter_single_coalesced "
     "all_to_all_single alltoall scatter gather barrier"
-).split():
-    assert _name in _NAMES
-    setattr(TpuProcessGroup, _name, _counted(getattr(TpuProcessGroup, _name)))
+).split()
 # torch's older names of the same methods (its Python calls either)
-for _alias, _name in (
+_ALIASES = (
     ("_allgather_base", "all_gather_single"),
     ("allgather_into_tensor_coalesced", "all_gather_single_coalesced"),
     ("_reduce_scatter_base", "reduce_scatter_single"),
     ("reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced"),
     ("alltoall_base", "all_to_all_single"),
-):
-    setattr(TpuProcessGroup, _alias, getattr(TpuProcessGroup, _name))
+)
+_wrapped = [False]
+
+
+def _wrap_collectives() -> None:
+    """Counts, checks and hides from torch.compile every collective of the
+    group; done when the first group is made, not at import (it imports
+    torch._dynamo, which a process that never uses torch.distributed should
+    not pay for)."""
+    if _wrapped[0]:
+        return
+    for name in _COLLECTIVES:
+        assert name in _NAMES
+        setattr(TpuProcessGroup, name, _counted(getattr(TpuProcessGroup, name)))
+    for alias, name in _ALIASES:
+        setattr(TpuProcessGroup, alias, getattr(TpuProcessGroup, name))
+    _wrapped[0] = True
 
 
 class _Transfer(dist.Work):
@@ -541,6 +554,7 @@ def _create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta
     from . import _patches
 
     _patches.apply_distributed()  # FSDP2's storage frees (see _patches._patch_fsdp_storage)
+    _wrap_collectives()
     return TpuProcessGroup(store, rank, size, timeout)
 
 
