@@ -84,6 +84,16 @@ class _Reduce:
         self.factor = op.factor if red == _R.PREMUL_SUM else None
         self.gloo = dist.ReduceOp.SUM if red in _NOT_IN_GLOO else dist.ReduceOp(red)
 
+    def options(self, cls: Any, opts: Any, **fields: Any) -> Any:
+        """Options of class cls for gloo: this reduce op as gloo runs it, the
+        caller's timeout, and fields."""
+        g = cls()
+        g.reduceOp = self.gloo
+        g.timeout = opts.timeout
+        for k, v in fields.items():
+            setattr(g, k, v)
+        return g
+
     def before(self, hosts) -> None:
         if self.red == _R.PREMUL_SUM:
             f = self.factor
@@ -173,10 +183,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         if red.red in _NOT_IN_GLOO:
             hosts = _staged_copies(hosts, tensors)
         red.before(hosts)
-        g = dist.AllreduceOptions()
-        g.reduceOp = red.gloo
-        g.timeout = opts.timeout
-        self._run("all_reduce", self._gloo.allreduce(hosts, g), opts)
+        self._run("all_reduce", self._gloo.allreduce(hosts, red.options(dist.AllreduceOptions, opts)), opts)
         red.after(hosts)
         _write_back(tensors, hosts)
         return _done(tensors)
@@ -214,11 +221,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         if red.red in _NOT_IN_GLOO:
             hosts = _staged_copies(hosts, tensors)
         red.before(hosts)
-        g = dist.ReduceOptions()
-        g.reduceOp = red.gloo
-        g.rootRank = opts.rootRank
-        g.rootTensor = opts.rootTensor
-        g.timeout = opts.timeout
+        g = red.options(dist.ReduceOptions, opts, rootRank=opts.rootRank, rootTensor=opts.rootTensor)
         self._run("reduce", self._gloo.reduce(hosts, g), opts)
         if self.rank() == opts.rootRank:
             red.after(hosts)
@@ -259,10 +262,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         if red.red == _R.PREMUL_SUM:
             ins = [i.clone() for i in ins]  # the product must not reach a caller's CPU input
         red.before(ins)
-        g = dist.ReduceScatterOptions()
-        g.reduceOp = red.gloo
-        g.timeout = opts.timeout
-        self._run(what, call(outs, ins, g), opts)
+        self._run(what, call(outs, ins, red.options(dist.ReduceScatterOptions, opts)), opts)
         red.after(outs)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
@@ -335,11 +335,11 @@ class TpuProcessGroup(dist.ProcessGroup):
         return _Transfer(self, f"send to rank {dst}", self._gloo.send(hosts, dst, tag), hosts, None)
 
     def recv(self, tensors, src: int, tag: int = 0) -> dist.Work:
-        hosts = [torch.empty(t.shape, dtype=t.dtype) if t.device.type == "tpu" else t for t in tensors]
+        hosts = _outs(tensors)
         return _Transfer(self, f"recv from rank {src}", self._gloo.recv(hosts, src, tag), hosts, tensors)
 
     def recv_anysource(self, tensors, tag: int = 0) -> dist.Work:
-        hosts = [torch.empty(t.shape, dtype=t.dtype) if t.device.type == "tpu" else t for t in tensors]
+        hosts = _outs(tensors)
         return _Transfer(self, "recv", self._gloo.recv_anysource(hosts, tag), hosts, tensors)
 
     def barrier(self, opts: Any = None) -> dist.Work:
@@ -402,12 +402,18 @@ def _first_tensor(x):
     return None
 
 
+def _opts_in(args):
+    """The options object among a collective's arguments (None for a call
+    made without one)."""
+    return next((a for a in args if hasattr(a, "timeout") and not isinstance(a, torch.Tensor)), None)
+
+
 def _fingerprint(name, args):
     """What every rank must agree on before a collective: which one, the
     dtype, the element count (where it must be equal), the reduce op and the
     root."""
     t = _first_tensor(args)
-    opts = next((a for a in args if hasattr(a, "timeout") and not isinstance(a, torch.Tensor)), None)
+    opts = _opts_in(args)
     red = getattr(opts, "reduceOp", None)
     red = red.op if isinstance(red, dist.ReduceOp) else red
     return [
@@ -440,9 +446,7 @@ def _agree(group: "TpuProcessGroup", name: str, args) -> None:
     not gloo's abort of the process or a silently wrong result."""
     mine = torch.tensor(_fingerprint(name, args), dtype=torch.int64)
     rows = [torch.empty_like(mine) for _ in range(group.size())]
-    group._run(
-        _NAMES[name], group._gloo.allgather([rows], [mine]), next(iter(a for a in args if hasattr(a, "timeout")), None)
-    )
+    group._run(_NAMES[name], group._gloo.allgather([rows], [mine]), _opts_in(args))
     if any(not torch.equal(r, rows[0]) for r in rows):
         calls = "; ".join(f"rank {k}: {_describe(r.tolist())}" for k, r in enumerate(rows))
         raise RuntimeError(
