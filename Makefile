@@ -44,6 +44,7 @@ $(BUILD):
 	mkdir -p $(BUILD)
 
 # C unit tests: the builder's text, the disk cache, and the runtime against the real plugin
+# (one device, then four)
 # under AddressSanitizer and UndefinedBehaviorSanitizer (leaks inside the
 # plugin itself suppressed by tests/c/lsan.supp), then our PJRT declarations
 # against the header the plugin wheel ships.
@@ -56,6 +57,8 @@ check: | $(BUILD)
 	$(LSAN) $(BUILD)/test_cache
 	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) $(HLO) tests/c/test_runtime.c -ldl -lpthread -lm -o $(BUILD)/test_runtime
 	$(LSAN) $(BUILD)/test_runtime $(plugin)
+	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) tests/c/test_devices.c -ldl -lpthread -lm -o $(BUILD)/test_devices
+	$(LSAN) $(BUILD)/test_devices $(plugin)
 	@if [ ! -f "$(pinc)/pjrt_c_api.h" ]; then \
 	  echo "test_pjrt_abi: the installed plugin ships no pjrt_c_api.h ($(pinc)) to compare against"; exit 1; fi
 	$(CC) $(CFLAGS) -I"$(pinc)" tests/c/test_pjrt_abi.c -ldl -o $(BUILD)/test_pjrt_abi

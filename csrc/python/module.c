@@ -138,28 +138,32 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
   return d;
 }
 
-/* memory(reset_peak=False) -> dict. allocated/peak: bytes of the live
- * device buffers as counted by the runtime (every plugin); device_in_use,
- * device_peak, device_limit: the plugin's own statistics, -1 where it
+/* memory(reset_peak=False, device=-1) -> dict. allocated/peak: bytes of the
+ * live device buffers as counted by the runtime (every plugin), on every
+ * device (-1) or on one; device_in_use, device_peak, device_limit: the
+ * plugin's own statistics of that device (device 0 for -1), -1 where it
  * reports none (XLA's CPU plugin). */
 static PyObject *tpu_py_memory(PyObject *m, PyObject *args) {
-  int reset = 0;
-  if (!PyArg_ParseTuple(args, "|p", &reset)) return NULL;
+  int reset = 0, dev = -1;
+  if (!PyArg_ParseTuple(args, "|pi", &reset, &dev)) return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (!st->eng || !tpu_engine_started(st->eng)) /* nothing allocated yet */
     return Py_BuildValue("{sisisisisi}", "allocated", 0, "peak", 0, "device_in_use", -1, "device_peak", -1,
                          "device_limit", -1);
   tpu_rt *rt = tpu_engine_rt(st->eng);
+  if (dev < -1 || dev >= tpu_rt_device_count(rt))
+    return PyErr_Format(PyExc_RuntimeError, "Invalid device argument %d: did you call init?", dev);
   if (reset) tpu_rt_reset_peak_bytes(rt);
   int64_t in_use = -1, peak = -1, limit = -1;
-  tpu_status *s = tpu_rt_device_memory(rt, &in_use, &peak, &limit);
+  tpu_status *s = tpu_rt_device_memory(rt, dev < 0 ? 0 : dev, &in_use, &peak, &limit);
   if (s) {
     in_use = -1;
     tpu_status_free(s);
   }
-  return Py_BuildValue("{sLsLsLsLsL}", "allocated", (long long)tpu_rt_live_bytes(rt), "peak",
-                       (long long)tpu_rt_peak_bytes(rt), "device_in_use", (long long)in_use, "device_peak",
-                       (long long)peak, "device_limit", (long long)limit);
+  long long alloc = dev < 0 ? tpu_rt_live_bytes(rt) : tpu_rt_device_live_bytes(rt, dev);
+  long long top = dev < 0 ? tpu_rt_peak_bytes(rt) : tpu_rt_device_peak_bytes(rt, dev);
+  return Py_BuildValue("{sLsLsLsLsL}", "allocated", alloc, "peak", top, "device_in_use", (long long)in_use,
+                       "device_peak", (long long)peak, "device_limit", (long long)limit);
 }
 
 /* matmul_precision() -> 0 (DEFAULT) | 1 (HIGH) | 2 (HIGHEST); matmul_precision(p) sets it. */

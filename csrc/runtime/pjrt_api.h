@@ -264,6 +264,20 @@ typedef struct {
   tpu_pjrt_device *device;
   tpu_pjrt_device_desc *desc;
 } tpu_pjrt_device_desc_args;
+
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_buffer *buffer;
+  tpu_pjrt_device *dst_device;
+  tpu_pjrt_buffer *dst_buffer; /* out */
+} tpu_pjrt_copy_to_device_args;
+
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_loaded_exec *executable;
+  tpu_pjrt_device *const *devices; /* out, owned by the executable */
+  size_t num_devices;              /* out */
+} tpu_pjrt_exec_devices_args;
 typedef struct {
   TPU_PJRT_HEAD;
   tpu_pjrt_device_desc *desc;

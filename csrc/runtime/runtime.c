@@ -1,4 +1,4 @@
-/* runtime.c: the PJRT plugin, its client and device 0.
+/* runtime.c: the PJRT plugin, its client and its addressable devices.
  *
  * The plugin is dlopen'ed once and never closed (plugins keep threads and
  * static state alive). Every table entry is checked for presence before use,
@@ -29,6 +29,8 @@ struct tpu_rt {
   char **kinds;                    /* owned, ndevices entries */
   atomic_llong live_buffers, live_execs;
   atomic_llong live_bytes, peak_bytes; /* dense sizes of live buffers */
+  atomic_llong *dev_bytes, *dev_peak;  /* the same per device (ndevices entries, owned) */
+  bool portable; /* several devices: one-device programs run on any of them */
 };
 
 /* The shape is tracked here (from the upload's arguments, or asked of the
@@ -36,6 +38,7 @@ struct tpu_rt {
 struct tpu_rt_buffer {
   tpu_rt *rt;           /* borrowed; outlives the buffer */
   tpu_pjrt_buffer *buf; /* owned */
+  int device;           /* index in the client's addressable devices */
   tpu_dtype dtype;
   int rank;
   int64_t dims[TPU_MAX_RANK];
@@ -46,6 +49,8 @@ struct tpu_rt_exec {
   tpu_rt *rt;
   tpu_pjrt_loaded_exec *loaded; /* owned */
   int num_outputs;
+  int rows;     /* replicas x partitions: argument lists a launch takes */
+  int *row_dev; /* rows > 1: the device index of each row (owned) */
 };
 
 #define TPU_HAS(api, name) \
@@ -148,10 +153,54 @@ static void tpu_rt_export_unwind_stubs(void) {
  * otherwise keeps bfloat16 and float16 intermediates of a fused program in
  * float32, so a chain of half-type ops rounds once instead of after every
  * op as torch does (fused mode gave other values than CPU torch). */
-static const char tpu_compile_options[] = {
-    0x1a, 0x04, 0x20, 0x01, 0x28, 0x01,                                         /* replicas, partitions */
-    0x3a, 0x20, 0x0a, 0x1a, 'x',  'l',  'a', '_', 'a', 'l', 'l', 'o', 'w', '_', /* env_option_overrides */
-    'e',  'x',  'c',  'e',  's',  's',  '_', 'p', 'r', 'e', 'c', 'i', 's', 'i', 'o', 'n', 0x12, 0x02, 0x10, 0x00};
+/* The env_option_overrides entry every program is compiled with (see above). */
+static const char tpu_env_overrides[] = {0x3a, 0x20, 0x0a, 0x1a, 'x', 'l', 'a', '_', 'a', 'l', 'l', 'o', 'w',
+                                         '_',  'e',  'x',  'c',  'e', 's', 's', '_', 'p', 'r', 'e', 'c', 'i',
+                                         's',  'i',  'o',  'n',  0x12, 0x02, 0x10, 0x00};
+
+static size_t tpu_pb_varint(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+  do {
+    p[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+    v >>= 7;
+  } while (v);
+  return n;
+}
+
+/* CompileOptionsProto bytes (at most 64): executable_build_options (field 3:
+ * num_replicas 4, num_partitions 5, use_spmd_partitioning 6,
+ * use_shardy_partitioner 19), compile_portable_executable (4), then the
+ * env_option_overrides. The fields that let XLA choose shardings of
+ * parameters and outputs (12, 18) stay unset: declared shardings hold. */
+static size_t tpu_rt_encode_options(const tpu_rt_compile_opts *o, bool portable, uint8_t *out) {
+  uint8_t b[32];
+  size_t n = 0;
+  int rep = o && o->replicas > 0 ? o->replicas : 1, part = o && o->partitions > 0 ? o->partitions : 1;
+  b[n++] = 0x20;
+  n += tpu_pb_varint(b + n, (uint64_t)rep);
+  b[n++] = 0x28;
+  n += tpu_pb_varint(b + n, (uint64_t)part);
+  if (o && o->spmd) {
+    b[n++] = 0x30;
+    b[n++] = 1;
+  }
+  if (o && o->shardy) {
+    b[n++] = 0x98;
+    b[n++] = 0x01;
+    b[n++] = 1;
+  }
+  size_t m = 0;
+  out[m++] = 0x1a;
+  m += tpu_pb_varint(out + m, n);
+  memcpy(out + m, b, n);
+  m += n;
+  if (portable) {
+    out[m++] = 0x20;
+    out[m++] = 1;
+  }
+  memcpy(out + m, tpu_env_overrides, sizeof tpu_env_overrides);
+  return m + sizeof tpu_env_overrides;
+}
 
 tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out) {
   *out = NULL;
@@ -243,8 +292,11 @@ tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out) {
   }
   rt->devices = dv.devices;
   rt->ndevices = (int)dv.num_devices;
+  rt->portable = rt->ndevices > 1;
   rt->kinds = calloc((size_t)rt->ndevices, sizeof *rt->kinds);
-  if (!rt->kinds || !rt->platform || !rt->version || !rt->path) {
+  rt->dev_bytes = calloc((size_t)rt->ndevices, sizeof *rt->dev_bytes);
+  rt->dev_peak = calloc((size_t)rt->ndevices, sizeof *rt->dev_peak);
+  if (!rt->kinds || !rt->dev_bytes || !rt->dev_peak || !rt->platform || !rt->version || !rt->path) {
     s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
     goto fail;
   }
@@ -270,6 +322,8 @@ void tpu_rt_close(tpu_rt *rt) {
   }
   for (int i = 0; rt->kinds && i < rt->ndevices; i++) free(rt->kinds[i]);
   free(rt->kinds);
+  free(rt->dev_bytes);
+  free(rt->dev_peak);
   free(rt->path);
   free(rt->platform);
   free(rt->version);
@@ -290,10 +344,38 @@ const char *tpu_rt_device_kind(const tpu_rt *rt, int i) {
 int64_t tpu_rt_live_buffers(const tpu_rt *rt) { return rt->live_buffers; }
 int64_t tpu_rt_live_bytes(const tpu_rt *rt) { return rt->live_bytes; }
 int64_t tpu_rt_peak_bytes(const tpu_rt *rt) { return rt->peak_bytes; }
-void tpu_rt_reset_peak_bytes(tpu_rt *rt) { atomic_store(&rt->peak_bytes, atomic_load(&rt->live_bytes)); }
+void tpu_rt_reset_peak_bytes(tpu_rt *rt) {
+  atomic_store(&rt->peak_bytes, atomic_load(&rt->live_bytes));
+  for (int i = 0; i < rt->ndevices; i++) atomic_store(&rt->dev_peak[i], atomic_load(&rt->dev_bytes[i]));
+}
 int64_t tpu_rt_live_execs(const tpu_rt *rt) { return rt->live_execs; }
 
 /* ---- executables ----------------------------------------------------------------- */
+
+static int tpu_rt_device_index(const tpu_rt *rt, const tpu_pjrt_device *d) {
+  for (int i = 0; i < rt->ndevices; i++)
+    if (rt->devices[i] == d) return i;
+  return -1;
+}
+
+/* The devices an executable runs on, one per argument list: a one-device
+ * program has one row (any device when portable); a program over several
+ * devices has one row per replica and partition, in the plugin's order. */
+static tpu_status *tpu_rt_exec_rows_find(tpu_rt *rt, tpu_rt_exec *e) {
+  e->rows = 1;
+  if (rt->ndevices == 1) return NULL;
+  tpu_pjrt_exec_devices_args a = {TPU_PJRT_SIZE(tpu_pjrt_exec_devices_args, num_devices), NULL, e->loaded, NULL, 0};
+  tpu_status *s = TPU_CALL(rt->api, LoadedExecutable_AddressableDevices, &a);
+  if (s) return s;
+  if (a.num_devices <= 1) return NULL; /* portable programs report none or one */
+  e->row_dev = malloc(a.num_devices * sizeof *e->row_dev);
+  if (!e->row_dev) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  e->rows = (int)a.num_devices;
+  for (size_t i = 0; i < a.num_devices; i++)
+    if ((e->row_dev[i] = tpu_rt_device_index(rt, a.devices[i])) < 0)
+      return tpu_status_new(TPU_ERR_RUNTIME, "an executable's device %zu is not an addressable device", i);
+  return NULL;
+}
 
 static tpu_status *tpu_rt_exec_wrap(tpu_rt *rt, tpu_pjrt_loaded_exec *le, tpu_rt_exec **out) {
   const tpu_pjrt_api *api = rt->api;
@@ -312,6 +394,7 @@ static tpu_status *tpu_rt_exec_wrap(tpu_rt *rt, tpu_pjrt_loaded_exec *le, tpu_rt
     tpu_pjrt_num_outputs_args n = {TPU_PJRT_SIZE(tpu_pjrt_num_outputs_args, num_outputs), NULL, g.executable, 0};
     s = TPU_CALL(api, Executable_NumOutputs, &n);
     e->num_outputs = (int)n.num_outputs;
+    if (!s) s = tpu_rt_exec_rows_find(rt, e);
     tpu_pjrt_exec_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_exec_destroy_args, executable), NULL, g.executable};
     tpu_status_free(TPU_CALL(api, Executable_Destroy, &d));
   }
@@ -335,9 +418,10 @@ char *tpu_rt_cache_salt(const tpu_rt *rt) {
     size = (long long)st.st_size;
     mtime = (long long)st.st_mtime;
   }
-  char opts[2 * sizeof tpu_compile_options + 1];
-  for (size_t i = 0; i < sizeof tpu_compile_options; i++)
-    snprintf(opts + 2 * i, 3, "%02x", (unsigned)(uint8_t)tpu_compile_options[i]);
+  uint8_t ob[64];
+  size_t on = tpu_rt_encode_options(NULL, rt->portable, ob);
+  char opts[2 * sizeof ob + 1];
+  for (size_t i = 0; i < on; i++) snprintf(opts + 2 * i, 3, "%02x", (unsigned)ob[i]);
   const char *flags[2];
   for (size_t i = 0; i < 2; i++) {
     const char *v = getenv(tpu_flag_vars[i]);
@@ -351,27 +435,38 @@ char *tpu_rt_cache_salt(const tpu_rt *rt) {
 }
 
 tpu_status *tpu_rt_compile(tpu_rt *rt, const char *mlir, size_t len, tpu_rt_exec **out) {
+  return tpu_rt_compile_with(rt, mlir, len, NULL, out);
+}
+
+tpu_status *tpu_rt_compile_with(tpu_rt *rt, const char *mlir, size_t len, const tpu_rt_compile_opts *o,
+                                tpu_rt_exec **out) {
   *out = NULL;
+  int rows = o ? (o->replicas > 0 ? o->replicas : 1) * (o->partitions > 0 ? o->partitions : 1) : 1;
+  if (rows < 1 || rows > rt->ndevices)
+    return tpu_status_new(TPU_ERR_VALUE, "a program over %d devices (replicas x partitions); this process has %d",
+                          rows, rt->ndevices);
+  uint8_t ob[64];
+  size_t on = tpu_rt_encode_options(o, rows == 1 && rt->portable, ob);
   tpu_pjrt_program p = {TPU_PJRT_SIZE(tpu_pjrt_program, format_size), NULL, (char *)mlir, len, "mlir", 4};
-  tpu_pjrt_compile_args c = {TPU_PJRT_SIZE(tpu_pjrt_compile_args, executable),
-                             NULL,
-                             rt->client,
-                             &p,
-                             tpu_compile_options,
-                             sizeof tpu_compile_options,
-                             NULL};
+  tpu_pjrt_compile_args c = {
+      TPU_PJRT_SIZE(tpu_pjrt_compile_args, executable), NULL, rt->client, &p, (const char *)ob, on, NULL};
   tpu_status *s = TPU_CALL(rt->api, Client_Compile, &c);
   if (s) return s;
   return tpu_rt_exec_wrap(rt, c.executable, out);
 }
 
 int tpu_rt_exec_num_outputs(const tpu_rt_exec *e) { return e->num_outputs; }
+int tpu_rt_exec_rows(const tpu_rt_exec *e) { return e->rows; }
+int tpu_rt_exec_row_device(const tpu_rt_exec *e, int row) {
+  return e->rows > 1 && row >= 0 && row < e->rows ? e->row_dev[row] : 0;
+}
 
 void tpu_rt_exec_free(tpu_rt_exec *e) {
   if (!e) return;
   tpu_pjrt_loaded_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_loaded_destroy_args, executable), NULL, e->loaded};
   tpu_status_free(TPU_CALL(e->rt->api, LoadedExecutable_Destroy, &d));
   atomic_fetch_sub(&e->rt->live_execs, 1);
+  free(e->row_dev);
   free(e);
 }
 
@@ -434,8 +529,8 @@ static size_t tpu_rt_dense_nbytes(tpu_dtype dt, int rank, const int64_t *dims) {
 }
 
 /* Wraps b (ownership passes to the wrapper, or b is destroyed on failure). */
-static tpu_status *tpu_rt_buffer_wrap(tpu_rt *rt, tpu_pjrt_buffer *b, tpu_dtype dt, int rank, const int64_t *dims,
-                                      tpu_rt_buffer **out) {
+static tpu_status *tpu_rt_buffer_wrap(tpu_rt *rt, tpu_pjrt_buffer *b, int device, tpu_dtype dt, int rank,
+                                      const int64_t *dims, tpu_rt_buffer **out) {
   *out = NULL;
   tpu_rt_buffer *w = calloc(1, sizeof *w);
   if (!w) {
@@ -444,6 +539,7 @@ static tpu_status *tpu_rt_buffer_wrap(tpu_rt *rt, tpu_pjrt_buffer *b, tpu_dtype 
   }
   w->rt = rt;
   w->buf = b;
+  w->device = device;
   w->dtype = dt;
   w->rank = rank;
   if (rank) memcpy(w->dims, dims, (size_t)rank * sizeof *dims);
@@ -452,12 +548,15 @@ static tpu_status *tpu_rt_buffer_wrap(tpu_rt *rt, tpu_pjrt_buffer *b, tpu_dtype 
   long long now = atomic_fetch_add(&rt->live_bytes, (long long)w->nbytes) + (long long)w->nbytes;
   long long peak = atomic_load(&rt->peak_bytes);
   while (now > peak && !atomic_compare_exchange_weak(&rt->peak_bytes, &peak, now)) {}
+  now = atomic_fetch_add(&rt->dev_bytes[device], (long long)w->nbytes) + (long long)w->nbytes;
+  peak = atomic_load(&rt->dev_peak[device]);
+  while (now > peak && !atomic_compare_exchange_weak(&rt->dev_peak[device], &peak, now)) {}
   *out = w;
   return NULL;
 }
 
 /* Wraps an execution's output, asking the plugin for its type and shape. */
-static tpu_status *tpu_rt_buffer_wrap_output(tpu_rt *rt, tpu_pjrt_buffer *b, tpu_rt_buffer **out) {
+static tpu_status *tpu_rt_buffer_wrap_output(tpu_rt *rt, tpu_pjrt_buffer *b, int device, tpu_rt_buffer **out) {
   const tpu_pjrt_api *api = rt->api;
   *out = NULL;
   tpu_pjrt_element_type_args t = {TPU_PJRT_SIZE(tpu_pjrt_element_type_args, type), NULL, b, 0};
@@ -470,7 +569,7 @@ static tpu_status *tpu_rt_buffer_wrap_output(tpu_rt *rt, tpu_pjrt_buffer *b, tpu
     tpu_rt_pjrt_buffer_destroy(api, b);
     return s;
   }
-  return tpu_rt_buffer_wrap(rt, b, (tpu_dtype)t.type, (int)d.num_dims, d.dims, out);
+  return tpu_rt_buffer_wrap(rt, b, device, (tpu_dtype)t.type, (int)d.num_dims, d.dims, out);
 }
 
 struct tpu_rt_event {
@@ -499,34 +598,54 @@ tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *arg
   return tpu_rt_execute_async(rt, e, args, nargs, outs, NULL);
 }
 
-static tpu_status *tpu_rt_launch(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
+static tpu_status *tpu_rt_launch(tpu_rt *rt, tpu_rt_exec *e, int device, tpu_rt_buffer *const *args, int nargs,
                                  tpu_rt_buffer **outs, tpu_rt_event **done_out, bool keep);
 
 tpu_status *tpu_rt_execute_async(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
                                  tpu_rt_buffer **outs, tpu_rt_event **done_out) {
-  return tpu_rt_launch(rt, e, args, nargs, outs, done_out, false);
+  return tpu_rt_launch(rt, e, -1, args, nargs, outs, done_out, false);
 }
 
 tpu_status *tpu_rt_execute_keep(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs, tpu_rt_buffer **outs,
                                 tpu_rt_event **done_out) {
-  return tpu_rt_launch(rt, e, args, nargs, outs, done_out, true);
+  return tpu_rt_launch(rt, e, -1, args, nargs, outs, done_out, true);
 }
 
-static tpu_status *tpu_rt_launch(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
-                                 tpu_rt_buffer **outs, tpu_rt_event **done_out, bool keep) {
+tpu_status *tpu_rt_execute_on(tpu_rt *rt, tpu_rt_exec *e, int device, tpu_rt_buffer *const *args, int nargs,
+                              tpu_rt_buffer **outs, tpu_rt_event **done_out, bool keep) {
+  if (device < 0 || device >= rt->ndevices)
+    return tpu_status_new(TPU_ERR_VALUE, "execute: device %d of %d", device, rt->ndevices);
+  return tpu_rt_launch(rt, e, device, args, nargs, outs, done_out, keep);
+}
+
+/* Runs e's nrows argument lists (args[r * nargs + i]), row r on the device
+ * the executable gives it (every buffer of the row must be there); outs
+ * receives nrows x num_outputs buffers, row-major. *done: events of all rows
+ * (NULL when waited here). */
+static tpu_status *tpu_rt_launch_rows(tpu_rt *rt, tpu_rt_exec *e, tpu_pjrt_device *exec_dev, int nrows,
+                                      tpu_rt_buffer *const *args, int nargs, tpu_rt_buffer **outs,
+                                      tpu_rt_event **done_out, bool keep) {
   if (done_out) *done_out = NULL;
   const tpu_pjrt_api *api = rt->api;
   if (nargs < 0 || (nargs > 0 && !args)) return tpu_status_new(TPU_ERR_VALUE, "execute: %d arguments", nargs);
-  for (int i = 0; i < nargs; i++)
-    if (!args[i]) return tpu_status_new(TPU_ERR_VALUE, "execute: argument %d is NULL", i);
-  tpu_pjrt_buffer *argv[nargs > 0 ? nargs : 1];
-  for (int i = 0; i < nargs; i++) argv[i] = args[i]->buf;
+  for (int i = 0; i < nrows * nargs; i++)
+    if (!args[i]) return tpu_status_new(TPU_ERR_VALUE, "execute: argument %d of row %d is NULL", i % nargs, i / nargs);
   int nout = e->num_outputs;
-  tpu_pjrt_buffer *outv[nout > 0 ? nout : 1];
-  memset(outv, 0, sizeof outv);
-  tpu_pjrt_buffer *const *arg_lists[1] = {argv};
-  tpu_pjrt_buffer **out_lists[1] = {outv};
-  tpu_pjrt_event *done[1] = {NULL};
+  size_t na = (size_t)nrows * (size_t)(nargs > 0 ? nargs : 1), no = (size_t)nrows * (size_t)(nout > 0 ? nout : 1);
+  tpu_pjrt_buffer **argv = calloc(na, sizeof *argv), **outv = calloc(no, sizeof *outv);
+  tpu_pjrt_buffer **arg_lists[nrows], **out_lists[nrows];
+  tpu_pjrt_event *done[nrows];
+  memset(done, 0, sizeof done);
+  if (!argv || !outv) {
+    free(argv);
+    free(outv);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  for (int r = 0; r < nrows; r++) {
+    arg_lists[r] = argv + (size_t)r * (size_t)(nargs > 0 ? nargs : 1);
+    out_lists[r] = outv + (size_t)r * (size_t)(nout > 0 ? nout : 1);
+    for (int i = 0; i < nargs; i++) arg_lists[r][i] = args[r * nargs + i]->buf;
+  }
   tpu_pjrt_execute_options opt;
   memset(&opt, 0, sizeof opt);
   opt.struct_size = TPU_PJRT_SIZE(tpu_pjrt_execute_options, multi_slice_config);
@@ -541,13 +660,14 @@ static tpu_status *tpu_rt_launch(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *cons
   a.struct_size = TPU_PJRT_SIZE(tpu_pjrt_execute_args, execute_device);
   a.executable = e->loaded;
   a.options = &opt;
-  a.argument_lists = arg_lists;
-  a.num_devices = 1;
+  a.argument_lists = (tpu_pjrt_buffer *const *const *)arg_lists;
+  a.num_devices = (size_t)nrows;
   a.num_args = (size_t)nargs;
   a.output_lists = out_lists;
   a.device_complete_events = done;
+  a.execute_device = exec_dev;
   tpu_status *s = TPU_CALL(api, LoadedExecutable_Execute, &a);
-  if (!s && done_out && done[0]) {
+  if (!s && done_out && nrows == 1 && done[0]) {
     /* Asynchronous: the outputs are usable at once (the plugin orders their
      * uses after the computation); the caller waits on the event later. */
     tpu_rt_event *w = malloc(sizeof *w);
@@ -557,34 +677,82 @@ static tpu_status *tpu_rt_launch(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *cons
       *done_out = w;
     }
   }
-  if (!s)
-    s = tpu_rt_event_finish(api, done[0], "executing");
-  else if (done[0])
-    tpu_status_free(tpu_rt_event_finish(api, done[0], "executing"));
+  for (int r = 0; r < nrows; r++) {
+    if (!s)
+      s = tpu_rt_event_finish(api, done[r], "executing");
+    else if (done[r])
+      tpu_status_free(tpu_rt_event_finish(api, done[r], "executing"));
+  }
   /* Every output the plugin returned is either wrapped or destroyed. */
-  for (int i = 0; i < nout; i++) {
-    outs[i] = NULL;
-    if (!outv[i]) continue;
+  size_t total = (size_t)nrows * (size_t)nout;
+  for (size_t k = 0; k < total; k++) {
+    int r = (int)(k / (size_t)nout);
+    tpu_pjrt_buffer *b = out_lists[r][k % (size_t)nout];
+    outs[k] = NULL;
+    if (!b) continue;
     if (s) {
-      tpu_rt_pjrt_buffer_destroy(api, outv[i]);
+      tpu_rt_pjrt_buffer_destroy(api, b);
       continue;
     }
-    s = tpu_rt_buffer_wrap_output(rt, outv[i], &outs[i]);
+    int dev = exec_dev ? tpu_rt_device_index(rt, exec_dev) : (e->rows > 1 ? e->row_dev[r] : 0);
+    s = tpu_rt_buffer_wrap_output(rt, b, dev, &outs[k]);
   }
+  free(argv);
+  free(outv);
   if (!s)
-    for (int i = 0; i < nout; i++)
-      if (!outs[i]) s = tpu_status_new(TPU_ERR_RUNTIME, "PJRT_LoadedExecutable_Execute returned no output %d", i);
+    for (size_t k = 0; k < total; k++)
+      if (!outs[k])
+        s = tpu_status_new(TPU_ERR_RUNTIME, "PJRT_LoadedExecutable_Execute returned no output %zu of row %zu",
+                           k % (size_t)nout, k / (size_t)nout);
   if (s)
-    for (int i = 0; i < nout; i++) {
-      tpu_rt_buffer_free(outs[i]);
-      outs[i] = NULL;
+    for (size_t k = 0; k < total; k++) {
+      tpu_rt_buffer_free(outs[k]);
+      outs[k] = NULL;
     }
   return s;
 }
 
+static tpu_status *tpu_rt_launch(tpu_rt *rt, tpu_rt_exec *e, int device, tpu_rt_buffer *const *args, int nargs,
+                                 tpu_rt_buffer **outs, tpu_rt_event **done_out, bool keep) {
+  if (done_out) *done_out = NULL;
+  if (e->rows != 1)
+    return tpu_status_new(TPU_ERR_VALUE, "execute: a program over %d devices needs one argument list each", e->rows);
+  if (nargs < 0 || (nargs > 0 && !args)) return tpu_status_new(TPU_ERR_VALUE, "execute: %d arguments", nargs);
+  for (int i = 0; i < nargs; i++)
+    if (!args[i]) return tpu_status_new(TPU_ERR_VALUE, "execute: argument %d is NULL", i);
+  if (device < 0) device = nargs > 0 ? args[0]->device : 0;
+  for (int i = 0; i < nargs; i++)
+    if (args[i]->device != device)
+      return tpu_status_new(TPU_ERR_VALUE, "execute: argument %d is on device %d, the program runs on device %d", i,
+                            args[i]->device, device);
+  if (!rt->portable && device != 0)
+    return tpu_status_new(TPU_ERR_VALUE, "execute: device %d of a process with one device", device);
+  return tpu_rt_launch_rows(rt, e, rt->portable ? rt->devices[device] : NULL, 1, args, nargs, outs, done_out, keep);
+}
+
+tpu_status *tpu_rt_execute_rows(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
+                                tpu_rt_buffer **outs) {
+  for (int r = 0; r < e->rows; r++)
+    for (int i = 0; i < nargs; i++) {
+      tpu_rt_buffer *b = args[r * nargs + i];
+      int want = e->rows > 1 ? e->row_dev[r] : 0;
+      if (b && b->device != want)
+        return tpu_status_new(TPU_ERR_VALUE, "execute: argument %d of row %d is on device %d, the row runs on %d", i,
+                              r, b->device, want);
+    }
+  return tpu_rt_launch_rows(rt, e, NULL, e->rows, args, nargs, outs, NULL, false);
+}
+
 tpu_status *tpu_rt_buffer_from_host(tpu_rt *rt, const void *data, tpu_dtype dtype, const int64_t *dims, int rank,
                                     tpu_rt_buffer **out) {
+  return tpu_rt_buffer_from_host_on(rt, 0, data, dtype, dims, rank, out);
+}
+
+tpu_status *tpu_rt_buffer_from_host_on(tpu_rt *rt, int device, const void *data, tpu_dtype dtype, const int64_t *dims,
+                                       int rank, tpu_rt_buffer **out) {
   *out = NULL;
+  if (device < 0 || device >= rt->ndevices)
+    return tpu_status_new(TPU_ERR_VALUE, "host to device: device %d of %d", device, rt->ndevices);
   if (!tpu_dtype_size(dtype)) return tpu_status_new(TPU_ERR_TYPE, "unsupported element type %d", (int)dtype);
   if (rank < 0 || rank > TPU_MAX_RANK || (rank > 0 && !dims))
     return tpu_status_new(TPU_ERR_VALUE, "buffer of rank %d (0..%d, with dims)", rank, TPU_MAX_RANK);
@@ -600,7 +768,7 @@ tpu_status *tpu_rt_buffer_from_host(tpu_rt *rt, const void *data, tpu_dtype dtyp
   a.dims = dims;
   a.num_dims = (size_t)rank;
   a.host_buffer_semantics = TPU_PJRT_HOST_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
-  a.device = rt->devices[0];
+  a.device = rt->devices[device];
   tpu_status *s = TPU_CALL(rt->api, Client_BufferFromHostBuffer, &a);
   if (s) return s;
   /* The event fires once the plugin no longer reads data: only then may we
@@ -610,7 +778,26 @@ tpu_status *tpu_rt_buffer_from_host(tpu_rt *rt, const void *data, tpu_dtype dtyp
     tpu_rt_pjrt_buffer_destroy(rt->api, a.buffer);
     return s;
   }
-  return tpu_rt_buffer_wrap(rt, a.buffer, dtype, rank, dims, out);
+  return tpu_rt_buffer_wrap(rt, a.buffer, device, dtype, rank, dims, out);
+}
+
+tpu_status *tpu_rt_buffer_copy(tpu_rt *rt, tpu_rt_buffer *b, int device, tpu_rt_buffer **out) {
+  *out = NULL;
+  if (device < 0 || device >= rt->ndevices)
+    return tpu_status_new(TPU_ERR_VALUE, "device to device: device %d of %d", device, rt->ndevices);
+  tpu_pjrt_copy_to_device_args a = {TPU_PJRT_SIZE(tpu_pjrt_copy_to_device_args, dst_buffer), NULL, b->buf,
+                                    rt->devices[device], NULL};
+  tpu_status *s = TPU_CALL(rt->api, Buffer_CopyToDevice, &a);
+  if (s) return s;
+  return tpu_rt_buffer_wrap(rt, a.dst_buffer, device, b->dtype, b->rank, b->dims, out);
+}
+
+int tpu_rt_buffer_device(const tpu_rt_buffer *b) { return b->device; }
+int64_t tpu_rt_device_live_bytes(const tpu_rt *rt, int device) {
+  return device >= 0 && device < rt->ndevices ? rt->dev_bytes[device] : 0;
+}
+int64_t tpu_rt_device_peak_bytes(const tpu_rt *rt, int device) {
+  return device >= 0 && device < rt->ndevices ? rt->dev_peak[device] : 0;
 }
 
 tpu_status *tpu_rt_buffer_to_host(tpu_rt *rt, tpu_rt_buffer *b, void *dst, size_t nbytes) {
@@ -656,10 +843,11 @@ void tpu_rt_buffer_free(tpu_rt_buffer *b) {
   tpu_rt_pjrt_buffer_destroy(b->rt->api, b->buf);
   atomic_fetch_sub(&b->rt->live_buffers, 1);
   atomic_fetch_sub(&b->rt->live_bytes, (long long)b->nbytes);
+  atomic_fetch_sub(&b->rt->dev_bytes[b->device], (long long)b->nbytes);
   free(b);
 }
 
-tpu_status *tpu_rt_device_memory(tpu_rt *rt, int64_t *in_use, int64_t *peak, int64_t *limit) {
+tpu_status *tpu_rt_device_memory(tpu_rt *rt, int device, int64_t *in_use, int64_t *peak, int64_t *limit) {
   *in_use = 0;
   *peak = *limit = -1;
   if (!TPU_HAS(rt->api, Device_MemoryStats))
@@ -667,7 +855,9 @@ tpu_status *tpu_rt_device_memory(tpu_rt *rt, int64_t *in_use, int64_t *peak, int
   tpu_pjrt_memory_stats_args a;
   memset(&a, 0, sizeof a);
   a.struct_size = TPU_PJRT_SIZE(tpu_pjrt_memory_stats_args, peak_pool_bytes_is_set);
-  a.device = rt->devices[0];
+  if (device < 0 || device >= rt->ndevices)
+    return tpu_status_new(TPU_ERR_VALUE, "memory statistics: device %d of %d", device, rt->ndevices);
+  a.device = rt->devices[device];
   /* The CPU plugin answers UNIMPLEMENTED, which maps to TPU_ERR_UNIMPLEMENTED. */
   tpu_status *s = TPU_CALL(rt->api, Device_MemoryStats, &a);
   if (s) return s;
@@ -679,5 +869,5 @@ tpu_status *tpu_rt_device_memory(tpu_rt *rt, int64_t *in_use, int64_t *peak, int
 
 tpu_status *tpu_rt_memory_in_use(tpu_rt *rt, int64_t *bytes) {
   int64_t peak, limit;
-  return tpu_rt_device_memory(rt, bytes, &peak, &limit);
+  return tpu_rt_device_memory(rt, 0, bytes, &peak, &limit);
 }

@@ -52,9 +52,27 @@ const char *tpu_rt_device_kind(const tpu_rt *rt, int i); /* e.g. "cpu", "NVIDIA 
  * whole. Returns an owned string (free), NULL when out of memory. */
 char *tpu_rt_cache_salt(const tpu_rt *rt);
 
-/* Compile StableHLO text (or MLIR bytecode) for one device, one replica. */
+/* Compile StableHLO text (or MLIR bytecode) for one device, one replica.
+ * With several addressable devices the program is portable: it runs on the
+ * device its arguments are on (tpu_rt_execute_on names it). */
 tpu_status *tpu_rt_compile(tpu_rt *rt, const char *mlir, size_t len, tpu_rt_exec **out);
+/* A program over several devices: replicas x partitions argument lists, on
+ * the plugin's default assignment (devices 0 .. n-1 in order). spmd: XLA
+ * partitions a program written for the whole (global) shapes, following its
+ * sharding annotations; shardy: with the Shardy partitioner (else GSPMD).
+ * NULL: tpu_rt_compile's options. The text's mhlo.num_replicas and
+ * mhlo.num_partitions should match. */
+typedef struct {
+  int replicas, partitions; /* <= 0: 1 */
+  bool spmd, shardy;
+} tpu_rt_compile_opts;
+tpu_status *tpu_rt_compile_with(tpu_rt *rt, const char *mlir, size_t len, const tpu_rt_compile_opts *o,
+                                tpu_rt_exec **out);
 int tpu_rt_exec_num_outputs(const tpu_rt_exec *e);
+/* Argument lists a launch takes (replicas x partitions; 1 for one device),
+ * and the device index row r runs on (0 for one-row programs). */
+int tpu_rt_exec_rows(const tpu_rt_exec *e);
+int tpu_rt_exec_row_device(const tpu_rt_exec *e, int row);
 void tpu_rt_exec_free(tpu_rt_exec *e);
 
 /* Serialized executable bytes (owned by the caller, free()), for the disk
@@ -62,7 +80,8 @@ void tpu_rt_exec_free(tpu_rt_exec *e);
 tpu_status *tpu_rt_exec_serialize(tpu_rt *rt, tpu_rt_exec *e, void **bytes, size_t *len);
 tpu_status *tpu_rt_exec_deserialize(tpu_rt *rt, const void *bytes, size_t len, tpu_rt_exec **out);
 
-/* Run e on device 0. args: borrowed for the call (none donated). outs: a
+/* Run a one-row program on the device of its arguments (all on one device;
+ * device 0 when there are none). args: borrowed for the call (none donated). outs: a
  * caller array of tpu_rt_exec_num_outputs(e) slots, filled with owned
  * buffers. Returns when the outputs are ready (errors of the computation
  * itself are reported here). */
@@ -78,6 +97,15 @@ tpu_status *tpu_rt_execute_async(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *cons
  * to an output (the plugin then writes a new buffer). */
 tpu_status *tpu_rt_execute_keep(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs, tpu_rt_buffer **outs,
                                 tpu_rt_event **done);
+/* The same on a named device (programs without arguments), keep as in
+ * tpu_rt_execute_keep. */
+tpu_status *tpu_rt_execute_on(tpu_rt *rt, tpu_rt_exec *e, int device, tpu_rt_buffer *const *args, int nargs,
+                              tpu_rt_buffer **outs, tpu_rt_event **done, bool keep);
+/* A program of several rows: args[r * nargs + i] is argument i of row r
+ * (each on tpu_rt_exec_row_device(e, r)); outs receives rows x outputs
+ * buffers, row-major. Waits for every row. */
+tpu_status *tpu_rt_execute_rows(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs,
+                                tpu_rt_buffer **outs);
 /* Non-blocking: has ev completed (NULL: yes)? */
 bool tpu_rt_event_ready(tpu_rt *rt, tpu_rt_event *ev);
 /* Waits for ev, frees it, returns its error. NULL ev: nothing. */
@@ -87,6 +115,12 @@ tpu_status *tpu_rt_event_wait(tpu_rt *rt, tpu_rt_event *ev);
  * return). rank 0 is a scalar; dims may be NULL when rank is 0. */
 tpu_status *tpu_rt_buffer_from_host(tpu_rt *rt, const void *data, tpu_dtype dtype, const int64_t *dims, int rank,
                                     tpu_rt_buffer **out);
+/* The same onto addressable device `device` (0 .. tpu_rt_device_count - 1). */
+tpu_status *tpu_rt_buffer_from_host_on(tpu_rt *rt, int device, const void *data, tpu_dtype dtype, const int64_t *dims,
+                                       int rank, tpu_rt_buffer **out);
+/* A copy of b on another device (or the same one). */
+tpu_status *tpu_rt_buffer_copy(tpu_rt *rt, tpu_rt_buffer *b, int device, tpu_rt_buffer **out);
+int tpu_rt_buffer_device(const tpu_rt_buffer *b);
 /* Device -> host, dense row-major into dst (nbytes must equal
  * tpu_rt_buffer_nbytes, else TPU_ERR_VALUE). Waits for completion. */
 tpu_status *tpu_rt_buffer_to_host(tpu_rt *rt, tpu_rt_buffer *b, void *dst, size_t nbytes);
@@ -109,13 +143,16 @@ int64_t tpu_rt_unwind_tables_ignored(void);
 /* Device memory in use, where the plugin reports it; TPU_ERR_UNIMPLEMENTED
  * otherwise (the CPU plugin does not). */
 tpu_status *tpu_rt_memory_in_use(tpu_rt *rt, int64_t *bytes);
-/* The plugin's statistics: bytes in use, and the peak and the limit where it
- * reports them (-1 where not). */
-tpu_status *tpu_rt_device_memory(tpu_rt *rt, int64_t *in_use, int64_t *peak, int64_t *limit);
+/* The plugin's statistics of a device: bytes in use, and the peak and the
+ * limit where it reports them (-1 where not). */
+tpu_status *tpu_rt_device_memory(tpu_rt *rt, int device, int64_t *in_use, int64_t *peak, int64_t *limit);
 /* Bytes held by this runtime's live buffers (dense sizes), counted here for
  * every plugin, and their peak since start or the last reset. */
 int64_t tpu_rt_live_bytes(const tpu_rt *rt);
 int64_t tpu_rt_peak_bytes(const tpu_rt *rt);
-void tpu_rt_reset_peak_bytes(tpu_rt *rt);
+void tpu_rt_reset_peak_bytes(tpu_rt *rt); /* every device's too */
+/* The same for the buffers on one device. */
+int64_t tpu_rt_device_live_bytes(const tpu_rt *rt, int device);
+int64_t tpu_rt_device_peak_bytes(const tpu_rt *rt, int device);
 
 #endif

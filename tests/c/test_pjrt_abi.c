@@ -152,6 +152,17 @@ static void test_structs(void) {
   SAME(tpu_pjrt_client_devices_args, devices, PJRT_Client_AddressableDevices_Args, addressable_devices);
   SAME(tpu_pjrt_client_devices_args, num_devices, PJRT_Client_AddressableDevices_Args, num_addressable_devices);
   SIZE(tpu_pjrt_client_devices_args, num_devices, PJRT_Client_AddressableDevices_Args);
+  HEAD(tpu_pjrt_copy_to_device_args, PJRT_Buffer_CopyToDevice_Args);
+  SAME(tpu_pjrt_copy_to_device_args, buffer, PJRT_Buffer_CopyToDevice_Args, buffer);
+  SAME(tpu_pjrt_copy_to_device_args, dst_device, PJRT_Buffer_CopyToDevice_Args, dst_device);
+  SAME(tpu_pjrt_copy_to_device_args, dst_buffer, PJRT_Buffer_CopyToDevice_Args, dst_buffer);
+  SIZE(tpu_pjrt_copy_to_device_args, dst_buffer, PJRT_Buffer_CopyToDevice_Args);
+  HEAD(tpu_pjrt_exec_devices_args, PJRT_LoadedExecutable_AddressableDevices_Args);
+  SAME(tpu_pjrt_exec_devices_args, executable, PJRT_LoadedExecutable_AddressableDevices_Args, executable);
+  SAME(tpu_pjrt_exec_devices_args, devices, PJRT_LoadedExecutable_AddressableDevices_Args, addressable_devices);
+  SAME(tpu_pjrt_exec_devices_args, num_devices, PJRT_LoadedExecutable_AddressableDevices_Args,
+       num_addressable_devices);
+  SIZE(tpu_pjrt_exec_devices_args, num_devices, PJRT_LoadedExecutable_AddressableDevices_Args);
 
   /* compile */
   HEAD(tpu_pjrt_program, PJRT_Program);
