@@ -30,7 +30,7 @@ struct tpu_rt {
   atomic_llong live_buffers, live_execs;
   atomic_llong live_bytes, peak_bytes; /* dense sizes of live buffers */
   atomic_llong *dev_bytes, *dev_peak;  /* the same per device (ndevices entries, owned) */
-  bool portable; /* several devices: one-device programs run on any of them */
+  bool portable;                       /* several devices: one-device programs run on any of them */
 };
 
 /* The shape is tracked here (from the upload's arguments, or asked of the
@@ -154,9 +154,9 @@ static void tpu_rt_export_unwind_stubs(void) {
  * float32, so a chain of half-type ops rounds once instead of after every
  * op as torch does (fused mode gave other values than CPU torch). */
 /* The env_option_overrides entry every program is compiled with (see above). */
-static const char tpu_env_overrides[] = {0x3a, 0x20, 0x0a, 0x1a, 'x', 'l', 'a', '_', 'a', 'l', 'l', 'o', 'w',
-                                         '_',  'e',  'x',  'c',  'e', 's', 's', '_', 'p', 'r', 'e', 'c', 'i',
-                                         's',  'i',  'o',  'n',  0x12, 0x02, 0x10, 0x00};
+static const char tpu_env_overrides[] = {0x3a, 0x20, 0x0a, 0x1a, 'x', 'l', 'a',  '_',  'a',  'l', 'l', 'o',
+                                         'w',  '_',  'e',  'x',  'c', 'e', 's',  's',  '_',  'p', 'r', 'e',
+                                         'c',  'i',  's',  'i',  'o', 'n', 0x12, 0x02, 0x10, 0x00};
 
 static size_t tpu_pb_varint(uint8_t *p, uint64_t v) {
   size_t n = 0;
@@ -443,8 +443,8 @@ tpu_status *tpu_rt_compile_with(tpu_rt *rt, const char *mlir, size_t len, const 
   *out = NULL;
   int rows = o ? (o->replicas > 0 ? o->replicas : 1) * (o->partitions > 0 ? o->partitions : 1) : 1;
   if (rows < 1 || rows > rt->ndevices)
-    return tpu_status_new(TPU_ERR_VALUE, "a program over %d devices (replicas x partitions); this process has %d",
-                          rows, rt->ndevices);
+    return tpu_status_new(TPU_ERR_VALUE, "a program over %d devices (replicas x partitions); this process has %d", rows,
+                          rt->ndevices);
   uint8_t ob[64];
   size_t on = tpu_rt_encode_options(o, rows == 1 && rt->portable, ob);
   tpu_pjrt_program p = {TPU_PJRT_SIZE(tpu_pjrt_program, format_size), NULL, (char *)mlir, len, "mlir", 4};
@@ -737,8 +737,8 @@ tpu_status *tpu_rt_execute_rows(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const
       tpu_rt_buffer *b = args[r * nargs + i];
       int want = e->rows > 1 ? e->row_dev[r] : 0;
       if (b && b->device != want)
-        return tpu_status_new(TPU_ERR_VALUE, "execute: argument %d of row %d is on device %d, the row runs on %d", i,
-                              r, b->device, want);
+        return tpu_status_new(TPU_ERR_VALUE, "execute: argument %d of row %d is on device %d, the row runs on %d", i, r,
+                              b->device, want);
     }
   return tpu_rt_launch_rows(rt, e, NULL, e->rows, args, nargs, outs, NULL, false);
 }

@@ -62,10 +62,11 @@ static tpu_rt_exec *compile(const char *text, const tpu_rt_compile_opts *o) {
   return e;
 }
 
-static const char *add_text = "func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {\n"
-                              "  %0 = stablehlo.add %a, %b : tensor<4xf32>\n"
-                              "  return %0 : tensor<4xf32>\n"
-                              "}\n";
+static const char *add_text =
+    "func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {\n"
+    "  %0 = stablehlo.add %a, %b : tensor<4xf32>\n"
+    "  return %0 : tensor<4xf32>\n"
+    "}\n";
 
 static void test_one_device_programs(void) {
   CHECK(tpu_rt_device_count(rt) == NDEV, "%d devices", tpu_rt_device_count(rt));

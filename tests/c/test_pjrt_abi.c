@@ -160,8 +160,7 @@ static void test_structs(void) {
   HEAD(tpu_pjrt_exec_devices_args, PJRT_LoadedExecutable_AddressableDevices_Args);
   SAME(tpu_pjrt_exec_devices_args, executable, PJRT_LoadedExecutable_AddressableDevices_Args, executable);
   SAME(tpu_pjrt_exec_devices_args, devices, PJRT_LoadedExecutable_AddressableDevices_Args, addressable_devices);
-  SAME(tpu_pjrt_exec_devices_args, num_devices, PJRT_LoadedExecutable_AddressableDevices_Args,
-       num_addressable_devices);
+  SAME(tpu_pjrt_exec_devices_args, num_devices, PJRT_LoadedExecutable_AddressableDevices_Args, num_addressable_devices);
   SIZE(tpu_pjrt_exec_devices_args, num_devices, PJRT_LoadedExecutable_AddressableDevices_Args);
 
   /* compile */
