@@ -123,19 +123,24 @@ def _redispatch_cpu(op):
     return kernel
 
 
+def _dev(device):
+    """A factory's device argument as a local device index (-1: the current one)."""
+    return -1 if device is None or device.index is None else device.index
+
+
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _C.empty(size, dtype or torch.get_default_dtype(), None)
+    return _C.empty(size, dtype or torch.get_default_dtype(), None, _dev(device))
 
 
 def _efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=None):
     """The zeros torch.func and some backward formulas make: ordinary zeros
     here (CPU's carry a ZeroTensor flag that only skips work)."""
-    t = _C.empty([int(s) for s in size], dtype or torch.get_default_dtype(), None)
+    t = _C.empty([int(s) for s in size], dtype or torch.get_default_dtype(), None, _dev(device))
     return t.zero_()
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    return _C.empty(size, dtype or torch.get_default_dtype(), stride)
+    return _C.empty(size, dtype or torch.get_default_dtype(), stride, _dev(device))
 
 
 def _resolve_bits(t):
@@ -229,7 +234,7 @@ def _resize_(self, size, memory_format=None):
     have = self.untyped_storage().nbytes() // itemsize
     if self.storage_offset() + n <= have:
         return self.set_(self.untyped_storage(), self.storage_offset(), size, strides)
-    new = _C.empty([n], self.dtype, None)
+    new = _C.empty([n], self.dtype, None, self.device.index)
     old = self.numel()
     if old and self.is_contiguous():
         new[: min(old, n)].copy_(self.reshape(-1)[: min(old, n)])
@@ -237,7 +242,7 @@ def _resize_(self, size, memory_format=None):
 
 
 def _set_empty(self):
-    return self.set_(_C.empty([0], self.dtype, None).untyped_storage(), 0, [0], [1])
+    return self.set_(_C.empty([0], self.dtype, None, self.device.index).untyped_storage(), 0, [0], [1])
 
 
 def _dense(t):
@@ -624,8 +629,8 @@ def _attention(sdpa_row, backward_row, fused, math):
             return fused(query, key, value, attn_mask, 0.0, is_causal, False, scale=scale)[0]
         return math(query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
 
-    def empty_long():
-        return _C.empty([], torch.int64, None)
+    def empty_long(device):
+        return _C.empty([], torch.int64, None, device.index)
 
     def order(t):
         """t's dims from the largest stride to the smallest (the layout torch's
@@ -652,7 +657,7 @@ def _attention(sdpa_row, backward_row, fused, math):
         out = laid_out(out, o)
         if query.dim() == 3:
             lse = lse.unsqueeze(0)  # (1, H, L), the shape of aten's meta kernel
-        return out, lse, None, None, query.shape[-2], key.shape[-2], empty_long(), empty_long(), None
+        return out, lse, None, None, query.shape[-2], key.shape[-2], empty_long(query.device), empty_long(query.device), None
 
     def fused_attention_backward(
         grad_out,
@@ -1218,6 +1223,8 @@ def setup(device_module):
         path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty, fraction, error, _settings.engine(_C.modes())
     )
     device_module._setup_error = error
+    device_module._num_devices_setting = ndev
+    device_module._platform_setting = platform
     if not registered:
         return
     setup_disk_cache()

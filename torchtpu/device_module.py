@@ -8,9 +8,11 @@ import torch
 
 from . import _C
 
-# What the functions below accept as a device, as torch.cuda's do (the index
-# is checked where it matters: one device per process).
+# What the functions below accept as a device, as torch.cuda's do.
 _Device = Union[torch.device, str, int, None]
+
+# TORCHTPU_NUM_DEVICES on the CPU plugin, set at import (no plugin load)
+_num_devices_setting = 1
 
 _info = None
 
@@ -59,23 +61,53 @@ def _is_in_bad_fork():
 
 
 def device_count() -> int:
-    # One device per process (torch's Python PrivateUse1 guard knows one).
-    return 1
+    """The local devices: TORCHTPU_NUM_DEVICES on the CPU plugin (known
+    without loading it), the devices the plugin reports otherwise; 0 when no
+    plugin can be used."""
+    if _setup_error is not None:
+        return 0
+    if not _C.initialized() and _platform_setting == "cpu":
+        return _num_devices_setting
+    try:
+        return _C.device_count()
+    except RuntimeError:
+        return 0
+
+
+_platform_setting = None  # the plugin's platform as found at import
 
 
 def current_device() -> int:
-    return 0
+    return _C.current_device()
+
+
+def _index(device: _Device) -> int:
+    """A device argument as a local device index (None: the current one)."""
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        idx = device
+    else:
+        d = torch.device(device)
+        if d.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {d}")
+        idx = current_device() if d.index is None else d.index
+    return current_device() if idx == -1 else idx
 
 
 def set_device(device: _Device) -> None:
-    """Selects the process's device: index 0, or the process's LOCAL_RANK
-    (launchers give each process one device: torchrun sets LOCAL_RANK, and
-    DeviceMesh, like training scripts, calls set_device(LOCAL_RANK); in a
-    process of one device that device is tpu:0)."""
-    idx = torch.device(device).index if not isinstance(device, int) else device
+    """Selects the device that tensors made without a device index go to
+    (torch.cuda.set_device). In a process of one device, the process's
+    LOCAL_RANK also names it: torchrun gives each process one device, and
+    DeviceMesh, like training scripts, calls set_device(LOCAL_RANK)."""
+    idx = _index(device)
     local = os.environ.get("LOCAL_RANK", "")
-    if idx not in (None, 0) and not (local.isdigit() and idx == int(local)):
-        raise ValueError(f"torchtpu uses one device per process; got device index {idx}")
+    if idx != 0 and local.isdigit() and idx == int(local) and device_count() == 1:
+        idx = 0
+    if idx < 0 or idx >= device_count():
+        raise RuntimeError(f"tpu:{idx}: invalid device ordinal ({device_count()} local devices)")
+    if idx != current_device():
+        _C.current_device(idx)
 
 
 def get_device_name(device: _Device = None) -> str:
@@ -261,8 +293,8 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 
 class device:
-    """Context manager that selects a tpu device, like torch.cuda.device.
-    One device per process, so it only checks the index."""
+    """Context manager that selects a tpu device, like torch.cuda.device:
+    inside it, tensors made without a device index go to that device."""
 
     def __init__(self, device: _Device) -> None:
         if device is not None and not isinstance(device, int):
@@ -270,13 +302,18 @@ class device:
             if device.type != "tpu":
                 raise ValueError(f"torch.tpu.device expects a tpu device, got {device}")
             device = device.index
-        set_device(0 if device is None or device == -1 else device)
-        self.idx = 0
+        self.idx = -1 if device is None else device
+        self.prev = -1
 
     def __enter__(self) -> "device":
+        if self.idx >= 0:
+            self.prev = current_device()
+            set_device(self.idx)
         return self
 
     def __exit__(self, *exc: object) -> bool:
+        if self.prev >= 0:
+            set_device(self.prev)
         return False
 
 
@@ -293,8 +330,12 @@ class device_of(device):
 # beyond the live buffers, so allocated and reserved are the same figure.
 
 
+def _memory(device: _Device = None, reset: bool = False) -> dict[str, int]:
+    return _C.memory(reset, _index(device))
+
+
 def memory_stats(device: _Device = None) -> dict[str, int]:
-    m = _C.memory()
+    m = _memory(device)
     out = {
         "allocated_bytes.all.current": m["allocated"],
         "allocated_bytes.all.peak": m["peak"],
@@ -313,18 +354,19 @@ def memory_stats(device: _Device = None) -> dict[str, int]:
 def memory_summary(device: _Device = None, abbreviated: bool = False) -> str:
     """A short text report of memory_stats() (torch.cuda.memory_summary's
     role; torchtpu caches nothing, so allocated and reserved coincide)."""
-    lines = ["torch.tpu memory summary (tpu:0)"]
+    lines = [f"torch.tpu memory summary (tpu:{_index(device)})"]
     for k, v in memory_stats(device).items():
         lines.append(f"  {k:<32} {v / 2**20:12.2f} MiB")
     return "\n".join(lines) + "\n"
 
 
 def memory_allocated(device: _Device = None) -> int:
-    return _C.memory()["allocated"]
+    """Bytes of the live buffers on the device (the current one by default)."""
+    return _memory(device)["allocated"]
 
 
 def max_memory_allocated(device: _Device = None) -> int:
-    return _C.memory()["peak"]
+    return _memory(device)["peak"]
 
 
 def memory_reserved(device: _Device = None) -> int:
@@ -351,7 +393,7 @@ def empty_cache() -> None:
 def mem_get_info(device: _Device = None) -> tuple[int, int]:
     """(free, total) bytes of the device. From the plugin where it reports a
     limit; on XLA's CPU plugin the device memory is the host's memory."""
-    m = _C.memory()
+    m = _memory(device)
     if m["device_limit"] > 0:
         used = m["device_in_use"] if m["device_in_use"] >= 0 else m["allocated"]
         return m["device_limit"] - used, m["device_limit"]

@@ -252,7 +252,7 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data, 
   }
   tpu_rt_buffer *b = NULL;
   int64_t n = rec->numel;
-  tpu_status *s = tpu_rt_buffer_from_host(e->rt, data, dt, &n, 1, &b);
+  tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, rec->device, data, dt, &n, 1, &b);
   if (s) return s;
   tpu_rt_buffer_free(rec->buf);
   rec->buf = b;
@@ -323,10 +323,86 @@ static bool tpu_fill_by_upload(const tpu_engine *e, int op_id, const tpu_arg *ar
   return numel == t->rec_numel && (size_t)numel * tpu_dtype_size(t->dtype) <= TPU_FILL_UPLOAD_MAX;
 }
 
+/* The device a call runs on: its tensors' (all on one, as torch requires),
+ * else its device argument's (a factory; i holds index + 1, 0 for none),
+ * else the current device. */
+static tpu_status *tpu_call_device(tpu_engine *e, const tpu_arg *args, int nargs) {
+  int dev = -1, hint = -1;
+  for (int i = 0; i < nargs; i++) {
+    const tpu_arg *a = &args[i];
+    int n = a->kind == TPU_ARG_TENSOR ? 1 : a->kind == TPU_ARG_TENSORS ? a->nlist : 0;
+    if (a->kind == TPU_ARG_IGNORED && a->i > 0 && hint < 0) hint = (int)a->i - 1;
+    for (int j = 0; j < n; j++) {
+      const tpu_tref *t = a->kind == TPU_ARG_TENSOR ? &a->t : &a->list[j];
+      if (!t->rec) continue;
+      if (dev < 0)
+        dev = t->rec->device;
+      else if (t->rec->device != dev)
+        return tpu_status_new(TPU_ERR_RUNTIME,
+                              "Expected all tensors to be on the same device, but found at least two devices, "
+                              "tpu:%d and tpu:%d!",
+                              dev, t->rec->device);
+    }
+  }
+  if (dev < 0) dev = hint >= 0 ? hint : e->cur_dev;
+  int n = tpu_rt_device_count(e->rt);
+  if (dev >= n) return tpu_status_new(TPU_ERR_RUNTIME, "tpu:%d: invalid device ordinal (%d local devices)", dev, n);
+  e->dev = dev;
+  return NULL;
+}
+
+tpu_status *tpu_engine_device_count(tpu_engine *e, int *n) {
+  *n = 0;
+  tpu_status *s = tpu_engine_start(e);
+  if (!s) *n = tpu_rt_device_count(e->rt);
+  return s;
+}
+
+tpu_status *tpu_engine_set_device(tpu_engine *e, int device) {
+  int n;
+  tpu_status *s = tpu_engine_device_count(e, &n);
+  if (s) return s;
+  if (device < 0 || device >= n)
+    return tpu_status_new(TPU_ERR_RUNTIME, "tpu:%d: invalid device ordinal (%d local devices)", device, n);
+  e->cur_dev = device;
+  return NULL;
+}
+
+int tpu_engine_current_device(const tpu_engine *e) { return e->cur_dev; }
+
+tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_record **out) {
+  *out = NULL;
+  int n = tpu_rt_device_count(e->rt);
+  if (device < 0 || device >= n)
+    return tpu_status_new(TPU_ERR_RUNTIME, "tpu:%d: invalid device ordinal (%d local devices)", device, n);
+  if (atomic_load(&src->graph_refs) > 0) { /* recorded ops write it: they run first */
+    tpu_status *f = tpu_engine_flush(e, TPU_FLUSH_DEVICE);
+    if (f) return f;
+  }
+  tpu_record *r = tpu_record_new_on(e, device, src->dtype, src->numel);
+  if (!r) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  int call_dev = e->dev;
+  e->dev = src->device;
+  tpu_status *s = tpu_record_materialize(e, src);
+  e->dev = call_dev;
+  if (!s) s = tpu_rt_buffer_copy(e->rt, src->buf, device, &r->buf);
+  if (s) {
+    tpu_record_unref(r);
+    return s;
+  }
+  atomic_fetch_add(&e->metrics.d2d_bytes, (long long)((size_t)src->numel * tpu_dtype_size(src->dtype)));
+  *out = r;
+  return NULL;
+}
+
 tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
                             tpu_engine_result *res) {
   res->nout = res->nret = 0; /* only the counted entries are read (12 KB: not cleared) */
   atomic_fetch_add(&e->metrics.ops_dispatched, 1);
+  {
+    tpu_status *s = tpu_call_device(e, args, nargs);
+    if (s) return s;
+  }
   if (row->flags & TPU_OP_FILL_VALUE) /* checked on every call: the value is not part of the program */
     for (int i = 1; i < nargs; i++) {
       tpu_status *s = tpu_scalar_check(&args[i], args[0].t.dtype);

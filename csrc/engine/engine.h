@@ -30,6 +30,7 @@ typedef struct tpu_record {
   tpu_dtype dtype;
   int64_t numel;
   tpu_rt_buffer *buf; /* owned; NULL until first written (reads as zeros) */
+  int device;         /* the local device its buffer lives on (tpu:<device>) */
   bool freed;         /* its memory was freed (tpu_engine_storage_free): no call may use it */
   tpu_engine *eng;    /* borrowed; outlives the record */
   /* Fused mode: references held by recorded ops (a record with no others is
@@ -54,7 +55,8 @@ typedef struct tpu_record {
   X(CAP, "size_cap")         \
   X(STEP, "optimizer_step")  \
   X(BACKWARD, "backward")    \
-  X(FREE, "storage_free")
+  X(FREE, "storage_free")    \
+  X(DEVICE, "device")
 typedef enum {
 #define X(id, name) TPU_FLUSH_##id,
   TPU_FLUSH_REASONS(X)
@@ -74,6 +76,7 @@ extern const char *const tpu_flush_names[TPU_FLUSH_COUNT];
   X(execute_ns, "execute_seconds", 1)                                                         \
   X(h2d_bytes, "h2d_bytes", 0)                                                                \
   X(d2h_bytes, "d2h_bytes", 0)                                                                \
+  X(d2d_bytes, "d2d_bytes", 0)             /* copies between local devices */                 \
   X(records_live, "live_records", 0)                                                          \
   X(fallback_ops, "fallback_ops", 0)                                                          \
   X(cache_evictions, "cache_evictions", 0) /* times the program cache was emptied */          \
@@ -204,7 +207,16 @@ char *tpu_engine_take_note(tpu_engine *e);
 int64_t tpu_engine_cache_size(tpu_engine *e);
 
 /* A new record (refs = 1, no buffer), registered. NULL when out of memory. */
-tpu_record *tpu_record_new(tpu_engine *e, tpu_dtype dt, int64_t numel);
+tpu_record *tpu_record_new(tpu_engine *e, tpu_dtype dt, int64_t numel); /* on the current call's device */
+tpu_record *tpu_record_new_on(tpu_engine *e, int device, tpu_dtype dt, int64_t numel);
+/* Local devices: how many (the runtime starts if it has not), and the
+ * device a call without tensor arguments runs on (torch.tpu.set_device). A
+ * bad index is an error naming it. */
+tpu_status *tpu_engine_device_count(tpu_engine *e, int *n);
+tpu_status *tpu_engine_set_device(tpu_engine *e, int device);
+int tpu_engine_current_device(const tpu_engine *e);
+/* A new record on `device` holding src's value (src's pending ops run first). */
+tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_record **out);
 void tpu_record_ref(tpu_record *r);
 /* Thread-safe (torch may free storages without the GIL). */
 void tpu_record_unref(tpu_record *r);

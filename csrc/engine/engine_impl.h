@@ -90,6 +90,7 @@ typedef struct {
 #define TPU_SCALAR_SLOTS 256
 typedef struct {
   tpu_dtype dtype;
+  int dev;
   uint8_t bits[16];
   uint64_t epoch; /* the call that last used it */
   tpu_rt_buffer *buf;
@@ -124,6 +125,9 @@ struct tpu_engine {
   char *warnings[8];           /* owned, pending for the binding */
   int nwarnings;
   tpu_mode mode;
+  int dev;      /* the device of the call, flush or replay in progress */
+  int cur_dev;  /* calls without tensor arguments (torch.tpu.set_device) */
+  int fuse_dev; /* the device of the recorded ops (fused mode) */
   struct {
     tpu_rt_event *ev; /* owned */
     const char *op;   /* the table's name (static); NULL for a fused program */

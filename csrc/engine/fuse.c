@@ -71,10 +71,12 @@ static void tpu_node_share(const tpu_engine *e, tpu_node *n) {
  * once; nothing runs. */
 tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
                               const tpu_sig *sig, tpu_cache_entry *c, tpu_engine_result *res) {
-  if (e->nnodes >= e->fuse_cap) {
-    tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_CAP);
+  if (e->nnodes >= e->fuse_cap || (e->nnodes && e->fuse_dev != e->dev)) {
+    /* A fused program runs on one device: ops of another run first. */
+    tpu_status *s = tpu_engine_flush(e, e->nnodes >= e->fuse_cap ? TPU_FLUSH_CAP : TPU_FLUSH_DEVICE);
     if (s) return s;
   }
+  e->fuse_dev = e->dev;
   if (e->nnodes == e->capnodes) {
     int cap = e->capnodes ? 2 * e->capnodes : 256;
     tpu_node *g = realloc(e->nodes, sizeof *g * (size_t)cap);
@@ -551,6 +553,7 @@ static const char *tpu_flush_what(tpu_flush_reason reason) {
     case TPU_FLUSH_UPLOAD: return "copying host data into a tensor the graph writes";
     case TPU_FLUSH_SYNC: return "synchronizing";
     case TPU_FLUSH_CAP: return "recording more ops than TORCHTPU_FUSED_MAX_OPS (raise it)";
+    case TPU_FLUSH_DEVICE: return "running ops on another device";
     default: return "changing the eager mode or running a compiled graph";
   }
 }
@@ -565,10 +568,13 @@ tpu_status *tpu_engine_flush(tpu_engine *e, tpu_flush_reason reason) {
   if (e->capturing) e->capture_split = true;
   tpu_rectab tab = {0};
   tpu_cache_entry *c = NULL;
+  int call_dev = e->dev;
+  e->dev = e->fuse_dev;
   tpu_status *s = tpu_flush_prepare(e, reason, &tab, &c);
   if (!s) s = tpu_fuse_run(e, c, &tab);
   free(tab.r);
   tpu_nodes_release(e);
+  e->dev = call_dev;
   return s;
 }
 

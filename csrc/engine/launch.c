@@ -139,16 +139,16 @@ static tpu_status *tpu_scalar_buffer(tpu_engine *e, tpu_dtype dt, const void *by
   uint8_t key[16] = {0};
   size_t n = tpu_dtype_size(dt);
   memcpy(key, bytes, n);
-  uint64_t h = tpu_hash64(key, sizeof key) ^ (uint64_t)dt * 0x9e3779b97f4a7c15ull;
+  uint64_t h = tpu_hash64(key, sizeof key) ^ ((uint64_t)dt + ((uint64_t)e->dev << 8)) * 0x9e3779b97f4a7c15ull;
   tpu_scalar_slot *slot = &e->scalars[h % TPU_SCALAR_SLOTS];
   *temp = NULL;
-  if (slot->buf && slot->dtype == dt && memcmp(slot->bits, key, sizeof key) == 0) {
+  if (slot->buf && slot->dtype == dt && slot->dev == e->dev && memcmp(slot->bits, key, sizeof key) == 0) {
     slot->epoch = e->epoch;
     *out = slot->buf;
     return NULL;
   }
   tpu_rt_buffer *b = NULL;
-  tpu_status *s = tpu_rt_buffer_from_host(e->rt, key, dt, NULL, 0, &b);
+  tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, e->dev, key, dt, NULL, 0, &b);
   if (s) return s;
   if (slot->buf && slot->epoch == e->epoch) {
     *temp = *out = b;
@@ -158,6 +158,7 @@ static tpu_status *tpu_scalar_buffer(tpu_engine *e, tpu_dtype dt, const void *by
   tpu_rt_buffer_free(slot->buf);
   slot->buf = b;
   slot->dtype = dt;
+  slot->dev = e->dev;
   memcpy(slot->bits, key, sizeof key);
   *out = b;
   return NULL;
@@ -210,7 +211,7 @@ tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args,
       uint64_t st[2];
       tpu_rng_key(e, rng_offset, st);
       int64_t two = 2;
-      tpu_status *s = tpu_rt_buffer_from_host(e->rt, st, TPU_U64, &two, 1, b);
+      tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, e->dev, st, TPU_U64, &two, 1, b);
       *temp = *b;
       return s;
     }
@@ -234,10 +235,7 @@ tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **
      * program that would take its inputs' buffers writes new ones instead,
      * so that the host runs ahead (other plugins order donation on the
      * device and always donate). */
-    if (e->icount && e->donate_waits)
-      s = tpu_rt_execute_keep(e->rt, exec, in, nin, out, &done);
-    else
-      s = tpu_rt_execute_async(e->rt, exec, in, nin, out, &done);
+    s = tpu_rt_execute_on(e->rt, exec, e->dev, in, nin, out, &done, e->icount && e->donate_waits);
     if (done) {
       int k = (e->ihead + e->icount) % TPU_INFLIGHT;
       e->inflight[k].ev = done;
@@ -245,7 +243,7 @@ tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **
       e->icount++;
     }
   } else {
-    s = tpu_rt_execute(e->rt, exec, in, nin, out);
+    s = tpu_rt_execute_on(e->rt, exec, e->dev, in, nin, out, NULL, false);
   }
   atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
   return s;

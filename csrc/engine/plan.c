@@ -27,6 +27,7 @@ struct tpu_plan {
   tpu_engine *eng; /* NULL once released */
   struct tpu_plan *prev, *next;
   tpu_cache_entry *c; /* referenced */
+  int dev;            /* the device it was captured on, and runs on */
   int nops;
   int nin;
   tpu_tref *in;      /* the inputs' layout at capture (records cleared) */
@@ -137,6 +138,7 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
   int heldcap = 0;
   if (!p || !cls || !idx) goto oom;
   p->eng = e;
+  p->dev = e->fuse_dev;
   p->next = e->plans;
   if (e->plans) e->plans->prev = p;
   e->plans = p;
@@ -226,7 +228,7 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
       memcpy(bits, t->host_bytes, tpu_dtype_size(dt));
     }
     d->kind = TPU_SRC_CONST;
-    tpu_status *s = tpu_rt_buffer_from_host(e->rt, bits, dt, NULL, 0, &d->buf);
+    tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, p->dev, bits, dt, NULL, 0, &d->buf);
     if (s) {
       tpu_plan_free(p);
       free(cls);
@@ -319,6 +321,8 @@ tpu_status *tpu_engine_capture_end(tpu_engine *e, int prev, const tpu_tref *ins,
   } else {
     tpu_rectab tab = {0};
     tpu_cache_entry *c = NULL;
+    int call_dev = e->dev;
+    e->dev = e->fuse_dev;
     s = tpu_flush_prepare(e, TPU_FLUSH_MODE, &tab, &c);
     if (!s && split) *why = "the graph was run in pieces (a sync point inside it, or TORCHTPU_FUSED_MAX_OPS)";
     if (!s && !split && plan) s = tpu_plan_build(e, &tab, c, ins, nin, outs, nout, plan, why);
@@ -329,6 +333,7 @@ tpu_status *tpu_engine_capture_end(tpu_engine *e, int prev, const tpu_tref *ins,
     }
     free(tab.r);
     tpu_nodes_release(e);
+    e->dev = call_dev;
   }
   e->mode = prev;
   return s;
@@ -382,7 +387,7 @@ static bool tpu_same_view(const tpu_tref *a, const tpu_tref *b) {
 bool tpu_plan_matches(const tpu_plan *p, const tpu_tref *ins, int nin) {
   if (!p->eng || nin != p->nin) return false;
   for (int i = 0; i < nin; i++) {
-    if (!tpu_same_view(&p->in[i], &ins[i])) return false;
+    if (!tpu_same_view(&p->in[i], &ins[i]) || (ins[i].rec && ins[i].rec->device != p->dev)) return false;
     int a = ins[i].rec ? tpu_input_of(ins, nin, ins[i].rec) : -1;
     if (a != p->in_alias[i]) return false;
     for (int h = 0; h < p->nheld && ins[i].rec; h++)
@@ -398,8 +403,16 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
       return tpu_status_new(TPU_ERR_RUNTIME,
                             "a captured graph uses a tpu storage whose memory was freed (FSDP's "
                             "free_storage) and not allocated again");
+  for (int i = 0; i < nin; i++)
+    if (ins[i].rec && ins[i].rec->device != p->dev)
+      return tpu_status_new(TPU_ERR_RUNTIME,
+                            "Expected all tensors to be on the same device: a graph captured on tpu:%d was given an "
+                            "input on tpu:%d",
+                            p->dev, ins[i].rec->device);
   tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_MODE);
   if (s) return s;
+  int call_dev = e->dev;
+  e->dev = p->dev;
   tpu_cache_entry *c = p->c;
   uint64_t rng_base = e->rng_offset;
   e->rng_offset += p->rng_span;
@@ -426,7 +439,7 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
         uint64_t st[2];
         tpu_rng_key(e, rng_base + d->rng, st);
         int64_t two = 2;
-        s = tpu_rt_buffer_from_host(e->rt, st, TPU_U64, &two, 1, &inbuf[k]);
+        s = tpu_rt_buffer_from_host_on(e->rt, p->dev, st, TPU_U64, &two, 1, &inbuf[k]);
         if (!s) temps[ntemp++] = inbuf[k];
       }
     }
@@ -466,5 +479,6 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
   free(temps);
   free(outbuf);
   free(fresh);
+  e->dev = call_dev;
   return s;
 }

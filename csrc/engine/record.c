@@ -38,8 +38,13 @@ static bool tpu_reg_grow(tpu_engine *e) {
 }
 
 tpu_record *tpu_record_new(tpu_engine *e, tpu_dtype dt, int64_t numel) {
+  return tpu_record_new_on(e, e->dev, dt, numel);
+}
+
+tpu_record *tpu_record_new_on(tpu_engine *e, int device, tpu_dtype dt, int64_t numel) {
   tpu_record *r = calloc(1, sizeof *r);
   if (!r) return NULL;
+  r->device = device;
   r->magic = TPU_RECORD_MAGIC;
   atomic_init(&r->refs, 1);
   r->dtype = dt;
@@ -106,7 +111,7 @@ tpu_status *tpu_record_materialize(tpu_engine *e, tpu_record *r) {
   void *zeros = calloc(nb ? nb : 1, 1);
   if (!zeros) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", nb);
   int64_t n = r->numel;
-  tpu_status *s = tpu_rt_buffer_from_host(e->rt, zeros, r->dtype, &n, 1, &r->buf);
+  tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, r->device, zeros, r->dtype, &n, 1, &r->buf);
   free(zeros);
   return s;
 }

@@ -5,12 +5,19 @@
 
 #include <string.h>
 
-/* empty(sizes, dtype, strides or None) -> a tpu tensor on a fresh record. */
+/* empty(sizes, dtype, strides or None, device=-1) -> a tpu tensor on a
+ * fresh record, on local device `device` (-1: the current device). */
 PyObject *tpu_py_empty(PyObject *m, PyObject *args) {
   PyObject *sizes_o, *dtype_o, *strides_o;
-  if (!PyArg_ParseTuple(args, "OOO", &sizes_o, &dtype_o, &strides_o)) return NULL;
+  int dev = -1;
+  if (!PyArg_ParseTuple(args, "OOO|i", &sizes_o, &dtype_o, &strides_o, &dev)) return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (!tpu_need_engine(st)) return NULL;
+  int ndev = 0;
+  tpu_status *ds = tpu_engine_device_count(st->eng, &ndev);
+  if (ds) return tpu_raise(ds);
+  if (dev < 0) dev = tpu_engine_current_device(st->eng);
+  if (dev >= ndev) return PyErr_Format(PyExc_RuntimeError, "tpu:%d: invalid device ordinal (%d local devices)", dev, ndev);
   int64_t sizes[TPU_MAX_RANK], strides[TPU_MAX_RANK];
   int rank = tpu_int64_seq(sizes_o, sizes, TPU_MAX_RANK, "size");
   if (rank < 0) return NULL;
@@ -25,7 +32,7 @@ PyObject *tpu_py_empty(PyObject *m, PyObject *args) {
     return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "size and stride lengths differ");
   int64_t numel;
   if (tpu_storage_check(rank, sizes, have_strides ? strides : NULL, dt, &numel) < 0) return NULL;
-  tpu_record *r = tpu_record_new(st->eng, dt, numel);
+  tpu_record *r = tpu_record_new_on(st->eng, dev, dt, numel);
   if (!r) return PyErr_NoMemory();
   return tpu_mint(st, r, rank, sizes, have_strides ? strides : NULL);
 }
@@ -145,7 +152,16 @@ PyObject *tpu_py_copy_from(PyObject *m, PyObject *args) {
   if (!dst_cpu && !src_cpu) {
     if (!tpu_py_to_tref_args(st, dst_o, &a[0], "_copy_from") || !tpu_py_to_tref_args(st, src_o, &a[1], "_copy_from"))
       return NULL;
+    tpu_record *moved = NULL;
+    if (a[0].t.rec && a[1].t.rec && a[0].t.rec->device != a[1].t.rec->device) {
+      /* between local devices: the source's whole storage moves, then the
+       * copy runs on the destination's device with the same view of it */
+      tpu_status *s = tpu_engine_transfer(st->eng, a[1].t.rec, a[0].t.rec->device, &moved);
+      if (s) return tpu_raise(s);
+      a[1].t.rec = moved;
+    }
     PyObject *r = tpu_run_op(st, TPU_OP_tpu_copy, a, 2, params, 1);
+    tpu_record_unref(moved);
     return r;
   }
   if (!dst_cpu) {
@@ -177,7 +193,7 @@ PyObject *tpu_py_copy_from(PyObject *m, PyObject *args) {
       if (s) return tpu_raise(s);
       return Py_NewRef(dst_o);
     }
-    tpu_record *tmp = tpu_record_new(st->eng, sdt, numel);
+    tpu_record *tmp = tpu_record_new_on(st->eng, dt->rec->device, sdt, numel);
     if (!tmp) {
       Py_DECREF(c);
       return PyErr_NoMemory();

@@ -56,6 +56,15 @@ static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, 
                   kind == 'c' || kind == 'd' || kind == 'y' || kind == 'l' || kind == '_';
   if (kind == '_') {
     a->kind = TPU_ARG_IGNORED;
+    a->i = 0;
+    /* a factory's device=tpu:<i> says where its output goes (i + 1 here) */
+    if (o != Py_None && strcmp(Py_TYPE(o)->tp_name, "torch.device") == 0) {
+      PyObject *idx = PyObject_GetAttrString(o, "index");
+      if (!idx) return -1;
+      if (PyLong_Check(idx)) a->i = PyLong_AsLongLong(idx) + 1;
+      Py_DECREF(idx);
+      if (PyErr_Occurred()) return -1;
+    }
     return 0;
   }
   if (o == Py_None) {

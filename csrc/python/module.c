@@ -290,6 +290,29 @@ static PyObject *tpu_py_synchronize(PyObject *m, PyObject *noargs) {
   Py_RETURN_NONE;
 }
 
+/* device_count() -> the local devices (starts the runtime). */
+static PyObject *tpu_py_device_count(PyObject *m, PyObject *noargs) {
+  (void)noargs;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  int n = 0;
+  tpu_status *s = tpu_engine_device_count(st->eng, &n);
+  if (s) return tpu_raise(s);
+  return PyLong_FromLong(n);
+}
+
+/* current_device() -> index; current_device(i) selects local device i. */
+static PyObject *tpu_py_current_device(PyObject *m, PyObject *args) {
+  int dev = -1;
+  if (!PyArg_ParseTuple(args, "|i", &dev)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (dev < 0) return PyLong_FromLong(st->eng ? tpu_engine_current_device(st->eng) : 0);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_status *s = tpu_engine_set_device(st->eng, dev);
+  if (s) return tpu_raise(s);
+  return PyLong_FromLong(dev);
+}
+
 static PyObject *tpu_py_count_fallback(PyObject *m, PyObject *noargs) {
   (void)noargs;
   tpu_mod_state *st = tpu_state(m);
@@ -350,7 +373,7 @@ static PyMethodDef tpu_methods[] = {
      "foreach(name, element_kernel, lists, kwnames, out_self, returns_list) -> callable"},
     {"kernel", tpu_py_kernel, METH_VARARGS,
      "kernel(op_id, spec, nreturns, REQUIRED[, resolve, resolve_real]) -> callable"},
-    {"empty", tpu_py_empty, METH_VARARGS, "empty(sizes, dtype, strides) -> tpu tensor"},
+    {"empty", tpu_py_empty, METH_VARARGS, "empty(sizes, dtype, strides, device=-1) -> tpu tensor"},
     {"copy_from", tpu_py_copy_from, METH_VARARGS, "copy_from(src, dst) -> dst"},
     {"to_cpu", tpu_py_to_cpu, METH_O, "to_cpu(t) -> contiguous CPU tensor"},
     {"storage_free", tpu_py_storage_free, METH_O, "storage_free(t): free the memory of t's storage (FSDP2)"},
@@ -360,13 +383,15 @@ static PyMethodDef tpu_methods[] = {
     {"initialized", tpu_py_initialized, METH_NOARGS, "Whether the runtime has started."},
     {"in_bad_fork", tpu_py_in_bad_fork, METH_NOARGS, "Whether a parent of this forked process started it."},
     {"metrics", tpu_py_metrics, METH_NOARGS, "Counters."},
-    {"memory", tpu_py_memory, METH_VARARGS, "memory(reset_peak=False) -> byte counts"},
+    {"memory", tpu_py_memory, METH_VARARGS, "memory(reset_peak=False, device=-1) -> byte counts"},
     {"matmul_precision", tpu_py_matmul_precision, METH_VARARGS, "matmul_precision([p]) -> p"},
     {"value_checks", tpu_py_value_checks, METH_VARARGS, "value_checks([on]) -> on"},
     {"disk_cache", tpu_py_disk_cache, METH_VARARGS, "disk_cache(dir, max_bytes, extra_salt)"},
     {"eager_mode", tpu_py_eager_mode, METH_VARARGS, "eager_mode([name[, sync]]) -> the mode's name"},
     {"modes", tpu_py_modes, METH_NOARGS, "modes() -> the eager modes' names"},
     {"synchronize", tpu_py_synchronize, METH_NOARGS, "Wait for every launched computation."},
+    {"device_count", tpu_py_device_count, METH_NOARGS, "device_count() -> local devices"},
+    {"current_device", tpu_py_current_device, METH_VARARGS, "current_device([index]) -> the current device"},
     {"flush", tpu_py_flush, METH_VARARGS, "flush(step=False): launch the recorded ops (fused mode) without waiting."},
     {"backward_passes", tpu_py_backward_passes, METH_NOARGS,
      "backward_passes() -> backward passes begun in fused mode."},

@@ -127,7 +127,7 @@ PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *
     }
   }
   h->m.dl_tensor.data = rec;
-  h->m.dl_tensor.device = (tpu_dl_device){TPU_DL_EXT_DEV, 0};
+  h->m.dl_tensor.device = (tpu_dl_device){TPU_DL_EXT_DEV, rec->device};
   h->m.dl_tensor.ndim = rank;
   h->m.dl_tensor.dtype = tpu_dl_dtype_of(rec->dtype);
   h->m.dl_tensor.shape = h->shape;
