@@ -158,6 +158,7 @@ void tpu_hlo_free(tpu_hlo *m) {
     free(m->regions[i].sig);
   }
   free(m->regions);
+  free(m->shards);
   free(m);
 }
 
@@ -302,6 +303,7 @@ tpu_status *tpu_hlo_finish(tpu_hlo *m, const tpu_hv *results, int n, char **text
       if (m->alias[j] == m->alias[i])
         tpu_hlo_fail(m, TPU_ERR_RUNTIME, "hlo: parameters %d and %d both alias result %d", j, i, m->alias[i]);
   }
+  if (tpu_hlo_ok(m)) tpu_hloi_spmd_check(m, results, n);
   if (m->oom && !m->err) m->err = tpu_status_new(TPU_ERR_MEMORY, "out of memory building a program");
   if (m->err) {
     tpu_status *s = m->err;
@@ -311,18 +313,18 @@ tpu_status *tpu_hlo_finish(tpu_hlo *m, const tpu_hv *results, int n, char **text
     return s;
   }
   tpu_buf out = {0};
-  tpu_hloi_buf_printf(m, &out,
-                      "module @torchtpu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
-                      "  func.func public @main(");
+  tpu_hloi_spmd_put_head(m, &out);
+  tpu_hloi_buf_printf(m, &out, "  func.func public @main(");
   for (int i = 0; i < m->nparams; i++) {
     tpu_hloi_buf_printf(m, &out, "%s%%v%d: ", i ? ", " : "", m->params[i]);
     tpu_hloi_put_type(m, &out, &TY(m->params[i]));
-    if (m->alias[i] >= 0) tpu_hloi_buf_printf(m, &out, " {tf.aliasing_output = %d : i32}", m->alias[i]);
+    tpu_hloi_spmd_put_attrs(m, &out, false, i, m->alias[i]);
   }
   tpu_hloi_buf_printf(m, &out, ") -> (");
   for (int i = 0; i < n; i++) {
     if (i) tpu_hloi_buf_put(m, &out, ", ", 2);
     tpu_hloi_put_type(m, &out, &TY(results[i]));
+    tpu_hloi_spmd_put_attrs(m, &out, true, i, -1);
   }
   tpu_hloi_buf_printf(m, &out, ") {\n");
   if (m->body.n) tpu_hloi_buf_put(m, &out, m->body.p, m->body.n);

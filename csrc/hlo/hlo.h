@@ -21,6 +21,7 @@
 #define TPU_HLO_H
 
 #include "../core.h"
+#include "sharding.h"
 
 typedef struct tpu_hlo tpu_hlo;
 typedef int32_t tpu_hv; /* value handle; TPU_HV_NONE after an error */
@@ -67,6 +68,37 @@ tpu_status *tpu_hlo_finish(tpu_hlo *m, const tpu_hv *results, int n, char **text
 
 /* 64-bit structural hash of finished text (FNV-1a over the bytes). */
 uint64_t tpu_hlo_hash(const char *text, size_t len);
+
+/* ---- SPMD ---------------------------------------------------------------------
+ * A single-controller SPMD program: one @main whose parameters, results and
+ * chosen intermediate values carry shardings over the module's device mesh;
+ * XLA's partitioner (GSPMD or Shardy, chosen per module) splits it into the
+ * program each device runs. Nothing here changes the text of a module that
+ * sets none of it. Bad shardings (see tpu_sharding_check; the mesh must be
+ * the module's, the rank the value's) are sticky TPU_ERR_VALUE errors. */
+
+typedef enum {
+  TPU_HLO_GSPMD = 1, /* mhlo.sharding = "{devices=...}" attributes, custom_call @Sharding */
+  TPU_HLO_SHARDY     /* an sdy.mesh op, sdy.sharding = #sdy.sharding<...>, sdy.sharding_constraint */
+} tpu_hlo_partitioner;
+
+/* Declare the device mesh, once, before any sharding; axis_names (Shardy's,
+ * copied) may be NULL for a0, a1, .... Sets mhlo.num_partitions to the
+ * mesh's device count. */
+void tpu_hlo_set_mesh(tpu_hlo *m, tpu_hlo_partitioner p, int mesh_rank, const int64_t *mesh,
+                      const char *const *axis_names);
+/* The module's mhlo.num_partitions and mhlo.num_replicas (1 and 1 unless
+ * set; with a mesh, the partitions must be its devices, checked at finish). */
+void tpu_hlo_set_num_partitions(tpu_hlo *m, int n);
+void tpu_hlo_set_num_replicas(tpu_hlo *m, int n);
+/* The sharding of parameter p / of result result_index (checked against the
+ * result at finish); a later call replaces an earlier one. Printed as the
+ * argument's or result's attribute, next to tf.aliasing_output. */
+void tpu_hlo_param_sharding(tpu_hlo *m, tpu_hv p, const tpu_sharding *s);
+void tpu_hlo_result_sharding(tpu_hlo *m, int result_index, const tpu_sharding *s);
+/* x constrained to sharding s (same type as x): GSPMD's custom_call
+ * @Sharding or Shardy's sdy.sharding_constraint. */
+tpu_hv tpu_hlo_sharding_constraint(tpu_hlo *m, tpu_hv x, const tpu_sharding *s);
 
 /* ---- the generic primitive ---------------------------------------------------
  * Emit `"name"(operands) ({regions}) {attrs} : (operand types) -> results`.

@@ -13,9 +13,12 @@
  *   hlo_reduce.c      reduce and reduce_window
  *   hlo_compute.c     dot_general, gather, scatter, sort, rng_bit_generator,
  *                     convolution
+ *   hlo_spmd.c        SPMD: the mesh, the partition and replica counts,
+ *                     parameter and result shardings, sharding constraints
+ *                     (the shardings themselves are sharding.c's)
  * The op files add to the module's text only through tpu_hlo_emit, read values
  * only through TY and tpu_hloi_val_at, and of the module's fields touch only
- * exact_div (hlo_elementwise.c).
+ * exact_div (hlo_elementwise.c) and the SPMD fields (hlo_spmd.c).
  *
  * Helpers shared between the files are named tpu_hloi_* ("hlo internal");
  * those one file uses stay static there. The text helpers only note running
@@ -60,6 +63,13 @@ typedef struct {
   tpu_hlo_type *args; /* owned */
 } tpu_frame;
 
+/* A parameter's or a result's sharding (hlo_spmd.c). */
+typedef struct {
+  bool result; /* index is a result index; otherwise a parameter's position */
+  int index;
+  tpu_sharding s;
+} tpu_shard_note;
+
 struct tpu_hlo {
   tpu_status *err;  /* sticky, owned */
   tpu_val **chunks; /* owned, each TPU_HLO_CHUNK records; never moved */
@@ -76,6 +86,15 @@ struct tpu_hlo {
   int nregions, capregions;
   bool oom;
   bool exact_div; /* division and rsqrt as torch's CPU kernels, where XLA's CPU compiler differs */
+  /* SPMD (hlo_spmd.c); all zero for a single-device program */
+  int partitioner;    /* 0 (no mesh) or a tpu_hlo_partitioner */
+  int num_partitions; /* 0: 1 */
+  int num_replicas;   /* 0: 1 */
+  tpu_sharding mesh;  /* mesh_rank and mesh; rank 0 */
+  bool named;         /* axis_names given (else a0, a1, ...) */
+  char axis_names[TPU_MESH_MAX_AXES][TPU_MESH_NAME_MAX + 1];
+  tpu_shard_note *shards; /* owned */
+  int nshards, capshards;
 };
 
 /* The record of value v (v must be valid). */
@@ -106,6 +125,17 @@ void tpu_hloi_put_i64s(tpu_hlo *m, tpu_buf *b, const int64_t *v, int n);
 void tpu_hloi_put_array(tpu_hlo *m, tpu_buf *b, const char *name, const int64_t *v, int n);
 /* "padding = dense<[[lo, hi], ...]> : tensor<rankx2xi64>"; pad NULL: zeros. */
 void tpu_hloi_put_padding(tpu_hlo *m, tpu_buf *b, const int64_t *pad, int rank);
+
+/* ---- SPMD (hlo_spmd.c) ---------------------------------------------------------- */
+
+/* The module line, and the sdy.mesh op after it for Shardy. */
+void tpu_hloi_spmd_put_head(tpu_hlo *m, tpu_buf *b);
+/* " {mhlo.sharding = ..., tf.aliasing_output = N : i32}" for parameter or
+ * result `index` (alias < 0: none); nothing when neither is set. */
+void tpu_hloi_spmd_put_attrs(tpu_hlo *m, tpu_buf *b, bool result, int index, int alias);
+/* Result shardings fit the results, the mesh fits num_partitions; false and
+ * the sticky error otherwise. */
+bool tpu_hloi_spmd_check(tpu_hlo *m, const tpu_hv *results, int n);
 
 /* ---- checks (hlo.c) -------------------------------------------------------------- */
 

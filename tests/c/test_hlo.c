@@ -1056,6 +1056,320 @@ static void test_hash64(void) {
   free(tiny);
 }
 
+/* ---- SPMD: shardings and sharded modules ------------------------------------------------- */
+
+/* A sharding over a mesh of mesh_rank axes (m[0..)) of a rank-`rank`
+ * tensor whose dims 0 and 1 are split over axes d0 and d1 (-1: none). */
+static tpu_sharding sh(int mesh_rank, const int64_t *mesh, int rank, int d0, int d1) {
+  int8_t da[TPU_MAX_RANK] = {(int8_t)d0, (int8_t)d1, -1, -1, -1, -1, -1, -1};
+  return tpu_sharding_make(mesh_rank, mesh, rank, da);
+}
+
+static void expect_gspmd(const tpu_sharding *s, const char *want, const char *what) {
+  char buf[256];
+  int n = tpu_sharding_gspmd(s, buf, sizeof buf);
+  CHECK(n == (int)strlen(want) && strcmp(buf, want) == 0, "%s: gspmd \"%s\" (%d), want \"%s\"", what, buf, n, want);
+}
+
+static void expect_sdy(const tpu_sharding *s, const char *const *names, const char *want, const char *what) {
+  char buf[256];
+  int n = tpu_sharding_sdy(s, names, buf, sizeof buf);
+  CHECK(n == (int)strlen(want) && strcmp(buf, want) == 0, "%s: sdy \"%s\" (%d), want \"%s\"", what, buf, n, want);
+}
+
+static void test_sharding_strings(void) {
+  int64_t m4[1] = {4}, m22[2] = {2, 2}, m23[2] = {2, 3}, m222[3] = {2, 2, 2}, m41[2] = {4, 1}, m21[2] = {2, 1};
+  /* 1-D mesh */
+  tpu_sharding s = sh(1, m4, 1, 0, -1);
+  expect_gspmd(&s, "{devices=[4]0,1,2,3}", "[4] dim0");
+  s = sh(1, m4, 2, -1, 0);
+  expect_gspmd(&s, "{devices=[1,4]0,1,2,3}", "[4] dim1");
+  s = sh(1, m4, 2, -1, -1);
+  expect_gspmd(&s, "{replicated}", "[4] replicated");
+  s = sh(1, m4, 0, -1, -1);
+  expect_gspmd(&s, "{replicated}", "[4] scalar");
+  /* 2-D meshes */
+  s = sh(2, m22, 2, 0, -1);
+  expect_gspmd(&s, "{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}", "2x2 dim0 on 0");
+  s = sh(2, m22, 2, 1, -1);
+  expect_gspmd(&s, "{devices=[2,1,2]0,2,1,3 last_tile_dim_replicate}", "2x2 dim0 on 1");
+  s = sh(2, m22, 2, 0, 1);
+  expect_gspmd(&s, "{devices=[2,2]0,1,2,3}", "2x2 both");
+  s = sh(2, m22, 2, 1, 0);
+  expect_gspmd(&s, "{devices=[2,2]0,2,1,3}", "2x2 both, swapped");
+  s = sh(2, m22, 2, -1, 1);
+  expect_gspmd(&s, "{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}", "2x2 dim1 on 1");
+  s = sh(2, m23, 1, 1, -1);
+  expect_gspmd(&s, "{devices=[3,2]0,3,1,4,2,5 last_tile_dim_replicate}", "2x3 dim0 on 1");
+  s = sh(2, m23, 2, 1, 0);
+  expect_gspmd(&s, "{devices=[3,2]0,3,1,4,2,5}", "2x3 both, swapped");
+  s = sh(3, m222, 2, 1, -1);
+  expect_gspmd(&s, "{devices=[2,1,4]0,1,4,5,2,3,6,7 last_tile_dim_replicate}", "2x2x2 dim0 on 1");
+  /* axes of size 1: no replicate dimension, or nothing split at all */
+  s = sh(2, m21, 1, 0, -1);
+  expect_gspmd(&s, "{devices=[2]0,1}", "2x1 dim0 on 0");
+  s = sh(2, m41, 1, 1, -1);
+  CHECK(tpu_sharding_is_replicated(&s), "split over an axis of size 1 is replicated");
+  expect_gspmd(&s, "{replicated}", "4x1 dim0 on 1");
+  s = sh(2, m22, 2, 0, -1);
+  CHECK(!tpu_sharding_is_replicated(&s), "split is not replicated");
+  /* snprintf semantics */
+  char small[8];
+  int n = tpu_sharding_gspmd(&s, small, sizeof small);
+  CHECK(n == 48 && strcmp(small, "{device") == 0, "truncated gspmd: %d \"%s\"", n, small);
+  CHECK(tpu_sharding_gspmd(&s, NULL, 0) == 48, "gspmd length only");
+  s = sh(2, m22, 2, 0, 0);
+  CHECK(tpu_sharding_gspmd(&s, small, sizeof small) == -1 && small[0] == 0, "gspmd of a bad sharding");
+  /* Shardy */
+  const char *xy[2] = {"x", "y_1"};
+  s = sh(2, m22, 2, 0, -1);
+  expect_sdy(&s, NULL, "#sdy.sharding<@mesh, [{\"a0\"}, {}]>", "sdy dim0");
+  expect_sdy(&s, xy, "#sdy.sharding<@mesh, [{\"x\"}, {}]>", "sdy dim0 named");
+  s = sh(2, m22, 2, 1, 0);
+  expect_sdy(&s, xy, "#sdy.sharding<@mesh, [{\"y_1\"}, {\"x\"}]>", "sdy both");
+  s = sh(2, m22, 2, -1, -1);
+  expect_sdy(&s, NULL, "#sdy.sharding<@mesh, [{}, {}]>", "sdy replicated");
+  s = sh(1, m4, 0, -1, -1);
+  expect_sdy(&s, NULL, "#sdy.sharding<@mesh, []>", "sdy scalar");
+  char buf[160];
+  n = tpu_sdy_mesh(2, m22, NULL, buf, sizeof buf);
+  const char *want = "\"sdy.mesh\"() {mesh = #sdy.mesh<[\"a0\"=2, \"a1\"=2]>, sym_name = \"mesh\"} : () -> ()";
+  CHECK(n == (int)strlen(want) && strcmp(buf, want) == 0, "sdy mesh: \"%s\"", buf);
+  n = tpu_sdy_mesh(1, m4, xy, buf, sizeof buf);
+  want = "\"sdy.mesh\"() {mesh = #sdy.mesh<[\"x\"=4]>, sym_name = \"mesh\"} : () -> ()";
+  CHECK(n == (int)strlen(want) && strcmp(buf, want) == 0, "sdy mesh named: \"%s\"", buf);
+  const char *bad[2] = {"x", "x"}, *quote[2] = {"x", "a\"b"};
+  CHECK(tpu_sdy_mesh(2, m22, bad, buf, sizeof buf) == -1 && buf[0] == 0, "sdy mesh with a name twice");
+  s = sh(2, m22, 2, 0, -1);
+  CHECK(tpu_sharding_sdy(&s, quote, buf, sizeof buf) == -1, "sdy sharding with a quote in a name");
+}
+
+static void expect_check(const tpu_sharding *s, const int64_t *dims, const char *msg, const char *what) {
+  tpu_status *st = tpu_sharding_check(s, dims);
+  if (!msg) {
+    CHECK(st == NULL, "%s: %s", what, st ? tpu_status_message(st) : "");
+    tpu_status_free(st);
+    return;
+  }
+  expect_error(st, TPU_ERR_VALUE, msg, what);
+}
+
+static void test_sharding_geometry(void) {
+  int64_t m22[2] = {2, 2}, m4[1] = {4}, m5[5] = {1, 1, 1, 1, 1}, m0[2] = {2, 0}, d46[2] = {4, 6}, d66[2] = {6, 6};
+  tpu_sharding s = sh(2, m22, 2, 1, 0);
+  expect_check(&s, d46, NULL, "valid");
+  expect_check(&s, NULL, NULL, "valid without dims");
+  CHECK(tpu_sharding_num_devices(&s) == 4, "devices");
+  int64_t shard[2] = {0, 0}, off[2] = {0, 0};
+  CHECK(tpu_sharding_shard_dims(&s, d46, shard) && shard[0] == 2 && shard[1] == 3, "shard %lld %lld",
+        (long long)shard[0], (long long)shard[1]);
+  /* device d has mesh coordinate (d / 2, d % 2); dim0 follows axis 1, dim1 axis 0 */
+  const int64_t want[4][2] = {{0, 0}, {2, 0}, {0, 3}, {2, 3}};
+  for (int d = 0; d < 4; d++) {
+    CHECK(tpu_sharding_shard_offsets(&s, d46, d, off) && off[0] == want[d][0] && off[1] == want[d][1],
+          "device %d offsets %lld %lld", d, (long long)off[0], (long long)off[1]);
+  }
+  CHECK(!tpu_sharding_shard_offsets(&s, d46, 4, off) && !tpu_sharding_shard_offsets(&s, d46, -1, off),
+        "device out of range");
+  s = sh(2, m22, 2, 0, -1); /* replicated over axis 1 */
+  CHECK(tpu_sharding_shard_dims(&s, d46, shard) && shard[0] == 2 && shard[1] == 6, "partly replicated shard");
+  CHECK(tpu_sharding_shard_offsets(&s, d46, 3, off) && off[0] == 2 && off[1] == 0, "device 3: %lld %lld",
+        (long long)off[0], (long long)off[1]);
+  s = sh(1, m4, 2, -1, 0);
+  CHECK(tpu_sharding_shard_offsets(&s, (int64_t[]){3, 8}, 3, off) && off[0] == 0 && off[1] == 6, "1-D mesh offsets");
+  /* validation */
+  s = sh(2, m22, 2, 0, 1);
+  expect_check(&s, d66, NULL, "6x6 over 2x2");
+  s = sh(1, m4, 2, -1, 0);
+  expect_check(&s, d46, "sharding: dimension 1 of size 6 is not divisible by mesh axis 0 of size 4", "divisible");
+  CHECK(!tpu_sharding_shard_dims(&s, d46, shard), "shard dims of an indivisible sharding");
+  s = sh(2, m22, 2, 2, -1);
+  expect_check(&s, NULL, "sharding: dimension 0 is split over mesh axis 2, but the mesh has 2 axes", "axis range");
+  s = sh(2, m22, 2, -1, -2);
+  expect_check(&s, NULL, "sharding: dimension 1 is split over mesh axis -2, but the mesh has 2 axes", "axis -2");
+  s = sh(2, m22, 2, 1, 1);
+  expect_check(&s, NULL, "sharding: mesh axis 1 splits both dimension 0 and dimension 1", "axis twice");
+  s = sh(5, m5, 1, -1, -1);
+  expect_check(&s, NULL, "sharding: mesh rank 5 (0 to 4 supported)", "mesh rank");
+  s = sh(2, m0, 1, -1, -1);
+  expect_check(&s, NULL, "sharding: mesh axis 1 has size 0", "mesh axis size");
+  s = sh(1, m4, 9, -1, -1);
+  expect_check(&s, NULL, "sharding: tensor rank 9 (0 to 8 supported)", "tensor rank");
+  int64_t big[2] = {1 << 13, 1 << 12};
+  s = sh(2, big, 1, -1, -1);
+  expect_check(&s, NULL, "sharding: a mesh of more than 16777216 devices", "too many devices");
+  const char *empty[1] = {""}, *dup[2] = {"x", "x"}, *ok[2] = {"x", "Y_2"};
+  expect_error(tpu_sdy_axis_names_check(1, empty), TPU_ERR_VALUE,
+               "sharding: mesh axis 0's name must be 1 to 31 letters, digits or underscores", "empty name");
+  expect_error(tpu_sdy_axis_names_check(2, dup), TPU_ERR_VALUE, "sharding: mesh axes 0 and 1 are both named \"x\"",
+               "same name");
+  CHECK(tpu_sdy_axis_names_check(2, ok) == NULL && tpu_sdy_axis_names_check(2, NULL) == NULL, "good names");
+  /* equality looks at the mesh, the rank and the dims below the rank */
+  tpu_sharding a = sh(2, m22, 1, 0, -1), b = sh(2, m22, 1, 0, 1);
+  CHECK(tpu_sharding_eq(&a, &b), "dims past the rank are ignored");
+  b = sh(2, m22, 1, 1, -1);
+  CHECK(!tpu_sharding_eq(&a, &b), "another axis");
+  b = sh(2, m22, 2, 0, -1);
+  CHECK(!tpu_sharding_eq(&a, &b), "another rank");
+  int64_t m24[2] = {2, 4};
+  b = sh(2, m24, 1, 0, -1);
+  CHECK(!tpu_sharding_eq(&a, &b), "another mesh");
+  b = sh(1, m22, 1, 0, -1);
+  CHECK(!tpu_sharding_eq(&a, &b), "another mesh rank");
+}
+
+/* Two sharded parameters (one donated), a constraint, two result shardings. */
+static void build_sharded(tpu_hlo *m, tpu_hlo_partitioner p, const char *const *names, tpu_hv *res) {
+  int64_t m22[2] = {2, 2};
+  tpu_hlo_set_mesh(m, p, 2, m22, names);
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 2, 8, 4)), b = tpu_hlo_param(m, ty(TPU_F32, 2, 8, 4));
+  tpu_sharding rows = sh(2, m22, 2, 0, -1), tiles = sh(2, m22, 2, 0, 1), cols = sh(2, m22, 2, -1, 1),
+               rep = sh(2, m22, 2, -1, -1);
+  tpu_hlo_param_sharding(m, a, &rows);
+  tpu_hlo_param_sharding(m, b, &tiles);
+  tpu_hlo_param_alias(m, a, 1);
+  tpu_hv s = tpu_hlo_binary(m, TPU_HLO_ADD, a, b);
+  res[0] = tpu_hlo_sharding_constraint(m, s, &cols);
+  res[1] = a;
+  tpu_hlo_result_sharding(m, 0, &rep);
+  tpu_hlo_result_sharding(m, 1, &rows);
+}
+
+#define T84 "tensor<8x4xf32>"
+#define SPMD_HEAD "module @torchtpu attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} {\n"
+
+static void test_sharded_module(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv r[2];
+  build_sharded(m, TPU_HLO_GSPMD, NULL, r);
+  CHECK(tpu_hlo_ok(m), "gspmd module");
+  expect(m, r, 2, "gspmd module",
+         SPMD_HEAD "  func.func public @main(%v0: " T84
+                   " {mhlo.sharding = \"{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}\", tf.aliasing_output = 1 : "
+                   "i32}, %v1: " T84 " {mhlo.sharding = \"{devices=[2,2]0,1,2,3}\"}) -> (" T84
+                   " {mhlo.sharding = \"{replicated}\"}, " T84
+                   " {mhlo.sharding = \"{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}\"}) {\n"
+                   "    %v2 = \"stablehlo.add\"(%v0, %v1) : (" T84 ", " T84 ") -> " T84
+                   "\n"
+                   "    %v3 = \"stablehlo.custom_call\"(%v2) {call_target_name = \"Sharding\", mhlo.sharding = "
+                   "\"{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}\"} : (" T84 ") -> " T84
+                   "\n"
+                   "    \"func.return\"(%v3, %v0) : (" T84 ", " T84 ") -> ()\n" TAIL);
+  m = tpu_hlo_new();
+  const char *names[2] = {"x", "y"};
+  build_sharded(m, TPU_HLO_SHARDY, names, r);
+  CHECK(tpu_hlo_ok(m), "shardy module");
+  expect(m, r, 2, "shardy module",
+         SPMD_HEAD
+         "  \"sdy.mesh\"() {mesh = #sdy.mesh<[\"x\"=2, \"y\"=2]>, sym_name = \"mesh\"} : () -> ()\n"
+         "  func.func public @main(%v0: " T84
+         " {sdy.sharding = #sdy.sharding<@mesh, [{\"x\"}, {}]>, tf.aliasing_output = 1 : i32}, %v1: " T84
+         " {sdy.sharding = #sdy.sharding<@mesh, [{\"x\"}, {\"y\"}]>}) -> (" T84
+         " {sdy.sharding = #sdy.sharding<@mesh, [{}, {}]>}, " T84
+         " {sdy.sharding = #sdy.sharding<@mesh, [{\"x\"}, {}]>}) {\n"
+         "    %v2 = \"stablehlo.add\"(%v0, %v1) : (" T84 ", " T84 ") -> " T84
+         "\n"
+         "    %v3 = \"sdy.sharding_constraint\"(%v2) {sharding = #sdy.sharding<@mesh, [{}, {\"y\"}]>} : (" T84
+         ") -> " T84
+         "\n"
+         "    \"func.return\"(%v3, %v0) : (" T84 ", " T84 ") -> ()\n" TAIL);
+  /* Nothing set, or only the defaults: the text of before. */
+  const char *plain = HEAD
+      "  func.func public @main(%v0: tensor<3xf32> {tf.aliasing_output = 0 : i32}) -> (tensor<3xf32>) {\n"
+      "    \"func.return\"(%v0) : (tensor<3xf32>) -> ()\n" TAIL;
+  for (int defaults = 0; defaults < 2; defaults++) {
+    m = tpu_hlo_new();
+    if (defaults) {
+      tpu_hlo_set_num_partitions(m, 1);
+      tpu_hlo_set_num_replicas(m, 1);
+    }
+    tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 1, 3, 0));
+    tpu_hlo_param_alias(m, a, 0);
+    expect(m, &a, 1, defaults ? "explicit defaults" : "nothing set", plain);
+  }
+  /* Replicas alone; a 1-D mesh whose result only is sharded. */
+  m = tpu_hlo_new();
+  tpu_hlo_set_num_replicas(m, 2);
+  tpu_hv a = tpu_hlo_param(m, scalar(TPU_F32));
+  expect(m, &a, 1, "replicas",
+         "module @torchtpu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 2 : i32} {\n"
+         "  func.func public @main(%v0: tensor<f32>) -> (tensor<f32>) {\n"
+         "    \"func.return\"(%v0) : (tensor<f32>) -> ()\n" TAIL);
+  m = tpu_hlo_new();
+  int64_t m4 = 4;
+  tpu_hlo_set_mesh(m, TPU_HLO_GSPMD, 1, &m4, NULL);
+  a = tpu_hlo_param(m, ty(TPU_F32, 1, 16, 0));
+  tpu_sharding split = sh(1, &m4, 1, 0, -1);
+  tpu_hlo_result_sharding(m, 0, &split);
+  expect(m, &a, 1, "1-D mesh",
+         SPMD_HEAD
+         "  func.func public @main(%v0: tensor<16xf32>) -> (tensor<16xf32> {mhlo.sharding = "
+         "\"{devices=[4]0,1,2,3}\"}) {\n"
+         "    \"func.return\"(%v0) : (tensor<16xf32>) -> ()\n" TAIL);
+}
+
+static void test_sharded_errors(void) {
+  int64_t m22[2] = {2, 2}, m4 = 4;
+  tpu_sharding rows = sh(2, m22, 2, 0, -1);
+#define EXPECT_SHARD(code, msg, ...)                    \
+  do {                                                  \
+    tpu_hlo *m = tpu_hlo_new();                         \
+    tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 2, 6, 4));  \
+    __VA_ARGS__;                                        \
+    expect_error(finish_err(m, &a, 1), code, msg, msg); \
+    tpu_hlo_free(m);                                    \
+  } while (0)
+  EXPECT_SHARD(TPU_ERR_RUNTIME, "hlo: parameter 0: a sharding without a mesh (tpu_hlo_set_mesh)",
+               tpu_hlo_param_sharding(m, a, &rows));
+  EXPECT_SHARD(TPU_ERR_RUNTIME, "hlo: result 0: a sharding without a mesh (tpu_hlo_set_mesh)",
+               tpu_hlo_result_sharding(m, 0, &rows));
+  EXPECT_SHARD(TPU_ERR_VALUE,
+               "hlo: parameter 0: sharding: dimension 0 of size 6 is not divisible by mesh axis 0 of size 4",
+               tpu_hlo_set_mesh(m, TPU_HLO_GSPMD, 1, &m4, NULL);
+               tpu_sharding s = sh(1, &m4, 2, 0, -1); tpu_hlo_param_sharding(m, a, &s));
+  EXPECT_SHARD(TPU_ERR_VALUE, "hlo: parameter 0: sharding over mesh [4], but the module's mesh is [2,2]",
+               tpu_hlo_set_mesh(m, TPU_HLO_GSPMD, 2, m22, NULL);
+               tpu_sharding s = sh(1, &m4, 2, -1, -1); tpu_hlo_param_sharding(m, a, &s));
+  EXPECT_SHARD(TPU_ERR_VALUE, "hlo: parameter 0: sharding of rank 1 for a value of rank 2",
+               tpu_hlo_set_mesh(m, TPU_HLO_SHARDY, 2, m22, NULL);
+               tpu_sharding s = sh(2, m22, 1, 0, -1); tpu_hlo_param_sharding(m, a, &s));
+  EXPECT_SHARD(TPU_ERR_VALUE, "hlo: parameter 0: sharding: mesh axis 0 splits both dimension 0 and dimension 1",
+               tpu_hlo_set_mesh(m, TPU_HLO_SHARDY, 2, m22, NULL);
+               tpu_sharding s = sh(2, m22, 2, 0, 0); tpu_hlo_param_sharding(m, a, &s));
+  EXPECT_SHARD(TPU_ERR_RUNTIME, "hlo: sharding of a value that is not a parameter",
+               tpu_hlo_set_mesh(m, TPU_HLO_GSPMD, 2, m22, NULL);
+               tpu_hv n = tpu_hlo_unary(m, TPU_HLO_NEG, a); tpu_hlo_param_sharding(m, n, &rows));
+  EXPECT_SHARD(TPU_ERR_RUNTIME, "hlo: sharding of result 1, but there are 1 results",
+               tpu_hlo_set_mesh(m, TPU_HLO_GSPMD, 2, m22, NULL);
+               tpu_hlo_result_sharding(m, 1, &rows));
+  EXPECT_SHARD(TPU_ERR_RUNTIME, "hlo: sharding of negative result index -1",
+               tpu_hlo_set_mesh(m, TPU_HLO_GSPMD, 2, m22, NULL);
+               tpu_hlo_result_sharding(m, -1, &rows));
+  EXPECT_SHARD(TPU_ERR_VALUE,
+               "hlo: result 0: sharding: dimension 1 of size 4 is not divisible by mesh axis 0 of size 3",
+               int64_t m3 = 3;
+               tpu_hlo_set_mesh(m, TPU_HLO_GSPMD, 1, &m3, NULL); tpu_sharding s = sh(1, &m3, 2, -1, 0);
+               tpu_hlo_result_sharding(m, 0, &s));
+  EXPECT_SHARD(TPU_ERR_VALUE, "hlo: sharding constraint on value 1: sharding of rank 1 for a value of rank 2",
+               tpu_hlo_set_mesh(m, TPU_HLO_GSPMD, 2, m22, NULL);
+               tpu_hv n = tpu_hlo_unary(m, TPU_HLO_NEG, a); tpu_sharding s = sh(2, m22, 1, 0, -1);
+               CHECK(tpu_hlo_sharding_constraint(m, n, &s) == TPU_HV_NONE, "failed constraint"));
+  EXPECT_SHARD(TPU_ERR_RUNTIME, "hlo: the mesh is set once, before any sharding",
+               tpu_hlo_set_mesh(m, TPU_HLO_GSPMD, 2, m22, NULL);
+               tpu_hlo_set_mesh(m, TPU_HLO_GSPMD, 2, m22, NULL));
+  EXPECT_SHARD(TPU_ERR_RUNTIME, "hlo: unknown partitioner 0", tpu_hlo_set_mesh(m, 0, 2, m22, NULL));
+  EXPECT_SHARD(TPU_ERR_VALUE, "hlo: sharding: mesh axes 0 and 1 are both named \"x\"",
+               const char *names[2] = {"x", "x"};
+               tpu_hlo_set_mesh(m, TPU_HLO_SHARDY, 2, m22, names));
+  EXPECT_SHARD(TPU_ERR_VALUE, "hlo: sharding: mesh axis 0 has size -2", int64_t bad = -2;
+               tpu_hlo_set_mesh(m, TPU_HLO_SHARDY, 1, &bad, NULL));
+  EXPECT_SHARD(TPU_ERR_VALUE, "hlo: the mesh has 4 devices, but the module has 8 partitions",
+               tpu_hlo_set_mesh(m, TPU_HLO_GSPMD, 2, m22, NULL);
+               tpu_hlo_set_num_partitions(m, 8));
+  EXPECT_SHARD(TPU_ERR_VALUE, "hlo: 0 replicas (at least 1)", tpu_hlo_set_num_replicas(m, 0));
+#undef EXPECT_SHARD
+}
+
 int main(void) {
   test_add();
   test_constants();
@@ -1081,6 +1395,10 @@ int main(void) {
   test_checks();
   test_exact_division();
   test_hash64();
+  test_sharding_strings();
+  test_sharding_geometry();
+  test_sharded_module();
+  test_sharded_errors();
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

@@ -967,6 +967,30 @@ static void test_alias_keep(void) {
   tpu_rt_exec_free(e);
 }
 
+/* SPMD text on one device: both partitioners' shardings (a mesh of one
+ * device, as tpu_rt_compile compiles for one) parse, compile and run. The
+ * partitioning itself needs a runtime compiling for several devices. */
+static void test_sharded_text(void) {
+  for (int p = TPU_HLO_GSPMD; p <= TPU_HLO_SHARDY; p++) {
+    const char *name = p == TPU_HLO_GSPMD ? "gspmd text" : "shardy text";
+    const int64_t n = 4, mesh = 1;
+    const int8_t split[1] = {0};
+    float x[4] = {1, 2, 3, 4}, y[4] = {10, 20, 30, 40}, got[4], want[4] = {11, 22, 33, 44};
+    tpu_hlo *m = tpu_hlo_new();
+    const char *names[1] = {"x"};
+    tpu_hlo_set_mesh(m, (tpu_hlo_partitioner)p, 1, &mesh, p == TPU_HLO_SHARDY ? names : NULL);
+    tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 1, &n)), b = tpu_hlo_param(m, ty(TPU_F32, 1, &n));
+    tpu_sharding s = tpu_sharding_make(1, &mesh, 1, split), rep = tpu_sharding_make(1, &mesh, 1, NULL);
+    tpu_hlo_param_sharding(m, a, &s);
+    tpu_hlo_param_sharding(m, b, &rep);
+    tpu_hv r = tpu_hlo_sharding_constraint(m, tpu_hlo_binary(m, TPU_HLO_ADD, a, b), &s);
+    tpu_hlo_result_sharding(m, 0, &s);
+    tpu_rt_buffer *args[2] = {upload(x, TPU_F32, 1, &n), upload(y, TPU_F32, 1, &n)}, *out;
+    if (run(m, &r, 1, args, 2, &out, name) && download(out, got, sizeof got)) check_f32(name, got, want, 4, 0);
+    tpu_rt_buffer_free(out);
+  }
+}
+
 static void test_bad_program(void) {
   static const char bad[] = "module @m {\n  func.func public @main() -> () {\n    \"stablehlo.nonsense\"(%x) : \n";
   tpu_rt_exec *e = (tpu_rt_exec *)1;
@@ -1074,6 +1098,7 @@ int main(int argc, char **argv) {
   test_reduce_window();
   test_alias();
   test_alias_keep();
+  test_sharded_text();
   test_bad_program();
   test_serialize();
   CHECK(tpu_rt_live_buffers(rt) == 0, "%lld live buffers", (long long)tpu_rt_live_buffers(rt));
