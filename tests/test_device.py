@@ -395,14 +395,17 @@ def test_memory_summary():
 
 def test_set_device_takes_index_0_or_the_process_local_rank(monkeypatch):
     # torchrun sets LOCAL_RANK and DeviceMesh calls set_device(LOCAL_RANK): in a
-    # process of one device that is tpu:0
+    # process of one device that is tpu:0; another index is an invalid ordinal
+    # (RuntimeError, as CUDA's)
     monkeypatch.setenv("LOCAL_RANK", "3")
     torch.tpu.set_device(0)
     torch.tpu.set_device(3)
     torch.tpu.set_device("tpu:3")
     assert torch.tpu.current_device() == 0
-    with pytest.raises(ValueError, match="one device per process"):
+    with pytest.raises(RuntimeError, match="tpu:2: invalid device ordinal"):
         torch.tpu.set_device(2)
     monkeypatch.delenv("LOCAL_RANK")
-    with pytest.raises(ValueError, match="one device per process"):
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
         torch.tpu.set_device(3)
+    with pytest.raises(RuntimeError, match="tpu:1: invalid device ordinal"):
+        torch.ones(2, device="tpu:1")

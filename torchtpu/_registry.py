@@ -657,7 +657,17 @@ def _attention(sdpa_row, backward_row, fused, math):
         out = laid_out(out, o)
         if query.dim() == 3:
             lse = lse.unsqueeze(0)  # (1, H, L), the shape of aten's meta kernel
-        return out, lse, None, None, query.shape[-2], key.shape[-2], empty_long(query.device), empty_long(query.device), None
+        return (
+            out,
+            lse,
+            None,
+            None,
+            query.shape[-2],
+            key.shape[-2],
+            empty_long(query.device),
+            empty_long(query.device),
+            None,
+        )
 
     def fused_attention_backward(
         grad_out,

@@ -76,7 +76,7 @@ extern const char *const tpu_flush_names[TPU_FLUSH_COUNT];
   X(execute_ns, "execute_seconds", 1)                                                         \
   X(h2d_bytes, "h2d_bytes", 0)                                                                \
   X(d2h_bytes, "d2h_bytes", 0)                                                                \
-  X(d2d_bytes, "d2d_bytes", 0)             /* copies between local devices */                 \
+  X(d2d_bytes, "d2d_bytes", 0) /* copies between local devices */                             \
   X(records_live, "live_records", 0)                                                          \
   X(fallback_ops, "fallback_ops", 0)                                                          \
   X(cache_evictions, "cache_evictions", 0) /* times the program cache was emptied */          \
