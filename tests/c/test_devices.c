@@ -14,21 +14,11 @@
 #include "runtime/runtime.h"
 
 #include "check.h"
+#include "check_status.h"
 
 enum { NDEV = 4 };
 static tpu_rt *rt;
 
-static bool ok_(tpu_status *s, const char *what, int line) {
-  if (!s) {
-    passed++;
-    return true;
-  }
-  failed++;
-  fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, line, what, tpu_status_message(s));
-  tpu_status_free(s);
-  return false;
-}
-#define OK(s, what) ok_((s), (what), __LINE__)
 
 /* An error whose message holds `needle`. */
 static void fails_with(tpu_status *s, const char *needle, const char *what) {
@@ -163,32 +153,27 @@ static void test_replicas(void) {
 }
 
 /* A program written for the whole array, partitioned by XLA: the input is
- * split in 4, the sum is replicated, 2x stays split. */
-static const char *spmd_gspmd =
-    "module attributes {mhlo.num_replicas = 1 : i32, mhlo.num_partitions = 4 : i32} {\n"
-    "func.func @main(%a: tensor<16xf32> {mhlo.sharding = \"{devices=[4]0,1,2,3}\"}) -> "
-    "(tensor<f32> {mhlo.sharding = \"{replicated}\"}, tensor<16xf32> {mhlo.sharding = \"{devices=[4]0,1,2,3}\"}) {\n"
-    "  %z = stablehlo.constant dense<0.0> : tensor<f32>\n"
-    "  %s = stablehlo.reduce(%a init: %z) applies stablehlo.add across dimensions = [0] : "
-    "(tensor<16xf32>, tensor<f32>) -> tensor<f32>\n"
-    "  %d = stablehlo.add %a, %a : tensor<16xf32>\n"
-    "  return %s, %d : tensor<f32>, tensor<16xf32>\n"
-    "}\n"
-    "}\n";
+ * split in 4, the sum is replicated, 2x stays split; the two partitioners'
+ * texts differ only in their annotations. */
+#define SPMD_BODY                                                                   \
+  "  %z = stablehlo.constant dense<0.0> : tensor<f32>\n"                            \
+  "  %s = stablehlo.reduce(%a init: %z) applies stablehlo.add across dimensions = " \
+  "[0] : (tensor<16xf32>, tensor<f32>) -> tensor<f32>\n"                            \
+  "  %d = stablehlo.add %a, %a : tensor<16xf32>\n"                                  \
+  "  return %s, %d : tensor<f32>, tensor<16xf32>\n"                                 \
+  "}\n"                                                                             \
+  "}\n"
+#define SPMD_HEAD "module attributes {mhlo.num_replicas = 1 : i32, mhlo.num_partitions = 4 : i32} {\n"
 
-static const char *spmd_shardy =
-    "module attributes {mhlo.num_replicas = 1 : i32, mhlo.num_partitions = 4 : i32} {\n"
+static const char *spmd_gspmd = SPMD_HEAD
+    "func.func @main(%a: tensor<16xf32> {mhlo.sharding = \"{devices=[4]0,1,2,3}\"}) -> "
+    "(tensor<f32> {mhlo.sharding = \"{replicated}\"}, tensor<16xf32> {mhlo.sharding = \"{devices=[4]0,1,2,3}\"}) {\n" SPMD_BODY;
+
+static const char *spmd_shardy = SPMD_HEAD
     "sdy.mesh @mesh = <[\"x\"=4]>\n"
     "func.func @main(%a: tensor<16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{\"x\"}]>}) -> "
     "(tensor<f32> {sdy.sharding = #sdy.sharding<@mesh, []>}, "
-    "tensor<16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{\"x\"}]>}) {\n"
-    "  %z = stablehlo.constant dense<0.0> : tensor<f32>\n"
-    "  %s = stablehlo.reduce(%a init: %z) applies stablehlo.add across dimensions = [0] : "
-    "(tensor<16xf32>, tensor<f32>) -> tensor<f32>\n"
-    "  %d = stablehlo.add %a, %a : tensor<16xf32>\n"
-    "  return %s, %d : tensor<f32>, tensor<16xf32>\n"
-    "}\n"
-    "}\n";
+    "tensor<16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{\"x\"}]>}) {\n" SPMD_BODY;
 
 static void test_partitions(const char *text, bool shardy) {
   const char *name = shardy ? "Shardy" : "GSPMD";

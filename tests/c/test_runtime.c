@@ -17,19 +17,8 @@
 #include "runtime/runtime.h"
 
 #include "check.h"
+#include "check_status.h"
 
-/* Consumes s; true when it was NULL. */
-static bool ok_(tpu_status *s, const char *what, int line) {
-  if (!s) {
-    passed++;
-    return true;
-  }
-  failed++;
-  fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, line, what, tpu_status_message(s));
-  tpu_status_free(s);
-  return false;
-}
-#define OK(s, what) ok_((s), (what), __LINE__)
 
 static tpu_rt *rt;
 
