@@ -65,6 +65,7 @@ tpu_status *tpu_engine_new(const tpu_engine_options *o, tpu_engine **out) {
   e->program_cache_size = o->program_cache_size > 0 ? o->program_cache_size : 1;
   e->maps_limit = -2;
   e->donate = o->donate;
+  e->shardy = true;
   e->value_checks = o->value_checks;
   e->explain = o->explain;
   e->debug = o->debug;
@@ -250,6 +251,7 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data, 
     tpu_status *f = tpu_engine_flush(e, TPU_FLUSH_UPLOAD);
     if (f) return f;
   }
+  if (rec->sh) return tpu_spmd_upload(e, rec, data);
   tpu_rt_buffer *b = NULL;
   int64_t n = rec->numel;
   tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, rec->device, data, dt, &n, 1, &b);
@@ -270,6 +272,10 @@ tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_
   tpu_status *s = atomic_load(&rec->graph_refs) > 0 ? tpu_engine_flush(e, TPU_FLUSH_DOWNLOAD) : NULL;
   if (!s) s = tpu_engine_wait(e);
   if (s) return s;
+  if (rec->sh) {
+    atomic_fetch_add(&e->metrics.d2h_bytes, (long long)nbytes);
+    return tpu_spmd_download(e, rec, dst, nbytes);
+  }
   if (!rec->buf) {
     memset(dst, 0, nbytes);
     return NULL;
@@ -288,6 +294,7 @@ tpu_status *tpu_engine_storage_free(tpu_engine *e, tpu_record *rec) {
   /* A launched program still using the buffer keeps it until it finishes
    * (the plugin holds its own reference), as when a write swaps it. */
   tpu_rt_buffer_free(rec->buf);
+  tpu_record_free_shards(rec);
   rec->buf = NULL;
   rec->freed = true;
   return NULL;
@@ -370,6 +377,20 @@ tpu_status *tpu_engine_set_device(tpu_engine *e, int device) {
 
 int tpu_engine_current_device(const tpu_engine *e) { return e->cur_dev; }
 
+void tpu_engine_set_shardy(tpu_engine *e, bool shardy) { e->shardy = shardy; }
+
+/* Whether a call reads a tensor laid over a mesh (it then runs as a program
+ * over the mesh, spmd.c). */
+static bool tpu_call_on_mesh(const tpu_arg *args, int nargs) {
+  for (int i = 0; i < nargs; i++) {
+    const tpu_arg *a = &args[i];
+    if (a->kind == TPU_ARG_TENSOR && a->t.rec && a->t.rec->sh) return true;
+    for (int j = 0; a->kind == TPU_ARG_TENSORS && j < a->nlist; j++)
+      if (a->list[j].rec && a->list[j].rec->sh) return true;
+  }
+  return false;
+}
+
 tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_record **out) {
   *out = NULL;
   int n = tpu_rt_device_count(e->rt);
@@ -381,6 +402,19 @@ tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_
   }
   tpu_record *r = tpu_record_new_on(e, device, src->dtype, src->numel);
   if (!r) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  if (src->sh) { /* off a mesh: gathered on the host */
+    size_t nb = (size_t)src->numel * tpu_dtype_size(src->dtype);
+    void *host = malloc(nb ? nb : 1);
+    tpu_status *s = host ? tpu_engine_download(e, src, host, nb) : tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+    if (!s) s = tpu_engine_upload(e, r, host, src->dtype, 1, &src->numel);
+    free(host);
+    if (s) {
+      tpu_record_unref(r);
+      return s;
+    }
+    *out = r;
+    return NULL;
+  }
   int call_dev = e->dev;
   e->dev = src->device;
   tpu_status *s = tpu_record_materialize(e, src);
@@ -436,7 +470,9 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id, tpu
   uint64_t h = tpu_hash64(sig.p, sig.n);
   tpu_cache_entry *c = tpu_cache_find(e, &sig, h);
   tpu_status *s = NULL;
-  bool fused = e->mode == TPU_MODE_FUSED;
+  /* an op reading a mesh tensor is recorded and run at once as a program over the mesh */
+  bool spmd = tpu_call_on_mesh(args, nargs);
+  bool fused = e->mode == TPU_MODE_FUSED || spmd;
   if (c && (c->exec || fused)) {
     atomic_fetch_add(&e->metrics.cache_hits, 1);
   } else {
@@ -445,6 +481,10 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id, tpu
   }
   if (!s) s = tpu_check_overlap(row, args, c);
   if (!s && fused) s = tpu_engine_record(e, row, op_id, args, nargs, &sig, c, res);
+  if (!s && spmd && e->mode != TPU_MODE_FUSED) {
+    s = tpu_engine_flush(e, TPU_FLUSH_SPMD);
+    if (s) tpu_engine_result_release(res);
+  }
   tpu_sig_done(&sig);
   if (s || fused) return s;
 

@@ -31,8 +31,15 @@ typedef struct tpu_record {
   int64_t numel;
   tpu_rt_buffer *buf; /* owned; NULL until first written (reads as zeros) */
   int device;         /* the local device its buffer lives on (tpu:<device>) */
-  bool freed;         /* its memory was freed (tpu_engine_storage_free): no call may use it */
-  tpu_engine *eng;    /* borrowed; outlives the record */
+  /* On a mesh (spmd.c): the sharding and one buffer per mesh device (owned;
+   * buf is then NULL); NULL on one device. grank/gdims: the shape it was
+   * made with (flat when unknown), the global shape of a mesh record. */
+  tpu_sharding *sh;
+  tpu_rt_buffer **shards;
+  int grank;
+  int64_t gdims[TPU_MAX_RANK];
+  bool freed;      /* its memory was freed (tpu_engine_storage_free): no call may use it */
+  tpu_engine *eng; /* borrowed; outlives the record */
   /* Fused mode: references held by recorded ops (a record with no others is
    * dead: its pending value is not computed), and the flush's scratch. */
   atomic_long graph_refs;
@@ -41,6 +48,7 @@ typedef struct tpu_record {
   tpu_hv fuse_val;     /* current flat value in the fused program, or NONE */
   tpu_hv fuse_param;   /* the program input holding its buffer, or NONE */
   bool fuse_def;       /* fuse_val was computed by a recorded op */
+  bool fuse_new;       /* made by a recorded op of the flush */
   uint64_t need_epoch; /* the flush that found its value needed (live, or read by a needed op) */
   uint64_t birth;      /* records created before it (graph capture tells new from old) */
 } tpu_record;
@@ -56,7 +64,8 @@ typedef struct tpu_record {
   X(STEP, "optimizer_step")  \
   X(BACKWARD, "backward")    \
   X(FREE, "storage_free")    \
-  X(DEVICE, "device")
+  X(DEVICE, "device")        \
+  X(SPMD, "spmd_op")
 typedef enum {
 #define X(id, name) TPU_FLUSH_##id,
   TPU_FLUSH_REASONS(X)
@@ -90,7 +99,8 @@ extern const char *const tpu_flush_names[TPU_FLUSH_COUNT];
   X(fused_ops, "fused_ops", 0)             /* recorded ops the fused programs ran */          \
   X(backward_passes, "backward_passes", 0) /* fused mode: tpu_engine_backward_begins */       \
   X(graph_replays, "graph_replays", 0)     /* captured graphs run straight from their plan */ \
-  X(ops_pruned, "fused_ops_pruned", 0)     /* recorded ops dropped at a flush (not needed) */
+  X(ops_pruned, "fused_ops_pruned", 0)     /* recorded ops dropped at a flush (not needed) */ \
+  X(spmd_programs, "spmd_programs_run", 0) /* programs over a mesh of devices */
 typedef struct {
 #define X(field, name, ns) atomic_llong field;
   TPU_METRICS(X)
@@ -215,6 +225,13 @@ tpu_record *tpu_record_new_on(tpu_engine *e, int device, tpu_dtype dt, int64_t n
 tpu_status *tpu_engine_device_count(tpu_engine *e, int *n);
 tpu_status *tpu_engine_set_device(tpu_engine *e, int device);
 int tpu_engine_current_device(const tpu_engine *e);
+/* A new mesh record holding src's value laid out by sh over the first
+ * N local devices (gdims: its global shape, numel as src's); through the
+ * host. Errors name a dimension that does not divide, a mesh too large. */
+tpu_status *tpu_engine_shard(tpu_engine *e, tpu_record *src, const tpu_sharding *sh, const int64_t *gdims,
+                             tpu_record **out);
+/* The SPMD partitioner: Shardy (true, the default) or GSPMD. */
+void tpu_engine_set_shardy(tpu_engine *e, bool shardy);
 /* A new record on `device` holding src's value (src's pending ops run first). */
 tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_record **out);
 void tpu_record_ref(tpu_record *r);

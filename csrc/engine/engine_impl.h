@@ -49,6 +49,12 @@ typedef struct {
    * key's parts (ops, how values flow, shared numbers, what is held) */
   uint64_t ex[4];
   int ex_nodes; /* 0: not recorded */
+  /* fused programs over a mesh (spmd.c): the rows (devices), and each record
+   * output's sharding and global shape (owned, nfout entries) */
+  bool spmd;
+  int spmd_rows;
+  tpu_sharding *fsh;
+  int64_t (*fdims)[TPU_MAX_RANK];
 } tpu_cache_entry;
 
 /* An input of a fused program: a record's buffer (rec: its id in the
@@ -128,6 +134,7 @@ struct tpu_engine {
   int dev;      /* the device of the call, flush or replay in progress */
   int cur_dev;  /* calls without tensor arguments (torch.tpu.set_device) */
   int fuse_dev; /* the device of the recorded ops (fused mode) */
+  bool shardy;  /* SPMD programs use the Shardy partitioner (else GSPMD) */
   struct {
     tpu_rt_event *ev; /* owned */
     const char *op;   /* the table's name (static); NULL for a fused program */
@@ -221,6 +228,9 @@ bool tpu_cache_insert(tpu_engine *e, tpu_cache_entry *c);
 void tpu_cache_entry_free(tpu_cache_entry *c);
 void tpu_classify_views(tpu_arg *args, int nargs);
 tpu_status *tpu_engine_compile(tpu_engine *e, const char *text, size_t len, const char *name, tpu_rt_exec **exec);
+/* The same with compile options (programs over several devices); NULL: one device. */
+tpu_status *tpu_engine_compile_with(tpu_engine *e, const char *text, size_t len, const char *name,
+                                    const tpu_rt_compile_opts *o, tpu_rt_exec **exec);
 tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args, int nargs, tpu_sig *sig, uint64_t h,
                              bool compile, tpu_cache_entry **out);
 
@@ -230,6 +240,13 @@ void tpu_inflight_reap(tpu_engine *e);
 tpu_status *tpu_checks_read(tpu_engine *e);
 void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what);
 tpu_status *tpu_engine_wait(tpu_engine *e);
+/* spmd.c */
+void tpu_record_free_shards(tpu_record *r);
+tpu_status *tpu_spmd_download(tpu_engine *e, tpu_record *rec, void *dst, size_t nbytes);
+tpu_status *tpu_spmd_upload(tpu_engine *e, tpu_record *rec, const void *data);
+tpu_status *tpu_spmd_mesh(const tpu_rectab *tab, const tpu_sharding **mesh);
+tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, const tpu_record *r);
+tpu_status *tpu_spmd_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab);
 tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const tpu_cache_entry *c);
 tpu_dtype tpu_scalar_bits(const tpu_arg *a, uint8_t bits[16]);
 tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec, uint64_t rng_offset,

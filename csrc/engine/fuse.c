@@ -127,6 +127,10 @@ tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, t
     const tpu_out_plan *o = &c->out[k];
     if (o->kind != TPU_OUT_NEW) continue;
     tpu_record *r = tpu_record_new(e, o->type.dtype, tpu_hlo_type_numel(&o->type));
+    if (r && o->type.rank > 0) { /* its shape, for a layout over a mesh (spmd.c) */
+      r->grank = o->type.rank;
+      memcpy(r->gdims, o->type.dims, sizeof(int64_t) * (size_t)o->type.rank);
+    }
     if (!r) {
       n->nnew = res->nout;
       tpu_node_release(n);
@@ -154,8 +158,9 @@ typedef struct {
   int nfin, capfin;
   int node; /* the op being lowered */
   bool oom;
-  tpu_hv *chk;      /* owned: the ops' value checks */
-  tpu_fcheck *chkw; /* owned until moved into the cache entry: their errors */
+  const tpu_sharding *mesh; /* a program over this mesh (spmd.c), or NULL */
+  tpu_hv *chk;              /* owned: the ops' value checks */
+  tpu_fcheck *chkw;         /* owned until moved into the cache entry: their errors */
   int nchk, capchk;
 } tpu_fuse_ctx;
 
@@ -178,6 +183,14 @@ static tpu_hv tpu_fuse_record_hook(tpu_lower *L, tpu_record *rec) {
   if (rec->fuse_val != TPU_HV_NONE) return rec->fuse_val;
   tpu_fuse_add(x, (tpu_fin){TPU_IN_RECORD, x->node, -1, -1, rec->fuse_id});
   int64_t n = rec->numel;
+  if (x->mesh) { /* over a mesh: a mesh record in its global shape, split; others given whole to each device */
+    tpu_sharding rep = tpu_sharding_make(x->mesh->mesh_rank, x->mesh->mesh, 1, NULL);
+    int rank = rec->sh ? rec->sh->rank : 1;
+    rec->fuse_param = tpu_hlo_param(L->hlo, tpu_hlo_type_make(rec->dtype, rank, rec->sh ? rec->gdims : &n));
+    tpu_hlo_param_sharding(L->hlo, rec->fuse_param, rec->sh ? rec->sh : &rep);
+    rec->fuse_val = rec->sh ? tpu_hlo_reshape(L->hlo, rec->fuse_param, 1, &n) : rec->fuse_param;
+    return rec->fuse_val;
+  }
   rec->fuse_val = rec->fuse_param = tpu_hlo_param(L->hlo, tpu_hlo_type_make(rec->dtype, 1, &n));
   return rec->fuse_val;
 }
@@ -203,7 +216,7 @@ static int tpu_fuse_id(tpu_rectab *t, tpu_record *r, uint64_t epoch) {
   r->fuse_epoch = epoch;
   r->fuse_id = t->n;
   r->fuse_val = r->fuse_param = TPU_HV_NONE;
-  r->fuse_def = false;
+  r->fuse_def = r->fuse_new = false;
   t->r[t->n++] = r;
   return r->fuse_id;
 }
@@ -217,7 +230,12 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   tpu_hlo *H = tpu_hlo_new();
   if (!H) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   tpu_hlo_set_exact_division(H, e->exact_div);
-  tpu_status *s = NULL;
+  tpu_status *s = tpu_spmd_mesh(tab, &x.mesh);
+  if (s) {
+    tpu_hlo_free(H);
+    return s;
+  }
+  if (x.mesh) tpu_hlo_set_mesh(H, e->shardy ? TPU_HLO_SHARDY : TPU_HLO_GSPMD, x.mesh->mesh_rank, x.mesh->mesh, NULL);
   for (int i = 0; i < e->nnodes && tpu_hlo_ok(H); i++) {
     tpu_node *n = &e->nodes[i];
     tpu_lower L;
@@ -267,6 +285,7 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
         r = tpu_arg_tref(n->args, &p)->rec;
       } else if (L.out[k].kind == TPU_OUT_NEW && j < n->nnew) {
         r = n->outrec[j++];
+        if (r) r->fuse_new = true;
       }
       if (!r) continue;
       r->fuse_val = L.outv[k];
@@ -276,21 +295,37 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   int nres = 0;
   tpu_hv *res = malloc(sizeof *res * (size_t)(tab->n + x.nchk + 1));
   int *fout = malloc(sizeof *fout * (size_t)(tab->n ? tab->n : 1));
-  if (!res || !fout || x.oom) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  tpu_sharding *fsh = x.mesh ? malloc(sizeof *fsh * (size_t)(tab->n ? tab->n : 1)) : NULL;
+  int64_t (*fdims)[TPU_MAX_RANK] = x.mesh ? malloc(sizeof *fdims * (size_t)(tab->n ? tab->n : 1)) : NULL;
+  if (!res || !fout || x.oom || (x.mesh && (!fsh || !fdims))) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   for (int k = 0; k < tab->n && !s; k++) {
     tpu_record *r = tab->r[k];
     if (r->fuse_def && tpu_record_live(r)) {
       /* A record read and rewritten (a parameter, an optimizer moment) gives
        * its old buffer to the program for the new value: no copy, no second
        * buffer. */
-      if (r->fuse_param != TPU_HV_NONE && e->donate) tpu_hlo_param_alias(H, r->fuse_param, nres);
+      bool alias = r->fuse_param != TPU_HV_NONE && e->donate && (!x.mesh || r->sh);
+      if (alias) tpu_hlo_param_alias(H, r->fuse_param, nres);
       res[nres] = r->fuse_val;
+      if (x.mesh) { /* the value in its global shape, laid out as spmd.c chooses */
+        fsh[nres] = tpu_spmd_choose(tab, x.mesh, r);
+        const int64_t *dims = r->sh || r->fuse_new ? r->gdims : &r->numel;
+        memcpy(fdims[nres], dims, sizeof(int64_t) * (size_t)fsh[nres].rank);
+        res[nres] = tpu_hlo_reshape(H, r->fuse_val, fsh[nres].rank, fdims[nres]);
+        tpu_hlo_result_sharding(H, nres, &fsh[nres]);
+      }
       fout[nres++] = k;
     }
   }
   /* the value checks follow the records (none when no value is live) */
   int nchk = nres ? x.nchk : 0;
-  for (int k = 0; k < nchk && !s; k++) res[nres + k] = x.chk[k];
+  for (int k = 0; k < nchk && !s; k++) {
+    res[nres + k] = x.chk[k];
+    if (x.mesh) {
+      tpu_sharding rep = tpu_sharding_make(x.mesh->mesh_rank, x.mesh->mesh, 0, NULL);
+      tpu_hlo_result_sharding(H, nres + k, &rep);
+    }
+  }
   free(x.chk);
   char *text = NULL;
   size_t len = 0;
@@ -302,13 +337,18 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   if (!s && nres) {
     char label[96];
     snprintf(label, sizeof label, "a fused program of %d ops", e->nnodes);
-    s = tpu_engine_compile(e, text, len, label, &exec);
+    int rows = x.mesh ? (int)tpu_sharding_num_devices(x.mesh) : 1;
+    tpu_rt_compile_opts o = {.replicas = 1, .partitions = rows, .spmd = true, .shardy = e->shardy};
+    if (x.mesh) snprintf(label, sizeof label, "a program of %d ops over %d devices", e->nnodes, rows);
+    s = tpu_engine_compile_with(e, text, len, label, x.mesh ? &o : NULL, &exec);
   }
   free(text);
   tpu_cache_entry *c = s ? NULL : calloc(1, sizeof *c);
   if (!s && (!c || !(c->key = malloc(sig->n)))) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   if (s) {
     free(c);
+    free(fsh);
+    free(fdims);
     free(fout);
     free(x.fin);
     free(x.chkw);
@@ -325,6 +365,10 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   c->nfout = nres;
   c->fchk = x.chkw;
   c->nfchk = nchk;
+  c->spmd = x.mesh != NULL;
+  c->spmd_rows = x.mesh ? (int)tpu_sharding_num_devices(x.mesh) : 1;
+  c->fsh = fsh;
+  c->fdims = fdims;
   if (!tpu_cache_insert(e, c)) {
     tpu_cache_entry_free(c);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
@@ -336,6 +380,7 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
 /* Feeds and runs a fused program; its outputs become the records' buffers. */
 tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
   if (!c->nfout) return NULL; /* every value it would compute is dead */
+  if (c->spmd) return tpu_spmd_run(e, c, tab);
   int nin = c->nfin;
   tpu_rt_buffer **inbuf = calloc((size_t)nin + 1, sizeof *inbuf);
   tpu_rt_buffer **temps = calloc((size_t)nin + 1, sizeof *temps);
@@ -528,6 +573,20 @@ tpu_status *tpu_flush_prepare(tpu_engine *e, tpu_flush_reason reason, tpu_rectab
   }
   size_t live = sig.n;
   for (int k = 0; k < tab->n; k++) tpu_sig_i64(&sig, tpu_record_live(tab->r[k]));
+  /* records on a mesh: their layouts and global shapes (spmd.c), and the partitioner */
+  bool mesh = false;
+  for (int k = 0; k < tab->n; k++) {
+    const tpu_record *r = tab->r[k];
+    if (!r->sh) continue;
+    mesh = true;
+    tpu_sig_i64(&sig, k);
+    tpu_sig_i64(&sig, r->sh->mesh_rank);
+    tpu_sig_put(&sig, r->sh->mesh, sizeof(int64_t) * (size_t)r->sh->mesh_rank);
+    tpu_sig_i64(&sig, r->sh->rank);
+    tpu_sig_put(&sig, r->sh->dim_axis, (size_t)r->sh->rank);
+    tpu_sig_put(&sig, r->gdims, sizeof(int64_t) * (size_t)r->sh->rank);
+  }
+  if (mesh) tpu_sig_i64(&sig, e->shardy);
   if (e->explain && !sig.oom) ex[3] = tpu_hash64(sig.p + live, sig.n - live);
   tpu_status *s = (sig.oom || tab->oom) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
   if (!s) {

@@ -26,6 +26,8 @@ void tpu_cache_entry_free(tpu_cache_entry *c) {
   free(c->fin);
   free(c->fout);
   free(c->fchk);
+  free(c->fsh);
+  free(c->fdims);
   tpu_rt_exec_free(c->exec);
   free(c);
 }
@@ -285,6 +287,13 @@ void tpu_classify_views(tpu_arg *args, int nargs) {
 
 /* Compile program text through the disk tier. *exec is owned by the caller. */
 tpu_status *tpu_engine_compile(tpu_engine *e, const char *text, size_t len, const char *name, tpu_rt_exec **exec) {
+  return tpu_engine_compile_with(e, text, len, name, NULL, exec);
+}
+
+/* The disk key holds the text, which names the mesh, the partition count and
+ * the partitioner of a program over several devices: the options follow it. */
+tpu_status *tpu_engine_compile_with(tpu_engine *e, const char *text, size_t len, const char *name,
+                                    const tpu_rt_compile_opts *o, tpu_rt_exec **exec) {
   *exec = NULL;
   uint8_t *dkey = NULL;
   size_t dkeylen = 0;
@@ -292,7 +301,7 @@ tpu_status *tpu_engine_compile(tpu_engine *e, const char *text, size_t len, cons
   tpu_status *s = NULL;
   if (!*exec) {
     int64_t t0 = tpu_now_ns();
-    s = tpu_rt_compile(e->rt, text, len, exec);
+    s = tpu_rt_compile_with(e->rt, text, len, o, exec);
     atomic_fetch_add(&e->metrics.compile_ns, tpu_now_ns() - t0);
 #ifdef __GLIBC__
     /* XLA's compiler frees most of what it allocated; give it back to the

@@ -45,6 +45,8 @@ tpu_record *tpu_record_new_on(tpu_engine *e, int device, tpu_dtype dt, int64_t n
   tpu_record *r = calloc(1, sizeof *r);
   if (!r) return NULL;
   r->device = device;
+  r->grank = 1;
+  r->gdims[0] = numel;
   r->magic = TPU_RECORD_MAGIC;
   atomic_init(&r->refs, 1);
   r->dtype = dt;
@@ -84,6 +86,7 @@ void tpu_record_unref(tpu_record *r) {
     atomic_fetch_sub(&e->metrics.records_live, 1);
   }
   tpu_rt_buffer_free(r->buf);
+  tpu_record_free_shards(r);
   r->magic = 0;
   free(r);
 }
@@ -106,7 +109,7 @@ tpu_record *tpu_engine_find_record(tpu_engine *e, const void *addr) {
 
 /* A never-written record reads as zeros: give it a zero buffer. */
 tpu_status *tpu_record_materialize(tpu_engine *e, tpu_record *r) {
-  if (r->buf) return NULL;
+  if (r->buf || r->sh) return NULL;
   size_t nb = (size_t)r->numel * tpu_dtype_size(r->dtype);
   void *zeros = calloc(nb ? nb : 1, 1);
   if (!zeros) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", nb);

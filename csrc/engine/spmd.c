@@ -1,0 +1,291 @@
+/* spmd.c: tensors laid over a mesh of local devices, and the programs that
+ * run on all of them at once (single-controller SPMD).
+ *
+ * A mesh record holds one buffer per mesh device (devices 0 .. N-1, in the
+ * mesh's row-major order) and its sharding: device d's buffer is d's block
+ * of the record's global shape (the whole tensor where it is replicated).
+ * A program that reads any mesh record is one program over N partitions
+ * (fuse.c lowers it with the records' shardings on its parameters and
+ * results; XLA partitions it and inserts the collectives); its other inputs
+ * are given to every device. Every value it writes becomes a mesh record:
+ * a record that was on the mesh keeps its sharding, a new record of the
+ * shape of a split mesh input takes that input's sharding, and the others are
+ * replicated. Moving a tensor onto the mesh, reading one back and writing
+ * host data into one go through the host.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_impl.h"
+
+void tpu_record_free_shards(tpu_record *r) {
+  if (r->shards)
+    for (int64_t d = 0; d < tpu_sharding_num_devices(r->sh); d++) tpu_rt_buffer_free(r->shards[d]);
+  free(r->shards);
+  free(r->sh);
+  r->shards = NULL;
+  r->sh = NULL;
+}
+
+/* Copies block `blk` (shape bd, at offset off of the global shape gd) between
+ * a dense global array and a dense block; to_block says which way. */
+static void tpu_block_copy(uint8_t *global, uint8_t *blk, size_t isz, int rank, const int64_t *gd, const int64_t *bd,
+                           const int64_t *off, bool to_block) {
+  if (rank == 0) {
+    if (to_block)
+      memcpy(blk, global, isz);
+    else
+      memcpy(global, blk, isz);
+    return;
+  }
+  int64_t idx[TPU_MAX_RANK] = {0}, gstride[TPU_MAX_RANK];
+  int64_t acc = 1;
+  for (int i = rank - 1; i >= 0; i--) {
+    gstride[i] = acc;
+    acc *= gd[i];
+  }
+  int64_t rows = 1;
+  for (int i = 0; i < rank - 1; i++) rows *= bd[i];
+  size_t run = (size_t)bd[rank - 1] * isz;
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t g = off[rank - 1];
+    for (int i = 0; i < rank - 1; i++) g += (off[i] + idx[i]) * gstride[i];
+    uint8_t *gp = global + (size_t)g * isz, *bp = blk + (size_t)r * run;
+    if (to_block)
+      memcpy(bp, gp, run);
+    else
+      memcpy(gp, bp, run);
+    for (int i = rank - 2; i >= 0; i--) {
+      if (++idx[i] < bd[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
+/* Uploads the global host array data as the shards of sh over the mesh. */
+static tpu_status *tpu_shards_from_host(tpu_engine *e, const tpu_sharding *sh, const int64_t *gd, tpu_dtype dt,
+                                        const void *data, tpu_rt_buffer **shards) {
+  int64_t n = tpu_sharding_num_devices(sh), bd[TPU_MAX_RANK], off[TPU_MAX_RANK];
+  if (!tpu_sharding_shard_dims(sh, gd, bd)) return tpu_status_new(TPU_ERR_VALUE, "a sharding that does not fit");
+  size_t isz = tpu_dtype_size(dt), bn = isz;
+  for (int i = 0; i < sh->rank; i++) bn *= (size_t)bd[i];
+  uint8_t *blk = malloc(bn ? bn : 1);
+  if (!blk) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", bn);
+  tpu_status *s = NULL;
+  for (int64_t d = 0; d < n && !s; d++) {
+    tpu_sharding_shard_offsets(sh, gd, d, off);
+    tpu_block_copy((uint8_t *)data, blk, isz, sh->rank, gd, bd, off, true);
+    s = tpu_rt_buffer_from_host_on(e->rt, (int)d, blk, dt, bd, sh->rank, &shards[d]);
+  }
+  free(blk);
+  return s;
+}
+
+tpu_status *tpu_spmd_download(tpu_engine *e, tpu_record *rec, void *dst, size_t nbytes) {
+  const tpu_sharding *sh = rec->sh;
+  size_t isz = tpu_dtype_size(rec->dtype);
+  if (nbytes != (size_t)rec->numel * isz)
+    return tpu_status_new(TPU_ERR_VALUE, "device to host: %zu bytes asked of a %lld-element record", nbytes,
+                          (long long)rec->numel);
+  if (tpu_sharding_is_replicated(sh)) return tpu_rt_buffer_to_host(e->rt, rec->shards[0], dst, nbytes);
+  int64_t bd[TPU_MAX_RANK], off[TPU_MAX_RANK], n = tpu_sharding_num_devices(sh);
+  tpu_sharding_shard_dims(sh, rec->gdims, bd);
+  size_t bn = isz;
+  for (int i = 0; i < sh->rank; i++) bn *= (size_t)bd[i];
+  uint8_t *blk = malloc(bn ? bn : 1);
+  if (!blk) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", bn);
+  tpu_status *s = NULL;
+  /* devices holding the same block (replicated over an axis) are read once */
+  bool *seen = calloc((size_t)n, 1);
+  for (int64_t d = 0; d < n && !s && seen; d++) {
+    tpu_sharding_shard_offsets(sh, rec->gdims, d, off);
+    bool again = false;
+    for (int64_t k = 0; k < d && !again; k++) {
+      int64_t o2[TPU_MAX_RANK];
+      tpu_sharding_shard_offsets(sh, rec->gdims, k, o2);
+      again = memcmp(o2, off, sizeof(int64_t) * (size_t)sh->rank) == 0;
+    }
+    if (again) continue;
+    s = tpu_rt_buffer_to_host(e->rt, rec->shards[d], blk, bn);
+    if (!s) tpu_block_copy(dst, blk, isz, sh->rank, rec->gdims, bd, off, false);
+  }
+  if (!seen) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  free(seen);
+  free(blk);
+  return s;
+}
+
+tpu_status *tpu_spmd_upload(tpu_engine *e, tpu_record *rec, const void *data) {
+  int64_t n = tpu_sharding_num_devices(rec->sh);
+  tpu_rt_buffer **shards = calloc((size_t)n, sizeof *shards);
+  if (!shards) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  tpu_status *s = tpu_shards_from_host(e, rec->sh, rec->gdims, rec->dtype, data, shards);
+  if (s) {
+    for (int64_t d = 0; d < n; d++) tpu_rt_buffer_free(shards[d]);
+    free(shards);
+    return s;
+  }
+  for (int64_t d = 0; d < n; d++) tpu_rt_buffer_free(rec->shards[d]);
+  free(rec->shards);
+  rec->shards = shards;
+  return NULL;
+}
+
+tpu_status *tpu_engine_shard(tpu_engine *e, tpu_record *src, const tpu_sharding *sh, const int64_t *gdims,
+                             tpu_record **out) {
+  *out = NULL;
+  int64_t numel = 1;
+  for (int i = 0; i < sh->rank; i++) numel *= gdims[i];
+  if (numel != src->numel)
+    return tpu_status_new(TPU_ERR_VALUE, "shard: a shape of %lld elements for a storage of %lld", (long long)numel,
+                          (long long)src->numel);
+  tpu_status *s = tpu_sharding_check(sh, gdims);
+  if (s) return s;
+  int64_t n = tpu_sharding_num_devices(sh);
+  if (n > tpu_rt_device_count(e->rt))
+    return tpu_status_new(TPU_ERR_VALUE, "a mesh of %lld devices; this process has %d (TORCHTPU_NUM_DEVICES)",
+                          (long long)n, tpu_rt_device_count(e->rt));
+  size_t nb = (size_t)numel * tpu_dtype_size(src->dtype);
+  void *host = malloc(nb ? nb : 1);
+  if (!host) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", nb);
+  s = tpu_engine_download(e, src, host, nb);
+  tpu_record *r = s ? NULL : tpu_record_new_on(e, 0, src->dtype, numel);
+  if (!s && !r) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  if (!s) {
+    r->sh = malloc(sizeof *r->sh);
+    r->shards = calloc((size_t)n, sizeof *r->shards);
+    if (!r->sh || !r->shards) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  if (!s) {
+    *r->sh = *sh;
+    r->grank = sh->rank;
+    memcpy(r->gdims, gdims, sizeof(int64_t) * (size_t)sh->rank);
+    s = tpu_shards_from_host(e, sh, gdims, src->dtype, host, r->shards);
+  }
+  free(host);
+  if (s) {
+    tpu_record_unref(r);
+    return s;
+  }
+  *out = r;
+  return NULL;
+}
+
+/* The mesh of a flush: the sharding of its first mesh record (NULL: none);
+ * every mesh record must be on the same mesh. */
+tpu_status *tpu_spmd_mesh(const tpu_rectab *tab, const tpu_sharding **mesh) {
+  *mesh = NULL;
+  for (int k = 0; k < tab->n; k++) {
+    const tpu_sharding *s = tab->r[k]->sh;
+    if (!s) continue;
+    if (!*mesh) {
+      *mesh = s;
+      continue;
+    }
+    if (s->mesh_rank != (*mesh)->mesh_rank ||
+        memcmp(s->mesh, (*mesh)->mesh, sizeof(int64_t) * (size_t)s->mesh_rank) != 0)
+      return tpu_status_new(TPU_ERR_VALUE, "tensors sharded over two different meshes are used together");
+  }
+  return NULL;
+}
+
+/* The sharding a value written by an SPMD program takes (see the top). */
+tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, const tpu_record *r) {
+  if (r->sh) return *r->sh;
+  if (!r->fuse_new) return tpu_sharding_make(mesh->mesh_rank, mesh->mesh, 1, NULL); /* flat, whole */
+  for (int k = 0; k < tab->n; k++) {
+    const tpu_record *m = tab->r[k];
+    if (m->sh && m->fuse_param != TPU_HV_NONE && !tpu_sharding_is_replicated(m->sh) && m->grank == r->grank &&
+        memcmp(m->gdims, r->gdims, sizeof(int64_t) * (size_t)r->grank) == 0)
+      return *m->sh;
+  }
+  return tpu_sharding_make(mesh->mesh_rank, mesh->mesh, r->grank, NULL);
+}
+
+/* Runs an SPMD program: row d's inputs are the mesh records' shards on
+ * device d and copies of everything else; the outputs become the records'
+ * shards. */
+tpu_status *tpu_spmd_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
+  int nin = c->nfin, nout = c->nfout + c->nfchk, rows = c->spmd_rows;
+  size_t ni = (size_t)rows * (size_t)(nin ? nin : 1), no = (size_t)rows * (size_t)(nout ? nout : 1);
+  tpu_rt_buffer **in = calloc(ni, sizeof *in), **own = calloc(ni, sizeof *own), **out = calloc(no, sizeof *out);
+  tpu_status *s = (!in || !own || !out) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
+  int call_dev = e->dev;
+  e->epoch++;
+  for (int k = 0; k < nin && !s; k++) {
+    const tpu_fin *f = &c->fin[k];
+    tpu_node *n = &e->nodes[f->node];
+    tpu_record *r = f->kind == TPU_IN_RECORD ? tab->r[f->rec] : NULL;
+    if (r && r->sh) {
+      for (int d = 0; d < rows; d++) in[d * nin + k] = r->shards[d];
+      continue;
+    }
+    if (r) {
+      e->dev = r->device;
+      s = tpu_record_materialize(e, r);
+      for (int d = 0; d < rows && !s; d++) {
+        if (d == r->device) {
+          in[d * nin + k] = r->buf;
+          continue;
+        }
+        s = tpu_rt_buffer_copy(e->rt, r->buf, d, &own[d * nin + k]);
+        in[d * nin + k] = own[d * nin + k];
+      }
+      continue;
+    }
+    tpu_in_plan p = {f->kind, f->arg, f->item};
+    for (int d = 0; d < rows && !s; d++) {
+      e->dev = d;
+      s = tpu_input_buffer(e, &p, n->args, NULL, n->rng_offset, &in[d * nin + k], &own[d * nin + k]);
+    }
+  }
+  e->dev = call_dev;
+  if (s) s = tpu_status_prefix(s, "running a program over %d devices (an input)", rows);
+  if (!s) {
+    int64_t t0 = tpu_now_ns();
+    s = tpu_engine_wait(e); /* launched one-device programs first: this one waits for its rows */
+    if (!s) s = tpu_rt_execute_rows(e->rt, c->exec, in, nin, out);
+    atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
+    if (s) s = tpu_status_prefix(s, "running a program over %d devices", rows);
+  }
+  for (size_t k = 0; k < ni && own; k++) tpu_rt_buffer_free(own[k]);
+  for (int k = 0; k < c->nfout && !s; k++) {
+    tpu_record *r = tab->r[c->fout[k]];
+    tpu_rt_buffer **shards = calloc((size_t)rows, sizeof *shards);
+    tpu_sharding *sh = malloc(sizeof *sh);
+    if (!shards || !sh) {
+      free(shards);
+      free(sh);
+      s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+      break;
+    }
+    for (int d = 0; d < rows; d++) {
+      shards[d] = out[d * nout + k];
+      out[d * nout + k] = NULL;
+    }
+    *sh = c->fsh[k];
+    tpu_record_free_shards(r);
+    tpu_rt_buffer_free(r->buf);
+    r->buf = NULL;
+    r->device = 0;
+    r->sh = sh;
+    r->shards = shards;
+    r->grank = sh->rank;
+    memcpy(r->gdims, c->fdims[k], sizeof(int64_t) * (size_t)sh->rank);
+  }
+  for (int k = 0; k < c->nfchk && !s; k++) { /* every row computes the same checks */
+    tpu_check_push(e, out[c->nfout + k], c->fchk[k]);
+    out[c->nfout + k] = NULL;
+  }
+  if (!s) {
+    atomic_fetch_add(&e->metrics.fused_programs, 1);
+    atomic_fetch_add(&e->metrics.fused_ops, e->nnodes);
+    atomic_fetch_add(&e->metrics.spmd_programs, 1);
+  }
+  for (size_t k = 0; k < no && out; k++) tpu_rt_buffer_free(out[k]);
+  free(in);
+  free(own);
+  free(out);
+  return s;
+}

@@ -1,0 +1,70 @@
+/* spmd.c: tensors laid over a mesh of local devices (the engine's spmd.c);
+ * torchtpu/spmd.py is the Python side.
+ */
+#include "bind.h"
+
+#include <string.h>
+
+/* shard(t, mesh, dim_axis) -> a new tensor of t's shape laid over the first
+ * prod(mesh) local devices: dimension i split over mesh axis dim_axis[i] (-1:
+ * not split), replicated over the axes that split nothing. t: a contiguous
+ * tpu tensor (its whole storage); a tensor already on a mesh is laid out
+ * again (through the host). */
+PyObject *tpu_py_shard(PyObject *m, PyObject *args) {
+  PyObject *t, *mesh_o, *axes_o;
+  if (!PyArg_ParseTuple(args, "OOO", &t, &mesh_o, &axes_o)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_arg a;
+  if (!tpu_py_to_tref_args(st, t, &a, "shard")) return NULL;
+  int64_t mesh[TPU_MAX_RANK], axes[TPU_MAX_RANK];
+  int mr = tpu_int64_seq(mesh_o, mesh, TPU_MAX_RANK, "mesh");
+  int ar = mr >= 0 ? tpu_int64_seq(axes_o, axes, TPU_MAX_RANK, "dim_axis") : -1;
+  if (ar < 0) return NULL;
+  tpu_tref *r = &a.t;
+  if (!r->rec || ar != r->rank || mr > TPU_MESH_MAX_AXES)
+    return PyErr_Format(PyExc_ValueError, "shard: %d placements for a tensor of %d dimensions (a mesh of %d axes)", ar,
+                        r->rank, mr);
+  if (r->offset != 0 || tpu_tref_view_kind(r) != TPU_VIEW_WHOLE)
+    return PyErr_Format(PyExc_ValueError, "shard: the tensor must be contiguous and own its whole storage");
+  int8_t dim_axis[TPU_MAX_RANK];
+  for (int i = 0; i < ar; i++) {
+    if (axes[i] < -1 || axes[i] >= mr) return PyErr_Format(PyExc_ValueError, "shard: mesh axis %lld", axes[i]);
+    dim_axis[i] = (int8_t)axes[i];
+  }
+  tpu_sharding sh = tpu_sharding_make(mr, mesh, ar, dim_axis);
+  tpu_record *out = NULL;
+  tpu_status *s = tpu_engine_shard(st->eng, r->rec, &sh, r->sizes, &out);
+  if (s) return tpu_raise(s);
+  return tpu_mint(st, out, r->rank, r->sizes, NULL);
+}
+
+/* sharding(t) -> (mesh, dim_axis) of a tensor on a mesh, or None. */
+PyObject *tpu_py_sharding(PyObject *m, PyObject *t) {
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_arg a;
+  if (!tpu_py_to_tref_args(st, t, &a, "sharding")) return NULL;
+  const tpu_sharding *sh = a.t.rec ? a.t.rec->sh : NULL;
+  if (!sh) Py_RETURN_NONE;
+  PyObject *mesh = PyTuple_New(sh->mesh_rank), *axes = PyTuple_New(sh->rank);
+  for (int i = 0; mesh && i < sh->mesh_rank; i++) PyTuple_SET_ITEM(mesh, i, PyLong_FromLongLong(sh->mesh[i]));
+  for (int i = 0; axes && i < sh->rank; i++) PyTuple_SET_ITEM(axes, i, PyLong_FromLong(sh->dim_axis[i]));
+  if (!mesh || !axes) {
+    Py_XDECREF(mesh);
+    Py_XDECREF(axes);
+    return NULL;
+  }
+  return Py_BuildValue("(NN)", mesh, axes);
+}
+
+/* spmd_partitioner("shardy" | "gspmd") */
+PyObject *tpu_py_spmd_partitioner(PyObject *m, PyObject *name) {
+  tpu_mod_state *st = tpu_state(m);
+  const char *s = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+  if (!s || (strcmp(s, "shardy") && strcmp(s, "gspmd")))
+    return PyErr_Format(PyExc_ValueError, "the SPMD partitioner is \"shardy\" or \"gspmd\", not %R", name);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_engine_set_shardy(st->eng, strcmp(s, "shardy") == 0);
+  Py_RETURN_NONE;
+}
