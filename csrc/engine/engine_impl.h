@@ -247,6 +247,8 @@ tpu_status *tpu_spmd_upload(tpu_engine *e, tpu_record *rec, const void *data);
 tpu_status *tpu_spmd_mesh(const tpu_rectab *tab, const tpu_sharding **mesh);
 tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, const tpu_record *r);
 tpu_status *tpu_spmd_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab);
+tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **in, tpu_record **dst);
+tpu_status *tpu_spmd_record_input(tpu_engine *e, tpu_record *r, int d, tpu_rt_buffer **b, tpu_rt_buffer **own);
 tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const tpu_cache_entry *c);
 tpu_dtype tpu_scalar_bits(const tpu_arg *a, uint8_t bits[16]);
 tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec, uint64_t rng_offset,

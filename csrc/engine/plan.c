@@ -396,6 +396,48 @@ bool tpu_plan_matches(const tpu_plan *p, const tpu_tref *ins, int nin) {
   return true;
 }
 
+/* The record a plan's input or output names. */
+static tpu_record *tpu_plan_record(tpu_plan *p, const tpu_plan_src *d, const tpu_tref *ins, tpu_record **fresh) {
+  return d->kind == TPU_SRC_IN ? ins[d->idx].rec : d->kind == TPU_SRC_HELD ? p->held[d->idx] : fresh[d->idx];
+}
+
+/* A replay over a mesh (spmd.c): every row's inputs, then one launch. */
+static tpu_status *tpu_plan_run_spmd(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, tpu_record **fresh,
+                                     uint64_t rng_base) {
+  tpu_cache_entry *c = p->c;
+  int nin = c->nfin, rows = c->spmd_rows;
+  size_t ni = (size_t)rows * (size_t)(nin ? nin : 1);
+  tpu_rt_buffer **in = calloc(ni, sizeof *in), **own = calloc(ni, sizeof *own);
+  tpu_record **dst = calloc((size_t)c->nfout + 1, sizeof *dst);
+  tpu_status *s = (!in || !own || !dst) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
+  for (int k = 0; k < nin && !s; k++) {
+    const tpu_plan_src *d = &p->src[k];
+    for (int r = 0; r < rows && !s; r++) {
+      tpu_rt_buffer **b = &in[r * nin + k], **o = &own[r * nin + k];
+      if (d->kind == TPU_SRC_CONST) {
+        *b = d->buf;
+        if (r != p->dev) s = tpu_rt_buffer_copy(e->rt, d->buf, r, o), *b = *o;
+      } else if (d->kind == TPU_SRC_RNG) {
+        uint64_t st[2];
+        tpu_rng_key(e, rng_base + d->rng, st);
+        int64_t two = 2;
+        s = tpu_rt_buffer_from_host_on(e->rt, r, st, TPU_U64, &two, 1, o);
+        *b = *o;
+      } else {
+        s = tpu_spmd_record_input(e, tpu_plan_record(p, d, ins, fresh), r, b, o);
+      }
+    }
+  }
+  for (int k = 0; k < c->nfout && !s; k++) dst[k] = tpu_plan_record(p, &p->dst[k], ins, fresh);
+  if (!s) s = tpu_spmd_launch(e, c, in, dst);
+  if (s) s = tpu_status_prefix(s, "running a compiled graph of %d ops", p->nops);
+  for (size_t k = 0; k < ni && own; k++) tpu_rt_buffer_free(own[k]);
+  free(in);
+  free(own);
+  free(dst);
+  return s;
+}
+
 tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int nin, tpu_record **outs) {
   if (p->eng != e || nin != p->nin) return tpu_status_new(TPU_ERR_RUNTIME, "a graph plan was run on other inputs");
   for (int i = 0; i < p->nheld; i++) /* the inputs were checked by the bindings */
@@ -427,6 +469,10 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
   for (int m = 0; m < p->nnew && !s; m++)
     if (!(fresh[m] = tpu_record_new(e, p->new_dt[m], p->new_numel[m])))
       s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  if (c->spmd) {
+    if (!s) s = tpu_plan_run_spmd(e, p, ins, fresh, rng_base);
+    goto done;
+  }
   for (int k = 0; k < nin_p && !s; k++) {
     const tpu_plan_src *d = &p->src[k];
     tpu_record *r = NULL;
@@ -463,6 +509,9 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
       r->buf = outbuf[k];
     }
     for (int k = 0; k < c->nfchk; k++) tpu_check_push(e, outbuf[c->nfout + k], c->fchk[k]);
+  }
+done:
+  if (!s) {
     for (int j = 0; j < p->nout; j++) {
       const tpu_plan_src *o = &p->osrc[j];
       outs[j] = o->kind == TPU_SRC_IN ? ins[o->idx].rec : o->kind == TPU_SRC_HELD ? p->held[o->idx] : fresh[o->idx];

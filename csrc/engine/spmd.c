@@ -203,55 +203,20 @@ tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, co
   return tpu_sharding_make(mesh->mesh_rank, mesh->mesh, r->grank, NULL);
 }
 
-/* Runs an SPMD program: row d's inputs are the mesh records' shards on
- * device d and copies of everything else; the outputs become the records'
- * shards. */
-tpu_status *tpu_spmd_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
-  int nin = c->nfin, nout = c->nfout + c->nfchk, rows = c->spmd_rows;
-  size_t ni = (size_t)rows * (size_t)(nin ? nin : 1), no = (size_t)rows * (size_t)(nout ? nout : 1);
-  tpu_rt_buffer **in = calloc(ni, sizeof *in), **own = calloc(ni, sizeof *own), **out = calloc(no, sizeof *out);
-  tpu_status *s = (!in || !own || !out) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
-  int call_dev = e->dev;
-  e->epoch++;
-  for (int k = 0; k < nin && !s; k++) {
-    const tpu_fin *f = &c->fin[k];
-    tpu_node *n = &e->nodes[f->node];
-    tpu_record *r = f->kind == TPU_IN_RECORD ? tab->r[f->rec] : NULL;
-    if (r && r->sh) {
-      for (int d = 0; d < rows; d++) in[d * nin + k] = r->shards[d];
-      continue;
-    }
-    if (r) {
-      e->dev = r->device;
-      s = tpu_record_materialize(e, r);
-      for (int d = 0; d < rows && !s; d++) {
-        if (d == r->device) {
-          in[d * nin + k] = r->buf;
-          continue;
-        }
-        s = tpu_rt_buffer_copy(e->rt, r->buf, d, &own[d * nin + k]);
-        in[d * nin + k] = own[d * nin + k];
-      }
-      continue;
-    }
-    tpu_in_plan p = {f->kind, f->arg, f->item};
-    for (int d = 0; d < rows && !s; d++) {
-      e->dev = d;
-      s = tpu_input_buffer(e, &p, n->args, NULL, n->rng_offset, &in[d * nin + k], &own[d * nin + k]);
-    }
-  }
-  e->dev = call_dev;
-  if (s) s = tpu_status_prefix(s, "running a program over %d devices (an input)", rows);
-  if (!s) {
-    int64_t t0 = tpu_now_ns();
-    s = tpu_engine_wait(e); /* launched one-device programs first: this one waits for its rows */
-    if (!s) s = tpu_rt_execute_rows(e->rt, c->exec, in, nin, out);
-    atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
-    if (s) s = tpu_status_prefix(s, "running a program over %d devices", rows);
-  }
-  for (size_t k = 0; k < ni && own; k++) tpu_rt_buffer_free(own[k]);
+/* Runs c's rows on in (rows x inputs, borrowed); the record outputs become
+ * the shards of dst[k] (laid out as c says), the value checks are queued. */
+tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **in, tpu_record **dst) {
+  int rows = c->spmd_rows, nout = c->nfout + c->nfchk;
+  size_t no = (size_t)rows * (size_t)(nout ? nout : 1);
+  tpu_rt_buffer **out = calloc(no, sizeof *out);
+  if (!out) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  int64_t t0 = tpu_now_ns();
+  tpu_status *s = tpu_engine_wait(e); /* launched one-device programs first: this one waits for its rows */
+  if (!s) s = tpu_rt_execute_rows(e->rt, c->exec, in, c->nfin, out);
+  atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
+  if (s) s = tpu_status_prefix(s, "running a program over %d devices", rows);
   for (int k = 0; k < c->nfout && !s; k++) {
-    tpu_record *r = tab->r[c->fout[k]];
+    tpu_record *r = dst[k];
     tpu_rt_buffer **shards = calloc((size_t)rows, sizeof *shards);
     tpu_sharding *sh = malloc(sizeof *sh);
     if (!shards || !sh) {
@@ -278,14 +243,71 @@ tpu_status *tpu_spmd_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
     tpu_check_push(e, out[c->nfout + k], c->fchk[k]);
     out[c->nfout + k] = NULL;
   }
+  if (!s) atomic_fetch_add(&e->metrics.spmd_programs, 1);
+  for (size_t k = 0; k < no; k++) tpu_rt_buffer_free(out[k]);
+  free(out);
+  return s;
+}
+
+/* The buffers of a record as the input of row d: a mesh record's shard, or
+ * (own) a copy of a one-device record on device d. */
+tpu_status *tpu_spmd_record_input(tpu_engine *e, tpu_record *r, int d, tpu_rt_buffer **b, tpu_rt_buffer **own) {
+  *own = NULL;
+  if (r->sh) {
+    *b = r->shards[d];
+    return NULL;
+  }
+  int call_dev = e->dev;
+  e->dev = r->device;
+  tpu_status *s = tpu_record_materialize(e, r);
+  e->dev = call_dev;
+  if (s) return s;
+  if (d == r->device) {
+    *b = r->buf;
+    return NULL;
+  }
+  s = tpu_rt_buffer_copy(e->rt, r->buf, d, own);
+  *b = *own;
+  return s;
+}
+
+/* Runs an SPMD program: row d's inputs are the mesh records' shards on
+ * device d and copies of everything else; the outputs become the records'
+ * shards. */
+tpu_status *tpu_spmd_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
+  int nin = c->nfin, rows = c->spmd_rows;
+  size_t ni = (size_t)rows * (size_t)(nin ? nin : 1);
+  tpu_rt_buffer **in = calloc(ni, sizeof *in), **own = calloc(ni, sizeof *own);
+  tpu_status *s = (!in || !own) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
+  int call_dev = e->dev;
+  e->epoch++;
+  for (int k = 0; k < nin && !s; k++) {
+    const tpu_fin *f = &c->fin[k];
+    tpu_node *n = &e->nodes[f->node];
+    tpu_record *r = f->kind == TPU_IN_RECORD ? tab->r[f->rec] : NULL;
+    if (r) {
+      for (int d = 0; d < rows && !s; d++) s = tpu_spmd_record_input(e, r, d, &in[d * nin + k], &own[d * nin + k]);
+      continue;
+    }
+    tpu_in_plan p = {f->kind, f->arg, f->item};
+    for (int d = 0; d < rows && !s; d++) {
+      e->dev = d;
+      s = tpu_input_buffer(e, &p, n->args, NULL, n->rng_offset, &in[d * nin + k], &own[d * nin + k]);
+    }
+  }
+  e->dev = call_dev;
+  if (s) s = tpu_status_prefix(s, "running a program over %d devices (an input)", rows);
+  tpu_record **dst = s ? NULL : malloc(sizeof *dst * (size_t)(c->nfout ? c->nfout : 1));
+  if (!s && !dst) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  for (int k = 0; k < c->nfout && !s; k++) dst[k] = tab->r[c->fout[k]];
+  if (!s) s = tpu_spmd_launch(e, c, in, dst);
   if (!s) {
     atomic_fetch_add(&e->metrics.fused_programs, 1);
     atomic_fetch_add(&e->metrics.fused_ops, e->nnodes);
-    atomic_fetch_add(&e->metrics.spmd_programs, 1);
   }
-  for (size_t k = 0; k < no && out; k++) tpu_rt_buffer_free(out[k]);
+  free(dst);
+  for (size_t k = 0; k < ni && own; k++) tpu_rt_buffer_free(own[k]);
   free(in);
   free(own);
-  free(out);
   return s;
 }
