@@ -90,7 +90,8 @@ extern const char *const tpu_flush_names[TPU_FLUSH_COUNT];
   X(fused_ops, "fused_ops", 0)             /* recorded ops the fused programs ran */          \
   X(backward_passes, "backward_passes", 0) /* fused mode: tpu_engine_backward_begins */       \
   X(graph_replays, "graph_replays", 0)     /* captured graphs run straight from their plan */ \
-  X(ops_pruned, "fused_ops_pruned", 0)     /* recorded ops dropped at a flush (not needed) */
+  X(ops_pruned, "fused_ops_pruned", 0)     /* recorded ops dropped at a flush (not needed) */ \
+  X(replica_collectives, "replica_collectives", 0) /* tpu_engine_replica_collective calls run */
 typedef struct {
 #define X(field, name, ns) atomic_llong field;
   TPU_METRICS(X)
@@ -256,6 +257,42 @@ tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_
  * torch storage keeps its size: only the device memory comes and goes. */
 tpu_status *tpu_engine_storage_free(tpu_engine *e, tpu_record *rec);
 void tpu_engine_storage_alloc(tpu_engine *e, tpu_record *rec);
+
+/* ---- replica-mode collectives (replica.c) --------------------------------------------
+ *
+ * One collective over n local devices as one program of n replicas: record i
+ * of the list is on device i (tpu:i) and its result is a new record on
+ * device i. The transport of a multi-process backend in one process. */
+typedef enum {
+  TPU_COLL_ALL_REDUCE,
+  TPU_COLL_ALL_GATHER,     /* along dim 0 (a 0-d input gathers into shape [n]) */
+  TPU_COLL_REDUCE_SCATTER, /* dim 0 split in n, chunk i reduced onto replica i */
+  TPU_COLL_ALL_TO_ALL,     /* dim 0 split in n, chunk j of replica i goes to replica j at position i */
+  TPU_COLL_PERMUTE,        /* pairs (source, target); a replica no pair targets gets zeros */
+  TPU_COLL_BROADCAST,      /* replica src's value to every replica */
+  TPU_COLL_COUNT
+} tpu_coll_kind;
+typedef enum { TPU_RED_SUM, TPU_RED_PROD, TPU_RED_MIN, TPU_RED_MAX, TPU_RED_AVG, TPU_RED_COUNT } tpu_red_op;
+#define TPU_MAX_REPLICAS 64
+typedef struct {
+  tpu_coll_kind kind;
+  tpu_red_op op; /* ALL_REDUCE, REDUCE_SCATTER; AVG: sum, then divided by n (floating and complex dtypes) */
+  tpu_dtype dtype;
+  int rank;
+  int64_t dims[TPU_MAX_RANK]; /* every input's shape */
+  int npairs;                 /* PERMUTE */
+  int pairs[TPU_MAX_REPLICAS][2];
+  int src; /* BROADCAST */
+} tpu_collective;
+/* Checks c for n replicas (kind, op against the dtype, shapes, pairs,
+ * source) and gives the shape of every output. */
+tpu_status *tpu_collective_check(const tpu_collective *c, int n, int *rank, int64_t *dims);
+/* Runs c over ins[0..n) (ins[i] on device i, c's dtype and shape's numel);
+ * outs[i] receives an owned new record on device i. Recorded ops that write
+ * an input run first; programs are compiled once per (c, n) and kept by the
+ * engine. */
+tpu_status *tpu_engine_replica_collective(tpu_engine *e, const tpu_collective *c, tpu_record *const *ins, int n,
+                                          tpu_record **outs);
 
 /* ---- graph plans (torch.compile) ----------------------------------------------------
  *
