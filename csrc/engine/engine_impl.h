@@ -161,7 +161,7 @@ struct tpu_engine {
   struct tpu_rprog {
     char *text; /* owned: the program's text, its key */
     size_t len;
-    tpu_rt_exec *exec; /* owned */
+    tpu_rt_exec *exec;  /* owned */
   } rprogs[TPU_RPROGS]; /* replica-mode collectives' programs, replaced round-robin */
   int rprog_next;
 };

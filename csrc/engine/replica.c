@@ -17,7 +17,7 @@
 #include "engine_impl.h"
 
 static const char *const tpu_coll_names[TPU_COLL_COUNT] = {"all_reduce", "all_gather", "reduce_scatter",
-                                                          "all_to_all", "permute",    "broadcast"};
+                                                           "all_to_all", "permute",    "broadcast"};
 static const char *const tpu_red_names[TPU_RED_COUNT] = {"sum", "prod", "min", "max", "avg"};
 
 static int64_t tpu_shape_numel(int rank, const int64_t *dims) {
@@ -143,8 +143,8 @@ static tpu_status *tpu_replica_text(const tpu_collective *c, int n, int orank, c
         snprintf(attrs, sizeof attrs, "%s", groups);
       else
         snprintf(attrs, sizeof attrs, "%s, scatter_dimension = 0 : i64", groups);
-      tpu_hlo_emit(m, c->kind == TPU_COLL_ALL_REDUCE ? "stablehlo.all_reduce" : "stablehlo.reduce_scatter", &x, 1,
-                   &reg, 1, attrs, &ot, 1, &y);
+      tpu_hlo_emit(m, c->kind == TPU_COLL_ALL_REDUCE ? "stablehlo.all_reduce" : "stablehlo.reduce_scatter", &x, 1, &reg,
+                   1, attrs, &ot, 1, &y);
       if (c->op == TPU_RED_AVG) y = tpu_avg(m, y, c->dtype, n);
       break;
     }
@@ -162,8 +162,7 @@ static tpu_status *tpu_replica_text(const tpu_collective *c, int n, int orank, c
     case TPU_COLL_PERMUTE: {
       int k = snprintf(attrs, sizeof attrs, "source_target_pairs = dense<[");
       for (int i = 0; i < c->npairs; i++)
-        k += snprintf(attrs + k, sizeof attrs - (size_t)k, "%s[%d, %d]", i ? ", " : "", c->pairs[i][0],
-                      c->pairs[i][1]);
+        k += snprintf(attrs + k, sizeof attrs - (size_t)k, "%s[%d, %d]", i ? ", " : "", c->pairs[i][0], c->pairs[i][1]);
       snprintf(attrs + k, sizeof attrs - (size_t)k, "]> : tensor<%dx2xi64>", c->npairs);
       if (c->npairs == 0) { /* no pair: every replica gets zeros */
         tpu_hv z = tpu_hlo_constant(m, c->dtype, 0);
@@ -221,7 +220,8 @@ static tpu_status *tpu_replica_exec(tpu_engine *e, char *text, size_t len, int n
   atomic_fetch_add(&e->metrics.cache_misses, 1);
   int64_t t0 = tpu_now_ns();
   tpu_rt_compile_opts o = {.replicas = n, .partitions = 1};
-  tpu_status *s = tpu_rt_compile_with(e->rt, text, len, &o, exec);
+  /* one replica: a one-device program, run where its argument is */
+  tpu_status *s = n == 1 ? tpu_rt_compile(e->rt, text, len, exec) : tpu_rt_compile_with(e->rt, text, len, &o, exec);
   atomic_fetch_add(&e->metrics.compile_ns, tpu_now_ns() - t0);
   atomic_fetch_add(&e->metrics.programs_compiled, 1);
   if (e->dump_hlo || (s && e->debug)) fprintf(stderr, "%s\n", text);
@@ -261,11 +261,11 @@ tpu_status *tpu_engine_replica_collective(tpu_engine *e, const tpu_collective *c
   for (int i = 0; i < n; i++) {
     const tpu_record *r = ins[i];
     if (r->device != i)
-      return tpu_status_new(TPU_ERR_VALUE, "%s: tensor %d is on tpu:%d; tensor i of the list must be on tpu:i", name,
-                            i, r->device);
+      return tpu_status_new(TPU_ERR_VALUE, "%s: tensor %d is on tpu:%d; tensor i of the list must be on tpu:i", name, i,
+                            r->device);
     if (r->dtype != c->dtype)
-      return tpu_status_new(TPU_ERR_TYPE, "%s: tensor %d has dtype %s, expected %s", name, i,
-                            tpu_dtype_name(r->dtype), tpu_dtype_name(c->dtype));
+      return tpu_status_new(TPU_ERR_TYPE, "%s: tensor %d has dtype %s, expected %s", name, i, tpu_dtype_name(r->dtype),
+                            tpu_dtype_name(c->dtype));
     if (r->numel != numel)
       return tpu_status_new(TPU_ERR_VALUE, "%s: tensor %d has %lld elements, expected %lld", name, i,
                             (long long)r->numel, (long long)numel);
@@ -295,7 +295,7 @@ tpu_status *tpu_engine_replica_collective(tpu_engine *e, const tpu_collective *c
       return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
     }
   int64_t t0 = tpu_now_ns();
-  s = tpu_rt_execute_rows(e->rt, exec, args, 1, res);
+  s = n == 1 ? tpu_rt_execute(e->rt, exec, args, 1, res) : tpu_rt_execute_rows(e->rt, exec, args, 1, res);
   atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
   if (s) {
     for (int i = 0; i < n; i++) {
@@ -306,6 +306,6 @@ tpu_status *tpu_engine_replica_collective(tpu_engine *e, const tpu_collective *c
     return tpu_status_prefix(s, "%s", name);
   }
   for (int i = 0; i < n; i++) outs[i]->buf = res[i];
-  atomic_fetch_add(&e->metrics.replica_collectives, 1);
+  atomic_fetch_add(&e->metrics.replica_colls, 1);
   return NULL;
 }

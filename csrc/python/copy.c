@@ -17,7 +17,8 @@ PyObject *tpu_py_empty(PyObject *m, PyObject *args) {
   tpu_status *ds = tpu_engine_device_count(st->eng, &ndev);
   if (ds) return tpu_raise(ds);
   if (dev < 0) dev = tpu_engine_current_device(st->eng);
-  if (dev >= ndev) return PyErr_Format(PyExc_RuntimeError, "tpu:%d: invalid device ordinal (%d local devices)", dev, ndev);
+  if (dev >= ndev)
+    return PyErr_Format(PyExc_RuntimeError, "tpu:%d: invalid device ordinal (%d local devices)", dev, ndev);
   int64_t sizes[TPU_MAX_RANK], strides[TPU_MAX_RANK];
   int rank = tpu_int64_seq(sizes_o, sizes, TPU_MAX_RANK, "size");
   if (rank < 0) return NULL;
