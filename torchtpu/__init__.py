@@ -12,6 +12,7 @@ import torch
 
 from . import _C, _distributed, _registry, _settings
 from . import device_module as _device_module
+from . import replicas as replicas
 from ._C import metrics as _metrics
 
 __version__ = "0.1.0"

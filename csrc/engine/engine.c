@@ -108,6 +108,7 @@ void tpu_engine_free(tpu_engine *e) {
   for (int i = 0; i < e->nnotes; i++) free(e->notes[i]);
   tpu_plans_release(e);
   tpu_nodes_release(e);
+  tpu_replica_release(e);
   free(e->nodes);
   tpu_status_free(tpu_engine_sync(e));
   free(e->chk);

@@ -76,31 +76,32 @@ extern const char *const tpu_flush_names[TPU_FLUSH_COUNT];
 
 /* The engine's counters: field, the name torchtpu.metrics() gives it, and
  * whether it counts nanoseconds (shown in seconds). */
-#define TPU_METRICS(X)                                                                        \
-  X(ops_dispatched, "ops_dispatched", 0)                                                      \
-  X(programs_compiled, "programs_compiled", 0)                                                \
-  X(cache_hits, "cache_hits", 0)                                                              \
-  X(cache_misses, "cache_misses", 0)                                                          \
-  X(compile_ns, "compile_seconds", 1)                                                         \
-  X(execute_ns, "execute_seconds", 1)                                                         \
-  X(h2d_bytes, "h2d_bytes", 0)                                                                \
-  X(d2h_bytes, "d2h_bytes", 0)                                                                \
-  X(d2d_bytes, "d2d_bytes", 0) /* copies between local devices */                             \
-  X(records_live, "live_records", 0)                                                          \
-  X(fallback_ops, "fallback_ops", 0)                                                          \
-  X(cache_evictions, "cache_evictions", 0) /* times the program cache was emptied */          \
-  X(disk_hits, "disk_cache_hits", 0)       /* programs loaded from the disk cache */          \
-  X(disk_misses, "disk_cache_misses", 0)   /* not found there (compiled, then written) */     \
-  X(disk_writes, "disk_cache_writes", 0)                                                      \
-  X(disk_corrupt, "disk_cache_corrupt", 0) /* damaged entries found (removed, recompiled) */  \
-  X(disk_refused, "disk_cache_refused", 0) /* untrusted entries (not ours, bad MAC, ...) */   \
-  X(disk_load_ns, "disk_load_seconds", 1)  /* reading and deserializing entries */            \
-  X(fused_programs, "fused_programs_run", 0)                                                  \
-  X(fused_ops, "fused_ops", 0)             /* recorded ops the fused programs ran */          \
-  X(backward_passes, "backward_passes", 0) /* fused mode: tpu_engine_backward_begins */       \
-  X(graph_replays, "graph_replays", 0)     /* captured graphs run straight from their plan */ \
-  X(ops_pruned, "fused_ops_pruned", 0)     /* recorded ops dropped at a flush (not needed) */ \
-  X(spmd_programs, "spmd_programs_run", 0) /* programs over a mesh of devices */
+#define TPU_METRICS(X)                                                                          \
+  X(ops_dispatched, "ops_dispatched", 0)                                                        \
+  X(programs_compiled, "programs_compiled", 0)                                                  \
+  X(cache_hits, "cache_hits", 0)                                                                \
+  X(cache_misses, "cache_misses", 0)                                                            \
+  X(compile_ns, "compile_seconds", 1)                                                           \
+  X(execute_ns, "execute_seconds", 1)                                                           \
+  X(h2d_bytes, "h2d_bytes", 0)                                                                  \
+  X(d2h_bytes, "d2h_bytes", 0)                                                                  \
+  X(d2d_bytes, "d2d_bytes", 0) /* copies between local devices */                               \
+  X(records_live, "live_records", 0)                                                            \
+  X(fallback_ops, "fallback_ops", 0)                                                            \
+  X(cache_evictions, "cache_evictions", 0) /* times the program cache was emptied */            \
+  X(disk_hits, "disk_cache_hits", 0)       /* programs loaded from the disk cache */            \
+  X(disk_misses, "disk_cache_misses", 0)   /* not found there (compiled, then written) */       \
+  X(disk_writes, "disk_cache_writes", 0)                                                        \
+  X(disk_corrupt, "disk_cache_corrupt", 0) /* damaged entries found (removed, recompiled) */    \
+  X(disk_refused, "disk_cache_refused", 0) /* untrusted entries (not ours, bad MAC, ...) */     \
+  X(disk_load_ns, "disk_load_seconds", 1)  /* reading and deserializing entries */              \
+  X(fused_programs, "fused_programs_run", 0)                                                    \
+  X(fused_ops, "fused_ops", 0)               /* recorded ops the fused programs ran */          \
+  X(backward_passes, "backward_passes", 0)   /* fused mode: tpu_engine_backward_begins */       \
+  X(graph_replays, "graph_replays", 0)       /* captured graphs run straight from their plan */ \
+  X(ops_pruned, "fused_ops_pruned", 0)       /* recorded ops dropped at a flush (not needed) */ \
+  X(spmd_programs, "spmd_programs_run", 0)   /* programs over a mesh of devices */              \
+  X(replica_colls, "replica_collectives", 0) /* tpu_engine_replica_collective */
 typedef struct {
 #define X(field, name, ns) atomic_llong field;
   TPU_METRICS(X)
@@ -273,6 +274,42 @@ tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_
  * torch storage keeps its size: only the device memory comes and goes. */
 tpu_status *tpu_engine_storage_free(tpu_engine *e, tpu_record *rec);
 void tpu_engine_storage_alloc(tpu_engine *e, tpu_record *rec);
+
+/* ---- replica-mode collectives (replica.c) --------------------------------------------
+ *
+ * One collective over n local devices as one program of n replicas: record i
+ * of the list is on device i (tpu:i) and its result is a new record on
+ * device i. The transport of a multi-process backend in one process. */
+typedef enum {
+  TPU_COLL_ALL_REDUCE,
+  TPU_COLL_ALL_GATHER,     /* along dim 0 (a 0-d input gathers into shape [n]) */
+  TPU_COLL_REDUCE_SCATTER, /* dim 0 split in n, chunk i reduced onto replica i */
+  TPU_COLL_ALL_TO_ALL,     /* dim 0 split in n, chunk j of replica i goes to replica j at position i */
+  TPU_COLL_PERMUTE,        /* pairs (source, target); a replica no pair targets gets zeros */
+  TPU_COLL_BROADCAST,      /* replica src's value to every replica */
+  TPU_COLL_COUNT
+} tpu_coll_kind;
+typedef enum { TPU_RED_SUM, TPU_RED_PROD, TPU_RED_MIN, TPU_RED_MAX, TPU_RED_AVG, TPU_RED_COUNT } tpu_red_op;
+#define TPU_MAX_REPLICAS 64
+typedef struct {
+  tpu_coll_kind kind;
+  tpu_red_op op; /* ALL_REDUCE, REDUCE_SCATTER; AVG: sum, then divided by n (floating and complex dtypes) */
+  tpu_dtype dtype;
+  int rank;
+  int64_t dims[TPU_MAX_RANK]; /* every input's shape */
+  int npairs;                 /* PERMUTE */
+  int pairs[TPU_MAX_REPLICAS][2];
+  int src; /* BROADCAST */
+} tpu_collective;
+/* Checks c for n replicas (kind, op against the dtype, shapes, pairs,
+ * source) and gives the shape of every output. */
+tpu_status *tpu_collective_check(const tpu_collective *c, int n, int *rank, int64_t *dims);
+/* Runs c over ins[0..n) (ins[i] on device i, c's dtype and shape's numel);
+ * outs[i] receives an owned new record on device i. Recorded ops that write
+ * an input run first; programs are compiled once per (c, n) and kept by the
+ * engine. */
+tpu_status *tpu_engine_replica_collective(tpu_engine *e, const tpu_collective *c, tpu_record *const *ins, int n,
+                                          tpu_record **outs);
 
 /* ---- graph plans (torch.compile) ----------------------------------------------------
  *

@@ -25,6 +25,8 @@
 /* Launched, unfinished computations kept in strict mode; when full, the
  * oldest is waited for. */
 #define TPU_INFLIGHT 256
+/* Compiled programs of replica-mode collectives kept (replica.c). */
+#define TPU_RPROGS 32
 
 typedef struct {
   int refs;     /* the cache's and each plan's; 0 for an entry not yet inserted */
@@ -163,6 +165,12 @@ struct tpu_engine {
   bool explain;                 /* TORCHTPU_EXPLAIN_RECOMPILES */
   char *notes[8];               /* owned: explanations pending for the binding */
   int nnotes;
+  struct tpu_rprog {
+    char *text; /* owned: the program's text, its key */
+    size_t len;
+    tpu_rt_exec *exec;  /* owned */
+  } rprogs[TPU_RPROGS]; /* replica-mode collectives' programs, replaced round-robin */
+  int rprog_next;
 };
 
 #define TPU_TOMB ((tpu_record *)1) /* a deleted registry slot */
@@ -263,6 +271,10 @@ void tpu_nodes_release(tpu_engine *e);
 tpu_status *tpu_flush_prepare(tpu_engine *e, tpu_flush_reason reason, tpu_rectab *tab, tpu_cache_entry **out);
 tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab);
 void tpu_steps_throttle(tpu_engine *e);
+
+/* replica.c */
+/* Frees the kept programs of replica-mode collectives. */
+void tpu_replica_release(tpu_engine *e);
 
 /* plan.c */
 /* Releases every live plan's hold on the engine (the engine is freed). */

@@ -10,6 +10,7 @@
  *   copy.c     empty, copies between the host and the device, the memory
  *              of a storage (FSDP2 frees it between uses)
  *   graph.c    graph plans (torch.compile) and torch.tpu.graph
+ *   replica.c  replica-mode collectives over the local devices
  * They see the core only through the engine (engine.h) and the call
  * structs it takes (call.h).
  */
@@ -113,5 +114,8 @@ PyObject *tpu_py_graph_replay(PyObject *m, PyObject *args);
 PyObject *tpu_py_whole_end(PyObject *m, PyObject *args);
 PyObject *tpu_py_whole_replay(PyObject *m, PyObject *cap);
 PyObject *tpu_py_whole_capturing(PyObject *m, PyObject *noargs);
+
+/* replica.c: replica-mode collectives (torchtpu.replicas) */
+PyObject *tpu_py_replica_collective(PyObject *m, PyObject *args);
 
 #endif

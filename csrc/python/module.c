@@ -379,6 +379,8 @@ static PyMethodDef tpu_methods[] = {
     {"storage_free", tpu_py_storage_free, METH_O, "storage_free(t): free the memory of t's storage (FSDP2)"},
     {"storage_alloc", tpu_py_storage_alloc, METH_O, "storage_alloc(t): give t's freed storage memory again"},
     {"storage_freed", tpu_py_storage_freed, METH_O, "storage_freed(t) -> whether t's storage memory is freed"},
+    {"replica_collective", tpu_py_replica_collective, METH_VARARGS,
+     "replica_collective(tensors, kind, op, pairs, src) -> [tensor i on tpu:i]"},
     {"info", tpu_py_info, METH_NOARGS, "Runtime facts: platform, versions, devices (starts the runtime)."},
     {"initialized", tpu_py_initialized, METH_NOARGS, "Whether the runtime has started."},
     {"in_bad_fork", tpu_py_in_bad_fork, METH_NOARGS, "Whether a parent of this forked process started it."},
