@@ -52,16 +52,23 @@ def batch_on(mesh, x):
     return spmd.shard(x, mesh, [Shard(0)] + [Replicate()] * (len(mesh.shape) - 1))
 
 
-def run(mesh_kind, steps, mode, seed=0, batch_size=16):
+def setup(mesh_kind, seed, **cfg):
+    """The model on tpu:0, laid over the mesh; its optimizer; the mesh (None: one device)."""
     tok, data = load_corpus()
-    gen = torch.Generator().manual_seed(seed + 1)
-    model = make_model(tok.vocab_size, seed=seed, device="tpu")
+    model = make_model(tok.vocab_size, seed=seed, device="tpu", **cfg)
     mesh = None
     if mesh_kind != "one":
         n = torch.tpu.device_count()
         mesh = spmd.Mesh((n,), ("dp",)) if mesh_kind == "dp" else spmd.Mesh((2, 2), ("dp", "tp"))
         lay_out(model, mesh, mesh_kind == "2x2")
-    optimizer = make_optimizer(model)
+    return model, make_optimizer(model), mesh, data
+
+
+def run(mesh_kind, steps, mode, seed=0, batch_size=16, **cfg):
+    """steps training steps in an eager mode: (losses, parameters on the host,
+    programs over the mesh run, seconds)."""
+    model, optimizer, mesh, data = setup(mesh_kind, seed, **cfg)
+    gen = torch.Generator().manual_seed(seed + 1)
     losses = []
     before = torchtpu.metrics()
     start = time.perf_counter()
@@ -75,6 +82,49 @@ def run(mesh_kind, steps, mode, seed=0, batch_size=16):
     programs = after["spmd_programs_run"] - before["spmd_programs_run"]
     params = [p.detach().cpu() for p in model.parameters()]
     return losses, params, programs, seconds
+
+
+def run_graph(mesh_kind, steps, seed=0, batch_size=16, warm=2, **cfg):
+    """The same step captured once with torch.tpu.graph and replayed: (losses,
+    parameters, programs over the mesh run by the replays, replays)."""
+    model, optimizer, mesh, data = setup(mesh_kind, seed, **cfg)
+    for group in optimizer.param_groups:
+        group["capturable"] = True  # its step count stays on the device
+    gen = torch.Generator().manual_seed(seed + 1)
+    batches = [get_batch(data, batch_size, model.cfg.block_size, gen) for _ in range(steps)]
+    sx, sy = batch_on(mesh, batches[0][0]), batch_on(mesh, batches[0][1])
+    losses = []
+    with torchtpu.eager_mode("fused"):
+        for x, y in batches[:warm]:
+            sx.copy_(x)
+            sy.copy_(y)
+            losses.append(train_step(model, optimizer, sx, sy))
+
+        def step():
+            _, loss = model(sx, sy)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            return loss
+
+        optimizer.zero_grad(set_to_none=True)
+        graph = torch.tpu.TPUGraph()
+        with torch.tpu.graph(graph):
+            static_loss = step()
+        before = torchtpu.metrics()
+        for x, y in batches[warm:]:
+            sx.copy_(x)
+            sy.copy_(y)
+            graph.replay()
+            losses.append(static_loss.item())
+        after = torchtpu.metrics()
+    params = [p.detach().cpu() for p in model.parameters()]
+    return (
+        losses,
+        params,
+        after["spmd_programs_run"] - before["spmd_programs_run"],
+        after["graph_replays"] - before["graph_replays"],
+    )
 
 
 def main():

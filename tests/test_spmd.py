@@ -1,0 +1,217 @@
+"""Tensors laid over a mesh of local devices and programs over the whole mesh
+(torchtpu.spmd), with TORCHTPU_NUM_DEVICES=4 on the CPU plugin. The test
+process has one device: the cases run in one child process that reports each
+case (a start costs seconds); every case is a test here."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = textwrap.dedent(r"""
+    import json, sys, traceback
+    import torch, torchtpu
+    from torchtpu import spmd
+    from torchtpu.spmd import Mesh, Replicate, Shard
+
+    sys.path.insert(0, EXAMPLES)
+    import spmd_gpt
+
+    results = {}
+
+    def case(fn):
+        try:
+            fn()
+            results[fn.__name__] = "ok"
+        except BaseException:
+            results[fn.__name__] = traceback.format_exc()
+        return fn
+
+    def raises(exc, text, fn):
+        try:
+            fn()
+        except exc as e:
+            assert text in str(e), (text, str(e))
+            return
+        raise AssertionError(f"no {exc.__name__} ({text})")
+
+    mesh4 = Mesh((4,), ("x",))
+    mesh22 = Mesh((2, 2), ("dp", "tp"))
+
+    @case
+    def layouts_round_trip():
+        g = torch.Generator().manual_seed(0)
+        for dt in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
+            for shape in ((8,), (4, 6), (2, 4, 8), ()):
+                x = (torch.randn(shape, generator=g) * 10).to(dt)
+                layouts = [(mesh4, [Replicate()]), (mesh22, [Replicate(), Replicate()])]
+                for d in range(len(shape)):
+                    if shape[d] % 4 == 0:
+                        layouts.append((mesh4, [Shard(d)]))
+                    if shape[d] % 2 == 0:
+                        layouts.append((mesh22, [Shard(d), Replicate()]))
+                        layouts.append((mesh22, [Replicate(), Shard(d)]))
+                if len(shape) >= 2 and shape[0] % 2 == 0 and shape[1] % 2 == 0:
+                    layouts.append((mesh22, [Shard(1), Shard(0)]))
+                for mesh, pl in layouts:
+                    t = spmd.shard(x, mesh, pl)
+                    assert t.device == torch.device("tpu", 0) and t.shape == x.shape and t.dtype == dt
+                    assert torch.equal(t.cpu(), x), (dt, shape, pl)
+                    assert spmd.sharding(t)[0] == mesh.shape
+        assert spmd.sharding(torch.ones(2, device="tpu")) is None
+
+    @case
+    def layout_errors():
+        raises(ValueError, "not divisible", lambda: spmd.shard(torch.ones(6, 4), mesh4, [Shard(0)]))
+        raises(ValueError, "placements", lambda: spmd.shard(torch.ones(8), mesh22, [Shard(0)]))
+        raises(ValueError, "two mesh axes", lambda: spmd.shard(torch.ones(8), mesh22, [Shard(0), Shard(0)]))
+        raises(IndexError, "Shard(2)", lambda: spmd.shard(torch.ones(8), mesh4, [Shard(2)]))
+        raises(TypeError, "placement", lambda: spmd.shard(torch.ones(8), mesh4, ["x"]))
+        raises(ValueError, "this process has 4", lambda: Mesh((8,)))
+        raises(ValueError, "partitioner", lambda: spmd.set_partitioner("magic"))
+
+    @case
+    def eager_ops_over_the_mesh():
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(8, 6, generator=g)
+        w = torch.randn(6, 4, generator=g)
+        xs = spmd.shard(x, mesh22, [Shard(0), Replicate()])
+        ws = spmd.shard(w, mesh22, [Replicate(), Shard(1)])
+        for name, got, want in [
+            ("elementwise", (xs * 2).sin() + 1, (x * 2).sin() + 1),
+            ("matmul", xs @ ws, x @ w),
+            ("sum", xs.sum(), x.sum()),
+            ("sum dim", xs.sum(1), x.sum(1)),
+            ("softmax", torch.softmax(xs, -1), torch.softmax(x, -1)),
+            ("mixed with one device", xs + torch.ones(6, device="tpu:0"), x + 1),
+            ("transpose", xs.t().contiguous(), x.t()),
+        ]:
+            assert torch.allclose(got.cpu(), want, atol=1e-5), name
+        assert spmd.sharding(xs * 2) == ((2, 2), (0, -1))  # the layout of the input of its shape
+        assert abs((xs * xs).sum().item() - (x * x).sum().item()) < 1e-3
+        before = torchtpu.metrics()["spmd_programs_run"]
+        (xs + 1).cpu()
+        assert torchtpu.metrics()["spmd_programs_run"] == before + 1
+
+    @case
+    def writes_into_a_mesh_tensor():
+        x = torch.arange(16.0).reshape(4, 4)
+        xs = spmd.shard(x, mesh4, [Shard(1)])
+        xs.add_(1)
+        assert spmd.sharding(xs) == ((4,), (-1, 0))
+        xs.copy_(torch.full((4, 4), 7.0))  # host data written as the shards
+        assert torch.equal(xs.cpu(), torch.full((4, 4), 7.0))
+        xs.zero_()
+        assert torch.equal(xs.cpu(), torch.zeros(4, 4))
+        assert torch.equal(xs.to("tpu:2").cpu(), torch.zeros(4, 4))
+
+    @case
+    def sharded_parameters_take_a_quarter():
+        base = [torch.tpu.memory_allocated(i) for i in range(4)]
+        w = torch.randn(1024, 64)
+        rep = spmd.shard(w, mesh4, [Replicate()])
+        mid = [torch.tpu.memory_allocated(i) - b for i, b in zip(range(4), base)]
+        shd = spmd.shard(w, mesh4, [Shard(0)])
+        end = [torch.tpu.memory_allocated(i) - b - m for i, b, m in zip(range(4), base, mid)]
+        assert mid == [1024 * 64 * 4] * 4, mid
+        assert end == [1024 * 64 * 4 // 4] * 4, end
+        del rep, shd
+
+    @case
+    def fused_recording_is_one_program():
+        x = spmd.shard(torch.randn(8, 4), mesh4, [Shard(0)])
+        with torchtpu.eager_mode("fused"):
+            torch.tpu.synchronize()
+            before = torchtpu.metrics()["spmd_programs_run"]
+            y = ((x * 3).relu() @ torch.ones(4, 4, device="tpu")).sum(0)
+            y.cpu()
+            assert torchtpu.metrics()["spmd_programs_run"] == before + 1
+
+    def check_training(mesh_kind, mode, partitioner, steps=10):
+        spmd.set_partitioner(partitioner)
+        try:
+            small = dict(n_layer=1, n_embd=32, n_head=2, block_size=16)
+            got, params, programs, _ = spmd_gpt.run(mesh_kind, steps, mode, batch_size=8, **small)
+            ref, ref_params, _, _ = spmd_gpt.run("one", steps, mode, batch_size=8, **small)
+        finally:
+            spmd.set_partitioner("shardy")
+        dl = max(abs(a - b) for a, b in zip(got, ref))
+        dp = max((a - b).abs().max().item() for a, b in zip(params, ref_params))
+        assert dl <= 1e-6, (mesh_kind, mode, partitioner, dl)
+        assert dp <= 1e-4, (mesh_kind, mode, partitioner, dp)
+        return programs / steps
+
+    @case
+    def data_parallel_step_fused():
+        per_step = check_training("dp", "fused", "shardy")
+        assert per_step <= 1.5, per_step  # the first step runs two
+
+    @case
+    def tensor_parallel_step_fused():
+        assert check_training("2x2", "fused", "shardy") <= 1.5
+
+    @case
+    def tensor_parallel_step_gspmd():
+        assert check_training("2x2", "fused", "gspmd") <= 1.5
+
+    @case
+    def data_parallel_step_strict():
+        check_training("dp", "strict", "shardy", steps=3)
+
+    @case
+    def data_parallel_step_graph():
+        small = dict(n_layer=1, n_embd=32, n_head=2, block_size=16)
+        got, params, programs, replays = spmd_gpt.run_graph("dp", 10, batch_size=8, **small)
+        ref, ref_params, _, _ = spmd_gpt.run("one", 10, "fused", batch_size=8, **small)
+        dl = max(abs(a - b) for a, b in zip(got, ref))
+        dp = max((a - b).abs().max().item() for a, b in zip(params, ref_params))
+        assert dl <= 1e-6 and dp <= 1e-4, (dl, dp)
+        assert replays == 8 and programs == replays, (programs, replays)
+
+    print("RESULTS " + json.dumps(results))
+""")
+
+_results = None
+
+
+def _run():
+    global _results
+    if _results is None:
+        env = dict(os.environ, TORCHTPU_NUM_DEVICES="4")
+        code = f"EXAMPLES = {os.path.join(ROOT, 'examples')!r}\n" + CHILD
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULTS ")]
+        assert line, f"the child failed (exit {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        _results = json.loads(line[-1][len("RESULTS ") :])
+    return _results
+
+
+CASES = [
+    "layouts_round_trip",
+    "layout_errors",
+    "eager_ops_over_the_mesh",
+    "writes_into_a_mesh_tensor",
+    "sharded_parameters_take_a_quarter",
+    "fused_recording_is_one_program",
+    "data_parallel_step_fused",
+    "tensor_parallel_step_fused",
+    "tensor_parallel_step_gspmd",
+    "data_parallel_step_strict",
+    "data_parallel_step_graph",
+]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_spmd(name):
+    r = _run()
+    assert name in r, f"case {name} did not run: {sorted(r)}"
+    assert r[name] == "ok", r[name]
+
+
+def test_every_case_is_listed():
+    assert sorted(_run()) == sorted(CASES)
