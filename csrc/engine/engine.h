@@ -215,6 +215,11 @@ tpu_record *tpu_record_new_on(tpu_engine *e, int device, tpu_dtype dt, int64_t n
 tpu_status *tpu_engine_device_count(tpu_engine *e, int *n);
 tpu_status *tpu_engine_set_device(tpu_engine *e, int device);
 int tpu_engine_current_device(const tpu_engine *e);
+/* The calling thread's current device, read and set without the engine or the
+ * GIL and set unchecked (torch's device guard; a bad index is raised by the
+ * next call that runs on it). Each thread has its own (0 until set). */
+int tpu_engine_thread_device(void);
+void tpu_engine_select_device(int device);
 /* A new record on `device` holding src's value (src's pending ops run first). */
 tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_record **out);
 void tpu_record_ref(tpu_record *r);
