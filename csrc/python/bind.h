@@ -10,6 +10,7 @@
  *   copy.c     empty, copies between the host and the device, the memory
  *              of a storage (FSDP2 frees it between uses)
  *   graph.c    graph plans (torch.compile) and torch.tpu.graph
+ *   guard.c    what torch's device guard for the tpu reads (guard_api.h)
  * They see the core only through the engine (engine.h) and the call
  * structs it takes (call.h).
  */
@@ -108,5 +109,9 @@ PyObject *tpu_py_graph_replay(PyObject *m, PyObject *args);
 PyObject *tpu_py_whole_end(PyObject *m, PyObject *args);
 PyObject *tpu_py_whole_replay(PyObject *m, PyObject *cap);
 PyObject *tpu_py_whole_capturing(PyObject *m, PyObject *noargs);
+
+/* guard.c: the device count and current device torch's device guard reads */
+void tpu_guard_set_count(int n);
+PyObject *tpu_guard_capsule(void); /* a new reference: _C.guard_api */
 
 #endif
