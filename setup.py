@@ -5,6 +5,7 @@ device guard with PyTorch (csrc/guard/device_guard.cpp). It is optional: a
 build without it leaves torch's guard for Python backends (one device)."""
 
 import glob
+import os
 
 from setuptools import Extension, setup
 
@@ -22,10 +23,13 @@ sources = sorted(
 def device_guard():
     """torchtpu._device_guard, built against the installed torch's headers and
     libc10 with torch's C++ ABI; [] when torch is not importable here."""
+    # not torchtpu itself (torch's device autoload would import the installed
+    # one, whose _C this build is about to replace)
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     try:
         import torch
         from torch.utils import cpp_extension
-    except ImportError:
+    except Exception:  # not installed, or a torch that cannot start
         return []
     abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
     return [
