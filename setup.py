@@ -1,6 +1,11 @@
-"""Builds torchtpu._C: pure C11, warnings are errors."""
+"""Builds torchtpu._C: pure C11, warnings are errors; and, where torch is
+importable at build time (pip's --no-build-isolation, as `make build` runs
+it), torchtpu._device_guard: one small C++ file that registers the tpu's
+device guard with PyTorch (csrc/guard/device_guard.cpp). It is optional: a
+build without it leaves torch's guard for Python backends (one device)."""
 
 import glob
+import os
 
 from setuptools import Extension, setup
 
@@ -13,6 +18,41 @@ sources = sorted(
     + glob.glob("csrc/engine/*.c")
     + glob.glob("csrc/python/*.c")
 )
+
+
+def device_guard():
+    """torchtpu._device_guard, built against the installed torch's headers and
+    libc10 with torch's C++ ABI; [] when torch is not importable here."""
+    # not torchtpu itself (torch's device autoload would import the installed
+    # one, whose _C this build is about to replace)
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except Exception:  # not installed, or a torch that cannot start
+        return []
+    abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+    return [
+        Extension(
+            "torchtpu._device_guard",
+            sources=["csrc/guard/device_guard.cpp"],
+            depends=["csrc/python/guard_api.h"],
+            include_dirs=cpp_extension.include_paths(),
+            library_dirs=cpp_extension.library_paths(),
+            libraries=["c10"],
+            language="c++",
+            extra_compile_args=[
+                "-std=c++20",
+                "-Wall",
+                "-Wextra",
+                "-O2",
+                "-fvisibility=hidden",
+                f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            ],
+            optional=True,  # a failed build warns; torchtpu then uses torch's guard
+        )
+    ]
+
 
 setup(
     ext_modules=[
@@ -33,5 +73,6 @@ setup(
             ],
             libraries=["dl", "pthread", "m"],
         )
-    ],
+    ]
+    + device_guard(),
 )

@@ -1211,6 +1211,28 @@ def _device_error():
     return (path, platform, ndev, fraction), why
 
 
+# Whose device guard torch uses for the tpu: "torchtpu" (every local device,
+# torchtpu._device_guard) or "torch" (torch's guard for Python backends: one
+# device, so backward on tpu:1 and above fails).
+DEVICE_GUARD = "torch"
+
+
+def _register_device_guard():
+    """Registers torchtpu's device guard (the C++ of csrc/guard/, built when
+    torch was importable at build time) before torch's guard for Python
+    backends, which then stays unregistered; without it, torch's serves."""
+    global DEVICE_GUARD
+    try:
+        from . import _device_guard
+    except ImportError:
+        return  # not built (or built for another torch): torch's guard, one device
+    try:
+        if _device_guard.register_guard(_C.guard_api):
+            DEVICE_GUARD = "torchtpu"
+    except (ImportError, RuntimeError) as e:
+        warnings.warn(f"torchtpu: device guard not registered ({e}); backward runs on tpu:0 only", stacklevel=3)
+
+
 def setup(device_module):
     global _LIB, _IMPL
     # The plugin is loaded at the device's first use (as CUDA's context is
@@ -1223,6 +1245,7 @@ def setup(device_module):
     (path, platform, ndev, fraction), error = _device_error()
     try:
         torch.utils.rename_privateuse1_backend("tpu")
+        _register_device_guard()
         _br._setup_privateuseone_for_python_backend("tpu", backend_module=device_module)
         registered = True
     except (AttributeError, TypeError, RuntimeError) as e:

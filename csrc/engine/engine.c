@@ -331,6 +331,12 @@ static bool tpu_fill_by_upload(const tpu_engine *e, int op_id, const tpu_arg *ar
   return numel == t->rec_numel && (size_t)numel * tpu_dtype_size(t->dtype) <= TPU_FILL_UPLOAD_MAX;
 }
 
+/* The current device is the calling thread's, as CUDA's is: torch's device
+ * guard sets it on autograd's worker threads (one per device), which must not
+ * move the device of the thread that called backward. A new thread starts on
+ * device 0. */
+static _Thread_local int tpu_thread_device;
+
 /* The device a call runs on: its tensors' (all on one, as torch requires),
  * else its device argument's (a factory; i holds index + 1, 0 for none),
  * else the current device. */
@@ -352,7 +358,7 @@ static tpu_status *tpu_call_device(tpu_engine *e, const tpu_arg *args, int nargs
                               dev, t->rec->device);
     }
   }
-  if (dev < 0) dev = hint >= 0 ? hint : e->cur_dev;
+  if (dev < 0) dev = hint >= 0 ? hint : tpu_thread_device;
   int n = tpu_rt_device_count(e->rt);
   if (dev >= n) return tpu_status_new(TPU_ERR_RUNTIME, "tpu:%d: invalid device ordinal (%d local devices)", dev, n);
   e->dev = dev;
@@ -372,11 +378,17 @@ tpu_status *tpu_engine_set_device(tpu_engine *e, int device) {
   if (s) return s;
   if (device < 0 || device >= n)
     return tpu_status_new(TPU_ERR_RUNTIME, "tpu:%d: invalid device ordinal (%d local devices)", device, n);
-  e->cur_dev = device;
+  tpu_thread_device = device;
   return NULL;
 }
 
-int tpu_engine_current_device(const tpu_engine *e) { return e->cur_dev; }
+int tpu_engine_current_device(const tpu_engine *e) {
+  (void)e;
+  return tpu_thread_device;
+}
+
+int tpu_engine_thread_device(void) { return tpu_thread_device; }
+void tpu_engine_select_device(int device) { tpu_thread_device = device; }
 
 void tpu_engine_set_shardy(tpu_engine *e, bool shardy) { e->shardy = shardy; }
 

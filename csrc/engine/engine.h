@@ -233,6 +233,11 @@ tpu_status *tpu_engine_shard(tpu_engine *e, tpu_record *src, const tpu_sharding 
                              tpu_record **out);
 /* The SPMD partitioner: Shardy (true, the default) or GSPMD. */
 void tpu_engine_set_shardy(tpu_engine *e, bool shardy);
+/* The calling thread's current device, read and set without the engine or the
+ * GIL and set unchecked (torch's device guard; a bad index is raised by the
+ * next call that runs on it). Each thread has its own (0 until set). */
+int tpu_engine_thread_device(void);
+void tpu_engine_select_device(int device);
 /* A new record on `device` holding src's value (src's pending ops run first). */
 tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_record **out);
 void tpu_record_ref(tpu_record *r);

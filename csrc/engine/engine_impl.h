@@ -134,7 +134,6 @@ struct tpu_engine {
   int nwarnings;
   tpu_mode mode;
   int dev;      /* the device of the call, flush or replay in progress */
-  int cur_dev;  /* calls without tensor arguments (torch.tpu.set_device) */
   int fuse_dev; /* the device of the recorded ops (fused mode) */
   bool shardy;  /* SPMD programs use the Shardy partitioner (else GSPMD) */
   struct {

@@ -11,6 +11,8 @@
  *              of a storage (FSDP2 frees it between uses)
  *   graph.c    graph plans (torch.compile) and torch.tpu.graph
  *   replica.c  replica-mode collectives over the local devices
+ *   spmd.c     tensors laid over a mesh of local devices (torchtpu.spmd)
+ *   guard.c    what torch's device guard for the tpu reads (guard_api.h)
  * They see the core only through the engine (engine.h) and the call
  * structs it takes (call.h).
  */
@@ -117,5 +119,9 @@ PyObject *tpu_py_whole_capturing(PyObject *m, PyObject *noargs);
 
 /* replica.c: replica-mode collectives (torchtpu.replicas) */
 PyObject *tpu_py_replica_collective(PyObject *m, PyObject *args);
+
+/* guard.c: the device count and current device torch's device guard reads */
+void tpu_guard_set_count(int n);
+PyObject *tpu_guard_capsule(void); /* a new reference: _C.guard_api */
 
 #endif

@@ -70,6 +70,8 @@ static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
   tpu_status *s = tpu_engine_new(&o, &st->eng);
   if (s) return tpu_raise(s);
   st->explain = o.explain;
+  /* torch.tpu.device_count() before the runtime starts (torch's device guard) */
+  tpu_guard_set_count(error ? 0 : strcmp(platform, "cpu") == 0 ? ndev : 1);
   Py_RETURN_NONE;
 }
 
@@ -306,7 +308,7 @@ static PyObject *tpu_py_current_device(PyObject *m, PyObject *args) {
   int dev = -1;
   if (!PyArg_ParseTuple(args, "|i", &dev)) return NULL;
   tpu_mod_state *st = tpu_state(m);
-  if (dev < 0) return PyLong_FromLong(st->eng ? tpu_engine_current_device(st->eng) : 0);
+  if (dev < 0) return PyLong_FromLong(tpu_engine_thread_device());
   if (!tpu_need_engine(st)) return NULL;
   tpu_status *s = tpu_engine_set_device(st->eng, dev);
   if (s) return tpu_raise(s);
@@ -420,6 +422,10 @@ static int tpu_mod_exec(PyObject *m) {
   st->kernel_type = PyType_FromModuleAndSpec(m, &tpu_kernel_spec, NULL);
   if (!st->kernel_type) return -1;
   if (PyModule_AddObjectRef(m, "Kernel", st->kernel_type) < 0) return -1;
+  PyObject *guard = tpu_guard_capsule();
+  int rc = guard ? PyModule_AddObjectRef(m, "guard_api", guard) : -1;
+  Py_XDECREF(guard);
+  if (rc < 0) return -1;
   st->foreach_type = PyType_FromModuleAndSpec(m, &tpu_foreach_spec, NULL);
   if (!st->foreach_type) return -1;
 #define TPU_INTERN(f, s) \

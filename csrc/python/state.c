@@ -81,6 +81,7 @@ tpu_engine *tpu_need_engine(tpu_mod_state *st) {
   tpu_status *s = tpu_engine_start(e);
   if (s) return tpu_raise(s), NULL;
   pthread_atfork(NULL, NULL, tpu_atfork_child);
+  tpu_guard_set_count(tpu_rt_device_count(tpu_engine_rt(e)));
   /* the start's warnings (a cache folder that cannot be used); raised as
    * errors by a warnings filter, the engine is up and the next call goes on */
   if (tpu_flush_warnings(st) < 0) return NULL;
