@@ -11,15 +11,20 @@ import torch
 
 import torchtpu
 
+# The device these tests run on: tpu:0, or the one TORCHTPU_TEST_DEVICE names
+# (tests/test_other_device.py runs this file on tpu:1).
+DEV = torch.device("tpu", int(os.environ.get("TORCHTPU_TEST_DEVICE", "0")))
+
 
 def test_device_basics():
     assert torch.tpu.is_available()
-    assert torch.tpu.device_count() == 1
+    assert torch.tpu.device_count() == int(os.environ.get("TORCHTPU_NUM_DEVICES", "1"))
+    assert torch.tpu.current_device() == DEV.index
     assert "XLA" in torch.tpu.get_device_name()
     torch.tpu.synchronize()
     x = torch.randn(3, 4)
     t = x.to("tpu")
-    assert t.device.type == "tpu"
+    assert t.device == DEV and (t + 1).device == DEV
     assert t.shape == x.shape and t.dtype == x.dtype
     torch.testing.assert_close(t.cpu(), x, rtol=0, atol=0)
 
@@ -69,7 +74,7 @@ def test_item_and_print():
     assert torch.tensor(7, device="tpu").item() == 7
     assert torch.tensor(True, device="tpu").item() is True
     s = str(torch.arange(4, device="tpu"))
-    assert "tensor([0, 1, 2, 3], device='tpu:0')" == s
+    assert f"tensor([0, 1, 2, 3], device='{DEV}')" == s
 
 
 def test_views_share_storage():
@@ -352,7 +357,7 @@ def test_streams_and_events_like_cuda():
     device; an event's query/synchronize cover the work launched before it;
     timing events give the wall time between two drained points."""
     s = torch.tpu.current_stream()
-    assert s == torch.tpu.default_stream() == torch.tpu.Stream() and s.device == torch.device("tpu", 0)
+    assert s == torch.tpu.default_stream() == torch.tpu.Stream() and s.device == DEV
     with torch.tpu.stream(torch.tpu.Stream()) as got:
         y = torch.ones(64, 64, device="tpu") @ torch.ones(64, 64, device="tpu")
     assert got == s
@@ -393,6 +398,7 @@ def test_memory_summary():
     del x
 
 
+@pytest.mark.skipif(DEV.index != 0, reason="a process of one device")
 def test_set_device_takes_index_0_or_the_process_local_rank(monkeypatch):
     # torchrun sets LOCAL_RANK and DeviceMesh calls set_device(LOCAL_RANK): in a
     # process of one device that is tpu:0; another index is an invalid ordinal

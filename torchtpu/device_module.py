@@ -143,7 +143,7 @@ class Stream:
 
     @property
     def device(self) -> torch.device:
-        return torch.device("tpu", 0)
+        return torch.device("tpu", current_device())
 
     def synchronize(self) -> None:
         synchronize()
