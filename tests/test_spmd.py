@@ -111,6 +111,27 @@ CHILD = textwrap.dedent(r"""
         assert torch.equal(xs.to("tpu:2").cpu(), torch.zeros(4, 4))
 
     @case
+    def constraint_inside_a_program():
+        x0 = torch.arange(32.0).reshape(8, 4)
+        x = spmd.shard(x0, mesh4, [Shard(0)])
+        y = spmd.constrain(x * 2, mesh4, [Shard(1)])
+        assert spmd.sharding(y) == ((4,), (-1, 0)) and torch.equal(y.cpu(), x0 * 2)
+        with torchtpu.eager_mode("fused"):
+            torch.tpu.synchronize()
+            before = torchtpu.metrics()["spmd_programs_run"]
+            z = spmd.constrain(x + 1, mesh4, [Replicate()])
+            w = (z * z).sum(0)
+            assert torch.equal(w.cpu(), ((x0 + 1) ** 2).sum(0))
+            assert torchtpu.metrics()["spmd_programs_run"] == before + 1
+        assert spmd.sharding(z) == ((4,), (-1, -1))
+        raises(RuntimeError, "not on a mesh", lambda: spmd.constrain(torch.ones(4, device="tpu"), mesh4, [Shard(0)]))
+        p = spmd.shard(torch.ones(8, 4), mesh4, [Shard(0)]).requires_grad_()
+        spmd.constrain(p * 3, mesh4, [Replicate()]).sum().backward()
+        assert torch.equal(p.grad.cpu(), torch.full((8, 4), 3.0)) and spmd.sharding(p.grad) is not None
+        z = torch.zeros_like(p)  # laid out as p (a sharded parameter's optimizer state)
+        assert spmd.sharding(z) == ((4,), (0, -1)) and torch.equal(z.cpu(), torch.zeros(8, 4))
+
+    @case
     def sharded_parameters_take_a_quarter():
         base = [torch.tpu.memory_allocated(i) for i in range(4)]
         w = torch.randn(1024, 64)
@@ -196,6 +217,7 @@ CASES = [
     "layout_errors",
     "eager_ops_over_the_mesh",
     "writes_into_a_mesh_tensor",
+    "constraint_inside_a_program",
     "sharded_parameters_take_a_quarter",
     "fused_recording_is_one_program",
     "data_parallel_step_fused",

@@ -143,6 +143,24 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     return _C.empty(size, dtype or torch.get_default_dtype(), stride, _dev(device))
 
 
+def _empty_like(self, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """torch's empty_like; for a whole contiguous tensor laid over a mesh
+    (torchtpu.spmd), a tensor laid out as it (zeros_like of a sharded
+    parameter is a sharded optimizer state)."""
+    dt = dtype or self.dtype
+    dev = self.device if device is None else torch.device(device)
+    keep = memory_format in (None, torch.preserve_format, torch.contiguous_format)
+    if keep and dev == self.device and self.is_contiguous() and self.storage_offset() == 0:
+        if self.untyped_storage().nbytes() == self.numel() * self.element_size() and _C.sharding(self) is not None:
+            return _C.mesh_like(self, dt)
+    dense = (memory_format is None or memory_format == torch.preserve_format) and _dense(self)
+    if dev.type != "tpu":
+        if dense:
+            return torch.empty_strided(self.shape, self.stride(), dtype=dt, device=dev, pin_memory=bool(pin_memory))
+        return torch.empty(self.shape, dtype=dt, device=dev, memory_format=memory_format or torch.contiguous_format)
+    return _C.empty(list(self.shape), dt, list(self.stride()) if dense else None, _dev(dev))
+
+
 def _resolve_bits(t):
     """The values a lazily conjugated or negated tensor stands for, as a
     plain tensor: the core copies storage, which holds the unconjugated,
@@ -944,6 +962,9 @@ WRAPPERS = {
     "grid_sampler_3d_backward": _masked_outputs(6),
 }
 
+# The internal rows' op ids by name ("tpu::..."), for the Python kernels that call them.
+INTERNAL = {}
+
 # ATen overloads without a row, served by a Python kernel under PrivateUse1.
 PYTHON_KERNELS = {
     # data-dependent shapes: the size is computed on the device and read back,
@@ -967,6 +988,7 @@ PYTHON_KERNELS = {
     "_to_copy": _to_copy,
     "empty.memory_format": _empty_memory_format,
     "empty_strided": _empty_strided,
+    "empty_like": _empty_like,
     "_efficientzerotensor": _efficientzerotensor,
     "_copy_from": _copy_from,
     "_copy_from_and_resize": _copy_from_and_resize,
@@ -1265,6 +1287,7 @@ def setup(device_module):
     warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
     _IMPL = torch.library.Library("aten", "IMPL")
     internal = _register_rows()
+    INTERNAL.update(internal)
     for name, fn in PYTHON_KERNELS.items():
         _impl(name, fn)
     for name in CPU_VIEWS:

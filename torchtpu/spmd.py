@@ -19,7 +19,7 @@ import torch
 
 from . import _C
 
-__all__ = ["Mesh", "Shard", "Replicate", "shard", "shard_", "sharding", "set_partitioner"]
+__all__ = ["Mesh", "Shard", "Replicate", "shard", "shard_", "constrain", "sharding", "set_partitioner"]
 
 
 class Shard:
@@ -113,6 +113,43 @@ def shard_(param: torch.Tensor, mesh: Mesh, placements: Sequence) -> torch.Tenso
             param.detach().to("tpu:0").contiguous().clone(), list(mesh.shape), _dim_axis(param, mesh, placements)
         )
     return param
+
+
+_constraint = None
+
+
+def _constraint_kernel():
+    global _constraint
+    if _constraint is None:
+        from . import _registry
+
+        req = _registry._REQUIRED
+        _constraint = _C.kernel(
+            _registry.INTERNAL["tpu::spmd_constraint"],
+            [("self", "T", req), ("mesh", "I", req), ("dim_axis", "I", req)],
+            1,
+            req,
+        )
+    return _constraint
+
+
+class _Constrain(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, mesh, dim_axis):
+        return _constraint_kernel()(t, mesh, dim_axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None
+
+
+def constrain(tensor: torch.Tensor, mesh: Mesh, placements: Sequence) -> torch.Tensor:
+    """tensor's values laid out over mesh as placements say, inside the
+    program that computes it: XLA's partitioner moves the data on the devices
+    (no host round trip), and the result keeps that layout. The tensor must
+    come from a program over mesh (one that reads a tensor laid over it);
+    gradients pass through unchanged."""
+    return _Constrain.apply(tensor, list(mesh.shape), _dim_axis(tensor, mesh, placements))
 
 
 def sharding(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]] | None:

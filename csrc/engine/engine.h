@@ -49,6 +49,8 @@ typedef struct tpu_record {
   tpu_hv fuse_param;   /* the program input holding its buffer, or NONE */
   bool fuse_def;       /* fuse_val was computed by a recorded op */
   bool fuse_new;       /* made by a recorded op of the flush */
+  bool fuse_has_sh;    /* made by a sharding constraint: fuse_sh is its layout */
+  tpu_sharding fuse_sh;
   uint64_t need_epoch; /* the flush that found its value needed (live, or read by a needed op) */
   uint64_t birth;      /* records created before it (graph capture tells new from old) */
 } tpu_record;
@@ -231,6 +233,8 @@ int tpu_engine_current_device(const tpu_engine *e);
  * host. Errors name a dimension that does not divide, a mesh too large. */
 tpu_status *tpu_engine_shard(tpu_engine *e, tpu_record *src, const tpu_sharding *sh, const int64_t *gdims,
                              tpu_record **out);
+/* A new mesh record laid out as src (a mesh record), of dtype dt, zeros. */
+tpu_status *tpu_engine_mesh_like(tpu_engine *e, tpu_record *src, tpu_dtype dt, tpu_record **out);
 /* The SPMD partitioner: Shardy (true, the default) or GSPMD. */
 void tpu_engine_set_shardy(tpu_engine *e, bool shardy);
 /* The calling thread's current device, read and set without the engine or the

@@ -216,7 +216,7 @@ static int tpu_fuse_id(tpu_rectab *t, tpu_record *r, uint64_t epoch) {
   r->fuse_epoch = epoch;
   r->fuse_id = t->n;
   r->fuse_val = r->fuse_param = TPU_HV_NONE;
-  r->fuse_def = r->fuse_new = false;
+  r->fuse_def = r->fuse_new = r->fuse_has_sh = false;
   t->r[t->n++] = r;
   return r->fuse_id;
 }
@@ -286,6 +286,12 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
       } else if (L.out[k].kind == TPU_OUT_NEW && j < n->nnew) {
         r = n->outrec[j++];
         if (r) r->fuse_new = true;
+        if (r && n->op_id == TPU_OP_tpu_spmd_constraint && n->args[2].nints <= TPU_MAX_RANK) {
+          int8_t axes[TPU_MAX_RANK];
+          for (int a = 0; a < n->args[2].nints; a++) axes[a] = (int8_t)n->args[2].ints[a];
+          r->fuse_sh = tpu_sharding_make(n->args[1].nints, n->args[1].ints, n->args[2].nints, axes);
+          r->fuse_has_sh = true;
+        }
       }
       if (!r) continue;
       r->fuse_val = L.outv[k];

@@ -341,6 +341,7 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args
   L.rng_state = TPU_HV_NONE;
   L.precision = e->precision;
   L.value_checks = e->value_checks;
+  L.plans_only = !compile;
   tpu_lower_run(&L, row);
   char *text = NULL;
   size_t len = 0;

@@ -172,6 +172,33 @@ tpu_status *tpu_engine_shard(tpu_engine *e, tpu_record *src, const tpu_sharding 
   return NULL;
 }
 
+tpu_status *tpu_engine_mesh_like(tpu_engine *e, tpu_record *src, tpu_dtype dt, tpu_record **out) {
+  *out = NULL;
+  size_t nb = (size_t)src->numel * tpu_dtype_size(dt);
+  int64_t n = tpu_sharding_num_devices(src->sh);
+  void *zeros = calloc(nb ? nb : 1, 1);
+  tpu_record *r = zeros ? tpu_record_new_on(e, 0, dt, src->numel) : NULL;
+  tpu_status *s = NULL;
+  if (r) {
+    r->sh = malloc(sizeof *r->sh);
+    r->shards = calloc((size_t)n, sizeof *r->shards);
+  }
+  if (!r || !r->sh || !r->shards) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  if (!s) {
+    *r->sh = *src->sh;
+    r->grank = src->grank;
+    memcpy(r->gdims, src->gdims, sizeof r->gdims);
+    s = tpu_shards_from_host(e, r->sh, r->gdims, dt, zeros, r->shards);
+  }
+  free(zeros);
+  if (s) {
+    tpu_record_unref(r);
+    return s;
+  }
+  *out = r;
+  return NULL;
+}
+
 /* The mesh of a flush: the sharding of its first mesh record (NULL: none);
  * every mesh record must be on the same mesh. */
 tpu_status *tpu_spmd_mesh(const tpu_rectab *tab, const tpu_sharding **mesh) {
@@ -194,6 +221,7 @@ tpu_status *tpu_spmd_mesh(const tpu_rectab *tab, const tpu_sharding **mesh) {
 tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, const tpu_record *r) {
   if (r->sh) return *r->sh;
   if (!r->fuse_new) return tpu_sharding_make(mesh->mesh_rank, mesh->mesh, 1, NULL); /* flat, whole */
+  if (r->fuse_has_sh) return r->fuse_sh;                                            /* a sharding constraint's value */
   for (int k = 0; k < tab->n; k++) {
     const tpu_record *m = tab->r[k];
     if (m->sh && m->fuse_param != TPU_HV_NONE && !tpu_sharding_is_replicated(m->sh) && m->grank == r->grank &&

@@ -85,6 +85,8 @@ typedef enum {
 /* Declare the device mesh, once, before any sharding; axis_names (Shardy's,
  * copied) may be NULL for a0, a1, .... Sets mhlo.num_partitions to the
  * mesh's device count. */
+/* Whether a mesh was declared (the module is an SPMD program). */
+bool tpu_hlo_has_mesh(const tpu_hlo *m);
 void tpu_hlo_set_mesh(tpu_hlo *m, tpu_hlo_partitioner p, int mesh_rank, const int64_t *mesh,
                       const char *const *axis_names);
 /* The module's mhlo.num_partitions and mhlo.num_replicas (1 and 1 unless

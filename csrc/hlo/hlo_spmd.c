@@ -169,6 +169,8 @@ static void tpu_put_sharding(tpu_hlo *m, tpu_buf *b, const char *key, const tpu_
   free(text);
 }
 
+bool tpu_hlo_has_mesh(const tpu_hlo *m) { return m->partitioner != 0; }
+
 tpu_hv tpu_hlo_sharding_constraint(tpu_hlo *m, tpu_hv x, const tpu_sharding *s) {
   if (!tpu_hloi_check(m, &x, 1) || !tpu_sharding_fits(m, s, &TY(x), "sharding constraint on value", x))
     return TPU_HV_NONE;

@@ -60,6 +60,7 @@ struct tpu_lower {
   int64_t rng_words;           /* random words drawn: the generator's advance */
   tpu_hlo_precision precision; /* of f32 matmuls and convolutions */
   bool value_checks;           /* make the checks that need tensor values (tpu_lower_check) */
+  bool plans_only;             /* lowered for its plans, not run (a fused op, or an op over a mesh) */
   /* Fused lowering (engine.c): many calls share one builder. fuse_record
    * gives a record's current flat value (rec->numel elements of rec->dtype),
    * a program input or an earlier call's result, instead of a new input;

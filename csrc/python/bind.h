@@ -107,6 +107,7 @@ PyObject *tpu_py_storage_freed(PyObject *m, PyObject *t);
 /* spmd.c: tensors laid over a mesh of local devices */
 PyObject *tpu_py_shard(PyObject *m, PyObject *args);
 PyObject *tpu_py_sharding(PyObject *m, PyObject *t);
+PyObject *tpu_py_mesh_like(PyObject *m, PyObject *args);
 PyObject *tpu_py_spmd_partitioner(PyObject *m, PyObject *name);
 
 /* graph.c: graph plans (torch.compile) and torch.tpu.graph */

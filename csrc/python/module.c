@@ -397,6 +397,7 @@ static PyMethodDef tpu_methods[] = {
     {"device_count", tpu_py_device_count, METH_NOARGS, "device_count() -> local devices"},
     {"shard", tpu_py_shard, METH_VARARGS, "shard(t, mesh, dim_axis) -> t laid over a mesh of devices"},
     {"sharding", tpu_py_sharding, METH_O, "sharding(t) -> (mesh, dim_axis) or None"},
+    {"mesh_like", tpu_py_mesh_like, METH_VARARGS, "mesh_like(t, dtype) -> zeros laid out as t"},
     {"spmd_partitioner", tpu_py_spmd_partitioner, METH_O, "spmd_partitioner('shardy' | 'gspmd')"},
     {"current_device", tpu_py_current_device, METH_VARARGS, "current_device([index]) -> the current device"},
     {"flush", tpu_py_flush, METH_VARARGS, "flush(step=False): launch the recorded ops (fused mode) without waiting."},

@@ -39,6 +39,25 @@ PyObject *tpu_py_shard(PyObject *m, PyObject *args) {
   return tpu_mint(st, out, r->rank, r->sizes, NULL);
 }
 
+/* mesh_like(t, dtype) -> a tensor of t's shape laid out as t (a whole,
+ * contiguous tensor on a mesh), of dtype, zeros: empty_like's result for a
+ * tensor on a mesh. */
+PyObject *tpu_py_mesh_like(PyObject *m, PyObject *args) {
+  PyObject *t, *dtype_o;
+  if (!PyArg_ParseTuple(args, "OO", &t, &dtype_o)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_arg a;
+  if (!tpu_py_to_tref_args(st, t, &a, "empty_like")) return NULL;
+  tpu_dtype dt;
+  if (tpu_dtype_arg(st, dtype_o, &dt) < 0) return NULL;
+  if (!a.t.rec || !a.t.rec->sh) return PyErr_Format(PyExc_ValueError, "mesh_like: the tensor is not on a mesh");
+  tpu_record *out = NULL;
+  tpu_status *s = tpu_engine_mesh_like(st->eng, a.t.rec, dt, &out);
+  if (s) return tpu_raise(s);
+  return tpu_mint(st, out, a.t.rank, a.t.sizes, NULL);
+}
+
 /* sharding(t) -> (mesh, dim_axis) of a tensor on a mesh, or None. */
 PyObject *tpu_py_sharding(PyObject *m, PyObject *t) {
   tpu_mod_state *st = tpu_state(m);
