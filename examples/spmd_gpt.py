@@ -64,10 +64,12 @@ def setup(mesh_kind, seed, **cfg):
     return model, make_optimizer(model), mesh, data
 
 
-def run(mesh_kind, steps, mode, seed=0, batch_size=16, **cfg):
-    """steps training steps in an eager mode: (losses, parameters on the host,
-    programs over the mesh run, seconds)."""
+def run(mesh_kind, steps, mode, seed=0, batch_size=16, compiled=False, **cfg):
+    """steps training steps in an eager mode (the model under
+    torch.compile(backend="tpu") with compiled): (losses, parameters on the
+    host, programs run, seconds)."""
     model, optimizer, mesh, data = setup(mesh_kind, seed, **cfg)
+    step_model = torch.compile(model, backend="tpu") if compiled else model
     gen = torch.Generator().manual_seed(seed + 1)
     losses = []
     before = torchtpu.metrics()
@@ -76,10 +78,13 @@ def run(mesh_kind, steps, mode, seed=0, batch_size=16, **cfg):
         for _ in range(steps):
             x, y = get_batch(data, batch_size, model.cfg.block_size, gen)
             x, y = (batch_on(mesh, x), batch_on(mesh, y)) if mesh else (x.to("tpu"), y.to("tpu"))
-            losses.append(train_step(model, optimizer, x, y))
+            losses.append(train_step(step_model, optimizer, x, y))
     seconds = time.perf_counter() - start
     after = torchtpu.metrics()
-    programs = after["spmd_programs_run"] - before["spmd_programs_run"]
+    programs = (
+        after["spmd_programs_run" if mesh else "fused_programs_run"]
+        - before["spmd_programs_run" if mesh else "fused_programs_run"]
+    )
     params = [p.detach().cpu() for p in model.parameters()]
     return losses, params, programs, seconds
 
@@ -133,12 +138,13 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--mode", choices=["strict", "fused"], default="fused")
     parser.add_argument("--partitioner", choices=["shardy", "gspmd"], default="shardy")
+    parser.add_argument("--compile", action="store_true", help='the model under torch.compile(backend="tpu")')
     parser.add_argument("--check", action="store_true", help="also train on one device and compare")
     args = parser.parse_args()
     if torch.tpu.device_count() < (4 if args.mesh == "2x2" else 2):
         raise SystemExit("run with several devices: TORCHTPU_NUM_DEVICES=4 python examples/spmd_gpt.py")
     spmd.set_partitioner(args.partitioner)
-    losses, params, programs, seconds = run(args.mesh, args.steps, args.mode)
+    losses, params, programs, seconds = run(args.mesh, args.steps, args.mode, compiled=args.compile)
     for i, loss in enumerate(losses):
         if i % 5 == 0 or i == len(losses) - 1:
             print(f"step {i:3d}  loss {loss:.4f}")
@@ -147,7 +153,7 @@ def main():
         f"{seconds / args.steps * 1e3:.1f} ms a step, {programs / args.steps:.1f} programs over the mesh a step"
     )
     if args.check:
-        ref, ref_params, _, _ = run("one", args.steps, args.mode)
+        ref, ref_params, _, _ = run("one", args.steps, args.mode, compiled=args.compile)
         dl = max(abs(a - b) for a, b in zip(losses, ref))
         dp = max((a - b).abs().max().item() for a, b in zip(params, ref_params))
         print(f"against one device: losses differ by at most {dl:.2e}, parameters by {dp:.2e}")

@@ -181,6 +181,17 @@ CHILD = textwrap.dedent(r"""
         assert check_training("2x2", "fused", "gspmd") <= 1.5
 
     @case
+    def data_parallel_step_compiled():
+        small = dict(n_layer=1, n_embd=32, n_head=2, block_size=16)
+        got, params, programs, _ = spmd_gpt.run("dp", 6, "fused", batch_size=8, compiled=True, **small)
+        ref, ref_params, ref_programs, _ = spmd_gpt.run("one", 6, "fused", batch_size=8, compiled=True, **small)
+        dl = max(abs(a - b) for a, b in zip(got, ref))
+        dp = max((a - b).abs().max().item() for a, b in zip(params, ref_params))
+        assert dl <= 1e-6 and dp <= 1e-4, (dl, dp)
+        # the compiled forward and backward, and the optimizer's step: as many programs as on one device
+        assert programs == ref_programs, (programs, ref_programs)
+
+    @case
     def data_parallel_step_strict():
         check_training("dp", "strict", "shardy", steps=3)
 
@@ -223,6 +234,7 @@ CASES = [
     "data_parallel_step_fused",
     "tensor_parallel_step_fused",
     "tensor_parallel_step_gspmd",
+    "data_parallel_step_compiled",
     "data_parallel_step_strict",
     "data_parallel_step_graph",
 ]

@@ -30,9 +30,10 @@ struct tpu_plan {
   int dev;            /* the device it was captured on, and runs on */
   int nops;
   int nin;
-  tpu_tref *in;      /* the inputs' layout at capture (records cleared) */
-  int *in_alias;     /* the first input sharing its record, -1 for none */
-  tpu_record **held; /* referenced: records the graph reads or writes but does not take as inputs */
+  tpu_tref *in;        /* the inputs' layout at capture (records cleared) */
+  int *in_alias;       /* the first input sharing its record, -1 for none */
+  tpu_sharding *in_sh; /* the inputs' layouts over a mesh (rank -1: on one device) */
+  tpu_record **held;   /* referenced: records the graph reads or writes but does not take as inputs */
   int nheld;
   tpu_plan_src *src; /* by program input (c->nfin) */
   tpu_plan_src *dst; /* by program output (c->nfout): IN, HELD or NEW */
@@ -60,6 +61,7 @@ static void tpu_plan_release(tpu_plan *p) {
     for (int k = 0; k < p->c->nfin; k++) tpu_rt_buffer_free(p->src[k].buf);
   free(p->in);
   free(p->in_alias);
+  free(p->in_sh);
   free(p->held);
   free(p->src);
   free(p->dst);
@@ -150,17 +152,23 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
   p->rng_span = e->rng_offset - e->capture_rng;
   p->in = calloc((size_t)(nin ? nin : 1), sizeof *p->in);
   p->in_alias = calloc((size_t)(nin ? nin : 1), sizeof *p->in_alias);
+  p->in_sh = calloc((size_t)(nin ? nin : 1), sizeof *p->in_sh);
   p->src = calloc((size_t)(c->nfin ? c->nfin : 1), sizeof *p->src);
   p->dst = calloc((size_t)(c->nfout ? c->nfout : 1), sizeof *p->dst);
   p->new_dt = calloc((size_t)n + (size_t)nout, sizeof *p->new_dt);
   p->new_numel = calloc((size_t)n + (size_t)nout, sizeof *p->new_numel);
   p->out = calloc((size_t)(nout ? nout : 1), sizeof *p->out);
   p->osrc = calloc((size_t)(nout ? nout : 1), sizeof *p->osrc);
-  if (!p->in || !p->in_alias || !p->src || !p->dst || !p->new_dt || !p->new_numel || !p->out || !p->osrc) goto oom;
+  if (!p->in || !p->in_alias || !p->in_sh || !p->src || !p->dst || !p->new_dt || !p->new_numel || !p->out || !p->osrc)
+    goto oom;
   for (int i = 0; i < nin; i++) {
     p->in[i] = ins[i];
     p->in[i].rec = NULL;
     p->in_alias[i] = ins[i].rec ? tpu_input_of(ins, nin, ins[i].rec) : -1;
+    if (ins[i].rec && ins[i].rec->sh)
+      p->in_sh[i] = *ins[i].rec->sh;
+    else
+      p->in_sh[i].rank = -1;
   }
   /* Each record of the flush: made by a recorded op (NEW), a graph input
    * (IN), or something the graph holds (HELD: made before the capture). */
@@ -388,6 +396,9 @@ bool tpu_plan_matches(const tpu_plan *p, const tpu_tref *ins, int nin) {
   if (!p->eng || nin != p->nin) return false;
   for (int i = 0; i < nin; i++) {
     if (!tpu_same_view(&p->in[i], &ins[i]) || (ins[i].rec && ins[i].rec->device != p->dev)) return false;
+    /* a program over a mesh takes each input in the layout it was captured with */
+    const tpu_sharding *sh = ins[i].rec ? ins[i].rec->sh : NULL;
+    if ((p->in_sh[i].rank < 0) != !sh || (sh && !tpu_sharding_eq(sh, &p->in_sh[i]))) return false;
     int a = ins[i].rec ? tpu_input_of(ins, nin, ins[i].rec) : -1;
     if (a != p->in_alias[i]) return false;
     for (int h = 0; h < p->nheld && ins[i].rec; h++)
