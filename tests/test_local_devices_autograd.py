@@ -5,13 +5,10 @@ device guard (torchtpu._device_guard) makes exist. The cases run in one child
 process (a start costs seconds) that reports each case; every case is a test
 here, as in test_local_devices.py."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from _child import ChildCases
 
 CHILD = textwrap.dedent(r"""
     import json, threading, traceback
@@ -160,18 +157,7 @@ CHILD = textwrap.dedent(r"""
     print("RESULTS " + json.dumps(results))
 """)
 
-_results = None
-
-
-def _run():
-    global _results
-    if _results is None:
-        env = dict(os.environ, TORCHTPU_NUM_DEVICES="4")
-        p = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
-        line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULTS ")]
-        assert line, f"the child failed (exit {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-        _results = json.loads(line[-1][len("RESULTS ") :])
-    return _results
+_cases = ChildCases(CHILD, {"TORCHTPU_NUM_DEVICES": "4"}, timeout=600)
 
 
 CASES = [
@@ -190,10 +176,8 @@ CASES = [
 
 @pytest.mark.parametrize("name", CASES)
 def test_local_devices_autograd(name):
-    r = _run()
-    assert name in r, f"case {name} did not run: {sorted(r)}"
-    assert r[name] == "ok", r[name]
+    _cases.check(name)
 
 
 def test_every_case_is_listed():
-    assert sorted(_run()) == sorted(CASES)
+    _cases.check_listed(CASES)

@@ -3,13 +3,11 @@
 process has one device: the cases run in one child process that reports each
 case (a start costs seconds); every case is a test here."""
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from _child import ChildCases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -208,19 +206,9 @@ CHILD = textwrap.dedent(r"""
     print("RESULTS " + json.dumps(results))
 """)
 
-_results = None
-
-
-def _run():
-    global _results
-    if _results is None:
-        env = dict(os.environ, TORCHTPU_NUM_DEVICES="4")
-        code = f"EXAMPLES = {os.path.join(ROOT, 'examples')!r}\n" + CHILD
-        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
-        line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULTS ")]
-        assert line, f"the child failed (exit {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-        _results = json.loads(line[-1][len("RESULTS ") :])
-    return _results
+_cases = ChildCases(
+    f"EXAMPLES = {os.path.join(ROOT, 'examples')!r}\n" + CHILD, {"TORCHTPU_NUM_DEVICES": "4"}, timeout=900
+)
 
 
 CASES = [
@@ -242,10 +230,8 @@ CASES = [
 
 @pytest.mark.parametrize("name", CASES)
 def test_spmd(name):
-    r = _run()
-    assert name in r, f"case {name} did not run: {sorted(r)}"
-    assert r[name] == "ok", r[name]
+    _cases.check(name)
 
 
 def test_every_case_is_listed():
-    assert sorted(_run()) == sorted(CASES)
+    _cases.check_listed(CASES)
