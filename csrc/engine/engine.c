@@ -339,9 +339,10 @@ static _Thread_local int tpu_thread_device;
 
 /* The device a call runs on: its tensors' (all on one, as torch requires),
  * else its device argument's (a factory; i holds index + 1, 0 for none),
- * else the current device. */
-static tpu_status *tpu_call_device(tpu_engine *e, const tpu_arg *args, int nargs) {
+ * else the current device; *mesh: whether it reads a tensor laid over a mesh. */
+static tpu_status *tpu_call_device(tpu_engine *e, const tpu_arg *args, int nargs, bool *mesh) {
   int dev = -1, hint = -1;
+  *mesh = false;
   for (int i = 0; i < nargs; i++) {
     const tpu_arg *a = &args[i];
     int n = a->kind == TPU_ARG_TENSOR ? 1 : a->kind == TPU_ARG_TENSORS ? a->nlist : 0;
@@ -349,6 +350,7 @@ static tpu_status *tpu_call_device(tpu_engine *e, const tpu_arg *args, int nargs
     for (int j = 0; j < n; j++) {
       const tpu_tref *t = a->kind == TPU_ARG_TENSOR ? &a->t : &a->list[j];
       if (!t->rec) continue;
+      *mesh |= t->rec->sh != NULL; /* the call then runs as a program over the mesh (spmd.c) */
       if (dev < 0)
         dev = t->rec->device;
       else if (t->rec->device != dev)
@@ -392,18 +394,6 @@ void tpu_engine_select_device(int device) { tpu_thread_device = device; }
 
 void tpu_engine_set_shardy(tpu_engine *e, bool shardy) { e->shardy = shardy; }
 
-/* Whether a call reads a tensor laid over a mesh (it then runs as a program
- * over the mesh, spmd.c). */
-static bool tpu_call_on_mesh(const tpu_arg *args, int nargs) {
-  for (int i = 0; i < nargs; i++) {
-    const tpu_arg *a = &args[i];
-    if (a->kind == TPU_ARG_TENSOR && a->t.rec && a->t.rec->sh) return true;
-    for (int j = 0; a->kind == TPU_ARG_TENSORS && j < a->nlist; j++)
-      if (a->list[j].rec && a->list[j].rec->sh) return true;
-  }
-  return false;
-}
-
 tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_record **out) {
   *out = NULL;
   int n = tpu_rt_device_count(e->rt);
@@ -446,8 +436,9 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id, tpu
                             tpu_engine_result *res) {
   res->nout = res->nret = 0; /* only the counted entries are read (12 KB: not cleared) */
   atomic_fetch_add(&e->metrics.ops_dispatched, 1);
+  bool spmd; /* it reads a tensor laid over a mesh */
   {
-    tpu_status *s = tpu_call_device(e, args, nargs);
+    tpu_status *s = tpu_call_device(e, args, nargs, &spmd);
     if (s) return s;
   }
   if (row->flags & TPU_OP_FILL_VALUE) /* checked on every call: the value is not part of the program */
@@ -484,7 +475,6 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id, tpu
   tpu_cache_entry *c = tpu_cache_find(e, &sig, h);
   tpu_status *s = NULL;
   /* an op reading a mesh tensor is recorded and run at once as a program over the mesh */
-  bool spmd = tpu_call_on_mesh(args, nargs);
   bool fused = e->mode == TPU_MODE_FUSED || spmd;
   if (c && (c->exec || fused)) {
     atomic_fetch_add(&e->metrics.cache_hits, 1);
