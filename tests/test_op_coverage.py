@@ -90,7 +90,6 @@ SUBSET = [
     "roll",
     "nonzero",
     "masked_select",
-    "unique",
     "nn.functional.embedding",
     "nn.functional.pad.reflect",
     # losses, FFT
