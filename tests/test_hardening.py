@@ -362,7 +362,8 @@ _GOOD_VALUES = {
 def test_value_checks_raise_as_on_cpu(name, mode):
     """An index, a class target or an integer divisor that CPU torch rejects
     raises the same exception type: at once in debug mode, at the next sync
-    point in strict and fused mode (the op itself returns)."""
+    point in strict and fused mode (the op itself returns), naming the Python
+    lines that called the op, not the sync point's."""
     fn = _BAD_VALUES[name]
     with pytest.raises(Exception) as want:
         fn("cpu")
@@ -370,6 +371,10 @@ def test_value_checks_raise_as_on_cpu(name, mode):
         with pytest.raises(type(want.value)) as got:
             fn("tpu").cpu()
         assert "aten::" in str(got.value)
+        if mode != "debug":
+            site = str(got.value).split("the op was called from, most recent call last:", 1)[1]
+            assert f'{__file__}", line ' in site and "in <lambda>" in site, str(got.value)
+            assert "in test_value_checks_raise_as_on_cpu" in site, str(got.value)
         assert torch.ones(2, device="tpu").add(1).cpu().tolist() == [2.0, 2.0]  # nothing pending stays
 
 

@@ -156,6 +156,8 @@ tpu_status *tpu_engine_sync(tpu_engine *e) {
   return tpu_engine_wait(e);
 }
 
+void tpu_engine_set_where(tpu_engine *e, tpu_where_fn where) { e->where = where; }
+
 void tpu_engine_set_mode(tpu_engine *e, tpu_mode mode) { e->mode = mode; }
 tpu_mode tpu_engine_mode(tpu_engine *e) { return e->mode; }
 void tpu_engine_set_value_checks(tpu_engine *e, bool on) { e->value_checks = on; }
@@ -536,7 +538,9 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id, tpu
       res->types[nnew] = o->type;
       nnew++;
     } else if (o->kind == TPU_OUT_CHECK && outbuf[k]) {
-      tpu_check_push(e, outbuf[k], (tpu_fcheck){row->name, o->msg, o->arg});
+      char *site = e->where && e->mode != TPU_MODE_DEBUG ? e->where() : NULL;
+      tpu_check_push(e, outbuf[k], (tpu_fcheck){row->name, o->msg, o->arg, -1}, site);
+      free(site);
       outbuf[k] = NULL;
     }
   }

@@ -21,6 +21,11 @@
 #include "../runtime/runtime.h"
 
 typedef struct tpu_engine tpu_engine;
+/* The caller's place in its program (the bindings: the Python stack, most
+ * recent call last, one line per frame), malloc'd, or NULL. The engine asks
+ * for it when an op with value checks is called outside debug mode, so that
+ * a check that fails at a later sync point names where the op was called. */
+typedef char *(*tpu_where_fn)(void);
 
 #define TPU_RECORD_MAGIC 0x74707572u /* "tpur" */
 
@@ -171,6 +176,7 @@ bool tpu_engine_value_checks(const tpu_engine *e);
 void tpu_engine_rng_state(tpu_engine *e, uint64_t *seed, uint64_t *offset);
 void tpu_engine_set_rng_state(tpu_engine *e, uint64_t seed, uint64_t offset);
 void tpu_engine_set_mode(tpu_engine *e, tpu_mode mode);
+void tpu_engine_set_where(tpu_engine *e, tpu_where_fn where);
 /* The ops recorded between begin and end are the items of one
  * torch._foreach_* call: in fused mode a Python number that they take with
  * the same value (a learning rate, a beta) is one program input, not one per

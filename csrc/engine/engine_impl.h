@@ -71,6 +71,7 @@ typedef struct tpu_fin {
 typedef struct tpu_fcheck {
   const char *op, *msg; /* static */
   int code;
+  int node; /* the recorded op's index in the flush (its Python site), or -1 */
 } tpu_fcheck;
 
 /* A recorded op (fused mode): a deep copy of its parsed arguments (the
@@ -89,6 +90,7 @@ typedef struct {
   uint32_t group;      /* the foreach call the op is an item of; 0: none */
   uint32_t share;      /* bit a: Python number a is read from node share_from's input */
   int share_from;      /* the group's first node of the same op */
+  char *site;          /* owned or NULL: where Python called an op with value checks */
 } tpu_node;
 
 /* Small device buffers for scalar inputs (Python numbers, view offsets),
@@ -145,9 +147,11 @@ struct tpu_engine {
   struct {
     tpu_rt_buffer *buf; /* owned: a 0-d pred, true when the check failed */
     tpu_fcheck what;
-  } *chk; /* value checks of launched programs, read at the next sync point */
+    char *site; /* owned or NULL: where Python called the op */
+  } *chk;       /* value checks of launched programs, read at the next sync point */
   int nchk, capchk;
-  tpu_node *nodes; /* fused mode: the recorded ops, in order (owned) */
+  tpu_where_fn where; /* the caller's Python stack, asked for ops with value checks */
+  tpu_node *nodes;    /* fused mode: the recorded ops, in order (owned) */
   int nnodes, capnodes, fuse_cap;
   bool donate;         /* fused programs take the buffers of records they rewrite */
   bool donate_waits;   /* the plugin blocks the host to donate a buffer in use (CPU) */
@@ -245,7 +249,12 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args
 void tpu_inflight_pop(tpu_engine *e);
 void tpu_inflight_reap(tpu_engine *e);
 tpu_status *tpu_checks_read(tpu_engine *e);
-void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what);
+void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what, const char *site);
+/* The Python site of a fused program's check, while its recorded ops are at
+ * hand (a flush; NULL for a plan's replay). */
+static inline const char *tpu_fcheck_site(const tpu_engine *e, const tpu_fcheck *w) {
+  return w->node >= 0 && w->node < e->nnodes ? e->nodes[w->node].site : NULL;
+}
 tpu_status *tpu_engine_wait(tpu_engine *e);
 /* spmd.c */
 void tpu_record_free_shards(tpu_record *r);
@@ -254,7 +263,7 @@ tpu_status *tpu_spmd_upload(tpu_engine *e, tpu_record *rec, const void *data);
 tpu_status *tpu_spmd_mesh(const tpu_rectab *tab, const tpu_sharding **mesh);
 tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, const tpu_record *r);
 tpu_status *tpu_spmd_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab);
-tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **in, tpu_record **dst);
+tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **in, tpu_record **dst, bool flush);
 tpu_status *tpu_spmd_record_input(tpu_engine *e, tpu_record *r, int d, tpu_rt_buffer **b, tpu_rt_buffer **own);
 tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const tpu_cache_entry *c);
 tpu_dtype tpu_scalar_bits(const tpu_arg *a, uint8_t bits[16]);

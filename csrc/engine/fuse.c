@@ -39,6 +39,7 @@ static void tpu_node_release(tpu_node *n) {
   }
   for (int j = 0; j < n->nnew; j++) tpu_graph_unref(n->outrec[j]);
   free(n->args); /* the node's one block: args, lists, outrec, sig */
+  free(n->site);
 }
 
 void tpu_nodes_release(tpu_engine *e) {
@@ -144,6 +145,9 @@ tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, t
     res->nout++;
   }
   n->nnew = nnew;
+  if (e->where && e->value_checks && !e->capturing)
+    for (int k = 0; k < c->nout && !n->site; k++)
+      if (c->out[k].kind == TPU_OUT_CHECK) n->site = e->where();
   n->rng_offset = e->rng_offset;
   e->rng_offset += (uint64_t)c->rng_words;
   res->nret = c->nret;
@@ -277,7 +281,7 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
           x.capchk = cap;
         }
         x.chk[x.nchk] = L.outv[k];
-        x.chkw[x.nchk++] = (tpu_fcheck){n->row->name, L.out[k].msg, L.out[k].arg};
+        x.chkw[x.nchk++] = (tpu_fcheck){n->row->name, L.out[k].msg, L.out[k].arg, i};
         continue;
       }
       if (L.out[k].kind == TPU_OUT_WRITE) {
@@ -416,7 +420,8 @@ tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
       tpu_rt_buffer_free(r->buf);
       r->buf = outbuf[k];
     }
-    for (int k = 0; k < c->nfchk; k++) tpu_check_push(e, outbuf[c->nfout + k], c->fchk[k]);
+    for (int k = 0; k < c->nfchk; k++)
+      tpu_check_push(e, outbuf[c->nfout + k], c->fchk[k], tpu_fcheck_site(e, &c->fchk[k]));
     atomic_fetch_add(&e->metrics.fused_programs, 1);
     atomic_fetch_add(&e->metrics.fused_ops, e->nnodes);
   }

@@ -48,16 +48,22 @@ tpu_status *tpu_checks_read(tpu_engine *e) {
     tpu_rt_buffer_free(e->chk[k].buf);
     if (s)
       tpu_status_free(s); /* the program's own failure is reported by the ring */
+    else if (bad && !err && e->chk[k].site)
+      err = tpu_status_new((tpu_code)e->chk[k].what.code,
+                           "aten::%s: %s\n(raised at a sync point; the op was called from, most recent call last:\n%s)",
+                           e->chk[k].what.op, e->chk[k].what.msg, e->chk[k].site);
     else if (bad && !err)
       err = tpu_status_new((tpu_code)e->chk[k].what.code, "aten::%s: %s", e->chk[k].what.op, e->chk[k].what.msg);
+    free(e->chk[k].site);
   }
   e->nchk = 0;
   return err;
 }
 
-/* Keeps a launched program's check (b owned) for the next sync point; with
- * many pending, they are read now and a failure waits there. */
-void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what) {
+/* Keeps a launched program's check (b owned; site copied, may be NULL) for
+ * the next sync point; with many pending, they are read now and a failure
+ * waits there. */
+void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what, const char *site) {
   if (e->nchk == e->capchk) {
     int cap = e->capchk ? 2 * e->capchk : 16;
     void *n = cap <= 4096 ? realloc(e->chk, sizeof *e->chk * (size_t)cap) : NULL;
@@ -73,6 +79,7 @@ void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what) {
     }
   }
   e->chk[e->nchk].buf = b;
+  e->chk[e->nchk].site = site ? strdup(site) : NULL;
   e->chk[e->nchk++].what = what;
 }
 

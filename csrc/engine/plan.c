@@ -440,7 +440,7 @@ static tpu_status *tpu_plan_run_spmd(tpu_engine *e, tpu_plan *p, const tpu_tref 
     }
   }
   for (int k = 0; k < c->nfout && !s; k++) dst[k] = tpu_plan_record(p, &p->dst[k], ins, fresh);
-  if (!s) s = tpu_spmd_launch(e, c, in, dst);
+  if (!s) s = tpu_spmd_launch(e, c, in, dst, false);
   if (s) s = tpu_status_prefix(s, "running a compiled graph of %d ops", p->nops);
   for (size_t k = 0; k < ni && own; k++) tpu_rt_buffer_free(own[k]);
   free(in);
@@ -519,7 +519,7 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
       tpu_rt_buffer_free(r->buf);
       r->buf = outbuf[k];
     }
-    for (int k = 0; k < c->nfchk; k++) tpu_check_push(e, outbuf[c->nfout + k], c->fchk[k]);
+    for (int k = 0; k < c->nfchk; k++) tpu_check_push(e, outbuf[c->nfout + k], c->fchk[k], NULL);
   }
 done:
   if (!s) {

@@ -233,7 +233,7 @@ tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, co
 
 /* Runs c's rows on in (rows x inputs, borrowed); the record outputs become
  * the shards of dst[k] (laid out as c says), the value checks are queued. */
-tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **in, tpu_record **dst) {
+tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **in, tpu_record **dst, bool flush) {
   int rows = c->spmd_rows, nout = c->nfout + c->nfchk;
   size_t no = (size_t)rows * (size_t)(nout ? nout : 1);
   tpu_rt_buffer **out = calloc(no, sizeof *out);
@@ -268,7 +268,7 @@ tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **i
     memcpy(r->gdims, c->fdims[k], sizeof(int64_t) * (size_t)sh->rank);
   }
   for (int k = 0; k < c->nfchk && !s; k++) { /* every row computes the same checks */
-    tpu_check_push(e, out[c->nfout + k], c->fchk[k]);
+    tpu_check_push(e, out[c->nfout + k], c->fchk[k], flush ? tpu_fcheck_site(e, &c->fchk[k]) : NULL);
     out[c->nfout + k] = NULL;
   }
   if (!s) atomic_fetch_add(&e->metrics.spmd_programs, 1);
@@ -328,7 +328,7 @@ tpu_status *tpu_spmd_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
   tpu_record **dst = s ? NULL : malloc(sizeof *dst * (size_t)(c->nfout ? c->nfout : 1));
   if (!s && !dst) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   for (int k = 0; k < c->nfout && !s; k++) dst[k] = tab->r[c->fout[k]];
-  if (!s) s = tpu_spmd_launch(e, c, in, dst);
+  if (!s) s = tpu_spmd_launch(e, c, in, dst, true);
   if (!s) {
     atomic_fetch_add(&e->metrics.fused_programs, 1);
     atomic_fetch_add(&e->metrics.fused_ops, e->nnodes);

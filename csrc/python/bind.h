@@ -125,4 +125,7 @@ PyObject *tpu_py_replica_collective(PyObject *m, PyObject *args);
 void tpu_guard_set_count(int n);
 PyObject *tpu_guard_capsule(void); /* a new reference: _C.guard_api */
 
+/* site.c: the calling Python stack, for errors raised at a later sync point */
+char *tpu_site_where(void);
+
 #endif

@@ -70,6 +70,7 @@ static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
   tpu_status *s = tpu_engine_new(&o, &st->eng);
   if (s) return tpu_raise(s);
   st->explain = o.explain;
+  tpu_engine_set_where(st->eng, tpu_site_where);
   /* torch.tpu.device_count() before the runtime starts (torch's device guard) */
   tpu_guard_set_count(error ? 0 : strcmp(platform, "cpu") == 0 ? ndev : 1);
   Py_RETURN_NONE;
