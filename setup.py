@@ -35,8 +35,8 @@ def device_guard():
     return [
         Extension(
             "torchtpu._device_guard",
-            sources=["csrc/guard/device_guard.cpp"],
-            depends=["csrc/python/guard_api.h"],
+            sources=["csrc/guard/device_guard.cpp", "csrc/guard/tensor_meta.cpp"],
+            depends=["csrc/python/guard_api.h", "csrc/python/tensor_api.h"],
             include_dirs=cpp_extension.include_paths(),
             library_dirs=cpp_extension.library_paths(),
             libraries=["c10"],

@@ -34,6 +34,10 @@ def run(env_extra, n=6, unset=()):
     env = dict(os.environ)
     for k in unset:
         env.pop(k, None)
+    # strict mode: one program per op signature, so the script writes several
+    # entries that the tests below damage, share and evict one by one (the
+    # default, fused mode, writes one or two: test_warm_start_loads_every_program_from_disk)
+    env["TORCHTPU_EAGER"] = "strict"
     env.update(env_extra)
     p = subprocess.run([sys.executable, "-c", SCRIPT, str(n)], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -44,12 +48,13 @@ def entries(d):
     return sorted(f for f in os.listdir(d) if f.endswith(".xc"))
 
 
-def test_warm_start_loads_every_program_from_disk(tmp_path):
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_warm_start_loads_every_program_from_disk(tmp_path, mode):
     d = str(tmp_path / "cache")
-    cold = run({"TORCHTPU_CACHE_DIR": d})
+    cold = run({"TORCHTPU_CACHE_DIR": d, "TORCHTPU_EAGER": mode})
     assert cold["programs_compiled"] > 0 and cold["disk_cache_hits"] == 0
     assert cold["disk_cache_writes"] == cold["programs_compiled"] == len(entries(d))
-    warm = run({"TORCHTPU_CACHE_DIR": d})
+    warm = run({"TORCHTPU_CACHE_DIR": d, "TORCHTPU_EAGER": mode})
     assert warm["programs_compiled"] == 0
     assert warm["disk_cache_hits"] == cold["programs_compiled"]
     assert warm["out"] == cold["out"] and warm["warnings"] == []
@@ -95,7 +100,7 @@ def test_damaged_entries_are_reported_once_removed_and_recompiled(tmp_path, dama
 
 def test_concurrent_writers_of_the_same_entries(tmp_path):
     d = str(tmp_path)
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=d)
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=d, TORCHTPU_EAGER="strict")  # as run() does
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", SCRIPT, "8"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -208,7 +213,7 @@ HEADER = 64  # magic, key length, payload length, FNV-1a checksum, MAC (csrc/cac
 
 
 def run_op(op, d, umask=None):
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=d)
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=d, TORCHTPU_EAGER="strict")  # the op's own program
     p = subprocess.run(
         [sys.executable, "-c", OP_SCRIPT, op],
         env=env,

@@ -285,8 +285,10 @@ def test_optimizer_step_outside_fused_mode_runs_nothing_more():
     p = torch.nn.Parameter(torch.ones(3, device="tpu"))
     opt = torch.optim.SGD([p], lr=0.5)
     p.grad = torch.full((3,), 2.0, device="tpu")
+    torch.tpu.synchronize()
     m0 = _m()
-    opt.step()
+    with torchtpu.eager_mode("strict"):
+        opt.step()
     m1 = _m()
     assert m1["flushes_optimizer_step"] == m0["flushes_optimizer_step"]
     assert p.detach().cpu().tolist() == [0.0] * 3

@@ -1,5 +1,6 @@
-"""Eager modes: strict (the default, asynchronous), debug (synchronous) and
-fused (tests/test_fused.py) give the same results; the mode is set by TORCHTPU_EAGER or
+"""Eager modes: fused (the default: ops recorded and run as one program at a
+sync point, tests/test_fused.py), strict (asynchronous, one program per op)
+and debug (synchronous) give the same results; the mode is set by TORCHTPU_EAGER or
 torchtpu.eager_mode, globally or for a block."""
 
 import os
@@ -31,14 +32,17 @@ def _train(steps=8):
     return [l.item() for l in losses]
 
 
-def test_strict_is_the_default_and_matches_debug():
-    assert torchtpu.get_eager_mode() == "strict"
-    strict = _train()
+def test_fused_is_the_default_and_matches_strict_and_debug():
+    assert torchtpu.get_eager_mode() == "fused"
+    fused = _train()
+    with torchtpu.eager_mode("strict"):
+        strict = _train()
     with torchtpu.eager_mode("debug"):
         assert torchtpu.get_eager_mode() == "debug"
         debug = _train()
-    assert torchtpu.get_eager_mode() == "strict"
+    assert torchtpu.get_eager_mode() == "fused"
     assert strict == debug
+    torch.testing.assert_close(fused, strict, rtol=1e-5, atol=1e-6)
 
 
 def test_global_setter_and_bad_modes():
@@ -47,10 +51,10 @@ def test_global_setter_and_bad_modes():
         assert torchtpu.get_eager_mode() == "debug"
         assert (torch.ones(3, device="tpu") * 2).cpu().tolist() == [2, 2, 2]
     finally:
-        torchtpu.eager_mode("strict")
+        torchtpu.eager_mode("fused")
     with pytest.raises(ValueError, match="expected 'debug', 'strict' or 'fused'"):
         torchtpu.eager_mode("lazy")
-    assert torchtpu.get_eager_mode() == "strict"
+    assert torchtpu.get_eager_mode() == "fused"
 
 
 def test_environment_variable():
@@ -59,8 +63,8 @@ def test_environment_variable():
         ("debug", "debug"),
         ("strict", "strict"),
         ("fused", "fused"),
-        ("", "strict"),
-        ("lazy", "strict"),
+        ("", "fused"),
+        ("lazy", "fused"),
     ):
         p = subprocess.run(
             [sys.executable, "-c", code],
@@ -76,10 +80,11 @@ def test_environment_variable():
 
 
 def test_strict_mode_keeps_many_launches_in_flight():
-    x = torch.ones(64, 64, device="tpu")
-    for _ in range(600):  # more than the in-flight ring holds
-        x = x * 1.0
-    torch.tpu.synchronize()
+    with torchtpu.eager_mode("strict"):
+        x = torch.ones(64, 64, device="tpu")
+        for _ in range(600):  # more than the in-flight ring holds
+            x = x * 1.0
+        torch.tpu.synchronize()
     assert x.sum().item() == 64 * 64
 
 
@@ -91,5 +96,6 @@ def test_device_out_of_memory_is_an_error_not_a_crash(mode):
             x[:4].cpu()
         msg = str(e.value)
         assert "Out of memory" in msg
-        assert ("aten::fill_" in msg) if mode != "fused" else ("fused program" in msg)
+        assert "aten::fill_" in msg  # fused: the op that makes the program's largest value
+        assert "fused program" in msg if mode == "fused" else True
         assert (torch.ones(3, device="tpu") * 2).cpu().tolist() == [2.0, 2.0, 2.0]

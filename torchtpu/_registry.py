@@ -1255,6 +1255,26 @@ def _register_device_guard():
         warnings.warn(f"torchtpu: device guard not registered ({e}); backward runs on tpu:0 only", stacklevel=3)
 
 
+# Whether tensor arguments are read from torch's C++ tensors (tensor_api).
+TENSOR_API = False
+
+
+def _use_tensor_api():
+    """Tensor arguments read from torch's C++ tensors (torchtpu._device_guard's
+    tensor_api) instead of six Python attribute calls each; without the
+    extension, or with TORCHTPU_TENSOR_API=0, through Python."""
+    global TENSOR_API
+    if os.environ.get("TORCHTPU_TENSOR_API", "1") == "0":
+        return
+    try:
+        from . import _device_guard
+
+        _C.set_tensor_api(_device_guard.tensor_api, torch._C.TensorBase)
+        TENSOR_API = True
+    except (AttributeError, ImportError):
+        pass  # not built, or built before tensor_api existed
+
+
 def setup(device_module):
     global _LIB, _IMPL
     # The plugin is loaded at the device's first use (as CUDA's context is
@@ -1277,6 +1297,7 @@ def setup(device_module):
     _C.init(
         path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty, fraction, error, _settings.engine(_C.modes())
     )
+    _use_tensor_api()
     device_module._setup_error = error
     device_module._num_devices_setting = ndev
     device_module._platform_setting = platform

@@ -110,7 +110,7 @@ def choice(name, choices, default):
 def engine(modes):
     """The engine's settings for _C.init (modes: the eager modes' names)."""
     return {
-        "mode": choice("TORCHTPU_EAGER", modes, "strict"),
+        "mode": choice("TORCHTPU_EAGER", modes, "fused"),
         "fused_max_ops": integer("TORCHTPU_FUSED_MAX_OPS"),
         "program_cache_size": integer("TORCHTPU_PROGRAM_CACHE_SIZE"),
         "donate": flag("TORCHTPU_DONATE"),

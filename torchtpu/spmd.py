@@ -157,7 +157,7 @@ def sharding(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]] | 
     for a tensor on one device."""
     if tensor.device.type != "tpu":
         return None
-    return _C.sharding(tensor)
+    return _C.sharding(tensor, True)  # a value still recorded (fused mode) runs first
 
 
 def set_partitioner(name: str) -> None:

@@ -72,7 +72,8 @@ typedef struct tpu_record {
   X(BACKWARD, "backward")    \
   X(FREE, "storage_free")    \
   X(DEVICE, "device")        \
-  X(SPMD, "spmd_op")
+  X(SPMD, "spmd_op")         \
+  X(MEMORY, "memory_query")
 typedef enum {
 #define X(id, name) TPU_FLUSH_##id,
   TPU_FLUSH_REASONS(X)

@@ -387,6 +387,35 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   return NULL;
 }
 
+/* A fused program failed to run (out of memory, most often): the error names
+ * the recorded op that makes its largest value, and where Python called it
+ * when that is known. */
+static tpu_status *tpu_fuse_blame(tpu_engine *e, tpu_status *s) {
+  const tpu_node *big = NULL;
+  int64_t most = -1;
+  for (int i = 0; i < e->nnodes; i++) { /* the records the program makes: no buffer yet */
+    const tpu_node *n = &e->nodes[i];
+    for (int a = 0; a < n->nargs; a++) {
+      const tpu_arg *g = &n->args[a];
+      int m = g->kind == TPU_ARG_TENSOR ? 1 : g->kind == TPU_ARG_TENSORS ? g->nlist : 0;
+      for (int j = 0; j < m; j++) {
+        const tpu_record *r = g->kind == TPU_ARG_TENSOR ? g->t.rec : g->list[j].rec;
+        int64_t bytes = r && !r->buf && !r->shards ? r->numel * (int64_t)tpu_dtype_size(r->dtype) : -1;
+        if (bytes > most) most = bytes, big = n;
+      }
+    }
+    for (int j = 0; j < n->nnew; j++) {
+      const tpu_record *r = n->outrec[j];
+      int64_t bytes = r ? r->numel * (int64_t)tpu_dtype_size(r->dtype) : -1;
+      if (bytes > most) most = bytes, big = n;
+    }
+  }
+  if (!big) return tpu_status_prefix(s, "running a fused program of %d ops", e->nnodes);
+  return tpu_status_prefix(s, "running a fused program of %d ops (its largest value, %lld bytes, made by aten::%s%s%s)",
+                           e->nnodes, (long long)most, big->row->name, big->site ? ", called from:\n" : "",
+                           big->site ? big->site : "");
+}
+
 /* Feeds and runs a fused program; its outputs become the records' buffers. */
 tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
   if (!c->nfout) return NULL; /* every value it would compute is dead */
@@ -411,7 +440,7 @@ tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
   }
   if (!s) {
     s = tpu_engine_launch(e, c->exec, inbuf, nin, outbuf, NULL);
-    if (s) s = tpu_status_prefix(s, "running a fused program of %d ops", e->nnodes);
+    if (s) s = tpu_fuse_blame(e, s);
   }
   for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);
   if (!s) {

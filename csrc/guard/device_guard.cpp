@@ -122,6 +122,17 @@ PyModuleDef module_def = {
 
 } // namespace
 
+PyObject* tpu_tensor_api_capsule(); // tensor_meta.cpp
+
 PyMODINIT_FUNC PyInit__device_guard(void) {
-  return PyModule_Create(&module_def);
+  PyObject* m = PyModule_Create(&module_def);
+  if (!m)
+    return nullptr;
+  PyObject* api = tpu_tensor_api_capsule();
+  if (!api || PyModule_AddObject(m, "tensor_api", api) < 0) {
+    Py_XDECREF(api);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
 }

@@ -25,6 +25,7 @@
 #include <stdbool.h>
 
 #include "../engine/engine.h"
+#include "tensor_api.h"
 
 typedef struct {
   tpu_engine *eng;                  /* owned; made by init(), its runtime started at the first use */
@@ -36,10 +37,14 @@ typedef struct {
   struct tpu_call_frame *spare_frame; /* owned or NULL: tpu_kernel_call's, kept between calls */
   PyObject *s_data_ptr, *s_storage_offset, *s_shape, *s_stride, *s_dtype, *s_is_cpu, *s_contiguous, *s_copy_,
       *s_is_contiguous, *s_is_conj, *s_is_neg;
-  PyObject *tensor_type;         /* torch.Tensor, looked up on first use */
-  int explain;                   /* TORCHTPU_EXPLAIN_RECOMPILES */
-  bool in_backward;              /* the last op ran on an autograd engine thread (fused mode) */
-  char **explained[TPU_NUM_OPS]; /* owned: the last compiled call's argument descriptions */
+  PyObject *tensor_type; /* torch.Tensor, looked up on first use */
+  /* torch's C++ tensor read directly (tensor_api.h; NULL: through Python) */
+  const tpu_tensor_api *tapi;
+  PyObject *tapi_capsule, *tensor_base;     /* strong: its capsule, torch._C.TensorBase */
+  tpu_dtype scalar_types[TPU_SCALAR_TYPES]; /* c10::ScalarType -> dtype */
+  int explain;                              /* TORCHTPU_EXPLAIN_RECOMPILES */
+  bool in_backward;                         /* the last op ran on an autograd engine thread (fused mode) */
+  char **explained[TPU_NUM_OPS];            /* owned: the last compiled call's argument descriptions */
   int nexplained[TPU_NUM_OPS];
 } tpu_mod_state;
 
@@ -81,6 +86,7 @@ PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *
 int tpu_int64_seq(PyObject *seq, int64_t *out, int max, const char *what);
 int64_t tpu_call_int(PyObject *o, PyObject *name);
 int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *opname);
+PyObject *tpu_py_set_tensor_api(PyObject *m, PyObject *args);
 PyObject *tpu_py_to_tref_args(tpu_mod_state *st, PyObject *o, tpu_arg *a, const char *op);
 
 /* kernel.c: Kernel objects: parsing arguments, running an op, building results */
@@ -106,7 +112,7 @@ PyObject *tpu_py_storage_freed(PyObject *m, PyObject *t);
 
 /* spmd.c: tensors laid over a mesh of local devices */
 PyObject *tpu_py_shard(PyObject *m, PyObject *args);
-PyObject *tpu_py_sharding(PyObject *m, PyObject *t);
+PyObject *tpu_py_sharding(PyObject *m, PyObject *args);
 PyObject *tpu_py_mesh_like(PyObject *m, PyObject *args);
 PyObject *tpu_py_spmd_partitioner(PyObject *m, PyObject *name);
 

@@ -156,6 +156,10 @@ static PyObject *tpu_py_memory(PyObject *m, PyObject *args) {
   tpu_rt *rt = tpu_engine_rt(st->eng);
   if (dev < -1 || dev >= tpu_rt_device_count(rt))
     return PyErr_Format(PyExc_RuntimeError, "Invalid device argument %d: did you call init?", dev);
+  /* fused mode: the recorded ops run (without waiting), so that the count
+   * holds every live tensor, as it does after the same ops in strict mode */
+  tpu_status *f = tpu_engine_graph_capturing(st->eng) ? NULL : tpu_engine_flush(st->eng, TPU_FLUSH_MEMORY);
+  if (f) return tpu_raise(f);
   if (reset) tpu_rt_reset_peak_bytes(rt);
   int64_t in_use = -1, peak = -1, limit = -1;
   tpu_status *s = tpu_rt_device_memory(rt, dev < 0 ? 0 : dev, &in_use, &peak, &limit);
@@ -397,10 +401,13 @@ static PyMethodDef tpu_methods[] = {
     {"synchronize", tpu_py_synchronize, METH_NOARGS, "Wait for every launched computation."},
     {"device_count", tpu_py_device_count, METH_NOARGS, "device_count() -> local devices"},
     {"shard", tpu_py_shard, METH_VARARGS, "shard(t, mesh, dim_axis) -> t laid over a mesh of devices"},
-    {"sharding", tpu_py_sharding, METH_O, "sharding(t) -> (mesh, dim_axis) or None"},
+    {"sharding", tpu_py_sharding, METH_VARARGS,
+     "sharding(t, sync=False) -> (mesh, dim_axis) or None (sync: a value still recorded runs first)"},
     {"mesh_like", tpu_py_mesh_like, METH_VARARGS, "mesh_like(t, dtype) -> zeros laid out as t"},
     {"spmd_partitioner", tpu_py_spmd_partitioner, METH_O, "spmd_partitioner('shardy' | 'gspmd')"},
     {"current_device", tpu_py_current_device, METH_VARARGS, "current_device([index]) -> the current device"},
+    {"set_tensor_api", tpu_py_set_tensor_api, METH_VARARGS,
+     "set_tensor_api(torchtpu._device_guard.tensor_api, torch._C.TensorBase): read tensor arguments through it"},
     {"flush", tpu_py_flush, METH_VARARGS, "flush(step=False): launch the recorded ops (fused mode) without waiting."},
     {"backward_passes", tpu_py_backward_passes, METH_NOARGS,
      "backward_passes() -> backward passes begun in fused mode."},
@@ -454,6 +461,8 @@ static int tpu_mod_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->from_dlpack);
   Py_VISIT(st->torch_empty);
   Py_VISIT(st->tensor_type);
+  Py_VISIT(st->tapi_capsule);
+  Py_VISIT(st->tensor_base);
   return 0;
 }
 
@@ -478,6 +487,9 @@ static int tpu_mod_clear(PyObject *m) {
   Py_CLEAR(st->s_copy_);
   Py_CLEAR(st->s_is_contiguous);
   Py_CLEAR(st->tensor_type);
+  st->tapi = NULL;
+  Py_CLEAR(st->tapi_capsule);
+  Py_CLEAR(st->tensor_base);
   for (int op = 0; op < TPU_NUM_OPS; op++) {
     for (int i = 0; i < st->nexplained[op]; i++) free(st->explained[op][i]);
     free(st->explained[op]);

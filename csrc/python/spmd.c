@@ -59,11 +59,18 @@ PyObject *tpu_py_mesh_like(PyObject *m, PyObject *args) {
 }
 
 /* sharding(t) -> (mesh, dim_axis) of a tensor on a mesh, or None. */
-PyObject *tpu_py_sharding(PyObject *m, PyObject *t) {
+PyObject *tpu_py_sharding(PyObject *m, PyObject *args) {
   tpu_mod_state *st = tpu_state(m);
+  PyObject *t;
+  int sync = 0;
+  if (!PyArg_ParseTuple(args, "O|p", &t, &sync)) return NULL;
   if (!tpu_need_engine(st)) return NULL;
   tpu_arg a;
   if (!tpu_py_to_tref_args(st, t, &a, "sharding")) return NULL;
+  if (sync && a.t.rec && atomic_load(&a.t.rec->graph_refs) > 0) { /* fused: its layout is chosen when it runs */
+    tpu_status *s = tpu_engine_flush(st->eng, TPU_FLUSH_SYNC);
+    if (s) return tpu_raise(s);
+  }
   const tpu_sharding *sh = a.t.rec ? a.t.rec->sh : NULL;
   if (!sh) Py_RETURN_NONE;
   PyObject *mesh = PyTuple_New(sh->mesh_rank), *axes = PyTuple_New(sh->rank);

@@ -179,58 +179,23 @@ int64_t tpu_call_int(PyObject *o, PyObject *name) {
   return v;
 }
 
-/* Fill t from a torch tensor. Returns 0, or -1 with an exception set. */
-int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *opname) {
-  memset(t, 0, sizeof *t);
-  PyObject *d = PyObject_GetAttr(o, st->s_dtype);
-  if (!d) return -1;
-  t->dtype = tpu_dtype_from_py(st, d);
-  Py_DECREF(d);
-  if (t->dtype == TPU_INVALID) {
-    PyErr_Format(PyExc_TypeError, "aten::%s: dtype of this tensor is not supported on tpu", opname);
+/* A CPU tensor as an argument: a 0-d one is a number (its bytes at p). */
+static int tpu_tref_host(tpu_tref *t, const void *p, const char *opname) {
+  if (t->rank != 0) {
+    PyErr_Format(PyExc_RuntimeError,
+                 "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and cpu! "
+                 "(in aten::%s; move the CPU tensor with .to(\"tpu\"))",
+                 opname);
     return -1;
   }
-  PyObject *shape = PyObject_GetAttr(o, st->s_shape);
-  if (!shape) return -1;
-  int r = tpu_int64_seq(shape, t->sizes, TPU_MAX_RANK, "tensor shape");
-  Py_DECREF(shape);
-  if (r < 0) return -1;
-  t->rank = r;
-  PyObject *iscpu = PyObject_GetAttr(o, st->s_is_cpu);
-  if (!iscpu) return -1;
-  int cpu = PyObject_IsTrue(iscpu);
-  Py_DECREF(iscpu);
-  if (cpu) {
-    if (t->rank != 0) {
-      PyErr_Format(PyExc_RuntimeError,
-                   "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and cpu! "
-                   "(in aten::%s; move the CPU tensor with .to(\"tpu\"))",
-                   opname);
-      return -1;
-    }
-    int64_t p = tpu_call_int(o, st->s_data_ptr);
-    if (p == -1 && PyErr_Occurred()) return -1;
-    memcpy(t->host_bytes, (const void *)(uintptr_t)p, tpu_dtype_size(t->dtype));
-    t->host = true;
-    return 0;
-  }
-  PyObject *strides = PyObject_CallMethodNoArgs(o, st->s_stride);
-  if (!strides) return -1;
-  r = tpu_int64_seq(strides, t->strides, TPU_MAX_RANK, "tensor strides");
-  Py_DECREF(strides);
-  if (r < 0) return -1;
-  int64_t numel = 1;
-  for (int i = 0; i < t->rank; i++) numel *= t->sizes[i];
-  if (numel == 0) {
-    /* torch may not keep the data pointer of an empty tensor; none is needed. */
-    t->zero_size = true;
-    return 0;
-  }
-  int64_t ptr = tpu_call_int(o, st->s_data_ptr);
-  if (ptr == -1 && PyErr_Occurred()) return -1;
-  t->offset = tpu_call_int(o, st->s_storage_offset);
-  if (t->offset == -1 && PyErr_Occurred()) return -1;
-  uintptr_t addr = (uintptr_t)ptr - (uintptr_t)t->offset * tpu_dtype_size(t->dtype);
+  if (p) memcpy(t->host_bytes, p, tpu_dtype_size(t->dtype));
+  t->host = true;
+  return 0;
+}
+
+/* A tpu tensor's record, from the start of its storage (t's dtype, sizes,
+ * strides and offset filled). */
+static int tpu_tref_record(tpu_mod_state *st, tpu_tref *t, uintptr_t addr, const char *opname) {
   t->rec = tpu_engine_find_record(st->eng, (const void *)addr);
   if (!t->rec) {
     PyErr_Format(PyExc_RuntimeError,
@@ -261,9 +226,113 @@ int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *op
   return 0;
 }
 
+static bool tpu_zero_size(const tpu_tref *t) {
+  for (int i = 0; i < t->rank; i++)
+    if (t->sizes[i] == 0) return true;
+  return false;
+}
+
+/* Through torch's C++ tensor (tensor_api.h): 1 when t was filled (0 or an
+ * error: the return value - 1), 0 when it must be read through Python. */
+static int tpu_tref_from_meta(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *opname, int *rc) {
+  tpu_tensor_meta m;
+  if (!PyObject_TypeCheck(o, (PyTypeObject *)st->tensor_base) || st->tapi->meta(o, &m) != 0) return 0;
+  if ((m.device_type != 0 && m.device_type != TPU_TENSOR_PRIVATEUSE1) || m.rank > TPU_MAX_RANK || m.scalar_type < 0 ||
+      m.scalar_type >= TPU_SCALAR_TYPES || st->scalar_types[m.scalar_type] == TPU_INVALID)
+    return 0; /* Python's path raises the errors */
+  t->dtype = st->scalar_types[m.scalar_type];
+  t->rank = m.rank;
+  memcpy(t->sizes, m.sizes, sizeof(int64_t) * (size_t)m.rank);
+  if (m.device_type == 0) {
+    if (!m.data && m.rank == 0) return 0;
+    *rc = tpu_tref_host(t, m.data ? (const char *)m.data + m.offset * (int64_t)tpu_dtype_size(t->dtype) : NULL, opname);
+    return 1;
+  }
+  memcpy(t->strides, m.strides, sizeof(int64_t) * (size_t)m.rank);
+  if (tpu_zero_size(t)) {
+    t->zero_size = true; /* torch may not keep the data pointer of an empty tensor; none is needed */
+    *rc = 0;
+    return 1;
+  }
+  t->offset = m.offset;
+  *rc = tpu_tref_record(st, t, (uintptr_t)m.data, opname);
+  return 1;
+}
+
+/* Fill t from a torch tensor. Returns 0, or -1 with an exception set. */
+int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *opname) {
+  memset(t, 0, sizeof *t);
+  int rc = 0;
+  if (st->tapi && tpu_tref_from_meta(st, o, t, opname, &rc)) return rc;
+  memset(t, 0, sizeof *t);
+  PyObject *d = PyObject_GetAttr(o, st->s_dtype);
+  if (!d) return -1;
+  t->dtype = tpu_dtype_from_py(st, d);
+  Py_DECREF(d);
+  if (t->dtype == TPU_INVALID) {
+    PyErr_Format(PyExc_TypeError, "aten::%s: dtype of this tensor is not supported on tpu", opname);
+    return -1;
+  }
+  PyObject *shape = PyObject_GetAttr(o, st->s_shape);
+  if (!shape) return -1;
+  int r = tpu_int64_seq(shape, t->sizes, TPU_MAX_RANK, "tensor shape");
+  Py_DECREF(shape);
+  if (r < 0) return -1;
+  t->rank = r;
+  PyObject *iscpu = PyObject_GetAttr(o, st->s_is_cpu);
+  if (!iscpu) return -1;
+  int cpu = PyObject_IsTrue(iscpu);
+  Py_DECREF(iscpu);
+  if (cpu) {
+    if (t->rank != 0) return tpu_tref_host(t, NULL, opname);
+    int64_t p = tpu_call_int(o, st->s_data_ptr);
+    if (p == -1 && PyErr_Occurred()) return -1;
+    return tpu_tref_host(t, (const void *)(uintptr_t)p, opname);
+  }
+  PyObject *strides = PyObject_CallMethodNoArgs(o, st->s_stride);
+  if (!strides) return -1;
+  r = tpu_int64_seq(strides, t->strides, TPU_MAX_RANK, "tensor strides");
+  Py_DECREF(strides);
+  if (r < 0) return -1;
+  if (tpu_zero_size(t)) {
+    t->zero_size = true; /* torch may not keep the data pointer of an empty tensor; none is needed */
+    return 0;
+  }
+  int64_t ptr = tpu_call_int(o, st->s_data_ptr);
+  if (ptr == -1 && PyErr_Occurred()) return -1;
+  t->offset = tpu_call_int(o, st->s_storage_offset);
+  if (t->offset == -1 && PyErr_Occurred()) return -1;
+  return tpu_tref_record(st, t, (uintptr_t)ptr - (uintptr_t)t->offset * tpu_dtype_size(t->dtype), opname);
+}
+
 PyObject *tpu_py_to_tref_args(tpu_mod_state *st, PyObject *o, tpu_arg *a, const char *op) {
   memset(a, 0, sizeof *a);
   a->kind = TPU_ARG_TENSOR;
   if (tpu_tref_from_py(st, o, &a->t, op) < 0) return NULL;
   return Py_None;
+}
+
+/* set_tensor_api(capsule, torch._C.TensorBase): read tensor arguments through
+ * torchtpu._device_guard's tensor_api (tensor_api.h) from now on. */
+PyObject *tpu_py_set_tensor_api(PyObject *m, PyObject *args) {
+  tpu_mod_state *st = tpu_state(m);
+  PyObject *cap, *base;
+  if (!PyArg_ParseTuple(args, "OO!", &cap, &PyType_Type, &base)) return NULL;
+  const tpu_tensor_api *api = PyCapsule_GetPointer(cap, TPU_TENSOR_API_NAME);
+  if (!api) return NULL;
+  if (api->version != TPU_TENSOR_API_VERSION) {
+    PyErr_Format(PyExc_ImportError, "torchtpu: tensor_api version %d, expected %d", api->version,
+                 TPU_TENSOR_API_VERSION);
+    return NULL;
+  }
+  for (int k = 0; k < TPU_SCALAR_TYPES; k++) st->scalar_types[k] = TPU_INVALID;
+  for (int i = 0; i < TPU_NUM_DTYPES; i++) {
+    if (!st->dtypes[i]) continue;
+    int code = api->scalar_type(st->dtypes[i]);
+    if (code >= 0 && code < TPU_SCALAR_TYPES) st->scalar_types[code] = (tpu_dtype)i;
+  }
+  Py_XSETREF(st->tensor_base, Py_NewRef(base));
+  Py_XSETREF(st->tapi_capsule, Py_NewRef(cap));
+  st->tapi = api;
+  Py_RETURN_NONE;
 }
