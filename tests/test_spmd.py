@@ -113,7 +113,8 @@ CHILD = textwrap.dedent(r"""
             assert torchtpu.metrics()["spmd_programs_run"] == before + 1
         assert spmd.sharding(z) == ((4,), (-1, -1))
         # fused mode: refused when the program is built (the value is read)
-        raises(RuntimeError, "not on a mesh", lambda: spmd.constrain(torch.ones(4, device="tpu"), mesh4, [Shard(0)]).cpu())
+        one = torch.ones(4, device="tpu")
+        raises(RuntimeError, "not on a mesh", lambda: spmd.constrain(one, mesh4, [Shard(0)]).cpu())
         p = spmd.shard(torch.ones(8, 4), mesh4, [Shard(0)]).requires_grad_()
         spmd.constrain(p * 3, mesh4, [Replicate()]).sum().backward()
         assert torch.equal(p.grad.cpu(), torch.full((8, 4), 3.0)) and spmd.sharding(p.grad) is not None
