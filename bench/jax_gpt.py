@@ -138,6 +138,7 @@ def main():
         + json.dumps(
             {
                 "step_ms": statistics.median(times[5:]) * 1e3,
+                "first_step_s": sum(times[:3]),  # the first three steps, compiles included
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "programs_compiled": None,
                 "jax": jax.__version__,

@@ -1,5 +1,6 @@
 """Training-step time and peak memory of the MLP, GPT and ResNet examples:
-CPU eager against tpu in debug, strict and fused modes, and with --compile,
+CPU eager against tpu in the default mode (no setting: fused), debug, strict
+and fused modes, and with --compile,
 torch.compile: the model with backend "tpu" ("compiled"), the model and the
 optimizer step (clipping and a capturable optimizer, one graph) ("compiled
 step"), Inductor on CPU, and for the GPT the same model in JAX, jax.jit-ed on
@@ -8,8 +9,9 @@ interpreter: make bench-setup). Each configuration runs in a fresh process,
 all in one run. "graph" captures the whole step once with torch.tpu.graph
 (torch.cuda.graph's interface) after three warm-up steps and replays it on
 each batch; "compiled-graph" does the same with the compiled model and
-update. Prints median step times, their ratios, peak resident memory
-(and its ratio to CPU eager), and, with --long N, whether resident memory
+update. Prints median step times, their ratios, the time of the first three
+steps (compiles included: the cold start), peak resident memory (and its
+ratio to CPU eager), against JAX when it runs, and, with --long N, whether resident memory
 stays flat over N fused GPT steps. The GPT also runs a loop that reads the
 loss back every 10 steps instead of every step ("/read10" rows): in fused
 mode each optimizer step launches its program without waiting, so the host
@@ -61,8 +63,8 @@ def child(example, device, mode, steps, long_steps):
     read_every = int(reads) if reads else 1
     compiled = mode in ("compiled", "compiled-step", "compiled-graph", "inductor")
     graphed = mode in ("graph", "compiled-graph")
-    if device == "tpu" and not compiled and not graphed:
-        torchtpu.eager_mode(mode)
+    if device == "tpu" and not compiled and not graphed and mode != "default":
+        torchtpu.eager_mode(mode)  # "default": the mode a user gets without asking
     import char_gpt
     import mlp_mnist
     import resnet_cifar
@@ -177,6 +179,7 @@ def child(example, device, mode, steps, long_steps):
     m = torchtpu.metrics() if device == "tpu" else {}
     out = {
         "step_ms": statistics.median(times[5 : 5 + steps]) * 1e3,
+        "first_step_s": sum(times[:3]),  # the first three steps, compiles included
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "programs_compiled": m.get("programs_compiled"),
         "fused_programs_run": m.get("fused_programs_run"),
@@ -212,20 +215,50 @@ def jax_python():
     return None
 
 
-def rounds(ex, steps, n):
-    """Strict and fused in alternating fresh processes, n times: on a shared
-    machine one pair can land in a quiet or a busy moment, so the ratio is
-    quoted as the median of the pairs'."""
-    ratios = []
-    for i in range(n):
-        s = run(ex, "tpu", "strict", steps)["step_ms"]
-        f = run(ex, "tpu", "fused", steps)["step_ms"]
-        ratios.append(s / f)
-        print(f"{ex:<8}round {i + 1}: strict {s:.2f} ms, fused {f:.2f} ms, {s / f:.2f}x")
-    print(
-        f"{ex:<8}fused is {statistics.median(ratios):.2f}x faster than strict "
-        f"(median of {n} rounds; {min(ratios):.2f}-{max(ratios):.2f})"
+def _jax_run(jax_py, steps):
+    p = subprocess.run(
+        [jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(steps)], capture_output=True, text=True
     )
+    return _result(p, "jax gpt")
+
+
+def rounds(ex, steps, n, jax_py=None, compiled=False):
+    """Configurations in alternating fresh processes, n times: strict and the
+    default mode; for the GPT with a bench environment, JAX; with --compile,
+    torch.compile alone and the compiled step captured with torch.tpu.graph.
+    On a shared machine one round can land in a quiet or a busy moment, so
+    each ratio is quoted as the median of the rounds'."""
+    names = ["strict", "default"] + (["compiled", "compiled-graph"] if compiled else [])
+    ratios = {}
+
+    def note(key, value):
+        ratios.setdefault(key, []).append(value)
+
+    for i in range(n):
+        r = {name: run(ex, "tpu", name, steps) for name in names}
+        if jax_py and ex == "gpt":
+            r["jax"] = _jax_run(jax_py, steps)
+        s, d = r["strict"]["step_ms"], r["default"]["step_ms"]
+        note("default (fused) faster than strict", s / d)
+        line = f"{ex:<8}round {i + 1}: strict {s:.2f} ms, default {d:.2f} ms"
+        if "jax" in r:
+            j = r["jax"]
+            note("default step / JAX step", d / j["step_ms"])
+            note("default first three steps / JAX's", r["default"]["first_step_s"] / j["first_step_s"])
+            note("default peak RSS / JAX's", r["default"]["peak_rss_mb"] / j["peak_rss_mb"])
+            line += f", JAX {j['step_ms']:.2f} ms"
+        if compiled:
+            c, g = r["compiled"]["step_ms"], r["compiled-graph"]["step_ms"]
+            note("compiled alone / compiled-graph", c / g)
+            line += f", compiled {c:.2f} ms, compiled-graph {g:.2f} ms"
+            if "jax" in r:
+                note("compiled alone / JAX step", c / r["jax"]["step_ms"])
+                for name in ("strict", "compiled", "compiled-graph"):
+                    note(f"{name} first three steps / JAX's", r[name]["first_step_s"] / r["jax"]["first_step_s"])
+                    note(f"{name} peak RSS / JAX's", r[name]["peak_rss_mb"] / r["jax"]["peak_rss_mb"])
+        print(line)
+    for key, v in ratios.items():
+        print(f"{ex:<8}{key}: {statistics.median(v):.2f} (median of {n} rounds; {min(v):.2f}-{max(v):.2f})")
 
 
 def check_ab(ex, steps, modes=("strict", "fused")):
@@ -298,19 +331,17 @@ def main():
     jax_py = jax_python() if args.compile else None
     if args.compile and not jax_py:
         print("jax: not in a bench environment (make bench-setup); the JAX row is left out")
-    print(f"{'example':<8}{'config':<26}{'step ms':>9}{'vs cpu':>8}{'peak RSS MB':>13}{'vs cpu':>8}{'compiled':>10}")
+    print(
+        f"{'example':<8}{'config':<26}{'step ms':>9}{'vs cpu':>8}{'first3 s':>9}{'peak RSS MB':>13}{'vs cpu':>8}"
+        f"{'compiled':>10}"
+    )
     for ex in args.examples.split(","):
         rows = {"cpu eager": run(ex, "cpu", "-", args.steps)}
         if args.compile:
             rows["cpu inductor"] = run(ex, "cpu", "inductor", args.steps)
             if ex == "gpt" and jax_py:
-                p = subprocess.run(
-                    [jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(args.steps)],
-                    capture_output=True,
-                    text=True,
-                )
-                rows["jax jit"] = _result(p, "jax gpt")
-        for mode in ("debug", "strict", "fused", "graph") + (
+                rows["jax jit"] = _jax_run(jax_py, args.steps)
+        for mode in ("default", "debug", "strict", "fused", "graph") + (
             ("compiled", "compiled-step", "compiled-graph") if args.compile else ()
         ):
             rows[f"tpu {mode}"] = run(ex, "tpu", mode, args.steps)
@@ -330,9 +361,23 @@ def main():
         for name, r in rows.items():
             print(
                 f"{ex:<8}{name:<26}{r['step_ms']:>9.2f}{r['step_ms'] / cpu['step_ms']:>8.2f}"
+                f"{r.get('first_step_s', float('nan')):>9.2f}"
                 f"{r['peak_rss_mb']:>13.0f}{r['peak_rss_mb'] / cpu['peak_rss_mb']:>8.2f}"
                 f"{'' if r['programs_compiled'] is None else r['programs_compiled']:>10}"
             )
+        if "jax jit" in rows:
+            j = rows["jax jit"]
+            for name in ("default", "strict", "fused", "graph") + (
+                ("compiled", "compiled-step", "compiled-graph") if args.compile else ()
+            ):
+                r = rows[f"tpu {name}"]
+                print(
+                    f"{ex:<8}tpu {name} against JAX: step {r['step_ms'] / j['step_ms']:.2f}x, first three steps "
+                    f"{r['first_step_s'] / j['first_step_s']:.2f}x, peak RSS {r['peak_rss_mb'] / j['peak_rss_mb']:.2f}x"
+                )
+        if args.compile:
+            c, g = rows["tpu compiled"]["step_ms"], rows["tpu compiled-graph"]["step_ms"]
+            print(f"{ex:<8}tpu compiled alone: {c / g:.2f}x the compiled step captured with torch.tpu.graph")
         fr = rows["tpu fused"]
         at = " -> ".join(f"{x:.0f}" for x in fr["rss_first_steps_mb"])
         print(
@@ -371,7 +416,7 @@ def main():
                     line += f", {c / rows['jax jit/read10']['step_ms']:.2f}x JAX's step time"
                 print(line)
         if args.rounds:
-            rounds(ex, args.steps, args.rounds)
+            rounds(ex, args.steps, args.rounds, jax_py, args.compile)
     if args.long:
         r = run("gpt", "tpu", "fused", args.steps, args.long)
         grow = (r["rss_end_mb"] - r["rss_after_warmup_mb"]) / r["rss_after_warmup_mb"] * 100

@@ -49,17 +49,17 @@ class eager_mode:
     """Sets the eager mode: torchtpu.eager_mode("debug") for the rest of the
     process, or `with torchtpu.eager_mode("debug"):` for a block.
 
+    - "fused" (the default): ops are recorded, not run, and every recorded op
+      whose result is still needed runs as one XLA program at the next sync
+      point (.cpu(), .item(), printing, torch.tpu.synchronize(), torch.save,
+      an op whose output size depends on data, a copy into a tensor the
+      recorded ops use, or TORCHTPU_FUSED_MAX_OPS ops). A training loop
+      settles into one cached program per step. A failed value check is
+      raised at the sync point, naming the op and the lines that called it.
+    - "strict": ops return once launched and run asynchronously, one program
+      per op; a failure is raised at the next sync point, naming the op.
     - "debug": every op runs to completion before it returns; an error names
       the op that failed, where it was called.
-    - "strict" (the default): ops return once launched and run
-      asynchronously; a failure of the computation is raised at the next
-      sync point (.cpu(), .item(), printing, torch.tpu.synchronize()), naming
-      the op.
-    - "fused": ops are recorded, not run, and every recorded op whose result
-      is still needed runs as one XLA program at the next sync point (the
-      above, torch.save, an op whose output size depends on data, a copy
-      into a tensor the recorded ops use, or TORCHTPU_FUSED_MAX_OPS ops). A
-      training loop settles into one cached program per step.
     """
 
     def __init__(self, mode: str) -> None:
