@@ -28,6 +28,7 @@ WARNED = [
     "TORCHTPU_CPU_FALLBACK",
     "TORCHTPU_VALUE_CHECKS",
     "TORCHTPU_COLLECTIVE_CHECKS",
+    "TORCHTPU_TENSOR_API",
 ]
 # Read when the device starts; a bad value is raised at its first use.
 AT_FIRST_USE = ["TORCHTPU_PJRT_PLUGIN", "TORCHTPU_PLATFORM", "TORCHTPU_NUM_DEVICES", "TORCHTPU_GPU_MEMORY_FRACTION"]
@@ -90,7 +91,7 @@ def test_garbage_settings_fall_back_to_their_defaults_and_the_device_works(tmp_p
     code = CPU_AND_FIRST_USE + "import torchtpu; print('mode', torchtpu.get_eager_mode())\n"
     r = run(code, env, unset=AT_FIRST_USE + SET_IS_ON, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "tpu [2.0, 2.0]" in r.stdout and "mode strict" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "tpu [2.0, 2.0]" in r.stdout and "mode fused" in r.stdout, r.stdout + r.stderr[-3000:]
     assert r.stderr.count("TORCHTPU_FUSED_MAX_OPS='abc'") == 1  # once, though read in Python and in C
 
 

@@ -1264,7 +1264,7 @@ def _use_tensor_api():
     tensor_api) instead of six Python attribute calls each; without the
     extension, or with TORCHTPU_TENSOR_API=0, through Python."""
     global TENSOR_API
-    if os.environ.get("TORCHTPU_TENSOR_API", "1") == "0":
+    if not _settings.flag("TORCHTPU_TENSOR_API"):
         return
     try:
         from . import _device_guard

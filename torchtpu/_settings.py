@@ -32,6 +32,7 @@ FLAGS = {
     "TORCHTPU_BUCKETS": True,
     "TORCHTPU_VALUE_CHECKS": True,
     "TORCHTPU_COLLECTIVE_CHECKS": True,
+    "TORCHTPU_TENSOR_API": True,
 }
 # read by the engine as "set: on" (any value, empty included)
 SET_IS_ON = ("TORCHTPU_DEBUG", "TORCHTPU_DUMP_HLO")
