@@ -215,9 +215,9 @@ def jax_python():
     return None
 
 
-def _jax_run(jax_py, steps):
+def _jax_run(jax_py, steps, *extra):
     p = subprocess.run(
-        [jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(steps)], capture_output=True, text=True
+        [jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(steps), *extra], capture_output=True, text=True
     )
     return _result(p, "jax gpt")
 
@@ -349,12 +349,7 @@ def main():
             blocks = max(args.steps // 5, 4)
             rows["cpu eager/read10"] = run(ex, "cpu", "eager/read10", blocks)
             if jax_py:
-                p = subprocess.run(
-                    [jax_py, os.path.join(HERE, "jax_gpt.py"), "--steps", str(blocks), "--read-every", "10"],
-                    capture_output=True,
-                    text=True,
-                )
-                rows["jax jit/read10"] = _result(p, "jax gpt")
+                rows["jax jit/read10"] = _jax_run(jax_py, blocks, "--read-every", "10")
             for mode in ("strict", "fused", "graph") + (("compiled-step", "compiled-graph") if args.compile else ()):
                 rows[f"tpu {mode}/read10"] = run(ex, "tpu", f"{mode}/read10", blocks)
         cpu = rows["cpu eager"]

@@ -250,10 +250,8 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data, 
   if (dt != rec->dtype)
     return tpu_status_new(TPU_ERR_TYPE, "upload of %s data into a %s storage", tpu_dtype_name(dt),
                           tpu_dtype_name(rec->dtype));
-  if (atomic_load(&rec->graph_refs) > 0) { /* recorded ops read or write it: they run first */
-    tpu_status *f = tpu_engine_flush(e, TPU_FLUSH_UPLOAD);
-    if (f) return f;
-  }
+  tpu_status *f = tpu_engine_settle(e, rec, TPU_FLUSH_UPLOAD); /* recorded ops read or write it: they run first */
+  if (f) return f;
   if (rec->sh) return tpu_spmd_upload(e, rec, data);
   tpu_rt_buffer *b = NULL;
   int64_t n = rec->numel;
@@ -272,7 +270,7 @@ tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_
    * one a launched program is computing), and they stay recorded for the
    * program that ends the step (the loss read after the optimizer step,
    * computed by the program launched when the backward pass began). */
-  tpu_status *s = atomic_load(&rec->graph_refs) > 0 ? tpu_engine_flush(e, TPU_FLUSH_DOWNLOAD) : NULL;
+  tpu_status *s = tpu_engine_settle(e, rec, TPU_FLUSH_DOWNLOAD);
   if (!s) s = tpu_engine_wait(e);
   if (s) return s;
   if (rec->sh) {
@@ -290,10 +288,8 @@ tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_
 tpu_status *tpu_engine_storage_free(tpu_engine *e, tpu_record *rec) {
   if (e->capturing)
     return tpu_status_new(TPU_ERR_RUNTIME, "freeing a tpu storage's memory inside a graph capture is not supported");
-  if (atomic_load(&rec->graph_refs) > 0) { /* recorded ops read or write it: they run first */
-    tpu_status *f = tpu_engine_flush(e, TPU_FLUSH_FREE);
-    if (f) return f;
-  }
+  tpu_status *f = tpu_engine_settle(e, rec, TPU_FLUSH_FREE); /* recorded ops read or write it: they run first */
+  if (f) return f;
   /* A launched program still using the buffer keeps it until it finishes
    * (the plugin holds its own reference), as when a write swaps it. */
   tpu_rt_buffer_free(rec->buf);
@@ -401,10 +397,8 @@ tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_
   int n = tpu_rt_device_count(e->rt);
   if (device < 0 || device >= n)
     return tpu_status_new(TPU_ERR_RUNTIME, "tpu:%d: invalid device ordinal (%d local devices)", device, n);
-  if (atomic_load(&src->graph_refs) > 0) { /* recorded ops write it: they run first */
-    tpu_status *f = tpu_engine_flush(e, TPU_FLUSH_DEVICE);
-    if (f) return f;
-  }
+  tpu_status *f = tpu_engine_settle(e, src, TPU_FLUSH_DEVICE); /* recorded ops write it: they run first */
+  if (f) return f;
   tpu_record *r = tpu_record_new_on(e, device, src->dtype, src->numel);
   if (!r) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   if (src->sh) { /* off a mesh: gathered on the host */
@@ -540,7 +534,6 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id, tpu
     } else if (o->kind == TPU_OUT_CHECK && outbuf[k]) {
       char *site = e->where && e->mode != TPU_MODE_DEBUG ? e->where() : NULL;
       tpu_check_push(e, outbuf[k], (tpu_fcheck){row->name, o->msg, o->arg, -1}, site);
-      free(site);
       outbuf[k] = NULL;
     }
   }

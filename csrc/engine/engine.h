@@ -189,6 +189,9 @@ tpu_mode tpu_engine_mode(tpu_engine *e);
 tpu_status *tpu_engine_sync(tpu_engine *e);
 /* Runs the ops recorded in fused mode as one program. */
 tpu_status *tpu_engine_flush(tpu_engine *e, tpu_flush_reason reason);
+/* Flushes when recorded ops read or write rec (its value is then still to
+ * come), else nothing: what reading, replacing or moving rec needs first. */
+tpu_status *tpu_engine_settle(tpu_engine *e, const tpu_record *rec, tpu_flush_reason reason);
 /* The end of a training step (an optimizer stepped): flushes without waiting
  * for the program, but lets at most TPU_STEPS_AHEAD launched programs be in
  * flight (the host waits for older ones), so that a fast host does not pile

@@ -249,12 +249,10 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args
 void tpu_inflight_pop(tpu_engine *e);
 void tpu_inflight_reap(tpu_engine *e);
 tpu_status *tpu_checks_read(tpu_engine *e);
-void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what, const char *site);
-/* The Python site of a fused program's check, while its recorded ops are at
- * hand (a flush; NULL for a plan's replay). */
-static inline const char *tpu_fcheck_site(const tpu_engine *e, const tpu_fcheck *w) {
-  return w->node >= 0 && w->node < e->nnodes ? e->nodes[w->node].site : NULL;
-}
+void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what, char *site);
+/* A copy of the Python site of a fused program's check, while its recorded
+ * ops are at hand (a flush; NULL for a plan's replay). */
+char *tpu_fcheck_site(const tpu_engine *e, const tpu_fcheck *w);
 tpu_status *tpu_engine_wait(tpu_engine *e);
 /* spmd.c */
 void tpu_record_free_shards(tpu_record *r);

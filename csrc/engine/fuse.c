@@ -657,6 +657,10 @@ static const char *tpu_flush_what(tpu_flush_reason reason) {
   }
 }
 
+tpu_status *tpu_engine_settle(tpu_engine *e, const tpu_record *rec, tpu_flush_reason reason) {
+  return atomic_load(&rec->graph_refs) > 0 ? tpu_engine_flush(e, reason) : NULL;
+}
+
 tpu_status *tpu_engine_flush(tpu_engine *e, tpu_flush_reason reason) {
   if (!e->nnodes) return NULL;
   if (e->capturing && e->capture_whole)

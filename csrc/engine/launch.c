@@ -60,10 +60,15 @@ tpu_status *tpu_checks_read(tpu_engine *e) {
   return err;
 }
 
-/* Keeps a launched program's check (b owned; site copied, may be NULL) for
+char *tpu_fcheck_site(const tpu_engine *e, const tpu_fcheck *w) {
+  const char *s = w->node >= 0 && w->node < e->nnodes ? e->nodes[w->node].site : NULL;
+  return s ? strdup(s) : NULL;
+}
+
+/* Keeps a launched program's check (b and site owned; site may be NULL) for
  * the next sync point; with many pending, they are read now and a failure
  * waits there. */
-void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what, const char *site) {
+void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what, char *site) {
   if (e->nchk == e->capchk) {
     int cap = e->capchk ? 2 * e->capchk : 16;
     void *n = cap <= 4096 ? realloc(e->chk, sizeof *e->chk * (size_t)cap) : NULL;
@@ -79,7 +84,7 @@ void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what, const char
     }
   }
   e->chk[e->nchk].buf = b;
-  e->chk[e->nchk].site = site ? strdup(site) : NULL;
+  e->chk[e->nchk].site = site;
   e->chk[e->nchk++].what = what;
 }
 

@@ -19,42 +19,30 @@ char *tpu_site_where(void) {
   PyObject *et, *ev, *tb;
   PyErr_Fetch(&et, &ev, &tb);
 #endif
+  PyObject *lines = PyList_New(0);
   PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
   Py_XINCREF(f);
-  PyObject *lines[TPU_SITE_FRAMES];
-  int n = 0;
-  while (f && n < TPU_SITE_FRAMES) {
+  for (int n = 0; f && lines && n < TPU_SITE_FRAMES; n++) {
     PyCodeObject *code = PyFrame_GetCode(f);
-    lines[n] = PyUnicode_FromFormat("  File \"%U\", line %d, in %U\n", code->co_filename, PyFrame_GetLineNumber(f),
-                                    code->co_name);
+    PyObject *line = PyUnicode_FromFormat("  File \"%U\", line %d, in %U", code->co_filename, PyFrame_GetLineNumber(f),
+                                          code->co_name);
     Py_DECREF(code);
-    if (!lines[n]) break;
-    n++;
+    if (!line || PyList_Append(lines, line) < 0) Py_CLEAR(lines);
+    Py_XDECREF(line);
     PyFrameObject *back = PyFrame_GetBack(f);
     Py_DECREF(f);
     f = back;
   }
   Py_XDECREF(f);
-  size_t len = 0;
-  for (int k = 0; k < n; k++) {
-    Py_ssize_t m = 0;
-    if (PyUnicode_AsUTF8AndSize(lines[k], &m)) len += (size_t)m;
-  }
-  char *out = n ? malloc(len + 1) : NULL;
-  size_t at = 0;
-  for (int k = n - 1; k >= 0; k--) { /* outermost first */
-    Py_ssize_t m = 0;
-    const char *u = PyUnicode_AsUTF8AndSize(lines[k], &m);
-    if (out && u && at + (size_t)m <= len) {
-      memcpy(out + at, u, (size_t)m);
-      at += (size_t)m;
-    }
-    Py_DECREF(lines[k]);
-  }
-  if (out) {
-    while (at && out[at - 1] == '\n') at--; /* the error's text closes the list */
-    out[at] = 0;
-  }
+  /* outermost first, a line each, as a traceback */
+  PyObject *nl = PyUnicode_FromString("\n");
+  PyObject *text =
+      lines && nl && PyList_GET_SIZE(lines) && PyList_Reverse(lines) == 0 ? PyUnicode_Join(nl, lines) : NULL;
+  Py_XDECREF(nl);
+  Py_XDECREF(lines);
+  const char *u = text ? PyUnicode_AsUTF8(text) : NULL;
+  char *out = u ? strdup(u) : NULL;
+  Py_XDECREF(text);
   PyErr_Clear();
 #if PY_VERSION_HEX >= 0x030C0000
   PyErr_SetRaisedException(exc);

@@ -67,10 +67,9 @@ PyObject *tpu_py_sharding(PyObject *m, PyObject *args) {
   if (!tpu_need_engine(st)) return NULL;
   tpu_arg a;
   if (!tpu_py_to_tref_args(st, t, &a, "sharding")) return NULL;
-  if (sync && a.t.rec && atomic_load(&a.t.rec->graph_refs) > 0) { /* fused: its layout is chosen when it runs */
-    tpu_status *s = tpu_engine_flush(st->eng, TPU_FLUSH_SYNC);
-    if (s) return tpu_raise(s);
-  }
+  /* sync: a value still recorded (fused mode) runs, as its layout is chosen then */
+  tpu_status *f = sync && a.t.rec ? tpu_engine_settle(st->eng, a.t.rec, TPU_FLUSH_SYNC) : NULL;
+  if (f) return tpu_raise(f);
   const tpu_sharding *sh = a.t.rec ? a.t.rec->sh : NULL;
   if (!sh) Py_RETURN_NONE;
   PyObject *mesh = PyTuple_New(sh->mesh_rank), *axes = PyTuple_New(sh->rank);
