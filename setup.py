@@ -35,13 +35,19 @@ def device_guard():
     return [
         Extension(
             "torchtpu._device_guard",
-            sources=["csrc/guard/device_guard.cpp", "csrc/guard/tensor_meta.cpp"],
-            depends=["csrc/python/guard_api.h", "csrc/python/tensor_api.h"],
-            include_dirs=cpp_extension.include_paths(),
+            sources=["csrc/guard/device_guard.cpp", "csrc/guard/tensor_meta.cpp", "csrc/guard/boxed.cpp"],
+            depends=[
+                "csrc/python/guard_api.h",
+                "csrc/python/tensor_api.h",
+                "csrc/python/fast_api.h",
+                "csrc/guard/meta.hpp",
+            ],
             library_dirs=cpp_extension.library_paths(),
-            libraries=["c10"],
+            libraries=["c10", "torch", "torch_cpu", "torch_python"],
             language="c++",
-            extra_compile_args=[
+            # torch's headers as system headers: their warnings are not ours
+            extra_compile_args=[f"-isystem{d}" for d in cpp_extension.include_paths()]
+            + [
                 "-std=c++20",
                 "-Wall",
                 "-Wextra",

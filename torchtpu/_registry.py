@@ -1171,7 +1171,7 @@ def _register_rows():
     """Registers a Kernel for every ATen row of the C table (through its
     WRAPPERS entry where it has one); returns the internal rows' op ids by
     name (tpu::..., not ATen overloads: the Python kernels call them)."""
-    internal = {}
+    internal, direct = {}, []
     for name, op_id, flags in _C.ops():
         if name.startswith("tpu::"):
             internal[name] = op_id
@@ -1191,8 +1191,34 @@ def _register_rows():
             k = _C.kernel(op_id, spec, len(schema.returns), _REQUIRED)
         _KERNELS[name] = k
         wrap = WRAPPERS.get(name)
-        _IMPL.impl(name, k if wrap is None else wrap(k), "PrivateUse1")
+        if wrap is None:
+            direct.append((name, k))
+        else:
+            _IMPL.impl(name, wrap(k), "PrivateUse1")
+    taken = _cpp_kernels(direct)
+    for name, k in direct:
+        if name not in taken:
+            _IMPL.impl(name, k, "PrivateUse1")
     return internal
+
+
+# The rows torch's dispatcher calls with no Python in between (boxed.cpp).
+CPP_KERNELS = set()
+
+
+def _cpp_kernels(rows):
+    """Registers the Kernels of rows [(name, kernel)] as boxed C++ kernels
+    (torchtpu._device_guard, csrc/guard/boxed.cpp) where it can: the names
+    taken. Not with TORCHTPU_TENSOR_API=0, nor without the extension."""
+    if not TENSOR_API:
+        return set()
+    try:
+        from . import _device_guard
+
+        CPP_KERNELS.update(_device_guard.register_kernels(_C.fast_api, rows))
+    except (AttributeError, ImportError):
+        pass  # not built, or built before register_kernels existed
+    return CPP_KERNELS
 
 
 def _register_fused_optimizers(internal):

@@ -24,6 +24,8 @@
 
 #include "../python/guard_api.h"
 
+PyObject* tpu_register_kernels(PyObject*, PyObject* args); // boxed.cpp
+
 namespace {
 
 constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
@@ -112,6 +114,8 @@ PyObject* register_guard(PyObject* /*module*/, PyObject* capsule) {
 
 PyMethodDef methods[] = {
     {"register_guard", register_guard, METH_O, "register_guard(torchtpu._C.guard_api) -> bool"},
+    {"register_kernels", tpu_register_kernels, METH_VARARGS,
+     "register_kernels(torchtpu._C.fast_api, [(name, kernel), ...]) -> the names registered"},
     {nullptr, nullptr, 0, nullptr},
 };
 

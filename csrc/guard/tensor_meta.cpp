@@ -11,11 +11,10 @@
 
 #include "../python/tensor_api.h"
 
-namespace {
+#include "meta.hpp"
 
-int tensor_meta(void* obj, tpu_tensor_meta* m) noexcept {
+int tpu_fill_meta(const at::Tensor& t, tpu_tensor_meta* m) noexcept {
   try {
-    const at::Tensor& t = THPVariable_Unpack(static_cast<PyObject*>(obj));
     if (!t.defined())
       return -1;
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
@@ -41,6 +40,12 @@ int tensor_meta(void* obj, tpu_tensor_meta* m) noexcept {
   } catch (...) {
     return -1;
   }
+}
+
+namespace {
+
+int tensor_meta(void* obj, tpu_tensor_meta* m) noexcept {
+  return tpu_fill_meta(THPVariable_Unpack(static_cast<PyObject*>(obj)), m);
 }
 
 int scalar_type(void* dtype) noexcept {

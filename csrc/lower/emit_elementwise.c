@@ -26,10 +26,28 @@ static tpu_hv tpu_float_in(tpu_lower *L, int i) {
 
 /* ---- arithmetic ----------------------------------------------------------------------------- */
 
+/* torch's alpha_check: alpha (argument i, a Python number) must be of a kind
+ * the result's dtype dt holds. */
+static bool tpu_alpha_ok(tpu_lower *L, int i, tpu_dtype dt) {
+  if (i >= L->nargs || L->args[i].kind != TPU_ARG_SCALAR) return true;
+  tpu_scalar_kind k = L->args[i].skind;
+  if (k == TPU_SCALAR_BOOL && dt != TPU_PRED)
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Boolean alpha only supported for Boolean results.");
+  else if (k == TPU_SCALAR_FLOAT && !tpu_dtype_is_float(dt) && !tpu_dtype_is_complex(dt))
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "For integral input tensors, argument alpha must not be a floating point number.");
+  else if (k == TPU_SCALAR_COMPLEX && !tpu_dtype_is_complex(dt))
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "For non-complex input tensors, argument alpha must not be a complex number.");
+  else
+    return true;
+  return false;
+}
+
 /* add(self, other, *, alpha=1) */
 void tpu_emit_add(tpu_lower *L) {
   int idx[2] = {0, 1};
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  if (!tpu_alpha_ok(L, 2, dt)) return;
   tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
   if (L->nargs > 2 && !L->args[2].is_default && !tpu_lower_is_none(L, 2))
     v[1] = tpu_lower_binary(L, TPU_HLO_MUL, v[1], tpu_lower_scalar(L, 2, dt));
@@ -65,6 +83,7 @@ static void tpu_emit_arith(tpu_lower *L, tpu_hlo_op op, bool float_result) {
   int idx[2] = {0, 1};
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
   if (float_result) dt = tpu_lower_float_type(dt);
+  if (op == TPU_HLO_SUB && !tpu_alpha_ok(L, 2, dt)) return;
   tpu_hv a = tpu_lower_input(L, 0, dt), b = tpu_lower_input(L, 1, dt);
   if (op == TPU_HLO_SUB && L->nargs > 2 && L->args[2].kind == TPU_ARG_SCALAR && !L->args[2].is_default)
     b = tpu_lower_binary(L, TPU_HLO_MUL, b, tpu_lower_scalar(L, 2, dt));
@@ -87,6 +106,7 @@ void tpu_emit_rsub(tpu_lower *L) {
   if (tpu_refuse_bool_sub(L)) return;
   int idx[2] = {0, 1};
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
+  if (!tpu_alpha_ok(L, 2, dt)) return;
   tpu_hv a = tpu_lower_input(L, 0, dt), b = tpu_lower_input(L, 1, dt);
   if (L->nargs > 2 && L->args[2].kind == TPU_ARG_SCALAR && !L->args[2].is_default)
     a = tpu_lower_binary(L, TPU_HLO_MUL, a, tpu_lower_scalar(L, 2, dt));

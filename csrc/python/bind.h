@@ -5,6 +5,7 @@
  *   state.c    module state, errors as Python exceptions, the engine's start
  *   tensor.c   DLPack: minting tpu tensors from records, reading them back
  *   kernel.c   Kernel objects (one per ATen overload): parsing, running, results
+ *   fast.c     Kernel calls from torch's dispatcher through C++ (fast_api.h)
  *   explain.c  explaining per-op recompiles (TORCHTPU_EXPLAIN_RECOMPILES)
  *   foreach.c  Foreach objects (torch._foreach_* over lists)
  *   copy.c     empty, copies between the host and the device, the memory
@@ -34,7 +35,7 @@ typedef struct {
   PyObject *dtypes[TPU_NUM_DTYPES]; /* torch.dtype objects by tpu_dtype */
   PyObject *kernel_type;
   PyObject *foreach_type;
-  struct tpu_call_frame *spare_frame; /* owned or NULL: tpu_kernel_call's, kept between calls */
+  struct tpu_call_frame *spare_frame; /* owned or NULL: a Kernel call's, kept between calls */
   PyObject *s_data_ptr, *s_storage_offset, *s_shape, *s_stride, *s_dtype, *s_is_cpu, *s_contiguous, *s_copy_,
       *s_is_contiguous, *s_is_conj, *s_is_neg;
   PyObject *tensor_type; /* torch.Tensor, looked up on first use */
@@ -83,6 +84,9 @@ int tpu_dtype_arg(tpu_mod_state *st, PyObject *d, tpu_dtype *out);
 /* tensor.c: DLPack, minting tensors, reading them */
 int tpu_storage_check(int rank, const int64_t *sizes, const int64_t *strides, tpu_dtype dt, int64_t *numel);
 PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *sizes, const int64_t *strides);
+void *tpu_dl_make(tpu_record *rec, int rank, const int64_t *sizes, const int64_t *strides);
+void tpu_dl_release(void *dlm);
+int tpu_tref_from_meta_struct(tpu_mod_state *st, const tpu_tensor_meta *m, tpu_tref *t, const char *opname, int *rc);
 int tpu_int64_seq(PyObject *seq, int64_t *out, int max, const char *what);
 int64_t tpu_call_int(PyObject *o, PyObject *name);
 int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *opname);
@@ -93,8 +97,19 @@ PyObject *tpu_py_to_tref_args(tpu_mod_state *st, PyObject *o, tpu_arg *a, const 
 /* Runs one op through the engine, its warnings and error turned into Python's:
  * 0, or -1 with an exception set (nothing left to release). */
 int tpu_call_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, tpu_engine_result *res);
+/* The same, the first op of a backward pass told to the engine first. */
+int tpu_run_engine(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, tpu_engine_result *res);
 PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params, int nreturns);
 PyObject *tpu_py_kernel(PyObject *m, PyObject *args);
+/* A call's argument frame: taken (NULL with an exception set), its args, given back with
+ * the number of arguments parsed (their tensor lists freed). */
+typedef struct tpu_call_frame tpu_call_frame;
+tpu_call_frame *tpu_frame_take(tpu_mod_state *st);
+tpu_arg *tpu_frame_args(tpu_call_frame *f);
+void tpu_frame_give(tpu_mod_state *st, tpu_call_frame *f, int n);
+
+/* fast.c: Kernel calls from torch's dispatcher through C++ (fast_api.h) */
+PyObject *tpu_fast_capsule(void); /* a new reference: _C.fast_api */
 
 /* explain.c: explaining recompiles */
 int tpu_explain(tpu_mod_state *st, tpu_kernel *k, const tpu_arg *args);

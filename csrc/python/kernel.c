@@ -235,14 +235,30 @@ static PyObject *tpu_build_result(tpu_mod_state *st, tpu_engine_result *res, PyO
   return tup;
 }
 
-typedef struct tpu_call_frame {
+struct tpu_call_frame {
   tpu_arg args[TPU_MAX_ARGS];
-} tpu_call_frame;
+};
 
-static void tpu_args_free(tpu_arg *args, int n) {
-  for (int i = 0; i < n; i++)
-    if (args[i].kind == TPU_ARG_TENSORS) free(args[i].list);
+/* One frame is kept for the next call (a call made while one runs, from a
+ * resolve callback or a warning's handler, gets its own). */
+tpu_call_frame *tpu_frame_take(tpu_mod_state *st) {
+  tpu_call_frame *f = st->spare_frame ? st->spare_frame : malloc(sizeof *f);
+  st->spare_frame = NULL;
+  if (!f) PyErr_NoMemory();
+  return f;
 }
+
+/* Frees the lists of the first n arguments and keeps or frees the frame. */
+void tpu_frame_give(tpu_mod_state *st, tpu_call_frame *f, int n) {
+  for (int i = 0; i < n; i++)
+    if (f->args[i].kind == TPU_ARG_TENSORS) free(f->args[i].list);
+  if (st->spare_frame)
+    free(f);
+  else
+    st->spare_frame = f;
+}
+
+tpu_arg *tpu_frame_args(tpu_call_frame *f) { return f->args; }
 
 /* Whether the calling thread is one of the autograd engine's device threads
  * (torch names them pt_autograd_<device>): a backward pass for a non-CPU
@@ -274,7 +290,7 @@ int tpu_call_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, tpu_engi
   return 0;
 }
 
-PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params, int nreturns) {
+int tpu_run_engine(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, tpu_engine_result *res) {
   /* Fused mode: the first op of a backward pass launches what the forward
    * pass recorded (tpu_engine_backward_begins). Ops hold the GIL, so the
    * flag has one writer at a time. */
@@ -282,12 +298,16 @@ PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyO
     bool bw = tpu_on_autograd_thread();
     if (bw && !st->in_backward) {
       tpu_status *b = tpu_engine_backward_begins(st->eng);
-      if (b) return tpu_raise(b);
+      if (b) return tpu_raise(b), -1;
     }
     st->in_backward = bw;
   }
+  return tpu_call_op(st, op_id, args, nargs, res);
+}
+
+PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params, int nreturns) {
   tpu_engine_result res;
-  if (tpu_call_op(st, op_id, args, nargs, &res) < 0) return NULL;
+  if (tpu_run_engine(st, op_id, args, nargs, &res) < 0) return NULL;
   return tpu_build_result(st, &res, params, nreturns);
 }
 
@@ -302,11 +322,8 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
   }
   PyObject *params[TPU_MAX_ARGS];
   PyObject *resolved[TPU_MAX_ARGS] = {0}; /* strong: inputs replaced by their plain values */
-  /* One frame is kept for the next call (a call made while one runs, from a
-   * resolve callback, gets its own). */
-  tpu_call_frame *f = st->spare_frame ? st->spare_frame : malloc(sizeof *f);
-  st->spare_frame = NULL;
-  if (!f) return PyErr_NoMemory();
+  tpu_call_frame *f = tpu_frame_take(st);
+  if (!f) return NULL;
   PyObject *result = NULL;
   int nparsed = 0;
   for (int i = 0; i < k->nparams; i++) {
@@ -352,11 +369,7 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
   if (result && st->explain && tpu_engine_metrics(st->eng)->cache_misses != misses && tpu_explain(st, k, f->args) < 0)
     Py_CLEAR(result);
 done:
-  tpu_args_free(f->args, nparsed);
-  if (st->spare_frame)
-    free(f);
-  else
-    st->spare_frame = f;
+  tpu_frame_give(st, f, nparsed);
   for (int i = 0; i < k->nparams; i++) Py_XDECREF(resolved[i]);
   return result;
 }

@@ -435,6 +435,10 @@ static int tpu_mod_exec(PyObject *m) {
   int rc = guard ? PyModule_AddObjectRef(m, "guard_api", guard) : -1;
   Py_XDECREF(guard);
   if (rc < 0) return -1;
+  PyObject *fast = tpu_fast_capsule();
+  rc = fast ? PyModule_AddObjectRef(m, "fast_api", fast) : -1;
+  Py_XDECREF(fast);
+  if (rc < 0) return -1;
   st->foreach_type = PyType_FromModuleAndSpec(m, &tpu_foreach_spec, NULL);
   if (!st->foreach_type) return -1;
 #define TPU_INTERN(f, s) \

@@ -101,8 +101,10 @@ int tpu_storage_check(int rank, const int64_t *sizes, const int64_t *strides, tp
   return -1;
 }
 
-/* Steals the record reference. strides NULL: contiguous. */
-PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *sizes, const int64_t *strides) {
+/* A DLManagedTensor over rec (a tpu_dl_managed; its deleter drops the
+ * record): steals the record reference. strides NULL: contiguous. NULL with
+ * an exception set. */
+void *tpu_dl_make(tpu_record *rec, int rank, const int64_t *sizes, const int64_t *strides) {
   tpu_dl_holder *h = calloc(1, sizeof *h);
   if (!h) {
     tpu_record_unref(rec);
@@ -134,9 +136,21 @@ PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *
   h->m.dl_tensor.strides = h->strides;
   h->m.manager_ctx = rec;
   h->m.deleter = tpu_dl_deleter;
-  PyObject *cap = PyCapsule_New(&h->m, "dltensor", tpu_capsule_destructor);
+  return &h->m;
+}
+
+void tpu_dl_release(void *dlm) {
+  tpu_dl_managed *m = dlm;
+  if (m && m->deleter) m->deleter(m);
+}
+
+/* Steals the record reference. strides NULL: contiguous. */
+PyObject *tpu_mint(tpu_mod_state *st, tpu_record *rec, int rank, const int64_t *sizes, const int64_t *strides) {
+  tpu_dl_managed *m = tpu_dl_make(rec, rank, sizes, strides);
+  if (!m) return NULL;
+  PyObject *cap = PyCapsule_New(m, "dltensor", tpu_capsule_destructor);
   if (!cap) {
-    tpu_dl_deleter(&h->m);
+    tpu_dl_deleter(m);
     return NULL;
   }
   PyObject *t = PyObject_CallOneArg(st->from_dlpack, cap);
@@ -232,31 +246,38 @@ static bool tpu_zero_size(const tpu_tref *t) {
   return false;
 }
 
-/* Through torch's C++ tensor (tensor_api.h): 1 when t was filled (0 or an
- * error: the return value - 1), 0 when it must be read through Python. */
-static int tpu_tref_from_meta(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *opname, int *rc) {
-  tpu_tensor_meta m;
-  if (!PyObject_TypeCheck(o, (PyTypeObject *)st->tensor_base) || st->tapi->meta(o, &m) != 0) return 0;
-  if ((m.device_type != 0 && m.device_type != TPU_TENSOR_PRIVATEUSE1) || m.rank > TPU_MAX_RANK || m.scalar_type < 0 ||
-      m.scalar_type >= TPU_SCALAR_TYPES || st->scalar_types[m.scalar_type] == TPU_INVALID)
+/* A tensor argument from its metadata read in C++ (tensor_api.h): 1 when t
+ * was filled (*rc: 0, or -1 with an exception set), 0 when it must be read
+ * through Python. */
+int tpu_tref_from_meta_struct(tpu_mod_state *st, const tpu_tensor_meta *m, tpu_tref *t, const char *opname, int *rc) {
+  if ((m->device_type != 0 && m->device_type != TPU_TENSOR_PRIVATEUSE1) || m->rank > TPU_MAX_RANK ||
+      m->scalar_type < 0 || m->scalar_type >= TPU_SCALAR_TYPES || st->scalar_types[m->scalar_type] == TPU_INVALID)
     return 0; /* Python's path raises the errors */
-  t->dtype = st->scalar_types[m.scalar_type];
-  t->rank = m.rank;
-  memcpy(t->sizes, m.sizes, sizeof(int64_t) * (size_t)m.rank);
-  if (m.device_type == 0) {
-    if (!m.data && m.rank == 0) return 0;
-    *rc = tpu_tref_host(t, m.data ? (const char *)m.data + m.offset * (int64_t)tpu_dtype_size(t->dtype) : NULL, opname);
+  t->dtype = st->scalar_types[m->scalar_type];
+  t->rank = m->rank;
+  memcpy(t->sizes, m->sizes, sizeof(int64_t) * (size_t)m->rank);
+  if (m->device_type == 0) {
+    if (!m->data && m->rank == 0) return 0;
+    *rc = tpu_tref_host(t, m->data ? (const char *)m->data + m->offset * (int64_t)tpu_dtype_size(t->dtype) : NULL,
+                        opname);
     return 1;
   }
-  memcpy(t->strides, m.strides, sizeof(int64_t) * (size_t)m.rank);
+  memcpy(t->strides, m->strides, sizeof(int64_t) * (size_t)m->rank);
   if (tpu_zero_size(t)) {
     t->zero_size = true; /* torch may not keep the data pointer of an empty tensor; none is needed */
     *rc = 0;
     return 1;
   }
-  t->offset = m.offset;
-  *rc = tpu_tref_record(st, t, (uintptr_t)m.data, opname);
+  t->offset = m->offset;
+  *rc = tpu_tref_record(st, t, (uintptr_t)m->data, opname);
   return 1;
+}
+
+/* The same, read through torch's C++ tensor behind a Python tensor. */
+static int tpu_tref_from_meta(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *opname, int *rc) {
+  tpu_tensor_meta m;
+  if (!PyObject_TypeCheck(o, (PyTypeObject *)st->tensor_base) || st->tapi->meta(o, &m) != 0) return 0;
+  return tpu_tref_from_meta_struct(st, &m, t, opname, rc);
 }
 
 /* Fill t from a torch tensor. Returns 0, or -1 with an exception set. */
