@@ -76,25 +76,7 @@ bool tensor(const at::Tensor& t, tpu_tensor_meta* m) {
 
 // A wrapped number (the 1 of x + 1) as the number it was.
 bool wrapped(const at::Tensor& t, tpu_fast_arg* a) {
-  if (!t.defined() || !t.unsafeGetTensorImpl()->is_wrapped_number())
-    return false;
-  c10::Scalar s = t.item();
-  if (s.isBoolean()) {
-    a->tag = TPU_FA_BOOL;
-    a->i = s.toBool();
-  } else if (s.isIntegral(false)) {
-    a->tag = TPU_FA_INT;
-    a->i = s.toLong();
-  } else if (s.isComplex()) {
-    auto c = s.toComplexDouble();
-    a->tag = TPU_FA_COMPLEX;
-    a->f = c.real();
-    a->f_imag = c.imag();
-  } else {
-    a->tag = TPU_FA_FLOAT;
-    a->f = s.toDouble();
-  }
-  return true;
+  return t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number() && number(c10::IValue(t.item()), a);
 }
 
 // Whether v equals the schema's default d (numbers by value, as Python's ==).
