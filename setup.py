@@ -1,8 +1,10 @@
 """Builds torchtpu._C: pure C11, warnings are errors; and, where torch is
 importable at build time (pip's --no-build-isolation, as `make build` runs
-it), torchtpu._device_guard: one small C++ file that registers the tpu's
-device guard with PyTorch (csrc/guard/device_guard.cpp). It is optional: a
-build without it leaves torch's guard for Python backends (one device)."""
+it), torchtpu._device_guard: the C++ that registers the tpu's device guard
+with PyTorch (csrc/guard/device_guard.cpp), reads tensors' metadata
+(tensor_meta.cpp) and lets torch's dispatcher call the kernels with no Python
+in between (boxed.cpp). It is optional: a build without it leaves torch's
+guard for Python backends (one device) and the kernels' Python calls."""
 
 import glob
 import os
