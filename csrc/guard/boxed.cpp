@@ -83,11 +83,11 @@ bool wrapped(const at::Tensor& t, tpu_fast_arg* a) {
 bool same(const c10::IValue& v, const c10::IValue& d) {
   tpu_fast_arg x{}, y{};
   if (number(v, &x) && number(d, &y)) {
-    double xr = x.tag == TPU_FA_FLOAT || x.tag == TPU_FA_COMPLEX ? x.f : static_cast<double>(x.i);
-    double yr = y.tag == TPU_FA_FLOAT || y.tag == TPU_FA_COMPLEX ? y.f : static_cast<double>(y.i);
-    return xr == yr && x.f_imag == y.f_imag &&
-           (x.tag == TPU_FA_FLOAT || y.tag == TPU_FA_FLOAT || x.tag == TPU_FA_COMPLEX || y.tag == TPU_FA_COMPLEX ||
-            x.i == y.i);
+    auto integral = [](const tpu_fast_arg& n) { return n.tag == TPU_FA_INT || n.tag == TPU_FA_BOOL; };
+    if (integral(x) && integral(y))
+      return x.i == y.i;
+    auto real = [&](const tpu_fast_arg& n) { return integral(n) ? static_cast<double>(n.i) : n.f; };
+    return real(x) == real(y) && x.f_imag == y.f_imag;
   }
   if (v.isNone() || d.isNone())
     return v.isNone() && d.isNone();

@@ -65,6 +65,13 @@ typedef struct {
   int resolve_real;
 } tpu_kernel;
 
+/* Whether an argument of this kind (kernel.c's one character per schema
+ * type) may be None. */
+static inline bool tpu_kind_optional(char kind) {
+  return kind == 't' || kind == 's' || kind == 'j' || kind == 'J' || kind == 'g' || kind == 'F' || kind == 'c' ||
+         kind == 'd' || kind == 'y' || kind == 'l' || kind == '_';
+}
+
 static inline tpu_mod_state *tpu_state(PyObject *m) { return (tpu_mod_state *)PyModule_GetState(m); }
 
 extern PyType_Spec tpu_kernel_spec, tpu_foreach_spec;
@@ -97,6 +104,8 @@ PyObject *tpu_py_to_tref_args(tpu_mod_state *st, PyObject *o, tpu_arg *a, const 
 /* Runs one op through the engine, its warnings and error turned into Python's:
  * 0, or -1 with an exception set (nothing left to release). */
 int tpu_call_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, tpu_engine_result *res);
+/* torch's warning for an out= tensor with elements that was resized: 0, or -1 raised. */
+int tpu_warn_resized(void);
 /* The same, the first op of a backward pass told to the engine first. */
 int tpu_run_engine(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, tpu_engine_result *res);
 PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params, int nreturns);

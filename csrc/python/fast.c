@@ -47,8 +47,7 @@ static bool tpu_fast_number(int tag) {
 /* One argument as kernel.c's tpu_parse_arg makes it from a Python object: 0,
  * -1 with an exception set, or 1: leave it to the Python call. */
 static int tpu_fast_parse(tpu_mod_state *st, char kind, const tpu_fast_arg *in, tpu_arg *a, const char *opname) {
-  bool optional = kind == 't' || kind == 's' || kind == 'j' || kind == 'J' || kind == 'g' || kind == 'F' ||
-                  kind == 'c' || kind == 'd' || kind == 'y' || kind == 'l' || kind == '_';
+  bool optional = tpu_kind_optional(kind);
   int rc = 0;
   if (kind == '_') {
     a->kind = TPU_ARG_IGNORED;
@@ -137,12 +136,6 @@ static int tpu_fast_parse(tpu_mod_state *st, char kind, const tpu_fast_arg *in, 
   }
 }
 
-static int64_t tpu_fast_numel(const tpu_arg *a) {
-  int64_t n = 1;
-  for (int i = 0; i < a->t.rank; i++) n *= a->t.sizes[i];
-  return n;
-}
-
 /* The engine's result as fast_api's values. Consumes res. */
 static int tpu_fast_results(tpu_engine_result *res, const tpu_arg *args, tpu_fast_ret *rets, int maxrets) {
   int n = res->nret;
@@ -164,13 +157,7 @@ static int tpu_fast_results(tpu_engine_result *res, const tpu_arg *args, tpu_fas
     res->outs[p->index] = NULL;
     if (!r) {
       PyErr_SetString(PyExc_SystemError, "torchtpu: an output was returned twice");
-    } else if (p->resize && tpu_fast_numel(&args[p->arg]) > 0 &&
-               /* as torch does: resizing an out= tensor that held elements is deprecated */
-               PyErr_WarnEx(PyExc_UserWarning,
-                            "An output with one or more elements was resized since it had the wrong shape. "
-                            "This behavior is deprecated; reuse out= tensors only when they have the right shape, "
-                            "or call resize_(0) on them first.",
-                            1) < 0) {
+    } else if (p->resize && tpu_numel(args[p->arg].t.rank, args[p->arg].t.sizes) > 0 && tpu_warn_resized() < 0) {
       tpu_record_unref(r);
     } else {
       o->dlpack = tpu_dl_make(r, res->types[p->index].rank, res->types[p->index].dims, NULL);

@@ -52,8 +52,7 @@ static int tpu_parse_scalar(PyObject *o, tpu_arg *a) {
 /* Parse one argument. A TENSORS argument gets an owned item array in
  * a->list (freed by tpu_args_free). */
 static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, const char *opname) {
-  bool optional = kind == 't' || kind == 's' || kind == 'j' || kind == 'J' || kind == 'g' || kind == 'F' ||
-                  kind == 'c' || kind == 'd' || kind == 'y' || kind == 'l' || kind == '_';
+  bool optional = tpu_kind_optional(kind);
   if (kind == '_') {
     a->kind = TPU_ARG_IGNORED;
     a->i = 0;
@@ -177,6 +176,16 @@ static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, 
   }
 }
 
+/* As torch does: resizing an out= tensor that held elements is deprecated.
+ * 0, or -1 when the warning raised. */
+int tpu_warn_resized(void) {
+  return PyErr_WarnEx(PyExc_UserWarning,
+                      "An output with one or more elements was resized since it had the wrong shape. "
+                      "This behavior is deprecated; reuse out= tensors only when they have the right shape, "
+                      "or call resize_(0) on them first.",
+                      1);
+}
+
 /* Turn an engine result into the Python return value. Consumes res. */
 static PyObject *tpu_build_result(tpu_mod_state *st, tpu_engine_result *res, PyObject **params, int nreturns) {
   PyObject *vals[TPU_MAX_OUTS] = {0};
@@ -190,14 +199,7 @@ static PyObject *tpu_build_result(tpu_mod_state *st, tpu_engine_result *res, PyO
       PyObject *oldn = nt ? PyObject_CallMethod(params[p->arg], "numel", NULL) : NULL;
       long long had = oldn ? PyLong_AsLongLong(oldn) : 0;
       Py_XDECREF(oldn);
-      /* as torch does: resizing an out= tensor that held elements is deprecated */
-      if (nt && had > 0 &&
-          PyErr_WarnEx(PyExc_UserWarning,
-                       "An output with one or more elements was resized since it had the wrong shape. "
-                       "This behavior is deprecated; reuse out= tensors only when they have the right shape, "
-                       "or call resize_(0) on them first.",
-                       1) < 0)
-        Py_CLEAR(nt);
+      if (nt && had > 0 && tpu_warn_resized() < 0) Py_CLEAR(nt);
       PyObject *done = nt ? PyObject_CallMethod(params[p->arg], "set_", "O", nt) : NULL;
       Py_XDECREF(nt);
       if (done) {
