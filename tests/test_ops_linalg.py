@@ -364,14 +364,22 @@ def test_matrix_exp_float32_accuracy(scale):
     close(got, torch.linalg.matrix_exp(a), tol=1e-4 * max(1.0, scale))
 
 
-def test_matrix_exp_opinfo_sample_closer_to_float64_than_cpu():
+def test_matrix_exp_opinfo_samples_within_float32_rounding():
+    """The OpInfo samples against CPU torch in float64, normwise: their
+    entries span 0.1 to 9e4, so an entrywise tolerance would ask a small
+    entry for more than float32 products of the large ones hold (CPU's own
+    float32 kernel fails it, and ours did on some hosts); the error relative
+    to each matrix's largest entry stays within a few float32 roundings."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     op = next(o for o in op_db if o.name == "matrix_exp")
     for s in op.sample_inputs("cpu", torch.float32):
         ref = torch.linalg.matrix_exp(s.input.double())
-        got = torch.linalg.matrix_exp(s.input.to("tpu")).cpu().double()
-        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+        got = torch.linalg.matrix_exp(s.input.to("tpu")).cpu()
+        assert got.dtype == torch.float32 and got.shape == ref.shape
+        r = ref.reshape(-1, *ref.shape[-2:])
+        err = (got.double().reshape(r.shape) - r).flatten(1).abs().amax(1) / r.flatten(1).abs().amax(1)
+        assert err.max().item() <= 2e-6, (tuple(s.input.shape), err.max().item())
 
 
 def test_matrix_exp_gradient_and_forms():
