@@ -176,6 +176,24 @@ def test_compiler_flags_are_part_of_the_key(tmp_path):
     assert again["programs_compiled"] == 0 and again["out"] == cold["out"]
 
 
+def test_the_cpu_optimization_level_is_part_of_the_key_and_reaches_the_compiler(tmp_path):
+    # TORCHTPU_CPU_OPT_LEVEL goes into every compile's options (XLA refuses an
+    # option it does not know, so these runs compiling at all shows it is
+    # taken) and into the key: code made at level 1 is not found at level 3;
+    # XLA_FLAGS naming the level decides instead of the setting
+    d = str(tmp_path / "cache")
+    base = {"TORCHTPU_CACHE_DIR": d}
+    lvl1 = run({**base, "TORCHTPU_CPU_OPT_LEVEL": "1"}, unset=("XLA_FLAGS", "LIBTPU_INIT_ARGS"))
+    default = run(base, unset=("XLA_FLAGS", "LIBTPU_INIT_ARGS", "TORCHTPU_CPU_OPT_LEVEL"))
+    assert lvl1["programs_compiled"] > 0 and default["programs_compiled"] == 0  # 1 is the default
+    lvl3 = run({**base, "TORCHTPU_CPU_OPT_LEVEL": "3"}, unset=("XLA_FLAGS", "LIBTPU_INIT_ARGS"))
+    assert lvl3["disk_cache_hits"] == 0 and lvl3["programs_compiled"] == lvl1["programs_compiled"]
+    assert lvl3["out"] == lvl1["out"]
+    flags = {**base, "XLA_FLAGS": "--xla_backend_optimization_level=1", "TORCHTPU_CPU_OPT_LEVEL": "3"}
+    xla = run(flags, unset=("LIBTPU_INIT_ARGS",))
+    assert xla["disk_cache_hits"] == 0 and xla["programs_compiled"] == lvl1["programs_compiled"]
+
+
 def test_a_different_plugin_build_does_not_reuse_entries(tmp_path):
     d = str(tmp_path / "cache")
     cold = run({"TORCHTPU_CACHE_DIR": d})

@@ -56,7 +56,11 @@ static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
   tpu_engine_options o;
   tpu_engine_options_init(&o);
   if (tpu_options_from_dict(settings, &o) < 0) return NULL;
-  o.rt = (tpu_rt_options){path, platform, ndev, fraction};
+  o.rt = (tpu_rt_options){path, platform, ndev, fraction, 0};
+  PyObject *lvl = PyDict_GetItemString(settings, "cpu_opt_level"); /* borrowed */
+  if (!lvl) return PyErr_Format(PyExc_KeyError, "init: settings lack cpu_opt_level");
+  o.rt.opt_level = (int)PyLong_AsLong(lvl);
+  if (o.rt.opt_level == -1 && PyErr_Occurred()) return NULL;
   o.rt_error = error;
   PyObject *fast = PySequence_Fast(dtypes, "dtypes must be a sequence");
   if (!fast) return NULL;

@@ -31,6 +31,7 @@ struct tpu_rt {
   atomic_llong live_bytes, peak_bytes; /* dense sizes of live buffers */
   atomic_llong *dev_bytes, *dev_peak;  /* the same per device (ndevices entries, owned) */
   bool portable;                       /* several devices: one-device programs run on any of them */
+  int opt_level;                       /* xla_backend_optimization_level of every compile, 1 to 3; else XLA's */
 };
 
 /* The shape is tracked here (from the upload's arguments, or asked of the
@@ -158,6 +159,15 @@ static const char tpu_env_overrides[] = {0x3a, 0x20, 0x0a, 0x1a, 'x', 'l', 'a', 
                                          'w',  '_',  'e',  'x',  'c', 'e', 's',  's',  '_',  'p', 'r', 'e',
                                          'c',  'i',  's',  'i',  'o', 'n', 0x12, 0x02, 0x10, 0x00};
 
+/* Another entry of that map: xla_backend_optimization_level (an int_field,
+ * 3), the level of LLVM's optimizations in the CPU plugin's code generator.
+ * XLA's default (3) spends about half of a training step's compile there;
+ * level 1 compiles the GPT example's step twice as fast for a step within
+ * a few percent (docs/benchmarks.md). The byte after 0x18 is the level. */
+static const char tpu_opt_level_override[] = {0x3a, 0x24, 0x0a, 0x1e, 'x', 'l', 'a', '_', 'b',  'a',  'c',  'k', 'e',
+                                              'n',  'd',  '_',  'o',  'p', 't', 'i', 'm', 'i',  'z',  'a',  't', 'i',
+                                              'o',  'n',  '_',  'l',  'e', 'v', 'e', 'l', 0x12, 0x02, 0x18, 0x00};
+
 static size_t tpu_pb_varint(uint8_t *p, uint64_t v) {
   size_t n = 0;
   do {
@@ -167,12 +177,15 @@ static size_t tpu_pb_varint(uint8_t *p, uint64_t v) {
   return n;
 }
 
-/* CompileOptionsProto bytes (at most 64): executable_build_options (field 3:
- * num_replicas 4, num_partitions 5, use_spmd_partitioning 6,
+/* CompileOptionsProto bytes (at most TPU_RT_OPTS_MAX): executable_build_options
+ * (field 3: num_replicas 4, num_partitions 5, use_spmd_partitioning 6,
  * use_shardy_partitioner 19), compile_portable_executable (4), then the
- * env_option_overrides. The fields that let XLA choose shardings of
- * parameters and outputs (12, 18) stay unset: declared shardings hold. */
-static size_t tpu_rt_encode_options(const tpu_rt_compile_opts *o, bool portable, uint8_t *out) {
+ * env_option_overrides (and the optimization level when one is set). The
+ * fields that let XLA choose shardings of parameters and outputs (12, 18)
+ * stay unset: declared shardings hold. */
+enum { TPU_RT_OPTS_MAX = 128 };
+_Static_assert(sizeof tpu_opt_level_override == 38, "one map entry: a 30-byte key and an int value");
+static size_t tpu_rt_encode_options(const tpu_rt_compile_opts *o, bool portable, int opt_level, uint8_t *out) {
   uint8_t b[32];
   size_t n = 0;
   int rep = o && o->replicas > 0 ? o->replicas : 1, part = o && o->partitions > 0 ? o->partitions : 1;
@@ -199,7 +212,13 @@ static size_t tpu_rt_encode_options(const tpu_rt_compile_opts *o, bool portable,
     out[m++] = 1;
   }
   memcpy(out + m, tpu_env_overrides, sizeof tpu_env_overrides);
-  return m + sizeof tpu_env_overrides;
+  m += sizeof tpu_env_overrides;
+  if (opt_level >= 1 && opt_level <= 3) {
+    memcpy(out + m, tpu_opt_level_override, sizeof tpu_opt_level_override);
+    m += sizeof tpu_opt_level_override;
+    out[m - 1] = (uint8_t)opt_level;
+  }
+  return m;
 }
 
 tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out) {
@@ -293,6 +312,7 @@ tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out) {
   rt->devices = dv.devices;
   rt->ndevices = (int)dv.num_devices;
   rt->portable = rt->ndevices > 1;
+  rt->opt_level = cpu ? opts->opt_level : 0;
   rt->kinds = calloc((size_t)rt->ndevices, sizeof *rt->kinds);
   rt->dev_bytes = calloc((size_t)rt->ndevices, sizeof *rt->dev_bytes);
   rt->dev_peak = calloc((size_t)rt->ndevices, sizeof *rt->dev_peak);
@@ -418,8 +438,8 @@ char *tpu_rt_cache_salt(const tpu_rt *rt) {
     size = (long long)st.st_size;
     mtime = (long long)st.st_mtime;
   }
-  uint8_t ob[64];
-  size_t on = tpu_rt_encode_options(NULL, rt->portable, ob);
+  uint8_t ob[TPU_RT_OPTS_MAX];
+  size_t on = tpu_rt_encode_options(NULL, rt->portable, rt->opt_level, ob);
   char opts[2 * sizeof ob + 1];
   for (size_t i = 0; i < on; i++) snprintf(opts + 2 * i, 3, "%02x", (unsigned)ob[i]);
   const char *flags[2];
@@ -445,8 +465,8 @@ tpu_status *tpu_rt_compile_with(tpu_rt *rt, const char *mlir, size_t len, const 
   if (rows < 1 || rows > rt->ndevices)
     return tpu_status_new(TPU_ERR_VALUE, "a program over %d devices (replicas x partitions); this process has %d", rows,
                           rt->ndevices);
-  uint8_t ob[64];
-  size_t on = tpu_rt_encode_options(o, rows == 1 && rt->portable, ob);
+  uint8_t ob[TPU_RT_OPTS_MAX];
+  size_t on = tpu_rt_encode_options(o, rows == 1 && rt->portable, rt->opt_level, ob);
   tpu_pjrt_program p = {TPU_PJRT_SIZE(tpu_pjrt_program, format_size), NULL, (char *)mlir, len, "mlir", 4};
   tpu_pjrt_compile_args c = {
       TPU_PJRT_SIZE(tpu_pjrt_compile_args, executable), NULL, rt->client, &p, (const char *)ob, on, NULL};

@@ -27,6 +27,8 @@ typedef struct {
   int num_devices;         /* CPU plugin: cpu_device_count; <= 0 means 1 */
   double memory_fraction;  /* CUDA plugin: > 0 reserves this fraction of the GPU's memory at
                               start; <= 0 takes memory as it is needed (torch.cuda's way) */
+  int opt_level;           /* CPU plugin: XLA's backend (LLVM) optimization level, 1 to 3, for
+                              every program; 0 (or another value) leaves XLA's own (or XLA_FLAGS's) */
 } tpu_rt_options;
 
 /* Oldest PJRT C API minor version we accept (major must be 0). */
