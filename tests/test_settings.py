@@ -235,3 +235,14 @@ def test_the_tested_torch_range_is_declared_and_held():
     assert (lo, hi) == ((2, 11), (2, 14))
     assert lo <= tuple(int(p) for p in torch.__version__.split(".")[:2]) < hi
     assert torchtpu.metrics()["ops_not_registered"] == 0
+
+
+def test_plugin_info_logs_are_quiet_unless_asked_for(tmp_path):
+    # absl's INFO lines (the device count, "logging before InitializeLog") are
+    # not printed on every run; a user who sets TF_CPP_MIN_LOG_LEVEL gets them
+    code = "import torch; print((torch.ones(2, device='tpu') + 1).cpu().tolist())"
+    quiet = run(code, unset=("TF_CPP_MIN_LOG_LEVEL",), cwd=str(tmp_path))
+    assert quiet.returncode == 0 and "[2.0, 2.0]" in quiet.stdout, quiet.stderr[-3000:]
+    assert "cpu_device_count" not in quiet.stderr and "InitializeLog" not in quiet.stderr, quiet.stderr
+    loud = run(code, {"TF_CPP_MIN_LOG_LEVEL": "0"}, cwd=str(tmp_path))
+    assert loud.returncode == 0 and "cpu_device_count" in loud.stderr, loud.stderr[-3000:]

@@ -5,6 +5,7 @@ registers the device. The work is done by the C core in torchtpu._C; this
 package only wires it into PyTorch.
 """
 
+import os as _os
 import weakref as _weakref
 from typing import Any as _Any
 
@@ -16,6 +17,13 @@ from . import replicas as replicas
 from ._C import metrics as _metrics
 
 __version__ = "0.1.0"
+
+# The plugins log through absl (TensorFlow's C++ logging): unless the user
+# chose a level, INFO lines (the CPU plugin's device count, absl's line about
+# logging before its start) are not printed on every process's stderr;
+# warnings and errors are. Set before a plugin is loaded (at the device's
+# first use), as PyTorch/XLA does.
+_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
 class OutOfMemoryError(torch.OutOfMemoryError, MemoryError):
