@@ -192,6 +192,36 @@ def test_rng_state_get_set():
         torch.tpu.set_rng_state(torch.zeros(3, dtype=torch.int64))
 
 
+def test_rng_state_all_round_trips_like_cuda():
+    # accelerate's and the HF Trainer's checkpoints save get_rng_state_all()
+    # (the Trainer through device_module.random) and restore it
+    torch.manual_seed(5)
+    states = torch.tpu.get_rng_state_all()
+    assert len(states) == torch.tpu.device_count() and all(torch.equal(s, states[0]) for s in states)
+    a = torch.rand(6, device="tpu").cpu()
+    torch.tpu.random.set_rng_state_all(states)
+    assert torch.equal(torch.rand(6, device="tpu").cpu(), a)
+    assert torch.equal(torch.tpu.random.get_rng_state(), torch.tpu.get_rng_state())
+    before = torch.tpu.get_rng_state()
+    other = states[0].clone()
+    other[8] += 1
+    with pytest.raises(ValueError, match="share one generator"):
+        torch.tpu.set_rng_state_all([states[0], other])
+    with pytest.raises(ValueError, match="16-byte uint8"):
+        torch.tpu.set_rng_state_all([torch.zeros(2)])
+    with pytest.raises(ValueError, match="got none"):
+        torch.tpu.set_rng_state_all([])
+    assert torch.equal(torch.tpu.get_rng_state(), before)  # the refused calls set nothing
+    torch.tpu.set_rng_state_all(states)
+    assert torch.equal(torch.tpu.get_rng_state(), states[0])
+
+
+def test_out_of_memory_error_is_torch_tpu_s_and_torch_s():
+    assert torch.tpu.OutOfMemoryError is torchtpu.OutOfMemoryError
+    assert issubclass(torch.tpu.OutOfMemoryError, torch.OutOfMemoryError)
+    assert issubclass(torch.tpu.OutOfMemoryError, MemoryError)
+
+
 def test_rng_offset_unit_covers_any_sampler():
     """DTensor starts shard k of a random op at offset k x the shard's numel;
     one offset unit is 32 random words, more than any sampler draws for an

@@ -26,10 +26,7 @@ __version__ = "0.1.0"
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
-class OutOfMemoryError(torch.OutOfMemoryError, MemoryError):
-    """The tpu ran out of memory (the message names the op or program that
-    asked for it). A torch.OutOfMemoryError, as CUDA raises, and a
-    MemoryError."""
+OutOfMemoryError = _device_module.OutOfMemoryError
 
 
 _registry.setup(_device_module)

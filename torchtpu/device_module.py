@@ -260,9 +260,9 @@ def manual_seed_all(seed: int) -> None:
 
 
 def seed() -> None:
-    import random
+    import random as pyrandom
 
-    manual_seed(random.getrandbits(63))
+    manual_seed(pyrandom.getrandbits(63))
 
 
 def initial_seed() -> int:
@@ -286,6 +286,31 @@ def set_rng_state(state: torch.Tensor, device: _Device = None) -> None:
         )
     s, off = struct.unpack("<QQ", bytes(state.detach().cpu().reshape(-1).tolist()))
     _C.rng_state(s, off)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    """A state per local device, as torch.cuda.get_rng_state_all gives them
+    (checkpoints of accelerate and the HF Trainer save this list). The tpu
+    devices of a process share one generator: every entry is its state."""
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    """Restores get_rng_state_all()'s list. The devices share one generator,
+    so the states must be equal (a list saved by get_rng_state_all is); a
+    list of different states raises ValueError rather than dropping some."""
+    states = list(new_states)
+    if not states:
+        raise ValueError("torch.tpu.set_rng_state_all expects the list of torch.tpu.get_rng_state_all(), got none")
+    for i, st in enumerate(states):
+        if not isinstance(st, torch.Tensor) or st.dtype != torch.uint8 or st.numel() != 16:
+            set_rng_state(st)  # raises the same error as for one state
+        if i and not torch.equal(st.detach().cpu().reshape(-1), states[0].detach().cpu().reshape(-1)):
+            raise ValueError(
+                f"torch.tpu.set_rng_state_all: the states of device 0 and device {i} differ, but the tpu devices "
+                "of a process share one generator (torch.tpu.get_rng_state_all gives equal states)"
+            )
+    set_rng_state(states[0])
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
@@ -527,3 +552,32 @@ def make_graphed_callables(
         "torch.tpu.make_graphed_callables is not supported yet: capture the whole training step with "
         "torch.tpu.graph (forward, backward and optimizer step in one graph) instead"
     )
+
+
+class OutOfMemoryError(torch.OutOfMemoryError, MemoryError):
+    """The tpu ran out of memory (the message names the op or program that
+    asked for it). A torch.OutOfMemoryError, as CUDA raises, and a
+    MemoryError; torch.tpu.OutOfMemoryError and torchtpu.OutOfMemoryError."""
+
+
+def _random_module():
+    """torch.tpu.random, as torch.cuda.random: the generator's functions
+    (the HF Trainer restores checkpoints through device_module.random)."""
+    import types
+
+    m = types.ModuleType("torch.tpu.random", "The tpu generator's functions (torch.cuda.random's names).")
+    for name in (
+        "manual_seed",
+        "manual_seed_all",
+        "seed",
+        "initial_seed",
+        "get_rng_state",
+        "set_rng_state",
+        "get_rng_state_all",
+        "set_rng_state_all",
+    ):
+        setattr(m, name, globals()[name])
+    return m
+
+
+random = _random_module()
