@@ -361,6 +361,12 @@ def test_streams_and_events_like_cuda():
     with torch.tpu.stream(torch.tpu.Stream()) as got:
         y = torch.ones(64, 64, device="tpu") @ torch.ones(64, 64, device="tpu")
     assert got == s
+    with torch.tpu.StreamContext(s) as ctx:  # the class torch.cuda.stream makes
+        assert ctx == s
+    with torch.tpu.StreamContext(None) as ctx:
+        assert ctx is None
+    with pytest.raises(TypeError, match="expected a torch.tpu.Stream"):
+        torch.tpu.StreamContext("s")
     s.wait_stream(torch.tpu.Stream())
     s.synchronize()
     assert s.query()

@@ -204,6 +204,11 @@ class stream:
         return False
 
 
+# torch.cuda.stream(s) makes a torch.cuda.StreamContext; code written against
+# either name works.
+StreamContext = stream
+
+
 class Event:
     """torch.cuda.Event's interface. record() launches the ops recorded so
     far (fused mode) without waiting; synchronize() waits for them (and for
