@@ -1,7 +1,9 @@
 """Metrics: counters, the report at exit (TORCHTPU_METRICS=1) and the
 recompile explainer (TORCHTPU_EXPLAIN_RECOMPILES=1)."""
 
+import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -102,3 +104,32 @@ def test_fused_recompiles_of_the_same_ops_are_explained():
     assert len(fused) == 2 and lines[fused[0] + 1 :].count("step") == 2, lines
     assert "torch._foreach_* call are equal differs" in lines[fused[0]], lines
     assert "still held when it runs" in lines[fused[1]] and "foreach" not in lines[fused[1]], lines
+
+
+def test_compiles_are_logged_to_the_torchtpu_logger(caplog):
+    # each compile is a line of the "torchtpu" logger (DEBUG; INFO from a
+    # second on): what compiled, its seconds and the cache tiers that missed;
+    # a program found in the cache logs nothing
+    def run():
+        x = torch.arange(37 * 3, dtype=torch.float32, device="tpu").reshape(37, 3)
+        return (torch.cos(x) * 5 - x.sum(0)).sum().item()
+
+    with caplog.at_level(logging.DEBUG, logger="torchtpu"):
+        with torchtpu.eager_mode("fused"):
+            a = run()
+        lines = [r for r in caplog.records if r.name == "torchtpu"]
+        assert lines and all(r.levelno in (logging.DEBUG, logging.INFO) for r in lines), caplog.text
+        assert any(
+            re.fullmatch(
+                r"compiled a fused program of \d+ ops in \d+\.\d\d s \(not in the memory cache.*\)", r.getMessage()
+            )
+            for r in lines
+        ), [r.getMessage() for r in lines]
+        caplog.clear()
+        with torchtpu.eager_mode("fused"):
+            assert run() == a
+        assert [r for r in caplog.records if r.name == "torchtpu"] == []
+    with caplog.at_level(logging.WARNING, logger="torchtpu"):
+        with torchtpu.eager_mode("strict"):
+            torch.tan(torch.ones(41, 5, device="tpu")).cpu()
+        assert [r for r in caplog.records if r.name == "torchtpu"] == []  # below the logger's level

@@ -106,6 +106,7 @@ tpu_status *tpu_engine_start(tpu_engine *e) {
 void tpu_engine_free(tpu_engine *e) {
   if (!e) return;
   for (int i = 0; i < e->nnotes; i++) free(e->notes[i]);
+  for (int i = 0; i < e->nlogs; i++) free(e->logs[i]);
   tpu_plans_release(e);
   tpu_nodes_release(e);
   tpu_replica_release(e);
@@ -230,6 +231,7 @@ static char *tpu_messages_take(char **q, int *n) {
 }
 
 char *tpu_engine_take_note(tpu_engine *e) { return tpu_messages_take(e->notes, &e->nnotes); }
+char *tpu_engine_take_log(tpu_engine *e) { return tpu_messages_take(e->logs, &e->nlogs); }
 char *tpu_engine_take_warning(tpu_engine *e) { return tpu_messages_take(e->warnings, &e->nwarnings); }
 
 tpu_hlo_precision tpu_engine_precision(tpu_engine *e) { return e->precision; }

@@ -226,6 +226,11 @@ char *tpu_engine_take_warning(tpu_engine *e);
  * one in the cache leaves a note saying what differs, taken (owned by the
  * caller, oldest first, NULL when none) by the binding, which prints it. */
 char *tpu_engine_take_note(tpu_engine *e);
+/* A line for each program compiled (not loaded from the disk tier): what it
+ * was, its seconds and the tiers that missed, as "<seconds>\t<text>"; owned
+ * by the caller, oldest first, NULL when none. The binding logs them through
+ * Python's logging (the "torchtpu" logger); the queue keeps the last 16. */
+char *tpu_engine_take_log(tpu_engine *e);
 /* Number of entries in the in-memory program cache. */
 int64_t tpu_engine_cache_size(tpu_engine *e);
 

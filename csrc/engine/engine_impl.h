@@ -167,6 +167,8 @@ struct tpu_engine {
   int fe_first;                 /* the node its items start at */
   bool explain;                 /* TORCHTPU_EXPLAIN_RECOMPILES */
   char *notes[8];               /* owned: explanations pending for the binding */
+  char *logs[16];               /* owned: compile lines pending for the binding (the newest kept) */
+  int nlogs;
   int nnotes;
   struct tpu_rprog {
     char *text; /* owned: the program's text, its key */

@@ -285,6 +285,15 @@ void tpu_classify_views(tpu_arg *args, int nargs) {
   }
 }
 
+/* Queues the line the binding logs for a compile (the newest 16 kept). */
+static void tpu_compile_log(tpu_engine *e, const char *name, int64_t ns, bool disk) {
+  char *line = tpu_strfmt("%.3f\tcompiled %s in %.2f s (not in the memory cache%s)", (double)ns / 1e9, name,
+                          (double)ns / 1e9, disk ? " nor on disk" : "; disk cache off");
+  if (!line) return;
+  if (e->nlogs == (int)(sizeof e->logs / sizeof e->logs[0])) free(tpu_engine_take_log(e));
+  e->logs[e->nlogs++] = line;
+}
+
 /* Compile program text through the disk tier. *exec is owned by the caller. */
 tpu_status *tpu_engine_compile(tpu_engine *e, const char *text, size_t len, const char *name, tpu_rt_exec **exec) {
   return tpu_engine_compile_with(e, text, len, name, NULL, exec);
@@ -302,7 +311,9 @@ tpu_status *tpu_engine_compile_with(tpu_engine *e, const char *text, size_t len,
   if (!*exec) {
     int64_t t0 = tpu_now_ns();
     s = tpu_rt_compile_with(e->rt, text, len, o, exec);
-    atomic_fetch_add(&e->metrics.compile_ns, tpu_now_ns() - t0);
+    int64_t dt = tpu_now_ns() - t0;
+    atomic_fetch_add(&e->metrics.compile_ns, dt);
+    if (!s) tpu_compile_log(e, name, dt, dkey != NULL);
 #ifdef __GLIBC__
     /* XLA's compiler frees most of what it allocated; give it back to the
      * system instead of keeping it in the process's heap. After every

@@ -107,11 +107,39 @@ int tpu_stderr_line(const char *msg) {
   return 0;
 }
 
+/* One compile line to the "torchtpu" logger: INFO for a compile of a second
+ * or more (a long first step says what it waits for), DEBUG for the others.
+ * Nothing is formatted unless the logger takes that level. */
+static int tpu_log_compile(const char *line) {
+  char *end = NULL;
+  double secs = strtod(line, &end);
+  const char *text = end && *end == '\t' ? end + 1 : line;
+  int level = secs >= 1.0 ? 20 : 10; /* logging.INFO, logging.DEBUG */
+  PyObject *logging = PyImport_ImportModule("logging");
+  PyObject *logger = logging ? PyObject_CallMethod(logging, "getLogger", "s", "torchtpu") : NULL;
+  PyObject *on = logger ? PyObject_CallMethod(logger, "isEnabledFor", "i", level) : NULL;
+  int rc = on ? 0 : -1;
+  if (on && PyObject_IsTrue(on)) {
+    PyObject *r = PyObject_CallMethod(logger, "log", "is", level, text);
+    if (!r) rc = -1;
+    Py_XDECREF(r);
+  }
+  Py_XDECREF(on);
+  Py_XDECREF(logger);
+  Py_XDECREF(logging);
+  return rc;
+}
+
 /* The engine's pending warnings become Python warnings; -1 when one was
- * turned into an exception (warnings configured as errors). */
+ * turned into an exception (warnings configured as errors). Its compile
+ * lines go to Python's logging. */
 int tpu_flush_warnings(tpu_mod_state *st) {
   int rc = 0;
   char *w;
+  while ((w = tpu_engine_take_log(st->eng))) {
+    if (rc == 0 && tpu_log_compile(w) < 0) rc = -1;
+    free(w);
+  }
   while ((w = tpu_engine_take_warning(st->eng))) {
     if (rc == 0 && PyErr_WarnEx(PyExc_UserWarning, w, 1) < 0) rc = -1;
     free(w);
