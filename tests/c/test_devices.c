@@ -210,7 +210,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: %s PJRT_PLUGIN.so\n", argv[0]);
     return 2;
   }
-  tpu_rt_options o = {argv[1], "cpu", NDEV, 0};
+  tpu_rt_options o = {argv[1], "cpu", NDEV, 0, 0};
   if (!OK(tpu_rt_open(&o, &rt), "tpu_rt_open")) {
     printf("%d passed, %d failed\n", passed, failed);
     return 1;

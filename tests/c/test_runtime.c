@@ -97,7 +97,7 @@ static void check_i32(const char *name, const int32_t *got, const int32_t *want,
 static void test_open_errors(void) {
   tpu_rt *r = NULL;
   const char *missing = "/nonexistent/dir/libno_such_plugin.so";
-  tpu_rt_options o = {missing, "cpu", 1, 0};
+  tpu_rt_options o = {missing, "cpu", 1, 0, 0};
   tpu_status *s = tpu_rt_open(&o, &r);
   CHECK(s && r == NULL, "opening a missing plugin succeeded");
   if (s) {
@@ -1064,7 +1064,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   test_open_errors();
-  tpu_rt_options o = {argv[1], "cpu", 1, 0};
+  tpu_rt_options o = {argv[1], "cpu", 1, 0, 1}; /* programs compile at optimization level 1, as by default */
   if (!OK(tpu_rt_open(&o, &rt), "tpu_rt_open")) {
     printf("%d passed, %d failed\n", passed, failed);
     return 1;
