@@ -46,6 +46,39 @@ def test_backend_is_found_by_name():
     assert "tpu" in torch._dynamo.list_backends(exclude_tags=())
 
 
+def test_plain_torch_compile_of_a_tpu_model_uses_the_tpu_backend(monkeypatch):
+    # torch.compile(model) with no backend= (Keras 3's jit_compile=True): a
+    # graph over tpu tensors compiles with torchtpu's backend, not Inductor
+    import torch._inductor.compile_fx as cfx
+
+    def no_inductor(*a, **k):
+        raise AssertionError("Inductor compiled a tpu graph")
+
+    monkeypatch.setattr(cfx, "compile_fx", no_inductor)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    ref = m(x)
+    ref.sum().backward()
+    mt = copy.deepcopy(m).to("tpu")
+    mt.zero_grad()
+    run = torch.compile(mt)
+    replays = torchtpu.metrics()["graph_replays"]
+    out = run(x.to("tpu"))
+    assert torch.allclose(out.cpu(), ref, atol=1e-5)
+    out.sum().backward()
+    assert torch.allclose(mt[0].weight.grad.cpu(), m[0].weight.grad, atol=1e-5)
+    run(x.to("tpu"))
+    assert torchtpu.metrics()["graph_replays"] > replays  # the second call replays the tpu backend's plan
+    # a graph without tpu tensors is still Inductor's
+    calls = []
+    monkeypatch.setattr(cfx, "compile_fx", lambda gm, inputs, **k: calls.append(len(inputs)) or gm)
+    wrapper = torch._TorchCompileInductorWrapper("default", None, None)
+    gm = torch.fx.symbolic_trace(nn.Linear(3, 3))
+    assert wrapper(gm, [torch.ones(2, 3)]) is gm and calls == [1]
+
+
 def test_graph_breaks():
     def f(x):
         y = torch.sin(x) * 2

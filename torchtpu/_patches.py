@@ -267,6 +267,31 @@ def _patch_fsdp_storage(device_module):
     fsdp_param_group.alloc_storage = alloc_storage
 
 
+def _patch_default_compile_backend(device_module):
+    """torch.compile(model) with no backend= on tpu tensors compiles with
+    torchtpu's "tpu" backend (Keras 3's jit_compile=True is this call).
+
+    torch.compile's default backend is an _TorchCompileInductorWrapper
+    instance made by torch.compile itself, not a name looked up in Dynamo's
+    backend registry, so registering a backend cannot reach it; and Inductor
+    in torch 2.13 takes "tpu" for Google's torch_tpu and lowers through
+    Pallas, which needs jax ("No module named 'jax'"). A graph with a tpu
+    tensor among its inputs (parameters are inputs too) goes to torchtpu's
+    backend; every other graph still goes to Inductor. Needed by torch 2.11
+    to 2.13 (checked on 2.13)."""
+    wrapper = torch._TorchCompileInductorWrapper
+    inner = wrapper.__call__
+
+    def call(self, model_, inputs_, **kwargs):
+        if any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in inputs_):
+            from . import _dynamo
+
+            return _dynamo.backend(model_, inputs_)
+        return inner(self, model_, inputs_, **kwargs)
+
+    wrapper.__call__ = call
+
+
 # In the order they are applied; each takes the device module (torch.tpu),
 # which only some of them use.
 PATCHES = (
@@ -276,6 +301,7 @@ PATCHES = (
     _patch_matmul_precision,
     _patch_accelerator,
     _patch_ddp_used_map,
+    _patch_default_compile_backend,
 )
 
 
