@@ -162,8 +162,9 @@ static const char tpu_env_overrides[] = {0x3a, 0x20, 0x0a, 0x1a, 'x', 'l', 'a', 
 /* Another entry of that map: xla_backend_optimization_level (an int_field,
  * 3), the level of LLVM's optimizations in the CPU plugin's code generator.
  * XLA's default (3) spends about half of a training step's compile there;
- * level 1 compiles the GPT example's step twice as fast for a step within
- * a few percent (docs/benchmarks.md). The byte after 0x18 is the level. */
+ * level 1 compiles the GPT example's step about twice as fast; its effect
+ * on step time was within the noise of the machine it was measured on
+ * (docs/benchmarks.md). The byte after 0x18 is the level. */
 static const char tpu_opt_level_override[] = {0x3a, 0x24, 0x0a, 0x1e, 'x', 'l', 'a', '_', 'b',  'a',  'c',  'k', 'e',
                                               'n',  'd',  '_',  'o',  'p', 't', 'i', 'm', 'i',  'z',  'a',  't', 'i',
                                               'o',  'n',  '_',  'l',  'e', 'v', 'e', 'l', 0x12, 0x02, 0x18, 0x00};
