@@ -37,12 +37,20 @@ def device_guard():
     return [
         Extension(
             "torchtpu._device_guard",
-            sources=["csrc/guard/device_guard.cpp", "csrc/guard/tensor_meta.cpp", "csrc/guard/boxed.cpp"],
+            sources=[
+                "csrc/guard/device_guard.cpp",
+                "csrc/guard/tensor_meta.cpp",
+                "csrc/guard/boxed.cpp",
+                "csrc/guard/generator.cpp",
+                "csrc/guard/hooks.cpp",
+            ],
             depends=[
                 "csrc/python/guard_api.h",
                 "csrc/python/tensor_api.h",
                 "csrc/python/fast_api.h",
+                "csrc/python/generator_api.h",
                 "csrc/guard/meta.hpp",
+                "csrc/guard/generator.hpp",
             ],
             library_dirs=cpp_extension.library_paths(),
             libraries=["c10", "torch", "torch_cpu", "torch_python"],

@@ -32,6 +32,13 @@ typedef enum {
   TPU_ARG_IGNORED /* device, layout, pin_memory, memory_format, generator */
 } tpu_argkind;
 
+/* A tpu torch.Generator's own state (one made by torch.Generator(device=
+ * "tpu"), not the default one, which is the engine's): the key of its draws
+ * and the offset of the next (the layout of generator_api.h's state). */
+typedef struct {
+  uint64_t seed, offset;
+} tpu_rng;
+
 typedef enum { TPU_SCALAR_BOOL, TPU_SCALAR_INT, TPU_SCALAR_FLOAT, TPU_SCALAR_COMPLEX } tpu_scalar_kind;
 
 struct tpu_record; /* engine.h */
@@ -73,6 +80,7 @@ typedef struct {
   tpu_dtype dtype;       /* DTYPE */
   char str[32];          /* STR */
   tpu_hv value;          /* SCALAR: its 0-d input value, NONE until requested */
+  tpu_rng *gen;          /* IGNORED: a generator argument's state; NULL: the default generator */
   int nints;             /* INTS / FLOATS */
   /* The list comes last: only INTS and FLOATS arguments use it, and a
    * recorded op copies an argument up to what its kind uses (tpu_arg_size). */

@@ -86,6 +86,21 @@ def _grad():
 run("backward", _grad)
 run("max_tuple", lambda: [t.cpu().tolist() for t in torch.max(x, 1)])
 run("subclass", lambda: torch.nn.Buffer(x.clone()) + 1)
+# generator= (a tpu generator of its own, the default one, another device's)
+gen = torch.Generator(device="tpu")
+def _drawn(fn, seed=3):
+    gen.manual_seed(seed); return fn()
+run("generator_uniform", lambda: _drawn(lambda: torch.rand(6, device="tpu", generator=gen)))
+run("generator_normal_", lambda: _drawn(lambda: x.clone().normal_(2.0, 0.5, generator=gen)))
+run("generator_bernoulli", lambda: _drawn(lambda: torch.bernoulli(x / 24, generator=gen)))
+run("generator_randperm", lambda: _drawn(lambda: torch.randperm(9, device="tpu", generator=gen)))
+def _moved():
+    gen.manual_seed(3); torch.rand(2, device="tpu", generator=gen); return gen.get_state()
+run("generator_offset", _moved)
+def _default():
+    torch.manual_seed(4); return torch.rand(3, device="tpu", generator=torch.tpu.default_generators[0])
+run("generator_default", _default)
+run("generator_cpu_error", lambda: torch.rand(3, device="tpu", generator=torch.Generator()))
 print("CASES", repr(out))
 """
 
@@ -109,6 +124,7 @@ def test_both_paths_give_the_same_results_and_errors():
     kinds = {name: kind for name, kind, _ in fast}
     assert kinds["offset_view"] == "ok" and kinds["cpu_scalar"] == "ok" and kinds["zero_size"] == "ok"
     assert kinds["cpu_vector"] == "RuntimeError" and kinds["nine_dims"] == "RuntimeError"
+    assert kinds["generator_uniform"] == "ok" and kinds["generator_cpu_error"] == "RuntimeError"
     want = (base := torch.arange(24.0).reshape(4, 6))[1:, 2:5] * 2
     assert dict((n, v) for n, _, v in fast)["offset_view"] == want.tolist()
     assert base is not None

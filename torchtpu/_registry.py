@@ -66,7 +66,7 @@ _C10_SCALAR_TYPES = [
     torch.bool,
 ]
 
-_IGNORED = {"device", "layout", "pin_memory", "memory_format", "generator"}
+_IGNORED = {"device", "layout", "pin_memory", "memory_format"}
 
 
 def _kind(arg):
@@ -74,7 +74,9 @@ def _kind(arg):
     t = str(arg.type)
     opt = t.startswith("Optional[")
     base = t[9:-1] if opt else t
-    if arg.name in _IGNORED or base in ("Device", "Generator", "Layout", "MemoryFormat"):
+    if base == "Generator":
+        return "r"  # the random ops' generator=: drawn from when it is a tpu generator of its own
+    if arg.name in _IGNORED or base in ("Device", "Layout", "MemoryFormat"):
         return "_"
     if "dtype" in arg.name and base == "int":
         return "d"
@@ -1281,6 +1283,35 @@ def _register_device_guard():
         warnings.warn(f"torchtpu: device guard not registered ({e}); backward runs on tpu:0 only", stacklevel=3)
 
 
+# Whether torch.Generator(device="tpu") makes tpu generators (generator.cpp).
+GENERATORS = False
+
+
+def _register_hooks(device_module):
+    """The tpu's PrivateUse1 hooks (csrc/guard/hooks.cpp), through which torch
+    makes tpu generators (torch.Generator(device="tpu"), the default ones of
+    torch.tpu.default_generators; csrc/guard/generator.cpp), and the random
+    ops' generator= read through torchtpu._device_guard. Then the rest of
+    torch's setup for a device registered from Python, whose hooks object
+    (it answers only availability) torch takes only once. Without the
+    extension, torch's setup with its hooks: no tpu generator can be made."""
+    global GENERATORS
+    try:
+        from . import _device_guard
+
+        ours = _device_guard.register_hooks(_C.guard_api)
+    except (AttributeError, ImportError):
+        ours = False
+    if not ours:
+        _br._setup_privateuseone_for_python_backend("tpu", backend_module=device_module)
+        return
+    torch.utils.generate_methods_for_privateuse1_backend()
+    torch._register_device_module("tpu", device_module)
+    torch._C._acc.register_python_privateuseone_device_guard(_br._DummyDeviceGuard())
+    _C.set_generator_api(_device_guard.generator_api)
+    GENERATORS = True
+
+
 # Whether tensor arguments are read from torch's C++ tensors (tensor_api).
 TENSOR_API = False
 
@@ -1314,7 +1345,7 @@ def setup(device_module):
     try:
         torch.utils.rename_privateuse1_backend("tpu")
         _register_device_guard()
-        _br._setup_privateuseone_for_python_backend("tpu", backend_module=device_module)
+        _register_hooks(device_module)
         registered = True
     except (AttributeError, TypeError, RuntimeError) as e:
         registered = False

@@ -46,6 +46,8 @@ def __getattr__(name: str) -> Any:
     # another mask and the gradients are wrong.
     if name == "_initialized":
         return _C.initialized()
+    if name == "default_generators":
+        return _default_generators()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -316,6 +318,23 @@ def set_rng_state_all(new_states) -> None:
                 "of a process share one generator (torch.tpu.get_rng_state_all gives equal states)"
             )
     set_rng_state(states[0])
+
+
+def _default_generators() -> tuple[torch.Generator, ...]:
+    """torch.tpu.default_generators: a torch.Generator per local device, as
+    torch.cuda.default_generators. The devices share one generator, so every
+    one of them reads and sets the same state (torch.tpu.manual_seed's);
+    torch.Generator(device="tpu") makes a generator of its own."""
+    from . import _registry
+
+    if not _registry.GENERATORS:
+        raise RuntimeError(
+            "torch.tpu.default_generators needs torchtpu's C++ extension (torchtpu._device_guard), "
+            "which was not built or not loaded"
+        )
+    from . import _device_guard
+
+    return tuple(_device_guard.default_generator(i) for i in range(device_count()))
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

@@ -430,8 +430,37 @@ tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_
   return NULL;
 }
 
+static tpu_status *tpu_engine_call_on(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
+                                      tpu_engine_result *res);
+
+/* One call. A random op given a generator of its own draws from that
+ * generator's state (swapped in for the call, the default generator's put
+ * back after; a fused op keeps the seed it was recorded with). A capture
+ * replays the default generator's offsets, so it refuses one. */
 tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
                             tpu_engine_result *res) {
+  tpu_rng *gen = NULL;
+  for (int i = 0; i < nargs && !gen; i++)
+    if (args[i].kind == TPU_ARG_IGNORED) gen = args[i].gen;
+  if (!gen) return tpu_engine_call_on(e, row, op_id, args, nargs, res);
+  if (e->capturing)
+    return tpu_status_new(TPU_ERR_RUNTIME,
+                          "aten::%s: a torch.Generator of its own cannot be captured by torch.tpu.graph or a "
+                          "compiled graph (a replay draws from the default tpu generator); draw from the default "
+                          "generator (torch.manual_seed) inside the capture",
+                          row->name);
+  uint64_t seed = e->rng_seed, offset = e->rng_offset;
+  e->rng_seed = gen->seed;
+  e->rng_offset = gen->offset;
+  tpu_status *s = tpu_engine_call_on(e, row, op_id, args, nargs, res);
+  gen->offset = e->rng_offset;
+  e->rng_seed = seed;
+  e->rng_offset = offset;
+  return s;
+}
+
+static tpu_status *tpu_engine_call_on(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
+                                      tpu_engine_result *res) {
   res->nout = res->nret = 0; /* only the counted entries are read (12 KB: not cleared) */
   atomic_fetch_add(&e->metrics.ops_dispatched, 1);
   bool spmd; /* it reads a tensor laid over a mesh */
@@ -498,7 +527,7 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id, tpu
     const tpu_in_plan *p = &c->in[k];
     tpu_record *r = p->kind == TPU_IN_RECORD ? tpu_arg_tref(args, p)->rec : NULL;
     if (p->kind == TPU_IN_RNG) e->rng_offset += (uint64_t)c->rng_words;
-    s = tpu_input_buffer(e, p, args, r, rng_offset, &inbuf[k], &temps[ntemp]);
+    s = tpu_input_buffer(e, p, args, r, e->rng_seed, rng_offset, &inbuf[k], &temps[ntemp]);
     if (s)
       s = tpu_status_prefix(s, "running aten::%s (an input)", row->name);
     else if (temps[ntemp])

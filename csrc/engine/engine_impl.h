@@ -86,11 +86,11 @@ typedef struct {
   size_t siglen;
   tpu_record **outrec; /* in the args block; graph references */
   int nnew;
-  uint64_t rng_offset; /* the generator's offset reserved for the op */
-  uint32_t group;      /* the foreach call the op is an item of; 0: none */
-  uint32_t share;      /* bit a: Python number a is read from node share_from's input */
-  int share_from;      /* the group's first node of the same op */
-  char *site;          /* owned or NULL: where Python called an op with value checks */
+  uint64_t rng_seed, rng_offset; /* the generator's key when recorded, and the offset reserved for the op */
+  uint32_t group;                /* the foreach call the op is an item of; 0: none */
+  uint32_t share;                /* bit a: Python number a is read from node share_from's input */
+  int share_from;                /* the group's first node of the same op */
+  char *site;                    /* owned or NULL: where Python called an op with value checks */
 } tpu_node;
 
 /* Small device buffers for scalar inputs (Python numbers, view offsets),
@@ -217,8 +217,8 @@ static inline tpu_tref *tpu_arg_tref(tpu_arg *args, const tpu_in_plan *p) {
  * an element cover every sampler (8 at most: a float64 truncated normal),
  * so the shards of a sharded random op never draw the same bits. */
 enum { TPU_RNG_COUNTERS = 16 };
-static inline void tpu_rng_key(const tpu_engine *e, uint64_t offset, uint64_t st[2]) {
-  st[0] = e->rng_seed;
+static inline void tpu_rng_key(uint64_t seed, uint64_t offset, uint64_t st[2]) {
+  st[0] = seed;
   st[1] = offset * (uint64_t)TPU_RNG_COUNTERS; /* wraps after 2^60 units: harmless */
 }
 
@@ -267,8 +267,8 @@ tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **i
 tpu_status *tpu_spmd_record_input(tpu_engine *e, tpu_record *r, int d, tpu_rt_buffer **b, tpu_rt_buffer **own);
 tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const tpu_cache_entry *c);
 tpu_dtype tpu_scalar_bits(const tpu_arg *a, uint8_t bits[16]);
-tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec, uint64_t rng_offset,
-                             tpu_rt_buffer **b, tpu_rt_buffer **temp);
+tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec, uint64_t rng_seed,
+                             uint64_t rng_offset, tpu_rt_buffer **b, tpu_rt_buffer **temp);
 tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **in, int nin, tpu_rt_buffer **out,
                               const char *name);
 

@@ -148,6 +148,7 @@ tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, t
   if (e->where && e->value_checks && !e->capturing)
     for (int k = 0; k < c->nout && !n->site; k++)
       if (c->out[k].kind == TPU_OUT_CHECK) n->site = e->where();
+  n->rng_seed = e->rng_seed; /* a seed set before the flush is for later ops */
   n->rng_offset = e->rng_offset;
   e->rng_offset += (uint64_t)c->rng_words;
   res->nret = c->nret;
@@ -432,7 +433,7 @@ tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
     tpu_node *n = &e->nodes[f->node];
     tpu_in_plan p = {f->kind, f->arg, f->item};
     tpu_record *r = f->kind == TPU_IN_RECORD ? tab->r[f->rec] : NULL;
-    s = tpu_input_buffer(e, &p, n->args, r, n->rng_offset, &inbuf[k], &temps[ntemp]);
+    s = tpu_input_buffer(e, &p, n->args, r, n->rng_seed, n->rng_offset, &inbuf[k], &temps[ntemp]);
     if (s)
       s = tpu_status_prefix(s, "running a fused program of %d ops (an input of aten::%s)", e->nnodes, n->row->name);
     else if (temps[ntemp])

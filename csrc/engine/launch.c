@@ -199,10 +199,10 @@ static tpu_status *tpu_scalar_upload(tpu_engine *e, const tpu_arg *a, tpu_rt_buf
 
 /* The device buffer of one program input: borrowed (a record's buffer, a
  * cached scalar), or owned in *temp (a colliding scalar, the RNG state).
- * rec: the record of a RECORD input; rng_offset: the generator's offset
- * reserved for the call. */
-tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec, uint64_t rng_offset,
-                             tpu_rt_buffer **b, tpu_rt_buffer **temp) {
+ * rec: the record of a RECORD input; rng_seed, rng_offset: the generator's
+ * key and the offset reserved for the call. */
+tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec, uint64_t rng_seed,
+                             uint64_t rng_offset, tpu_rt_buffer **b, tpu_rt_buffer **temp) {
   *b = *temp = NULL;
   switch (p->kind) {
     case TPU_IN_RECORD: {
@@ -221,7 +221,7 @@ tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args,
     }
     case TPU_IN_RNG: {
       uint64_t st[2];
-      tpu_rng_key(e, rng_offset, st);
+      tpu_rng_key(rng_seed, rng_offset, st);
       int64_t two = 2;
       tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, e->dev, st, TPU_U64, &two, 1, b);
       *temp = *b;

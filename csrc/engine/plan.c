@@ -430,7 +430,7 @@ static tpu_status *tpu_plan_run_spmd(tpu_engine *e, tpu_plan *p, const tpu_tref 
         if (r != p->dev) s = tpu_rt_buffer_copy(e->rt, d->buf, r, o), *b = *o;
       } else if (d->kind == TPU_SRC_RNG) {
         uint64_t st[2];
-        tpu_rng_key(e, rng_base + d->rng, st);
+        tpu_rng_key(e->rng_seed, rng_base + d->rng, st);
         int64_t two = 2;
         s = tpu_rt_buffer_from_host_on(e->rt, r, st, TPU_U64, &two, 1, o);
         *b = *o;
@@ -494,7 +494,7 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
       case TPU_SRC_CONST: inbuf[k] = d->buf; break;
       default: {
         uint64_t st[2];
-        tpu_rng_key(e, rng_base + d->rng, st);
+        tpu_rng_key(e->rng_seed, rng_base + d->rng, st);
         int64_t two = 2;
         s = tpu_rt_buffer_from_host_on(e->rt, p->dev, st, TPU_U64, &two, 1, &inbuf[k]);
         if (!s) temps[ntemp++] = inbuf[k];

@@ -320,7 +320,7 @@ tpu_status *tpu_spmd_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
     tpu_in_plan p = {f->kind, f->arg, f->item};
     for (int d = 0; d < rows && !s; d++) {
       e->dev = d;
-      s = tpu_input_buffer(e, &p, n->args, NULL, n->rng_offset, &in[d * nin + k], &own[d * nin + k]);
+      s = tpu_input_buffer(e, &p, n->args, NULL, n->rng_seed, n->rng_offset, &in[d * nin + k], &own[d * nin + k]);
     }
   }
   e->dev = call_dev;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "../python/fast_api.h"
+#include "generator.hpp"
 #include "meta.hpp"
 
 namespace {
@@ -177,6 +178,12 @@ bool read(const c10::IValue& v, const c10::Argument& arg, Frame& f, size_t i) {
   } else if (v.isDevice()) {
     a->tag = TPU_FA_DEVICE;
     a->i = v.toDevice().has_index() ? v.toDevice().index() + 1 : 0;
+  } else if (v.isGenerator()) {
+    bool tpu = false;
+    a->gen = tpu_generator_state_of(v.toGenerator(), &tpu);
+    if (!tpu)
+      return false; // another device's generator: the Python call raises
+    a->tag = a->gen ? TPU_FA_GENERATOR : TPU_FA_NONE;
   } else {
     a->tag = TPU_FA_OTHER;
   }

@@ -25,6 +25,9 @@
 #include "../python/guard_api.h"
 
 PyObject* tpu_register_kernels(PyObject*, PyObject* args); // boxed.cpp
+PyObject* tpu_register_hooks(PyObject*, PyObject* capsule);   // hooks.cpp
+PyObject* tpu_py_default_generator(PyObject*, PyObject* index); // generator.cpp
+PyObject* tpu_generator_api_capsule();                          // generator.cpp
 
 namespace {
 
@@ -116,6 +119,10 @@ PyMethodDef methods[] = {
     {"register_guard", register_guard, METH_O, "register_guard(torchtpu._C.guard_api) -> bool"},
     {"register_kernels", tpu_register_kernels, METH_VARARGS,
      "register_kernels(torchtpu._C.fast_api, [(name, kernel), ...]) -> the names registered"},
+    {"register_hooks", tpu_register_hooks, METH_O,
+     "register_hooks(torchtpu._C.guard_api) -> bool: the tpu's PrivateUse1 hooks (generators) are torch's"},
+    {"default_generator", tpu_py_default_generator, METH_O,
+     "default_generator(index) -> tpu:index's default torch.Generator (the engine's generator)"},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -134,6 +141,12 @@ PyMODINIT_FUNC PyInit__device_guard(void) {
     return nullptr;
   PyObject* api = tpu_tensor_api_capsule();
   if (!api || PyModule_AddObject(m, "tensor_api", api) < 0) {
+    Py_XDECREF(api);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  api = tpu_generator_api_capsule();
+  if (!api || PyModule_AddObject(m, "generator_api", api) < 0) {
     Py_XDECREF(api);
     Py_DECREF(m);
     return nullptr;

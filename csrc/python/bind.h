@@ -26,6 +26,7 @@
 #include <stdbool.h>
 
 #include "../engine/engine.h"
+#include "generator_api.h"
 #include "tensor_api.h"
 
 typedef struct {
@@ -41,6 +42,8 @@ typedef struct {
   PyObject *tensor_type; /* torch.Tensor, looked up on first use */
   /* torch's C++ tensor read directly (tensor_api.h; NULL: through Python) */
   const tpu_tensor_api *tapi;
+  const tpu_generator_api *gapi;            /* torchtpu._device_guard's, NULL without it */
+  PyObject *gapi_capsule;                   /* strong */
   PyObject *tapi_capsule, *tensor_base;     /* strong: its capsule, torch._C.TensorBase */
   tpu_dtype scalar_types[TPU_SCALAR_TYPES]; /* c10::ScalarType -> dtype */
   int explain;                              /* TORCHTPU_EXPLAIN_RECOMPILES */
@@ -69,7 +72,7 @@ typedef struct {
  * type) may be None. */
 static inline bool tpu_kind_optional(char kind) {
   return kind == 't' || kind == 's' || kind == 'j' || kind == 'J' || kind == 'g' || kind == 'F' || kind == 'c' ||
-         kind == 'd' || kind == 'y' || kind == 'l' || kind == '_';
+         kind == 'd' || kind == 'y' || kind == 'l' || kind == '_' || kind == 'r';
 }
 
 static inline tpu_mod_state *tpu_state(PyObject *m) { return (tpu_mod_state *)PyModule_GetState(m); }
@@ -98,6 +101,10 @@ int tpu_int64_seq(PyObject *seq, int64_t *out, int max, const char *what);
 int64_t tpu_call_int(PyObject *o, PyObject *name);
 int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *opname);
 PyObject *tpu_py_set_tensor_api(PyObject *m, PyObject *args);
+
+/* generator.c: generator= arguments */
+int tpu_parse_generator(tpu_mod_state *st, PyObject *o, tpu_arg *a);
+PyObject *tpu_py_set_generator_api(PyObject *m, PyObject *cap);
 PyObject *tpu_py_to_tref_args(tpu_mod_state *st, PyObject *o, tpu_arg *a, const char *op);
 
 /* kernel.c: Kernel objects: parsing arguments, running an op, building results */
@@ -153,7 +160,8 @@ PyObject *tpu_py_replica_collective(PyObject *m, PyObject *args);
 
 /* guard.c: the device count and current device torch's device guard reads */
 void tpu_guard_set_count(int n);
-PyObject *tpu_guard_capsule(void); /* a new reference: _C.guard_api */
+void tpu_guard_set_engine(tpu_engine *e); /* whose generator the default tpu generator is */
+PyObject *tpu_guard_capsule(void);        /* a new reference: _C.guard_api */
 
 /* site.c: the calling Python stack, for errors raised at a later sync point */
 char *tpu_site_where(void);

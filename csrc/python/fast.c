@@ -54,6 +54,14 @@ static int tpu_fast_parse(tpu_mod_state *st, char kind, const tpu_fast_arg *in, 
     a->i = in->tag == TPU_FA_DEVICE ? in->i : 0;
     return 0;
   }
+  if (kind == 'r') { /* as tpu_parse_generator: one program with or without a generator */
+    if (in->tag != TPU_FA_NONE && in->tag != TPU_FA_GENERATOR) return 1;
+    a->kind = TPU_ARG_IGNORED;
+    a->i = 0;
+    a->gen = (tpu_rng *)in->gen;
+    a->is_default = true;
+    return 0;
+  }
   if (in->tag == TPU_FA_NONE) {
     if (!optional && kind != 'L') return 1;
     a->kind = TPU_ARG_NONE;

@@ -11,27 +11,29 @@
 
 #include <stdint.h>
 
+#include "generator_api.h"
 #include "tensor_api.h"
 
 #define TPU_FAST_API_NAME "torchtpu._C.fast_api"
-#define TPU_FAST_API_VERSION 1
+#define TPU_FAST_API_VERSION 2
 #define TPU_FAST_MAX_ARGS 24 /* TPU_MAX_ARGS */
 #define TPU_FAST_MAX_RETS 8
 #define TPU_FAST_PYTHON (-2) /* call's answer: run the Kernel's Python call instead */
 
 enum {
   TPU_FA_NONE,
-  TPU_FA_TENSOR,  /* t: one */
-  TPU_FA_TENSORS, /* t: n of them; an item of rank -1 is None */
-  TPU_FA_INT,     /* i */
-  TPU_FA_FLOAT,   /* f */
-  TPU_FA_BOOL,    /* i: 0 or 1 */
-  TPU_FA_COMPLEX, /* f, f_imag */
-  TPU_FA_INTS,    /* ints: n */
-  TPU_FA_FLOATS,  /* floats: n */
-  TPU_FA_STR,     /* str */
-  TPU_FA_DEVICE,  /* i: its index + 1, 0 when it has none */
-  TPU_FA_OTHER    /* anything else (a generator, a layout): ignored or refused by its kind */
+  TPU_FA_TENSOR,    /* t: one */
+  TPU_FA_TENSORS,   /* t: n of them; an item of rank -1 is None */
+  TPU_FA_INT,       /* i */
+  TPU_FA_FLOAT,     /* f */
+  TPU_FA_BOOL,      /* i: 0 or 1 */
+  TPU_FA_COMPLEX,   /* f, f_imag */
+  TPU_FA_INTS,      /* ints: n */
+  TPU_FA_FLOATS,    /* floats: n */
+  TPU_FA_STR,       /* str */
+  TPU_FA_DEVICE,    /* i: its index + 1, 0 when it has none */
+  TPU_FA_GENERATOR, /* gen: a tpu generator's own state (a default one is NONE) */
+  TPU_FA_OTHER      /* anything else (a layout, a memory format): ignored or refused by its kind */
 };
 
 typedef struct {
@@ -44,6 +46,7 @@ typedef struct {
   const double *floats;
   int n;
   const char *str;
+  tpu_generator_state *gen;
 } tpu_fast_arg;
 
 /* One value the call returns: a new tensor (dlpack: a DLManagedTensor the

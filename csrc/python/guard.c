@@ -21,11 +21,24 @@ static void tpu_guard_select(int index) {
   if (index >= 0) tpu_engine_select_device(index);
 }
 
+/* The engine whose generator is the default one (set by init). */
+static tpu_engine *tpu_guard_engine;
+
+void tpu_guard_set_engine(tpu_engine *e) { tpu_guard_engine = e; }
+
+static void tpu_guard_rng_state(uint64_t *seed, uint64_t *offset) {
+  *seed = TPU_DEFAULT_SEED;
+  *offset = 0;
+  if (tpu_guard_engine) tpu_engine_rng_state(tpu_guard_engine, seed, offset);
+}
+
+static void tpu_guard_set_rng_state(uint64_t seed, uint64_t offset) {
+  if (tpu_guard_engine) tpu_engine_set_rng_state(tpu_guard_engine, seed, offset);
+}
+
 static const tpu_guard_api tpu_guard_table = {
-    TPU_GUARD_API_VERSION,
-    tpu_guard_count,
-    tpu_engine_thread_device,
-    tpu_guard_select,
+    TPU_GUARD_API_VERSION, tpu_guard_count,     tpu_engine_thread_device,
+    tpu_guard_select,      tpu_guard_rng_state, tpu_guard_set_rng_state,
 };
 
 PyObject *tpu_guard_capsule(void) { return PyCapsule_New((void *)&tpu_guard_table, TPU_GUARD_API_NAME, NULL); }

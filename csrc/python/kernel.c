@@ -53,6 +53,7 @@ static int tpu_parse_scalar(PyObject *o, tpu_arg *a) {
  * a->list (freed by tpu_args_free). */
 static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, const char *opname) {
   bool optional = tpu_kind_optional(kind);
+  if (kind == 'r') return tpu_parse_generator(st, o, a);
   if (kind == '_') {
     a->kind = TPU_ARG_IGNORED;
     a->i = 0;

@@ -75,6 +75,7 @@ static PyObject *tpu_py_init(PyObject *m, PyObject *args) {
   if (s) return tpu_raise(s);
   st->explain = o.explain;
   tpu_engine_set_where(st->eng, tpu_site_where);
+  tpu_guard_set_engine(st->eng);
   /* torch.tpu.device_count() before the runtime starts (torch's device guard) */
   tpu_guard_set_count(error ? 0 : strcmp(platform, "cpu") == 0 ? ndev : 1);
   Py_RETURN_NONE;
@@ -410,6 +411,8 @@ static PyMethodDef tpu_methods[] = {
     {"mesh_like", tpu_py_mesh_like, METH_VARARGS, "mesh_like(t, dtype) -> zeros laid out as t"},
     {"spmd_partitioner", tpu_py_spmd_partitioner, METH_O, "spmd_partitioner('shardy' | 'gspmd')"},
     {"current_device", tpu_py_current_device, METH_VARARGS, "current_device([index]) -> the current device"},
+    {"set_generator_api", tpu_py_set_generator_api, METH_O,
+     "set_generator_api(torchtpu._device_guard.generator_api): read generator= arguments through it"},
     {"set_tensor_api", tpu_py_set_tensor_api, METH_VARARGS,
      "set_tensor_api(torchtpu._device_guard.tensor_api, torch._C.TensorBase): read tensor arguments through it"},
     {"flush", tpu_py_flush, METH_VARARGS, "flush(step=False): launch the recorded ops (fused mode) without waiting."},
@@ -470,6 +473,7 @@ static int tpu_mod_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->torch_empty);
   Py_VISIT(st->tensor_type);
   Py_VISIT(st->tapi_capsule);
+  Py_VISIT(st->gapi_capsule);
   Py_VISIT(st->tensor_base);
   return 0;
 }
@@ -497,6 +501,8 @@ static int tpu_mod_clear(PyObject *m) {
   Py_CLEAR(st->tensor_type);
   st->tapi = NULL;
   Py_CLEAR(st->tapi_capsule);
+  st->gapi = NULL;
+  Py_CLEAR(st->gapi_capsule);
   Py_CLEAR(st->tensor_base);
   for (int op = 0; op < TPU_NUM_OPS; op++) {
     for (int i = 0; i < st->nexplained[op]; i++) free(st->explained[op][i]);
