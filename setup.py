@@ -52,6 +52,8 @@ def device_guard():
                 "csrc/guard/meta.hpp",
                 "csrc/guard/generator.hpp",
             ],
+            # the torch it is built for: torchtpu uses it with that torch only
+            define_macros=[("TPU_TORCH_VERSION", f'"{torch.__version__}"')],
             library_dirs=cpp_extension.library_paths(),
             libraries=["c10", "torch", "torch_cpu", "torch_python"],
             language="c++",

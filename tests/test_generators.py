@@ -121,6 +121,14 @@ def test_set_state_and_clone_state_replay_the_stream():
     assert _same(torch.rand(7, device="tpu", generator=torch.Generator(device="tpu").set_state(st)), want)
 
 
+def test_seed_all_reseeds_the_default_generator_at_random():
+    torch.manual_seed(1)
+    torch.tpu.seed_all()
+    first = torch.tpu.initial_seed()
+    torch.tpu.random.seed_all()
+    assert torch.tpu.initial_seed() != first and torch.tpu.get_rng_state()[8:].view(torch.int64).item() == 0
+
+
 def test_generator_states_are_checked():
     g = torch.Generator(device="tpu").manual_seed(1)
     with pytest.raises(RuntimeError, match="16 bytes"):

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import torchtpu  # noqa: F401
@@ -182,3 +183,14 @@ def test_parameter_and_subclass_arguments():
     p = torch.nn.Parameter(torch.ones(3, device="tpu"))
     assert (p * 2).cpu().tolist() == [2.0, 2.0, 2.0]
     assert torch.equal((torch.ones(2, 3, device="tpu")[:, 1:] + torch.tensor(1.0)).cpu(), torch.full((2, 2), 2.0))
+
+
+def test_the_extension_is_used_only_with_the_torch_it_was_built_for(monkeypatch):
+    # its C++ is built against one torch's headers and ABI (a wheel can meet another torch)
+    from torchtpu import _device_guard
+
+    assert _device_guard.torch_version == torch.__version__
+    assert _registry._guard_module() is _device_guard
+    monkeypatch.setattr(_device_guard, "torch_version", "2.0.0")
+    with pytest.warns(UserWarning, match="built for torch 2.0.0, this is torch .* it is not used"):
+        assert _registry._guard_module() is None

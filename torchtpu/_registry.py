@@ -1208,6 +1208,27 @@ def _register_rows():
 CPP_KERNELS = set()
 
 
+def _guard_module():
+    """torchtpu._device_guard, when it was built for the running torch: its
+    C++ uses torch's C++ ABI, which changes between releases (a wheel built
+    for torch 2.13 under torch 2.12 may load and then misread torch's
+    structs). None, with a warning, for another torch; None when not built."""
+    try:
+        from . import _device_guard
+    except ImportError:
+        return None  # not built (or not loadable with this torch)
+    built = getattr(_device_guard, "torch_version", None)
+    if built != torch.__version__:
+        warnings.warn(
+            f"torchtpu: its C++ extension was built for torch {built}, this is torch {torch.__version__}: "
+            "it is not used (one local device for backward, no tpu generators, kernels called through Python); "
+            "reinstall torchtpu against this torch",
+            stacklevel=4,
+        )
+        return None
+    return _device_guard
+
+
 def _cpp_kernels(rows):
     """Registers the Kernels of rows [(name, kernel)] as boxed C++ kernels
     (torchtpu._device_guard, csrc/guard/boxed.cpp) where it can: the names
@@ -1215,9 +1236,7 @@ def _cpp_kernels(rows):
     if not TENSOR_API:
         return set()
     try:
-        from . import _device_guard
-
-        CPP_KERNELS.update(_device_guard.register_kernels(_C.fast_api, rows))
+        CPP_KERNELS.update(_GUARD.register_kernels(_C.fast_api, rows))
     except (AttributeError, ImportError):
         pass  # not built, or built before register_kernels existed
     return CPP_KERNELS
@@ -1265,19 +1284,19 @@ def _device_error():
 # torchtpu._device_guard) or "torch" (torch's guard for Python backends: one
 # device, so backward on tpu:1 and above fails).
 DEVICE_GUARD = "torch"
+_GUARD = None  # torchtpu._device_guard when usable (_guard_module)
 
 
 def _register_device_guard():
     """Registers torchtpu's device guard (the C++ of csrc/guard/, built when
     torch was importable at build time) before torch's guard for Python
     backends, which then stays unregistered; without it, torch's serves."""
-    global DEVICE_GUARD
-    try:
-        from . import _device_guard
-    except ImportError:
+    global DEVICE_GUARD, _GUARD
+    _GUARD = _guard_module()
+    if _GUARD is None:
         return  # not built (or built for another torch): torch's guard, one device
     try:
-        if _device_guard.register_guard(_C.guard_api):
+        if _GUARD.register_guard(_C.guard_api):
             DEVICE_GUARD = "torchtpu"
     except (ImportError, RuntimeError) as e:
         warnings.warn(f"torchtpu: device guard not registered ({e}); backward runs on tpu:0 only", stacklevel=3)
@@ -1297,9 +1316,7 @@ def _register_hooks(device_module):
     extension, torch's setup with its hooks: no tpu generator can be made."""
     global GENERATORS
     try:
-        from . import _device_guard
-
-        ours = _device_guard.register_hooks(_C.guard_api)
+        ours = _GUARD is not None and _GUARD.register_hooks(_C.guard_api)
     except (AttributeError, ImportError):
         ours = False
     if not ours:
@@ -1308,7 +1325,7 @@ def _register_hooks(device_module):
     torch.utils.generate_methods_for_privateuse1_backend()
     torch._register_device_module("tpu", device_module)
     torch._C._acc.register_python_privateuseone_device_guard(_br._DummyDeviceGuard())
-    _C.set_generator_api(_device_guard.generator_api)
+    _C.set_generator_api(_GUARD.generator_api)
     GENERATORS = True
 
 
@@ -1323,10 +1340,10 @@ def _use_tensor_api():
     global TENSOR_API
     if not _settings.flag("TORCHTPU_TENSOR_API"):
         return
+    if _GUARD is None:
+        return
     try:
-        from . import _device_guard
-
-        _C.set_tensor_api(_device_guard.tensor_api, torch._C.TensorBase)
+        _C.set_tensor_api(_GUARD.tensor_api, torch._C.TensorBase)
         TENSOR_API = True
     except (AttributeError, ImportError):
         pass  # not built, or built before tensor_api existed

@@ -272,6 +272,11 @@ def seed() -> None:
     manual_seed(pyrandom.getrandbits(63))
 
 
+def seed_all() -> None:
+    """A random seed for every device (they share one generator: seed())."""
+    seed()
+
+
 def initial_seed() -> int:
     return _C.rng_state()[0]
 
@@ -332,9 +337,7 @@ def _default_generators() -> tuple[torch.Generator, ...]:
             "torch.tpu.default_generators needs torchtpu's C++ extension (torchtpu._device_guard), "
             "which was not built or not loaded"
         )
-    from . import _device_guard
-
-    return tuple(_device_guard.default_generator(i) for i in range(device_count()))
+    return tuple(_registry._GUARD.default_generator(i) for i in range(device_count()))
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
@@ -594,6 +597,7 @@ def _random_module():
         "manual_seed",
         "manual_seed_all",
         "seed",
+        "seed_all",
         "initial_seed",
         "get_rng_state",
         "set_rng_state",

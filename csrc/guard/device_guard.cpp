@@ -151,5 +151,10 @@ PyMODINIT_FUNC PyInit__device_guard(void) {
     Py_DECREF(m);
     return nullptr;
   }
+  // the torch whose headers and C++ ABI it was built with (setup.py)
+  if (PyModule_AddStringConstant(m, "torch_version", TPU_TORCH_VERSION) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
   return m;
 }
