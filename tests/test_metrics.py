@@ -48,6 +48,30 @@ def test_report_at_exit():
     assert "torchtpu metrics" not in _run("import torch; torch.ones(3, device='tpu')", TORCHTPU_METRICS="0")
 
 
+def test_report_is_grouped_with_units_and_leaves_bookkeeping_out():
+    (torch.ones(1000, device="tpu") + 1).cpu()
+    text = torchtpu.metrics_report()
+    lines = text.splitlines()
+    groups = [ln.strip() for ln in lines[1:] if ln.startswith("  ") and not ln.startswith("    ")]
+    assert groups[:6] == ["ops", "programs", "disk cache", "execution", "memory and transfers", "torch.distributed"]
+    assert "fused programs launched, by what launched them" in groups
+    # every user-facing counter is there once, with its unit; the core's bookkeeping is not
+    m = torchtpu.metrics()
+    for key in m:
+        hits = [ln for ln in lines if f"({key})" in ln]
+        assert len(hits) == (0 if key in ("live_records", "unwind_tables_ignored") else 1) or (
+            key.startswith("flushes_") and m[key] == 0 and not hits
+        ), key
+    seconds = next(ln for ln in lines if "(compile_seconds)" in ln)
+    assert seconds.rstrip().endswith(" s")
+    d2h = next(ln for ln in lines if "(d2h_bytes)" in ln)  # 4000 bytes or more came back
+    assert re.search(r"\(d2h_bytes\)\s+\d+\.\d (KiB|MiB|GiB) \(\d+ B\)$", d2h), d2h
+    # a counter no group names is still shown
+    from torchtpu import _report
+
+    assert "brand_new_counter" in _report.report(dict(m, brand_new_counter=3))
+
+
 def test_explain_recompiles_names_what_differs():
     err = _run(
         """

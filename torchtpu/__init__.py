@@ -134,13 +134,12 @@ _register_post_hook(_after_optimizer_step)
 
 
 def metrics_report() -> str:
-    """The counters of metrics() as an aligned text table."""
-    m = metrics()
-    width = max(len(k) for k in m)
-    lines = ["torchtpu metrics"]
-    for k, v in m.items():
-        lines.append(f"  {k:<{width}}  {v:.3f}" if isinstance(v, float) else f"  {k:<{width}}  {v}")
-    return "\n".join(lines)
+    """metrics() as text: grouped (ops, programs, disk cache, execution,
+    memory and transfers, torch.distributed, what launched the fused
+    programs), each with what it counts and its unit."""
+    from . import _report
+
+    return _report.report(metrics())
 
 
 def _report_at_exit():
