@@ -157,3 +157,15 @@ def test_compiles_are_logged_to_the_torchtpu_logger(caplog):
         with torchtpu.eager_mode("strict"):
             torch.tan(torch.ones(41, 5, device="tpu")).cpu()
         assert [r for r in caplog.records if r.name == "torchtpu"] == []  # below the logger's level
+
+
+def test_an_ops_recompile_is_logged_at_info(caplog):
+    # strict mode compiles a program per op: an op's second program (new shapes) says it is a recompile
+    with caplog.at_level(logging.INFO, logger="torchtpu"):
+        with torchtpu.eager_mode("strict"):
+            torch.atan2(torch.ones(43, 7, device="tpu"), torch.ones(43, 7, device="tpu")).cpu()
+            caplog.clear()
+            torch.atan2(torch.ones(43, 8, device="tpu"), torch.ones(43, 8, device="tpu")).cpu()
+    again = [r for r in caplog.records if r.name == "torchtpu" and "aten::atan2" in r.getMessage()]
+    assert len(again) == 1 and again[0].levelno == logging.INFO, [r.getMessage() for r in caplog.records]
+    assert re.search(r"a recompile: program \d+ of this op, for new shapes", again[0].getMessage())

@@ -169,6 +169,8 @@ struct tpu_engine {
   char *notes[8];               /* owned: explanations pending for the binding */
   char *logs[16];               /* owned: compile lines pending for the binding (the newest kept) */
   int nlogs;
+  int op_programs[TPU_NUM_OPS]; /* programs compiled for each op row (a second one is a recompile) */
+  int recompile;                /* the compile under way is op row's program number recompile + 1 */
   int nnotes;
   struct tpu_rprog {
     char *text; /* owned: the program's text, its key */

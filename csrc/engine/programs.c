@@ -286,9 +286,16 @@ void tpu_classify_views(tpu_arg *args, int nargs) {
 }
 
 /* Queues the line the binding logs for a compile (the newest 16 kept). */
+/* A line for the binding's logger: "<seconds>\t<1 for a recompile>\t<text>". */
 static void tpu_compile_log(tpu_engine *e, const char *name, int64_t ns, bool disk) {
-  char *line = tpu_strfmt("%.3f\tcompiled %s in %.2f s (not in the memory cache%s)", (double)ns / 1e9, name,
-                          (double)ns / 1e9, disk ? " nor on disk" : "; disk cache off");
+  char again[160] = "";
+  if (e->recompile)
+    snprintf(again, sizeof again,
+             "; a recompile: program %d of this op, for new shapes, dtypes or arguments "
+             "(TORCHTPU_EXPLAIN_RECOMPILES=1 says which)",
+             e->recompile + 1);
+  char *line = tpu_strfmt("%.3f\t%d\tcompiled %s in %.2f s (not in the memory cache%s%s)", (double)ns / 1e9,
+                          e->recompile > 0, name, (double)ns / 1e9, disk ? " nor on disk" : "; disk cache off", again);
   if (!line) return;
   if (e->nlogs == (int)(sizeof e->logs / sizeof e->logs[0])) free(tpu_engine_take_log(e));
   e->logs[e->nlogs++] = line;
@@ -373,7 +380,13 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args
   tpu_rt_exec *exec = NULL;
   char label[160];
   snprintf(label, sizeof label, "aten::%s", row->name);
-  if (compile) s = tpu_engine_compile(e, text, len, label, &exec);
+  int *made = &e->op_programs[row - tpu_op_table];
+  if (compile) {
+    e->recompile = *made;
+    s = tpu_engine_compile(e, text, len, label, &exec);
+    e->recompile = 0;
+    if (!s) ++*made;
+  }
   free(text);
   if (s) return s;
   if (*out) { /* a plan-only entry of this signature: the plans are the same */

@@ -107,14 +107,16 @@ int tpu_stderr_line(const char *msg) {
   return 0;
 }
 
-/* One compile line to the "torchtpu" logger: INFO for a compile of a second
- * or more (a long first step says what it waits for), DEBUG for the others.
- * Nothing is formatted unless the logger takes that level. */
+/* One compile line ("<seconds>\t<recompile>\t<text>", programs.c) to the
+ * "torchtpu" logger: INFO for a compile of a second or more (a long first
+ * step says what it waits for) and for an op's recompile, DEBUG for the
+ * others. Nothing is formatted unless the logger takes that level. */
 static int tpu_log_compile(const char *line) {
   char *end = NULL;
   double secs = strtod(line, &end);
+  long again = end && *end == '\t' ? strtol(end + 1, &end, 10) : 0;
   const char *text = end && *end == '\t' ? end + 1 : line;
-  int level = secs >= 1.0 ? 20 : 10; /* logging.INFO, logging.DEBUG */
+  int level = secs >= 1.0 || again ? 20 : 10; /* logging.INFO, logging.DEBUG */
   PyObject *logging = PyImport_ImportModule("logging");
   PyObject *logger = logging ? PyObject_CallMethod(logging, "getLogger", "s", "torchtpu") : NULL;
   PyObject *on = logger ? PyObject_CallMethod(logger, "isEnabledFor", "i", level) : NULL;
