@@ -4,6 +4,8 @@ repeat_interleave, embedding_bag and embedding_renorm_: values, dtypes,
 shapes, float32 gradients, non-contiguous inputs, out=/in-place variants and
 errors."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -209,3 +211,40 @@ def test_segment_reduce(reduce):
     check(lambda a: torch.segment_reduce(a, reduce, offsets=offsets.to(a.device), axis=0), x)
     with pytest.raises(RuntimeError):
         torch.segment_reduce(x.to("tpu"), reduce)
+
+
+@pytest.mark.parametrize(
+    "shape,reps",
+    [
+        ((2, 3), (2, 2)),
+        ((3,), (2, 1, 3)),
+        ((), (3, 2)),
+        ((1, 2, 3, 4, 5), (2, 1, 1, 1, 1)),  # torch's own kernel needs a 10-dim view here
+        ((2, 1, 2, 1, 2, 1, 2, 1), (1, 2, 1, 2, 1, 1, 1, 3)),  # 8 dims: copies by concatenation
+        ((2, 3), (0, 2)),
+        ((0, 3), (2, 2)),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_repeat_and_tile_match_cpu(shape, reps, dtype):
+    n = math.prod(shape)
+    x = (torch.arange(n) % 3).to(dtype).reshape(shape)
+    got = x.to("tpu").repeat(*reps)
+    want = x.repeat(*reps)
+    assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got.cpu(), want)
+    assert torch.equal(torch.tile(x.to("tpu"), reps).cpu(), torch.tile(x, reps))
+
+
+def test_repeat_gradient_and_errors_match_cpu():
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    w = torch.arange(24.0).reshape(2, 2, 6)
+    xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    (xc.repeat(2, 1, 2) * w).sum().backward()
+    (xt.repeat(2, 1, 2) * w.to("tpu")).sum().backward()
+    assert torch.allclose(xt.grad.cpu(), xc.grad)
+    for reps in ((2,), (2, -1)):
+        with pytest.raises(RuntimeError) as cpu:
+            torch.ones(2, 3).repeat(*reps)
+        with pytest.raises(RuntimeError) as tpu:
+            torch.ones(2, 3, device="tpu").repeat(*reps)
+        assert str(cpu.value) in str(tpu.value)

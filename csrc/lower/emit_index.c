@@ -1687,3 +1687,80 @@ void tpu_emit_segment_reduce_backward(tpu_lower *L) {
   (void)ones;
   tpu_lower_out(L, tpu_hlo_select(H, g.valid, res, tpu_k(L, res, 0)));
 }
+
+/* ---- repeat ---------------------------------------------------------------------------------- */
+
+/* x repeated rep times along dim d: a broadcast puts the copies in a new dim
+ * before d and a reshape merges the two, so no value has more dims than x
+ * plus one; at the most dims, concatenations double the copies instead. */
+static tpu_hv tpu_repeat1(tpu_lower *L, tpu_hv x, int d, int64_t rep) {
+  const tpu_hlo_type t = *T(L, x);
+  int64_t out[TPU_MAX_RANK];
+  for (int k = 0; k < t.rank; k++) out[k] = t.dims[k];
+  out[d] *= rep;
+  if (t.rank < TPU_MAX_RANK) {
+    int64_t wide[TPU_MAX_RANK], bdims[TPU_MAX_RANK];
+    for (int k = 0, j = 0; k < t.rank; k++, j++) {
+      if (k == d) wide[j++] = rep;
+      wide[j] = t.dims[k];
+      bdims[k] = j;
+    }
+    return tpu_hlo_reshape(H, tpu_hlo_broadcast_in_dim(H, x, t.rank + 1, wide, bdims), t.rank, out);
+  }
+  tpu_hv acc = TPU_HV_NONE, part = x;
+  for (int64_t left = rep; left > 0; left >>= 1) {
+    if (left & 1) acc = acc == TPU_HV_NONE ? part : tpu_hlo_concat(H, (tpu_hv[]){acc, part}, 2, d);
+    if (left > 1) part = tpu_hlo_concat(H, (tpu_hv[]){part, part}, 2, d);
+  }
+  return acc;
+}
+
+/* repeat(self, repeats): self tiled repeats[i] times along dim i; a longer
+ * repeats list first gives self leading dims of size 1. torch's own kernel
+ * copies into a view of twice the result's dims, past the 8 a tpu tensor has
+ * from 5 dims on. */
+void tpu_emit_repeat(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  const tpu_arg *r = &L->args[1];
+  int n = r->nints;
+  if (n < t->rank) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor");
+    return;
+  }
+  int64_t dims[TPU_MAX_LIST];
+  int negative = -1;
+  for (int i = 0; i < n; i++) {
+    int64_t s = i < n - t->rank ? 1 : t->sizes[i - (n - t->rank)];
+    dims[i] = s * r->ints[i];
+    if (r->ints[i] < 0 && negative < 0) negative = i;
+  }
+  if (negative >= 0) { /* CPU's message: the first negative size, then the shape */
+    char shape[512];
+    size_t k = (size_t)snprintf(shape, sizeof shape, "[");
+    for (int i = 0; i < n && k < sizeof shape; i++)
+      k += (size_t)snprintf(shape + k, sizeof shape - k, "%s%lld", i ? ", " : "", (long long)dims[i]);
+    if (k < sizeof shape) snprintf(shape + k, sizeof shape - k, "]");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "Trying to create tensor with negative dimension %lld: %s",
+                   (long long)dims[negative], shape);
+    return;
+  }
+  if (n > TPU_MAX_RANK) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "tpu supports tensors of up to %d dims (repeat's result has %d)", TPU_MAX_RANK,
+                   n);
+    return;
+  }
+  tpu_hv x = tpu_lower_tensor(L, 0, -1);
+  int64_t lead[TPU_MAX_RANK];
+  for (int i = 0; i < n; i++) lead[i] = i < n - t->rank ? 1 : t->sizes[i - (n - t->rank)];
+  x = tpu_hlo_reshape(H, x, n, lead);
+  bool empty = false;
+  for (int i = 0; i < n; i++) empty |= dims[i] == 0;
+  if (empty) {
+    tpu_lower_out(L, tpu_lower_full(L, tpu_hlo_type_make(T(L, x)->dtype, n, dims), 0));
+    return;
+  }
+  for (int i = 0; i < n; i++)
+    if (r->ints[i] != 1) x = tpu_repeat1(L, x, i, r->ints[i]);
+  tpu_lower_out(L, x);
+}
