@@ -63,7 +63,7 @@ $(BUILD):
 	mkdir -p $(BUILD)
 
 # C unit tests: the builder's text, the disk cache, and the runtime against the real plugin
-# (one device, then four)
+# (one device, then four), the profiler's record (with programs on the plugin)
 # under AddressSanitizer and UndefinedBehaviorSanitizer (leaks inside the
 # plugin itself suppressed by tests/c/lsan.supp), then our PJRT declarations
 # against the header the plugin wheel ships.
@@ -78,6 +78,8 @@ check: | $(BUILD)
 	$(LSAN) $(BUILD)/test_runtime $(plugin)
 	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) tests/c/test_devices.c -ldl -lpthread -lm -o $(BUILD)/test_devices
 	$(LSAN) $(BUILD)/test_devices $(plugin)
+	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) csrc/engine/prof.c tests/c/test_prof.c -ldl -lpthread -lm -o $(BUILD)/test_prof
+	$(LSAN) $(BUILD)/test_prof $(plugin)
 	@if [ ! -f "$(pinc)/pjrt_c_api.h" ]; then \
 	  echo "test_pjrt_abi: the installed plugin ships no pjrt_c_api.h ($(pinc)) to compare against"; exit 1; fi
 	$(CC) $(CFLAGS) -I"$(pinc)" tests/c/test_pjrt_abi.c -ldl -o $(BUILD)/test_pjrt_abi

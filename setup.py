@@ -2,8 +2,9 @@
 importable at build time (pip's --no-build-isolation, as `make build` runs
 it), torchtpu._device_guard: the C++ that registers the tpu's device guard
 with PyTorch (csrc/guard/device_guard.cpp), reads tensors' metadata
-(tensor_meta.cpp) and lets torch's dispatcher call the kernels with no Python
-in between (boxed.cpp). It is optional: a build without it leaves torch's
+(tensor_meta.cpp), lets torch's dispatcher call the kernels with no Python
+in between (boxed.cpp) and gives torch's profiler the tpu's activities
+(profiler.cpp, where torch ships Kineto's headers). It is optional: a build without it leaves torch's
 guard for Python backends (one device) and the kernels' Python calls."""
 
 import glob
@@ -34,6 +35,9 @@ def device_guard():
     except Exception:  # not installed, or a torch that cannot start
         return []
     abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+    # Kineto's headers, where this torch ships them (its profiler session for
+    # the tpu, csrc/guard/profiler.cpp, is built only then)
+    kineto = [d for d in (os.path.join(p, "kineto") for p in cpp_extension.include_paths()) if os.path.isdir(d)]
     return [
         Extension(
             "torchtpu._device_guard",
@@ -43,12 +47,15 @@ def device_guard():
                 "csrc/guard/boxed.cpp",
                 "csrc/guard/generator.cpp",
                 "csrc/guard/hooks.cpp",
+                "csrc/guard/profiler.cpp",
             ],
             depends=[
                 "csrc/python/guard_api.h",
                 "csrc/python/tensor_api.h",
                 "csrc/python/fast_api.h",
                 "csrc/python/generator_api.h",
+                "csrc/python/prof_api.h",
+                "csrc/engine/prof.h",
                 "csrc/guard/meta.hpp",
                 "csrc/guard/generator.hpp",
             ],
@@ -58,7 +65,8 @@ def device_guard():
             libraries=["c10", "torch", "torch_cpu", "torch_python"],
             language="c++",
             # torch's headers as system headers: their warnings are not ours
-            extra_compile_args=[f"-isystem{d}" for d in cpp_extension.include_paths()]
+            extra_compile_args=[f"-isystem{d}" for d in cpp_extension.include_paths() + kineto]
+            + (["-DUSE_KINETO"] if kineto else [])
             + [
                 "-std=c++20",
                 "-Wall",

@@ -38,7 +38,8 @@ def metrics() -> dict[str, int | float]:
     misses, compile and execute seconds, host<->device bytes, live buffers;
     ops_not_registered: lowered ATen overloads this torch lacks; and
     collectives, collective_seconds: calls of torch.distributed collectives
-    on the tpu backend and their wall time."""
+    on the tpu backend and their wall time; profiler_records: what the core
+    recorded for torch.profiler (none while no profile runs)."""
     m = _metrics()
     m["ops_not_registered"] = len(_registry.NOT_REGISTERED)
     m.update(_distributed.STATS)

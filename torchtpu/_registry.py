@@ -1329,6 +1329,28 @@ def _register_hooks(device_module):
     GENERATORS = True
 
 
+# Whether torch's profiler records the tpu's work (torchtpu._device_guard's
+# profiler.cpp: a Kineto child profiler through torch's
+# PrivateUse1ProfilerRegistry; docs/profiler.md).
+PROFILER = False
+
+
+def _register_profiler():
+    """torch.profiler's sessions get the engine's compiles, launches,
+    transfers and the programs' spans on the device (csrc/guard/profiler.cpp);
+    without the extension, or a torch without Kineto, the profile shows only
+    the aten ops."""
+    global PROFILER
+    try:
+        from . import _device_guard
+
+        PROFILER = bool(_device_guard.register_profiler(_C.prof_api))
+    except (AttributeError, ImportError):
+        pass  # not built, or built before the profiler existed
+    except RuntimeError as e:
+        warnings.warn(f"torchtpu: torch's profiler will not show the tpu's work ({e})", stacklevel=3)
+
+
 # Whether tensor arguments are read from torch's C++ tensors (tensor_api).
 TENSOR_API = False
 
@@ -1372,6 +1394,7 @@ def setup(device_module):
         path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty, fraction, error, _settings.engine(_C.modes())
     )
     _use_tensor_api()
+    _register_profiler()
     device_module._setup_error = error
     device_module._num_devices_setting = ndev
     device_module._platform_setting = platform

@@ -257,7 +257,7 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data, 
   if (rec->sh) return tpu_spmd_upload(e, rec, data);
   tpu_rt_buffer *b = NULL;
   int64_t n = rec->numel;
-  tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, rec->device, data, dt, &n, 1, &b);
+  tpu_status *s = tpu_engine_h2d(e, rec->device, data, dt, &n, 1, &b);
   if (s) return s;
   tpu_rt_buffer_free(rec->buf);
   rec->buf = b;
@@ -284,7 +284,7 @@ tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_
     return NULL;
   }
   atomic_fetch_add(&e->metrics.d2h_bytes, (long long)nbytes);
-  return tpu_rt_buffer_to_host(e->rt, rec->buf, dst, nbytes);
+  return tpu_engine_d2h(e, rec->buf, dst, nbytes);
 }
 
 tpu_status *tpu_engine_storage_free(tpu_engine *e, tpu_record *rec) {
@@ -535,7 +535,7 @@ static tpu_status *tpu_engine_call_on(tpu_engine *e, const tpu_op_row *row, int 
   }
   tpu_rt_buffer *outbuf[TPU_MAX_OUTS] = {0};
   if (!s) {
-    s = tpu_engine_launch(e, c->exec, inbuf, c->nin, outbuf, row->name);
+    s = tpu_engine_launch(e, c->exec, inbuf, c->nin, outbuf, row->name, 1);
     if (s) s = tpu_status_prefix(s, "running aten::%s", row->name);
   }
   for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);

@@ -19,6 +19,7 @@
 
 #include "../call.h"
 #include "../runtime/runtime.h"
+#include "prof.h"
 
 typedef struct tpu_engine tpu_engine;
 /* The caller's place in its program (the bindings: the Python stack, most

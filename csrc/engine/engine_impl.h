@@ -2,6 +2,8 @@
  * included above the engine).
  *
  * The engine is split by concern, each file using only those below it:
+ *   prof.c      the record torch's profiler reads (prof.h): any file below
+ *               records into it while a profiling session runs
  *   record.c    the record registry (live records by address, under a mutex)
  *   programs.c  signatures, the in-memory program cache, the disk tier's
  *               glue, lowering one call and compiling
@@ -204,6 +206,26 @@ static inline int64_t tpu_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Copies between host and device, each a transfer of the profiler's record
+ * while it runs (prof.h). h2d: onto local device dev; d2h: from b's device. */
+static inline tpu_status *tpu_engine_h2d(tpu_engine *e, int dev, const void *data, tpu_dtype dt, const int64_t *dims,
+                                         int rank, tpu_rt_buffer **out) {
+  int64_t p0 = tpu_prof_t0();
+  tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, dev, data, dt, dims, rank, out);
+  if (p0 && !s) {
+    int64_t n = (int64_t)tpu_dtype_size(dt);
+    for (int k = 0; k < rank; k++) n *= dims[k];
+    tpu_prof_host(TPU_PROF_UPLOAD, dev, p0, n, NULL);
+  }
+  return s;
+}
+static inline tpu_status *tpu_engine_d2h(tpu_engine *e, tpu_rt_buffer *b, void *dst, size_t nbytes) {
+  int64_t p0 = tpu_prof_t0();
+  tpu_status *s = tpu_rt_buffer_to_host(e->rt, b, dst, nbytes);
+  if (p0 && !s) tpu_prof_host(TPU_PROF_DOWNLOAD, tpu_rt_buffer_device(b), p0, (int64_t)nbytes, NULL);
+  return s;
+}
+
 /* The tensor a program input names: an argument, or an item of a list. */
 static inline tpu_tref *tpu_arg_tref(tpu_arg *args, const tpu_in_plan *p) {
   tpu_arg *a = &args[p->arg];
@@ -272,7 +294,10 @@ tpu_dtype tpu_scalar_bits(const tpu_arg *a, uint8_t bits[16]);
 tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec, uint64_t rng_seed,
                              uint64_t rng_offset, tpu_rt_buffer **b, tpu_rt_buffer **temp);
 tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **in, int nin, tpu_rt_buffer **out,
-                              const char *name);
+                              const char *name, int nops);
+/* The profiler's record of exec, which ran to completion on its rows'
+ * devices since p0: "<what> over N devices". */
+void tpu_prof_rows(tpu_rt_exec *exec, int64_t p0, const char *what);
 
 /* fuse.c */
 tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,

@@ -440,7 +440,7 @@ tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
       ntemp++;
   }
   if (!s) {
-    s = tpu_engine_launch(e, c->exec, inbuf, nin, outbuf, NULL);
+    s = tpu_engine_launch(e, c->exec, inbuf, nin, outbuf, NULL, e->nnodes);
     if (s) s = tpu_fuse_blame(e, s);
   }
   for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);

@@ -44,7 +44,7 @@ tpu_status *tpu_checks_read(tpu_engine *e) {
   tpu_status *err = NULL;
   for (int k = 0; k < e->nchk; k++) {
     uint8_t bad = 0;
-    tpu_status *s = err ? NULL : tpu_rt_buffer_to_host(e->rt, e->chk[k].buf, &bad, 1);
+    tpu_status *s = err ? NULL : tpu_engine_d2h(e, e->chk[k].buf, &bad, 1);
     tpu_rt_buffer_free(e->chk[k].buf);
     if (s)
       tpu_status_free(s); /* the program's own failure is reported by the ring */
@@ -91,7 +91,9 @@ void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what, char *site
 /* Waits for every launched computation; the first error of one (once), then
  * the first failed value check. */
 tpu_status *tpu_engine_wait(tpu_engine *e) {
+  int64_t p0 = e->icount ? tpu_prof_t0() : 0;
   while (e->icount) tpu_inflight_pop(e);
+  if (p0) tpu_prof_host(TPU_PROF_WAIT, e->dev, p0, 0, NULL);
   tpu_status *s = e->deferred;
   e->deferred = NULL;
   tpu_status *c = e->nchk ? tpu_checks_read(e) : NULL;
@@ -160,7 +162,7 @@ static tpu_status *tpu_scalar_buffer(tpu_engine *e, tpu_dtype dt, const void *by
     return NULL;
   }
   tpu_rt_buffer *b = NULL;
-  tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, e->dev, key, dt, NULL, 0, &b);
+  tpu_status *s = tpu_engine_h2d(e, e->dev, key, dt, NULL, 0, &b);
   if (s) return s;
   if (slot->buf && slot->epoch == e->epoch) {
     *temp = *out = b;
@@ -223,7 +225,7 @@ tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args,
       uint64_t st[2];
       tpu_rng_key(rng_seed, rng_offset, st);
       int64_t two = 2;
-      tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, e->dev, st, TPU_U64, &two, 1, b);
+      tpu_status *s = tpu_engine_h2d(e, e->dev, st, TPU_U64, &two, 1, b);
       *temp = *b;
       return s;
     }
@@ -231,12 +233,29 @@ tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args,
   return tpu_status_new(TPU_ERR_RUNTIME, "unknown program input kind %d", (int)p->kind);
 }
 
+/* The profiler's record of a launch: one op's program, or a fused one. */
+static void tpu_prof_launch_what(tpu_engine *e, int64_t p0, tpu_rt_event *done, const char *name, int nops) {
+  if (name)
+    tpu_prof_launch(e->rt, e->dev, p0, done, "aten::%s", name);
+  else
+    tpu_prof_launch(e->rt, e->dev, p0, done, "fused program of %d ops", nops);
+}
+
+/* The profiler's record of a program over several devices that ran to
+ * completion in the call (each row's device runs it). */
+void tpu_prof_rows(tpu_rt_exec *exec, int64_t p0, const char *what) {
+  int devs[256], n = tpu_rt_exec_rows(exec);
+  if (n > 256) n = 256;
+  for (int r = 0; r < n; r++) devs[r] = tpu_rt_exec_row_device(exec, r);
+  tpu_prof_ran(devs, n, p0, "%s over %d devices", what, tpu_rt_exec_rows(exec));
+}
+
 /* Runs exec: to completion in debug mode, else launched (the completion
  * event joins the in-flight ring under `name`, the op's table name or NULL
- * for a fused program, for error messages). */
+ * for a fused program of nops ops, for error messages and the profiler). */
 tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **in, int nin, tpu_rt_buffer **out,
-                              const char *name) {
-  int64_t t0 = tpu_now_ns();
+                              const char *name, int nops) {
+  int64_t t0 = tpu_now_ns(), p0 = tpu_prof_t0();
   tpu_status *s;
   if (e->mode != TPU_MODE_DEBUG) {
     tpu_inflight_reap(e);
@@ -248,6 +267,7 @@ tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **
      * so that the host runs ahead (other plugins order donation on the
      * device and always donate). */
     s = tpu_rt_execute_on(e->rt, exec, e->dev, in, nin, out, &done, e->icount && e->donate_waits);
+    if (p0 && !s) tpu_prof_launch_what(e, p0, done, name, nops);
     if (done) {
       int k = (e->ihead + e->icount) % TPU_INFLIGHT;
       e->inflight[k].ev = done;
@@ -256,6 +276,7 @@ tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **
     }
   } else {
     s = tpu_rt_execute_on(e->rt, exec, e->dev, in, nin, out, NULL, false);
+    if (p0 && !s) tpu_prof_launch_what(e, p0, NULL, name, nops);
   }
   atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
   return s;

@@ -236,7 +236,7 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
       memcpy(bits, t->host_bytes, tpu_dtype_size(dt));
     }
     d->kind = TPU_SRC_CONST;
-    tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, p->dev, bits, dt, NULL, 0, &d->buf);
+    tpu_status *s = tpu_engine_h2d(e, p->dev, bits, dt, NULL, 0, &d->buf);
     if (s) {
       tpu_plan_free(p);
       free(cls);
@@ -432,7 +432,7 @@ static tpu_status *tpu_plan_run_spmd(tpu_engine *e, tpu_plan *p, const tpu_tref 
         uint64_t st[2];
         tpu_rng_key(e->rng_seed, rng_base + d->rng, st);
         int64_t two = 2;
-        s = tpu_rt_buffer_from_host_on(e->rt, r, st, TPU_U64, &two, 1, o);
+        s = tpu_engine_h2d(e, r, st, TPU_U64, &two, 1, o);
         *b = *o;
       } else {
         s = tpu_spmd_record_input(e, tpu_plan_record(p, d, ins, fresh), r, b, o);
@@ -496,7 +496,7 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
         uint64_t st[2];
         tpu_rng_key(e->rng_seed, rng_base + d->rng, st);
         int64_t two = 2;
-        s = tpu_rt_buffer_from_host_on(e->rt, p->dev, st, TPU_U64, &two, 1, &inbuf[k]);
+        s = tpu_engine_h2d(e, p->dev, st, TPU_U64, &two, 1, &inbuf[k]);
         if (!s) temps[ntemp++] = inbuf[k];
       }
     }
@@ -506,7 +506,7 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
     }
   }
   if (!s && c->nfout) {
-    s = tpu_engine_launch(e, c->exec, inbuf, nin_p, outbuf, NULL);
+    s = tpu_engine_launch(e, c->exec, inbuf, nin_p, outbuf, NULL, p->nops);
     if (s) s = tpu_status_prefix(s, "running a compiled graph of %d ops", p->nops);
   }
   for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);

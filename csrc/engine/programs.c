@@ -313,11 +313,16 @@ tpu_status *tpu_engine_compile_with(tpu_engine *e, const char *text, size_t len,
   *exec = NULL;
   uint8_t *dkey = NULL;
   size_t dkeylen = 0;
+  const char *what = strncmp(name, "a ", 2) == 0 ? name + 2 : name; /* the profiler's name */
+  int64_t p0 = tpu_prof_t0();
   if (e->disk && (dkey = tpu_disk_key(e, text, len, &dkeylen))) *exec = tpu_disk_load(e, dkey, dkeylen, name);
+  if (p0 && *exec) tpu_prof_host(TPU_PROF_LOAD, e->dev, p0, 0, "%s", what);
   tpu_status *s = NULL;
   if (!*exec) {
     int64_t t0 = tpu_now_ns();
+    p0 = p0 ? tpu_prof_now() : 0;
     s = tpu_rt_compile_with(e->rt, text, len, o, exec);
+    if (p0 && !s) tpu_prof_host(TPU_PROF_COMPILE, e->dev, p0, 0, "%s", what);
     int64_t dt = tpu_now_ns() - t0;
     atomic_fetch_add(&e->metrics.compile_ns, dt);
     if (!s) tpu_compile_log(e, name, dt, dkey != NULL);

@@ -114,7 +114,7 @@ tpu_status *tpu_record_materialize(tpu_engine *e, tpu_record *r) {
   void *zeros = calloc(nb ? nb : 1, 1);
   if (!zeros) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", nb);
   int64_t n = r->numel;
-  tpu_status *s = tpu_rt_buffer_from_host_on(e->rt, r->device, zeros, r->dtype, &n, 1, &r->buf);
+  tpu_status *s = tpu_engine_h2d(e, r->device, zeros, r->dtype, &n, 1, &r->buf);
   free(zeros);
   return s;
 }

@@ -294,8 +294,9 @@ tpu_status *tpu_engine_replica_collective(tpu_engine *e, const tpu_collective *c
       for (int j = 0; j < i; j++) tpu_record_unref(outs[j]), outs[j] = NULL;
       return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
     }
-  int64_t t0 = tpu_now_ns();
+  int64_t t0 = tpu_now_ns(), p0 = tpu_prof_t0();
   s = n == 1 ? tpu_rt_execute(e->rt, exec, args, 1, res) : tpu_rt_execute_rows(e->rt, exec, args, 1, res);
+  if (p0 && !s) tpu_prof_rows(exec, p0, name);
   atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
   if (s) {
     for (int i = 0; i < n; i++) {

@@ -76,7 +76,7 @@ static tpu_status *tpu_shards_from_host(tpu_engine *e, const tpu_sharding *sh, c
   for (int64_t d = 0; d < n && !s; d++) {
     tpu_sharding_shard_offsets(sh, gd, d, off);
     tpu_block_copy((uint8_t *)data, blk, isz, sh->rank, gd, bd, off, true);
-    s = tpu_rt_buffer_from_host_on(e->rt, (int)d, blk, dt, bd, sh->rank, &shards[d]);
+    s = tpu_engine_h2d(e, (int)d, blk, dt, bd, sh->rank, &shards[d]);
   }
   free(blk);
   return s;
@@ -88,7 +88,7 @@ tpu_status *tpu_spmd_download(tpu_engine *e, tpu_record *rec, void *dst, size_t 
   if (nbytes != (size_t)rec->numel * isz)
     return tpu_status_new(TPU_ERR_VALUE, "device to host: %zu bytes asked of a %lld-element record", nbytes,
                           (long long)rec->numel);
-  if (tpu_sharding_is_replicated(sh)) return tpu_rt_buffer_to_host(e->rt, rec->shards[0], dst, nbytes);
+  if (tpu_sharding_is_replicated(sh)) return tpu_engine_d2h(e, rec->shards[0], dst, nbytes);
   int64_t bd[TPU_MAX_RANK], off[TPU_MAX_RANK], n = tpu_sharding_num_devices(sh);
   tpu_sharding_shard_dims(sh, rec->gdims, bd);
   size_t bn = isz;
@@ -107,7 +107,7 @@ tpu_status *tpu_spmd_download(tpu_engine *e, tpu_record *rec, void *dst, size_t 
       again = memcmp(o2, off, sizeof(int64_t) * (size_t)sh->rank) == 0;
     }
     if (again) continue;
-    s = tpu_rt_buffer_to_host(e->rt, rec->shards[d], blk, bn);
+    s = tpu_engine_d2h(e, rec->shards[d], blk, bn);
     if (!s) tpu_block_copy(dst, blk, isz, sh->rank, rec->gdims, bd, off, false);
   }
   if (!seen) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
@@ -240,7 +240,9 @@ tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **i
   if (!out) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   int64_t t0 = tpu_now_ns();
   tpu_status *s = tpu_engine_wait(e); /* launched one-device programs first: this one waits for its rows */
+  int64_t p0 = tpu_prof_t0();
   if (!s) s = tpu_rt_execute_rows(e->rt, c->exec, in, c->nfin, out);
+  if (p0 && !s) tpu_prof_rows(c->exec, p0, "fused program");
   atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
   if (s) s = tpu_status_prefix(s, "running a program over %d devices", rows);
   for (int k = 0; k < c->nfout && !s; k++) {

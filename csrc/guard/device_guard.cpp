@@ -28,6 +28,7 @@ PyObject* tpu_register_kernels(PyObject*, PyObject* args); // boxed.cpp
 PyObject* tpu_register_hooks(PyObject*, PyObject* capsule);   // hooks.cpp
 PyObject* tpu_py_default_generator(PyObject*, PyObject* index); // generator.cpp
 PyObject* tpu_generator_api_capsule();                          // generator.cpp
+PyObject* tpu_register_profiler(PyObject*, PyObject* capsule);   // profiler.cpp
 
 namespace {
 
@@ -121,6 +122,8 @@ PyMethodDef methods[] = {
      "register_kernels(torchtpu._C.fast_api, [(name, kernel), ...]) -> the names registered"},
     {"register_hooks", tpu_register_hooks, METH_O,
      "register_hooks(torchtpu._C.guard_api) -> bool: the tpu's PrivateUse1 hooks (generators) are torch's"},
+    {"register_profiler", tpu_register_profiler, METH_O,
+     "register_profiler(torchtpu._C.prof_api) -> bool: torch's profiler records the tpu's work"},
     {"default_generator", tpu_py_default_generator, METH_O,
      "default_generator(index) -> tpu:index's default torch.Generator (the engine's generator)"},
     {nullptr, nullptr, 0, nullptr},

@@ -14,6 +14,7 @@
  *   replica.c  replica-mode collectives over the local devices
  *   spmd.c     tensors laid over a mesh of local devices (torchtpu.spmd)
  *   guard.c    what torch's device guard for the tpu reads (guard_api.h)
+ *   prof.c     what torch's profiler session for the tpu reads (prof_api.h)
  * They see the core only through the engine (engine.h) and the call
  * structs it takes (call.h).
  */
@@ -162,6 +163,9 @@ PyObject *tpu_py_replica_collective(PyObject *m, PyObject *args);
 void tpu_guard_set_count(int n);
 void tpu_guard_set_engine(tpu_engine *e); /* whose generator the default tpu generator is */
 PyObject *tpu_guard_capsule(void);        /* a new reference: _C.guard_api */
+
+/* prof.c: the engine's record for torch's profiler */
+PyObject *tpu_prof_capsule(void); /* a new reference: _C.prof_api */
 
 /* site.c: the calling Python stack, for errors raised at a later sync point */
 char *tpu_site_where(void);

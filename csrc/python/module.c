@@ -142,6 +142,7 @@ static PyObject *tpu_py_metrics(PyObject *m, PyObject *noargs) {
     rc = tpu_dict_put(d, "cache_entries", PyLong_FromLongLong(st->eng ? (long long)tpu_engine_cache_size(st->eng) : 0));
   if (!rc)
     rc = tpu_dict_put(d, "unwind_tables_ignored", PyLong_FromLongLong((long long)tpu_rt_unwind_tables_ignored()));
+  if (!rc) rc = tpu_dict_put(d, "profiler_records", PyLong_FromUnsignedLongLong(tpu_prof_total()));
   if (rc) Py_CLEAR(d);
   return d;
 }
@@ -441,6 +442,10 @@ static int tpu_mod_exec(PyObject *m) {
   PyObject *guard = tpu_guard_capsule();
   int rc = guard ? PyModule_AddObjectRef(m, "guard_api", guard) : -1;
   Py_XDECREF(guard);
+  if (rc < 0) return -1;
+  PyObject *prof = tpu_prof_capsule();
+  rc = prof ? PyModule_AddObjectRef(m, "prof_api", prof) : -1;
+  Py_XDECREF(prof);
   if (rc < 0) return -1;
   PyObject *fast = tpu_fast_capsule();
   rc = fast ? PyModule_AddObjectRef(m, "fast_api", fast) : -1;

@@ -171,6 +171,15 @@ typedef struct {
   tpu_pjrt_event *event;
   bool is_ready;
 } tpu_pjrt_event_is_ready_args;
+/* Called once the event is ready, on a plugin thread (or at once, in the
+ * caller's, when it already is); it owns error and destroys it. */
+typedef void (*tpu_pjrt_on_ready_fn)(tpu_pjrt_error *error, void *user_arg);
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_event *event;
+  tpu_pjrt_on_ready_fn callback;
+  void *user_arg;
+} tpu_pjrt_event_on_ready_args;
 
 enum {
   TPU_PJRT_NV_STRING = 0,

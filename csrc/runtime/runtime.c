@@ -615,6 +615,34 @@ tpu_status *tpu_rt_event_wait(tpu_rt *rt, tpu_rt_event *ev) {
   return s;
 }
 
+/* What the plugin's OnReady callback needs: it destroys the error itself. */
+typedef struct {
+  const tpu_pjrt_api *api;
+  tpu_rt_ready_fn fn;
+  void *user;
+} tpu_rt_ready;
+
+static void tpu_rt_ready_cb(tpu_pjrt_error *err, void *arg) {
+  tpu_rt_ready *r = arg;
+  tpu_rt_err_release(r->api, err);
+  r->fn(r->user);
+  free(r);
+}
+
+tpu_status *tpu_rt_event_on_ready(tpu_rt *rt, tpu_rt_event *ev, tpu_rt_ready_fn fn, void *user) {
+  if (!ev || !fn) return tpu_status_new(TPU_ERR_VALUE, "event_on_ready: no event or no function");
+  if (!TPU_HAS(rt->api, Event_OnReady))
+    return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "the plugin has no PJRT_Event_OnReady");
+  tpu_rt_ready *r = malloc(sizeof *r);
+  if (!r) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  *r = (tpu_rt_ready){rt->api, fn, user};
+  tpu_pjrt_event_on_ready_args a = {TPU_PJRT_SIZE(tpu_pjrt_event_on_ready_args, user_arg), NULL, ev->ev,
+                                    tpu_rt_ready_cb, r};
+  tpu_status *s = TPU_CALL(rt->api, Event_OnReady, &a);
+  if (s) free(r); /* not registered: never called */
+  return s;
+}
+
 tpu_status *tpu_rt_execute(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const *args, int nargs, tpu_rt_buffer **outs) {
   return tpu_rt_execute_async(rt, e, args, nargs, outs, NULL);
 }

@@ -112,6 +112,13 @@ tpu_status *tpu_rt_execute_rows(tpu_rt *rt, tpu_rt_exec *e, tpu_rt_buffer *const
 bool tpu_rt_event_ready(tpu_rt *rt, tpu_rt_event *ev);
 /* Waits for ev, frees it, returns its error. NULL ev: nothing. */
 tpu_status *tpu_rt_event_wait(tpu_rt *rt, tpu_rt_event *ev);
+/* Calls fn(user) once ev has completed (failed or not): on a thread of the
+ * plugin, or in the caller's before this returns when ev already has. fn
+ * must not block nor call into the runtime. ev stays the caller's (waited
+ * for and freed as before; fn may run after that). An error: fn is never
+ * called (a plugin without PJRT_Event_OnReady). */
+typedef void (*tpu_rt_ready_fn)(void *user);
+tpu_status *tpu_rt_event_on_ready(tpu_rt *rt, tpu_rt_event *ev, tpu_rt_ready_fn fn, void *user);
 
 /* Host -> device. data: dense row-major, borrowed for the call (copied before
  * return). rank 0 is a scalar; dims may be NULL when rank is 0. */

@@ -100,6 +100,11 @@ static void test_structs(void) {
   SAME(tpu_pjrt_event_is_ready_args, event, PJRT_Event_IsReady_Args, event);
   SAME(tpu_pjrt_event_is_ready_args, is_ready, PJRT_Event_IsReady_Args, is_ready);
   SIZE(tpu_pjrt_event_is_ready_args, is_ready, PJRT_Event_IsReady_Args);
+  HEAD(tpu_pjrt_event_on_ready_args, PJRT_Event_OnReady_Args);
+  SAME(tpu_pjrt_event_on_ready_args, event, PJRT_Event_OnReady_Args, event);
+  SAME(tpu_pjrt_event_on_ready_args, callback, PJRT_Event_OnReady_Args, callback);
+  SAME(tpu_pjrt_event_on_ready_args, user_arg, PJRT_Event_OnReady_Args, user_arg);
+  SIZE(tpu_pjrt_event_on_ready_args, user_arg, PJRT_Event_OnReady_Args);
 
   /* named values and their type tags */
   HEAD(tpu_pjrt_named_value, PJRT_NamedValue);

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -266,6 +267,46 @@ static void test_add_text(void) {
   }
   tpu_rt_buffer_free(out);
   free_all(args, 2);
+  tpu_rt_exec_free(e);
+}
+
+/* Completion callbacks (the profiler's end of a program): each runs once,
+ * after its computation, maybe on a plugin thread and after the wait. */
+static atomic_int ready_calls;
+static void on_ready(void *user) { atomic_fetch_add(&ready_calls, *(int *)user); }
+
+static void test_on_ready(void) {
+  static const char prog[] =
+      "module @m attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
+      "  func.func public @main(%arg0: tensor<64xf32>) -> tensor<64xf32> {\n"
+      "    %0 = \"stablehlo.multiply\"(%arg0, %arg0) : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xf32>\n"
+      "    \"func.return\"(%0) : (tensor<64xf32>) -> ()\n"
+      "  }\n"
+      "}\n";
+  const int64_t d[1] = {64};
+  float x[64];
+  for (int i = 0; i < 64; i++) x[i] = (float)i;
+  tpu_rt_exec *e = NULL;
+  if (!OK(tpu_rt_compile(rt, prog, sizeof prog - 1, &e), "compile square")) return;
+  tpu_rt_buffer *in = upload(x, TPU_F32, 1, d), *a = NULL, *b = NULL;
+  tpu_rt_event *ev1 = NULL, *ev2 = NULL;
+  static int one = 1, ten = 10;
+  atomic_store(&ready_calls, 0);
+  if (in && OK(tpu_rt_execute_async(rt, e, &in, 1, &a, &ev1), "launch square") &&
+      OK(tpu_rt_execute_async(rt, e, &a, 1, &b, &ev2), "launch square of square")) {
+    OK(tpu_rt_event_on_ready(rt, ev1, on_ready, &one), "on_ready first");
+    OK(tpu_rt_event_on_ready(rt, ev2, on_ready, &ten), "on_ready second");
+    OK(tpu_rt_event_wait(rt, ev2), "wait second");
+    OK(tpu_rt_event_wait(rt, ev1), "wait first");
+    for (int k = 0; k < 5000 && atomic_load(&ready_calls) != 11; k++) usleep(1000);
+    CHECK(atomic_load(&ready_calls) == 11, "on_ready callbacks: sum %d, expected 11", atomic_load(&ready_calls));
+  }
+  tpu_status *s = tpu_rt_event_on_ready(rt, NULL, on_ready, &one);
+  CHECK(s && tpu_status_code(s) == TPU_ERR_VALUE, "on_ready without an event accepted");
+  tpu_status_free(s);
+  tpu_rt_buffer_free(in);
+  tpu_rt_buffer_free(a);
+  tpu_rt_buffer_free(b);
   tpu_rt_exec_free(e);
 }
 
@@ -1073,6 +1114,7 @@ int main(int argc, char **argv) {
   test_dtype_roundtrips();
   test_add();
   test_add_text();
+  test_on_ready();
   test_bad_buffers();
   test_elementwise();
   test_shapes_and_constants();
