@@ -53,7 +53,15 @@ def test_report_is_grouped_with_units_and_leaves_bookkeeping_out():
     text = torchtpu.metrics_report()
     lines = text.splitlines()
     groups = [ln.strip() for ln in lines[1:] if ln.startswith("  ") and not ln.startswith("    ")]
-    assert groups[:6] == ["ops", "programs", "disk cache", "execution", "memory and transfers", "torch.distributed"]
+    assert groups[:7] == [
+        "ops",
+        "programs",
+        "disk cache",
+        "execution",
+        "memory and transfers",
+        "torch.profiler",
+        "torch.distributed",
+    ]
     assert "fused programs launched, by what launched them" in groups
     # every user-facing counter is there once, with its unit; the core's bookkeeping is not
     m = torchtpu.metrics()

@@ -58,6 +58,12 @@ GROUPS = [
         ],
     ),
     (
+        "torch.profiler",
+        [
+            ("profiler_records", "torchtpu events recorded for profiles", ""),
+        ],
+    ),
+    (
         "torch.distributed",
         [
             ("collectives", "collectives called on the tpu backend", ""),
@@ -99,7 +105,7 @@ def report(m):
     other = [k for k in m if k not in shown]
     if other:
         rows.append(("other", None))
-        rows.extend((k, _value(m[k], "s" if k.endswith("_seconds") else "")) for k in other)
+        rows.extend((f"({k})", _value(m[k], "s" if k.endswith("_seconds") else "")) for k in other)
     width = max(len(label) for label, v in rows if v is not None)
     lines = ["torchtpu metrics"]
     for label, v in rows:
