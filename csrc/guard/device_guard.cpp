@@ -30,6 +30,18 @@ PyObject* tpu_py_default_generator(PyObject*, PyObject* index); // generator.cpp
 PyObject* tpu_generator_api_capsule();                          // generator.cpp
 PyObject* tpu_register_profiler(PyObject*, PyObject* capsule);   // profiler.cpp
 
+// The table in torchtpu._C's guard_api capsule; NULL with an exception set
+// when it is not one, or of another version.
+const tpu_guard_api* tpu_guard_api_of(PyObject* capsule) {
+  auto* a = static_cast<const tpu_guard_api*>(PyCapsule_GetPointer(capsule, TPU_GUARD_API_NAME));
+  if (a && a->version != TPU_GUARD_API_VERSION) {
+    PyErr_Format(PyExc_ImportError, "torchtpu._device_guard: guard_api version %d, expected %d", a->version,
+                 TPU_GUARD_API_VERSION);
+    return nullptr;
+  }
+  return a;
+}
+
 namespace {
 
 constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
@@ -94,14 +106,9 @@ struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
 // register_guard(capsule) -> True when the tpu's guard is now torch's, False
 // when a guard for PrivateUse1 was registered before (it stays).
 PyObject* register_guard(PyObject* /*module*/, PyObject* capsule) {
-  auto* a = static_cast<const tpu_guard_api*>(PyCapsule_GetPointer(capsule, TPU_GUARD_API_NAME));
+  const tpu_guard_api* a = tpu_guard_api_of(capsule);
   if (!a)
     return nullptr;
-  if (a->version != TPU_GUARD_API_VERSION) {
-    PyErr_Format(PyExc_ImportError, "torchtpu._device_guard: guard_api version %d, expected %d", a->version,
-                 TPU_GUARD_API_VERSION);
-    return nullptr;
-  }
   try {
     if (c10::impl::hasDeviceGuardImpl(kTpu))
       Py_RETURN_FALSE;

@@ -15,6 +15,8 @@
 #include "../python/guard_api.h"
 #include "generator.hpp"
 
+const tpu_guard_api* tpu_guard_api_of(PyObject* capsule); // device_guard.cpp
+
 namespace {
 
 const tpu_guard_api* api = nullptr;
@@ -62,14 +64,9 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
 // torch's, False when hooks for PrivateUse1 were registered before (they
 // stay: then no tpu generator can be made).
 PyObject* tpu_register_hooks(PyObject*, PyObject* capsule) {
-  auto* a = static_cast<const tpu_guard_api*>(PyCapsule_GetPointer(capsule, TPU_GUARD_API_NAME));
+  const tpu_guard_api* a = tpu_guard_api_of(capsule);
   if (!a)
     return nullptr;
-  if (a->version != TPU_GUARD_API_VERSION) {
-    PyErr_Format(PyExc_ImportError, "torchtpu._device_guard: guard_api version %d, expected %d", a->version,
-                 TPU_GUARD_API_VERSION);
-    return nullptr;
-  }
   try {
     if (at::isPrivateUse1HooksRegistered())
       Py_RETURN_FALSE;
