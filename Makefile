@@ -20,7 +20,8 @@ setup:
 	$(VPY) -m pip install --quiet "torch==2.13.0" numpy pytest expecttest xla-cpu-pjrt "transformers==5.25.0" "accelerate==1.16.0"
 	$(VPY) -m pip install --quiet --no-deps "lammps-jax-pjrt-cpu==0.11.2"
 	$(VPY) -m pip install --quiet "torch==2.13.0" "lightning==2.6.6" "pytorch-lightning==2.6.6" \
-	  "keras==3.15.1" "kubernetes-validate==1.37.0" "jsonschema==4.26.0" "PyYAML==6.0.4"
+	  "keras==3.15.1" "kubernetes-validate==1.37.0" "jsonschema==4.26.0" "PyYAML==6.0.4" \
+	  "libtpu==0.0.52" "jax==0.10.2" "jaxlib==0.10.2"
 	$(VPY) -m pip install --quiet "ruff==0.17.6" "clang-format==23.1.5"
 	$(MAKE) build
 
