@@ -73,6 +73,8 @@ check: | $(BUILD)
 	$(LSAN) $(BUILD)/test_core
 	$(CC) $(CFLAGS) $(SAN) $(CORE) $(HLO) tests/c/test_hlo.c -lm -o $(BUILD)/test_hlo
 	$(LSAN) $(BUILD)/test_hlo
+	$(CC) $(CFLAGS) $(SAN) $(CORE) $(HLO) tests/c/test_hlo_extern.c -lm -o $(BUILD)/test_hlo_extern
+	$(LSAN) $(BUILD)/test_hlo_extern
 	$(CC) $(CFLAGS) $(SAN) $(CORE) $(CACHE) tests/c/test_cache.c -o $(BUILD)/test_cache
 	$(LSAN) $(BUILD)/test_cache
 	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) $(HLO) tests/c/test_runtime.c -ldl -lpthread -lm -o $(BUILD)/test_runtime

@@ -47,6 +47,7 @@ tpu_status *tpu_engine_new(const tpu_engine_options *o, tpu_engine **out) {
   tpu_engine *e = calloc(1, sizeof *e);
   if (!e) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   pthread_mutex_init(&e->reg_lock, NULL);
+  pthread_mutex_init(&e->fns_lock, NULL);
   e->reg_cap = 1024;
   e->reg = calloc(e->reg_cap, sizeof *e->reg);
   e->cache_cap = 256;
@@ -134,6 +135,8 @@ void tpu_engine_free(tpu_engine *e) {
   free(e->reg);
   pthread_mutex_destroy(&e->reg_lock);
   tpu_rt_close(e->rt);
+  tpu_engine_fns_free(e);
+  pthread_mutex_destroy(&e->fns_lock);
   free((char *)e->rt_opts.plugin_path);
   free((char *)e->rt_opts.platform);
   free(e->rt_error);

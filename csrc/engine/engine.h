@@ -171,6 +171,20 @@ tpu_metrics *tpu_engine_metrics(tpu_engine *e);
 /* Precision of f32 matmuls and convolutions (torch.set_float32_matmul_precision:
  * highest -> HIGHEST, high -> HIGH, medium -> DEFAULT); HIGHEST at start. */
 void tpu_engine_set_precision(tpu_engine *e, tpu_hlo_precision p);
+
+/* Functions from StableHLO text (fns.c): register text (and, if variant is
+ * not NULL, its form for target, "tpu" if NULL) and get its id for
+ * tpu::stablehlo_call; the same text gets the same id. A program of one
+ * call of function id, its text retargeted to target (NULL: as compiled
+ * here); any finished program's text retargeted (hlo.h's tpu_hlo_retarget
+ * over every registered function). Texts are owned by the caller. */
+tpu_status *tpu_engine_fn_register(tpu_engine *e, const char *text, size_t len, const char *target, const char *variant,
+                                   size_t vlen, int64_t *id);
+/* The function of id (borrowed: it lives as long as the engine), or NULL. */
+const tpu_hlo_fn *tpu_engine_fn(tpu_engine *e, int64_t id);
+tpu_status *tpu_engine_fn_program(tpu_engine *e, int64_t id, const char *target, char **text, size_t *len);
+tpu_status *tpu_engine_retarget(tpu_engine *e, const char *text, size_t len, const char *target, char **out,
+                                size_t *outlen);
 tpu_hlo_precision tpu_engine_precision(tpu_engine *e);
 /* Whether new programs make value checks (part of every program's key). */
 void tpu_engine_set_value_checks(tpu_engine *e, bool on);

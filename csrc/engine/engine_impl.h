@@ -11,6 +11,7 @@
  *               launching, the strict mode's ring of events, value checks
  *   fuse.c      fused mode: recording, pruning, keying and running a flush
  *   plan.c      graph plans: torch.compile captures and torch.tpu.graph
+ *   fns.c       functions from StableHLO text, by id (tpu::stablehlo_call)
  *   engine.c    the facade: the engine's life and settings, one call by
  *               eager mode, uploads, downloads, sync
  */
@@ -109,7 +110,10 @@ typedef struct {
 } tpu_scalar_slot;
 
 struct tpu_engine {
-  tpu_rt *rt;             /* owned; NULL until the start */
+  tpu_rt *rt;       /* owned; NULL until the start */
+  tpu_hlo_fn **fns; /* owned: functions from StableHLO text, by id (fns.c) */
+  int nfns, capfns;
+  pthread_mutex_t fns_lock;
   tpu_rt_options rt_opts; /* the strings owned */
   char *rt_error;         /* owned or NULL: why the runtime cannot start (every start returns it) */
   tpu_code rt_error_code;
@@ -314,5 +318,10 @@ void tpu_replica_release(tpu_engine *e);
 /* plan.c */
 /* Releases every live plan's hold on the engine (the engine is freed). */
 void tpu_plans_release(tpu_engine *e);
+
+/* fns.c: the lowering's lookup of an id's function (ctx: the engine), and
+ * freeing them all. */
+const tpu_hlo_fn *tpu_engine_fn_lookup(void *e, int64_t id);
+void tpu_engine_fns_free(tpu_engine *e);
 
 #endif

@@ -254,6 +254,8 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     L.precision = e->precision;
     L.value_checks = e->value_checks;
     L.fuse = &x;
+    L.fn_lookup = tpu_engine_fn_lookup;
+    L.fn_ctx = e;
     L.fuse_record = tpu_fuse_record_hook;
     L.fuse_input = tpu_fuse_input_hook;
     x.node = i;

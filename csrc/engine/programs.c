@@ -365,6 +365,8 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args
   L.precision = e->precision;
   L.value_checks = e->value_checks;
   L.plans_only = !compile;
+  L.fn_lookup = tpu_engine_fn_lookup;
+  L.fn_ctx = e;
   tpu_lower_run(&L, row);
   char *text = NULL;
   size_t len = 0;

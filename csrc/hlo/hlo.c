@@ -159,6 +159,7 @@ void tpu_hlo_free(tpu_hlo *m) {
   }
   free(m->regions);
   free(m->shards);
+  free(m->externs);
   free(m);
 }
 
@@ -313,6 +314,7 @@ tpu_status *tpu_hlo_finish(tpu_hlo *m, const tpu_hv *results, int n, char **text
     return s;
   }
   tpu_buf out = {0};
+  tpu_hloi_extern_put_prelude(m, &out);
   tpu_hloi_spmd_put_head(m, &out);
   tpu_hloi_buf_printf(m, &out, "  func.func public @main(");
   for (int i = 0; i < m->nparams; i++) {
@@ -335,7 +337,9 @@ tpu_status *tpu_hlo_finish(tpu_hlo *m, const tpu_hv *results, int n, char **text
     if (i) tpu_hloi_buf_put(m, &out, ", ", 2);
     tpu_hloi_put_type(m, &out, &TY(results[i]));
   }
-  tpu_hloi_buf_printf(m, &out, ") -> ()\n  }\n}\n");
+  tpu_hloi_buf_printf(m, &out, ") -> ()\n  }\n");
+  tpu_hloi_extern_put(m, &out);
+  tpu_hloi_buf_printf(m, &out, "}\n");
   if (m->oom) {
     free(out.p);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory building a program");
@@ -414,10 +418,10 @@ bool tpu_hlo_emit(tpu_hlo *m, const char *name, const tpu_hv *operands, int nops
   /* What XLA's simplifier may turn into a broadcast or a constant: a
    * constant, and any result of operands that all may be (a broadcast sunk
    * below an elementwise op, reshaped, sliced, reduced). A barrier or a
-   * custom call hides its operands. */
+   * custom call or a function call hides its operands. */
   bool splat = strcmp(name, "stablehlo.constant") == 0 || strcmp(name, "stablehlo.broadcast_in_dim") == 0;
   if (!splat && nops > 0 && strcmp(name, "stablehlo.optimization_barrier") != 0 &&
-      strcmp(name, "stablehlo.custom_call") != 0) {
+      strcmp(name, "stablehlo.custom_call") != 0 && strcmp(name, "func.call") != 0) {
     splat = true;
     for (int i = 0; i < nops && splat; i++) splat = tpu_hloi_val_at(m, operands[i])->splat;
   }

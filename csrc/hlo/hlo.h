@@ -271,4 +271,41 @@ tpu_hv tpu_hlo_convolution(tpu_hlo *m, tpu_hv input, tpu_hv kernel, int nsp, con
                            const int64_t *lhs_dil, const int64_t *rhs_dil, int64_t feature_groups, int64_t batch_groups,
                            tpu_hlo_precision p);
 
+/* ---- functions from StableHLO text (hlo_extern.c) -----------------------------
+ * A StableHLO module written elsewhere (JAX's export, torchtpu.stablehlo_op's
+ * text), pretty or generic form, parsed once: its @main's signature (tensors
+ * of static shape) and its function definitions, renamed with a prefix made
+ * from the text's hash and made private. A module being built calls it with
+ * tpu_hlo_call; the definitions follow the builder's @main in the finished
+ * text. Immutable once parsed (a variant may be added before any use); a
+ * function must outlive every module that calls it. Bad text is a
+ * TPU_ERR_VALUE status naming what is wrong. */
+
+typedef struct tpu_hlo_fn tpu_hlo_fn;
+
+tpu_status *tpu_hlo_fn_parse(const char *text, size_t len, tpu_hlo_fn **out);
+void tpu_hlo_fn_free(tpu_hlo_fn *f);
+int tpu_hlo_fn_nargs(const tpu_hlo_fn *f);
+int tpu_hlo_fn_nresults(const tpu_hlo_fn *f);
+/* Borrowed, valid while f lives; i must be in range. */
+const tpu_hlo_type *tpu_hlo_fn_arg(const tpu_hlo_fn *f, int i);
+const tpu_hlo_type *tpu_hlo_fn_result(const tpu_hlo_fn *f, int i);
+/* The hash of its text (locations and comments dropped): same text, same hash. */
+uint64_t tpu_hlo_fn_hash(const tpu_hlo_fn *f);
+/* Its renamed definitions, as a finished module holds them (borrowed). */
+const char *tpu_hlo_fn_text(const tpu_hlo_fn *f);
+/* The same function for another compiler target ("tpu": a Pallas kernel's
+ * Mosaic form, which only the TPU compiler compiles); its @main must have
+ * f's signature. One variant; a later one replaces it. */
+tpu_status *tpu_hlo_fn_add_variant(tpu_hlo_fn *f, const char *target, const char *text, size_t len);
+bool tpu_hlo_fn_has_variant(const tpu_hlo_fn *f, const char *target);
+/* Emit `"func.call"(args) {callee = @<prefix>main}`: the operands must have
+ * @main's argument types; writes its tpu_hlo_fn_nresults(f) results to outs. */
+bool tpu_hlo_call(tpu_hlo *m, const tpu_hlo_fn *f, const tpu_hv *args, int n, tpu_hv *outs);
+/* A finished module's text with the definitions of every fns[i] that has a
+ * variant for target replaced by the variant's (the same names, so the calls
+ * stay): what the target's compiler is given. *out is owned by the caller. */
+tpu_status *tpu_hlo_retarget(const char *text, size_t len, const tpu_hlo_fn *const *fns, int nfns, const char *target,
+                             char **out, size_t *outlen);
+
 #endif

@@ -13,6 +13,8 @@
  *   hlo_reduce.c      reduce and reduce_window
  *   hlo_compute.c     dot_general, gather, scatter, sort, rng_bit_generator,
  *                     convolution
+ *   hlo_extern.c      functions from StableHLO text: parsing, renaming,
+ *                     calls, retargeting
  *   hlo_spmd.c        SPMD: the mesh, the partition and replica counts,
  *                     parameter and result shardings, sharding constraints
  *                     (the shardings themselves are sharding.c's)
@@ -95,6 +97,9 @@ struct tpu_hlo {
   char axis_names[TPU_MESH_MAX_AXES][TPU_MESH_NAME_MAX + 1];
   tpu_shard_note *shards; /* owned */
   int nshards, capshards;
+  /* functions from StableHLO text called (hlo_extern.c); borrowed */
+  const tpu_hlo_fn **externs;
+  int nexterns, capexterns;
 };
 
 /* The record of value v (v must be valid). */
@@ -136,6 +141,13 @@ void tpu_hloi_spmd_put_attrs(tpu_hlo *m, tpu_buf *b, bool result, int index, int
 /* Result shardings fit the results, the mesh fits num_partitions; false and
  * the sticky error otherwise. */
 bool tpu_hloi_spmd_check(tpu_hlo *m, const tpu_hv *results, int n);
+
+/* ---- functions from StableHLO text (hlo_extern.c) ------------------------------ */
+
+/* The called functions' aliases (before the module line) and definitions
+ * (after @main). */
+void tpu_hloi_extern_put_prelude(tpu_hlo *m, tpu_buf *b);
+void tpu_hloi_extern_put(tpu_hlo *m, tpu_buf *b);
 
 /* ---- checks (hlo.c) -------------------------------------------------------------- */
 

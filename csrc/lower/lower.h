@@ -77,6 +77,10 @@ struct tpu_lower {
   tpu_hv check;
   tpu_code check_code;
   const char *check_msg;
+  /* Functions from StableHLO text by id (tpu::stablehlo_call): the engine's
+   * table (ctx: the engine); NULL when there is none. */
+  const tpu_hlo_fn *(*fn_lookup)(void *ctx, int64_t id);
+  void *fn_ctx;
 };
 
 

@@ -13,6 +13,7 @@
  *   graph.c    graph plans (torch.compile) and torch.tpu.graph
  *   replica.c  replica-mode collectives over the local devices
  *   spmd.c     tensors laid over a mesh of local devices (torchtpu.spmd)
+ *   stablehlo.c functions from StableHLO text (stablehlo_op, jax_op)
  *   guard.c    what torch's device guard for the tpu reads (guard_api.h)
  *   prof.c     what torch's profiler session for the tpu reads (prof_api.h)
  * They see the core only through the engine (engine.h) and the call
@@ -141,6 +142,9 @@ PyObject *tpu_py_to_cpu(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_free(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_alloc(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_freed(PyObject *m, PyObject *t);
+
+/* stablehlo.c: functions from StableHLO text (their methods, added at exec) */
+extern PyMethodDef tpu_stablehlo_methods[];
 
 /* spmd.c: tensors laid over a mesh of local devices */
 PyObject *tpu_py_shard(PyObject *m, PyObject *args);

@@ -453,6 +453,7 @@ static int tpu_mod_exec(PyObject *m) {
   if (rc < 0) return -1;
   st->foreach_type = PyType_FromModuleAndSpec(m, &tpu_foreach_spec, NULL);
   if (!st->foreach_type) return -1;
+  if (PyModule_AddFunctions(m, tpu_stablehlo_methods) < 0) return -1;
 #define TPU_INTERN(f, s) \
   if (!(st->f = PyUnicode_InternFromString(s))) return -1;
   TPU_INTERN(s_data_ptr, "data_ptr")
