@@ -15,6 +15,7 @@ from . import _C, _distributed, _registry, _settings
 from . import device_module as _device_module
 from . import replicas as replicas
 from ._C import metrics as _metrics
+from ._jax import jax_op, stablehlo_op
 
 __version__ = "0.1.0"
 
@@ -160,4 +161,13 @@ def runtime_info() -> dict[str, _Any]:
     return _registry.runtime_info()
 
 
-__all__ = ["eager_mode", "get_eager_mode", "metrics", "metrics_report", "runtime_info", "__version__"]
+__all__ = [
+    "jax_op",
+    "stablehlo_op",
+    "eager_mode",
+    "get_eager_mode",
+    "metrics",
+    "metrics_report",
+    "runtime_info",
+    "__version__",
+]
