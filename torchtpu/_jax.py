@@ -33,8 +33,11 @@ from . import _C, _registry
 _LOCK = threading.RLock()
 _LIB = None
 _OP = None
-_SIGS = {}  # fn id -> ([(shape, dtype)] of the arguments, [...] of the results)
-_BACKWARD = {}  # fn id -> backward(primals, grads) -> grads of the primals (None where not differentiable)
+# A call's `fn` is a handle: the core's id of the function (the same text has
+# the same id) and, per stablehlo_op or jax_op signature, its own backward.
+_IDS = []  # handle -> the core's function id
+_SIGS = {}  # core id -> ([(shape, dtype)] of the arguments, [...] of the results)
+_BACKWARD = {}  # handle -> backward(primals, grads) -> grads of the primals (None where not differentiable)
 _KERNEL = None
 
 
@@ -53,7 +56,7 @@ def _setup():
         lib.define("stablehlo_call(Tensor[] args, int fn) -> Tensor[]")
 
         def tpu_kernel(args, fn):
-            return list(_KERNEL(list(args), fn))
+            return list(_KERNEL(list(args), _IDS[fn]))
 
         lib.impl("stablehlo_call", tpu_kernel, "PrivateUse1")
         torch.library.register_fake("torchtpu::stablehlo_call", _fake, lib=lib)
@@ -63,11 +66,18 @@ def _setup():
         return _OP
 
 
+def _handle(text, tpu_text=None):
+    """Registers text (and its TPU form) with the core: a new handle."""
+    cid = _C.stablehlo_register(text, tpu_text)
+    if cid not in _SIGS:
+        _SIGS[cid] = _C.stablehlo_signature(cid)
+    with _LOCK:
+        _IDS.append(cid)
+        return len(_IDS) - 1
+
+
 def _signature(fn):
-    sig = _SIGS.get(fn)
-    if sig is None:
-        sig = _SIGS[fn] = _C.stablehlo_signature(fn)
-    return sig
+    return _SIGS[_IDS[fn]]
 
 
 def _check(name, args, fn):
@@ -134,7 +144,7 @@ class StableHLOOp:
         if backward is not None and not callable(backward):
             raise TypeError("stablehlo_op: backward must be callable(*primals, *grads) -> grads of the primals")
         _setup()
-        self.fn = _C.stablehlo_register(text, tpu_text)
+        self.fn = _handle(text, tpu_text)
         self.name = name
         self.params, self.results = _signature(self.fn)
         if backward is not None:
@@ -157,7 +167,7 @@ class StableHLOOp:
     def lower_text(self, target=None):
         """The text of a program of one call of this function, for target
         (None: as compiled here; "tpu": with its TPU form, if it has one)."""
-        return _C.stablehlo_program(self.fn, target)
+        return _C.stablehlo_program(_IDS[self.fn], target)
 
 
 def stablehlo_op(text, *, tpu_text=None, backward=None):
@@ -288,9 +298,7 @@ class JaxOp:
                 # a Pallas TPU kernel: interpret mode here, its Mosaic form for the TPU
                 text = _interpreted(lambda: export.export(jax.jit(flat), platforms=["cpu"])(*avals).mlir_module())
                 tpu_text = export.export(jax.jit(flat), platforms=["tpu"])(*avals).mlir_module()
-        fn = _C.stablehlo_register(text, tpu_text)
-        _signature(fn)
-        return fn
+        return _handle(text, tpu_text)
 
     def _entry(self, args, kwargs, key):
         with _LOCK:
@@ -378,7 +386,7 @@ class JaxOp:
             tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else ("static", type(a), a) for a in args),
             tuple(sorted(kwargs.items())),
         )
-        return _C.stablehlo_program(self._entry(args, kwargs, key).fn, target)
+        return _C.stablehlo_program(_IDS[self._entry(args, kwargs, key).fn], target)
 
 
 def jax_op(fn=None, *, name=None):
