@@ -104,6 +104,30 @@ def test_cached_per_signature_and_tree_outputs_and_static_args():
     torch.testing.assert_close(a.cpu(), x.double() * 2)
 
 
+def test_integer_arguments_and_results_unused_arguments_and_double_backward():
+    @torchtpu.jax_op
+    def rows(x, idx, unused):
+        return x[idx] * 2, jnp.argmax(x, axis=1)
+
+    x, idx = torch.randn(5, 3), torch.tensor([0, 2, 2])
+    xt = x.to("tpu").requires_grad_()
+    a, b = rows(xt, idx.to("tpu"), torch.ones(2, device="tpu"))
+    assert torch.equal(b.cpu().long(), x.argmax(1))
+    a.sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), torch.zeros(5, 3).index_add_(0, idx, torch.full((3, 3), 2.0)))
+
+    @torchtpu.jax_op
+    def cube(x):
+        return x**3
+
+    x = torch.randn(4, device="tpu", requires_grad=True)
+    (g,) = torch.autograd.grad(cube(x).sum(), x, create_graph=True)
+    (g2,) = torch.autograd.grad(g.sum(), x)
+    torch.testing.assert_close(g2.cpu(), 6 * x.detach().cpu())
+    with pytest.raises(RuntimeError, match="argument 0 is on cpu, expected a tpu tensor"):
+        cube(torch.randn(4))
+
+
 def test_graph_capture_replays_the_function():
     x, w, _ = _inputs()
     xs, ws = x.to("tpu"), w.to("tpu")

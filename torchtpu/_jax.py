@@ -289,15 +289,20 @@ class JaxOp:
         avals = [jax.ShapeDtypeStruct(tuple(s), jnp.dtype(str(d).split(".")[-1])) for s, d in specs]
         x64 = any(d in _64BIT for _, d in specs)
         plat = _platform()
+
+        def lower(platform):
+            # keep_unused: @main takes every tensor, used or not (a backward's primals)
+            return export.export(jax.jit(flat, keep_unused=True), platforms=[platform])(*avals).mlir_module()
+
         with jax.enable_x64(x64):
             try:
-                text, tpu_text = export.export(jax.jit(flat), platforms=[plat])(*avals).mlir_module(), None
+                text, tpu_text = lower(plat), None
             except ValueError as e:
                 if "interpret mode" not in str(e) or plat != "cpu":
                     raise
                 # a Pallas TPU kernel: interpret mode here, its Mosaic form for the TPU
-                text = _interpreted(lambda: export.export(jax.jit(flat), platforms=["cpu"])(*avals).mlir_module())
-                tpu_text = export.export(jax.jit(flat), platforms=["tpu"])(*avals).mlir_module()
+                text = _interpreted(lambda: lower("cpu"))
+                tpu_text = lower("tpu")
         return _handle(text, tpu_text)
 
     def _entry(self, args, kwargs, key):
