@@ -8,6 +8,7 @@ Pallas kernel runs on the CPU plugin through interpret mode and its TPU
 v5e; `import torchtpu` does not import jax."""
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -126,6 +127,8 @@ def test_integer_arguments_and_results_unused_arguments_and_double_backward():
     torch.testing.assert_close(g2.cpu(), 6 * x.detach().cpu())
     with pytest.raises(RuntimeError, match="argument 0 is on cpu, expected a tpu tensor"):
         cube(torch.randn(4))
+    with pytest.raises(TypeError, match="must be hashable"):
+        rms_norm(x, x, eps=[1])
 
 
 def test_graph_capture_replays_the_function():
@@ -141,6 +144,37 @@ def test_graph_capture_replays_the_function():
             xs.copy_(x2.to("tpu"))
             g.replay()
             torch.testing.assert_close(out.cpu(), rms_norm_torch(x2, w) * 3)
+
+
+def test_graph_capture_of_a_training_step():
+    def run(device, capture):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(8).to(device))
+        opt = torch.optim.SGD([w], lr=0.1)
+        x = torch.randn(4, 8).to(device)
+        norm = rms_norm if device == "tpu" else rms_norm_torch
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            loss = norm(x, w).square().sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        losses = [step().item() for _ in range(2)]
+        if not capture:
+            return losses + [step().item() for _ in range(3)]
+        g = torch.tpu.TPUGraph()
+        with torch.tpu.graph(g):
+            loss = step()
+        for _ in range(3):
+            g.replay()
+            losses.append(loss.item())
+        return losses
+
+    with torchtpu.eager_mode("fused"):
+        ours = run("tpu", True)
+    assert ours == pytest.approx(run("cpu", False), rel=1e-4)
 
 
 def test_torch_compile_forward_and_backward():
@@ -341,7 +375,20 @@ def test_pallas_tpu_program_compiles_for_v5e():
     assert r.stdout.strip() == "mosaic"
 
 
-def test_import_torchtpu_does_not_import_jax():
-    code = "import sys, torch, torchtpu; assert 'jax' not in sys.modules, 'jax imported'; print('ok')"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+_IMPORT = """
+import sys, torch, torchtpu
+assert "jax" not in sys.modules, "import torchtpu imported jax"
+import jax
+f = torchtpu.jax_op(lambda x: x + 1)
+assert f(torch.zeros(2, device="tpu")).cpu().tolist() == [1.0, 1.0]
+from jax._src import xla_bridge
+assert sorted(xla_bridge._backends) == ["cpu"], xla_bridge._backends  # jax never opened libtpu
+print("ok")
+"""
+
+
+def test_import_torchtpu_does_not_import_jax_and_jax_stays_on_its_cpu_backend():
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    r = subprocess.run([sys.executable, "-c", _IMPORT], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+    assert "TPU" not in r.stderr, r.stderr[-2000:]

@@ -368,11 +368,21 @@ class JaxOp:
 
         _BACKWARD[e.fn] = bwd
 
-    def __call__(self, *args, **kwargs):
+    def _key(self, args, kwargs):
         key = (
             tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else ("static", type(a), a) for a in args),
             tuple(sorted(kwargs.items())),
         )
+        try:
+            hash(key)
+        except TypeError:
+            raise TypeError(
+                f"{self.name}: arguments other than tensors are static (part of the cache key) and must be hashable"
+            ) from None
+        return key
+
+    def __call__(self, *args, **kwargs):
+        key = self._key(args, kwargs)
         e = self._entry(args, kwargs, key)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         _check(self.name, tensors, e.fn)
@@ -387,10 +397,7 @@ class JaxOp:
         arguments (tensors or anything with .shape and .dtype: torch dtypes),
         for target (None: as compiled here; "tpu": the TPU form of its Pallas
         kernels)."""
-        key = (
-            tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else ("static", type(a), a) for a in args),
-            tuple(sorted(kwargs.items())),
-        )
+        key = self._key(args, kwargs)
         return _C.stablehlo_program(_IDS[self._entry(args, kwargs, key).fn], target)
 
 
