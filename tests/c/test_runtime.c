@@ -216,6 +216,38 @@ static void test_add(void) {
   tpu_rt_buffer_free(out);
 }
 
+/* A function from StableHLO text in pretty form (locations, a helper it
+ * calls), called twice from a built module and used by a builder op: the
+ * plugin accepts the generic func.call and the private definitions. */
+static void test_extern_call(void) {
+  static const char fn[] =
+      "module @jit_f {\n"
+      "  func.func public @main(%x: tensor<3xf32> loc(\"x\")) -> (tensor<3xf32> {jax.result_info = "
+      "\"r\"}) {\n"
+      "    %0 = call @twice(%x) : (tensor<3xf32>) -> tensor<3xf32> loc(#loc1)\n"
+      "    %1 = stablehlo.multiply %0, %x : tensor<3xf32>\n"
+      "    return %1 : tensor<3xf32>\n  }\n"
+      "  func.func private @twice(%a: tensor<3xf32>) -> tensor<3xf32> {\n"
+      "    %0 = stablehlo.add %a, %a : tensor<3xf32>\n    return %0 : tensor<3xf32>\n  }\n"
+      "}\n#loc1 = loc(\"f.py\":1:2)\n";
+  tpu_hlo_fn *f = NULL;
+  if (!OK(tpu_hlo_fn_parse(fn, sizeof fn - 1, &f), "parse extern")) return;
+  const int64_t d[1] = {3};
+  float x[3] = {1, 2, -3}, z[3], want[3];
+  for (int i = 0; i < 3; i++) want[i] = 2 * (2 * x[i] * x[i]) * (2 * x[i] * x[i]) + 1;
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 1, d)), y, w;
+  tpu_hlo_call(m, f, &a, 1, &y);
+  tpu_hlo_call(m, f, &y, 1, &w);
+  tpu_hv r =
+      tpu_hlo_binary(m, TPU_HLO_ADD, w, tpu_hlo_broadcast_in_dim(m, tpu_hlo_constant(m, TPU_F32, 1), 1, d, NULL));
+  tpu_rt_buffer *args[1] = {upload(x, TPU_F32, 1, d)}, *out;
+  if (run(m, &r, 1, args, 1, &out, "extern call") && download(out, z, sizeof z))
+    check_f32("extern call", z, want, 3, 1e-6);
+  tpu_rt_buffer_free(out);
+  tpu_hlo_fn_free(f);
+}
+
 /* The same add, as hand-written StableHLO text in generic form, so the
  * runtime is checked apart from the builder; the outputs' shape comes from
  * the plugin. */
@@ -1124,6 +1156,7 @@ int main(int argc, char **argv) {
   test_gather();
   test_scatter();
   test_sort();
+  test_extern_call();
   test_rng();
   test_convolution();
   test_reduce_window();
