@@ -336,8 +336,13 @@ def _pallas_swish_mul():
 def test_pallas_kernel_runs_through_interpret_mode_and_has_a_tpu_form():
     op = _pallas_swish_mul()
     x, y = torch.randn(8, 128), torch.randn(8, 128)
-    out = op(x.to("tpu"), y.to("tpu"))
-    torch.testing.assert_close(out.cpu(), torch.nn.functional.silu(x) * y)
+    for mode in MODES:
+        with torchtpu.eager_mode(mode):
+            out = op(x.to("tpu"), y.to("tpu"))
+            torch.testing.assert_close(out.cpu(), torch.nn.functional.silu(x) * y)
+    # jax differentiates no pallas_call without a custom_vjp: a clear error
+    with pytest.raises(RuntimeError, match="could not differentiate.*custom_vjp"):
+        op(x.to("tpu").requires_grad_(), y.to("tpu")).sum().backward()
     here = op.lower_text(x, y)
     tpu = op.lower_text(x, y, target="tpu")
     assert "tpu_custom_call" not in here and "stablehlo.while" in here

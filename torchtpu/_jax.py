@@ -359,7 +359,15 @@ class JaxOp:
         def bwd(primals, cts):
             if not diff:
                 return [None] * n
-            grads = bwd_op(*primals, *[cts[k] for k in fouts])
+            try:
+                grads = bwd_op(*primals, *[cts[k] for k in fouts])
+            except (ValueError, TypeError, NotImplementedError) as err:
+                if type(err).__module__.startswith("torch"):
+                    raise
+                raise RuntimeError(
+                    f"{name}: jax could not differentiate the function ({type(err).__name__}: {err}); "
+                    "a Pallas kernel needs a jax.custom_vjp"
+                ) from err
             grads = grads if isinstance(grads, tuple) else (grads,)
             out = [None] * n
             for i, g in zip(diff, grads):
