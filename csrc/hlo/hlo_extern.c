@@ -329,9 +329,9 @@ static tpu_status *tpu_find_structure(const char *s, size_t n, tpu_shape *sh) {
           continue;
         }
         char c = s[sc.i];
-        depth += (c == '<' || c == '(' || c == '[' || c == '{')   ? 1
-                 : (c == '>' || c == ')' || c == ']' || c == '}') ? -1
-                                                                  : 0;
+        bool arrow = c == '>' && sc.i > 0 && s[sc.i - 1] == '-'; /* affine_map<(d0) -> (d0)> */
+        if (c == '<' || c == '(' || c == '[' || c == '{') depth++;
+        if ((c == '>' && !arrow) || c == ')' || c == ']' || c == '}') depth = depth > 0 ? depth - 1 : 0;
         sc.i++;
       }
       a->e = sc.i;

@@ -141,6 +141,35 @@ static void test_parse(void) {
   tpu_hlo_fn_free(h);
 }
 
+/* Aliases other than locations (an affine map, whose arrow is no closing
+ * bracket) are renamed with the prefix and put before the module. */
+static void test_aliases(void) {
+  const char *t =
+      "#map = affine_map<(d0) -> (d0)>\n"
+      "#loc = loc(unknown)\n"
+      "module {\n  func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> attributes {m = #map} {\n"
+      "    return %a : tensor<2xf32>\n  }\n}\n";
+  tpu_hlo_fn *f = NULL;
+  tpu_status *s = tpu_hlo_fn_parse(t, strlen(t), &f);
+  CHECK(!s && f, "%s", s ? tpu_status_message(s) : "");
+  tpu_status_free(s);
+  if (!f) return;
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, *tpu_hlo_fn_arg(f, 0)), r;
+  tpu_hlo_call(m, f, &a, 1, &r);
+  char *text = NULL;
+  size_t len = 0;
+  s = tpu_hlo_finish(m, &r, 1, &text, &len);
+  char want[128];
+  snprintf(want, sizeof want, "#x%016llx_map = affine_map<(d0) -> (d0)>\nmodule @torchtpu",
+           (unsigned long long)tpu_hlo_fn_hash(f));
+  CHECK(!s && text && strncmp(text, want, strlen(want)) == 0, "%s", text ? text : "");
+  tpu_status_free(s);
+  free(text);
+  tpu_hlo_free(m);
+  tpu_hlo_fn_free(f);
+}
+
 static void bad(const char *text, const char *want) {
   tpu_hlo_fn *f = NULL;
   tpu_status *s = tpu_hlo_fn_parse(text, strlen(text), &f);
@@ -166,6 +195,7 @@ static void test_bad(void) {
 
 int main(void) {
   test_parse();
+  test_aliases();
   test_bad();
   printf("test_hlo_extern: %d passed, %d failed\n", passed, failed);
   return failed != 0;
