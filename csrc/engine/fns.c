@@ -5,6 +5,10 @@
  * until the engine is freed: a program compiled in memory may call any of
  * them. The table grows under its own lock (the lowering may run on any
  * thread). The same text registered twice gets the same id.
+ *
+ * A compile of a program for the TPU (TORCHTPU_AOT_TOPOLOGY's compile-only
+ * target) gives the TPU compiler tpu_engine_retarget's text: each function's
+ * TPU form (a Pallas kernel's Mosaic call) in place of the one run here.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
