@@ -12,7 +12,7 @@ RT      := csrc/runtime/runtime.c csrc/runtime/aot.c
 HLO     := $(wildcard csrc/hlo/*.c)
 CACHE   := csrc/cache/cache.c csrc/cache/sha256.c
 
-.PHONY: setup build test check pytest coverage fuzz dist4 clean bench-setup lint asan-pytest wheel wheel-check
+.PHONY: setup build test check pytest coverage fuzz dist4 clean bench-setup lint asan-pytest wheel wheel-check tpu-check
 
 setup:
 	$(PY) -m venv $(VENV)
@@ -93,6 +93,13 @@ check: | $(BUILD)
 
 pytest:
 	$(VPY) -m pytest -q tests
+
+# The op tests with every program also compiled for a TPU v5e 2x2 slice by
+# libtpu (no TPU needed; refusals counted, not raised): prints the programs
+# compiled for v5e and the refused ones grouped by error (tools/tpu_check.py).
+# Long (tens of minutes on 2 cores): not part of `make test`.
+tpu-check:
+	TORCHTPU_AOT_TOPOLOGY=$${TORCHTPU_AOT_TOPOLOGY:-v5e:2x2} TORCHTPU_AOT_STRICT=0 $(VPY) tools/tpu_check.py $(ARGS)
 
 test: build check pytest
 

@@ -146,4 +146,8 @@ class AotReport:
 
 
 def report():
+    """The report, after running what fused mode has recorded (its programs
+    are compiled when they run)."""
+    if _C.initialized():
+        _C.synchronize()
     return AotReport(_C.aot_report())

@@ -41,7 +41,12 @@ tpu_status *tpu_engine_aot_open(tpu_engine *e) {
                           "TORCHTPU_AOT_TOPOLOGY=%s: compiling for a TPU needs libtpu (pip install libtpu)",
                           e->aot_topology);
   tpu_status *s = tpu_rt_target_open(e->aot_plugin, e->aot_topology, &e->aot);
-  return s ? tpu_status_prefix(s, "TORCHTPU_AOT_TOPOLOGY=%s", e->aot_topology) : NULL;
+  if (!s) return NULL;
+  /* A RuntimeError at the device's first use, as every start setting's */
+  tpu_status *r = tpu_status_new(tpu_status_code(s) == TPU_ERR_MEMORY ? TPU_ERR_MEMORY : TPU_ERR_RUNTIME,
+                                 "TORCHTPU_AOT_TOPOLOGY=%s: %s", e->aot_topology, tpu_status_message(s));
+  tpu_status_free(s);
+  return r;
 }
 
 void tpu_engine_aot_free(tpu_engine *e) {

@@ -46,11 +46,11 @@ static void tpu_aot_env(void) {
 }
 
 /* The entries a compile-only target calls. */
-#define TPU_AOT_REQUIRED(X)                                                                                         \
-  X(Error_Destroy)                                                                                                  \
-  X(Error_Message) X(Error_GetCode) X(TopologyDescription_Create) X(TopologyDescription_Destroy)                    \
-      X(TopologyDescription_PlatformVersion) X(TopologyDescription_GetDeviceDescriptions) X(DeviceDescription_Kind) \
-          X(Compile) X(Executable_Destroy)
+#define TPU_AOT_REQUIRED(X)                                                                                            \
+  X(Error_Destroy)                                                                                                     \
+  X(Error_Message)                                                                                                     \
+  X(Error_GetCode) X(TopologyDescription_Create) X(TopologyDescription_Destroy) X(TopologyDescription_PlatformVersion) \
+      X(TopologyDescription_GetDeviceDescriptions) X(DeviceDescription_Kind) X(Compile) X(Executable_Destroy)
 
 tpu_status *tpu_rt_target_open(const char *path, const char *topology, tpu_rt_target **out) {
   *out = NULL;
@@ -156,15 +156,13 @@ int64_t tpu_rt_target_hbm_bytes(const tpu_rt_target *t) { return t->hbm; }
 
 char *tpu_rt_target_cache_salt(const tpu_rt_target *t) {
   struct stat st;
-  long long size = -1, mtime = -1;
-  if (stat(t->path, &st) == 0) {
-    size = (long long)st.st_size;
-    mtime = (long long)st.st_mtime;
-  }
-  /* The version text (with libtpu's build number) goes last, with its length. */
-  return tpu_strfmt("aot;topology=%s;pjrt=%d.%d;plugin=%s;size=%lld;mtime=%lld;version=[%zu]%s", t->name,
-                    t->api->pjrt_api_version.major_version, t->api->pjrt_api_version.minor_version, t->path, size,
-                    mtime, strlen(t->version), t->version);
+  long long size = stat(t->path, &st) == 0 ? (long long)st.st_size : -1;
+  /* Not the path nor the mtime (runtime.c's salt has them): the version text
+   * carries libtpu's build number, so the same build installed elsewhere (a
+   * TPU VM) finds these entries. It goes last, with its length. */
+  return tpu_strfmt("aot;topology=%s;pjrt=%d.%d;libtpu_size=%lld;version=[%zu]%s", t->name,
+                    t->api->pjrt_api_version.major_version, t->api->pjrt_api_version.minor_version, size,
+                    strlen(t->version), t->version);
 }
 
 /* The compiler's numbers, each where the plugin reports it. */
@@ -188,7 +186,10 @@ static void tpu_aot_read(const tpu_pjrt_api *api, tpu_pjrt_exec *x, tpu_rt_aot_s
         if (TPU_IS("optimal_seconds")) st->optimal_seconds = d;
 #undef TPU_IS
       }
-      if (st->flops >= 0 && st->transcendentals < 0) st->transcendentals = 0; /* reported only when nonzero */
+      if (a.num_properties > 0) { /* flops and transcendentals are reported only when nonzero */
+        if (st->flops < 0) st->flops = 0;
+        if (st->transcendentals < 0) st->transcendentals = 0;
+      }
     }
   }
   if (TPU_HAS(api, Executable_GetCompiledMemoryStats)) {

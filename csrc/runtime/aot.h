@@ -35,8 +35,10 @@ const char *tpu_rt_target_kind(const tpu_rt_target *t);             /* "TPU v5 l
 const char *tpu_rt_target_platform_version(const tpu_rt_target *t); /* libtpu's build */
 int tpu_rt_target_num_devices(const tpu_rt_target *t);
 int64_t tpu_rt_target_hbm_bytes(const tpu_rt_target *t); /* per chip; -1 unknown */
-/* What a serialized executable depends on: the plugin file (path, size,
- * mtime), its PJRT version, the platform version, the topology. Owned. */
+/* What a serialized executable depends on: libtpu's build (the platform
+ * version, which names it, and the file's size), its PJRT version, the
+ * topology. Not the file's path nor mtime: the same build elsewhere matches.
+ * Owned. */
 char *tpu_rt_target_cache_salt(const tpu_rt_target *t);
 
 /* What the compiler says of one program (per chip for a partitioned one).
