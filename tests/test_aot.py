@@ -40,7 +40,8 @@ def run(code, timeout=300, **env):
     return json.loads(lines[-1][len("RESULT ") :])
 
 
-GPT_STEP = """
+GPT_STEP = (
+    """
 import importlib.util, json, os, torch, torchtpu
 spec = importlib.util.spec_from_file_location("char_gpt", os.path.join(%r, "examples", "char_gpt.py"))
 g = importlib.util.module_from_spec(spec)
@@ -58,7 +59,9 @@ print("RESULT", json.dumps(dict(
     topology=r.topology, kind=r.kind, devices=r.devices, hbm=r.hbm_bytes, peak=r.peak_bytes, loss=loss,
     programs=[p.as_dict() for p in r], compiled=m["aot_programs_compiled"], failed=m["aot_programs_failed"],
     report=torchtpu.metrics_report())))
-""" % ROOT
+"""
+    % ROOT
+)
 
 
 def _check_step(res, topology, kind):

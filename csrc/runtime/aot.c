@@ -46,11 +46,12 @@ static void tpu_aot_env(void) {
 }
 
 /* The entries a compile-only target calls. */
-#define TPU_AOT_REQUIRED(X)                                                                                            \
-  X(Error_Destroy)                                                                                                     \
-  X(Error_Message)                                                                                                     \
-  X(Error_GetCode) X(TopologyDescription_Create) X(TopologyDescription_Destroy) X(TopologyDescription_PlatformVersion) \
-      X(TopologyDescription_GetDeviceDescriptions) X(DeviceDescription_Kind) X(Compile) X(Executable_Destroy)
+/* clang-format off */
+#define TPU_AOT_REQUIRED(X) \
+  X(Error_Destroy) X(Error_Message) X(Error_GetCode) X(TopologyDescription_Create) X(TopologyDescription_Destroy) \
+  X(TopologyDescription_PlatformVersion) X(TopologyDescription_GetDeviceDescriptions) X(DeviceDescription_Kind) \
+  X(Compile) X(Executable_Destroy)
+/* clang-format on */
 
 tpu_status *tpu_rt_target_open(const char *path, const char *topology, tpu_rt_target **out) {
   *out = NULL;
