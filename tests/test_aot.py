@@ -28,16 +28,44 @@ LIBTPU = next((c for c in _plugin._candidates("tpu") if os.path.exists(c)), None
 pytestmark = pytest.mark.skipif(LIBTPU is None, reason="libtpu is not installed (pip install libtpu)")
 
 
+def _env(env):
+    return dict(os.environ, **{"TORCHTPU_CACHE_DIR": "", **{k: str(v) for k, v in env.items()}})
+
+
+def _result(rc, out, err):
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert rc == 0 and lines, out[-3000:] + err[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
 def run(code, timeout=300, **env):
     """Runs code in a child with env set (the disk cache off unless given);
     returns the JSON object it printed on its last line starting with RESULT."""
-    full = dict(os.environ, **{"TORCHTPU_CACHE_DIR": "", **{k: str(v) for k, v in env.items()}})
     r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-c", textwrap.dedent(code)], env=_env(env), capture_output=True, text=True, timeout=timeout
     )
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, r.stdout[-3000:] + r.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return _result(r.returncode, r.stdout, r.stderr)
+
+
+class Child:
+    """run() started now, its result awaited later (the children of this file
+    run side by side: most of their time is libtpu's compiler, one core each)."""
+
+    def __init__(self, tmp, name, code, **env):
+        self.out, self.err = open(tmp / f"{name}.out", "w+"), open(tmp / f"{name}.err", "w+")
+        self.p = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)], env=_env(env), stdout=self.out, stderr=self.err, text=True
+        )
+
+    def result(self, timeout=400):
+        try:
+            rc = self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            raise
+        self.out.seek(0)
+        self.err.seek(0)
+        return _result(rc, self.out.read(), self.err.read())
 
 
 GPT_STEP = (
@@ -64,6 +92,31 @@ print("RESULT", json.dumps(dict(
 )
 
 
+@pytest.fixture(scope="module")
+def children(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("aot")
+    kids = dict(
+        strict=Child(tmp, "strict", GPT_STEP, TORCHTPU_EAGER="strict", TORCHTPU_AOT_TOPOLOGY="v5e:2x2"),
+        fused=Child(tmp, "fused", GPT_STEP, TORCHTPU_EAGER="fused", TORCHTPU_AOT_TOPOLOGY="v6e:2x2", AUTOCAST="1"),
+        costs=Child(tmp, "costs", COSTS, TORCHTPU_EAGER="strict", TORCHTPU_AOT_TOPOLOGY="v5e:2x2"),
+        meshes=Child(
+            tmp,
+            "meshes",
+            MESHES,
+            TORCHTPU_EAGER="fused",
+            TORCHTPU_AOT_TOPOLOGY="v5e:2x2",
+            TORCHTPU_AOT_STRICT="0",
+            TORCHTPU_NUM_DEVICES="8",
+        ),
+        bad=Child(tmp, "bad", BAD_NAME, TORCHTPU_AOT_TOPOLOGY="v5e:bogus"),
+    )
+    yield kids
+    for k in kids.values():
+        if k.p.poll() is None:
+            k.p.kill()
+            k.p.wait()
+
+
 def _check_step(res, topology, kind):
     assert res["topology"] == topology and res["kind"] == kind and res["devices"] == 4
     progs = res["programs"]
@@ -77,15 +130,15 @@ def _check_step(res, topology, kind):
     return progs
 
 
-def test_gpt_step_compiles_for_v5e_in_strict_mode():
-    res = run(GPT_STEP, TORCHTPU_EAGER="strict", TORCHTPU_AOT_TOPOLOGY="v5e:2x2")
+def test_gpt_step_compiles_for_v5e_in_strict_mode(children):
+    res = children["strict"].result()
     progs = _check_step(res, "v5e:2x2", "TPU v5 lite")
     names = {p["name"] for p in progs}
     assert len(progs) > 50 and {"aten::mm", "aten::tpu::sdpa", "aten::tpu::sdpa_backward"} <= names, names
 
 
-def test_gpt_step_compiles_for_v6e_fused_under_bf16_autocast():
-    res = run(GPT_STEP, TORCHTPU_EAGER="fused", TORCHTPU_AOT_TOPOLOGY="v6e:2x2", AUTOCAST="1")
+def test_gpt_step_compiles_for_v6e_fused_under_bf16_autocast(children):
+    res = children["fused"].result()
     progs = _check_step(res, "v6e:2x2", "TPU v6 lite")
     assert all(p["name"].startswith("a fused program of ") for p in progs), [p["name"] for p in progs]
     assert len(progs) >= 2  # the forward (loss.item()), then backward and optimizer
@@ -109,8 +162,8 @@ print("RESULT", json.dumps(dict(programs={p.name: p.as_dict() for p in r}, oom=o
 """
 
 
-def test_costs_and_the_hbm_guard():
-    res = run(COSTS, TORCHTPU_EAGER="strict", TORCHTPU_AOT_TOPOLOGY="v5e:2x2")
+def test_costs_and_the_hbm_guard(children):
+    res = children["costs"].result()
     add, mm = res["programs"]["aten::add.Tensor"], res["programs"]["aten::mm"]
     assert add["flops"] == 128 * 128 and add["transcendentals"] == 0
     assert add["argument_bytes"] == 2 * 128 * 128 * 4 and add["output_bytes"] == 128 * 128 * 4
@@ -145,14 +198,8 @@ print("RESULT", json.dumps(dict(out=out, programs=[p.as_dict() for p in r], m=to
 """
 
 
-def test_sharded_programs_compile_over_the_chips_and_not_strict_counts_what_does_not():
-    res = run(
-        MESHES,
-        TORCHTPU_EAGER="fused",
-        TORCHTPU_AOT_TOPOLOGY="v5e:2x2",
-        TORCHTPU_AOT_STRICT="0",
-        TORCHTPU_NUM_DEVICES="8",
-    )
+def test_sharded_programs_compile_over_the_chips_and_not_strict_counts_what_does_not(children):
+    res = children["meshes"].result()
     assert abs(res["out"]["4"] - res["out"]["8"]) < 1e-2 * abs(res["out"]["4"]) + 1e-2
     over = [p for p in res["programs"] if p["partitions"] == 4]
     assert over and all(p["ok"] for p in over), res["programs"]
@@ -163,17 +210,19 @@ def test_sharded_programs_compile_over_the_chips_and_not_strict_counts_what_does
     assert res["m"]["aot_programs_failed"] == len(refused) and res["m"]["aot_programs_too_big"] == 0
 
 
-def test_a_bad_topology_name_is_a_clear_error():
-    code = """
-    import json, torch, torchtpu
-    try:
-        torch.ones(2, device="tpu") + 1
-        err = None
-    except RuntimeError as e:
-        err = str(e)
-    print("RESULT", json.dumps(dict(err=err)))
-    """
-    err = run(code, TORCHTPU_AOT_TOPOLOGY="v5e:bogus")["err"]
+BAD_NAME = """
+import json, torch, torchtpu
+try:
+    torch.ones(2, device="tpu") + 1
+    err = None
+except RuntimeError as e:
+    err = str(e)
+print("RESULT", json.dumps(dict(err=err)))
+"""
+
+
+def test_a_bad_topology_name_is_a_clear_error(children):
+    err = children["bad"].result()["err"]
     assert err and "TORCHTPU_AOT_TOPOLOGY=v5e:bogus" in err and "regex" in err, err
 
 
