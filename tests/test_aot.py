@@ -98,7 +98,9 @@ def children(tmp_path_factory):
     kids = dict(
         strict=Child(tmp, "strict", GPT_STEP, TORCHTPU_EAGER="strict", TORCHTPU_AOT_TOPOLOGY="v5e:2x2"),
         fused=Child(tmp, "fused", GPT_STEP, TORCHTPU_EAGER="fused", TORCHTPU_AOT_TOPOLOGY="v6e:2x2", AUTOCAST="1"),
-        costs=Child(tmp, "costs", COSTS, TORCHTPU_EAGER="strict", TORCHTPU_AOT_TOPOLOGY="v5e:2x2"),
+        costs=Child(
+            tmp, "costs", COSTS, TORCHTPU_EAGER="strict", TORCHTPU_AOT_TOPOLOGY="v5e:2x2", TORCHTPU_NUM_DEVICES="8"
+        ),
         meshes=Child(
             tmp,
             "meshes",
@@ -156,8 +158,15 @@ try:
 except torch.OutOfMemoryError as e:
     oom = str(e)
 after = (torch.ones(3, device="tpu") * 2).tolist()  # the device still works
+from torchtpu import spmd
+try:  # a program over 8 devices (the CPU plugin has them) on v5e:2x2's 4 chips
+    x = spmd.shard(torch.randn(16, 4), spmd.Mesh((8,), ("x",)), [spmd.Shard(0)])
+    (x * 2).sum().item()
+    refused = None
+except RuntimeError as e:
+    refused = str(e)
 r = torchtpu.aot_report()
-print("RESULT", json.dumps(dict(programs={p.name: p.as_dict() for p in r}, oom=oom, after=after,
+print("RESULT", json.dumps(dict(programs={p.name: p.as_dict() for p in r}, oom=oom, after=after, refused=refused,
                                 m=torchtpu.metrics(), summary=str(r))))
 """
 
@@ -176,10 +185,12 @@ def test_costs_and_the_hbm_guard(children):
     assert oom and "does not fit in the memory of a TPU v5e:2x2" in oom and "HBM" in oom, oom
     assert "aten::" in oom  # names the program
     assert res["after"] == [2.0, 2.0, 2.0]
-    big = [p for p in res["programs"].values() if not p["ok"]]
-    assert len(big) == 1 and big[0]["error_kind"] == "out of memory"
+    refused = res["refused"]
+    assert refused and "over 8 devices does not compile for TPU v5e:2x2" in refused, refused
+    big = [p for p in res["programs"].values() if p["error_kind"] == "out of memory"]
+    assert len(big) == 1 and not big[0]["ok"]
     m = res["m"]
-    assert m["aot_programs_too_big"] == 1 and m["aot_programs_failed"] == 1
+    assert m["aot_programs_too_big"] == 1 and m["aot_programs_failed"] == 2
     assert "refused (out of memory) x1" in res["summary"]
 
 

@@ -5,9 +5,10 @@
  * whether it fits in a chip's memory, and keeps the answers for
  * torchtpu.aot_report().
  *
- * Once per distinct program (hash of its options and text): the memory
- * cache's evictions and the execution plugin's disk hits do not compile it
- * again. With the disk tier on, the serialized TPU executable is stored under
+ * Once per distinct program a process (hash of its options and text): a
+ * program compiled again after the memory cache dropped it is not compiled
+ * for the TPU again; one the execution plugin loaded from the disk tier is
+ * (or its TPU executable is loaded from there too). With the disk tier on, the serialized TPU executable is stored under
  * the target's own key (libtpu's build, the topology: aot.h), behind a header
  * holding the report's numbers, so a warm process reports without compiling.
  */
@@ -153,7 +154,9 @@ static uint64_t tpu_aot_hash(const char *text, size_t len, const tpu_rt_compile_
 /* The status a refused program gives: its name, the topology, libtpu's words. */
 static tpu_status *tpu_aot_error(tpu_engine *e, const tpu_aot_prog *p) {
   const char *what = p->code == TPU_ERR_MEMORY ? "does not fit in the memory of a" : "does not compile for";
-  return tpu_status_new(p->code, "%s %s TPU %s (%s; TORCHTPU_AOT_TOPOLOGY): %s", p->name, what, e->aot_topology,
+  /* torch.OutOfMemoryError or RuntimeError, whatever libtpu's code */
+  tpu_code code = p->code == TPU_ERR_MEMORY ? TPU_ERR_MEMORY : TPU_ERR_RUNTIME;
+  return tpu_status_new(code, "%s %s TPU %s (%s; TORCHTPU_AOT_TOPOLOGY): %s", p->name, what, e->aot_topology,
                         tpu_rt_target_kind(e->aot), p->error);
 }
 
