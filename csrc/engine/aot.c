@@ -177,7 +177,7 @@ tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, 
   tpu_aot_prog p;
   memset(&p, 0, sizeof p);
   p.hash = h;
-  p.name = strdup(name);
+  p.name = e->aot_what[0] ? tpu_strfmt("%s: %s", name, e->aot_what) : strdup(name);
   if (!p.name) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   uint8_t *key = NULL;
   size_t keylen = 0;

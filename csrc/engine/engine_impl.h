@@ -187,7 +187,8 @@ struct tpu_engine {
   char *aot_salt;          /* owned: the disk key's prefix of its programs; NULL: not cached on disk */
   tpu_aot_prog *aot_progs; /* owned, naot entries */
   int naot, capaot;
-  bool aot_warned; /* a refused program was reported (not strict) */
+  bool aot_warned;    /* a refused program was reported (not strict) */
+  char aot_what[128]; /* fuse.c: the ops of the flush being compiled, for its AOT name ("" otherwise) */
 };
 
 #define TPU_TOMB ((tpu_record *)1) /* a deleted registry slot */
