@@ -125,10 +125,10 @@ class AotReport:
             lines.append(
                 f"  largest peak HBM {_size(peak)}{share}; {flops:.4g} flops in all; compile {secs:.1f} s in all"
             )
-            lines.append(f"  {'program':<44} {'flops':>10} {'peak HBM':>10} {'temp':>10} {'exec size':>10} {'s':>6}")
+            lines.append(f"  {'program':<56} {'flops':>10} {'peak HBM':>10} {'temp':>10} {'exec size':>10} {'s':>6}")
             for p in sorted(ok, key=lambda p: p.peak_bytes or 0, reverse=True)[:top]:
                 lines.append(
-                    f"  {p.name[:44]:<44} {p.flops or 0:>10.3g} {_size(p.peak_bytes):>10} {_size(p.temp_bytes):>10} "
+                    f"  {p.name[:56]:<56} {p.flops or 0:>10.3g} {_size(p.peak_bytes):>10} {_size(p.temp_bytes):>10} "
                     f"{_size(p.serialized_bytes):>10} {p.compile_seconds:>6.2f}"
                 )
         groups = {}

@@ -16,6 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__ /* defined by the headers above */
+#include <malloc.h>
+#endif
 
 #include "engine_impl.h"
 
@@ -191,6 +194,9 @@ tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, 
     tpu_status *s = tpu_rt_target_compile(e->aot, text, len, o, &p.st, key ? &exe : NULL, key ? &n : NULL);
     int64_t dt = tpu_now_ns() - t0;
     p.seconds = (double)dt / 1e9;
+#ifdef __GLIBC__
+    malloc_trim(0); /* as after the plugin's compiles (programs.c): libtpu's frees go back to the system */
+#endif
     atomic_fetch_add(&e->metrics.aot_ns, dt);
     if (s) {
       p.code = tpu_status_code(s);
