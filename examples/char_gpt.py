@@ -7,7 +7,7 @@ string ("tpu" by default, `--device cpu` to run on the host).
 
     python examples/char_gpt.py --steps 20
     python examples/char_gpt.py --steps 20 --autocast      # bfloat16 autocast
-    TORCHTPU_AOT_TOPOLOGY=v5e:2x2 python examples/char_gpt.py --steps 3
+    TORCHTPU_AOT_TOPOLOGY=v5e:2x2 python examples/char_gpt.py --steps 3 --tokens 5
                      # also compile every program for a TPU v5e 2x2 slice; prints the report
 """
 
