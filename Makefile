@@ -8,11 +8,11 @@ CFLAGS  := -std=c11 -Wall -Wextra -Werror -Wmissing-prototypes -g -Icsrc
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 BUILD   := build/ctest
 CORE    := csrc/core.c
-RT      := csrc/runtime/runtime.c
+RT      := csrc/runtime/runtime.c csrc/runtime/aot.c
 HLO     := $(wildcard csrc/hlo/*.c)
 CACHE   := csrc/cache/cache.c csrc/cache/sha256.c
 
-.PHONY: setup build test check pytest coverage fuzz dist4 clean bench-setup lint asan-pytest wheel wheel-check
+.PHONY: setup build test check pytest coverage fuzz dist4 clean bench-setup lint asan-pytest wheel wheel-check tpu-check
 
 setup:
 	$(PY) -m venv $(VENV)
@@ -55,6 +55,8 @@ bench-setup:
 # The plugin path, found without importing torchtpu (which would load it).
 FIND    := import sys; sys.path.insert(0, "torchtpu"); import _plugin, os; p = _plugin.find()[0]
 plugin  = $(shell $(VPY) -c '$(FIND); print(p)')
+# libtpu, the compiler of the compile-only TPU target (tests/c/test_aot.c); empty when not installed.
+libtpu  = $(shell $(VPY) -c 'import sys, os; sys.path.insert(0, "torchtpu"); import _plugin; print(next((c for c in _plugin._candidates("tpu") if os.path.exists(c)), ""))')
 # The PJRT header to check our declarations against: xla-cpu-pjrt ships one
 # (the newer CPU plugin's wheel does not; the struct layouts only grow).
 pinc    = $(shell $(VPY) -c 'import importlib.util as u, os; print(os.path.join(list(u.find_spec("xla_plugins.xla_cpu_pjrt").submodule_search_locations)[0], "include"))')
@@ -83,6 +85,9 @@ check: | $(BUILD)
 	$(LSAN) $(BUILD)/test_devices $(plugin)
 	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) csrc/engine/prof.c tests/c/test_prof.c -ldl -lpthread -lm -o $(BUILD)/test_prof
 	$(LSAN) $(BUILD)/test_prof $(plugin)
+	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) tests/c/test_aot.c -ldl -lpthread -lm -o $(BUILD)/test_aot
+	@if [ -n "$(libtpu)" ]; then $(LSAN) $(BUILD)/test_aot $(libtpu); \
+	  else echo "test_aot: skipped (libtpu is not installed: pip install libtpu)"; fi
 	@if [ ! -f "$(pinc)/pjrt_c_api.h" ]; then \
 	  echo "test_pjrt_abi: the installed plugin ships no pjrt_c_api.h ($(pinc)) to compare against"; exit 1; fi
 	$(CC) $(CFLAGS) -I"$(pinc)" tests/c/test_pjrt_abi.c -ldl -o $(BUILD)/test_pjrt_abi
@@ -90,6 +95,13 @@ check: | $(BUILD)
 
 pytest:
 	$(VPY) -m pytest -q tests
+
+# The op tests with every program also compiled for a TPU v5e 2x2 slice by
+# libtpu (no TPU needed; refusals counted, not raised): prints the programs
+# compiled for v5e and the refused ones grouped by error (tools/tpu_check.py).
+# Long (tens of minutes on 2 cores): not part of `make test`.
+tpu-check:
+	TORCHTPU_AOT_TOPOLOGY=$${TORCHTPU_AOT_TOPOLOGY:-v5e:2x2} TORCHTPU_AOT_STRICT=0 $(VPY) tools/tpu_check.py $(ARGS)
 
 test: build check pytest
 

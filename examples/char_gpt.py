@@ -7,6 +7,8 @@ string ("tpu" by default, `--device cpu` to run on the host).
 
     python examples/char_gpt.py --steps 20
     python examples/char_gpt.py --steps 20 --autocast      # bfloat16 autocast
+    TORCHTPU_AOT_TOPOLOGY=v5e:2x2 python examples/char_gpt.py --steps 3 --tokens 5
+                     # also compile every program for a TPU v5e 2x2 slice; prints the report
 """
 
 import argparse
@@ -247,6 +249,9 @@ def main():
     prompt = tok.encode(args.prompt).unsqueeze(0).to(args.device)
     out = generate(model, prompt, args.tokens)
     print(repr(tok.decode(out[0].tolist())))
+    if os.environ.get("TORCHTPU_AOT_TOPOLOGY") and args.device.startswith("tpu"):
+        # every program was also compiled for that TPU topology: did each compile, and fit in HBM?
+        print(torchtpu.aot_report())
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ WARNED = [
     "TORCHTPU_COLLECTIVE_CHECKS",
     "TORCHTPU_TENSOR_API",
     "TORCHTPU_CPU_OPT_LEVEL",
+    "TORCHTPU_AOT_STRICT",
 ]
 # Read when the device starts; a bad value is raised at its first use.
 AT_FIRST_USE = ["TORCHTPU_PJRT_PLUGIN", "TORCHTPU_PLATFORM", "TORCHTPU_NUM_DEVICES", "TORCHTPU_GPU_MEMORY_FRACTION"]
@@ -37,7 +38,9 @@ AT_FIRST_USE = ["TORCHTPU_PJRT_PLUGIN", "TORCHTPU_PLATFORM", "TORCHTPU_NUM_DEVIC
 SET_IS_ON = ["TORCHTPU_DEBUG", "TORCHTPU_DUMP_HLO"]
 # A path: any text names a folder.
 PATHS = ["TORCHTPU_CACHE_DIR"]
-ALL = WARNED + AT_FIRST_USE + SET_IS_ON + PATHS
+# A TPU topology libtpu knows; another name is raised at the device's first use (tests/test_aot.py).
+TOPOLOGY = ["TORCHTPU_AOT_TOPOLOGY"]
+ALL = WARNED + AT_FIRST_USE + SET_IS_ON + PATHS + TOPOLOGY
 
 GARBAGE = ["abc", "nan", "inf", "-inf", "1e30", "-7", "99999999999999999999999", "0x10", "2.5.1"]
 

@@ -156,12 +156,25 @@ if _settings.flag("TORCHTPU_METRICS"):
     atexit.register(_report_at_exit)
 
 
+def aot_report():
+    """What the TPU compiler said of every program compiled in this process,
+    when TORCHTPU_AOT_TOPOLOGY names a TPU topology (v5e:2x2 ...): an
+    AotReport (print it for a summary) whose .programs are AotPrograms, each
+    with its name, ok or error, flops, bytes accessed, transcendentals,
+    optimal_seconds, the HBM it needs per chip (argument, output, temp, peak,
+    code), the chip's HBM, its serialized size and compile time."""
+    from . import _aot
+
+    return _aot.report()
+
+
 def runtime_info() -> dict[str, _Any]:
     """The PJRT platform, plugin path and versions in use."""
     return _registry.runtime_info()
 
 
 __all__ = [
+    "aot_report",
     "jax_op",
     "stablehlo_op",
     "eager_mode",

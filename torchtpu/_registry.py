@@ -1393,6 +1393,9 @@ def setup(device_module):
     _C.init(
         path, platform, ndev, _DTYPES, torch._C._from_dlpack, torch.empty, fraction, error, _settings.engine(_C.modes())
     )
+    from . import _aot
+
+    _aot.setup()
     _use_tensor_api()
     _register_profiler()
     device_module._setup_error = error

@@ -36,6 +36,16 @@ GROUPS = [
         ],
     ),
     (
+        "TPU compile-only target (TORCHTPU_AOT_TOPOLOGY)",
+        [
+            ("aot_programs_compiled", "programs compiled for the TPU topology", ""),
+            ("aot_programs_failed", "programs its compiler refused", ""),
+            ("aot_programs_too_big", "of them, larger than a chip's memory", ""),
+            ("aot_disk_cache_hits", "found compiled in the disk cache", ""),
+            ("aot_compile_seconds", "compiling for the TPU", "s"),
+        ],
+    ),
+    (
         "execution",
         [
             ("execute_seconds", "waiting for programs to finish", "s"),

@@ -35,6 +35,7 @@ FLAGS = {
     "TORCHTPU_VALUE_CHECKS": True,
     "TORCHTPU_COLLECTIVE_CHECKS": True,
     "TORCHTPU_TENSOR_API": True,
+    "TORCHTPU_AOT_STRICT": True,
 }
 # read by the engine as "set: on" (any value, empty included)
 SET_IS_ON = ("TORCHTPU_DEBUG", "TORCHTPU_DUMP_HLO")
@@ -118,6 +119,13 @@ def cpu_opt_level():
     if "xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", ""):
         return 0
     return integer("TORCHTPU_CPU_OPT_LEVEL")
+
+
+def aot_topology():
+    """TORCHTPU_AOT_TOPOLOGY: the TPU topology every program is also compiled
+    for (libtpu's names: v5e:2x2, v6e:2x2, v5p:2x2x1 ...); None when unset.
+    A name libtpu does not know is raised at the device's first use."""
+    return os.environ.get("TORCHTPU_AOT_TOPOLOGY", "").strip() or None
 
 
 def engine(modes):

@@ -85,7 +85,8 @@ tpu_status *tpu_engine_start(tpu_engine *e) {
   if (e->rt_error) return tpu_status_new(e->rt_error_code, "%s", e->rt_error);
   if (!e->rt_opts.plugin_path)
     return tpu_status_new(TPU_ERR_RUNTIME, "torchtpu runtime is not initialised (import torchtpu first)");
-  tpu_status *s = tpu_rt_open(&e->rt_opts, &e->rt);
+  tpu_status *s = tpu_engine_aot_open(e);
+  if (!s) s = tpu_rt_open(&e->rt_opts, &e->rt);
   if (s) { /* every later use raises the same error */
     e->rt_error_code = tpu_status_code(s);
     e->rt_error = strdup(tpu_status_message(s));
@@ -137,6 +138,7 @@ void tpu_engine_free(tpu_engine *e) {
   tpu_rt_close(e->rt);
   tpu_engine_fns_free(e);
   pthread_mutex_destroy(&e->fns_lock);
+  tpu_engine_aot_free(e);
   free((char *)e->rt_opts.plugin_path);
   free((char *)e->rt_opts.platform);
   free(e->rt_error);
@@ -177,8 +179,9 @@ void tpu_engine_foreach(tpu_engine *e, bool begin) {
 static tpu_status *tpu_disk_open(tpu_engine *e, const char *dir, int64_t max_bytes, const char *extra) {
   tpu_dcache_free(e->disk);
   free(e->salt);
+  free(e->aot_salt);
   e->disk = NULL;
-  e->salt = NULL;
+  e->salt = e->aot_salt = NULL;
   e->disk_readonly = false;
   e->disk_refused_told = false;
   if (!dir || !*dir) return NULL;
@@ -188,7 +191,10 @@ static tpu_status *tpu_disk_open(tpu_engine *e, const char *dir, int64_t max_byt
   char *base = tpu_rt_cache_salt(e->rt);
   e->salt = base ? tpu_strfmt("%s;%s", base, extra ? extra : "") : NULL;
   free(base);
-  if (!e->salt) {
+  char *abase = e->aot ? tpu_rt_target_cache_salt(e->aot) : NULL;
+  e->aot_salt = abase ? tpu_strfmt("%s;%s", abase, extra ? extra : "") : NULL;
+  free(abase);
+  if (!e->salt || (e->aot && !e->aot_salt)) {
     tpu_dcache_free(dc);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }

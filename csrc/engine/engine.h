@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 
 #include "../call.h"
+#include "../runtime/aot.h"
 #include "../runtime/runtime.h"
 #include "prof.h"
 
@@ -85,32 +86,37 @@ extern const char *const tpu_flush_names[TPU_FLUSH_COUNT];
 
 /* The engine's counters: field, the name torchtpu.metrics() gives it, and
  * whether it counts nanoseconds (shown in seconds). */
-#define TPU_METRICS(X)                                                                          \
-  X(ops_dispatched, "ops_dispatched", 0)                                                        \
-  X(programs_compiled, "programs_compiled", 0)                                                  \
-  X(cache_hits, "cache_hits", 0)                                                                \
-  X(cache_misses, "cache_misses", 0)                                                            \
-  X(compile_ns, "compile_seconds", 1)                                                           \
-  X(execute_ns, "execute_seconds", 1)                                                           \
-  X(h2d_bytes, "h2d_bytes", 0)                                                                  \
-  X(d2h_bytes, "d2h_bytes", 0)                                                                  \
-  X(d2d_bytes, "d2d_bytes", 0) /* copies between local devices */                               \
-  X(records_live, "live_records", 0)                                                            \
-  X(fallback_ops, "fallback_ops", 0)                                                            \
-  X(cache_evictions, "cache_evictions", 0) /* times the program cache was emptied */            \
-  X(disk_hits, "disk_cache_hits", 0)       /* programs loaded from the disk cache */            \
-  X(disk_misses, "disk_cache_misses", 0)   /* not found there (compiled, then written) */       \
-  X(disk_writes, "disk_cache_writes", 0)                                                        \
-  X(disk_corrupt, "disk_cache_corrupt", 0) /* damaged entries found (removed, recompiled) */    \
-  X(disk_refused, "disk_cache_refused", 0) /* untrusted entries (not ours, bad MAC, ...) */     \
-  X(disk_load_ns, "disk_load_seconds", 1)  /* reading and deserializing entries */              \
-  X(fused_programs, "fused_programs_run", 0)                                                    \
-  X(fused_ops, "fused_ops", 0)               /* recorded ops the fused programs ran */          \
-  X(backward_passes, "backward_passes", 0)   /* fused mode: tpu_engine_backward_begins */       \
-  X(graph_replays, "graph_replays", 0)       /* captured graphs run straight from their plan */ \
-  X(ops_pruned, "fused_ops_pruned", 0)       /* recorded ops dropped at a flush (not needed) */ \
-  X(spmd_programs, "spmd_programs_run", 0)   /* programs over a mesh of devices */              \
-  X(replica_colls, "replica_collectives", 0) /* tpu_engine_replica_collective */
+#define TPU_METRICS(X)                                                                           \
+  X(ops_dispatched, "ops_dispatched", 0)                                                         \
+  X(programs_compiled, "programs_compiled", 0)                                                   \
+  X(cache_hits, "cache_hits", 0)                                                                 \
+  X(cache_misses, "cache_misses", 0)                                                             \
+  X(compile_ns, "compile_seconds", 1)                                                            \
+  X(execute_ns, "execute_seconds", 1)                                                            \
+  X(h2d_bytes, "h2d_bytes", 0)                                                                   \
+  X(d2h_bytes, "d2h_bytes", 0)                                                                   \
+  X(d2d_bytes, "d2d_bytes", 0) /* copies between local devices */                                \
+  X(records_live, "live_records", 0)                                                             \
+  X(fallback_ops, "fallback_ops", 0)                                                             \
+  X(cache_evictions, "cache_evictions", 0) /* times the program cache was emptied */             \
+  X(disk_hits, "disk_cache_hits", 0)       /* programs loaded from the disk cache */             \
+  X(disk_misses, "disk_cache_misses", 0)   /* not found there (compiled, then written) */        \
+  X(disk_writes, "disk_cache_writes", 0)                                                         \
+  X(disk_corrupt, "disk_cache_corrupt", 0) /* damaged entries found (removed, recompiled) */     \
+  X(disk_refused, "disk_cache_refused", 0) /* untrusted entries (not ours, bad MAC, ...) */      \
+  X(disk_load_ns, "disk_load_seconds", 1)  /* reading and deserializing entries */               \
+  X(fused_programs, "fused_programs_run", 0)                                                     \
+  X(fused_ops, "fused_ops", 0)                /* recorded ops the fused programs ran */          \
+  X(backward_passes, "backward_passes", 0)    /* fused mode: tpu_engine_backward_begins */       \
+  X(graph_replays, "graph_replays", 0)        /* captured graphs run straight from their plan */ \
+  X(ops_pruned, "fused_ops_pruned", 0)        /* recorded ops dropped at a flush (not needed) */ \
+  X(spmd_programs, "spmd_programs_run", 0)    /* programs over a mesh of devices */              \
+  X(replica_colls, "replica_collectives", 0)  /* tpu_engine_replica_collective */                \
+  X(aot_compiled, "aot_programs_compiled", 0) /* compiled for the AOT topology (aot.c) */        \
+  X(aot_failed, "aot_programs_failed", 0)     /* refused by its compiler (too big included) */   \
+  X(aot_oom, "aot_programs_too_big", 0)       /* refused as larger than a chip's memory */       \
+  X(aot_disk_hits, "aot_disk_cache_hits", 0)  /* found compiled in the disk cache */             \
+  X(aot_ns, "aot_compile_seconds", 1)
 typedef struct {
 #define X(field, name, ns) atomic_llong field;
   TPU_METRICS(X)
@@ -313,6 +319,35 @@ tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_
  * torch storage keeps its size: only the device memory comes and goes. */
 tpu_status *tpu_engine_storage_free(tpu_engine *e, tpu_record *rec);
 void tpu_engine_storage_alloc(tpu_engine *e, tpu_record *rec);
+
+/* ---- compiling for a TPU topology as well (aot.c) -------------------------------------
+ *
+ * With a target set (TORCHTPU_AOT_TOPOLOGY), every program the engine
+ * compiles for its plugin is also compiled for the topology's chips by the
+ * compile-only target of csrc/runtime/aot.h: once per distinct program.
+ * strict: a program the TPU compiler refuses fails the call (too big for a
+ * chip's memory: TPU_ERR_MEMORY), naming it; else it is only recorded. */
+tpu_status *tpu_engine_set_aot(tpu_engine *e, const char *plugin_path, const char *topology, bool strict);
+/* One program compiled for the target (or refused by its compiler). */
+typedef struct {
+  char *name;     /* "aten::add", "a fused program of 12 ops" ... (owned by the engine) */
+  char *error;    /* NULL when it compiled (owned by the engine) */
+  tpu_code code;  /* the error's */
+  double seconds; /* compiling it (when it was compiled, for a cached one) */
+  bool cached;    /* found in the disk cache */
+  tpu_rt_aot_stats st;
+  uint64_t hash; /* of the options and the text */
+} tpu_aot_prog;
+/* The target (NULL strings when none: not set, or the runtime not started). */
+typedef struct {
+  const char *topology, *kind, *platform_version; /* lifetime of the engine */
+  int devices;
+  int64_t hbm_bytes;
+  bool strict;
+  int nprogs;
+  const tpu_aot_prog *progs; /* lifetime: until the next compile */
+} tpu_aot_info;
+void tpu_engine_aot_info(tpu_engine *e, tpu_aot_info *out);
 
 /* ---- replica-mode collectives (replica.c) --------------------------------------------
  *

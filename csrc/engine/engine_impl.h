@@ -12,6 +12,7 @@
  *   fuse.c      fused mode: recording, pruning, keying and running a flush
  *   plan.c      graph plans: torch.compile captures and torch.tpu.graph
  *   fns.c       functions from StableHLO text, by id (tpu::stablehlo_call)
+ *   aot.c       compiling every program for a TPU topology as well
  *   engine.c    the facade: the engine's life and settings, one call by
  *               eager mode, uploads, downloads, sync
  */
@@ -184,6 +185,14 @@ struct tpu_engine {
     tpu_rt_exec *exec;  /* owned */
   } rprogs[TPU_RPROGS]; /* replica-mode collectives' programs, replaced round-robin */
   int rprog_next;
+  char *aot_plugin, *aot_topology; /* owned: the compile-only target to open at the start (aot.c) */
+  bool aot_strict;
+  tpu_rt_target *aot;      /* owned; NULL when off */
+  char *aot_salt;          /* owned: the disk key's prefix of its programs; NULL: not cached on disk */
+  tpu_aot_prog *aot_progs; /* owned, naot entries */
+  int naot, capaot;
+  bool aot_warned;    /* a refused program was reported (not strict) */
+  char aot_what[128]; /* fuse.c: the ops of the flush being compiled, for its AOT name ("" otherwise) */
 };
 
 #define TPU_TOMB ((tpu_record *)1) /* a deleted registry slot */
@@ -203,6 +212,13 @@ typedef struct {
   int n, cap;
   bool oom;
 } tpu_rectab;
+
+/* aot.c: the program (compiled for the plugin) compiled for the TPU target
+ * too, when one is set; an error fails the call only in strict mode. */
+tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, const char *name,
+                                   const tpu_rt_compile_opts *o);
+tpu_status *tpu_engine_aot_open(tpu_engine *e);
+void tpu_engine_aot_free(tpu_engine *e);
 
 static inline int64_t tpu_now_ns(void) {
   struct timespec ts;

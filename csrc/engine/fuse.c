@@ -13,6 +13,29 @@
 
 #include "engine_impl.h"
 
+/* The recorded ops' names for the TPU report's name of the flush (aot.c):
+ * the first three distinct ones, then "..." when there are others. */
+static void tpu_fuse_ops_named(tpu_engine *e) {
+  char *w = e->aot_what;
+  size_t cap = sizeof e->aot_what, n = 0;
+  w[0] = 0;
+  if (!e->aot) return;
+  const tpu_op_row *listed[3];
+  int nl = 0;
+  for (int i = 0; i < e->nnodes; i++) {
+    const tpu_op_row *row = e->nodes[i].row;
+    bool seen = false;
+    for (int k = 0; k < nl; k++) seen = seen || listed[k] == row;
+    if (seen) continue;
+    if (nl == 3 || n + strlen(row->name) + 8 > cap) {
+      snprintf(w + n, cap - n, ", ...");
+      return;
+    }
+    n += (size_t)snprintf(w + n, cap - n, "%s%s", nl ? ", " : "", row->name);
+    listed[nl++] = row;
+  }
+}
+
 /* ---- fused mode ------------------------------------------------------------------ */
 
 static void tpu_graph_ref(tpu_record *r) {
@@ -353,7 +376,9 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     int rows = x.mesh ? (int)tpu_sharding_num_devices(x.mesh) : 1;
     tpu_rt_compile_opts o = {.replicas = 1, .partitions = rows, .spmd = true, .shardy = e->shardy};
     if (x.mesh) snprintf(label, sizeof label, "a program of %d ops over %d devices", e->nnodes, rows);
+    tpu_fuse_ops_named(e);
     s = tpu_engine_compile_with(e, text, len, label, x.mesh ? &o : NULL, &exec);
+    e->aot_what[0] = 0;
   }
   free(text);
   tpu_cache_entry *c = s ? NULL : calloc(1, sizeof *c);

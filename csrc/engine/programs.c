@@ -342,6 +342,12 @@ tpu_status *tpu_engine_compile_with(tpu_engine *e, const char *text, size_t len,
   if (s) {
     s = tpu_status_prefix(s, "compiling %s", name);
     if (e->debug) fprintf(stderr, "%s\n", text);
+    return s;
+  }
+  /* The TPU target's compile (aot.c), after a load from disk as well. */
+  if ((s = tpu_engine_aot_compile(e, text, len, name, o))) {
+    tpu_rt_exec_free(*exec);
+    *exec = NULL;
   }
   return s;
 }

@@ -225,6 +225,10 @@ static tpu_status *tpu_replica_exec(tpu_engine *e, char *text, size_t len, int n
   atomic_fetch_add(&e->metrics.compile_ns, tpu_now_ns() - t0);
   atomic_fetch_add(&e->metrics.programs_compiled, 1);
   if (e->dump_hlo || (s && e->debug)) fprintf(stderr, "%s\n", text);
+  if (!s && (s = tpu_engine_aot_compile(e, text, len, "a replica collective", n == 1 ? NULL : &o))) {
+    tpu_rt_exec_free(*exec);
+    *exec = NULL;
+  }
   if (s) {
     free(text);
     return s;

@@ -148,6 +148,9 @@ extern PyMethodDef tpu_stablehlo_methods[];
 
 /* spmd.c: tensors laid over a mesh of local devices */
 PyObject *tpu_py_shard(PyObject *m, PyObject *args);
+/* aot.c */
+PyObject *tpu_py_set_aot(PyObject *m, PyObject *args);
+PyObject *tpu_py_aot_report(PyObject *m, PyObject *noargs);
 PyObject *tpu_py_sharding(PyObject *m, PyObject *args);
 PyObject *tpu_py_mesh_like(PyObject *m, PyObject *args);
 PyObject *tpu_py_spmd_partitioner(PyObject *m, PyObject *name);

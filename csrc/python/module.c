@@ -402,6 +402,8 @@ static PyMethodDef tpu_methods[] = {
     {"matmul_precision", tpu_py_matmul_precision, METH_VARARGS, "matmul_precision([p]) -> p"},
     {"value_checks", tpu_py_value_checks, METH_VARARGS, "value_checks([on]) -> on"},
     {"disk_cache", tpu_py_disk_cache, METH_VARARGS, "disk_cache(dir, max_bytes, extra_salt)"},
+    {"set_aot", tpu_py_set_aot, METH_VARARGS, "set_aot(libtpu, topology, strict): compile for a TPU as well"},
+    {"aot_report", tpu_py_aot_report, METH_NOARGS, "aot_report() -> the TPU target and its programs"},
     {"eager_mode", tpu_py_eager_mode, METH_VARARGS, "eager_mode([name[, sync]]) -> the mode's name"},
     {"modes", tpu_py_modes, METH_NOARGS, "modes() -> the eager modes' names"},
     {"synchronize", tpu_py_synchronize, METH_NOARGS, "Wait for every launched computation."},

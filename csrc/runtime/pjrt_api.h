@@ -30,78 +30,104 @@ typedef struct tpu_pjrt_serialized tpu_pjrt_serialized;
 typedef tpu_pjrt_error *(*tpu_pjrt_fn)(void *args);
 
 /* The function table, in ABI order. */
-#define TPU_PJRT_ENTRIES(X)                \
-  X(Error_Destroy)                         \
-  X(Error_Message)                         \
-  X(Error_GetCode)                         \
-  X(Plugin_Initialize)                     \
-  X(Plugin_Attributes)                     \
-  X(Event_Destroy)                         \
-  X(Event_IsReady)                         \
-  X(Event_Error)                           \
-  X(Event_Await)                           \
-  X(Event_OnReady)                         \
-  X(Client_Create)                         \
-  X(Client_Destroy)                        \
-  X(Client_PlatformName)                   \
-  X(Client_ProcessIndex)                   \
-  X(Client_PlatformVersion)                \
-  X(Client_Devices)                        \
-  X(Client_AddressableDevices)             \
-  X(Client_LookupDevice)                   \
-  X(Client_LookupAddressableDevice)        \
-  X(Client_AddressableMemories)            \
-  X(Client_Compile)                        \
-  X(Client_DefaultDeviceAssignment)        \
-  X(Client_BufferFromHostBuffer)           \
-  X(DeviceDescription_Id)                  \
-  X(DeviceDescription_ProcessIndex)        \
-  X(DeviceDescription_Attributes)          \
-  X(DeviceDescription_Kind)                \
-  X(DeviceDescription_DebugString)         \
-  X(DeviceDescription_ToString)            \
-  X(Device_GetDescription)                 \
-  X(Device_IsAddressable)                  \
-  X(Device_LocalHardwareId)                \
-  X(Device_AddressableMemories)            \
-  X(Device_DefaultMemory)                  \
-  X(Device_MemoryStats)                    \
-  X(Memory_Id)                             \
-  X(Memory_Kind)                           \
-  X(Memory_DebugString)                    \
-  X(Memory_ToString)                       \
-  X(Memory_AddressableByDevices)           \
-  X(Executable_Destroy)                    \
-  X(Executable_Name)                       \
-  X(Executable_NumReplicas)                \
-  X(Executable_NumPartitions)              \
-  X(Executable_NumOutputs)                 \
-  X(Executable_SizeOfGeneratedCodeInBytes) \
-  X(Executable_GetCostAnalysis)            \
-  X(Executable_OutputMemoryKinds)          \
-  X(Executable_OptimizedProgram)           \
-  X(Executable_Serialize)                  \
-  X(LoadedExecutable_Destroy)              \
-  X(LoadedExecutable_GetExecutable)        \
-  X(LoadedExecutable_AddressableDevices)   \
-  X(LoadedExecutable_Delete)               \
-  X(LoadedExecutable_IsDeleted)            \
-  X(LoadedExecutable_Execute)              \
-  X(Executable_DeserializeAndLoad)         \
-  X(LoadedExecutable_Fingerprint)          \
-  X(Buffer_Destroy)                        \
-  X(Buffer_ElementType)                    \
-  X(Buffer_Dimensions)                     \
-  X(Buffer_UnpaddedDimensions)             \
-  X(Buffer_DynamicDimensionIndices)        \
-  X(Buffer_GetMemoryLayout)                \
-  X(Buffer_OnDeviceSizeInBytes)            \
-  X(Buffer_Device)                         \
-  X(Buffer_Memory)                         \
-  X(Buffer_Delete)                         \
-  X(Buffer_IsDeleted)                      \
-  X(Buffer_CopyToDevice)                   \
-  X(Buffer_ToHostBuffer)
+#define TPU_PJRT_ENTRIES(X)                    \
+  X(Error_Destroy)                             \
+  X(Error_Message)                             \
+  X(Error_GetCode)                             \
+  X(Plugin_Initialize)                         \
+  X(Plugin_Attributes)                         \
+  X(Event_Destroy)                             \
+  X(Event_IsReady)                             \
+  X(Event_Error)                               \
+  X(Event_Await)                               \
+  X(Event_OnReady)                             \
+  X(Client_Create)                             \
+  X(Client_Destroy)                            \
+  X(Client_PlatformName)                       \
+  X(Client_ProcessIndex)                       \
+  X(Client_PlatformVersion)                    \
+  X(Client_Devices)                            \
+  X(Client_AddressableDevices)                 \
+  X(Client_LookupDevice)                       \
+  X(Client_LookupAddressableDevice)            \
+  X(Client_AddressableMemories)                \
+  X(Client_Compile)                            \
+  X(Client_DefaultDeviceAssignment)            \
+  X(Client_BufferFromHostBuffer)               \
+  X(DeviceDescription_Id)                      \
+  X(DeviceDescription_ProcessIndex)            \
+  X(DeviceDescription_Attributes)              \
+  X(DeviceDescription_Kind)                    \
+  X(DeviceDescription_DebugString)             \
+  X(DeviceDescription_ToString)                \
+  X(Device_GetDescription)                     \
+  X(Device_IsAddressable)                      \
+  X(Device_LocalHardwareId)                    \
+  X(Device_AddressableMemories)                \
+  X(Device_DefaultMemory)                      \
+  X(Device_MemoryStats)                        \
+  X(Memory_Id)                                 \
+  X(Memory_Kind)                               \
+  X(Memory_DebugString)                        \
+  X(Memory_ToString)                           \
+  X(Memory_AddressableByDevices)               \
+  X(Executable_Destroy)                        \
+  X(Executable_Name)                           \
+  X(Executable_NumReplicas)                    \
+  X(Executable_NumPartitions)                  \
+  X(Executable_NumOutputs)                     \
+  X(Executable_SizeOfGeneratedCodeInBytes)     \
+  X(Executable_GetCostAnalysis)                \
+  X(Executable_OutputMemoryKinds)              \
+  X(Executable_OptimizedProgram)               \
+  X(Executable_Serialize)                      \
+  X(LoadedExecutable_Destroy)                  \
+  X(LoadedExecutable_GetExecutable)            \
+  X(LoadedExecutable_AddressableDevices)       \
+  X(LoadedExecutable_Delete)                   \
+  X(LoadedExecutable_IsDeleted)                \
+  X(LoadedExecutable_Execute)                  \
+  X(Executable_DeserializeAndLoad)             \
+  X(LoadedExecutable_Fingerprint)              \
+  X(Buffer_Destroy)                            \
+  X(Buffer_ElementType)                        \
+  X(Buffer_Dimensions)                         \
+  X(Buffer_UnpaddedDimensions)                 \
+  X(Buffer_DynamicDimensionIndices)            \
+  X(Buffer_GetMemoryLayout)                    \
+  X(Buffer_OnDeviceSizeInBytes)                \
+  X(Buffer_Device)                             \
+  X(Buffer_Memory)                             \
+  X(Buffer_Delete)                             \
+  X(Buffer_IsDeleted)                          \
+  X(Buffer_CopyToDevice)                       \
+  X(Buffer_ToHostBuffer)                       \
+  X(Buffer_IsOnCpu)                            \
+  X(Buffer_ReadyEvent)                         \
+  X(Buffer_UnsafePointer)                      \
+  X(Buffer_IncreaseExternalReferenceCount)     \
+  X(Buffer_DecreaseExternalReferenceCount)     \
+  X(Buffer_OpaqueDeviceMemoryDataPointer)      \
+  X(CopyToDeviceStream_Destroy)                \
+  X(CopyToDeviceStream_AddChunk)               \
+  X(CopyToDeviceStream_TotalBytes)             \
+  X(CopyToDeviceStream_GranuleSize)            \
+  X(CopyToDeviceStream_CurrentBytes)           \
+  X(TopologyDescription_Create)                \
+  X(TopologyDescription_Destroy)               \
+  X(TopologyDescription_PlatformName)          \
+  X(TopologyDescription_PlatformVersion)       \
+  X(TopologyDescription_GetDeviceDescriptions) \
+  X(TopologyDescription_Serialize)             \
+  X(TopologyDescription_Attributes)            \
+  X(Compile)                                   \
+  X(Executable_OutputElementTypes)             \
+  X(Executable_OutputDimensions)               \
+  X(Buffer_CopyToMemory)                       \
+  X(Client_CreateViewOfDeviceBuffer)           \
+  X(Executable_Fingerprint)                    \
+  X(Client_TopologyDescription)                \
+  X(Executable_GetCompiledMemoryStats)
 
 typedef struct {
   size_t struct_size;
@@ -437,5 +463,84 @@ typedef struct {
   size_t dst_size;
   tpu_pjrt_event *event; /* out */
 } tpu_pjrt_to_host_args;
+
+/* ---- compiling for a topology without a client (aot.c) -------------------- */
+
+typedef struct tpu_pjrt_topology tpu_pjrt_topology;
+
+typedef struct {
+  TPU_PJRT_HEAD;
+  const char *topology_name;
+  size_t topology_name_size;
+  const tpu_pjrt_named_value *create_options;
+  size_t num_options;
+  tpu_pjrt_topology *topology; /* out */
+} tpu_pjrt_topology_create_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_topology *topology;
+} tpu_pjrt_topology_destroy_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_topology *topology;
+  const char *str;               /* out, lifetime of the topology */
+  size_t size;                   /* out */
+} tpu_pjrt_topology_string_args; /* PlatformName, PlatformVersion */
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_topology *topology;
+  tpu_pjrt_device_desc *const *descriptions; /* out, lifetime of the topology */
+  size_t num_descriptions;                   /* out */
+} tpu_pjrt_topology_devices_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_device_desc *desc;
+  size_t num_attributes;                  /* out */
+  const tpu_pjrt_named_value *attributes; /* out, lifetime of the description */
+} tpu_pjrt_desc_attributes_args;
+
+/* PJRT_Compile: client may be NULL (compile-only); the executable is not loaded. */
+typedef struct {
+  TPU_PJRT_HEAD;
+  const tpu_pjrt_topology *topology;
+  const tpu_pjrt_program *program;
+  const char *compile_options;
+  size_t compile_options_size;
+  tpu_pjrt_client *client;
+  tpu_pjrt_exec *executable; /* out */
+} tpu_pjrt_topology_compile_args;
+
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_exec *executable;
+  size_t num_partitions; /* out */
+} tpu_pjrt_num_partitions_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_exec *executable;
+  size_t num_properties;                  /* out */
+  const tpu_pjrt_named_value *properties; /* out, lifetime of the executable */
+} tpu_pjrt_cost_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_exec *executable;
+  const char *fingerprint; /* out, lifetime of the executable */
+  size_t fingerprint_size; /* out */
+} tpu_pjrt_fingerprint_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_exec *executable;
+  int64_t generated_code_size_in_bytes; /* out: device memory */
+  int64_t argument_size_in_bytes;
+  int64_t output_size_in_bytes;
+  int64_t alias_size_in_bytes;
+  int64_t temp_size_in_bytes;
+  int64_t host_generated_code_size_in_bytes; /* out: host memory */
+  int64_t host_argument_size_in_bytes;
+  int64_t host_output_size_in_bytes;
+  int64_t host_alias_size_in_bytes;
+  int64_t host_temp_size_in_bytes;
+  int64_t peak_memory_in_bytes; /* out: device */
+} tpu_pjrt_memory_args;
 
 #endif

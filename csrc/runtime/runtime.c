@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "pjrt_api.h"
+#include "rt_shared.h"
 
 struct tpu_rt {
   const tpu_pjrt_api *api;         /* lifetime of the process */
@@ -54,9 +54,6 @@ struct tpu_rt_exec {
   int *row_dev; /* rows > 1: the device index of each row (owned) */
 };
 
-#define TPU_HAS(api, name) \
-  ((api)->struct_size >= offsetof(tpu_pjrt_api, name) + sizeof(tpu_pjrt_fn) && (api)->name != NULL)
-
 /* Error_Message and Error_Destroy return nothing; the table types every
  * entry alike, so they are called through their real type. */
 typedef void (*tpu_pjrt_void_fn)(void *args);
@@ -88,7 +85,7 @@ static tpu_code tpu_rt_err_code(const tpu_pjrt_api *api, tpu_pjrt_error *err) {
 
 /* Turns a PJRT error (owned; destroyed here) into a status whose message is
  * "<what>: <the plugin's message>". NULL stays NULL. */
-static tpu_status *tpu_rt_err(const tpu_pjrt_api *api, tpu_pjrt_error *err, const char *what) {
+tpu_status *tpu_rt_pjrt_status(const tpu_pjrt_api *api, tpu_pjrt_error *err, const char *what) {
   if (!err) return NULL;
   /* The message is not NUL-terminated and lives as long as err. */
   tpu_pjrt_error_message_args m = {TPU_PJRT_SIZE(tpu_pjrt_error_message_args, message_size), NULL, err, NULL, 0};
@@ -100,13 +97,13 @@ static tpu_status *tpu_rt_err(const tpu_pjrt_api *api, tpu_pjrt_error *err, cons
   return s;
 }
 
-#define TPU_CALL(rt_api, name, args) tpu_rt_err((rt_api), (rt_api)->name(args), "PJRT_" #name)
+#define TPU_CALL(rt_api, name, args) tpu_rt_pjrt_status((rt_api), (rt_api)->name(args), "PJRT_" #name)
 
 static tpu_status *tpu_rt_event_finish(const tpu_pjrt_api *api, tpu_pjrt_event *ev, const char *what) {
   if (!ev) return NULL;
   tpu_pjrt_event_args a = {TPU_PJRT_SIZE(tpu_pjrt_event_args, event), NULL, ev};
-  tpu_status *s = tpu_rt_err(api, api->Event_Await(&a), what);
-  tpu_status *d = tpu_rt_err(api, api->Event_Destroy(&a), "PJRT_Event_Destroy");
+  tpu_status *s = tpu_rt_pjrt_status(api, api->Event_Await(&a), what);
+  tpu_status *d = tpu_rt_pjrt_status(api, api->Event_Destroy(&a), "PJRT_Event_Destroy");
   if (!s) return d;
   tpu_status_free(d);
   return s;
@@ -184,9 +181,8 @@ static size_t tpu_pb_varint(uint8_t *p, uint64_t v) {
  * env_option_overrides (and the optimization level when one is set). The
  * fields that let XLA choose shardings of parameters and outputs (12, 18)
  * stay unset: declared shardings hold. */
-enum { TPU_RT_OPTS_MAX = 128 };
 _Static_assert(sizeof tpu_opt_level_override == 38, "one map entry: a 30-byte key and an int value");
-static size_t tpu_rt_encode_options(const tpu_rt_compile_opts *o, bool portable, int opt_level, uint8_t *out) {
+size_t tpu_rt_encode_options(const tpu_rt_compile_opts *o, bool portable, int opt_level, uint8_t *out) {
   uint8_t b[32];
   size_t n = 0;
   int rep = o && o->replicas > 0 ? o->replicas : 1, part = o && o->partitions > 0 ? o->partitions : 1;

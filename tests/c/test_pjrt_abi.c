@@ -383,6 +383,77 @@ static void test_structs(void) {
   SAME(tpu_pjrt_to_host_args, dst_size, PJRT_Buffer_ToHostBuffer_Args, dst_size);
   SAME(tpu_pjrt_to_host_args, event, PJRT_Buffer_ToHostBuffer_Args, event);
   SIZE(tpu_pjrt_to_host_args, event, PJRT_Buffer_ToHostBuffer_Args);
+
+  /* compiling for a topology without a client (aot.c) */
+  HEAD(tpu_pjrt_topology_create_args, PJRT_TopologyDescription_Create_Args);
+  SAME(tpu_pjrt_topology_create_args, topology_name, PJRT_TopologyDescription_Create_Args, topology_name);
+  SAME(tpu_pjrt_topology_create_args, topology_name_size, PJRT_TopologyDescription_Create_Args, topology_name_size);
+  SAME(tpu_pjrt_topology_create_args, create_options, PJRT_TopologyDescription_Create_Args, create_options);
+  SAME(tpu_pjrt_topology_create_args, num_options, PJRT_TopologyDescription_Create_Args, num_options);
+  SAME(tpu_pjrt_topology_create_args, topology, PJRT_TopologyDescription_Create_Args, topology);
+  SIZE(tpu_pjrt_topology_create_args, topology, PJRT_TopologyDescription_Create_Args);
+  HEAD(tpu_pjrt_topology_destroy_args, PJRT_TopologyDescription_Destroy_Args);
+  SAME(tpu_pjrt_topology_destroy_args, topology, PJRT_TopologyDescription_Destroy_Args, topology);
+  SIZE(tpu_pjrt_topology_destroy_args, topology, PJRT_TopologyDescription_Destroy_Args);
+  HEAD(tpu_pjrt_topology_string_args, PJRT_TopologyDescription_PlatformVersion_Args);
+  SAME(tpu_pjrt_topology_string_args, topology, PJRT_TopologyDescription_PlatformVersion_Args, topology);
+  SAME(tpu_pjrt_topology_string_args, str, PJRT_TopologyDescription_PlatformVersion_Args, platform_version);
+  SAME(tpu_pjrt_topology_string_args, size, PJRT_TopologyDescription_PlatformVersion_Args, platform_version_size);
+  SIZE(tpu_pjrt_topology_string_args, size, PJRT_TopologyDescription_PlatformVersion_Args);
+  HEAD(tpu_pjrt_topology_string_args, PJRT_TopologyDescription_PlatformName_Args);
+  SAME(tpu_pjrt_topology_string_args, topology, PJRT_TopologyDescription_PlatformName_Args, topology);
+  SAME(tpu_pjrt_topology_string_args, str, PJRT_TopologyDescription_PlatformName_Args, platform_name);
+  SAME(tpu_pjrt_topology_string_args, size, PJRT_TopologyDescription_PlatformName_Args, platform_name_size);
+  SIZE(tpu_pjrt_topology_string_args, size, PJRT_TopologyDescription_PlatformName_Args);
+  HEAD(tpu_pjrt_topology_devices_args, PJRT_TopologyDescription_GetDeviceDescriptions_Args);
+  SAME(tpu_pjrt_topology_devices_args, topology, PJRT_TopologyDescription_GetDeviceDescriptions_Args, topology);
+  SAME(tpu_pjrt_topology_devices_args, descriptions, PJRT_TopologyDescription_GetDeviceDescriptions_Args, descriptions);
+  SAME(tpu_pjrt_topology_devices_args, num_descriptions, PJRT_TopologyDescription_GetDeviceDescriptions_Args,
+       num_descriptions);
+  SIZE(tpu_pjrt_topology_devices_args, num_descriptions, PJRT_TopologyDescription_GetDeviceDescriptions_Args);
+  HEAD(tpu_pjrt_desc_attributes_args, PJRT_DeviceDescription_Attributes_Args);
+  SAME(tpu_pjrt_desc_attributes_args, desc, PJRT_DeviceDescription_Attributes_Args, device_description);
+  SAME(tpu_pjrt_desc_attributes_args, num_attributes, PJRT_DeviceDescription_Attributes_Args, num_attributes);
+  SAME(tpu_pjrt_desc_attributes_args, attributes, PJRT_DeviceDescription_Attributes_Args, attributes);
+  SIZE(tpu_pjrt_desc_attributes_args, attributes, PJRT_DeviceDescription_Attributes_Args);
+  HEAD(tpu_pjrt_topology_compile_args, PJRT_Compile_Args);
+  SAME(tpu_pjrt_topology_compile_args, topology, PJRT_Compile_Args, topology);
+  SAME(tpu_pjrt_topology_compile_args, program, PJRT_Compile_Args, program);
+  SAME(tpu_pjrt_topology_compile_args, compile_options, PJRT_Compile_Args, compile_options);
+  SAME(tpu_pjrt_topology_compile_args, compile_options_size, PJRT_Compile_Args, compile_options_size);
+  SAME(tpu_pjrt_topology_compile_args, client, PJRT_Compile_Args, client);
+  SAME(tpu_pjrt_topology_compile_args, executable, PJRT_Compile_Args, executable);
+  SIZE(tpu_pjrt_topology_compile_args, executable, PJRT_Compile_Args);
+  HEAD(tpu_pjrt_num_partitions_args, PJRT_Executable_NumPartitions_Args);
+  SAME(tpu_pjrt_num_partitions_args, executable, PJRT_Executable_NumPartitions_Args, executable);
+  SAME(tpu_pjrt_num_partitions_args, num_partitions, PJRT_Executable_NumPartitions_Args, num_partitions);
+  SIZE(tpu_pjrt_num_partitions_args, num_partitions, PJRT_Executable_NumPartitions_Args);
+  HEAD(tpu_pjrt_cost_args, PJRT_Executable_GetCostAnalysis_Args);
+  SAME(tpu_pjrt_cost_args, executable, PJRT_Executable_GetCostAnalysis_Args, executable);
+  SAME(tpu_pjrt_cost_args, num_properties, PJRT_Executable_GetCostAnalysis_Args, num_properties);
+  SAME(tpu_pjrt_cost_args, properties, PJRT_Executable_GetCostAnalysis_Args, properties);
+  SIZE(tpu_pjrt_cost_args, properties, PJRT_Executable_GetCostAnalysis_Args);
+  HEAD(tpu_pjrt_fingerprint_args, PJRT_Executable_Fingerprint_Args);
+  SAME(tpu_pjrt_fingerprint_args, executable, PJRT_Executable_Fingerprint_Args, executable);
+  SAME(tpu_pjrt_fingerprint_args, fingerprint, PJRT_Executable_Fingerprint_Args, executable_fingerprint);
+  SAME(tpu_pjrt_fingerprint_args, fingerprint_size, PJRT_Executable_Fingerprint_Args, executable_fingerprint_size);
+  SIZE(tpu_pjrt_fingerprint_args, fingerprint_size, PJRT_Executable_Fingerprint_Args);
+#define MEM(f) SAME(tpu_pjrt_memory_args, f, PJRT_Executable_GetCompiledMemoryStats_Args, f)
+  HEAD(tpu_pjrt_memory_args, PJRT_Executable_GetCompiledMemoryStats_Args);
+  MEM(executable);
+  MEM(generated_code_size_in_bytes);
+  MEM(argument_size_in_bytes);
+  MEM(output_size_in_bytes);
+  MEM(alias_size_in_bytes);
+  MEM(temp_size_in_bytes);
+  MEM(host_generated_code_size_in_bytes);
+  MEM(host_argument_size_in_bytes);
+  MEM(host_output_size_in_bytes);
+  MEM(host_alias_size_in_bytes);
+  MEM(host_temp_size_in_bytes);
+  MEM(peak_memory_in_bytes);
+#undef MEM
+  SIZE(tpu_pjrt_memory_args, peak_memory_in_bytes, PJRT_Executable_GetCompiledMemoryStats_Args);
 }
 
 /* The function table: our entries are a prefix of upstream's, in order. */
