@@ -8,6 +8,7 @@ Pallas kernel runs on the CPU plugin through interpret mode and its TPU
 v5e; `import torchtpu` does not import jax."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -351,33 +352,78 @@ def test_pallas_kernel_runs_through_interpret_mode_and_has_a_tpu_form():
     assert "@tpu_custom_call(" in torchtpu._C.stablehlo_retarget(here, "tpu")
 
 
-# Compiles a program's text for a v5e 2x2 topology with libtpu, no TPU
-# needed: jax's compile-only client (torchtpu's own route is
-# TORCHTPU_AOT_TOPOLOGY; this checks the text alone).
-_V5E = """
-import sys
-from jax.experimental import topologies
-from jax._src import compiler
-from jax._src.interpreters import mlir
-from jax._src.lib import xla_client as xc
-from jax._src.lib.mlir import ir
-topo = topologies.get_topology_desc("v5e:2x2", "tpu")
-dev = topo.devices[0]
-opts = compiler.get_compile_options(num_replicas=1, num_partitions=1)
-with mlir.make_ir_context():
-    module = ir.Module.parse(sys.stdin.read())
-    exe = dev.client.compile(module, executable_devices=xc.DeviceList((dev,)), compile_options=opts)
-print("mosaic" if "tpu_custom_call" in exe.hlo_modules()[0].to_string() else "no mosaic")
+# A training step with a Pallas kernel (a custom_vjp: its backward in plain
+# JAX), run on the CPU plugin (interpret mode) while TORCHTPU_AOT_TOPOLOGY
+# compiles every program for v5e with the kernel's Mosaic form; and a
+# function whose TPU form is broken, which the TPU compile refuses (what it
+# compiles is the TPU form, not the one run here).
+_AOT_STEP = """
+import json, jax, torch, torchtpu
+from jax.experimental import pallas as pl
+
+def kernel(x_ref, y_ref, o_ref):
+    x = x_ref[...]
+    o_ref[...] = x * jax.nn.sigmoid(x) * y_ref[...]
+
+@jax.custom_vjp
+def swish_mul(x, y):
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+
+def fwd(x, y):
+    return swish_mul(x, y), (x, y)
+
+def bwd(res, g):
+    x, y = res
+    s = jax.nn.sigmoid(x)
+    return g * y * (s + x * s * (1 - s)), g * x * s
+
+swish_mul.defvjp(fwd, bwd)
+op = torchtpu.jax_op(swish_mul)
+torch.manual_seed(0)
+lin = torch.nn.Linear(128, 128)
+x, y = torch.randn(8, 128), torch.randn(8, 128)
+ref = torch.nn.Linear(128, 128)
+ref.load_state_dict(lin.state_dict())
+lin = lin.to("tpu")
+opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+losses = []
+for _ in range(2):
+    opt.zero_grad()
+    loss = op(lin(x.to("tpu")), y.to("tpu")).pow(2).mean()
+    loss.backward()
+    opt.step()
+    ropt.zero_grad()
+    rloss = (torch.nn.functional.silu(ref(x)) * y).pow(2).mean()
+    rloss.backward()
+    ropt.step()
+    losses.append((loss.item(), rloss.item()))
+text = op.lower_text(x, y)
+good = [p.as_dict() for p in torchtpu.aot_report()]
+broken = torchtpu.stablehlo_op(text, tpu_text=text.replace("stablehlo.multiply", "stablehlo.bogus_op", 1))
+try:
+    broken(x.to("tpu"), y.to("tpu")).cpu()
+    refused = ""
+except RuntimeError as e:
+    refused = str(e)
+print("RESULT", json.dumps(dict(losses=losses, programs=good, refused=refused)))
 """
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
-def test_pallas_tpu_program_compiles_for_v5e():
-    op = _pallas_swish_mul()
-    text = op.lower_text(torch.randn(8, 128), torch.randn(8, 128), target="tpu")
-    r = subprocess.run([sys.executable, "-c", _V5E], input=text, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip() == "mosaic"
+def test_a_training_step_with_a_pallas_kernel_compiles_for_v5e():
+    env = dict(os.environ, TORCHTPU_AOT_TOPOLOGY="v5e:2x2", TORCHTPU_EAGER="fused", TORCHTPU_CACHE_DIR="")
+    env.pop("JAX_PLATFORMS", None)
+    r = subprocess.run([sys.executable, "-c", _AOT_STEP], capture_output=True, text=True, timeout=400, env=env)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.loads(lines[-1][len("RESULT ") :])
+    for got, want in res["losses"]:
+        assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), res["losses"]
+    progs = res["programs"]
+    assert progs and all(p["ok"] for p in progs), [p for p in progs if not p["ok"]]
+    assert all(0 < p["peak_bytes"] <= p["hbm_limit_bytes"] for p in progs)
+    assert "TORCHTPU_AOT_TOPOLOGY" in res["refused"] and "does not compile for TPU v5e:2x2" in res["refused"]
 
 
 _IMPORT = """
