@@ -149,8 +149,10 @@ static bool tpu_eat(tpu_scan *sc, const char *word) {
   return true;
 }
 
-/* Past the group opening at sc->i (one of ( [ { <), strings skipped. */
-static bool tpu_skip_group(tpu_scan *sc) {
+/* Past the group opening at sc->i, strings skipped: any of ( [ { < nested
+ * (braces_only false), or braces alone (a body holds other characters
+ * unbalanced: comparisons, arrows). */
+static bool tpu_skip_nested(tpu_scan *sc, bool braces_only) {
   int depth = 0;
   while (sc->i < sc->n) {
     char c = sc->p[sc->i];
@@ -160,32 +162,20 @@ static bool tpu_skip_group(tpu_scan *sc) {
       sc->i = e;
       continue;
     }
-    if (c == '(' || c == '[' || c == '{' || c == '<') depth++;
-    if (c == ')' || c == ']' || c == '}' || (c == '>' && !(sc->i && sc->p[sc->i - 1] == '-'))) depth--;
+    if (braces_only) {
+      depth += c == '{' ? 1 : c == '}' ? -1 : 0;
+    } else {
+      if (c == '(' || c == '[' || c == '{' || c == '<') depth++;
+      if (c == ')' || c == ']' || c == '}' || (c == '>' && !(sc->i && sc->p[sc->i - 1] == '-'))) depth--;
+    }
     sc->i++;
     if (depth == 0) return true;
   }
   return false;
 }
 
-/* Past the braces opening at sc->i, strings skipped (bodies hold other
- * characters unbalanced: comparisons, arrows). */
-static bool tpu_skip_braces(tpu_scan *sc) {
-  int depth = 0;
-  while (sc->i < sc->n) {
-    char c = sc->p[sc->i];
-    if (c == '"') {
-      size_t e = tpu_string_end(sc->p, sc->n, sc->i);
-      if (!e) return false;
-      sc->i = e;
-      continue;
-    }
-    depth += c == '{' ? 1 : c == '}' ? -1 : 0;
-    sc->i++;
-    if (depth == 0) return true;
-  }
-  return false;
-}
+static bool tpu_skip_group(tpu_scan *sc) { return tpu_skip_nested(sc, false); }
+static bool tpu_skip_braces(tpu_scan *sc) { return tpu_skip_nested(sc, true); }
 
 /* A symbol name after '@': its span, bare identifiers only. */
 static bool tpu_symbol(tpu_scan *sc, size_t *b, size_t *e) {
