@@ -7,7 +7,7 @@ string ("tpu" by default, `--device cpu` to run on the host).
 
     python examples/char_gpt.py --steps 20
     python examples/char_gpt.py --steps 20 --autocast      # bfloat16 autocast
-    TORCHTPU_AOT_TOPOLOGY=v5e:2x2 python examples/char_gpt.py --steps 3 --tokens 5
+    TORCHTPU_AOT_TOPOLOGY=v5e:2x2 python examples/char_gpt.py --steps 3
                      # also compile every program for a TPU v5e 2x2 slice; prints the report
 """
 
@@ -221,6 +221,11 @@ def generate(model, idx, max_new_tokens):
         logits, _ = model(idx_cond)
         next_id = logits[:, -1, :].argmax(dim=-1, keepdim=True)
         idx = torch.cat([idx, next_id], dim=1)
+        # Each token read as it is made (as a streaming or stop-token loop
+        # does): in fused mode a program per context length, where recording
+        # the whole generation made one program of ~1,100 ops, which libtpu
+        # could not compile for v5e in 21 GB (docs/tpu_aot.md).
+        next_id.cpu()
     model.train(was_training)
     return idx
 
