@@ -176,11 +176,19 @@ def test_missing_plugin_names_package():
         "print((torch.ones(2) + 1).tolist(), torch.tpu.is_initialized(), torch.tpu.is_available())\n"
         "torch.ones(2, device='tpu')\n"
     )
-    env = dict(os.environ, TORCHTPU_PLATFORM="tpu")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    # a platform whose plugin is not installed (make setup installs libtpu, not the CUDA plugin)
+    platform, package = next((p, k) for p, k in (("cuda", "jax-cuda13-pjrt"), ("tpu", "libtpu")) if not _plugin_of(p))
+    env = dict(os.environ, TORCHTPU_PLATFORM=platform)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
     assert "[2.0, 2.0] False False" in r.stdout, r.stderr
-    assert "pip install libtpu" in r.stderr and "Traceback" in r.stderr
+    assert f"pip install {package}" in r.stderr and "Traceback" in r.stderr
+
+
+def _plugin_of(platform):
+    from torchtpu import _plugin
+
+    return any(os.path.exists(c) for c in _plugin._candidates(platform))
 
 
 def test_bad_plugin_is_an_error_not_a_crash():

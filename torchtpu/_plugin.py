@@ -66,6 +66,10 @@ def find():
         platform = "tpu" if tpu and os.path.exists(tpu) and _tpu_present() else "cpu"
     for cand in _candidates(platform):
         if os.path.exists(cand):
+            if platform == "tpu" and not _tpu_present():
+                # no chip here: libtpu would ask the cloud metadata server
+                # for the host's TPU for minutes before failing (JAX does the same)
+                os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
             return cand, platform
     raise RuntimeError(
         f"torchtpu: no PJRT plugin for platform {platform!r} was found. "
