@@ -53,10 +53,11 @@ def test_report_is_grouped_with_units_and_leaves_bookkeeping_out():
     text = torchtpu.metrics_report()
     lines = text.splitlines()
     groups = [ln.strip() for ln in lines[1:] if ln.startswith("  ") and not ln.startswith("    ")]
-    assert groups[:7] == [
+    assert groups[:8] == [
         "ops",
         "programs",
         "disk cache",
+        "TPU compile-only target (TORCHTPU_AOT_TOPOLOGY)",
         "execution",
         "memory and transfers",
         "torch.profiler",
