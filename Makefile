@@ -97,9 +97,11 @@ pytest:
 	$(VPY) -m pytest -q tests
 
 # The op tests with every program also compiled for a TPU v5e 2x2 slice by
-# libtpu (no TPU needed; refusals counted, not raised): prints the programs
-# compiled for v5e and the refused ones grouped by error (tools/tpu_check.py).
-# Long (tens of minutes on 2 cores): not part of `make test`.
+# libtpu (no TPU needed; refusals counted, not raised), in chunks run side by
+# side (TPU_CHECK_JOBS, default the cores); prints the programs compiled for
+# v5e and the refused ones grouped by error (tools/tpu_check.py). A chunk's
+# result is kept under build/tpu-check/, so a rerun does only what is left
+# (TPU_CHECK_FRESH=1: all). Not part of `make test`.
 tpu-check:
 	TORCHTPU_AOT_TOPOLOGY=$${TORCHTPU_AOT_TOPOLOGY:-v5e:2x2} TORCHTPU_AOT_STRICT=0 $(VPY) tools/tpu_check.py $(ARGS)
 

@@ -6,8 +6,8 @@ strict eager mode and for v6e in fused mode under bfloat16 autocast; the
 compiler's numbers are sane; a program larger than a chip's memory is a
 torch.OutOfMemoryError naming it (only counted with TORCHTPU_AOT_STRICT=0);
 a bad topology name is a clear error; the numbers survive a warm start from
-the disk cache; a program sharded over a 4-device mesh compiles over the 4
-chips. (That a program compiles to the same executable twice, by its
+the disk cache; a program sharded over a 4-device mesh, and a replica
+collective over 4 devices, compile over the 4 chips (over 8: refused). (That a program compiles to the same executable twice, by its
 fingerprint, is tests/c/test_aot.c's.)"""
 
 import importlib.util
@@ -204,6 +204,10 @@ for n in (4, 8):  # v5e:2x2 has 4 chips; the CPU plugin 8 devices
     a = spmd.shard(a0, mesh, [spmd.Shard(0)])
     w = spmd.shard(w0, mesh, [spmd.Replicate()])
     out[n] = (a @ w).sum().item()  # runs on the CPU devices all the same
+from torchtpu import replicas
+for n in (4, 8):  # a replica collective over 4 devices, then over 8
+    ys = replicas.all_reduce([torch.full((256,), float(i)).to(f"tpu:{i}") for i in range(n)])
+    out[f"replicas{n}"] = ys[-1][0].item()
 r = torchtpu.aot_report()
 print("RESULT", json.dumps(dict(out=out, programs=[p.as_dict() for p in r], m=torchtpu.metrics())))
 """
@@ -219,6 +223,11 @@ def test_sharded_programs_compile_over_the_chips_and_not_strict_counts_what_does
     refused = [p for p in res["programs"] if not p["ok"]]
     assert refused and "8 devices" in refused[0]["error"] and refused[0]["error_kind"] == "compile error", refused
     assert res["m"]["aot_programs_failed"] == len(refused) and res["m"]["aot_programs_too_big"] == 0
+    # replica collectives (torchtpu.replicas): over the 4 chips each holds one replica's 256 floats
+    assert res["out"]["replicas4"] == 6.0 and res["out"]["replicas8"] == 28.0
+    rep = [p for p in res["programs"] if p["name"] == "a replica collective"]
+    assert len(rep) == 2 and rep[0]["ok"] and rep[0]["argument_bytes"] == 256 * 4, rep
+    assert not rep[1]["ok"] and "a program over 8 devices" in rep[1]["error"], rep
 
 
 BAD_NAME = """
