@@ -3,12 +3,14 @@ libtpu, on this CPU-only host (no TPU is needed to compile for one). Each test
 runs in a child process with the variables set, since the target is opened
 with the runtime: a small GPT training step's programs compile for v5e in
 strict eager mode and for v6e in fused mode under bfloat16 autocast; the
-compiler's numbers are sane; a program larger than a chip's memory is a
+compiler's numbers are sane; 64-bit integer matmuls, convolutions and
+pools compile (and equal CPU's); a program larger than a chip's memory is a
 torch.OutOfMemoryError naming it (only counted with TORCHTPU_AOT_STRICT=0);
 a bad topology name is a clear error; the numbers survive a warm start from
 the disk cache; a program sharded over a 4-device mesh, and a replica
-collective over 4 devices, compile over the 4 chips (over 8: refused). (That a program compiles to the same executable twice, by its
-fingerprint, is tests/c/test_aot.c's.)"""
+collective over 4 devices, compile over the 4 chips (over 8: refused).
+(That a program compiles to the same executable twice, by its fingerprint,
+is tests/c/test_aot.c's.)"""
 
 import importlib.util
 import json
@@ -165,9 +167,19 @@ try:  # a program over 8 devices (the CPU plugin has them) on v5e:2x2's 4 chips
     refused = None
 except RuntimeError as e:
     refused = str(e)
+import torch.nn.functional as F
+g = torch.Generator().manual_seed(0)
+a64, b64 = torch.randint(-2**62, 2**62, (2, 5, 7), generator=g), torch.randint(-2**62, 2**62, (2, 7, 3), generator=g)
+x64, w64 = torch.randint(-50, 50, (2, 4, 6, 6), generator=g), torch.randint(-50, 50, (6, 2, 3, 3), generator=g)
+int64 = {  # 64-bit integer dot and convolution: TPU's compiler has neither; the builder spells them as sums
+    "bmm": torch.equal(torch.bmm(a64.to("tpu"), b64.to("tpu")).cpu(), torch.bmm(a64, b64)),
+    "conv": torch.equal(F.conv2d(x64.to("tpu"), w64.to("tpu"), padding=1, groups=2).cpu(),
+                        F.conv2d(x64, w64, padding=1, groups=2)),
+    "avg_pool2d": torch.equal(F.avg_pool2d(x64.to("tpu"), 2).cpu(), F.avg_pool2d(x64, 2)),
+}
 r = torchtpu.aot_report()
 print("RESULT", json.dumps(dict(programs={p.name: p.as_dict() for p in r}, oom=oom, after=after, refused=refused,
-                                m=torchtpu.metrics(), summary=str(r))))
+                                int64=int64, m=torchtpu.metrics(), summary=str(r))))
 """
 
 
@@ -192,6 +204,9 @@ def test_costs_and_the_hbm_guard(children):
     m = res["m"]
     assert m["aot_programs_too_big"] == 1 and m["aot_programs_failed"] == 2
     assert "refused (out of memory) x1" in res["summary"]
+    assert res["int64"] == {"bmm": True, "conv": True, "avg_pool2d": True}, res["int64"]
+    for name in ("aten::bmm", "aten::convolution_overrideable", "aten::avg_pool2d"):
+        assert res["programs"][name]["ok"], res["programs"].get(name)
 
 
 MESHES = """

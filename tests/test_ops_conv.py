@@ -352,3 +352,48 @@ def test_fractional_max_pool_errors():
         F.fractional_max_pool3d(
             x3.to("tpu"), 2, output_size=(5, 4, 4), _random_samples=torch.rand(1, 1, 3, device="tpu")
         )
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["conv2d", "conv2d_groups_stride_dilation", "conv1d", "conv3d", "conv_transpose2d", "conv_transpose1d", "empty"],
+)
+def test_int64_convolutions_are_exact_and_wrap_as_cpu(name):
+    # 64-bit integer convolutions are built as sums of products (TPU's compiler
+    # has no 64-bit integer convolution): exact, wrapping on overflow as CPU's
+    g = torch.Generator().manual_seed(3)
+
+    def ints(*s, big=False):
+        lim = 2**62 if big else 50
+        return torch.randint(-lim, lim, s, generator=g)
+
+    fn, args = {
+        "conv2d": (lambda x, w: F.conv2d(x, w, padding=1), (ints(2, 3, 6, 6, big=True), ints(4, 3, 3, 3, big=True))),
+        "conv2d_groups_stride_dilation": (
+            lambda x, w: F.conv2d(x, w, stride=2, dilation=2, groups=2, padding=2),
+            (ints(2, 4, 9, 8), ints(6, 2, 3, 2)),
+        ),
+        "conv1d": (lambda x, w: F.conv1d(x, w, stride=3), (ints(1, 2, 10), ints(3, 2, 4))),
+        "conv3d": (lambda x, w: F.conv3d(x, w, padding=(1, 0, 1)), (ints(1, 2, 4, 3, 5), ints(2, 2, 2, 2, 3))),
+        "conv_transpose2d": (
+            lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),
+            (ints(2, 3, 4, 5), ints(3, 2, 3, 3)),
+        ),
+        "conv_transpose1d": (
+            lambda x, w: F.conv_transpose1d(x, w, stride=2, groups=3, dilation=2),
+            (ints(1, 3, 5), ints(3, 2, 3)),
+        ),
+        "empty": (lambda x, w: F.conv2d(x, w), (ints(0, 3, 6, 6), ints(4, 3, 3, 3))),
+    }[name]
+    want, got = fn(*args), fn(*[tpu(a) for a in args]).cpu()
+    assert got.dtype == want.dtype == torch.int64 and got.shape == want.shape
+    assert torch.equal(got, want)
+
+
+def test_int64_matmuls_are_exact_and_wrap_as_cpu():
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randint(-(2**62), 2**62, (5, 7), generator=g), torch.randint(-(2**62), 2**62, (7, 3), generator=g)
+    assert torch.equal(torch.mm(tpu(a), tpu(b)).cpu(), a @ b)
+    x, y = torch.randint(-9, 9, (2, 3, 4), generator=g), torch.randint(-9, 9, (2, 4, 5), generator=g)
+    assert torch.equal(torch.einsum("bij,bjk->bik", tpu(x), tpu(y)).cpu(), torch.einsum("bij,bjk->bik", x, y))
+    assert torch.equal(torch.matmul(tpu(x[0, 0]), tpu(y[0])).cpu(), x[0, 0] @ y[0])

@@ -24,8 +24,8 @@
 
 tpu_status *tpu_engine_set_aot(tpu_engine *e, const char *plugin_path, const char *topology, bool strict) {
   if (e->rt) return tpu_status_new(TPU_ERR_RUNTIME, "the TPU topology to compile for is set before the device's use");
-  char *p = plugin_path ? strdup(plugin_path) : NULL, *t = topology ? strdup(topology) : NULL;
-  if ((plugin_path && !p) || (topology && !t)) {
+  char *p = NULL, *t = NULL;
+  if (!tpu_dup(plugin_path, &p) || !tpu_dup(topology, &t)) {
     free(p);
     free(t);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");

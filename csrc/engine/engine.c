@@ -36,8 +36,7 @@ void tpu_engine_options_init(tpu_engine_options *o) {
   o->value_checks = true;
 }
 
-/* A copy of s (NULL stays NULL); false when out of memory. */
-static bool tpu_dup(const char *s, char **out) {
+bool tpu_dup(const char *s, char **out) {
   *out = s ? strdup(s) : NULL;
   return !s || *out;
 }

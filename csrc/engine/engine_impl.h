@@ -267,6 +267,8 @@ static inline void tpu_rng_key(uint64_t seed, uint64_t offset, uint64_t st[2]) {
 }
 
 /* engine.c */
+/* A copy of s (NULL stays NULL) in *out; false when out of memory. */
+bool tpu_dup(const char *s, char **out);
 void tpu_engine_warn(tpu_engine *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* record.c */

@@ -1,7 +1,8 @@
 /* hlo_compute.c: the structured ops (see hlo.h; the builder's files are
  * listed in hlo_impl.h).
  *
- * dot_general, gather, scatter, sort, rng_bit_generator and convolution.
+ * dot_general, gather, scatter, sort, rng_bit_generator and convolution
+ * (of 64-bit integers: spelled with sums of products, see below).
  * Each checks its operands and dimension numbers, infers its result types
  * (gather's is the caller's) and emits one op, the dimension numbers printed
  * as #stablehlo attributes. A scatter given no region gets one that keeps
@@ -20,6 +21,60 @@ static void tpu_put_list(tpu_hlo *m, tpu_buf *b, const char *name, const int64_t
   tpu_hloi_put_i64s(m, b, v, n);
   tpu_hloi_buf_put(m, b, "]", 1);
   *first = false;
+}
+
+/* 64-bit integers: TPU's compiler has no integer dot or convolution of 64
+ * bits (its rewrite of X64 types into 32-bit pairs does not cover them), so
+ * for S64 and U64 the builder spells both with what it covers: a dot as a
+ * sum of products, a convolution as a sum over the window of strided slices
+ * dotted with the kernel's taps. The values are the same (integer products
+ * and sums wrap alike); XLA fuses the products into the sum. */
+static bool tpu_wide_int(tpu_dtype dt) { return dt == TPU_S64 || dt == TPU_U64; }
+
+/* dot_general as broadcast products summed over the contracting dims; the
+ * operands checked by the caller. Result dims: batch, lhs free, rhs free. */
+static tpu_hv tpu_dot_by_sum(tpu_hlo *m, tpu_hv lhs, tpu_hv rhs, int nb, const int64_t *lb, const int64_t *rb, int nc,
+                             const int64_t *lc, const int64_t *rc, tpu_dtype dt) {
+  const tpu_hlo_type *lt = &TY(lhs), *rt = &TY(rhs);
+  int64_t lperm[TPU_MAX_RANK], rperm[TPU_MAX_RANK], ldims[TPU_MAX_RANK], rdims[TPU_MAX_RANK];
+  bool lused[TPU_MAX_RANK] = {0}, rused[TPU_MAX_RANK] = {0};
+  int nl = 0, nr = 0;
+  for (int i = 0; i < nb; i++) lused[lb[i]] = rused[rb[i]] = true;
+  for (int i = 0; i < nc; i++) lused[lc[i]] = rused[rc[i]] = true;
+  /* the product's dims: batch, lhs free, rhs free, contracting */
+  int64_t pd[3 * TPU_MAX_RANK];
+  int np = 0;
+  for (int i = 0; i < nb; i++) pd[np++] = lt->dims[lb[i]];
+  for (int i = 0; i < lt->rank; i++)
+    if (!lused[i]) pd[np++] = lt->dims[i];
+  int lfree = np - nb;
+  for (int i = 0; i < rt->rank; i++)
+    if (!rused[i]) pd[np++] = rt->dims[i];
+  int rfree = np - nb - lfree;
+  for (int i = 0; i < nc; i++) pd[np++] = lt->dims[lc[i]];
+  if (np > TPU_MAX_RANK) {
+    tpu_hlo_fail(m, TPU_ERR_VALUE, "a 64-bit integer dot_general of rank %d is beyond this builder's %d", np,
+                 TPU_MAX_RANK);
+    return TPU_HV_NONE;
+  }
+  /* lhs transposed to batch, free, contracting; mapped to the product's dims around rhs free */
+  for (int i = 0; i < nb; i++) lperm[nl++] = lb[i];
+  for (int i = 0; i < lt->rank; i++)
+    if (!lused[i]) lperm[nl++] = i;
+  for (int i = 0; i < nc; i++) lperm[nl++] = lc[i];
+  for (int i = 0; i < nl; i++) ldims[i] = i < nb + lfree ? i : i + rfree;
+  for (int i = 0; i < nb; i++) rperm[nr++] = rb[i];
+  for (int i = 0; i < rt->rank; i++)
+    if (!rused[i]) rperm[nr++] = i;
+  for (int i = 0; i < nc; i++) rperm[nr++] = rc[i];
+  for (int i = 0; i < nr; i++) rdims[i] = i < nb ? i : i + lfree;
+  tpu_hv l = tpu_hlo_transpose(m, tpu_hlo_convert(m, lhs, dt), lperm);
+  tpu_hv r = tpu_hlo_transpose(m, tpu_hlo_convert(m, rhs, dt), rperm);
+  tpu_hv p = tpu_hlo_binary(m, TPU_HLO_MUL, tpu_hlo_broadcast_in_dim(m, l, np, pd, ldims),
+                            tpu_hlo_broadcast_in_dim(m, r, np, pd, rdims));
+  int64_t red[TPU_MAX_RANK];
+  for (int i = 0; i < nc; i++) red[i] = np - nc + i;
+  return tpu_hlo_reduce(m, p, tpu_hlo_constant_int(m, dt, 0), red, nc, TPU_HLO_ADD);
 }
 
 tpu_hv tpu_hlo_dot_general(tpu_hlo *m, tpu_hv lhs, tpu_hv rhs, int nbatch, const int64_t *lhs_batch,
@@ -52,6 +107,8 @@ tpu_hv tpu_hlo_dot_general(tpu_hlo *m, tpu_hv lhs, tpu_hv rhs, int nbatch, const
       if (t.rank == TPU_MAX_RANK) goto bad;
       t.dims[t.rank++] = rt->dims[i];
     }
+  if (tpu_wide_int(t.dtype) || tpu_wide_int(lt->dtype))
+    return tpu_dot_by_sum(m, lhs, rhs, nbatch, lhs_batch, rhs_batch, ncontract, lhs_contract, rhs_contract, t.dtype);
   {
     static const char *prec[] = {"DEFAULT", "HIGH", "HIGHEST"};
     tpu_attrs a = {0};
@@ -206,6 +263,71 @@ tpu_hv tpu_hlo_rng_bit_generator(tpu_hlo *m, tpu_hv state, tpu_hlo_type bits, tp
   return outs[1];
 }
 
+/* A 64-bit integer convolution as a sum over the kernel's taps: for each,
+ * the padded, dilated input sliced at the tap's offset with the strides
+ * (batch, feature, output spatial), dotted with the tap's [out, in] weights
+ * over the feature group. it, kt: the operands' types; t: the result's. */
+static tpu_hv tpu_conv_by_taps(tpu_hlo *m, tpu_hv x, tpu_hv w, tpu_hlo_type it, tpu_hlo_type kt, tpu_hlo_type t,
+                               const int64_t *st, const int64_t *pad, const int64_t *ld, const int64_t *rd, int64_t fg,
+                               int64_t bg) {
+  int nsp = it.rank - 2;
+  tpu_hv zero = tpu_hlo_constant_int(m, t.dtype, 0);
+  int64_t taps = 1, numel = 1;
+  for (int i = 0; i < nsp; i++) taps *= kt.dims[2 + i];
+  for (int i = 0; i < t.rank; i++) numel *= t.dims[i];
+  if (taps == 0 || numel == 0 || kt.dims[1] == 0) return tpu_hlo_broadcast_in_dim(m, zero, t.rank, t.dims, NULL);
+  if (fg > 1 && bg > 1) {
+    tpu_hlo_fail(m, TPU_ERR_VALUE, "stablehlo.convolution: feature and batch groups both over 1");
+    return TPU_HV_NONE;
+  }
+  int64_t lo[TPU_MAX_RANK] = {0}, hi[TPU_MAX_RANK] = {0}, in[TPU_MAX_RANK] = {0};
+  for (int i = 0; i < nsp; i++) {
+    lo[2 + i] = pad ? pad[2 * i] : 0;
+    hi[2 + i] = pad ? pad[2 * i + 1] : 0;
+    in[2 + i] = ld[i] - 1;
+  }
+  tpu_hv xp = tpu_hlo_pad(m, x, zero, lo, hi, in);
+  int64_t G = fg > 1 ? fg : bg, B = t.dims[0], O = kt.dims[0], Cg = kt.dims[1];
+  tpu_hv acc = TPU_HV_NONE;
+  for (int64_t tap = 0; tap < taps; tap++) {
+    int64_t k[TPU_MAX_RANK], rem = tap;
+    for (int i = nsp - 1; i >= 0; i--) {
+      k[i] = rem % kt.dims[2 + i];
+      rem /= kt.dims[2 + i];
+    }
+    int64_t s0[TPU_MAX_RANK] = {0}, s1[TPU_MAX_RANK], ss[TPU_MAX_RANK], w0[TPU_MAX_RANK] = {0}, w1[TPU_MAX_RANK];
+    s1[0] = it.dims[0];
+    s1[1] = it.dims[1];
+    ss[0] = ss[1] = 1;
+    w1[0] = O;
+    w1[1] = Cg;
+    for (int i = 0; i < nsp; i++) {
+      s0[2 + i] = k[i] * rd[i];
+      s1[2 + i] = s0[2 + i] + (t.dims[2 + i] - 1) * st[i] + 1;
+      ss[2 + i] = st[i];
+      w0[2 + i] = k[i];
+      w1[2 + i] = k[i] + 1;
+    }
+    tpu_hv xs = tpu_hlo_slice(m, xp, s0, s1, ss);
+    /* lhs [B, G, Cg, out...] (feature groups) or [G, B, C, out...] (batch groups); rhs [G, O/G, Cg] */
+    int64_t ld_[TPU_MAX_RANK], rdm[3] = {G, O / G, Cg};
+    ld_[0] = fg > 1 ? B : G;
+    ld_[1] = fg > 1 ? G : B;
+    ld_[2] = Cg;
+    for (int i = 0; i < nsp; i++) ld_[3 + i] = t.dims[2 + i];
+    xs = tpu_hlo_reshape(m, xs, nsp + 3, ld_);
+    tpu_hv wk = tpu_hlo_reshape(m, tpu_hlo_slice(m, w, w0, w1, NULL), 3, rdm);
+    int64_t lb = fg > 1 ? 1 : 0, rb = 0, lc = 2, rc = 2;
+    /* [G, B, out..., O/G] */
+    tpu_hv d = tpu_dot_by_sum(m, xs, wk, 1, &lb, &rb, 1, &lc, &rc, t.dtype);
+    acc = tap == 0 ? d : tpu_hlo_binary(m, TPU_HLO_ADD, acc, d);
+  }
+  /* to [B, G, O/G, out...], then [B, O, out...] */
+  int64_t perm[TPU_MAX_RANK] = {1, 0, nsp + 2};
+  for (int i = 0; i < nsp; i++) perm[3 + i] = 2 + i;
+  return tpu_hlo_reshape(m, tpu_hlo_transpose(m, acc, perm), t.rank, t.dims);
+}
+
 tpu_hv tpu_hlo_convolution(tpu_hlo *m, tpu_hv input, tpu_hv kernel, int nsp, const int64_t *strides, const int64_t *pad,
                            const int64_t *lhs_dil, const int64_t *rhs_dil, int64_t feature_groups, int64_t batch_groups,
                            tpu_hlo_precision p) {
@@ -235,6 +357,8 @@ tpu_hv tpu_hlo_convolution(tpu_hlo *m, tpu_hv input, tpu_hv kernel, int nsp, con
     int64_t k = (kt->dims[2 + i] - 1) * rd[i] + 1;
     t.dims[2 + i] = in < k ? 0 : (in - k) / st[i] + 1;
   }
+  if (tpu_wide_int(t.dtype))
+    return tpu_conv_by_taps(m, input, kernel, *it, *kt, t, st, pad, ld, rd, feature_groups, batch_groups);
   static const char *prec[] = {"DEFAULT", "HIGH", "HIGHEST"};
   tpu_attrs a = {0};
   tpu_hloi_buf_printf(m, &a.b, "batch_group_count = %lld : i64, dimension_numbers = #stablehlo.conv<[b, f",

@@ -280,6 +280,29 @@ static void test_dot_general(void) {
          "    \"func.return\"(%v2) : (tensor<5x2x4xf32>) -> ()\n" TAIL);
 }
 
+/* 64-bit integers: no dot_general or convolution (TPU's compiler has none of
+ * 64 bits), sums of products of the same result types instead. */
+static void test_wide_int_dot_and_convolution(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  int64_t dl[3] = {5, 2, 3}, dr[3] = {5, 3, 4}, z = 0, two = 2, one = 1;
+  tpu_hv a = tpu_hlo_param(m, tpu_hlo_type_make(TPU_S64, 3, dl)),
+         b = tpu_hlo_param(m, tpu_hlo_type_make(TPU_S64, 3, dr));
+  tpu_hv r[2];
+  r[0] = tpu_hlo_dot_general(m, a, b, 1, &z, &z, 1, &two, &one, TPU_HLO_PREC_HIGHEST, TPU_INVALID);
+  int64_t xd[4] = {2, 4, 6, 6}, wd[4] = {6, 2, 3, 3}, st[2] = {2, 1}, pad[4] = {1, 1, 0, 2};
+  tpu_hv x = tpu_hlo_param(m, tpu_hlo_type_make(TPU_U64, 4, xd)),
+         w = tpu_hlo_param(m, tpu_hlo_type_make(TPU_U64, 4, wd));
+  r[1] = tpu_hlo_convolution(m, x, w, 2, st, pad, NULL, NULL, 2, 1, TPU_HLO_PREC_HIGHEST);
+  char *text = finish(m, r, 2, "wide int dot and convolution");
+  if (!text) return;
+  CHECK(!strstr(text, "stablehlo.dot_general") && !strstr(text, "stablehlo.convolution"), "wide int: emitted\n%s",
+        text);
+  CHECK(strstr(text, "-> (tensor<5x2x4xi64>, tensor<2x6x3x6xui64>)") && strstr(text, "stablehlo.reduce") &&
+            strstr(text, "stablehlo.multiply"),
+        "wide int: result types or body in\n%s", text);
+  free(text);
+}
+
 static void test_gather(void) {
   tpu_hlo *m = tpu_hlo_new();
   tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 2, 4, 3)), b = tpu_hlo_param(m, ty(TPU_S32, 1, 2, 0));
@@ -1378,6 +1401,7 @@ int main(void) {
   test_reduce_region();
   test_compare_select();
   test_dot_general();
+  test_wide_int_dot_and_convolution();
   test_gather();
   test_scatter();
   test_iota();
