@@ -15,6 +15,7 @@ finish (the tests' own failures are reported, not counted)."""
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -170,8 +171,10 @@ def summarize(topology, paths, unfinished, wall):
     for p in slow:
         print(f"  {p['compile_seconds']:8.2f} s  {p['name'][:100]}")
     groups = {}
-    for p in refused:
-        groups.setdefault((p["error_kind"], (p["error"] or "").split("\n")[0][:300]), set()).add(p["name"])
+    for p in refused:  # one group per cause: the error's first line without shapes, names and metadata
+        err = (p["error"] or "").split("\n")[0].split(", metadata=")[0]
+        err = re.sub(r"%[\w.-]+", "%_", re.sub(r"\{[0-9,_x=a-z ]*\}", "{..}", re.sub(r"\[[0-9,]*\]", "[..]", err)))
+        groups.setdefault((p["error_kind"], err[:300]), set()).add(p["name"])
     for (kind, err), names in sorted(groups.items(), key=lambda g: -len(g[1])):
         print(f"refused ({kind}) x{len(names)}: {err}\n    [{', '.join(sorted(names)[:8])}]")
     for c, log, rc in unfinished:
