@@ -17,7 +17,7 @@ CACHE   := csrc/cache/cache.c csrc/cache/sha256.c
 setup:
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet "torch==2.13.0" numpy pytest expecttest xla-cpu-pjrt "transformers==5.25.0" "accelerate==1.16.0"
+	$(VPY) -m pip install --quiet "torch==2.13.0" numpy pytest "pytest-xdist==3.8.0" expecttest xla-cpu-pjrt "transformers==5.25.0" "accelerate==1.16.0"
 	$(VPY) -m pip install --quiet --no-deps "lammps-jax-pjrt-cpu==0.11.2"
 	$(VPY) -m pip install --quiet "torch==2.13.0" "lightning==2.6.6" "pytorch-lightning==2.6.6" \
 	  "keras==3.15.1" "kubernetes-validate==1.37.0" "jsonschema==4.26.0" "PyYAML==6.0.4" \
@@ -93,8 +93,11 @@ check: | $(BUILD)
 	$(CC) $(CFLAGS) -I"$(pinc)" tests/c/test_pjrt_abi.c -ldl -o $(BUILD)/test_pjrt_abi
 	$(BUILD)/test_pjrt_abi $(plugin)
 
+# Test files are dealt to PYTEST_JOBS worker processes (pytest-xdist), a whole
+# file to one worker (their module fixtures start child processes once).
+PYTEST_JOBS ?= 2
 pytest:
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q -n $(PYTEST_JOBS) --dist loadfile tests
 
 # The op tests with every program also compiled for a TPU v5e 2x2 slice by
 # libtpu (no TPU needed; refusals counted, not raised), in chunks run side by

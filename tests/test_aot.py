@@ -177,6 +177,9 @@ int64 = {  # 64-bit integer dot and convolution: TPU's compiler has neither; the
                         F.conv2d(x64, w64, padding=1, groups=2)),
     "avg_pool2d": torch.equal(F.avg_pool2d(x64.to("tpu"), 2).cpu(), F.avg_pool2d(x64, 2)),
 }
+c64, m64, n64 = (torch.randint(-2**62, 2**62, s, generator=g) for s in ((300, 280), (300, 257), (257, 280)))
+# products over 2^22 elements: a loop over blocks of the contracting dim
+int64["addmm"] = torch.equal(torch.addmm(c64.to("tpu"), m64.to("tpu"), n64.to("tpu")).cpu(), torch.addmm(c64, m64, n64))
 r = torchtpu.aot_report()
 print("RESULT", json.dumps(dict(programs={p.name: p.as_dict() for p in r}, oom=oom, after=after, refused=refused,
                                 int64=int64, m=torchtpu.metrics(), summary=str(r))))
@@ -204,8 +207,8 @@ def test_costs_and_the_hbm_guard(children):
     m = res["m"]
     assert m["aot_programs_too_big"] == 1 and m["aot_programs_failed"] == 2
     assert "refused (out of memory) x1" in res["summary"]
-    assert res["int64"] == {"bmm": True, "conv": True, "avg_pool2d": True}, res["int64"]
-    for name in ("aten::bmm", "aten::convolution_overrideable", "aten::avg_pool2d"):
+    assert res["int64"] == {"bmm": True, "conv": True, "avg_pool2d": True, "addmm": True}, res["int64"]
+    for name in ("aten::bmm", "aten::convolution_overrideable", "aten::avg_pool2d", "aten::addmm"):
         assert res["programs"][name]["ok"], res["programs"].get(name)
 
 

@@ -397,3 +397,9 @@ def test_int64_matmuls_are_exact_and_wrap_as_cpu():
     x, y = torch.randint(-9, 9, (2, 3, 4), generator=g), torch.randint(-9, 9, (2, 4, 5), generator=g)
     assert torch.equal(torch.einsum("bij,bjk->bik", tpu(x), tpu(y)).cpu(), torch.einsum("bij,bjk->bik", x, y))
     assert torch.equal(torch.matmul(tpu(x[0, 0]), tpu(y[0])).cpu(), x[0, 0] @ y[0])
+    # products over 2^22 elements: summed by a loop over blocks of the contracting dim (257 = 5 * 49 + 12)
+    a, b = (
+        torch.randint(-(2**62), 2**62, (300, 257), generator=g),
+        torch.randint(-(2**62), 2**62, (257, 280), generator=g),
+    )
+    assert torch.equal(torch.mm(tpu(a), tpu(b)).cpu(), a @ b)

@@ -31,50 +31,87 @@ static void tpu_put_list(tpu_hlo *m, tpu_buf *b, const char *name, const int64_t
  * and sums wrap alike); XLA fuses the products into the sum. */
 static bool tpu_wide_int(tpu_dtype dt) { return dt == TPU_S64 || dt == TPU_U64; }
 
-/* dot_general as broadcast products summed over the contracting dims; the
- * operands checked by the caller. Result dims: batch, lhs free, rhs free. */
+/* Elements of the products one step of a 64-bit integer dot forms (32 MiB):
+ * a dot whose products are more is summed by a loop over blocks of the
+ * contracting dims, so memory stays bounded whatever the sizes. */
+#define TPU_WIDE_DOT_BLOCK ((int64_t)1 << 22)
+
+/* sum over k of l [Bt, M, k] * r [Bt, N, k]: [Bt, M, N] */
+static tpu_hv tpu_sum_of_products(tpu_hlo *m, tpu_hv l, tpu_hv r, int64_t Bt, int64_t M, int64_t N, int64_t k,
+                                  tpu_dtype dt) {
+  int64_t pd[4] = {Bt, M, N, k}, lm[3] = {0, 1, 3}, rm[3] = {0, 2, 3}, red = 3;
+  tpu_hv p = tpu_hlo_binary(m, TPU_HLO_MUL, tpu_hlo_broadcast_in_dim(m, l, 4, pd, lm),
+                            tpu_hlo_broadcast_in_dim(m, r, 4, pd, rm));
+  return tpu_hlo_reduce(m, p, tpu_hlo_constant_int(m, dt, 0), &red, 1, TPU_HLO_ADD);
+}
+
+/* dot_general as products summed over the contracting dims; the operands
+ * checked by the caller. Both are brought to [Bt, M or N, K] (batch, free
+ * and contracting dims each collapsed into one); the result is reshaped to
+ * dot_general's dims: batch, lhs free, rhs free. */
 static tpu_hv tpu_dot_by_sum(tpu_hlo *m, tpu_hv lhs, tpu_hv rhs, int nb, const int64_t *lb, const int64_t *rb, int nc,
                              const int64_t *lc, const int64_t *rc, tpu_dtype dt) {
-  const tpu_hlo_type *lt = &TY(lhs), *rt = &TY(rhs);
-  int64_t lperm[TPU_MAX_RANK], rperm[TPU_MAX_RANK], ldims[TPU_MAX_RANK], rdims[TPU_MAX_RANK];
+  const tpu_hlo_type lt = TY(lhs), rt = TY(rhs);
+  int64_t lperm[TPU_MAX_RANK], rperm[TPU_MAX_RANK], res[TPU_MAX_RANK];
   bool lused[TPU_MAX_RANK] = {0}, rused[TPU_MAX_RANK] = {0};
-  int nl = 0, nr = 0;
-  for (int i = 0; i < nb; i++) lused[lb[i]] = rused[rb[i]] = true;
-  for (int i = 0; i < nc; i++) lused[lc[i]] = rused[rc[i]] = true;
-  /* the product's dims: batch, lhs free, rhs free, contracting */
-  int64_t pd[3 * TPU_MAX_RANK];
-  int np = 0;
-  for (int i = 0; i < nb; i++) pd[np++] = lt->dims[lb[i]];
-  for (int i = 0; i < lt->rank; i++)
-    if (!lused[i]) pd[np++] = lt->dims[i];
-  int lfree = np - nb;
-  for (int i = 0; i < rt->rank; i++)
-    if (!rused[i]) pd[np++] = rt->dims[i];
-  int rfree = np - nb - lfree;
-  for (int i = 0; i < nc; i++) pd[np++] = lt->dims[lc[i]];
-  if (np > TPU_MAX_RANK) {
-    tpu_hlo_fail(m, TPU_ERR_VALUE, "a 64-bit integer dot_general of rank %d is beyond this builder's %d", np,
-                 TPU_MAX_RANK);
-    return TPU_HV_NONE;
+  int nl = 0, nr = 0, nres = 0;
+  int64_t Bt = 1, M = 1, N = 1, K = 1;
+  for (int i = 0; i < nb; i++) {
+    lused[lb[i]] = rused[rb[i]] = true;
+    lperm[nl++] = lb[i];
+    rperm[nr++] = rb[i];
+    res[nres++] = lt.dims[lb[i]];
+    Bt *= lt.dims[lb[i]];
   }
-  /* lhs transposed to batch, free, contracting; mapped to the product's dims around rhs free */
-  for (int i = 0; i < nb; i++) lperm[nl++] = lb[i];
-  for (int i = 0; i < lt->rank; i++)
-    if (!lused[i]) lperm[nl++] = i;
-  for (int i = 0; i < nc; i++) lperm[nl++] = lc[i];
-  for (int i = 0; i < nl; i++) ldims[i] = i < nb + lfree ? i : i + rfree;
-  for (int i = 0; i < nb; i++) rperm[nr++] = rb[i];
-  for (int i = 0; i < rt->rank; i++)
-    if (!rused[i]) rperm[nr++] = i;
-  for (int i = 0; i < nc; i++) rperm[nr++] = rc[i];
-  for (int i = 0; i < nr; i++) rdims[i] = i < nb ? i : i + lfree;
-  tpu_hv l = tpu_hlo_transpose(m, tpu_hlo_convert(m, lhs, dt), lperm);
-  tpu_hv r = tpu_hlo_transpose(m, tpu_hlo_convert(m, rhs, dt), rperm);
-  tpu_hv p = tpu_hlo_binary(m, TPU_HLO_MUL, tpu_hlo_broadcast_in_dim(m, l, np, pd, ldims),
-                            tpu_hlo_broadcast_in_dim(m, r, np, pd, rdims));
-  int64_t red[TPU_MAX_RANK];
-  for (int i = 0; i < nc; i++) red[i] = np - nc + i;
-  return tpu_hlo_reduce(m, p, tpu_hlo_constant_int(m, dt, 0), red, nc, TPU_HLO_ADD);
+  for (int i = 0; i < nc; i++) lused[lc[i]] = rused[rc[i]] = true;
+  for (int i = 0; i < lt.rank; i++)
+    if (!lused[i]) {
+      lperm[nl++] = i;
+      res[nres++] = lt.dims[i];
+      M *= lt.dims[i];
+    }
+  for (int i = 0; i < rt.rank; i++)
+    if (!rused[i]) {
+      rperm[nr++] = i;
+      res[nres++] = rt.dims[i];
+      N *= rt.dims[i];
+    }
+  for (int i = 0; i < nc; i++) {
+    lperm[nl++] = lc[i];
+    rperm[nr++] = rc[i];
+    K *= lt.dims[lc[i]];
+  }
+  tpu_hv zero = tpu_hlo_constant_int(m, dt, 0);
+  if (Bt * M * N == 0 || K == 0) return tpu_hlo_broadcast_in_dim(m, zero, nres, res, NULL);
+  int64_t l3[3] = {Bt, M, K}, r3[3] = {Bt, N, K};
+  tpu_hv l = tpu_hlo_reshape(m, tpu_hlo_transpose(m, tpu_hlo_convert(m, lhs, dt), lperm), 3, l3);
+  tpu_hv r = tpu_hlo_reshape(m, tpu_hlo_transpose(m, tpu_hlo_convert(m, rhs, dt), rperm), 3, r3);
+  int64_t per = Bt * M * N, kb = per >= TPU_WIDE_DOT_BLOCK ? 1 : TPU_WIDE_DOT_BLOCK / per;
+  if (kb >= K) return tpu_hlo_reshape(m, tpu_sum_of_products(m, l, r, Bt, M, N, K, dt), nres, res);
+  /* a loop over nblk blocks of kb contracting indices, K padded with zeros to nblk * kb */
+  int64_t nblk = (K + kb - 1) / kb, lo[3] = {0, 0, 0}, hi[3] = {0, 0, nblk * kb - K}, in[3] = {0, 0, 0};
+  int64_t acc3[3] = {Bt, M, N};
+  tpu_hv init[4] = {tpu_hlo_constant_int(m, TPU_S64, 0), tpu_hlo_broadcast_in_dim(m, zero, 3, acc3, NULL),
+                    tpu_hlo_pad(m, l, zero, lo, hi, in), tpu_hlo_pad(m, r, zero, lo, hi, in)};
+  tpu_hlo_type ty[4];
+  for (int i = 0; i < 4; i++) ty[i] = TY(init[i]);
+  tpu_hv a[4];
+  tpu_hlo_region_begin(m, ty, 4, a);
+  tpu_hv more = tpu_hlo_compare(m, TPU_HLO_LT, a[0], tpu_hlo_constant_int(m, TPU_S64, nblk));
+  int regions[2];
+  regions[0] = tpu_hlo_region_end(m, &more, 1);
+  tpu_hlo_region_begin(m, ty, 4, a);
+  tpu_hv z = tpu_hlo_constant_int(m, TPU_S64, 0);
+  tpu_hv st[3] = {z, z, tpu_hlo_binary(m, TPU_HLO_MUL, a[0], tpu_hlo_constant_int(m, TPU_S64, kb))};
+  int64_t lsz[3] = {Bt, M, kb}, rsz[3] = {Bt, N, kb};
+  tpu_hv part = tpu_sum_of_products(m, tpu_hlo_dynamic_slice(m, a[2], st, lsz), tpu_hlo_dynamic_slice(m, a[3], st, rsz),
+                                    Bt, M, N, kb, dt);
+  tpu_hv next[4] = {tpu_hlo_binary(m, TPU_HLO_ADD, a[0], tpu_hlo_constant_int(m, TPU_S64, 1)),
+                    tpu_hlo_binary(m, TPU_HLO_ADD, a[1], part), a[2], a[3]};
+  regions[1] = tpu_hlo_region_end(m, next, 4);
+  tpu_hv outs[4] = {TPU_HV_NONE, TPU_HV_NONE, TPU_HV_NONE, TPU_HV_NONE};
+  if (!tpu_hlo_emit(m, "stablehlo.while", init, 4, regions, 2, NULL, ty, 4, outs)) return TPU_HV_NONE;
+  return tpu_hlo_reshape(m, outs[1], nres, res);
 }
 
 tpu_hv tpu_hlo_dot_general(tpu_hlo *m, tpu_hv lhs, tpu_hv rhs, int nbatch, const int64_t *lhs_batch,
