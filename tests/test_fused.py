@@ -406,3 +406,27 @@ def test_rewritten_buffers_are_donated_to_the_program():
         grows[donate] = float(grow)
     # without donation the old and the new 100 MB live at once
     assert grows["1"] < 70 and grows["0"] > grows["1"] + 50, grows
+
+
+STRIDED_VIEW = """
+import torch, torchtpu
+x = torch.randn(4, 16, 6, 16)
+v = x.to("tpu")[:, :, 2:4].transpose(1, 2)  # a head of a qkv projection, as attention reads it
+assert torch.equal((v * 2).cpu(), x[:, :, 2:4].transpose(1, 2) * 2)
+"""
+
+
+def test_a_strided_views_offset_is_split_in_32_bits():
+    # a strided view's offset (an input, so views at other offsets share the
+    # program) is split into coordinates in 32 bits: TPUs emulate 64-bit
+    # integers, and these divisions in 64 bits took libtpu seconds to compile
+    p = subprocess.run(
+        [sys.executable, "-c", STRIDED_VIEW],
+        env=dict(os.environ, TORCHTPU_DUMP_HLO="1", TORCHTPU_EAGER="strict"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    ops = re.findall(r'"stablehlo\.(divide|remainder)".*?-> tensor<(\w+)>', p.stderr)
+    assert ops and {t for _, t in ops} == {"i32"}, ops

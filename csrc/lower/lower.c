@@ -143,15 +143,18 @@ tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset
       tpu_tref_strided_order(t, order, &k);
       int64_t dense[TPU_MAX_RANK], size[TPU_MAX_RANK], bdims[TPU_MAX_RANK];
       tpu_hv starts[TPU_MAX_RANK];
-      tpu_hlo_type s64 = tpu_hlo_type_make(TPU_S64, 0, NULL);
-      tpu_hv off = tpu_hlo_reshape(H, offset, 0, NULL);
+      /* the offset's coordinates in 32 bits where the record's elements fit: TPUs emulate 64-bit
+       * integers, and a view's 64-bit divisions took libtpu seconds to compile (docs/tpu_aot.md) */
+      tpu_dtype it = t->rec_numel <= INT32_MAX ? TPU_S32 : TPU_S64;
+      tpu_hlo_type ity = tpu_hlo_type_make(it, 0, NULL);
+      tpu_hv off = tpu_hlo_convert(H, tpu_hlo_reshape(H, offset, 0, NULL), it);
       int kd = 0;
       for (int i = 0; i < k; i++) {
         int64_t st = t->strides[order[i]];
         dense[kd] = i == 0 ? t->rec_numel / st : t->strides[order[i - 1]] / st;
         /* coordinate i of the offset: (offset / stride_i) % dense_i */
-        tpu_hv c = tpu_hlo_binary(H, TPU_HLO_DIV, off, tpu_lower_full(L, s64, (double)st));
-        if (i > 0) c = tpu_hlo_binary(H, TPU_HLO_REM, c, tpu_lower_full(L, s64, (double)dense[kd]));
+        tpu_hv c = tpu_hlo_binary(H, TPU_HLO_DIV, off, tpu_lower_full(L, ity, (double)st));
+        if (i > 0) c = tpu_hlo_binary(H, TPU_HLO_REM, c, tpu_lower_full(L, ity, (double)dense[kd]));
         starts[kd] = c;
         size[kd] = bdims[i] = t->sizes[order[i]];
         kd++;
@@ -159,7 +162,7 @@ tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset
       int64_t inner = t->strides[order[k - 1]];
       if (inner > 1) {
         dense[kd] = inner;
-        starts[kd] = tpu_hlo_binary(H, TPU_HLO_REM, off, tpu_lower_full(L, s64, (double)inner));
+        starts[kd] = tpu_hlo_binary(H, TPU_HLO_REM, off, tpu_lower_full(L, ity, (double)inner));
         size[kd++] = 1;
       }
       tpu_hv v = tpu_hlo_reshape(H, base, kd, dense);
