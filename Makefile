@@ -103,8 +103,8 @@ pytest:
 # libtpu (no TPU needed; refusals counted, not raised), in chunks run side by
 # side (TPU_CHECK_JOBS, default the cores); prints the programs compiled for
 # v5e and the refused ones grouped by error (tools/tpu_check.py). A chunk's
-# result is kept under build/tpu-check/, so a rerun does only what is left
-# (TPU_CHECK_FRESH=1: all). Not part of `make test`.
+# result is kept under build/tpu-check/, so a rerun with the same build does
+# only what is left (TPU_CHECK_FRESH=1: all). Not part of `make test`.
 tpu-check:
 	TORCHTPU_AOT_TOPOLOGY=$${TORCHTPU_AOT_TOPOLOGY:-v5e:2x2} TORCHTPU_AOT_STRICT=0 $(VPY) tools/tpu_check.py $(ARGS)
 

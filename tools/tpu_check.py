@@ -9,10 +9,13 @@ The tests are split into chunks run by worker processes side by side
 (TPU_CHECK_JOBS, default the host's cores). Each chunk's result is written to
 build/tpu-check/<topology>/ as it finishes, so an interrupted sweep keeps
 what it did, and a rerun skips the chunks already done (TPU_CHECK_FRESH=1:
-start over). Exit status: 1 when a program was refused or a chunk did not
-finish (the tests' own failures are reported, not counted)."""
+start over; so does a rebuilt extension or another libtpu). Exit status: 1
+when a program was refused or a chunk did not finish (the tests' own
+failures are reported, not counted)."""
 
+import glob
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -78,6 +81,21 @@ def collect(args):
     return ids
 
 
+def built():
+    """What a chunk's result depends on besides its tests: the extension's
+    bytes (the lowering) and libtpu's (the compiler). A rebuild starts over."""
+    h = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(ROOT, "torchtpu", "_C*.so"))):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    spec = importlib.util.find_spec("libtpu")
+    for d in spec.submodule_search_locations if spec and spec.submodule_search_locations else []:
+        for path in sorted(glob.glob(os.path.join(d, "*.so"))):
+            st = os.stat(path)
+            h.update(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest() + "\n"
+
+
 def chunks(ids):
     """Consecutive runs of at most CHUNK tests of one file."""
     out, cur = [], []
@@ -95,8 +113,9 @@ def run(args):
     os.makedirs(outdir, exist_ok=True)
     jobs = int(os.environ.get("TPU_CHECK_JOBS", str(os.cpu_count() or 1)))
     todo = []
+    build = built()
     for c in chunks(collect(args)):
-        path = os.path.join(outdir, hashlib.sha256("\n".join(c).encode()).hexdigest()[:16] + ".json")
+        path = os.path.join(outdir, hashlib.sha256((build + "\n".join(c)).encode()).hexdigest()[:16] + ".json")
         if os.environ.get("TPU_CHECK_FRESH") == "1" and os.path.exists(path):
             os.remove(path)
         todo.append((c, path))
@@ -193,8 +212,6 @@ def summarize(topology, paths, unfinished, wall):
 def main(argv):
     if argv[:1] == ["--child"]:
         return child(argv[1], argv[2:])
-    import glob
-
     args = argv or sorted(glob.glob(os.path.join(ROOT, "tests", "test_ops*.py")))
     return run(args)
 
