@@ -9,7 +9,7 @@ SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-re
 BUILD   := build/ctest
 CORE    := csrc/core.c
 RT      := csrc/runtime/runtime.c csrc/runtime/aot.c
-HLO     := $(wildcard csrc/hlo/*.c)
+HLO     := $(wildcard csrc/hlo/*.c) csrc/mesh.c
 CACHE   := csrc/cache/cache.c csrc/cache/sha256.c
 
 .PHONY: setup build test check pytest coverage fuzz dist4 clean bench-setup lint asan-pytest wheel wheel-check tpu-check

@@ -3,6 +3,7 @@
  */
 #include "call.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -165,4 +166,95 @@ tpu_status *tpu_broadcast_check(int rank, const int64_t *dims, int vrank, const 
   for (int i = 0; i < br && ng < sizeof got - 32; i++)
     ng += (size_t)snprintf(got + ng, sizeof got - ng, "%s%lld", i ? ", " : "", (long long)b[i]);
   return tpu_status_new(TPU_ERR_RUNTIME, "output with shape [%s] doesn't match the broadcast shape [%s]", want, got);
+}
+
+/* ---- per-call argument checks ------------------------------------------- */
+
+/* c10's names of the C++ types in "value cannot be converted to type ..." */
+static const char *tpu_cxx_type_name(tpu_dtype dt) {
+  switch (dt) {
+    case TPU_S8: return "int8_t";
+    case TPU_S16: return "int16_t";
+    case TPU_S32: return "int";
+    case TPU_S64: return "int64_t";
+    case TPU_U8: return "uint8_t";
+    case TPU_U16: return "uint16_t";
+    case TPU_U32: return "uint32_t";
+    case TPU_U64: return "uint64_t";
+    case TPU_F16: return "c10::Half";
+    case TPU_BF16: return "c10::BFloat16";
+    case TPU_F32: return "float";
+    case TPU_F64: return "double";
+    case TPU_C64: return "c10::complex<float>";
+    case TPU_C128: return "c10::complex<double>";
+    default: return "bool";
+  }
+}
+
+void tpu_dtype_bounds(tpu_dtype dt, double *lo_out, double *hi_out) {
+  double lo = 0, hi = 0;
+  switch (dt) {
+    case TPU_S8: lo = -128, hi = 127; break;
+    case TPU_S16: lo = -32768, hi = 32767; break;
+    case TPU_S32: lo = -2147483648.0, hi = 2147483647.0; break;
+    case TPU_S64: lo = -9223372036854775808.0, hi = 9223372036854775807.0; break;
+    case TPU_U8: hi = 255; break;
+    case TPU_U16: hi = 65535; break;
+    case TPU_U32: hi = 4294967295.0; break;
+    case TPU_U64: hi = 18446744073709551615.0; break;
+    case TPU_F16: hi = 65504; break;
+    case TPU_BF16: hi = 3.3895313892515355e38; break;
+    case TPU_F32:
+    case TPU_C64: hi = 3.4028234663852886e38; break;
+    default: hi = INFINITY; break;
+  }
+  if (tpu_dtype_is_float(dt) || tpu_dtype_is_complex(dt)) lo = -hi;
+  *lo_out = lo;
+  *hi_out = hi;
+}
+
+tpu_status *tpu_scalar_check(const tpu_arg *a, tpu_dtype dt) {
+  if (a->kind != TPU_ARG_SCALAR || a->skind == TPU_SCALAR_BOOL || dt == TPU_PRED) return NULL;
+  bool over = false;
+  double lo, hi;
+  tpu_dtype_bounds(dt, &lo, &hi);
+  if (a->skind == TPU_SCALAR_COMPLEX && !tpu_dtype_is_complex(dt) && a->f_imag != 0) over = true;
+  if (a->skind == TPU_SCALAR_INT) {
+    if (tpu_dtype_is_unsigned_int(dt)) /* c10 lets a negative wrap when its magnitude fits */
+      over = (double)a->i > hi || (a->i < 0 && -(double)a->i > hi);
+    else if (dt == TPU_S64 || dt == TPU_U64)
+      over = false;
+    else
+      over = (double)a->i < lo || (double)a->i > hi;
+  } else if (!over) {
+    double f = a->f;
+    if (tpu_dtype_is_int(dt))
+      over = f != f || f < lo || f > hi || (dt == TPU_S64 && f >= 9223372036854775808.0);
+    else
+      over = !isinf(f) && f == f && (f < lo || f > hi);
+  }
+  if (!over) return NULL;
+  return tpu_status_new(TPU_ERR_RUNTIME, "value cannot be converted to type %s without overflow",
+                        tpu_cxx_type_name(dt));
+}
+
+static double tpu_scalar_value(const tpu_arg *args, int nargs, int i, double dflt) {
+  if (i >= nargs) return dflt;
+  if (args[i].kind == TPU_ARG_FLOAT) return args[i].f;
+  if (args[i].kind == TPU_ARG_INT) return (double)args[i].i;
+  if (args[i].kind != TPU_ARG_SCALAR) return dflt;
+  return args[i].skind == TPU_SCALAR_INT ? (double)args[i].i : args[i].f;
+}
+
+tpu_status *tpu_check_args(const char *op, const tpu_arg *args, int nargs) {
+  if (strcmp(op, "uniform_") == 0) {
+    double from = tpu_scalar_value(args, nargs, 1, 0), to = tpu_scalar_value(args, nargs, 2, 1);
+    if (from > to)
+      return tpu_status_new(TPU_ERR_RUNTIME, "uniform_ expects to return a [from, to) range, but found from=%g > to=%g",
+                            from, to);
+  } else if (strcmp(op, "cauchy_") == 0) {
+    double sigma = tpu_scalar_value(args, nargs, 2, 1);
+    if (!(sigma > 0)) return tpu_status_new(TPU_ERR_RUNTIME, "cauchy_ expects sigma > 0.0, but found sigma=%g", sigma);
+  }
+  return NULL;
 }

@@ -170,4 +170,18 @@ int tpu_tref_overlap(const tpu_tref *a, const tpu_tref *b);
  * place, or out=): NULL when it fits. */
 tpu_status *tpu_broadcast_check(int rank, const int64_t *dims, int vrank, const int64_t *vdims);
 
+/* ---- per-call argument checks (the engine's, on every call) --------------- */
+
+/* NULL when the Python scalar a converts to dt without overflow (c10's
+ * checked_convert, as fill_ and masked_fill do), else torch's RuntimeError. */
+tpu_status *tpu_scalar_check(const tpu_arg *a, tpu_dtype dt);
+/* torch's checks of argument values that are not part of a program (rows
+ * flagged TPU_OP_CHECK_ARGS): NULL when they pass. */
+tpu_status *tpu_check_args(const char *op, const tpu_arg *args, int nargs);
+/* The range of finite values of dt that c10's checked conversion accepts
+ * (unsigned types: also negatives of a magnitude that fits, by the caller);
+ * shared with the lowering's check of a value inside a program
+ * (tpu_lower_check_fits). */
+void tpu_dtype_bounds(tpu_dtype dt, double *lo_out, double *hi_out);
+
 #endif

@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 
 #include "../call.h"
+#include "../mesh.h"
 #include "../runtime/aot.h"
 #include "../runtime/runtime.h"
 #include "prof.h"

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../mesh.h"
 #include "engine_impl.h"
 
 void tpu_record_free_shards(tpu_record *r) {

@@ -1,6 +1,8 @@
 /* emit_spmd.c: ops of programs over a mesh of devices (ops_spmd.def). */
 #include "emit.h"
 
+#include "../mesh.h"
+
 /* tpu::spmd_constraint(self, mesh, dim_axis): self, laid out inside the
  * program as dim_axis says over the program's mesh (dimension i split over
  * mesh axis dim_axis[i], -1: not split); the partitioner moves the data. Only

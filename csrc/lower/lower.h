@@ -107,15 +107,6 @@ int64_t tpu_lower_dim(tpu_lower *L, int64_t d, int rank);
 
 /* Broadcast v to dims (numpy rules, right-aligned). */
 tpu_hv tpu_lower_broadcast_to(tpu_lower *L, tpu_hv v, int rank, const int64_t *dims);
-/* NULL when a value of shape vdims broadcasts to exactly dims (a copy_ or an
- * in-place result), else torch's RuntimeError: "The size of tensor a ..."
- * or "output with shape [..] doesn't match the broadcast shape [..]". */
-/* NULL when the Python scalar a converts to dt without overflow (c10's
- * checked_convert, as fill_ and masked_fill do), else torch's RuntimeError. */
-tpu_status *tpu_scalar_check(const tpu_arg *a, tpu_dtype dt);
-/* torch's checks of argument values that are not part of a program (rows
- * flagged TPU_OP_CHECK_ARGS): NULL when they pass. */
-tpu_status *tpu_check_args(const char *op, const tpu_arg *args, int nargs);
 /* Broadcast values to their common shape (in place in vs). */
 void tpu_lower_broadcast_all(tpu_lower *L, tpu_hv *vs, int n);
 /* Binary op after broadcasting both operands to their common shape (their

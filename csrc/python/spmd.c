@@ -5,6 +5,8 @@
 
 #include <string.h>
 
+#include "../mesh.h"
+
 /* shard(t, mesh, dim_axis) -> a new tensor of t's shape laid over the first
  * prod(mesh) local devices: dimension i split over mesh axis dim_axis[i] (-1:
  * not split), replicated over the axes that split nothing. t: a contiguous

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "hlo/hlo.h"
+#include "mesh.h"
 
 #include "check.h"
 
