@@ -6,6 +6,7 @@ case; the tests read their lines."""
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -209,3 +210,25 @@ def test_replicas(group):
     assert not bad, f"{len(bad)} of {len(res)} {group} cases failed:\n" + "\n".join(
         f"{k}: {v}" for k, v in list(bad.items())[:20]
     )
+
+
+def _def_rows(macro):
+    """The (ID, name) rows of csrc/engine/collectives.def for one macro."""
+    path = os.path.join(os.path.dirname(__file__), "..", "csrc", "engine", "collectives.def")
+    with open(path) as f:
+        text = f.read()
+    return re.findall(rf'^{macro}\((\w+), "(\w+)"', text, re.M)
+
+
+def test_collective_kinds_by_name():
+    import torchtpu
+    from torchtpu import _C, replicas
+
+    del torchtpu
+    rows = _def_rows("TPU_COLLECTIVE")
+    assert rows and _C.collective_kinds() == {name: i for i, (_, name) in enumerate(rows)}
+    # every collective of torchtpu.replicas is a row, named as its function
+    assert set(replicas.__all__) == {name for _, name in rows}
+    ops = _def_rows("TPU_REDUCE_OP")
+    assert ops and _C.reduce_ops() == {name: i for i, (_, name) in enumerate(ops)}
+    assert replicas._OPS == _C.reduce_ops()

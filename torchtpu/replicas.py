@@ -20,9 +20,11 @@ from . import _C
 
 __all__ = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "permute", "broadcast"]
 
-# tpu_coll_kind and tpu_red_op (csrc/engine/engine.h)
-_ALL_REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _ALL_TO_ALL, _PERMUTE, _BROADCAST = range(6)
-_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
+# tpu_coll_kind and tpu_red_op, by name (the rows of csrc/engine/collectives.def)
+_KINDS = _C.collective_kinds()
+_ALL_REDUCE, _ALL_GATHER, _REDUCE_SCATTER = _KINDS["all_reduce"], _KINDS["all_gather"], _KINDS["reduce_scatter"]
+_ALL_TO_ALL, _PERMUTE, _BROADCAST = _KINDS["all_to_all"], _KINDS["permute"], _KINDS["broadcast"]
+_OPS = _C.reduce_ops()
 
 
 def _op(op: str) -> int:

@@ -355,16 +355,18 @@ void tpu_engine_aot_info(tpu_engine *e, tpu_aot_info *out);
  * One collective over n local devices as one program of n replicas: record i
  * of the list is on device i (tpu:i) and its result is a new record on
  * device i. The transport of a multi-process backend in one process. */
-typedef enum {
-  TPU_COLL_ALL_REDUCE,
-  TPU_COLL_ALL_GATHER,     /* along dim 0 (a 0-d input gathers into shape [n]) */
-  TPU_COLL_REDUCE_SCATTER, /* dim 0 split in n, chunk i reduced onto replica i */
-  TPU_COLL_ALL_TO_ALL,     /* dim 0 split in n, chunk j of replica i goes to replica j at position i */
-  TPU_COLL_PERMUTE,        /* pairs (source, target); a replica no pair targets gets zeros */
-  TPU_COLL_BROADCAST,      /* replica src's value to every replica */
+typedef enum { /* the rows of collectives.def */
+#define TPU_COLLECTIVE(id, name, doc) TPU_COLL_##id,
+#include "collectives.def"
   TPU_COLL_COUNT
 } tpu_coll_kind;
-typedef enum { TPU_RED_SUM, TPU_RED_PROD, TPU_RED_MIN, TPU_RED_MAX, TPU_RED_AVG, TPU_RED_COUNT } tpu_red_op;
+typedef enum {
+#define TPU_REDUCE_OP(id, name, doc) TPU_RED_##id,
+#include "collectives.def"
+  TPU_RED_COUNT
+} tpu_red_op;
+extern const char *const tpu_coll_names[TPU_COLL_COUNT]; /* "all_reduce", ... (replica.c) */
+extern const char *const tpu_red_names[TPU_RED_COUNT];   /* "sum", ... */
 #define TPU_MAX_REPLICAS 64
 typedef struct {
   tpu_coll_kind kind;

@@ -16,9 +16,14 @@
 
 #include "engine_impl.h"
 
-static const char *const tpu_coll_names[TPU_COLL_COUNT] = {"all_reduce", "all_gather", "reduce_scatter",
-                                                           "all_to_all", "permute",    "broadcast"};
-static const char *const tpu_red_names[TPU_RED_COUNT] = {"sum", "prod", "min", "max", "avg"};
+const char *const tpu_coll_names[TPU_COLL_COUNT] = {
+#define TPU_COLLECTIVE(id, name, doc) name,
+#include "collectives.def"
+};
+const char *const tpu_red_names[TPU_RED_COUNT] = {
+#define TPU_REDUCE_OP(id, name, doc) name,
+#include "collectives.def"
+};
 
 static int64_t tpu_shape_numel(int rank, const int64_t *dims) {
   int64_t n = 1;

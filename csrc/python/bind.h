@@ -165,6 +165,8 @@ PyObject *tpu_py_whole_capturing(PyObject *m, PyObject *noargs);
 
 /* replica.c: replica-mode collectives (torchtpu.replicas) */
 PyObject *tpu_py_replica_collective(PyObject *m, PyObject *args);
+PyObject *tpu_py_collective_kinds(PyObject *m, PyObject *noargs); /* {name: tpu_coll_kind} */
+PyObject *tpu_py_reduce_ops(PyObject *m, PyObject *noargs);       /* {name: tpu_red_op} */
 
 /* guard.c: the device count and current device torch's device guard reads */
 void tpu_guard_set_count(int n);

@@ -8,7 +8,8 @@
 
 /* replica_collective(tensors, kind, op, pairs, src) -> [tensors]: tensors are
  * whole contiguous tpu tensors (the Python side makes them so); kind and op
- * are tpu_coll_kind and tpu_red_op; pairs a sequence of (source, target). */
+ * are tpu_coll_kind and tpu_red_op (by name: collective_kinds() and
+ * reduce_ops()); pairs a sequence of (source, target). */
 PyObject *tpu_py_replica_collective(PyObject *m, PyObject *args) {
   PyObject *list, *pairs;
   int kind, op, src;
@@ -95,4 +96,45 @@ PyObject *tpu_py_replica_collective(PyObject *m, PyObject *args) {
 done:
   Py_DECREF(seq);
   return out;
+}
+
+/* {name: value} of n (name, value) pairs. */
+static PyObject *tpu_name_dict(const char *const *names, const int *values, int n) {
+  PyObject *d = PyDict_New();
+  for (int i = 0; d && i < n; i++) {
+    PyObject *v = PyLong_FromLong(values[i]);
+    if (!v || PyDict_SetItemString(d, names[i], v) < 0) Py_CLEAR(d);
+    Py_XDECREF(v);
+  }
+  return d;
+}
+
+/* collective_kinds() -> {name: tpu_coll_kind}, the rows of collectives.def. */
+PyObject *tpu_py_collective_kinds(PyObject *m, PyObject *noargs) {
+  (void)m;
+  (void)noargs;
+  static const char *const names[] = {
+#define TPU_COLLECTIVE(id, name, doc) name,
+#include "../engine/collectives.def"
+  };
+  static const int values[] = {
+#define TPU_COLLECTIVE(id, name, doc) TPU_COLL_##id,
+#include "../engine/collectives.def"
+  };
+  return tpu_name_dict(names, values, TPU_COLL_COUNT);
+}
+
+/* reduce_ops() -> {name: tpu_red_op}, the reduce ops of collectives.def. */
+PyObject *tpu_py_reduce_ops(PyObject *m, PyObject *noargs) {
+  (void)m;
+  (void)noargs;
+  static const char *const names[] = {
+#define TPU_REDUCE_OP(id, name, doc) name,
+#include "../engine/collectives.def"
+  };
+  static const int values[] = {
+#define TPU_REDUCE_OP(id, name, doc) TPU_RED_##id,
+#include "../engine/collectives.def"
+  };
+  return tpu_name_dict(names, values, TPU_RED_COUNT);
 }
