@@ -355,7 +355,8 @@ void tpu_engine_aot_info(tpu_engine *e, tpu_aot_info *out);
  * One collective over n local devices as one program of n replicas: record i
  * of the list is on device i (tpu:i) and its result is a new record on
  * device i. The transport of a multi-process backend in one process. */
-typedef enum { /* the rows of collectives.def */
+/* The collectives and reduce ops: the rows of collectives.def. */
+typedef enum {
 #define TPU_COLLECTIVE(id, name, doc) TPU_COLL_##id,
 #include "collectives.def"
   TPU_COLL_COUNT
