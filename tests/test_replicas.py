@@ -221,10 +221,8 @@ def _def_rows(macro):
 
 
 def test_collective_kinds_by_name():
-    import torchtpu
     from torchtpu import _C, replicas
 
-    del torchtpu
     rows = _def_rows("TPU_COLLECTIVE")
     assert rows and _C.collective_kinds() == {name: i for i, (_, name) in enumerate(rows)}
     # every collective of torchtpu.replicas is a row, named as its function
