@@ -70,12 +70,22 @@ typedef struct {
   int resolve_real;
 } tpu_kernel;
 
-/* Whether an argument of this kind (kernel.c's one character per schema
- * type) may be None. */
-static inline bool tpu_kind_optional(char kind) {
-  return kind == 't' || kind == 's' || kind == 'j' || kind == 'J' || kind == 'g' || kind == 'F' || kind == 'c' ||
-         kind == 'd' || kind == 'y' || kind == 'l' || kind == '_' || kind == 'r';
+/* The argument-kind alphabet (argkinds.def), indexed by letter: a spec's
+ * one character per schema argument type. name is NULL for a letter that is
+ * not a kind. */
+typedef struct {
+  const char *name; /* "optional tensor" */
+  tpu_argkind parsed;
+  bool optional; /* None is accepted */
+} tpu_argkind_row;
+extern const tpu_argkind_row tpu_argkinds[128]; /* kernel.c */
+static inline const tpu_argkind_row *tpu_kind_row(char kind) {
+  static const tpu_argkind_row unknown = {NULL, TPU_ARG_NONE, false};
+  return (unsigned char)kind < 128 && tpu_argkinds[(unsigned char)kind].name ? &tpu_argkinds[(unsigned char)kind]
+                                                                             : &unknown;
 }
+/* Whether an argument of this kind may be None. */
+static inline bool tpu_kind_optional(char kind) { return tpu_kind_row(kind)->optional; }
 
 static inline tpu_mod_state *tpu_state(PyObject *m) { return (tpu_mod_state *)PyModule_GetState(m); }
 
@@ -119,6 +129,7 @@ int tpu_warn_resized(void);
 int tpu_run_engine(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, tpu_engine_result *res);
 PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params, int nreturns);
 PyObject *tpu_py_kernel(PyObject *m, PyObject *args);
+PyObject *tpu_py_arg_kinds(PyObject *m, PyObject *noargs); /* {letter: name} of argkinds.def */
 /* A call's argument frame: taken (NULL with an exception set), its args, given back with
  * the number of arguments parsed (their tensor lists freed). */
 typedef struct tpu_call_frame tpu_call_frame;

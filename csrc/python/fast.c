@@ -67,16 +67,14 @@ static int tpu_fast_parse(tpu_mod_state *st, char kind, const tpu_fast_arg *in, 
     a->kind = TPU_ARG_NONE;
     return 0;
   }
-  switch (kind) {
-    case 'T':
-    case 't':
+  switch (tpu_kind_row(kind)->parsed) {
+    case TPU_ARG_TENSOR:
       if (tpu_fast_number(in->tag)) return tpu_fast_scalar(in, a); /* a wrapped number (x + 1) */
       if (in->tag != TPU_FA_TENSOR) return 1;
       a->kind = TPU_ARG_TENSOR;
       memset(&a->t, 0, sizeof a->t);
       return tpu_tref_from_meta_struct(st, in->t, &a->t, opname, &rc) ? rc : 1;
-    case 'L':
-    case 'l': {
+    case TPU_ARG_TENSORS: {
       if (in->tag != TPU_FA_TENSORS || in->n > TPU_MAX_LIST) return 1;
       tpu_tref *lists = calloc((size_t)(in->n ? in->n : 1), sizeof *lists);
       if (!lists) return PyErr_NoMemory(), -1;
@@ -90,22 +88,18 @@ static int tpu_fast_parse(tpu_mod_state *st, char kind, const tpu_fast_arg *in, 
       }
       return 0;
     }
-    case 'S':
-    case 's': return tpu_fast_scalar(in, a);
-    case 'i':
-    case 'j':
+    case TPU_ARG_SCALAR: return tpu_fast_scalar(in, a);
+    case TPU_ARG_INT:
       if (in->tag != TPU_FA_INT && in->tag != TPU_FA_BOOL) return 1;
       a->kind = TPU_ARG_INT;
       a->i = in->i;
       return 0;
-    case 'b':
-    case 'c':
+    case TPU_ARG_BOOL:
       if (in->tag != TPU_FA_BOOL && in->tag != TPU_FA_INT) return 1;
       a->kind = TPU_ARG_BOOL;
       a->i = in->i != 0;
       return 0;
-    case 'I':
-    case 'J':
+    case TPU_ARG_INTS:
       a->kind = TPU_ARG_INTS;
       if (in->tag == TPU_FA_INT) {
         a->nints = 1;
@@ -116,26 +110,24 @@ static int tpu_fast_parse(tpu_mod_state *st, char kind, const tpu_fast_arg *in, 
       memcpy(a->ints, in->ints, sizeof(int64_t) * (size_t)in->n);
       a->nints = in->n;
       return 0;
-    case 'f':
-    case 'g':
+    case TPU_ARG_FLOAT:
       if (in->tag != TPU_FA_FLOAT && in->tag != TPU_FA_INT) return 1;
       a->kind = TPU_ARG_FLOAT;
       a->f = in->tag == TPU_FA_INT ? (double)in->i : in->f;
       return 0;
-    case 'F':
+    case TPU_ARG_FLOATS:
       if (in->tag != TPU_FA_FLOATS) return 1;
       a->kind = TPU_ARG_FLOATS;
       a->nints = in->n < TPU_MAX_LIST ? in->n : TPU_MAX_LIST;
       memcpy(a->floats, in->floats, sizeof(double) * (size_t)a->nints);
       return 0;
-    case 'd': /* a c10::ScalarType */
+    case TPU_ARG_DTYPE: /* a c10::ScalarType */
       if (in->tag != TPU_FA_INT || in->i < 0 || in->i >= TPU_SCALAR_TYPES || st->scalar_types[in->i] == TPU_INVALID)
         return 1;
       a->kind = TPU_ARG_DTYPE;
       a->dtype = st->scalar_types[in->i];
       return 0;
-    case 'x':
-    case 'y':
+    case TPU_ARG_STR:
       if (in->tag != TPU_FA_STR) return 1;
       a->kind = TPU_ARG_STR;
       snprintf(a->str, sizeof a->str, "%s", in->str);

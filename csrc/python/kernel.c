@@ -49,6 +49,27 @@ static int tpu_parse_scalar(PyObject *o, tpu_arg *a) {
   return 0;
 }
 
+const tpu_argkind_row tpu_argkinds[128] = {
+#define TPU_ARG_KIND(letter, name, parsed, optional, what) \
+  [(unsigned char)(letter)] = {name, TPU_ARG_##parsed, optional},
+#include "argkinds.def"
+};
+
+/* arg_kinds() -> {letter: name}, the rows of argkinds.def. */
+PyObject *tpu_py_arg_kinds(PyObject *m, PyObject *noargs) {
+  (void)m;
+  (void)noargs;
+  PyObject *d = PyDict_New();
+  for (int c = 0; d && c < 128; c++) {
+    if (!tpu_argkinds[c].name) continue;
+    char letter[2] = {(char)c, 0};
+    PyObject *v = PyUnicode_FromString(tpu_argkinds[c].name);
+    if (!v || PyDict_SetItemString(d, letter, v) < 0) Py_CLEAR(d);
+    Py_XDECREF(v);
+  }
+  return d;
+}
+
 /* Parse one argument. A TENSORS argument gets an owned item array in
  * a->list (freed by tpu_args_free). */
 static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, const char *opname) {
@@ -69,21 +90,19 @@ static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, 
   }
   if (o == Py_None) {
     if (!optional && kind != 'L') {
-      PyErr_Format(PyExc_TypeError, "aten::%s: unexpected None", opname);
+      PyErr_Format(PyExc_TypeError, "aten::%s: unexpected None for a %s argument", opname, tpu_kind_row(kind)->name);
       return -1;
     }
     a->kind = TPU_ARG_NONE;
     return 0;
   }
-  switch (kind) {
-    case 'T':
-    case 't':
+  switch (tpu_kind_row(kind)->parsed) {
+    case TPU_ARG_TENSOR:
       /* The dispatcher hands wrapped numbers (x + 1) back as Python numbers. */
       if (PyLong_Check(o) || PyFloat_Check(o) || PyComplex_Check(o)) return tpu_parse_scalar(o, a);
       a->kind = TPU_ARG_TENSOR;
       return tpu_tref_from_py(st, o, &a->t, opname);
-    case 'L':
-    case 'l': {
+    case TPU_ARG_TENSORS: {
       PyObject *fast = PySequence_Fast(o, "expected a list of tensors");
       if (!fast) return -1;
       Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
@@ -116,20 +135,16 @@ static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, 
       Py_DECREF(fast);
       return 0;
     }
-    case 'S':
-    case 's': return tpu_parse_scalar(o, a);
-    case 'i':
-    case 'j':
+    case TPU_ARG_SCALAR: return tpu_parse_scalar(o, a);
+    case TPU_ARG_INT:
       a->kind = TPU_ARG_INT;
       a->i = PyLong_AsLongLong(o);
       return (a->i == -1 && PyErr_Occurred()) ? -1 : 0;
-    case 'b':
-    case 'c':
+    case TPU_ARG_BOOL:
       a->kind = TPU_ARG_BOOL;
       a->i = PyObject_IsTrue(o);
       return a->i < 0 ? -1 : 0;
-    case 'I':
-    case 'J': {
+    case TPU_ARG_INTS: {
       a->kind = TPU_ARG_INTS;
       if (PyLong_Check(o)) {
         a->nints = 1;
@@ -141,12 +156,11 @@ static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, 
       a->nints = n;
       return 0;
     }
-    case 'f':
-    case 'g':
+    case TPU_ARG_FLOAT:
       a->kind = TPU_ARG_FLOAT;
       a->f = PyFloat_AsDouble(o);
       return (a->f == -1.0 && PyErr_Occurred()) ? -1 : 0;
-    case 'F': {
+    case TPU_ARG_FLOATS: {
       a->kind = TPU_ARG_FLOATS;
       PyObject *fast = PySequence_Fast(o, "expected a list of floats");
       if (!fast) return -1;
@@ -157,7 +171,7 @@ static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, 
       Py_DECREF(fast);
       return PyErr_Occurred() ? -1 : 0;
     }
-    case 'd':
+    case TPU_ARG_DTYPE:
       a->kind = TPU_ARG_DTYPE;
       a->dtype = tpu_dtype_from_py(st, o);
       if (a->dtype == TPU_INVALID) {
@@ -165,8 +179,7 @@ static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, 
         return -1;
       }
       return 0;
-    case 'x':
-    case 'y': {
+    case TPU_ARG_STR: {
       a->kind = TPU_ARG_STR;
       const char *s = PyUnicode_AsUTF8(o);
       if (!s) return -1;
@@ -389,7 +402,7 @@ PyType_Spec tpu_kernel_spec = {
 };
 
 /* kernel(op_id, spec, nreturns): spec is a sequence of (name, kind, default)
- * where kind is one character (see tpu_parse_arg) and default is a value or
+ * where kind is one letter of argkinds.def and default is a value or
  * a missing-marker (the module's REQUIRED object). */
 PyObject *tpu_py_kernel(PyObject *m, PyObject *args) {
   int op_id, nreturns;
@@ -425,7 +438,15 @@ PyObject *tpu_py_kernel(PyObject *m, PyObject *args) {
       return NULL;
     }
     const char *ks = PyUnicode_AsUTF8(kind);
-    k->kinds[i] = ks ? ks[0] : '?';
+    if (!ks || strlen(ks) != 1 || !tpu_kind_row(ks[0])->name) {
+      if (ks)
+        PyErr_Format(PyExc_ValueError, "aten::%s: argument %U has the unknown kind %R (csrc/python/argkinds.def)",
+                     tpu_op_table[op_id].name, name, kind);
+      Py_DECREF(fast);
+      Py_DECREF(k);
+      return NULL;
+    }
+    k->kinds[i] = ks[0];
     Py_INCREF(name);
     PyUnicode_InternInPlace(&name);
     k->names[i] = name;

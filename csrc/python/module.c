@@ -384,6 +384,7 @@ static PyMethodDef tpu_methods[] = {
     {"ops", tpu_py_ops, METH_NOARGS, "The op table: [(aten overload, id, flags)]."},
     {"foreach", tpu_py_foreach, METH_VARARGS,
      "foreach(name, element_kernel, lists, kwnames, out_self, returns_list) -> callable"},
+    {"arg_kinds", tpu_py_arg_kinds, METH_NOARGS, "arg_kinds() -> {letter: name} of a kernel spec's argument kinds"},
     {"kernel", tpu_py_kernel, METH_VARARGS,
      "kernel(op_id, spec, nreturns, REQUIRED[, resolve, resolve_real]) -> callable"},
     {"empty", tpu_py_empty, METH_VARARGS, "empty(sizes, dtype, strides, device=-1) -> tpu tensor"},
