@@ -1,12 +1,13 @@
 """The engine's files as a stack: no call circle inside csrc/engine/.
 
 Reads csrc/engine/*.c (comments and strings stripped), maps each function
-definition to its file, and finds each file's calls of functions another file
-defines and its #includes of sibling headers (x.h is x.c's header; engine.h,
-the public API every part implements, and engine_impl.h, the composition of
-every part's state, belong to no one file). A circle is a strongly connected
-component of more than one file: named, exit 1. Otherwise prints the layers,
-the bottom first, each file calling only files on the layers below it.
+definition to its file, and finds each file's uses (calls, pointers passed) of
+functions another file defines, and its #includes of sibling headers (x.h is
+x.c's header; engine.h, the public API every part implements, and
+engine_impl.h, the composition of every part's state, belong to no one file).
+A circle is a strongly connected component of more than one file: named, exit
+1. Otherwise prints the layers, bottom first, each file using only files on
+the layers below it.
 
 Usage: engine_graph.py [DIR] (default csrc/engine)."""
 
@@ -21,32 +22,35 @@ KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "do", "else", "c
 COMMENT_OR_STRING = re.compile(r'/\*.*?\*/|//[^\n]*|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 # a definition: a name and its parameters at the start of a line (after its
-# return type), then a body; a call: a name followed by "("
-DEFINITION = re.compile(r"^[A-Za-z_][\w \t\*]*?\b([A-Za-z_]\w*)\s*\([^;{}]*\)\s*(?:__attribute__\(\(.*?\)\)\s*)?\{", re.M)
-CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+# return type), then a body; a use: any name (a call, or a function passed as a
+# pointer)
+DEFINITION = re.compile(
+    r"^[A-Za-z_][\w \t\*]*?\b([A-Za-z_]\w*)\s*\([^;{}]*\)\s*(?:__attribute__\(\(.*?\)\)\s*)?\{", re.M
+)
+NAME = re.compile(r"\b[A-Za-z_]\w*\b")
 
 
 def strip(text):
-    """The text without comments and string or character literals (newlines kept)."""
-    includes = INCLUDE.findall(text)
-    bare = COMMENT_OR_STRING.sub(lambda m: "" if m.group(0)[0] in "\"'" else "\n" * m.group(0).count("\n"), text)
-    return bare, includes
+    """The text without comments and string or character literals (newlines kept), and the
+    sibling headers it includes (outside comments)."""
+
+    def drop(kind):
+        return lambda m: m.group(0) if m.group(0)[0] not in kind else "\n" * m.group(0).count("\n")
+
+    code = COMMENT_OR_STRING.sub(drop("/"), text)
+    return COMMENT_OR_STRING.sub(drop("\"'"), code), INCLUDE.findall(code)
 
 
 def graph(folder):
     """{file: set of files it depends on} for the .c files of folder."""
     sources = {p.stem: strip(p.read_text()) for p in sorted(pathlib.Path(folder).glob("*.c"))}
-    owner = {}
-    for name, (bare, _) in sources.items():
-        for m in DEFINITION.finditer(bare):
-            if m.group(1) not in KEYWORDS:
-                owner.setdefault(m.group(1), name)
+    defined = {name: {m.group(1) for m in DEFINITION.finditer(bare)} - KEYWORDS for name, (bare, _) in sources.items()}
+    owner = {f: name for name, fns in defined.items() for f in fns}
     edges = {name: set() for name in sources}
     for name, (bare, includes) in sources.items():
-        for m in CALL.finditer(bare):
-            callee = owner.get(m.group(1))
-            if callee and callee != name:
-                edges[name].add(callee)
+        for used in set(NAME.findall(bare)) - defined[name]:  # a file's own statics shadow others'
+            if used in owner:
+                edges[name].add(owner[used])
         for inc in includes:
             header = pathlib.PurePosixPath(inc)
             if header.name not in SHARED and header.suffix == ".h" and header.parent == pathlib.PurePosixPath("."):
