@@ -114,7 +114,7 @@ static bool tpu_aot_disk_get(tpu_engine *e, const uint8_t *key, size_t keylen, t
   void *bytes = NULL;
   size_t n = 0;
   char why[512];
-  tpu_dc_result r = tpu_dcache_get(e->cache.disk, key, keylen, &bytes, &n, why, sizeof why);
+  tpu_dc_result r = tpu_dcache_get(e->aot.disk, key, keylen, &bytes, &n, why, sizeof why);
   bool ok = false;
   if (r == TPU_DC_HIT && n >= sizeof(tpu_aot_header)) {
     tpu_aot_header h;
@@ -132,7 +132,7 @@ static bool tpu_aot_disk_get(tpu_engine *e, const uint8_t *key, size_t keylen, t
 
 static void tpu_aot_disk_put(tpu_engine *e, const uint8_t *key, size_t keylen, const tpu_aot_prog *p, const void *exe,
                              size_t n) {
-  if (e->cache.disk_readonly) return;
+  if (e->aot.disk_readonly) return;
   tpu_aot_header h;
   memset(&h, 0, sizeof h);
   memcpy(h.magic, tpu_aot_magic, 8);
@@ -144,7 +144,7 @@ static void tpu_aot_disk_put(tpu_engine *e, const uint8_t *key, size_t keylen, c
   memcpy(buf, &h, sizeof h);
   if (n) memcpy(buf + sizeof h, exe, n);
   char why[600];
-  if (tpu_dcache_put(e->cache.disk, key, keylen, buf, sizeof h + n, why, sizeof why) == 0)
+  if (tpu_dcache_put(e->aot.disk, key, keylen, buf, sizeof h + n, why, sizeof why) == 0)
     atomic_fetch_add(&e->metrics.disk_writes, 1);
   free(buf);
 }
@@ -186,7 +186,7 @@ tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, 
   if (!p.name) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   uint8_t *key = NULL;
   size_t keylen = 0;
-  if (e->cache.disk && e->aot.salt && (key = tpu_aot_key(e, text, len, o, &keylen)) &&
+  if (e->aot.disk && e->aot.salt && (key = tpu_aot_key(e, text, len, o, &keylen)) &&
       tpu_aot_disk_get(e, key, keylen, &p)) {
     p.cached = true;
     atomic_fetch_add(&e->metrics.aot_disk_hits, 1);

@@ -4,14 +4,20 @@
 #ifndef TPU_ENGINE_AOT_TARGET_H
 #define TPU_ENGINE_AOT_TARGET_H
 
+#include "../cache/cache.h"
 #include "engine.h"
 
 typedef struct {
   char *plugin, *topology; /* owned: the compile-only target to open at the start */
   bool strict;
   tpu_rt_target *target; /* owned; NULL when off */
-  char *salt;            /* owned: the disk key's prefix of its programs; NULL: not cached on disk */
-  tpu_aot_prog *progs;   /* owned, n entries */
+  /* the program cache's disk tier, set by programs.c: the key's prefix of
+   * the target's programs (owned; NULL: not cached on disk), the tier
+   * (borrowed; NULL when off), and whether it is still written */
+  char *salt;
+  tpu_dcache *disk;
+  bool disk_readonly;
+  tpu_aot_prog *progs; /* owned, n entries */
   int n, cap;
   bool warned;    /* a refused program was reported (not strict) */
   char what[128]; /* fuse.c: the ops of the flush being compiled, for its name ("" otherwise) */

@@ -1,5 +1,7 @@
-/* engine.c: the engine's facade: its life and settings, one call by eager
- * mode, uploads, downloads and sync.
+/* engine.c: the engine's facade, the top of its stack: its life and
+ * settings, one call by eager mode, uploads, downloads, transfers, tensors
+ * moved onto a mesh, and sync; the entry points that settle recorded ops
+ * (fuse.c) before they call down.
  *
  * A call is keyed by its signature (programs.c): the op id and, per
  * argument, everything the lowering depends on but no data, so that scalar

@@ -467,9 +467,9 @@ static tpu_status *tpu_fuse_blame(tpu_engine *e, tpu_status *s) {
                            big->site ? big->site : "");
 }
 
-/* Runs a fused program over a mesh (spmd.c): row d's inputs are the mesh records' shards on
- * device d and copies of everything else; the outputs become the records'
- * shards. */
+/* Runs a fused program over a mesh (spmd.c): row d's inputs are the mesh
+ * records' shards on device d and copies of everything else; the outputs
+ * become the records' shards. */
 static tpu_status *tpu_fuse_run_spmd(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
   int nin = c->nfin, rows = c->spmd_rows;
   size_t ni = (size_t)rows * (size_t)(nin ? nin : 1);

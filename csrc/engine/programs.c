@@ -98,7 +98,7 @@ static void tpu_disk_store(tpu_engine *e, tpu_rt_exec *exec, const uint8_t *key,
     tpu_msgs_warn(&e->msgs, "torchtpu: compiled programs cannot be cached on disk (%s); caching in memory only",
                   tpu_status_message(s));
     tpu_status_free(s);
-    e->cache.disk_readonly = true;
+    e->cache.disk_readonly = e->aot.disk_readonly = true;
     return;
   }
   char why[600];
@@ -109,7 +109,7 @@ static void tpu_disk_store(tpu_engine *e, tpu_rt_exec *exec, const uint8_t *key,
                   "torchtpu: the compilation cache folder cannot be written (%s); new programs are "
                   "cached in memory only for the rest of this process",
                   why);
-    e->cache.disk_readonly = true;
+    e->cache.disk_readonly = e->aot.disk_readonly = true;
   } else {
     atomic_fetch_add(&e->metrics.disk_writes, 1);
   }
@@ -137,9 +137,9 @@ tpu_status *tpu_programs_disk_open(tpu_engine *e, const char *dir, int64_t max_b
   tpu_dcache_free(e->cache.disk);
   free(e->cache.salt);
   free(e->aot.salt);
-  e->cache.disk = NULL;
+  e->cache.disk = e->aot.disk = NULL;
   e->cache.salt = e->aot.salt = NULL;
-  e->cache.disk_readonly = false;
+  e->cache.disk_readonly = e->aot.disk_readonly = false;
   e->cache.disk_refused_told = false;
   if (!dir || !*dir) return NULL;
   tpu_dcache *dc = NULL;
@@ -155,7 +155,7 @@ tpu_status *tpu_programs_disk_open(tpu_engine *e, const char *dir, int64_t max_b
     tpu_dcache_free(dc);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
-  e->cache.disk = dc;
+  e->cache.disk = e->aot.disk = dc;
   return NULL;
 }
 
