@@ -46,4 +46,4 @@ def test_an_include_closes_a_circle_and_comments_and_strings_do_not(tmp_path):
     )
     r = run(tmp_path)
     assert r.returncode == 0, r.stdout
-    assert r.stdout.splitlines() == ["layer 0: low", "layer 1: high  (calls low)"]
+    assert r.stdout.splitlines() == ["layer 0: low", "layer 1: high  (uses low)"]

@@ -2,12 +2,12 @@
 
 Reads csrc/engine/*.c (comments and strings stripped), maps each function
 definition to its file, and finds each file's uses (calls, pointers passed) of
-functions another file defines, and its #includes of sibling headers (x.h is
-x.c's header; engine.h, the public API every part implements, and
-engine_impl.h, the composition of every part's state, belong to no one file).
-A circle is a strongly connected component of more than one file: named, exit
-1. Otherwise prints the layers, bottom first, each file using only files on
-the layers below it.
+functions another file defines, and its #includes of sibling headers, its own
+header's too (x.h is x.c's header; engine.h, the public API every part
+implements, and engine_impl.h, the composition of every part's state, belong
+to no one file). A circle is a strongly connected component of more than one
+file: named, exit 1. Otherwise prints the layers, bottom first, each file
+using only files on the layers below it.
 
 Usage: engine_graph.py [DIR] (default csrc/engine)."""
 
@@ -44,6 +44,9 @@ def strip(text):
 def graph(folder):
     """{file: set of files it depends on} for the .c files of folder."""
     sources = {p.stem: strip(p.read_text()) for p in sorted(pathlib.Path(folder).glob("*.c"))}
+    for h in sorted(pathlib.Path(folder).glob("*.h")):  # x.h's #includes are x.c's
+        if h.stem in sources and h.name not in SHARED:
+            sources[h.stem][1].extend(strip(h.read_text())[1])
     defined = {name: {m.group(1) for m in DEFINITION.finditer(bare)} - KEYWORDS for name, (bare, _) in sources.items()}
     owner = {f: name for name, fns in defined.items() for f in fns}
     edges = {name: set() for name in sources}
@@ -116,7 +119,7 @@ def main(argv):
         return 1
     for k, row in enumerate(layers(edges)):
         below = sorted({w for v in row for w in edges[v]})
-        print(f"layer {k}: {' '.join(row)}" + (f"  (calls {' '.join(below)})" if below else ""))
+        print(f"layer {k}: {' '.join(row)}" + (f"  (uses {' '.join(below)})" if below else ""))
     return 0
 
 
