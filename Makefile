@@ -112,12 +112,14 @@ test: build check pytest
 
 # The house rules: the line budget of the C core (tools/line_budget.py), the
 # op table's rows by family (tools/op_shelves.py: a row of ops_<family>.def
-# names an emitter of emit_<family>.c), C formatted as .clang-format says,
+# names an emitter of emit_<family>.c), the engine's files as a stack with no
+# call circle (tools/engine_graph.py), C formatted as .clang-format says,
 # Python as ruff says (pyproject.toml).
 CSRC    = $(shell find csrc tests/c -name '*.c' -o -name '*.h')
 lint:
 	$(VPY) tools/line_budget.py
 	$(VPY) tools/op_shelves.py
+	$(VPY) tools/engine_graph.py
 	$(VENV)/bin/clang-format --dry-run --Werror $(CSRC)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -1,5 +1,7 @@
-/* engine.c: the engine's facade: its life and settings, one call by eager
- * mode, uploads, downloads and sync.
+/* engine.c: the engine's facade, the top of its stack: its life and
+ * settings, one call by eager mode, uploads, downloads, transfers, tensors
+ * moved onto a mesh, and sync; the entry points that settle recorded ops
+ * (fuse.c) before they call down.
  *
  * A call is keyed by its signature (programs.c): the op id and, per
  * argument, everything the lowering depends on but no data, so that scalar
@@ -8,7 +10,6 @@
  * (launch.c), fused mode only records the op (fuse.c).
  */
 #define _POSIX_C_SOURCE 200809L
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,34 +37,24 @@ void tpu_engine_options_init(tpu_engine_options *o) {
   o->value_checks = true;
 }
 
-bool tpu_dup(const char *s, char **out) {
-  *out = s ? strdup(s) : NULL;
-  return !s || *out;
-}
-
 tpu_status *tpu_engine_new(const tpu_engine_options *o, tpu_engine **out) {
   *out = NULL;
   tpu_engine *e = calloc(1, sizeof *e);
   if (!e) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-  pthread_mutex_init(&e->reg_lock, NULL);
-  pthread_mutex_init(&e->fns_lock, NULL);
-  e->reg_cap = 1024;
-  e->reg = calloc(e->reg_cap, sizeof *e->reg);
-  e->cache_cap = 256;
-  e->cache = calloc(e->cache_cap, sizeof *e->cache);
+  tpu_fns_init(&e->fns);
+  bool ok = tpu_registry_init(&e->reg);
+  ok = tpu_programs_init(&e->cache, o->program_cache_size > 0 ? o->program_cache_size : 1) && ok;
   e->rt_opts = o->rt;
-  bool ok = tpu_dup(o->rt.plugin_path, (char **)&e->rt_opts.plugin_path) &&
-            tpu_dup(o->rt.platform, (char **)&e->rt_opts.platform) && tpu_dup(o->rt_error, &e->rt_error);
-  if (!e->reg || !e->cache || !ok) {
+  ok = ok && tpu_dup(o->rt.plugin_path, (char **)&e->rt_opts.plugin_path) &&
+       tpu_dup(o->rt.platform, (char **)&e->rt_opts.platform) && tpu_dup(o->rt_error, &e->rt_error);
+  if (!ok) {
     tpu_engine_free(e);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
   e->rt_error_code = TPU_ERR_RUNTIME;
   e->rng_seed = TPU_DEFAULT_SEED;
   e->mode = o->mode < TPU_MODE_COUNT ? o->mode : TPU_MODE_STRICT;
-  e->fuse_cap = o->fuse_cap > 0 ? o->fuse_cap : 1;
-  e->program_cache_size = o->program_cache_size > 0 ? o->program_cache_size : 1;
-  e->maps_limit = -2;
+  e->fuse.cap = o->fuse_cap > 0 ? o->fuse_cap : 1;
   e->donate = o->donate;
   e->shardy = true;
   e->value_checks = o->value_checks;
@@ -76,8 +67,6 @@ tpu_status *tpu_engine_new(const tpu_engine_options *o, tpu_engine **out) {
 }
 
 bool tpu_engine_started(const tpu_engine *e) { return e->rt != NULL; }
-
-static tpu_status *tpu_disk_open(tpu_engine *e, const char *dir, int64_t max_bytes, const char *extra);
 
 tpu_status *tpu_engine_start(tpu_engine *e) {
   if (e->rt) return NULL;
@@ -93,12 +82,12 @@ tpu_status *tpu_engine_start(tpu_engine *e) {
   }
   e->donate_waits = strcmp(tpu_rt_platform_name(e->rt), "cpu") == 0;
   e->exact_div = e->donate_waits;
-  if (e->disk_pending) {
-    e->disk_pending = false;
-    tpu_status *c = tpu_disk_open(e, e->disk_dir, e->disk_max, e->disk_extra);
+  if (e->cache.disk_pending) {
+    e->cache.disk_pending = false;
+    tpu_status *c = tpu_programs_disk_open(e, e->cache.disk_dir, e->cache.disk_max, e->cache.disk_extra);
     if (c) { /* an unusable folder: programs stay cached in memory */
-      tpu_engine_warn(e, "torchtpu: compilation cache disabled (%s); programs are cached in memory only",
-                      tpu_status_message(c));
+      tpu_msgs_warn(&e->msgs, "torchtpu: compilation cache disabled (%s); programs are cached in memory only",
+                    tpu_status_message(c));
       tpu_status_free(c);
     }
   }
@@ -106,37 +95,16 @@ tpu_status *tpu_engine_start(tpu_engine *e) {
 }
 void tpu_engine_free(tpu_engine *e) {
   if (!e) return;
-  for (int i = 0; i < e->nnotes; i++) free(e->notes[i]);
-  for (int i = 0; i < e->nlogs; i++) free(e->logs[i]);
   tpu_plans_release(e);
-  tpu_nodes_release(e);
+  tpu_fuse_free(e);
   tpu_replica_release(e);
-  free(e->nodes);
   tpu_status_free(tpu_engine_sync(e));
-  free(e->chk);
-  tpu_dcache_free(e->disk);
-  free(e->salt);
-  free(e->disk_dir);
-  free(e->disk_extra);
-  for (int i = 0; i < e->nwarnings; i++) free(e->warnings[i]);
-  for (int i = 0; i < TPU_SCALAR_SLOTS; i++) tpu_rt_buffer_free(e->scalars[i].buf);
-  for (size_t i = 0; i < e->cache_cap; i++) tpu_cache_entry_free(e->cache[i]);
-  free(e->cache);
-  /* Records still alive belong to tensors that outlive the engine (process
-   * exit): drop their buffers so the client can be destroyed cleanly. */
-  for (size_t i = 0; i < e->reg_cap; i++) {
-    tpu_record *r = e->reg ? e->reg[i] : NULL;
-    if (r && r != TPU_TOMB) {
-      tpu_rt_buffer_free(r->buf);
-      r->buf = NULL;
-      r->eng = NULL;
-    }
-  }
-  free(e->reg);
-  pthread_mutex_destroy(&e->reg_lock);
+  tpu_launch_free(&e->launch);
+  tpu_programs_free(&e->cache);
+  tpu_msgs_free(&e->msgs);
+  tpu_registry_free(&e->reg);
   tpu_rt_close(e->rt);
-  tpu_engine_fns_free(e);
-  pthread_mutex_destroy(&e->fns_lock);
+  tpu_fns_free(&e->fns);
   tpu_engine_aot_free(e);
   free((char *)e->rt_opts.plugin_path);
   free((char *)e->rt_opts.platform);
@@ -146,15 +114,15 @@ void tpu_engine_free(tpu_engine *e) {
 
 tpu_rt *tpu_engine_rt(tpu_engine *e) { return e->rt; }
 tpu_metrics *tpu_engine_metrics(tpu_engine *e) { return &e->metrics; }
-int64_t tpu_engine_cache_size(tpu_engine *e) { return (int64_t)e->cache_n; }
+int64_t tpu_engine_cache_size(tpu_engine *e) { return (int64_t)e->cache.n; }
 
 void tpu_engine_set_precision(tpu_engine *e, tpu_hlo_precision p) { e->precision = p; }
 
 tpu_status *tpu_engine_sync(tpu_engine *e) {
   tpu_status *f = tpu_engine_flush(e, TPU_FLUSH_SYNC);
   if (f) {
-    tpu_status_free(e->deferred);
-    e->deferred = NULL;
+    tpu_status_free(e->launch.deferred);
+    e->launch.deferred = NULL;
     tpu_status_free(tpu_engine_wait(e));
     return f;
   }
@@ -168,79 +136,9 @@ tpu_mode tpu_engine_mode(tpu_engine *e) { return e->mode; }
 void tpu_engine_set_value_checks(tpu_engine *e, bool on) { e->value_checks = on; }
 bool tpu_engine_value_checks(const tpu_engine *e) { return e->value_checks; }
 
-void tpu_engine_foreach(tpu_engine *e, bool begin) {
-  if (begin && !++e->fe_groups) e->fe_groups = 1; /* 0 means no call */
-  e->fe_group = begin ? e->fe_groups : 0;
-  e->fe_first = e->nnodes;
-}
-
-/* Opens dir as the disk tier (NULL or "": off); the runtime is open. */
-static tpu_status *tpu_disk_open(tpu_engine *e, const char *dir, int64_t max_bytes, const char *extra) {
-  tpu_dcache_free(e->disk);
-  free(e->salt);
-  free(e->aot_salt);
-  e->disk = NULL;
-  e->salt = e->aot_salt = NULL;
-  e->disk_readonly = false;
-  e->disk_refused_told = false;
-  if (!dir || !*dir) return NULL;
-  tpu_dcache *dc = NULL;
-  tpu_status *s = tpu_dcache_open(dir, max_bytes, &dc);
-  if (s) return s;
-  char *base = tpu_rt_cache_salt(e->rt);
-  e->salt = base ? tpu_strfmt("%s;%s", base, extra ? extra : "") : NULL;
-  free(base);
-  char *abase = e->aot ? tpu_rt_target_cache_salt(e->aot) : NULL;
-  e->aot_salt = abase ? tpu_strfmt("%s;%s", abase, extra ? extra : "") : NULL;
-  free(abase);
-  if (!e->salt || (e->aot && !e->aot_salt)) {
-    tpu_dcache_free(dc);
-    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-  }
-  e->disk = dc;
-  return NULL;
-}
-
-tpu_status *tpu_engine_set_disk_cache(tpu_engine *e, const char *dir, int64_t max_bytes, const char *extra) {
-  if (e->rt) return tpu_disk_open(e, dir, max_bytes, extra);
-  char *d = NULL, *x = NULL;
-  if (!tpu_dup(dir, &d) || !tpu_dup(extra, &x)) {
-    free(d);
-    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-  }
-  free(e->disk_dir);
-  free(e->disk_extra);
-  e->disk_dir = d;
-  e->disk_extra = x;
-  e->disk_max = max_bytes;
-  e->disk_pending = true;
-  return NULL;
-}
-void tpu_engine_warn(tpu_engine *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void tpu_engine_warn(tpu_engine *e, const char *fmt, ...) {
-  if (e->nwarnings == (int)(sizeof e->warnings / sizeof e->warnings[0])) return;
-  char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  char *w = strdup(buf);
-  if (w) e->warnings[e->nwarnings++] = w;
-}
-
-
-/* The oldest of n owned messages, now the caller's; NULL when none. */
-static char *tpu_messages_take(char **q, int *n) {
-  if (!*n) return NULL;
-  char *w = q[0];
-  memmove(q, q + 1, sizeof(char *) * (size_t)(*n - 1));
-  (*n)--;
-  return w;
-}
-
-char *tpu_engine_take_note(tpu_engine *e) { return tpu_messages_take(e->notes, &e->nnotes); }
-char *tpu_engine_take_log(tpu_engine *e) { return tpu_messages_take(e->logs, &e->nlogs); }
-char *tpu_engine_take_warning(tpu_engine *e) { return tpu_messages_take(e->warnings, &e->nwarnings); }
+char *tpu_engine_take_note(tpu_engine *e) { return tpu_msgs_take(&e->msgs, TPU_MSG_NOTE); }
+char *tpu_engine_take_log(tpu_engine *e) { return tpu_msgs_take(&e->msgs, TPU_MSG_LOG); }
+char *tpu_engine_take_warning(tpu_engine *e) { return tpu_msgs_take(&e->msgs, TPU_MSG_WARNING); }
 
 tpu_hlo_precision tpu_engine_precision(tpu_engine *e) { return e->precision; }
 
@@ -296,7 +194,7 @@ tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_
 }
 
 tpu_status *tpu_engine_storage_free(tpu_engine *e, tpu_record *rec) {
-  if (e->capturing)
+  if (e->fuse.capturing)
     return tpu_status_new(TPU_ERR_RUNTIME, "freeing a tpu storage's memory inside a graph capture is not supported");
   tpu_status *f = tpu_engine_settle(e, rec, TPU_FLUSH_FREE); /* recorded ops read or write it: they run first */
   if (f) return f;
@@ -325,7 +223,7 @@ void tpu_engine_storage_alloc(tpu_engine *e, tpu_record *rec) {
 enum { TPU_FILL_UPLOAD_MAX = 1 << 20 };
 
 static bool tpu_fill_by_upload(const tpu_engine *e, int op_id, const tpu_arg *args, int nargs) {
-  if (op_id != TPU_OP_zero_ || nargs < 1 || args[0].kind != TPU_ARG_TENSOR || e->capturing) return false;
+  if (op_id != TPU_OP_zero_ || nargs < 1 || args[0].kind != TPU_ARG_TENSOR || e->fuse.capturing) return false;
   const tpu_tref *t = &args[0].t;
   if (!t->rec || t->host || t->zero_size || t->offset != 0) return false;
   if (e->mode == TPU_MODE_FUSED && atomic_load(&t->rec->graph_refs) > 0) return false;
@@ -438,6 +336,75 @@ tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_
   return NULL;
 }
 
+/* ---- meshes (spmd.c): a tensor onto a mesh, and a new one laid out as another ---- */
+
+tpu_status *tpu_engine_shard(tpu_engine *e, tpu_record *src, const tpu_sharding *sh, const int64_t *gdims,
+                             tpu_record **out) {
+  *out = NULL;
+  int64_t numel = 1;
+  for (int i = 0; i < sh->rank; i++) numel *= gdims[i];
+  if (numel != src->numel)
+    return tpu_status_new(TPU_ERR_VALUE, "shard: a shape of %lld elements for a storage of %lld", (long long)numel,
+                          (long long)src->numel);
+  tpu_status *s = tpu_sharding_check(sh, gdims);
+  if (s) return s;
+  int64_t n = tpu_sharding_num_devices(sh);
+  if (n > tpu_rt_device_count(e->rt))
+    return tpu_status_new(TPU_ERR_VALUE, "a mesh of %lld devices; this process has %d (TORCHTPU_NUM_DEVICES)",
+                          (long long)n, tpu_rt_device_count(e->rt));
+  size_t nb = (size_t)numel * tpu_dtype_size(src->dtype);
+  void *host = malloc(nb ? nb : 1);
+  if (!host) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", nb);
+  s = tpu_engine_download(e, src, host, nb);
+  tpu_record *r = s ? NULL : tpu_record_new_on(e, 0, src->dtype, numel);
+  if (!s && !r) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  if (!s) {
+    r->sh = malloc(sizeof *r->sh);
+    r->shards = calloc((size_t)n, sizeof *r->shards);
+    if (!r->sh || !r->shards) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  if (!s) {
+    *r->sh = *sh;
+    r->grank = sh->rank;
+    memcpy(r->gdims, gdims, sizeof(int64_t) * (size_t)sh->rank);
+    s = tpu_shards_from_host(e, sh, gdims, src->dtype, host, r->shards);
+  }
+  free(host);
+  if (s) {
+    tpu_record_unref(r);
+    return s;
+  }
+  *out = r;
+  return NULL;
+}
+
+tpu_status *tpu_engine_mesh_like(tpu_engine *e, tpu_record *src, tpu_dtype dt, tpu_record **out) {
+  *out = NULL;
+  size_t nb = (size_t)src->numel * tpu_dtype_size(dt);
+  int64_t n = tpu_sharding_num_devices(src->sh);
+  void *zeros = calloc(nb ? nb : 1, 1);
+  tpu_record *r = zeros ? tpu_record_new_on(e, 0, dt, src->numel) : NULL;
+  tpu_status *s = NULL;
+  if (r) {
+    r->sh = malloc(sizeof *r->sh);
+    r->shards = calloc((size_t)n, sizeof *r->shards);
+  }
+  if (!r || !r->sh || !r->shards) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  if (!s) {
+    *r->sh = *src->sh;
+    r->grank = src->grank;
+    memcpy(r->gdims, src->gdims, sizeof r->gdims);
+    s = tpu_shards_from_host(e, r->sh, r->gdims, dt, zeros, r->shards);
+  }
+  free(zeros);
+  if (s) {
+    tpu_record_unref(r);
+    return s;
+  }
+  *out = r;
+  return NULL;
+}
+
 static tpu_status *tpu_engine_call_on(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
                                       tpu_engine_result *res);
 
@@ -451,7 +418,7 @@ tpu_status *tpu_engine_call(tpu_engine *e, const tpu_op_row *row, int op_id, tpu
   for (int i = 0; i < nargs && !gen; i++)
     if (args[i].kind == TPU_ARG_IGNORED) gen = args[i].gen;
   if (!gen) return tpu_engine_call_on(e, row, op_id, args, nargs, res);
-  if (e->capturing)
+  if (e->fuse.capturing)
     return tpu_status_new(TPU_ERR_RUNTIME,
                           "aten::%s: a torch.Generator of its own cannot be captured by torch.tpu.graph or a "
                           "compiled graph (a replay draws from the default tpu generator); draw from the default "
@@ -529,7 +496,7 @@ static tpu_status *tpu_engine_call_on(tpu_engine *e, const tpu_op_row *row, int 
   tpu_rt_buffer *inbuf[TPU_MAX_INS];
   tpu_rt_buffer *temps[TPU_MAX_INS + 1] = {0};
   int ntemp = 0;
-  e->epoch++;
+  e->launch.epoch++;
   uint64_t rng_offset = e->rng_offset;
   for (int k = 0; k < c->nin && !s; k++) {
     const tpu_in_plan *p = &c->in[k];
@@ -577,15 +544,10 @@ static tpu_status *tpu_engine_call_on(tpu_engine *e, const tpu_op_row *row, int 
     }
   }
   for (int k = 0; k < c->nout; k++) tpu_rt_buffer_free(outbuf[k]);
-  if (!s && e->mode == TPU_MODE_DEBUG && e->nchk) s = tpu_checks_read(e); /* debug: raised by the op */
+  if (!s && e->mode == TPU_MODE_DEBUG && e->launch.nchk) s = tpu_checks_read(e); /* debug: raised by the op */
   res->nout = nnew;
   res->nret = c->nret;
   memcpy(res->ret, c->ret, sizeof(tpu_ret_plan) * (size_t)c->nret);
   if (s) tpu_engine_result_release(res);
   return s;
-}
-
-void tpu_engine_result_release(tpu_engine_result *res) {
-  for (int i = 0; i < res->nout; i++) tpu_record_unref(res->outs[i]);
-  res->nout = 0;
 }

@@ -113,7 +113,7 @@ extern const char *const tpu_flush_names[TPU_FLUSH_COUNT];
   X(ops_pruned, "fused_ops_pruned", 0)        /* recorded ops dropped at a flush (not needed) */ \
   X(spmd_programs, "spmd_programs_run", 0)    /* programs over a mesh of devices */              \
   X(replica_colls, "replica_collectives", 0)  /* tpu_engine_replica_collective */                \
-  X(aot_compiled, "aot_programs_compiled", 0) /* compiled for the AOT topology (aot.c) */        \
+  X(aot_compiled, "aot_programs_compiled", 0) /* compiled for the AOT topology (aot_target.c) */ \
   X(aot_failed, "aot_programs_failed", 0)     /* refused by its compiler (too big included) */   \
   X(aot_oom, "aot_programs_too_big", 0)       /* refused as larger than a chip's memory */       \
   X(aot_disk_hits, "aot_disk_cache_hits", 0)  /* found compiled in the disk cache */             \
@@ -321,7 +321,7 @@ tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_
 tpu_status *tpu_engine_storage_free(tpu_engine *e, tpu_record *rec);
 void tpu_engine_storage_alloc(tpu_engine *e, tpu_record *rec);
 
-/* ---- compiling for a TPU topology as well (aot.c) -------------------------------------
+/* ---- compiling for a TPU topology as well (aot_target.c) -------------------------------------
  *
  * With a target set (TORCHTPU_AOT_TOPOLOGY), every program the engine
  * compiles for its plugin is also compiled for the topology's chips by the

@@ -11,6 +11,8 @@
  * TPU form (a Pallas kernel's Mosaic call) in place of the one run here.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "fns.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,39 +28,39 @@ tpu_status *tpu_engine_fn_register(tpu_engine *e, const char *text, size_t len, 
     tpu_hlo_fn_free(f);
     return s;
   }
-  pthread_mutex_lock(&e->fns_lock);
-  for (int i = 0; i < e->nfns && *id < 0; i++)
-    if (tpu_hlo_fn_hash(e->fns[i]) == tpu_hlo_fn_hash(f) &&
-        strcmp(tpu_hlo_fn_text(e->fns[i]), tpu_hlo_fn_text(f)) == 0) {
+  pthread_mutex_lock(&e->fns.lock);
+  for (int i = 0; i < e->fns.n && *id < 0; i++)
+    if (tpu_hlo_fn_hash(e->fns.list[i]) == tpu_hlo_fn_hash(f) &&
+        strcmp(tpu_hlo_fn_text(e->fns.list[i]), tpu_hlo_fn_text(f)) == 0) {
       *id = i;
-      if (variant && !tpu_hlo_fn_has_variant(e->fns[i], target ? target : "tpu"))
-        s = tpu_hlo_fn_add_variant(e->fns[i], target ? target : "tpu", variant, vlen);
+      if (variant && !tpu_hlo_fn_has_variant(e->fns.list[i], target ? target : "tpu"))
+        s = tpu_hlo_fn_add_variant(e->fns.list[i], target ? target : "tpu", variant, vlen);
     }
   if (*id < 0) {
-    if (e->nfns == e->capfns) {
-      int cap = e->capfns ? 2 * e->capfns : 16;
-      tpu_hlo_fn **q = realloc(e->fns, sizeof *q * (size_t)cap);
+    if (e->fns.n == e->fns.cap) {
+      int cap = e->fns.cap ? 2 * e->fns.cap : 16;
+      tpu_hlo_fn **q = realloc(e->fns.list, sizeof *q * (size_t)cap);
       if (!q) {
-        pthread_mutex_unlock(&e->fns_lock);
+        pthread_mutex_unlock(&e->fns.lock);
         tpu_hlo_fn_free(f);
         return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
       }
-      e->fns = q;
-      e->capfns = cap;
+      e->fns.list = q;
+      e->fns.cap = cap;
     }
-    e->fns[e->nfns] = f;
-    *id = e->nfns++;
+    e->fns.list[e->fns.n] = f;
+    *id = e->fns.n++;
     f = NULL;
   }
-  pthread_mutex_unlock(&e->fns_lock);
+  pthread_mutex_unlock(&e->fns.lock);
   tpu_hlo_fn_free(f);
   return s;
 }
 
 const tpu_hlo_fn *tpu_engine_fn(tpu_engine *e, int64_t id) {
-  pthread_mutex_lock(&e->fns_lock);
-  const tpu_hlo_fn *f = id >= 0 && id < e->nfns ? e->fns[id] : NULL;
-  pthread_mutex_unlock(&e->fns_lock);
+  pthread_mutex_lock(&e->fns.lock);
+  const tpu_hlo_fn *f = id >= 0 && id < e->fns.n ? e->fns.list[id] : NULL;
+  pthread_mutex_unlock(&e->fns.lock);
   return f;
 }
 
@@ -66,9 +68,9 @@ const tpu_hlo_fn *tpu_engine_fn_lookup(void *e, int64_t id) { return tpu_engine_
 
 tpu_status *tpu_engine_retarget(tpu_engine *e, const char *text, size_t len, const char *target, char **out,
                                 size_t *outlen) {
-  pthread_mutex_lock(&e->fns_lock);
-  tpu_status *s = tpu_hlo_retarget(text, len, (const tpu_hlo_fn *const *)e->fns, e->nfns, target, out, outlen);
-  pthread_mutex_unlock(&e->fns_lock);
+  pthread_mutex_lock(&e->fns.lock);
+  tpu_status *s = tpu_hlo_retarget(text, len, (const tpu_hlo_fn *const *)e->fns.list, e->fns.n, target, out, outlen);
+  pthread_mutex_unlock(&e->fns.lock);
   return s;
 }
 
@@ -102,9 +104,12 @@ tpu_status *tpu_engine_fn_program(tpu_engine *e, int64_t id, const char *target,
   return s;
 }
 
-void tpu_engine_fns_free(tpu_engine *e) {
-  for (int i = 0; i < e->nfns; i++) tpu_hlo_fn_free(e->fns[i]);
-  free(e->fns);
-  e->fns = NULL;
-  e->nfns = e->capfns = 0;
+void tpu_fns_init(tpu_fns *f) { pthread_mutex_init(&f->lock, NULL); }
+
+void tpu_fns_free(tpu_fns *f) {
+  for (int i = 0; i < f->n; i++) tpu_hlo_fn_free(f->list[i]);
+  free(f->list);
+  f->list = NULL;
+  f->n = f->cap = 0;
+  pthread_mutex_destroy(&f->lock);
 }

@@ -7,23 +7,25 @@
  * the cache), which computes the final value of every record still held.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "fuse.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine_impl.h"
 
-/* The recorded ops' names for the TPU report's name of the flush (aot.c):
+/* The recorded ops' names for the TPU report's name of the flush (aot_target.c):
  * the first three distinct ones, then "..." when there are others. */
 static void tpu_fuse_ops_named(tpu_engine *e) {
-  char *w = e->aot_what;
-  size_t cap = sizeof e->aot_what, n = 0;
+  char *w = e->aot.what;
+  size_t cap = sizeof e->aot.what, n = 0;
   w[0] = 0;
-  if (!e->aot) return;
+  if (!e->aot.target) return;
   const tpu_op_row *listed[3];
   int nl = 0;
-  for (int i = 0; i < e->nnodes; i++) {
-    const tpu_op_row *row = e->nodes[i].row;
+  for (int i = 0; i < e->fuse.nnodes; i++) {
+    const tpu_op_row *row = e->fuse.nodes[i].row;
     bool seen = false;
     for (int k = 0; k < nl; k++) seen = seen || listed[k] == row;
     if (seen) continue;
@@ -66,9 +68,30 @@ static void tpu_node_release(tpu_node *n) {
 }
 
 void tpu_nodes_release(tpu_engine *e) {
-  for (int i = 0; i < e->nnodes; i++) tpu_node_release(&e->nodes[i]);
-  e->nnodes = 0;
-  e->fe_first = 0; /* a foreach call's later items start the next recording */
+  for (int i = 0; i < e->fuse.nnodes; i++) tpu_node_release(&e->fuse.nodes[i]);
+  e->fuse.nnodes = 0;
+  e->fuse.fe_first = 0; /* a foreach call's later items start the next recording */
+}
+
+void tpu_fuse_free(tpu_engine *e) {
+  tpu_nodes_release(e);
+  free(e->fuse.nodes);
+  e->fuse.nodes = NULL;
+  e->fuse.capnodes = 0;
+}
+
+/* A copy of the Python site of a fused program's check, while its recorded
+ * ops are at hand (a flush; a plan's replay passes no tpu_site_fn). */
+static char *tpu_fcheck_site(const tpu_engine *e, const tpu_fcheck *w) {
+  const char *s = w->node >= 0 && w->node < e->fuse.nnodes ? e->fuse.nodes[w->node].site : NULL;
+  return s ? strdup(s) : NULL;
+}
+
+
+void tpu_engine_foreach(tpu_engine *e, bool begin) {
+  if (begin && !++e->fuse.fe_groups) e->fuse.fe_groups = 1; /* 0 means no call */
+  e->fuse.fe_group = begin ? e->fuse.fe_groups : 0;
+  e->fuse.fe_first = e->fuse.nnodes;
 }
 
 /* A Python number that the group's first node of the same op takes in the
@@ -77,8 +100,8 @@ void tpu_nodes_release(tpu_engine *e) {
  * program input. Equal bits are what makes sharing right; the flush's key
  * holds the choice, so a step that shares differently is another program. */
 static void tpu_node_share(const tpu_engine *e, tpu_node *n) {
-  for (int j = e->fe_first; j < e->nnodes; j++) {
-    const tpu_node *p = &e->nodes[j];
+  for (int j = e->fuse.fe_first; j < e->fuse.nnodes; j++) {
+    const tpu_node *p = &e->fuse.nodes[j];
     if (p->group != n->group || p->op_id != n->op_id || p->nargs != n->nargs) continue;
     for (int a = 0; a < n->nargs; a++) {
       if (n->args[a].kind != TPU_ARG_SCALAR || p->args[a].kind != TPU_ARG_SCALAR) continue;
@@ -95,20 +118,20 @@ static void tpu_node_share(const tpu_engine *e, tpu_node *n) {
  * once; nothing runs. */
 tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, tpu_arg *args, int nargs,
                               const tpu_sig *sig, tpu_cache_entry *c, tpu_engine_result *res) {
-  if (e->nnodes >= e->fuse_cap || (e->nnodes && e->fuse_dev != e->dev)) {
+  if (e->fuse.nnodes >= e->fuse.cap || (e->fuse.nnodes && e->fuse.dev != e->dev)) {
     /* A fused program runs on one device: ops of another run first. */
-    tpu_status *s = tpu_engine_flush(e, e->nnodes >= e->fuse_cap ? TPU_FLUSH_CAP : TPU_FLUSH_DEVICE);
+    tpu_status *s = tpu_engine_flush(e, e->fuse.nnodes >= e->fuse.cap ? TPU_FLUSH_CAP : TPU_FLUSH_DEVICE);
     if (s) return s;
   }
-  e->fuse_dev = e->dev;
-  if (e->nnodes == e->capnodes) {
-    int cap = e->capnodes ? 2 * e->capnodes : 256;
-    tpu_node *g = realloc(e->nodes, sizeof *g * (size_t)cap);
+  e->fuse.dev = e->dev;
+  if (e->fuse.nnodes == e->fuse.capnodes) {
+    int cap = e->fuse.capnodes ? 2 * e->fuse.capnodes : 256;
+    tpu_node *g = realloc(e->fuse.nodes, sizeof *g * (size_t)cap);
     if (!g) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-    e->nodes = g;
-    e->capnodes = cap;
+    e->fuse.nodes = g;
+    e->fuse.capnodes = cap;
   }
-  tpu_node *n = &e->nodes[e->nnodes];
+  tpu_node *n = &e->fuse.nodes[e->fuse.nnodes];
   memset(n, 0, sizeof *n);
   int nnew = 0;
   for (int k = 0; k < c->nout; k++) nnew += c->out[k].kind == TPU_OUT_NEW;
@@ -138,7 +161,7 @@ tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, t
   n->nargs = nargs;
   memcpy(n->sig, sig->p, sig->n);
   n->siglen = sig->n;
-  n->group = e->fe_group;
+  n->group = e->fuse.fe_group;
   if (n->group) tpu_node_share(e, n);
   for (int i = 0; i < nargs; i++) {
     tpu_arg *a = &n->args[i];
@@ -168,7 +191,7 @@ tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, t
     res->nout++;
   }
   n->nnew = nnew;
-  if (e->where && e->value_checks && !e->capturing)
+  if (e->where && e->value_checks && !e->fuse.capturing)
     for (int k = 0; k < c->nout && !n->site; k++)
       if (c->out[k].kind == TPU_OUT_CHECK) n->site = e->where();
   n->rng_seed = e->rng_seed; /* a seed set before the flush is for later ops */
@@ -176,7 +199,7 @@ tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, t
   e->rng_offset += (uint64_t)c->rng_words;
   res->nret = c->nret;
   memcpy(res->ret, c->ret, sizeof(tpu_ret_plan) * (size_t)c->nret);
-  e->nnodes++;
+  e->fuse.nnodes++;
   return NULL;
 }
 
@@ -264,8 +287,8 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     return s;
   }
   if (x.mesh) tpu_hlo_set_mesh(H, e->shardy ? TPU_HLO_SHARDY : TPU_HLO_GSPMD, x.mesh->mesh_rank, x.mesh->mesh, NULL);
-  for (int i = 0; i < e->nnodes && tpu_hlo_ok(H); i++) {
-    tpu_node *n = &e->nodes[i];
+  for (int i = 0; i < e->fuse.nnodes && tpu_hlo_ok(H); i++) {
+    tpu_node *n = &e->fuse.nodes[i];
     tpu_lower L;
     memset(&L, 0, sizeof L);
     L.hlo = H;
@@ -284,7 +307,7 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     x.node = i;
     tpu_hv shared[TPU_MAX_ARGS];
     if (n->share) {
-      const tpu_node *p = &e->nodes[n->share_from];
+      const tpu_node *p = &e->fuse.nodes[n->share_from];
       for (int a = 0; a < n->nargs; a++) shared[a] = n->share >> a & 1 ? p->args[a].value : TPU_HV_NONE;
       L.shared = shared;
     }
@@ -368,17 +391,17 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   if (!s) s = tpu_hlo_finish(H, res, nres + nchk, &text, &len);
   tpu_hlo_free(H);
   free(res);
-  if (!s && e->dump_hlo) fprintf(stderr, "-- fused program of %d ops\n%s\n", e->nnodes, text);
+  if (!s && e->dump_hlo) fprintf(stderr, "-- fused program of %d ops\n%s\n", e->fuse.nnodes, text);
   tpu_rt_exec *exec = NULL;
   if (!s && nres) {
     char label[96];
-    snprintf(label, sizeof label, "a fused program of %d ops", e->nnodes);
+    snprintf(label, sizeof label, "a fused program of %d ops", e->fuse.nnodes);
     int rows = x.mesh ? (int)tpu_sharding_num_devices(x.mesh) : 1;
     tpu_rt_compile_opts o = {.replicas = 1, .partitions = rows, .spmd = true, .shardy = e->shardy};
-    if (x.mesh) snprintf(label, sizeof label, "a program of %d ops over %d devices", e->nnodes, rows);
+    if (x.mesh) snprintf(label, sizeof label, "a program of %d ops over %d devices", e->fuse.nnodes, rows);
     tpu_fuse_ops_named(e);
     s = tpu_engine_compile_with(e, text, len, label, x.mesh ? &o : NULL, &exec);
-    e->aot_what[0] = 0;
+    e->aot.what[0] = 0;
   }
   free(text);
   tpu_cache_entry *c = s ? NULL : calloc(1, sizeof *c);
@@ -421,8 +444,8 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
 static tpu_status *tpu_fuse_blame(tpu_engine *e, tpu_status *s) {
   const tpu_node *big = NULL;
   int64_t most = -1;
-  for (int i = 0; i < e->nnodes; i++) { /* the records the program makes: no buffer yet */
-    const tpu_node *n = &e->nodes[i];
+  for (int i = 0; i < e->fuse.nnodes; i++) { /* the records the program makes: no buffer yet */
+    const tpu_node *n = &e->fuse.nodes[i];
     for (int a = 0; a < n->nargs; a++) {
       const tpu_arg *g = &n->args[a];
       int m = g->kind == TPU_ARG_TENSOR ? 1 : g->kind == TPU_ARG_TENSORS ? g->nlist : 0;
@@ -438,36 +461,78 @@ static tpu_status *tpu_fuse_blame(tpu_engine *e, tpu_status *s) {
       if (bytes > most) most = bytes, big = n;
     }
   }
-  if (!big) return tpu_status_prefix(s, "running a fused program of %d ops", e->nnodes);
+  if (!big) return tpu_status_prefix(s, "running a fused program of %d ops", e->fuse.nnodes);
   return tpu_status_prefix(s, "running a fused program of %d ops (its largest value, %lld bytes, made by aten::%s%s%s)",
-                           e->nnodes, (long long)most, big->row->name, big->site ? ", called from:\n" : "",
+                           e->fuse.nnodes, (long long)most, big->row->name, big->site ? ", called from:\n" : "",
                            big->site ? big->site : "");
+}
+
+/* Runs a fused program over a mesh (spmd.c): row d's inputs are the mesh
+ * records' shards on device d and copies of everything else; the outputs
+ * become the records' shards. */
+static tpu_status *tpu_fuse_run_spmd(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
+  int nin = c->nfin, rows = c->spmd_rows;
+  size_t ni = (size_t)rows * (size_t)(nin ? nin : 1);
+  tpu_rt_buffer **in = calloc(ni, sizeof *in), **own = calloc(ni, sizeof *own);
+  tpu_status *s = (!in || !own) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
+  int call_dev = e->dev;
+  e->launch.epoch++;
+  for (int k = 0; k < nin && !s; k++) {
+    const tpu_fin *f = &c->fin[k];
+    tpu_node *n = &e->fuse.nodes[f->node];
+    tpu_record *r = f->kind == TPU_IN_RECORD ? tab->r[f->rec] : NULL;
+    if (r) {
+      for (int d = 0; d < rows && !s; d++) s = tpu_spmd_record_input(e, r, d, &in[d * nin + k], &own[d * nin + k]);
+      continue;
+    }
+    tpu_in_plan p = {f->kind, f->arg, f->item};
+    for (int d = 0; d < rows && !s; d++) {
+      e->dev = d;
+      s = tpu_input_buffer(e, &p, n->args, NULL, n->rng_seed, n->rng_offset, &in[d * nin + k], &own[d * nin + k]);
+    }
+  }
+  e->dev = call_dev;
+  if (s) s = tpu_status_prefix(s, "running a program over %d devices (an input)", rows);
+  tpu_record **dst = s ? NULL : malloc(sizeof *dst * (size_t)(c->nfout ? c->nfout : 1));
+  if (!s && !dst) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  for (int k = 0; k < c->nfout && !s; k++) dst[k] = tab->r[c->fout[k]];
+  if (!s) s = tpu_spmd_launch(e, c, in, dst, tpu_fcheck_site);
+  if (!s) {
+    atomic_fetch_add(&e->metrics.fused_programs, 1);
+    atomic_fetch_add(&e->metrics.fused_ops, e->fuse.nnodes);
+  }
+  free(dst);
+  for (size_t k = 0; k < ni && own; k++) tpu_rt_buffer_free(own[k]);
+  free(in);
+  free(own);
+  return s;
 }
 
 /* Feeds and runs a fused program; its outputs become the records' buffers. */
 tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
   if (!c->nfout) return NULL; /* every value it would compute is dead */
-  if (c->spmd) return tpu_spmd_run(e, c, tab);
+  if (c->spmd) return tpu_fuse_run_spmd(e, c, tab);
   int nin = c->nfin;
   tpu_rt_buffer **inbuf = calloc((size_t)nin + 1, sizeof *inbuf);
   tpu_rt_buffer **temps = calloc((size_t)nin + 1, sizeof *temps);
   tpu_rt_buffer **outbuf = calloc((size_t)(c->nfout + c->nfchk), sizeof *outbuf);
   tpu_status *s = (!inbuf || !temps || !outbuf) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
   int ntemp = 0;
-  e->epoch++;
+  e->launch.epoch++;
   for (int k = 0; k < nin && !s; k++) {
     const tpu_fin *f = &c->fin[k];
-    tpu_node *n = &e->nodes[f->node];
+    tpu_node *n = &e->fuse.nodes[f->node];
     tpu_in_plan p = {f->kind, f->arg, f->item};
     tpu_record *r = f->kind == TPU_IN_RECORD ? tab->r[f->rec] : NULL;
     s = tpu_input_buffer(e, &p, n->args, r, n->rng_seed, n->rng_offset, &inbuf[k], &temps[ntemp]);
     if (s)
-      s = tpu_status_prefix(s, "running a fused program of %d ops (an input of aten::%s)", e->nnodes, n->row->name);
+      s = tpu_status_prefix(s, "running a fused program of %d ops (an input of aten::%s)", e->fuse.nnodes,
+                            n->row->name);
     else if (temps[ntemp])
       ntemp++;
   }
   if (!s) {
-    s = tpu_engine_launch(e, c->exec, inbuf, nin, outbuf, NULL, e->nnodes);
+    s = tpu_engine_launch(e, c->exec, inbuf, nin, outbuf, NULL, e->fuse.nnodes);
     if (s) s = tpu_fuse_blame(e, s);
   }
   for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);
@@ -480,7 +545,7 @@ tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
     for (int k = 0; k < c->nfchk; k++)
       tpu_check_push(e, outbuf[c->nfout + k], c->fchk[k], tpu_fcheck_site(e, &c->fchk[k]));
     atomic_fetch_add(&e->metrics.fused_programs, 1);
-    atomic_fetch_add(&e->metrics.fused_ops, e->nnodes);
+    atomic_fetch_add(&e->metrics.fused_ops, e->fuse.nnodes);
   }
   free(inbuf);
   free(temps);
@@ -492,18 +557,18 @@ tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
  * same ops is in the cache, say which part of the key differs. */
 static void tpu_fuse_explain(tpu_engine *e, tpu_cache_entry *c, const uint64_t ex[4]) {
   memcpy(c->ex, ex, sizeof c->ex);
-  c->ex_nodes = e->nnodes;
+  c->ex_nodes = e->fuse.nnodes;
   /* of the programs for the same ops, the closest one (fewest parts of the
    * key differ): the explanation does not depend on where the cache put them */
   const tpu_cache_entry *old = NULL;
   int best = 4;
-  for (size_t i = 0; i < e->cache_cap; i++) {
-    const tpu_cache_entry *o = e->cache[i];
+  for (size_t i = 0; i < e->cache.cap; i++) {
+    const tpu_cache_entry *o = e->cache.entries[i];
     if (!o || o == c || o->ex_nodes != c->ex_nodes || o->ex[0] != ex[0]) continue;
     int d = (o->ex[1] != ex[1]) + (o->ex[2] != ex[2]) + (o->ex[3] != ex[3]);
     if (d < best) best = d, old = o;
   }
-  if (!old || e->nnotes == (int)(sizeof e->notes / sizeof e->notes[0])) return;
+  if (!old) return;
   const char *parts[3];
   int np = 0;
   if (old->ex[1] != ex[1]) parts[np++] = "which tensors the ops read and write";
@@ -516,12 +581,12 @@ static void tpu_fuse_explain(tpu_engine *e, tpu_cache_entry *c, const uint64_t e
   char *note = np ? tpu_strfmt(
                         "torchtpu: recompiling a fused program of %d ops (the same ops were compiled before "
                         "into another program): %s differs",
-                        e->nnodes, what)
+                        e->fuse.nnodes, what)
                   : tpu_strfmt(
                         "torchtpu: recompiling a fused program of %d ops compiled before with the same inputs "
                         "(the program cache was emptied, or the matmul precision changed)",
-                        e->nnodes);
-  if (note) e->notes[e->nnotes++] = note;
+                        e->fuse.nnodes);
+  tpu_msgs_note(&e->msgs, note);
 }
 
 /* Whether node n names a record marked needed in this flush (epoch), and if
@@ -552,11 +617,11 @@ static bool tpu_node_needs(tpu_node *n, uint64_t epoch, bool mark) {
  * tensor that was never written would otherwise get a buffer of zeros as
  * its input). Not while a graph is captured (its replays decide). */
 static void tpu_nodes_prune(tpu_engine *e, uint64_t epoch) {
-  if (e->capturing || e->nnodes == 0) return;
-  bool *keep = calloc((size_t)e->nnodes, 1);
+  if (e->fuse.capturing || e->fuse.nnodes == 0) return;
+  bool *keep = calloc((size_t)e->fuse.nnodes, 1);
   if (!keep) return; /* keeping every op is always right */
-  for (int i = 0; i < e->nnodes; i++) {
-    tpu_node *n = &e->nodes[i];
+  for (int i = 0; i < e->fuse.nnodes; i++) {
+    tpu_node *n = &e->fuse.nodes[i];
     for (int a = 0; a < n->nargs; a++) {
       tpu_arg *x = &n->args[a];
       int cnt = x->kind == TPU_ARG_TENSORS ? x->nlist : x->kind == TPU_ARG_TENSOR ? 1 : 0;
@@ -569,8 +634,8 @@ static void tpu_nodes_prune(tpu_engine *e, uint64_t epoch) {
       if (tpu_record_live(n->outrec[j])) n->outrec[j]->need_epoch = epoch;
   }
   int dropped = 0;
-  for (int i = e->nnodes - 1; i >= 0; i--) {
-    tpu_node *n = &e->nodes[i];
+  for (int i = e->fuse.nnodes - 1; i >= 0; i--) {
+    tpu_node *n = &e->fuse.nodes[i];
     keep[i] = keep[i] || tpu_node_needs(n, epoch, false);
     if (!keep[i]) {
       dropped++;
@@ -580,19 +645,19 @@ static void tpu_nodes_prune(tpu_engine *e, uint64_t epoch) {
     if (n->share) keep[n->share_from] = true; /* its program input is read */
   }
   if (dropped) {
-    int *at = malloc(sizeof *at * (size_t)e->nnodes);
+    int *at = malloc(sizeof *at * (size_t)e->fuse.nnodes);
     if (at) {
       int w = 0;
-      for (int i = 0; i < e->nnodes; i++) {
+      for (int i = 0; i < e->fuse.nnodes; i++) {
         at[i] = w;
         if (keep[i])
-          e->nodes[w++] = e->nodes[i];
+          e->fuse.nodes[w++] = e->fuse.nodes[i];
         else
-          tpu_node_release(&e->nodes[i]);
+          tpu_node_release(&e->fuse.nodes[i]);
       }
       for (int i = 0; i < w; i++)
-        if (e->nodes[i].share) e->nodes[i].share_from = at[e->nodes[i].share_from];
-      e->nnodes = w;
+        if (e->fuse.nodes[i].share) e->fuse.nodes[i].share_from = at[e->fuse.nodes[i].share_from];
+      e->fuse.nnodes = w;
       atomic_fetch_add(&e->metrics.ops_pruned, dropped);
       free(at);
     }
@@ -605,7 +670,7 @@ static void tpu_nodes_prune(tpu_engine *e, uint64_t epoch) {
 tpu_status *tpu_flush_prepare(tpu_engine *e, tpu_flush_reason reason, tpu_rectab *tab, tpu_cache_entry **out) {
   *out = NULL;
   atomic_fetch_add(&e->metrics.flushes[reason], 1);
-  uint64_t epoch = ++e->fuse_epoch;
+  uint64_t epoch = ++e->fuse.epoch;
   tpu_nodes_prune(e, epoch);
   tpu_sig sig = {0};
   /* The key: every op's signature and which record each of its tensors
@@ -618,8 +683,8 @@ tpu_status *tpu_flush_prepare(tpu_engine *e, tpu_flush_reason reason, tpu_rectab
    * program compiled for the same ops as an earlier one says which part
    * differs. */
   uint64_t ex[4] = {0};
-  for (int i = 0; i < e->nnodes; i++) {
-    tpu_node *n = &e->nodes[i];
+  for (int i = 0; i < e->fuse.nnodes; i++) {
+    tpu_node *n = &e->fuse.nodes[i];
     size_t at = sig.n;
     tpu_sig_put(&sig, n->sig, n->siglen);
     int64_t share = n->share ? (int64_t)((uint64_t)n->share << 32 | (uint32_t)n->share_from) : 0;
@@ -690,17 +755,17 @@ tpu_status *tpu_engine_settle(tpu_engine *e, const tpu_record *rec, tpu_flush_re
 }
 
 tpu_status *tpu_engine_flush(tpu_engine *e, tpu_flush_reason reason) {
-  if (!e->nnodes) return NULL;
-  if (e->capturing && e->capture_whole)
+  if (!e->fuse.nnodes) return NULL;
+  if (e->fuse.capturing && e->fuse.capture_whole)
     return tpu_status_new(TPU_ERR_RUNTIME,
                           "%s is not allowed while a graph is captured (torch.tpu.graph): the captured ops run "
                           "at replay(), so read or copy values outside the capture",
                           tpu_flush_what(reason));
-  if (e->capturing) e->capture_split = true;
+  if (e->fuse.capturing) e->fuse.capture_split = true;
   tpu_rectab tab = {0};
   tpu_cache_entry *c = NULL;
   int call_dev = e->dev;
-  e->dev = e->fuse_dev;
+  e->dev = e->fuse.dev;
   tpu_status *s = tpu_flush_prepare(e, reason, &tab, &c);
   if (!s) s = tpu_fuse_run(e, c, &tab);
   free(tab.r);
@@ -711,11 +776,11 @@ tpu_status *tpu_engine_flush(tpu_engine *e, tpu_flush_reason reason) {
 
 /* At most TPU_STEPS_AHEAD launched steps in flight: the host waits for the oldest. */
 void tpu_steps_throttle(tpu_engine *e) {
-  while (e->icount > TPU_STEPS_AHEAD) tpu_inflight_pop(e);
+  while (e->launch.count > TPU_STEPS_AHEAD) tpu_inflight_pop(e);
 }
 
 static tpu_status *tpu_engine_launch_step(tpu_engine *e, tpu_flush_reason reason) {
-  if (e->mode != TPU_MODE_FUSED || e->capturing) return NULL; /* a capture is one program */
+  if (e->mode != TPU_MODE_FUSED || e->fuse.capturing) return NULL; /* a capture is one program */
   tpu_status *s = tpu_engine_flush(e, reason);
   if (!s) tpu_steps_throttle(e);
   return s;
@@ -731,5 +796,5 @@ tpu_status *tpu_engine_backward_begins(tpu_engine *e) {
 
 bool tpu_engine_idle(tpu_engine *e) {
   tpu_inflight_reap(e);
-  return e->icount == 0 && e->nnodes == 0;
+  return e->launch.count == 0 && e->fuse.nnodes == 0;
 }

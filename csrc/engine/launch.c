@@ -7,96 +7,100 @@
  * program computes; see lower.h).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "launch.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine_impl.h"
 
+void tpu_launch_free(tpu_launch *l) {
+  free(l->chk);
+  l->chk = NULL;
+  for (int i = 0; i < TPU_SCALAR_SLOTS; i++) tpu_rt_buffer_free(l->scalars[i].buf);
+}
+
 /* Waits for the oldest launched computation; keeps its error if it is the
  * first one. */
 void tpu_inflight_pop(tpu_engine *e) {
-  int k = e->ihead;
-  tpu_status *s = tpu_rt_event_wait(e->rt, e->inflight[k].ev);
-  if (s && !e->deferred && e->inflight[k].op)
-    e->deferred = tpu_status_prefix(s,
-                                    "aten::%s failed (it ran asynchronously in strict eager mode; "
-                                    "set TORCHTPU_EAGER=debug to stop at the failing op)",
-                                    e->inflight[k].op);
-  else if (s && !e->deferred)
-    e->deferred = tpu_status_prefix(s,
-                                    "a fused program failed (set TORCHTPU_EAGER=debug to stop at the "
-                                    "failing op)");
+  int k = e->launch.head;
+  tpu_status *s = tpu_rt_event_wait(e->rt, e->launch.inflight[k].ev);
+  if (s && !e->launch.deferred && e->launch.inflight[k].op)
+    e->launch.deferred = tpu_status_prefix(s,
+                                           "aten::%s failed (it ran asynchronously in strict eager mode; "
+                                           "set TORCHTPU_EAGER=debug to stop at the failing op)",
+                                           e->launch.inflight[k].op);
+  else if (s && !e->launch.deferred)
+    e->launch.deferred = tpu_status_prefix(s,
+                                           "a fused program failed (set TORCHTPU_EAGER=debug to stop at the "
+                                           "failing op)");
   else
     tpu_status_free(s);
-  e->inflight[k].ev = NULL;
-  e->ihead = (e->ihead + 1) % TPU_INFLIGHT;
-  e->icount--;
+  e->launch.inflight[k].ev = NULL;
+  e->launch.head = (e->launch.head + 1) % TPU_INFLIGHT;
+  e->launch.count--;
 }
 
 /* Frees the finished computations at the front, without blocking. */
 void tpu_inflight_reap(tpu_engine *e) {
-  while (e->icount && tpu_rt_event_ready(e->rt, e->inflight[e->ihead].ev)) tpu_inflight_pop(e);
+  while (e->launch.count && tpu_rt_event_ready(e->rt, e->launch.inflight[e->launch.head].ev)) tpu_inflight_pop(e);
 }
 
 /* Reads the pending value checks (each waits for its program): the first
  * that failed, as an error naming its op; every check is consumed. */
 tpu_status *tpu_checks_read(tpu_engine *e) {
   tpu_status *err = NULL;
-  for (int k = 0; k < e->nchk; k++) {
+  for (int k = 0; k < e->launch.nchk; k++) {
     uint8_t bad = 0;
-    tpu_status *s = err ? NULL : tpu_engine_d2h(e, e->chk[k].buf, &bad, 1);
-    tpu_rt_buffer_free(e->chk[k].buf);
+    tpu_status *s = err ? NULL : tpu_engine_d2h(e, e->launch.chk[k].buf, &bad, 1);
+    tpu_rt_buffer_free(e->launch.chk[k].buf);
     if (s)
       tpu_status_free(s); /* the program's own failure is reported by the ring */
-    else if (bad && !err && e->chk[k].site)
-      err = tpu_status_new((tpu_code)e->chk[k].what.code,
+    else if (bad && !err && e->launch.chk[k].site)
+      err = tpu_status_new((tpu_code)e->launch.chk[k].what.code,
                            "aten::%s: %s\n(raised at a sync point; the op was called from, most recent call last:\n%s)",
-                           e->chk[k].what.op, e->chk[k].what.msg, e->chk[k].site);
+                           e->launch.chk[k].what.op, e->launch.chk[k].what.msg, e->launch.chk[k].site);
     else if (bad && !err)
-      err = tpu_status_new((tpu_code)e->chk[k].what.code, "aten::%s: %s", e->chk[k].what.op, e->chk[k].what.msg);
-    free(e->chk[k].site);
+      err = tpu_status_new((tpu_code)e->launch.chk[k].what.code, "aten::%s: %s", e->launch.chk[k].what.op,
+                           e->launch.chk[k].what.msg);
+    free(e->launch.chk[k].site);
   }
-  e->nchk = 0;
+  e->launch.nchk = 0;
   return err;
-}
-
-char *tpu_fcheck_site(const tpu_engine *e, const tpu_fcheck *w) {
-  const char *s = w->node >= 0 && w->node < e->nnodes ? e->nodes[w->node].site : NULL;
-  return s ? strdup(s) : NULL;
 }
 
 /* Keeps a launched program's check (b and site owned; site may be NULL) for
  * the next sync point; with many pending, they are read now and a failure
  * waits there. */
 void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what, char *site) {
-  if (e->nchk == e->capchk) {
-    int cap = e->capchk ? 2 * e->capchk : 16;
-    void *n = cap <= 4096 ? realloc(e->chk, sizeof *e->chk * (size_t)cap) : NULL;
+  if (e->launch.nchk == e->launch.capchk) {
+    int cap = e->launch.capchk ? 2 * e->launch.capchk : 16;
+    void *n = cap <= 4096 ? realloc(e->launch.chk, sizeof *e->launch.chk * (size_t)cap) : NULL;
     if (!n) {
       tpu_status *s = tpu_checks_read(e);
-      if (s && !e->deferred)
-        e->deferred = s;
+      if (s && !e->launch.deferred)
+        e->launch.deferred = s;
       else
         tpu_status_free(s);
     } else {
-      e->chk = n;
-      e->capchk = cap;
+      e->launch.chk = n;
+      e->launch.capchk = cap;
     }
   }
-  e->chk[e->nchk].buf = b;
-  e->chk[e->nchk].site = site;
-  e->chk[e->nchk++].what = what;
+  e->launch.chk[e->launch.nchk].buf = b;
+  e->launch.chk[e->launch.nchk].site = site;
+  e->launch.chk[e->launch.nchk++].what = what;
 }
 
 /* Waits for every launched computation; the first error of one (once), then
  * the first failed value check. */
 tpu_status *tpu_engine_wait(tpu_engine *e) {
-  int64_t p0 = e->icount ? tpu_prof_t0() : 0;
-  while (e->icount) tpu_inflight_pop(e);
+  int64_t p0 = e->launch.count ? tpu_prof_t0() : 0;
+  while (e->launch.count) tpu_inflight_pop(e);
   if (p0) tpu_prof_host(TPU_PROF_WAIT, e->dev, p0, 0, NULL);
-  tpu_status *s = e->deferred;
-  e->deferred = NULL;
-  tpu_status *c = e->nchk ? tpu_checks_read(e) : NULL;
+  tpu_status *s = e->launch.deferred;
+  e->launch.deferred = NULL;
+  tpu_status *c = e->launch.nchk ? tpu_checks_read(e) : NULL;
   if (!s) return c;
   tpu_status_free(c);
   return s;
@@ -154,21 +158,21 @@ static tpu_status *tpu_scalar_buffer(tpu_engine *e, tpu_dtype dt, const void *by
   size_t n = tpu_dtype_size(dt);
   memcpy(key, bytes, n);
   uint64_t h = tpu_hash64(key, sizeof key) ^ ((uint64_t)dt + ((uint64_t)e->dev << 8)) * 0x9e3779b97f4a7c15ull;
-  tpu_scalar_slot *slot = &e->scalars[h % TPU_SCALAR_SLOTS];
+  tpu_scalar_slot *slot = &e->launch.scalars[h % TPU_SCALAR_SLOTS];
   *temp = NULL;
   if (slot->buf && slot->dtype == dt && slot->dev == e->dev && memcmp(slot->bits, key, sizeof key) == 0) {
-    slot->epoch = e->epoch;
+    slot->epoch = e->launch.epoch;
     *out = slot->buf;
     return NULL;
   }
   tpu_rt_buffer *b = NULL;
   tpu_status *s = tpu_engine_h2d(e, e->dev, key, dt, NULL, 0, &b);
   if (s) return s;
-  if (slot->buf && slot->epoch == e->epoch) {
+  if (slot->buf && slot->epoch == e->launch.epoch) {
     *temp = *out = b;
     return NULL;
   }
-  slot->epoch = e->epoch;
+  slot->epoch = e->launch.epoch;
   tpu_rt_buffer_free(slot->buf);
   slot->buf = b;
   slot->dtype = dt;
@@ -259,20 +263,20 @@ tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **
   tpu_status *s;
   if (e->mode != TPU_MODE_DEBUG) {
     tpu_inflight_reap(e);
-    if (e->icount == TPU_INFLIGHT) tpu_inflight_pop(e);
+    if (e->launch.count == TPU_INFLIGHT) tpu_inflight_pop(e);
     tpu_rt_event *done = NULL;
     /* The CPU plugin blocks the caller when it is given a buffer that a
      * running computation still reads: with computations in flight, a
      * program that would take its inputs' buffers writes new ones instead,
      * so that the host runs ahead (other plugins order donation on the
      * device and always donate). */
-    s = tpu_rt_execute_on(e->rt, exec, e->dev, in, nin, out, &done, e->icount && e->donate_waits);
+    s = tpu_rt_execute_on(e->rt, exec, e->dev, in, nin, out, &done, e->launch.count && e->donate_waits);
     if (p0 && !s) tpu_prof_launch_what(e, p0, done, name, nops);
     if (done) {
-      int k = (e->ihead + e->icount) % TPU_INFLIGHT;
-      e->inflight[k].ev = done;
-      e->inflight[k].op = name;
-      e->icount++;
+      int k = (e->launch.head + e->launch.count) % TPU_INFLIGHT;
+      e->launch.inflight[k].ev = done;
+      e->launch.inflight[k].op = name;
+      e->launch.count++;
     }
   } else {
     s = tpu_rt_execute_on(e->rt, exec, e->dev, in, nin, out, NULL, false);

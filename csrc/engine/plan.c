@@ -6,6 +6,8 @@
  * inputs of the same layout runs the program directly.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "plan.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,7 +54,7 @@ static void tpu_plan_release(tpu_plan *p) {
   if (p->prev)
     p->prev->next = p->next;
   else
-    e->plans = p->next;
+    e->plans.live = p->next;
   if (p->next) p->next->prev = p->prev;
   p->eng = NULL;
   tpu_cache_entry_free(p->c);
@@ -72,7 +74,7 @@ static void tpu_plan_release(tpu_plan *p) {
 }
 
 void tpu_plans_release(tpu_engine *e) {
-  while (e->plans) tpu_plan_release(e->plans);
+  while (e->plans.live) tpu_plan_release(e->plans.live);
 }
 
 void tpu_plan_free(tpu_plan *p) {
@@ -89,7 +91,7 @@ const tpu_tref *tpu_plan_output(const tpu_plan *p, int j, int *input) {
 }
 
 tpu_status *tpu_engine_capture_begin(tpu_engine *e, int *prev) {
-  if (e->capturing && e->capture_whole) {
+  if (e->fuse.capturing && e->fuse.capture_whole) {
     *prev = -1; /* inside torch.tpu.graph: the graph's ops join that recording */
     return NULL;
   }
@@ -97,10 +99,10 @@ tpu_status *tpu_engine_capture_begin(tpu_engine *e, int *prev) {
   tpu_status *s = tpu_engine_flush(e, TPU_FLUSH_MODE);
   if (s) return s;
   e->mode = TPU_MODE_FUSED;
-  e->capturing = true;
-  e->capture_split = false;
-  e->capture_birth = e->records_made;
-  e->capture_rng = e->rng_offset;
+  e->fuse.capturing = true;
+  e->fuse.capture_split = false;
+  e->fuse.capture_birth = e->reg.made;
+  e->fuse.capture_rng = e->rng_offset;
   return NULL;
 }
 
@@ -133,23 +135,23 @@ static int tpu_input_of(const tpu_tref *ins, int nin, const tpu_record *r) {
 static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entry *c, const tpu_tref *ins, int nin,
                                   const tpu_tref *outs, int nout, tpu_plan **out, const char **why) {
   *out = NULL;
-  uint64_t epoch = e->fuse_epoch;
+  uint64_t epoch = e->fuse.epoch;
   int n = tab->n ? tab->n : 1;
   tpu_plan *p = calloc(1, sizeof *p);
   int *cls = calloc((size_t)n, sizeof *cls), *idx = calloc((size_t)n, sizeof *idx);
   int heldcap = 0;
   if (!p || !cls || !idx) goto oom;
   p->eng = e;
-  p->dev = e->fuse_dev;
-  p->next = e->plans;
-  if (e->plans) e->plans->prev = p;
-  e->plans = p;
+  p->dev = e->fuse.dev;
+  p->next = e->plans.live;
+  if (e->plans.live) e->plans.live->prev = p;
+  e->plans.live = p;
   p->c = c;
   c->refs++;
-  p->nops = e->nnodes;
+  p->nops = e->fuse.nnodes;
   p->nin = nin;
   p->nout = nout;
-  p->rng_span = e->rng_offset - e->capture_rng;
+  p->rng_span = e->rng_offset - e->fuse.capture_rng;
   p->in = calloc((size_t)(nin ? nin : 1), sizeof *p->in);
   p->in_alias = calloc((size_t)(nin ? nin : 1), sizeof *p->in_alias);
   p->in_sh = calloc((size_t)(nin ? nin : 1), sizeof *p->in_sh);
@@ -173,9 +175,9 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
   /* Each record of the flush: made by a recorded op (NEW), a graph input
    * (IN), or something the graph holds (HELD: made before the capture). */
   for (int k = 0; k < tab->n; k++) cls[k] = -1;
-  for (int i = 0; i < e->nnodes; i++)
-    for (int j = 0; j < e->nodes[i].nnew; j++) {
-      tpu_record *r = e->nodes[i].outrec[j];
+  for (int i = 0; i < e->fuse.nnodes; i++)
+    for (int j = 0; j < e->fuse.nodes[i].nnew; j++) {
+      tpu_record *r = e->fuse.nodes[i].outrec[j];
       if (r->fuse_epoch == epoch) cls[r->fuse_id] = TPU_SRC_NEW;
     }
   for (int k = 0; k < tab->n; k++) {
@@ -187,7 +189,7 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
     if (i >= 0) {
       cls[k] = TPU_SRC_IN;
       idx[k] = i;
-    } else if (tab->r[k]->birth < e->capture_birth || e->capture_whole) {
+    } else if (tab->r[k]->birth < e->fuse.capture_birth || e->fuse.capture_whole) {
       /* a whole-step capture keeps the tensors it made: replays write into them */
       cls[k] = TPU_SRC_HELD;
       if ((idx[k] = tpu_plan_hold(p, tab->r[k], &heldcap)) < 0) goto oom;
@@ -214,10 +216,10 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
       d->idx = idx[f->rec];
       continue;
     }
-    tpu_node *nd = &e->nodes[f->node];
+    tpu_node *nd = &e->fuse.nodes[f->node];
     if (f->kind == TPU_IN_RNG) {
       d->kind = TPU_SRC_RNG;
-      d->rng = nd->rng_offset - e->capture_rng;
+      d->rng = nd->rng_offset - e->fuse.capture_rng;
       continue;
     }
     /* Python numbers, view offsets and CPU scalars are fixed by the graph
@@ -249,7 +251,7 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
   for (int k = 0; k < c->nfout; k++) {
     int r = c->fout[k];
     p->dst[k].kind = cls[r];
-    if (cls[r] == TPU_SRC_NEW && e->capture_whole) {
+    if (cls[r] == TPU_SRC_NEW && e->fuse.capture_whole) {
       p->dst[k].kind = TPU_SRC_HELD;
       if ((p->dst[k].idx = tpu_plan_hold(p, tab->r[r], &heldcap)) < 0) goto oom;
     } else if (cls[r] == TPU_SRC_NEW && newof[r] >= 0) {
@@ -284,7 +286,7 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
     } else if (i >= 0) {
       o->kind = TPU_SRC_IN;
       o->idx = i;
-    } else if (r->birth < e->capture_birth) {
+    } else if (r->birth < e->fuse.capture_birth) {
       o->kind = TPU_SRC_HELD;
       if ((o->idx = tpu_plan_hold(p, r, &heldcap)) < 0) goto oom;
     } else if (!r->buf && r->fuse_epoch != epoch) {
@@ -321,16 +323,16 @@ tpu_status *tpu_engine_capture_end(tpu_engine *e, int prev, const tpu_tref *ins,
     *why = "it ran inside a torch.tpu.graph capture, which replays it";
     return NULL;
   }
-  bool split = e->capture_split;
-  e->capturing = false;
+  bool split = e->fuse.capture_split;
+  e->fuse.capturing = false;
   tpu_status *s = NULL;
-  if (!e->nnodes) {
+  if (!e->fuse.nnodes) {
     *why = "the graph runs no tpu op";
   } else {
     tpu_rectab tab = {0};
     tpu_cache_entry *c = NULL;
     int call_dev = e->dev;
-    e->dev = e->fuse_dev;
+    e->dev = e->fuse.dev;
     s = tpu_flush_prepare(e, TPU_FLUSH_MODE, &tab, &c);
     if (!s && split) *why = "the graph was run in pieces (a sync point inside it, or TORCHTPU_FUSED_MAX_OPS)";
     if (!s && !split && plan) s = tpu_plan_build(e, &tab, c, ins, nin, outs, nout, plan, why);
@@ -348,18 +350,19 @@ tpu_status *tpu_engine_capture_end(tpu_engine *e, int prev, const tpu_tref *ins,
 }
 
 tpu_status *tpu_engine_graph_begin(tpu_engine *e, int *prev) {
-  if (e->capturing) return tpu_status_new(TPU_ERR_RUNTIME, "a graph is already being captured: captures do not nest");
+  if (e->fuse.capturing)
+    return tpu_status_new(TPU_ERR_RUNTIME, "a graph is already being captured: captures do not nest");
   tpu_status *s = tpu_engine_capture_begin(e, prev);
-  if (!s) e->capture_whole = true;
+  if (!s) e->fuse.capture_whole = true;
   return s;
 }
 
-bool tpu_engine_graph_capturing(const tpu_engine *e) { return e->capturing && e->capture_whole; }
+bool tpu_engine_graph_capturing(const tpu_engine *e) { return e->fuse.capturing && e->fuse.capture_whole; }
 
 tpu_status *tpu_engine_graph_end(tpu_engine *e, int prev, bool keep, tpu_plan **plan) {
   *plan = NULL;
   tpu_status *s = NULL;
-  if (keep && e->nnodes) {
+  if (keep && e->fuse.nnodes) {
     tpu_rectab tab = {0};
     tpu_cache_entry *c = NULL;
     const char *why = NULL;
@@ -372,13 +375,13 @@ tpu_status *tpu_engine_graph_end(tpu_engine *e, int prev, bool keep, tpu_plan **
   /* Nothing recorded runs now: the tensors keep their values from before the
    * capture (those made during it have none until the first replay). */
   tpu_nodes_release(e);
-  e->capturing = e->capture_whole = false;
+  e->fuse.capturing = e->fuse.capture_whole = false;
   e->mode = prev;
   return s;
 }
 
 tpu_status *tpu_engine_graph_replay(tpu_engine *e, tpu_plan *p) {
-  if (e->capturing) return tpu_status_new(TPU_ERR_RUNTIME, "replay() of a graph while a graph is being captured");
+  if (e->fuse.capturing) return tpu_status_new(TPU_ERR_RUNTIME, "replay() of a graph while a graph is being captured");
   tpu_status *s = tpu_plan_run(e, p, NULL, 0, NULL);
   if (!s) tpu_steps_throttle(e);
   return s;
@@ -440,7 +443,7 @@ static tpu_status *tpu_plan_run_spmd(tpu_engine *e, tpu_plan *p, const tpu_tref 
     }
   }
   for (int k = 0; k < c->nfout && !s; k++) dst[k] = tpu_plan_record(p, &p->dst[k], ins, fresh);
-  if (!s) s = tpu_spmd_launch(e, c, in, dst, false);
+  if (!s) s = tpu_spmd_launch(e, c, in, dst, NULL);
   if (s) s = tpu_status_prefix(s, "running a compiled graph of %d ops", p->nops);
   for (size_t k = 0; k < ni && own; k++) tpu_rt_buffer_free(own[k]);
   free(in);
@@ -476,7 +479,7 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
   tpu_record **fresh = calloc((size_t)p->nnew + 1, sizeof *fresh);
   if (!inbuf || !temps || !outbuf || !fresh) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   int ntemp = 0;
-  e->epoch++;
+  e->launch.epoch++;
   for (int m = 0; m < p->nnew && !s; m++)
     if (!(fresh[m] = tpu_record_new(e, p->new_dt[m], p->new_numel[m])))
       s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");

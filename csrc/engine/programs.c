@@ -7,6 +7,8 @@
  * the disk tier (cache/) before they are compiled, and written to it after.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "programs.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,10 +36,10 @@ void tpu_cache_entry_free(tpu_cache_entry *c) {
 
 /* The disk key: salt, a separator no program text holds, then the text. */
 static uint8_t *tpu_disk_key(tpu_engine *e, const char *text, size_t len, size_t *keylen) {
-  size_t sl = strlen(e->salt);
+  size_t sl = strlen(e->cache.salt);
   uint8_t *k = malloc(sl + 1 + len);
   if (!k) return NULL;
-  memcpy(k, e->salt, sl);
+  memcpy(k, e->cache.salt, sl);
   k[sl] = 0;
   memcpy(k + sl + 1, text, len);
   *keylen = sl + 1 + len;
@@ -53,30 +55,30 @@ static tpu_rt_exec *tpu_disk_load(tpu_engine *e, const uint8_t *key, size_t keyl
   void *bytes = NULL;
   size_t n = 0;
   char why[512];
-  tpu_dc_result r = tpu_dcache_get(e->disk, key, keylen, &bytes, &n, why, sizeof why);
+  tpu_dc_result r = tpu_dcache_get(e->cache.disk, key, keylen, &bytes, &n, why, sizeof why);
   tpu_rt_exec *exec = NULL;
   if (r == TPU_DC_CORRUPT) {
     atomic_fetch_add(&e->metrics.disk_corrupt, 1);
-    tpu_engine_warn(e, "torchtpu: removed a damaged compilation cache entry (%s); recompiling %s", why, label);
+    tpu_msgs_warn(&e->msgs, "torchtpu: removed a damaged compilation cache entry (%s); recompiling %s", why, label);
   } else if (r == TPU_DC_REFUSED) {
     atomic_fetch_add(&e->metrics.disk_refused, 1);
-    if (!e->disk_refused_told) {
-      e->disk_refused_told = true;
-      tpu_engine_warn(e,
-                      "torchtpu: ignored an untrusted compilation cache entry (%s); recompiling %s (further "
-                      "untrusted entries in this process are ignored without a warning)",
-                      why, label);
+    if (!e->cache.disk_refused_told) {
+      e->cache.disk_refused_told = true;
+      tpu_msgs_warn(&e->msgs,
+                    "torchtpu: ignored an untrusted compilation cache entry (%s); recompiling %s (further "
+                    "untrusted entries in this process are ignored without a warning)",
+                    why, label);
     }
   } else if (r == TPU_DC_HIT) {
     tpu_status *s = tpu_rt_exec_deserialize(e->rt, bytes, n, &exec);
     if (s) {
       atomic_fetch_add(&e->metrics.disk_corrupt, 1);
-      tpu_engine_warn(e,
-                      "torchtpu: the plugin refused a compilation cache entry in %s (%s); removed it, "
-                      "recompiling %s",
-                      tpu_dcache_dir(e->disk), tpu_status_message(s), label);
+      tpu_msgs_warn(&e->msgs,
+                    "torchtpu: the plugin refused a compilation cache entry in %s (%s); removed it, "
+                    "recompiling %s",
+                    tpu_dcache_dir(e->cache.disk), tpu_status_message(s), label);
       tpu_status_free(s);
-      tpu_dcache_remove(e->disk, key, keylen);
+      tpu_dcache_remove(e->cache.disk, key, keylen);
       exec = NULL;
     }
   }
@@ -87,30 +89,90 @@ static tpu_rt_exec *tpu_disk_load(tpu_engine *e, const uint8_t *key, size_t keyl
 }
 
 static void tpu_disk_store(tpu_engine *e, tpu_rt_exec *exec, const uint8_t *key, size_t keylen) {
-  if (e->disk_readonly) return;
+  if (e->cache.disk_readonly) return;
   void *bytes = NULL;
   size_t n = 0;
   tpu_status *s = tpu_rt_exec_serialize(e->rt, exec, &bytes, &n);
   if (s) {
     /* A plugin that cannot serialize: the disk tier can do nothing. */
-    tpu_engine_warn(e, "torchtpu: compiled programs cannot be cached on disk (%s); caching in memory only",
-                    tpu_status_message(s));
+    tpu_msgs_warn(&e->msgs, "torchtpu: compiled programs cannot be cached on disk (%s); caching in memory only",
+                  tpu_status_message(s));
     tpu_status_free(s);
-    e->disk_readonly = true;
+    e->cache.disk_readonly = e->aot.disk_readonly = true;
     return;
   }
   char why[600];
-  int err = tpu_dcache_put(e->disk, key, keylen, bytes, n, why, sizeof why);
+  int err = tpu_dcache_put(e->cache.disk, key, keylen, bytes, n, why, sizeof why);
   free(bytes);
   if (err) {
-    tpu_engine_warn(e,
-                    "torchtpu: the compilation cache folder cannot be written (%s); new programs are "
-                    "cached in memory only for the rest of this process",
-                    why);
-    e->disk_readonly = true;
+    tpu_msgs_warn(&e->msgs,
+                  "torchtpu: the compilation cache folder cannot be written (%s); new programs are "
+                  "cached in memory only for the rest of this process",
+                  why);
+    e->cache.disk_readonly = e->aot.disk_readonly = true;
   } else {
     atomic_fetch_add(&e->metrics.disk_writes, 1);
   }
+}
+
+bool tpu_programs_init(tpu_programs *c, long max) {
+  c->cap = 256;
+  c->entries = calloc(c->cap, sizeof *c->entries);
+  c->max = max;
+  c->maps_limit = -2;
+  return c->entries != NULL;
+}
+
+void tpu_programs_free(tpu_programs *c) {
+  tpu_dcache_free(c->disk);
+  free(c->salt);
+  free(c->disk_dir);
+  free(c->disk_extra);
+  for (size_t i = 0; i < c->cap && c->entries; i++) tpu_cache_entry_free(c->entries[i]);
+  free(c->entries);
+  c->entries = NULL;
+}
+
+tpu_status *tpu_programs_disk_open(tpu_engine *e, const char *dir, int64_t max_bytes, const char *extra) {
+  tpu_dcache_free(e->cache.disk);
+  free(e->cache.salt);
+  free(e->aot.salt);
+  e->cache.disk = e->aot.disk = NULL;
+  e->cache.salt = e->aot.salt = NULL;
+  e->cache.disk_readonly = e->aot.disk_readonly = false;
+  e->cache.disk_refused_told = false;
+  if (!dir || !*dir) return NULL;
+  tpu_dcache *dc = NULL;
+  tpu_status *s = tpu_dcache_open(dir, max_bytes, &dc);
+  if (s) return s;
+  char *base = tpu_rt_cache_salt(e->rt);
+  e->cache.salt = base ? tpu_strfmt("%s;%s", base, extra ? extra : "") : NULL;
+  free(base);
+  char *abase = e->aot.target ? tpu_rt_target_cache_salt(e->aot.target) : NULL;
+  e->aot.salt = abase ? tpu_strfmt("%s;%s", abase, extra ? extra : "") : NULL;
+  free(abase);
+  if (!e->cache.salt || (e->aot.target && !e->aot.salt)) {
+    tpu_dcache_free(dc);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  e->cache.disk = e->aot.disk = dc;
+  return NULL;
+}
+
+tpu_status *tpu_engine_set_disk_cache(tpu_engine *e, const char *dir, int64_t max_bytes, const char *extra) {
+  if (e->rt) return tpu_programs_disk_open(e, dir, max_bytes, extra);
+  char *d = NULL, *x = NULL;
+  if (!tpu_dup(dir, &d) || !tpu_dup(extra, &x)) {
+    free(d);
+    return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  }
+  free(e->cache.disk_dir);
+  free(e->cache.disk_extra);
+  e->cache.disk_dir = d;
+  e->cache.disk_extra = x;
+  e->cache.disk_max = max_bytes;
+  e->cache.disk_pending = true;
+  return NULL;
 }
 
 /* ---- signatures --------------------------------------------------------------- */
@@ -195,11 +257,11 @@ void tpu_sig_build(tpu_sig *s, int op_id, const tpu_arg *args, int nargs) {
 /* ---- the cache ------------------------------------------------------------------ */
 
 tpu_cache_entry *tpu_cache_find(tpu_engine *e, const tpu_sig *s, uint64_t h) {
-  size_t j = (size_t)h & (e->cache_cap - 1);
-  while (e->cache[j]) {
-    tpu_cache_entry *c = e->cache[j];
+  size_t j = (size_t)h & (e->cache.cap - 1);
+  while (e->cache.entries[j]) {
+    tpu_cache_entry *c = e->cache.entries[j];
     if (c->hash == h && c->keylen == s->n && memcmp(c->key, s->p, s->n) == 0) return c;
-    j = (j + 1) & (e->cache_cap - 1);
+    j = (j + 1) & (e->cache.cap - 1);
   }
   return NULL;
 }
@@ -226,51 +288,51 @@ static long tpu_count_lines(const char *path) {
 }
 
 static bool tpu_maps_near_limit(tpu_engine *e) {
-  if (e->maps_limit == -2) {
+  if (e->cache.maps_limit == -2) {
     FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
-    e->maps_limit = -1;
+    e->cache.maps_limit = -1;
     if (f) {
-      if (fscanf(f, "%ld", &e->maps_limit) != 1) e->maps_limit = -1;
+      if (fscanf(f, "%ld", &e->cache.maps_limit) != 1) e->cache.maps_limit = -1;
       fclose(f);
     }
   }
-  if (e->maps_limit <= 0 || e->maps_calls++ % 16) return false;
+  if (e->cache.maps_limit <= 0 || e->cache.maps_calls++ % 16) return false;
   long n = tpu_count_lines("/proc/self/maps");
-  return n > e->maps_limit / 2;
+  return n > e->cache.maps_limit / 2;
 }
 
 static void tpu_cache_bound(tpu_engine *e) {
-  if ((long)e->cache_n < e->program_cache_size && !tpu_maps_near_limit(e)) return;
-  for (size_t i = 0; i < e->cache_cap; i++) {
-    tpu_cache_entry_free(e->cache[i]);
-    e->cache[i] = NULL;
+  if ((long)e->cache.n < e->cache.max && !tpu_maps_near_limit(e)) return;
+  for (size_t i = 0; i < e->cache.cap; i++) {
+    tpu_cache_entry_free(e->cache.entries[i]);
+    e->cache.entries[i] = NULL;
   }
-  e->cache_n = 0;
+  e->cache.n = 0;
   atomic_fetch_add(&e->metrics.cache_evictions, 1);
 }
 
 bool tpu_cache_insert(tpu_engine *e, tpu_cache_entry *c) {
   tpu_cache_bound(e);
-  if ((e->cache_n + 1) * 2 > e->cache_cap) {
-    size_t cap = e->cache_cap * 2;
+  if ((e->cache.n + 1) * 2 > e->cache.cap) {
+    size_t cap = e->cache.cap * 2;
     tpu_cache_entry **n = calloc(cap, sizeof *n);
     if (!n) return false;
-    for (size_t i = 0; i < e->cache_cap; i++) {
-      tpu_cache_entry *x = e->cache[i];
+    for (size_t i = 0; i < e->cache.cap; i++) {
+      tpu_cache_entry *x = e->cache.entries[i];
       if (!x) continue;
       size_t j = (size_t)x->hash & (cap - 1);
       while (n[j]) j = (j + 1) & (cap - 1);
       n[j] = x;
     }
-    free(e->cache);
-    e->cache = n;
-    e->cache_cap = cap;
+    free(e->cache.entries);
+    e->cache.entries = n;
+    e->cache.cap = cap;
   }
-  size_t j = (size_t)c->hash & (e->cache_cap - 1);
-  while (e->cache[j]) j = (j + 1) & (e->cache_cap - 1);
-  e->cache[j] = c;
+  size_t j = (size_t)c->hash & (e->cache.cap - 1);
+  while (e->cache.entries[j]) j = (j + 1) & (e->cache.cap - 1);
+  e->cache.entries[j] = c;
   c->refs = 1;
-  e->cache_n++;
+  e->cache.n++;
   return true;
 }
 
@@ -285,20 +347,19 @@ void tpu_classify_views(tpu_arg *args, int nargs) {
   }
 }
 
-/* Queues the line the binding logs for a compile (the newest 16 kept). */
-/* A line for the binding's logger: "<seconds>\t<1 for a recompile>\t<text>". */
+/* Queues the line the binding logs for a compile (the newest 16 kept): */
+/* a line for the binding's logger: "<seconds>\t<1 for a recompile>\t<text>". */
 static void tpu_compile_log(tpu_engine *e, const char *name, int64_t ns, bool disk) {
   char again[160] = "";
-  if (e->recompile)
+  if (e->cache.recompile)
     snprintf(again, sizeof again,
              "; a recompile: program %d of this op, for new shapes, dtypes or arguments "
              "(TORCHTPU_EXPLAIN_RECOMPILES=1 says which)",
-             e->recompile + 1);
-  char *line = tpu_strfmt("%.3f\t%d\tcompiled %s in %.2f s (not in the memory cache%s%s)", (double)ns / 1e9,
-                          e->recompile > 0, name, (double)ns / 1e9, disk ? " nor on disk" : "; disk cache off", again);
-  if (!line) return;
-  if (e->nlogs == (int)(sizeof e->logs / sizeof e->logs[0])) free(tpu_engine_take_log(e));
-  e->logs[e->nlogs++] = line;
+             e->cache.recompile + 1);
+  char *line =
+      tpu_strfmt("%.3f\t%d\tcompiled %s in %.2f s (not in the memory cache%s%s)", (double)ns / 1e9,
+                 e->cache.recompile > 0, name, (double)ns / 1e9, disk ? " nor on disk" : "; disk cache off", again);
+  tpu_msgs_log(&e->msgs, line);
 }
 
 /* Compile program text through the disk tier. *exec is owned by the caller. */
@@ -315,7 +376,7 @@ tpu_status *tpu_engine_compile_with(tpu_engine *e, const char *text, size_t len,
   size_t dkeylen = 0;
   const char *what = strncmp(name, "a ", 2) == 0 ? name + 2 : name; /* the profiler's name */
   int64_t p0 = tpu_prof_t0();
-  if (e->disk && (dkey = tpu_disk_key(e, text, len, &dkeylen))) *exec = tpu_disk_load(e, dkey, dkeylen, name);
+  if (e->cache.disk && (dkey = tpu_disk_key(e, text, len, &dkeylen))) *exec = tpu_disk_load(e, dkey, dkeylen, name);
   if (p0 && *exec) tpu_prof_host(TPU_PROF_LOAD, e->dev, p0, 0, "%s", what);
   tpu_status *s = NULL;
   if (!*exec) {
@@ -344,7 +405,7 @@ tpu_status *tpu_engine_compile_with(tpu_engine *e, const char *text, size_t len,
     if (e->debug) fprintf(stderr, "%s\n", text);
     return s;
   }
-  /* The TPU target's compile (aot.c), after a load from disk as well. */
+  /* The TPU target's compile (aot_target.c), after a load from disk as well. */
   if ((s = tpu_engine_aot_compile(e, text, len, name, o))) {
     tpu_rt_exec_free(*exec);
     *exec = NULL;
@@ -393,11 +454,11 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args
   tpu_rt_exec *exec = NULL;
   char label[160];
   snprintf(label, sizeof label, "aten::%s", row->name);
-  int *made = &e->op_programs[row - tpu_op_table];
+  int *made = &e->cache.op_programs[row - tpu_op_table];
   if (compile) {
-    e->recompile = *made;
+    e->cache.recompile = *made;
     s = tpu_engine_compile(e, text, len, label, &exec);
-    e->recompile = 0;
+    e->cache.recompile = 0;
     if (!s) ++*made;
   }
   free(text);

@@ -1,13 +1,17 @@
-/* record.c: the record registry.
+/* record.c: the record registry (record.h).
  *
  * An open-addressing set of live record addresses guarded by a mutex: torch
  * frees storages from any thread, with or without the GIL, and a pointer
  * coming back from Python is looked up before use.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "record.h"
+
 #include <stdlib.h>
 
 #include "engine_impl.h"
+
+#define TPU_TOMB ((tpu_record *)1) /* a deleted registry slot */
 
 static size_t tpu_ptr_slot(const void *p, size_t cap) {
   uint64_t x = (uint64_t)(uintptr_t)p;
@@ -19,21 +23,51 @@ static size_t tpu_ptr_slot(const void *p, size_t cap) {
 
 /* ---- records ------------------------------------------------------------------ */
 
+bool tpu_registry_init(tpu_registry *g) {
+  pthread_mutex_init(&g->lock, NULL);
+  g->cap = 1024;
+  g->slots = calloc(g->cap, sizeof *g->slots);
+  return g->slots != NULL;
+}
+
+void tpu_registry_free(tpu_registry *g) {
+  for (size_t i = 0; i < g->cap; i++) {
+    tpu_record *r = g->slots ? g->slots[i] : NULL;
+    if (r && r != TPU_TOMB) {
+      tpu_rt_buffer_free(r->buf);
+      r->buf = NULL;
+      r->eng = NULL;
+    }
+  }
+  free(g->slots);
+  g->slots = NULL;
+  pthread_mutex_destroy(&g->lock);
+}
+
+void tpu_record_free_shards(tpu_record *r) {
+  if (r->shards)
+    for (int64_t d = 0; d < tpu_sharding_num_devices(r->sh); d++) tpu_rt_buffer_free(r->shards[d]);
+  free(r->shards);
+  free(r->sh);
+  r->shards = NULL;
+  r->sh = NULL;
+}
+
 static bool tpu_reg_grow(tpu_engine *e) {
-  size_t cap = e->reg_cap * 2;
+  size_t cap = e->reg.cap * 2;
   tpu_record **n = calloc(cap, sizeof *n);
   if (!n) return false;
-  for (size_t i = 0; i < e->reg_cap; i++) {
-    tpu_record *r = e->reg[i];
+  for (size_t i = 0; i < e->reg.cap; i++) {
+    tpu_record *r = e->reg.slots[i];
     if (!r || r == TPU_TOMB) continue;
     size_t j = tpu_ptr_slot(r, cap);
     while (n[j]) j = (j + 1) & (cap - 1);
     n[j] = r;
   }
-  free(e->reg);
-  e->reg = n;
-  e->reg_cap = cap;
-  e->reg_used = e->reg_live;
+  free(e->reg.slots);
+  e->reg.slots = n;
+  e->reg.cap = cap;
+  e->reg.used = e->reg.live;
   return true;
 }
 
@@ -52,19 +86,19 @@ tpu_record *tpu_record_new_on(tpu_engine *e, int device, tpu_dtype dt, int64_t n
   r->dtype = dt;
   r->numel = numel;
   r->eng = e;
-  pthread_mutex_lock(&e->reg_lock);
-  r->birth = e->records_made++;
-  if ((e->reg_used + 1) * 2 > e->reg_cap && !tpu_reg_grow(e)) {
-    pthread_mutex_unlock(&e->reg_lock);
+  pthread_mutex_lock(&e->reg.lock);
+  r->birth = e->reg.made++;
+  if ((e->reg.used + 1) * 2 > e->reg.cap && !tpu_reg_grow(e)) {
+    pthread_mutex_unlock(&e->reg.lock);
     free(r);
     return NULL;
   }
-  size_t j = tpu_ptr_slot(r, e->reg_cap);
-  while (e->reg[j] && e->reg[j] != TPU_TOMB) j = (j + 1) & (e->reg_cap - 1);
-  if (!e->reg[j]) e->reg_used++;
-  e->reg[j] = r;
-  e->reg_live++;
-  pthread_mutex_unlock(&e->reg_lock);
+  size_t j = tpu_ptr_slot(r, e->reg.cap);
+  while (e->reg.slots[j] && e->reg.slots[j] != TPU_TOMB) j = (j + 1) & (e->reg.cap - 1);
+  if (!e->reg.slots[j]) e->reg.used++;
+  e->reg.slots[j] = r;
+  e->reg.live++;
+  pthread_mutex_unlock(&e->reg.lock);
   atomic_fetch_add(&e->metrics.records_live, 1);
   return r;
 }
@@ -75,14 +109,14 @@ void tpu_record_unref(tpu_record *r) {
   if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
   tpu_engine *e = r->eng;
   if (e) {
-    pthread_mutex_lock(&e->reg_lock);
-    size_t j = tpu_ptr_slot(r, e->reg_cap);
-    while (e->reg[j] && e->reg[j] != r) j = (j + 1) & (e->reg_cap - 1);
-    if (e->reg[j] == r) {
-      e->reg[j] = TPU_TOMB;
-      e->reg_live--;
+    pthread_mutex_lock(&e->reg.lock);
+    size_t j = tpu_ptr_slot(r, e->reg.cap);
+    while (e->reg.slots[j] && e->reg.slots[j] != r) j = (j + 1) & (e->reg.cap - 1);
+    if (e->reg.slots[j] == r) {
+      e->reg.slots[j] = TPU_TOMB;
+      e->reg.live--;
     }
-    pthread_mutex_unlock(&e->reg_lock);
+    pthread_mutex_unlock(&e->reg.lock);
     atomic_fetch_sub(&e->metrics.records_live, 1);
   }
   tpu_rt_buffer_free(r->buf);
@@ -94,16 +128,16 @@ void tpu_record_unref(tpu_record *r) {
 tpu_record *tpu_engine_find_record(tpu_engine *e, const void *addr) {
   if (!addr) return NULL;
   tpu_record *found = NULL;
-  pthread_mutex_lock(&e->reg_lock);
-  size_t j = tpu_ptr_slot(addr, e->reg_cap);
-  while (e->reg[j]) {
-    if ((const void *)e->reg[j] == addr) {
-      found = e->reg[j];
+  pthread_mutex_lock(&e->reg.lock);
+  size_t j = tpu_ptr_slot(addr, e->reg.cap);
+  while (e->reg.slots[j]) {
+    if ((const void *)e->reg.slots[j] == addr) {
+      found = e->reg.slots[j];
       break;
     }
-    j = (j + 1) & (e->reg_cap - 1);
+    j = (j + 1) & (e->reg.cap - 1);
   }
-  pthread_mutex_unlock(&e->reg_lock);
+  pthread_mutex_unlock(&e->reg.lock);
   return found;
 }
 
@@ -117,4 +151,9 @@ tpu_status *tpu_record_materialize(tpu_engine *e, tpu_record *r) {
   tpu_status *s = tpu_engine_h2d(e, r->device, zeros, r->dtype, &n, 1, &r->buf);
   free(zeros);
   return s;
+}
+
+void tpu_engine_result_release(tpu_engine_result *res) {
+  for (int i = 0; i < res->nout; i++) tpu_record_unref(res->outs[i]);
+  res->nout = 0;
 }

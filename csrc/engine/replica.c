@@ -10,6 +10,8 @@
  * they do not go through the disk tier.
  */
 #define _GNU_SOURCE
+#include "replica.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,7 +216,7 @@ static tpu_status *tpu_replica_text(const tpu_collective *c, int n, int orank, c
 /* The compiled program of this text over n replicas (kept by the engine). */
 static tpu_status *tpu_replica_exec(tpu_engine *e, char *text, size_t len, int n, tpu_rt_exec **exec) {
   for (int i = 0; i < TPU_RPROGS; i++) {
-    struct tpu_rprog *p = &e->rprogs[i];
+    struct tpu_rprog *p = &e->replica.progs[i];
     if (p->exec && p->len == len && memcmp(p->text, text, len) == 0) {
       atomic_fetch_add(&e->metrics.cache_hits, 1);
       free(text);
@@ -238,8 +240,8 @@ static tpu_status *tpu_replica_exec(tpu_engine *e, char *text, size_t len, int n
     free(text);
     return s;
   }
-  struct tpu_rprog *p = &e->rprogs[e->rprog_next];
-  e->rprog_next = (e->rprog_next + 1) % TPU_RPROGS;
+  struct tpu_rprog *p = &e->replica.progs[e->replica.next];
+  e->replica.next = (e->replica.next + 1) % TPU_RPROGS;
   free(p->text);
   tpu_rt_exec_free(p->exec);
   *p = (struct tpu_rprog){text, len, *exec};
@@ -248,9 +250,9 @@ static tpu_status *tpu_replica_exec(tpu_engine *e, char *text, size_t len, int n
 
 void tpu_replica_release(tpu_engine *e) {
   for (int i = 0; i < TPU_RPROGS; i++) {
-    free(e->rprogs[i].text);
-    tpu_rt_exec_free(e->rprogs[i].exec);
-    e->rprogs[i] = (struct tpu_rprog){0};
+    free(e->replica.progs[i].text);
+    tpu_rt_exec_free(e->replica.progs[i].exec);
+    e->replica.progs[i] = (struct tpu_rprog){0};
   }
 }
 

@@ -14,20 +14,13 @@
  * host data into one go through the host.
  */
 #define _GNU_SOURCE
+#include "spmd.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 #include "../mesh.h"
 #include "engine_impl.h"
-
-void tpu_record_free_shards(tpu_record *r) {
-  if (r->shards)
-    for (int64_t d = 0; d < tpu_sharding_num_devices(r->sh); d++) tpu_rt_buffer_free(r->shards[d]);
-  free(r->shards);
-  free(r->sh);
-  r->shards = NULL;
-  r->sh = NULL;
-}
 
 /* Copies block `blk` (shape bd, at offset off of the global shape gd) between
  * a dense global array and a dense block; to_block says which way. */
@@ -65,8 +58,8 @@ static void tpu_block_copy(uint8_t *global, uint8_t *blk, size_t isz, int rank, 
 }
 
 /* Uploads the global host array data as the shards of sh over the mesh. */
-static tpu_status *tpu_shards_from_host(tpu_engine *e, const tpu_sharding *sh, const int64_t *gd, tpu_dtype dt,
-                                        const void *data, tpu_rt_buffer **shards) {
+tpu_status *tpu_shards_from_host(tpu_engine *e, const tpu_sharding *sh, const int64_t *gd, tpu_dtype dt,
+                                 const void *data, tpu_rt_buffer **shards) {
   int64_t n = tpu_sharding_num_devices(sh), bd[TPU_MAX_RANK], off[TPU_MAX_RANK];
   if (!tpu_sharding_shard_dims(sh, gd, bd)) return tpu_status_new(TPU_ERR_VALUE, "a sharding that does not fit");
   size_t isz = tpu_dtype_size(dt), bn = isz;
@@ -133,73 +126,6 @@ tpu_status *tpu_spmd_upload(tpu_engine *e, tpu_record *rec, const void *data) {
   return NULL;
 }
 
-tpu_status *tpu_engine_shard(tpu_engine *e, tpu_record *src, const tpu_sharding *sh, const int64_t *gdims,
-                             tpu_record **out) {
-  *out = NULL;
-  int64_t numel = 1;
-  for (int i = 0; i < sh->rank; i++) numel *= gdims[i];
-  if (numel != src->numel)
-    return tpu_status_new(TPU_ERR_VALUE, "shard: a shape of %lld elements for a storage of %lld", (long long)numel,
-                          (long long)src->numel);
-  tpu_status *s = tpu_sharding_check(sh, gdims);
-  if (s) return s;
-  int64_t n = tpu_sharding_num_devices(sh);
-  if (n > tpu_rt_device_count(e->rt))
-    return tpu_status_new(TPU_ERR_VALUE, "a mesh of %lld devices; this process has %d (TORCHTPU_NUM_DEVICES)",
-                          (long long)n, tpu_rt_device_count(e->rt));
-  size_t nb = (size_t)numel * tpu_dtype_size(src->dtype);
-  void *host = malloc(nb ? nb : 1);
-  if (!host) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", nb);
-  s = tpu_engine_download(e, src, host, nb);
-  tpu_record *r = s ? NULL : tpu_record_new_on(e, 0, src->dtype, numel);
-  if (!s && !r) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-  if (!s) {
-    r->sh = malloc(sizeof *r->sh);
-    r->shards = calloc((size_t)n, sizeof *r->shards);
-    if (!r->sh || !r->shards) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-  }
-  if (!s) {
-    *r->sh = *sh;
-    r->grank = sh->rank;
-    memcpy(r->gdims, gdims, sizeof(int64_t) * (size_t)sh->rank);
-    s = tpu_shards_from_host(e, sh, gdims, src->dtype, host, r->shards);
-  }
-  free(host);
-  if (s) {
-    tpu_record_unref(r);
-    return s;
-  }
-  *out = r;
-  return NULL;
-}
-
-tpu_status *tpu_engine_mesh_like(tpu_engine *e, tpu_record *src, tpu_dtype dt, tpu_record **out) {
-  *out = NULL;
-  size_t nb = (size_t)src->numel * tpu_dtype_size(dt);
-  int64_t n = tpu_sharding_num_devices(src->sh);
-  void *zeros = calloc(nb ? nb : 1, 1);
-  tpu_record *r = zeros ? tpu_record_new_on(e, 0, dt, src->numel) : NULL;
-  tpu_status *s = NULL;
-  if (r) {
-    r->sh = malloc(sizeof *r->sh);
-    r->shards = calloc((size_t)n, sizeof *r->shards);
-  }
-  if (!r || !r->sh || !r->shards) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-  if (!s) {
-    *r->sh = *src->sh;
-    r->grank = src->grank;
-    memcpy(r->gdims, src->gdims, sizeof r->gdims);
-    s = tpu_shards_from_host(e, r->sh, r->gdims, dt, zeros, r->shards);
-  }
-  free(zeros);
-  if (s) {
-    tpu_record_unref(r);
-    return s;
-  }
-  *out = r;
-  return NULL;
-}
-
 /* The mesh of a flush: the sharding of its first mesh record (NULL: none);
  * every mesh record must be on the same mesh. */
 tpu_status *tpu_spmd_mesh(const tpu_rectab *tab, const tpu_sharding **mesh) {
@@ -234,7 +160,7 @@ tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, co
 
 /* Runs c's rows on in (rows x inputs, borrowed); the record outputs become
  * the shards of dst[k] (laid out as c says), the value checks are queued. */
-tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **in, tpu_record **dst, bool flush) {
+tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **in, tpu_record **dst, tpu_site_fn site) {
   int rows = c->spmd_rows, nout = c->nfout + c->nfchk;
   size_t no = (size_t)rows * (size_t)(nout ? nout : 1);
   tpu_rt_buffer **out = calloc(no, sizeof *out);
@@ -271,7 +197,7 @@ tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **i
     memcpy(r->gdims, c->fdims[k], sizeof(int64_t) * (size_t)sh->rank);
   }
   for (int k = 0; k < c->nfchk && !s; k++) { /* every row computes the same checks */
-    tpu_check_push(e, out[c->nfout + k], c->fchk[k], flush ? tpu_fcheck_site(e, &c->fchk[k]) : NULL);
+    tpu_check_push(e, out[c->nfout + k], c->fchk[k], site ? site(e, &c->fchk[k]) : NULL);
     out[c->nfout + k] = NULL;
   }
   if (!s) atomic_fetch_add(&e->metrics.spmd_programs, 1);
@@ -299,46 +225,5 @@ tpu_status *tpu_spmd_record_input(tpu_engine *e, tpu_record *r, int d, tpu_rt_bu
   }
   s = tpu_rt_buffer_copy(e->rt, r->buf, d, own);
   *b = *own;
-  return s;
-}
-
-/* Runs an SPMD program: row d's inputs are the mesh records' shards on
- * device d and copies of everything else; the outputs become the records'
- * shards. */
-tpu_status *tpu_spmd_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
-  int nin = c->nfin, rows = c->spmd_rows;
-  size_t ni = (size_t)rows * (size_t)(nin ? nin : 1);
-  tpu_rt_buffer **in = calloc(ni, sizeof *in), **own = calloc(ni, sizeof *own);
-  tpu_status *s = (!in || !own) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
-  int call_dev = e->dev;
-  e->epoch++;
-  for (int k = 0; k < nin && !s; k++) {
-    const tpu_fin *f = &c->fin[k];
-    tpu_node *n = &e->nodes[f->node];
-    tpu_record *r = f->kind == TPU_IN_RECORD ? tab->r[f->rec] : NULL;
-    if (r) {
-      for (int d = 0; d < rows && !s; d++) s = tpu_spmd_record_input(e, r, d, &in[d * nin + k], &own[d * nin + k]);
-      continue;
-    }
-    tpu_in_plan p = {f->kind, f->arg, f->item};
-    for (int d = 0; d < rows && !s; d++) {
-      e->dev = d;
-      s = tpu_input_buffer(e, &p, n->args, NULL, n->rng_seed, n->rng_offset, &in[d * nin + k], &own[d * nin + k]);
-    }
-  }
-  e->dev = call_dev;
-  if (s) s = tpu_status_prefix(s, "running a program over %d devices (an input)", rows);
-  tpu_record **dst = s ? NULL : malloc(sizeof *dst * (size_t)(c->nfout ? c->nfout : 1));
-  if (!s && !dst) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-  for (int k = 0; k < c->nfout && !s; k++) dst[k] = tab->r[c->fout[k]];
-  if (!s) s = tpu_spmd_launch(e, c, in, dst, true);
-  if (!s) {
-    atomic_fetch_add(&e->metrics.fused_programs, 1);
-    atomic_fetch_add(&e->metrics.fused_ops, e->nnodes);
-  }
-  free(dst);
-  for (size_t k = 0; k < ni && own; k++) tpu_rt_buffer_free(own[k]);
-  free(in);
-  free(own);
   return s;
 }

@@ -1,4 +1,4 @@
-/* aot.c (engine): every program compiled for the plugin is compiled for a
+/* aot_target.c: every program compiled for the plugin is compiled for a
  * TPU topology as well (TORCHTPU_AOT_TOPOLOGY), by the runtime's compile-only
  * target (csrc/runtime/aot.h). Programs still run on the execution plugin;
  * this only asks the TPU compiler whether each compiles, what it costs and
@@ -13,6 +13,8 @@
  * holding the report's numbers, so a warm process reports without compiling.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "aot_target.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,54 +32,54 @@ tpu_status *tpu_engine_set_aot(tpu_engine *e, const char *plugin_path, const cha
     free(t);
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
-  free(e->aot_plugin);
-  free(e->aot_topology);
-  e->aot_plugin = p;
-  e->aot_topology = t;
-  e->aot_strict = strict;
+  free(e->aot.plugin);
+  free(e->aot.topology);
+  e->aot.plugin = p;
+  e->aot.topology = t;
+  e->aot.strict = strict;
   return NULL;
 }
 
 tpu_status *tpu_engine_aot_open(tpu_engine *e) {
-  if (!e->aot_topology || e->aot) return NULL;
-  if (!e->aot_plugin)
+  if (!e->aot.topology || e->aot.target) return NULL;
+  if (!e->aot.plugin)
     return tpu_status_new(TPU_ERR_PLUGIN,
                           "TORCHTPU_AOT_TOPOLOGY=%s: compiling for a TPU needs libtpu (pip install libtpu)",
-                          e->aot_topology);
-  tpu_status *s = tpu_rt_target_open(e->aot_plugin, e->aot_topology, &e->aot);
+                          e->aot.topology);
+  tpu_status *s = tpu_rt_target_open(e->aot.plugin, e->aot.topology, &e->aot.target);
   if (!s) return NULL;
   /* A RuntimeError at the device's first use, as every start setting's */
   tpu_status *r = tpu_status_new(tpu_status_code(s) == TPU_ERR_MEMORY ? TPU_ERR_MEMORY : TPU_ERR_RUNTIME,
-                                 "TORCHTPU_AOT_TOPOLOGY=%s: %s", e->aot_topology, tpu_status_message(s));
+                                 "TORCHTPU_AOT_TOPOLOGY=%s: %s", e->aot.topology, tpu_status_message(s));
   tpu_status_free(s);
   return r;
 }
 
 void tpu_engine_aot_free(tpu_engine *e) {
-  for (int i = 0; i < e->naot; i++) {
-    free(e->aot_progs[i].name);
-    free(e->aot_progs[i].error);
+  for (int i = 0; i < e->aot.n; i++) {
+    free(e->aot.progs[i].name);
+    free(e->aot.progs[i].error);
   }
-  free(e->aot_progs);
-  tpu_rt_target_close(e->aot);
-  free(e->aot_salt);
-  free(e->aot_plugin);
-  free(e->aot_topology);
+  free(e->aot.progs);
+  tpu_rt_target_close(e->aot.target);
+  free(e->aot.salt);
+  free(e->aot.plugin);
+  free(e->aot.topology);
 }
 
 void tpu_engine_aot_info(tpu_engine *e, tpu_aot_info *out) {
   memset(out, 0, sizeof *out);
   out->hbm_bytes = -1;
-  out->strict = e->aot_strict;
-  out->topology = e->aot_topology;
-  if (e->aot) {
-    out->kind = tpu_rt_target_kind(e->aot);
-    out->platform_version = tpu_rt_target_platform_version(e->aot);
-    out->devices = tpu_rt_target_num_devices(e->aot);
-    out->hbm_bytes = tpu_rt_target_hbm_bytes(e->aot);
+  out->strict = e->aot.strict;
+  out->topology = e->aot.topology;
+  if (e->aot.target) {
+    out->kind = tpu_rt_target_kind(e->aot.target);
+    out->platform_version = tpu_rt_target_platform_version(e->aot.target);
+    out->devices = tpu_rt_target_num_devices(e->aot.target);
+    out->hbm_bytes = tpu_rt_target_hbm_bytes(e->aot.target);
   }
-  out->nprogs = e->naot;
-  out->progs = e->aot_progs;
+  out->nprogs = e->aot.n;
+  out->progs = e->aot.progs;
 }
 
 /* ---- the disk tier: a header with the report's numbers, then the executable ---- */
@@ -96,10 +98,10 @@ static uint8_t *tpu_aot_key(tpu_engine *e, const char *text, size_t len, const t
   char opts[96];
   snprintf(opts, sizeof opts, "replicas=%d;partitions=%d;spmd=%d;shardy=%d", o ? o->replicas : 1, o ? o->partitions : 1,
            o ? o->spmd : 0, o ? o->shardy : 0);
-  size_t sl = strlen(e->aot_salt), ol = strlen(opts);
+  size_t sl = strlen(e->aot.salt), ol = strlen(opts);
   uint8_t *k = malloc(sl + ol + 2 + len);
   if (!k) return NULL;
-  memcpy(k, e->aot_salt, sl);
+  memcpy(k, e->aot.salt, sl);
   k[sl] = 0;
   memcpy(k + sl + 1, opts, ol);
   k[sl + 1 + ol] = 0;
@@ -112,7 +114,7 @@ static bool tpu_aot_disk_get(tpu_engine *e, const uint8_t *key, size_t keylen, t
   void *bytes = NULL;
   size_t n = 0;
   char why[512];
-  tpu_dc_result r = tpu_dcache_get(e->disk, key, keylen, &bytes, &n, why, sizeof why);
+  tpu_dc_result r = tpu_dcache_get(e->aot.disk, key, keylen, &bytes, &n, why, sizeof why);
   bool ok = false;
   if (r == TPU_DC_HIT && n >= sizeof(tpu_aot_header)) {
     tpu_aot_header h;
@@ -130,7 +132,7 @@ static bool tpu_aot_disk_get(tpu_engine *e, const uint8_t *key, size_t keylen, t
 
 static void tpu_aot_disk_put(tpu_engine *e, const uint8_t *key, size_t keylen, const tpu_aot_prog *p, const void *exe,
                              size_t n) {
-  if (e->disk_readonly) return;
+  if (e->aot.disk_readonly) return;
   tpu_aot_header h;
   memset(&h, 0, sizeof h);
   memcpy(h.magic, tpu_aot_magic, 8);
@@ -142,7 +144,7 @@ static void tpu_aot_disk_put(tpu_engine *e, const uint8_t *key, size_t keylen, c
   memcpy(buf, &h, sizeof h);
   if (n) memcpy(buf + sizeof h, exe, n);
   char why[600];
-  if (tpu_dcache_put(e->disk, key, keylen, buf, sizeof h + n, why, sizeof why) == 0)
+  if (tpu_dcache_put(e->aot.disk, key, keylen, buf, sizeof h + n, why, sizeof why) == 0)
     atomic_fetch_add(&e->metrics.disk_writes, 1);
   free(buf);
 }
@@ -159,32 +161,33 @@ static tpu_status *tpu_aot_error(tpu_engine *e, const tpu_aot_prog *p) {
   const char *what = p->code == TPU_ERR_MEMORY ? "does not fit in the memory of a" : "does not compile for";
   /* torch.OutOfMemoryError or RuntimeError, whatever libtpu's code */
   tpu_code code = p->code == TPU_ERR_MEMORY ? TPU_ERR_MEMORY : TPU_ERR_RUNTIME;
-  return tpu_status_new(code, "%s %s TPU %s (%s; TORCHTPU_AOT_TOPOLOGY): %s", p->name, what, e->aot_topology,
-                        tpu_rt_target_kind(e->aot), p->error);
+  return tpu_status_new(code, "%s %s TPU %s (%s; TORCHTPU_AOT_TOPOLOGY): %s", p->name, what, e->aot.topology,
+                        tpu_rt_target_kind(e->aot.target), p->error);
 }
 
 tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, const char *name,
                                    const tpu_rt_compile_opts *o) {
-  if (!e->aot) return NULL;
+  if (!e->aot.target) return NULL;
   uint64_t h = tpu_aot_hash(text, len, o);
-  for (int i = 0; i < e->naot; i++) /* programs compiled before: a few thousand at most */
-    if (e->aot_progs[i].hash == h)
-      return e->aot_progs[i].error && e->aot_strict ? tpu_aot_error(e, &e->aot_progs[i]) : NULL;
-  if (e->naot == e->capaot) {
-    int cap = e->capaot ? 2 * e->capaot : 64;
-    tpu_aot_prog *q = realloc(e->aot_progs, (size_t)cap * sizeof *q);
+  for (int i = 0; i < e->aot.n; i++) /* programs compiled before: a few thousand at most */
+    if (e->aot.progs[i].hash == h)
+      return e->aot.progs[i].error && e->aot.strict ? tpu_aot_error(e, &e->aot.progs[i]) : NULL;
+  if (e->aot.n == e->aot.cap) {
+    int cap = e->aot.cap ? 2 * e->aot.cap : 64;
+    tpu_aot_prog *q = realloc(e->aot.progs, (size_t)cap * sizeof *q);
     if (!q) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-    e->aot_progs = q;
-    e->capaot = cap;
+    e->aot.progs = q;
+    e->aot.cap = cap;
   }
   tpu_aot_prog p;
   memset(&p, 0, sizeof p);
   p.hash = h;
-  p.name = e->aot_what[0] ? tpu_strfmt("%s: %s", name, e->aot_what) : strdup(name);
+  p.name = e->aot.what[0] ? tpu_strfmt("%s: %s", name, e->aot.what) : strdup(name);
   if (!p.name) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   uint8_t *key = NULL;
   size_t keylen = 0;
-  if (e->disk && e->aot_salt && (key = tpu_aot_key(e, text, len, o, &keylen)) && tpu_aot_disk_get(e, key, keylen, &p)) {
+  if (e->aot.disk && e->aot.salt && (key = tpu_aot_key(e, text, len, o, &keylen)) &&
+      tpu_aot_disk_get(e, key, keylen, &p)) {
     p.cached = true;
     atomic_fetch_add(&e->metrics.aot_disk_hits, 1);
   } else {
@@ -195,7 +198,7 @@ tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, 
     char *tt = NULL;
     size_t tl = 0;
     tpu_status *s = tpu_engine_retarget(e, text, len, "tpu", &tt, &tl);
-    if (!s) s = tpu_rt_target_compile(e->aot, tt, tl, o, &p.st, key ? &exe : NULL, key ? &n : NULL);
+    if (!s) s = tpu_rt_target_compile(e->aot.target, tt, tl, o, &p.st, key ? &exe : NULL, key ? &n : NULL);
     free(tt);
     int64_t dt = tpu_now_ns() - t0;
     p.seconds = (double)dt / 1e9;
@@ -217,15 +220,15 @@ tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, 
     free(exe);
   }
   free(key);
-  e->aot_progs[e->naot++] = p;
+  e->aot.progs[e->aot.n++] = p;
   if (!p.error) return NULL;
-  if (e->aot_strict) return tpu_aot_error(e, &p);
-  if (!e->aot_warned) {
-    e->aot_warned = true;
-    tpu_engine_warn(e,
-                    "torchtpu: %s does not compile for TPU %s (counted, TORCHTPU_AOT_STRICT=0; "
-                    "torchtpu.aot_report() lists every program): %s",
-                    name, e->aot_topology, p.error);
+  if (e->aot.strict) return tpu_aot_error(e, &p);
+  if (!e->aot.warned) {
+    e->aot.warned = true;
+    tpu_msgs_warn(&e->msgs,
+                  "torchtpu: %s does not compile for TPU %s (counted, TORCHTPU_AOT_STRICT=0; "
+                  "torchtpu.aot_report() lists every program): %s",
+                  name, e->aot.topology, p.error);
   }
   return NULL;
 }

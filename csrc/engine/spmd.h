@@ -1,0 +1,24 @@
+/* spmd.h: tensors laid over a mesh of local devices, and the programs that
+ * run on all of them at once (spmd.c). */
+#ifndef TPU_ENGINE_SPMD_H
+#define TPU_ENGINE_SPMD_H
+
+#include "programs.h"
+#include "record.h"
+
+/* Where Python called the op of a fused program's check (owned; NULL: not known). */
+typedef char *(*tpu_site_fn)(const tpu_engine *e, const tpu_fcheck *w);
+
+/* Uploads the global host array data (global shape gd) as the shards of sh. */
+tpu_status *tpu_shards_from_host(tpu_engine *e, const tpu_sharding *sh, const int64_t *gd, tpu_dtype dt,
+                                 const void *data, tpu_rt_buffer **shards);
+/* A mesh record's value, gathered on the host, and host data written into its shards. */
+tpu_status *tpu_spmd_download(tpu_engine *e, tpu_record *rec, void *dst, size_t nbytes);
+tpu_status *tpu_spmd_upload(tpu_engine *e, tpu_record *rec, const void *data);
+tpu_status *tpu_spmd_mesh(const tpu_rectab *tab, const tpu_sharding **mesh);
+tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, const tpu_record *r);
+/* site: the Python sites of the checks (NULL: none known). */
+tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **in, tpu_record **dst, tpu_site_fn site);
+tpu_status *tpu_spmd_record_input(tpu_engine *e, tpu_record *r, int d, tpu_rt_buffer **b, tpu_rt_buffer **own);
+
+#endif
