@@ -1,6 +1,9 @@
 """Registers the "tpu" device with PyTorch and every row of the C op table as
 a PrivateUse1 kernel. Thin by design: argument parsing, lowering and execution
-are in the C core."""
+are in the C core. What is registered is data (the tables below); the kernels
+written in Python are in _kernels.py and _attention.py, the wiring into
+torch's C++ (device guard, hooks, profiler, tensor API) in _native.py, the
+settings in _settings.py."""
 
 import warnings
 
