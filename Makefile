@@ -110,12 +110,13 @@ tpu-check:
 
 test: build check pytest
 
-# The house rules: the line budget of the C core (tools/line_budget.py), the
-# op table's rows by family (tools/op_shelves.py: a row of ops_<family>.def
-# names an emitter of emit_<family>.c), the engine's files as a stack with no
-# call circle (tools/engine_graph.py), C formatted as .clang-format says,
+# The house rules: the line budget of the C, C++ and Python sources
+# (tools/line_budget.py), the op table's rows by family (tools/op_shelves.py:
+# a row of ops_<family>.def names an emitter of emit_<family>.c), the engine's
+# files as a stack with no call circle (tools/engine_graph.py), C and C++
+# formatted as .clang-format says (csrc/guard/.clang-format for the C++),
 # Python as ruff says (pyproject.toml).
-CSRC    = $(shell find csrc tests/c -name '*.c' -o -name '*.h')
+CSRC    = $(shell find csrc tests/c -name '*.c' -o -name '*.h' -o -name '*.cpp' -o -name '*.hpp')
 lint:
 	$(VPY) tools/line_budget.py
 	$(VPY) tools/op_shelves.py

@@ -326,7 +326,7 @@ def test_graph_break_at_an_lstm_runs_our_kernels_eagerly():
     for user code and compiled by Dynamo."""
     import copy
 
-    from torchtpu import _registry
+    from torchtpu import _kernels
 
     class Net(nn.Module):
         def __init__(self):
@@ -351,5 +351,5 @@ def test_graph_break_at_an_lstm_runs_our_kernels_eagerly():
         torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
     from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    kernel = next(c for c in _registry._redispatch_cpu.__code__.co_consts if getattr(c, "co_name", "") == "kernel")
+    kernel = next(c for c in _kernels._redispatch_cpu.__code__.co_consts if getattr(c, "co_name", "") == "kernel")
     assert _debug_get_cache_entry_list(kernel) == []

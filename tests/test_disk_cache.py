@@ -68,7 +68,7 @@ def test_default_folder_and_switching_off(tmp_path):
     off = run({"TORCHTPU_CACHE_DIR": "", "XDG_CACHE_HOME": str(tmp_path / "other")})
     assert off["disk_cache_misses"] == off["disk_cache_writes"] == 0
     assert not (tmp_path / "other").exists()
-    assert torchtpu._registry.default_cache_dir() == ""  # the suite itself runs with it off
+    assert torchtpu._settings.default_cache_dir() == ""  # the suite itself runs with it off
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty"])
@@ -364,22 +364,22 @@ def test_folder_or_entry_of_another_user_is_refused(tmp_path):
 def test_default_folder_is_per_user_never_a_shared_one(monkeypatch):
     import pwd
 
-    from torchtpu import _registry
+    from torchtpu import _native, _settings
 
     monkeypatch.delenv("TORCHTPU_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere/xdg")
-    assert _registry.default_cache_dir() == "/somewhere/xdg/torchtpu"
+    assert _settings.default_cache_dir() == "/somewhere/xdg/torchtpu"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/xdg")  # ignored (the XDG spec)
     monkeypatch.setenv("HOME", "/home/someone")
-    assert _registry.default_cache_dir() == "/home/someone/.cache/torchtpu"
+    assert _settings.default_cache_dir() == "/home/someone/.cache/torchtpu"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.delenv("HOME")  # the passwd entry's home
-    assert _registry.default_cache_dir() == os.path.join(pwd.getpwuid(os.geteuid()).pw_dir, ".cache", "torchtpu")
+    assert _settings.default_cache_dir() == os.path.join(pwd.getpwuid(os.geteuid()).pw_dir, ".cache", "torchtpu")
 
     def no_entry(uid):
         raise KeyError(uid)
 
     monkeypatch.setattr(pwd, "getpwuid", no_entry)
-    assert _registry.default_cache_dir() is None  # no home: no disk tier, not /tmp
+    assert _settings.default_cache_dir() is None  # no home: no disk tier, not /tmp
     with pytest.warns(UserWarning, match="compilation cache disabled"):
-        _registry.setup_disk_cache()
+        _native.setup_disk_cache()

@@ -5,7 +5,7 @@ generator's reach, and the minimizer against a deliberately wrong op."""
 import json
 import os
 
-from torchtpu.tools import fuzz
+from torchtpu.tools import fuzz, fuzz_gen
 
 SEED = 7
 PROGRAMS = 40
@@ -46,7 +46,7 @@ def test_generator_reach():
             special += bool(spec["special"])
         views = {s["out"] for s in p["steps"] if s.get("view")}
         views_written += any(s["out"] is None and s["args"][0] in views for s in p["steps"])
-    for fam in fuzz.FAMILIES:
+    for fam in fuzz_gen.FAMILIES:
         assert ops & set(fam[2]) | ({fam[1]} & ops) or fam[1] == "index" and ops & {"index_put_", "index_put_acc"}, fam[
             1
         ]

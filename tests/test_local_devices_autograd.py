@@ -13,7 +13,7 @@ from _child import ChildCases
 CHILD = textwrap.dedent(r"""
     import threading
     import torchtpu
-    from torchtpu import _registry
+    from torchtpu import _native
 
     def after_case():
         torch.tpu.set_device(0)
@@ -30,7 +30,7 @@ CHILD = textwrap.dedent(r"""
 
     @case
     def guard_is_torchtpus():
-        assert _registry.DEVICE_GUARD == "torchtpu", _registry.DEVICE_GUARD
+        assert _native.DEVICE_GUARD == "torchtpu", _native.DEVICE_GUARD
         assert torch.accelerator.device_count() == 4
 
     @case

@@ -8,6 +8,7 @@ import torch
 
 import torchtpu  # noqa: F401
 from torchtpu.tools import op_coverage as cov
+from torchtpu.tools import op_samples as samples
 
 # One or more entries per op family; all four dtypes where the op has them.
 SUBSET = [
@@ -108,7 +109,7 @@ def entries():
     if _ENTRIES is None:
         from torch.testing._internal.common_methods_invocations import op_db
 
-        _ENTRIES = {cov.entry_name(o): o for o in op_db}
+        _ENTRIES = {samples.entry_name(o): o for o in op_db}
     return _ENTRIES
 
 
@@ -119,7 +120,7 @@ def test_opinfo_entry(name):
     for d in cov.DTYPES:
         if getattr(torch, d) not in op.supported_dtypes("cpu"):
             continue
-        r = cov.run_entry(op, d)
+        r = samples.run_entry(op, d)
         assert r["status"] == "pass", (name, d, r)
         assert r["grad"] in (None, "pass", "no_samples"), (name, d, r)
         ran += 1
@@ -129,21 +130,21 @@ def test_opinfo_entry(name):
 def test_harness_classifies_missing_lowering():
     """An op with no lowering is reported as not_lowered, naming the overload."""
     exc = NotImplementedError("torchtpu: aten::foo.bar is not lowered for the tpu device yet. ...")
-    assert cov._classify(exc) == ("not_lowered", "aten::foo.bar")
-    assert cov._classify(cov._Mismatch("output: x"))[0] == "wrong"
-    assert cov._classify(RuntimeError("boom"))[0] == "error"
+    assert samples._classify(exc) == ("not_lowered", "aten::foo.bar")
+    assert samples._classify(samples._Mismatch("output: x"))[0] == "wrong"
+    assert samples._classify(RuntimeError("boom"))[0] == "error"
 
 
 def test_harness_detects_wrong_results():
     """The comparison cannot pass a wrong value, dtype or shape."""
     a = torch.ones(3)
-    with pytest.raises(cov._Mismatch):
-        cov._compare(a, (a + 1e-2).to("tpu"), "float32")
-    with pytest.raises(cov._Mismatch):
-        cov._compare(a, a.double().to("tpu"), "float32")
-    with pytest.raises(cov._Mismatch):
-        cov._compare(a, torch.ones(4).to("tpu"), "float32")
-    cov._compare(a, a.to("tpu"), "float32")
+    with pytest.raises(samples._Mismatch):
+        samples._compare(a, (a + 1e-2).to("tpu"), "float32")
+    with pytest.raises(samples._Mismatch):
+        samples._compare(a, a.double().to("tpu"), "float32")
+    with pytest.raises(samples._Mismatch):
+        samples._compare(a, torch.ones(4).to("tpu"), "float32")
+    samples._compare(a, a.to("tpu"), "float32")
 
 
 def test_harness_eig_invariants():
@@ -156,21 +157,21 @@ def test_harness_eig_invariants():
     w, v = torch.linalg.eig(a)
     p = torch.tensor([2, 0, 1])
     ph = torch.exp(1j * torch.tensor([0.3, -2.0, 1.0]))
-    cov._check_eig("linalg.eig", s, (w, v), (w[p].to("tpu"), (v[:, p] * ph).to("tpu")), "float32")
-    cov._check_eig("linalg.eigvals", s, w, w[p].to("tpu"), "float32")
-    with pytest.raises(cov._Mismatch):
-        cov._check_eig("linalg.eigvals", s, w, (w + 1e-2).to("tpu"), "float32")
-    with pytest.raises(cov._Mismatch):
-        cov._check_eig("linalg.eig", s, (w, v), (w.to("tpu"), v[:, [1, 0, 2]].to("tpu")), "float32")
-    with pytest.raises(cov._Mismatch):
-        cov._check_eig("linalg.eig", s, (w, v), (w.to("tpu"), (2 * v).to("tpu")), "float32")
+    samples._check_eig("linalg.eig", s, (w, v), (w[p].to("tpu"), (v[:, p] * ph).to("tpu")), "float32")
+    samples._check_eig("linalg.eigvals", s, w, w[p].to("tpu"), "float32")
+    with pytest.raises(samples._Mismatch):
+        samples._check_eig("linalg.eigvals", s, w, (w + 1e-2).to("tpu"), "float32")
+    with pytest.raises(samples._Mismatch):
+        samples._check_eig("linalg.eig", s, (w, v), (w.to("tpu"), v[:, [1, 0, 2]].to("tpu")), "float32")
+    with pytest.raises(samples._Mismatch):
+        samples._check_eig("linalg.eig", s, (w, v), (w.to("tpu"), (2 * v).to("tpu")), "float32")
     h = a + a.mT
     e, u = torch.linalg.eigh(h)
-    cov._check_eig(
+    samples._check_eig(
         "linalg.eigh", SampleInput(h), (e, u), (e.to("tpu"), (u * torch.tensor([1.0, -1.0, -1.0])).to("tpu")), "float32"
     )
-    with pytest.raises(cov._Mismatch):
-        cov._check_eig("linalg.eigh", SampleInput(h), (e, u), (e.to("tpu"), u[:, [1, 0, 2]].to("tpu")), "float32")
+    with pytest.raises(samples._Mismatch):
+        samples._check_eig("linalg.eigh", SampleInput(h), (e, u), (e.to("tpu"), u[:, [1, 0, 2]].to("tpu")), "float32")
 
 
 def test_harness_runs_isolated_workers(tmp_path):
@@ -214,7 +215,7 @@ ERROR_SUBSET = [
 
 @pytest.mark.parametrize("name", ERROR_SUBSET)
 def test_opinfo_error_inputs(name):
-    r = cov.run_error_entry(entries()[name])
+    r = samples.run_error_entry(entries()[name])
     assert r["status"] == "errors", r
     assert r["other"] == 0 and r["none"] == 0, r["details"]
     assert r["same"] > 0
@@ -222,7 +223,7 @@ def test_opinfo_error_inputs(name):
 
 def test_error_pass_keeps_aliasing():
     """An out= that is an input on the CPU is the same tpu storage too."""
-    conv = cov._aliasing_to_tpu()
+    conv = samples._aliasing_to_tpu()
     x = torch.arange(6.0)
     a, b = conv(x), conv(x[2:])
     assert a.device.type == "tpu" and b.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()

@@ -8,7 +8,7 @@ import torch
 from _helpers import close, make
 
 import torchtpu  # noqa: F401
-from torchtpu.tools import op_coverage as cov
+from torchtpu.tools import op_samples as samples
 
 
 def svd_both(a, full):
@@ -106,15 +106,15 @@ def test_harness_compares_svd_up_to_signs():
     # the same decomposition with two pairs turned and another completion of U
     q = torch.linalg.qr(u[:, 3:] @ torch.tensor([[0.6, -0.8], [0.8, 0.6]]))[0]
     other = (torch.cat([u[:, :3] * flip, q], 1).to("tpu"), s.to("tpu"), (vh * flip[:, None]).to("tpu"))
-    cov._check_svd("linalg.svd", want, other, "float32")
-    with pytest.raises(cov._Mismatch):  # a wrong value
-        cov._check_svd("linalg.svd", want, (other[0], (s * 1.01).to("tpu"), other[2]), "float32")
-    with pytest.raises(cov._Mismatch):  # vectors that are not the CPU's
-        cov._check_svd("linalg.svd", want, (other[0].roll(1, 1), other[1], other[2]), "float32")
-    with pytest.raises(cov._Mismatch):  # a completion that is not orthonormal
+    samples._check_svd("linalg.svd", want, other, "float32")
+    with pytest.raises(samples._Mismatch):  # a wrong value
+        samples._check_svd("linalg.svd", want, (other[0], (s * 1.01).to("tpu"), other[2]), "float32")
+    with pytest.raises(samples._Mismatch):  # vectors that are not the CPU's
+        samples._check_svd("linalg.svd", want, (other[0].roll(1, 1), other[1], other[2]), "float32")
+    with pytest.raises(samples._Mismatch):  # a completion that is not orthonormal
         bad = other[0].cpu().clone()
         bad[:, 4] = bad[:, 3]
-        cov._check_svd("linalg.svd", want, (bad.to("tpu"), other[1], other[2]), "float32")
+        samples._check_svd("linalg.svd", want, (bad.to("tpu"), other[1], other[2]), "float32")
 
 
 def test_svd_lowrank_matches_cpu_given_the_same_random_projection(monkeypatch):

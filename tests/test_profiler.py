@@ -12,10 +12,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import torchtpu
-from torchtpu import _registry
+from torchtpu import _native
 
 pytestmark = pytest.mark.skipif(
-    not _registry.PROFILER, reason="torchtpu._device_guard built without Kineto's headers: no profiler session"
+    not _native.PROFILER, reason="torchtpu._device_guard built without Kineto's headers: no profiler session"
 )
 
 PHASES = {"X", "B", "E", "i", "I", "M", "s", "t", "f", "C", "b", "n", "e"}

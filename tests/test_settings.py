@@ -72,6 +72,15 @@ def test_every_variable_in_the_sources_is_known_and_documented():
     for path in files:
         found |= set(re.findall(r'"(TORCHTPU_[A-Z_]+)"', open(path).read()))
     assert found == set(ALL), (sorted(found - set(ALL)), sorted(set(ALL) - found))
+    from torchtpu import _settings  # its table of every variable, each read there
+
+    assert sorted(_settings.ALL) == sorted(ALL)
+    readers = [
+        os.path.basename(path)
+        for path in glob.glob(os.path.join(ROOT, "torchtpu", "*.py"))
+        if re.search(r"(environ\.get|environ\[|getenv)\(?\s*\"TORCHTPU_", open(path).read())
+    ]
+    assert readers == ["_settings.py"], readers
     readme = open(os.path.join(ROOT, "README.md")).read()
     table = readme[readme.index("## Environment variables") :]
     assert [v for v in ALL if f"`{v}" not in table] == []

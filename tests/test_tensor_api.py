@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import torchtpu  # noqa: F401
-from torchtpu import _registry
+from torchtpu import _native, _registry
 
 CASES = r"""
 import torch, torchtpu
@@ -115,8 +115,8 @@ def _run(api):
 
 
 def test_tensor_api_is_used_when_built():
-    if _registry.DEVICE_GUARD == "torchtpu":  # the extension is built
-        assert _registry.TENSOR_API
+    if _native.DEVICE_GUARD == "torchtpu":  # the extension is built
+        assert _native.TENSOR_API
 
 
 def test_both_paths_give_the_same_results_and_errors():
@@ -132,9 +132,9 @@ def test_both_paths_give_the_same_results_and_errors():
 
 
 def test_cpp_kernels_are_used_when_built():
-    if _registry.TENSOR_API:
-        assert {"add.Tensor", "mul.Tensor", "sum.dim_IntList", "addmm"} <= _registry.CPP_KERNELS
-        assert not _registry.CPP_KERNELS & set(_registry.WRAPPERS)  # those keep their Python wrapper
+    if _native.TENSOR_API:
+        assert {"add.Tensor", "mul.Tensor", "sum.dim_IntList", "addmm"} <= _native.CPP_KERNELS
+        assert not _native.CPP_KERNELS & set(_registry.WRAPPERS)  # those keep their Python wrapper
 
 
 def _cpu(fn):
@@ -190,7 +190,7 @@ def test_the_extension_is_used_only_with_the_torch_it_was_built_for(monkeypatch)
     from torchtpu import _device_guard
 
     assert _device_guard.torch_version == torch.__version__
-    assert _registry._guard_module() is _device_guard
+    assert _native._guard_module() is _device_guard
     monkeypatch.setattr(_device_guard, "torch_version", "2.0.0")
     with pytest.warns(UserWarning, match="built for torch 2.0.0, this is torch .* it is not used"):
-        assert _registry._guard_module() is None
+        assert _native._guard_module() is None

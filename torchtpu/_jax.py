@@ -28,7 +28,7 @@ import threading
 
 import torch
 
-from . import _C, _registry
+from . import _C, _kernels, _registry
 
 _LOCK = threading.RLock()
 _LIB = None
@@ -50,7 +50,7 @@ def _setup():
         row = _registry.INTERNAL.get("tpu::stablehlo_call")
         if row is None:
             raise RuntimeError("torchtpu: the tpu device is not available, so stablehlo_op and jax_op are not")
-        req = _registry._REQUIRED
+        req = _kernels._REQUIRED
         _KERNEL = _C.kernel(row, [("args", "L", req), ("fn", "i", req)], 128, req)
         lib = torch.library.Library("torchtpu", "FRAGMENT")  # noqa: TOR901
         lib.define("stablehlo_call(Tensor[] args, int fn) -> Tensor[]")

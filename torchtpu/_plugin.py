@@ -9,6 +9,11 @@ import mmap
 import os
 import struct
 
+try:
+    from . import _settings
+except ImportError:  # imported as a top-level module, without torchtpu (the Makefile)
+    import _settings
+
 _INSTALL = {
     "cpu": "pip install xla-cpu-pjrt` (or, for a newer XLA, `pip install --no-deps lammps-jax-pjrt-cpu",
     "tpu": "pip install libtpu",
@@ -53,8 +58,8 @@ def _tpu_present():
 def find():
     """Returns (plugin path, platform name). Raises RuntimeError naming what
     to install when no plugin is found."""
-    path = os.environ.get("TORCHTPU_PJRT_PLUGIN")
-    platform = os.environ.get("TORCHTPU_PLATFORM", "").strip().lower()
+    path = _settings.pjrt_plugin()
+    platform = _settings.platform()
     if path:
         if not os.path.exists(path):
             raise RuntimeError(f"TORCHTPU_PJRT_PLUGIN={path!r}: no such file")

@@ -2,9 +2,10 @@
 `import torch` (the autoload), so a bad value must not raise there: it warns,
 naming the variable and the value, and the default is used. The settings of
 the device's start (plugin, platform, number of devices, GPU memory) are
-checked in _registry._runtime_settings and raised at the device's first use.
+checked by runtime() and _plugin.find() and raised at the device's first use.
 
-Every variable is read here, once, at import; engine() gives the C core's
+Every variable is read here (_plugin.py, which the Makefile imports without
+torchtpu, imports this module as a top-level one); engine() gives the C core's
 engine its settings (the eager mode, fused-mode and program-cache sizes,
 donation, value checks, explained recompiles, the CPU plugin's optimization
 level, and TORCHTPU_DEBUG and
@@ -40,6 +41,25 @@ FLAGS = {
 # read by the engine as "set: on" (any value, empty included)
 SET_IS_ON = ("TORCHTPU_DEBUG", "TORCHTPU_DUMP_HLO")
 CACHE_SIZE_MB = (4096.0, 0.0, float(1 << 24))  # 0: no limit; at most 16 TiB
+
+# The CPU plugin makes every device up front (1024: about 2 s and 60 MB more
+# than 1); torchtpu uses one device per process, so more is only for tests.
+MAX_DEVICES = 1024
+# The device's start: name: (default, lowest, highest); a bad value is raised
+# at the device's first use (runtime()).
+AT_START = {"TORCHTPU_NUM_DEVICES": (1, 1, MAX_DEVICES), "TORCHTPU_GPU_MEMORY_FRACTION": (0.0, 0.0, 1.0)}
+# The plugin: a path and a platform (cpu, tpu, cuda); unset: found
+# (_plugin.find(), which raises a bad value at the device's first use).
+PLUGIN = ("TORCHTPU_PJRT_PLUGIN", "TORCHTPU_PLATFORM")
+# name: default of the other settings (None: unset, see their readers)
+OTHERS = {
+    "TORCHTPU_EAGER": "fused",  # debug, strict or fused (engine())
+    "TORCHTPU_CACHE_DIR": None,  # default_cache_dir(); empty: no disk tier
+    "TORCHTPU_AOT_TOPOLOGY": None,  # aot_topology()
+    "TORCHTPU_CACHE_SIZE_MB": CACHE_SIZE_MB[0],  # cache_size_mb()
+}
+# Every variable torchtpu reads (README's table lists each).
+ALL = (*INTEGERS, *FLAGS, *SET_IS_ON, *AT_START, *PLUGIN, *OTHERS)
 
 
 def _warn(name, raw, expected, used):
@@ -131,7 +151,7 @@ def aot_topology():
 def engine(modes):
     """The engine's settings for _C.init (modes: the eager modes' names)."""
     return {
-        "mode": choice("TORCHTPU_EAGER", modes, "fused"),
+        "mode": choice("TORCHTPU_EAGER", modes, OTHERS["TORCHTPU_EAGER"]),
         "fused_max_ops": integer("TORCHTPU_FUSED_MAX_OPS"),
         "program_cache_size": integer("TORCHTPU_PROGRAM_CACHE_SIZE"),
         "donate": flag("TORCHTPU_DONATE"),
@@ -155,3 +175,69 @@ def check():
             _WARNED.add((name, raw))
             warnings.warn(f"torchtpu: {name}={raw!r}: any value turns it on; unset it to turn it off", stacklevel=2)
     cache_size_mb()
+
+
+def runtime():
+    """(TORCHTPU_NUM_DEVICES, TORCHTPU_GPU_MEMORY_FRACTION), checked; a bad
+    value is raised at the device's first use (RuntimeError naming it)."""
+    default, lo, hi = AT_START["TORCHTPU_NUM_DEVICES"]
+    raw = os.environ.get("TORCHTPU_NUM_DEVICES", "")
+    try:
+        ndev = int(raw.strip(), 10) if raw.strip() else default
+        if not lo <= ndev <= hi:
+            raise ValueError
+    except ValueError:
+        raise RuntimeError(f"TORCHTPU_NUM_DEVICES={raw!r}: expected a whole number from {lo} to {hi}") from None
+    default, lo, hi = AT_START["TORCHTPU_GPU_MEMORY_FRACTION"]
+    raw = os.environ.get("TORCHTPU_GPU_MEMORY_FRACTION", "")
+    try:
+        fraction = float(raw) if raw.strip() else default
+        if not lo <= fraction <= hi:  # also false for nan
+            raise ValueError
+    except ValueError:
+        raise RuntimeError(f"TORCHTPU_GPU_MEMORY_FRACTION={raw!r}: expected a number between 0 and 1") from None
+    return ndev, fraction
+
+
+def default_cache_dir():
+    """TORCHTPU_CACHE_DIR, else torchtpu/ under the user's own cache folder
+    (XDG_CACHE_HOME when it is an absolute path, else ~/.cache, ~ from HOME or
+    else the user's passwd entry). An empty TORCHTPU_CACHE_DIR turns the disk
+    tier off (returns ""); None when the user has no home folder to put it
+    in (never a shared folder such as /tmp: entries are code this process
+    runs)."""
+    d = os.environ.get("TORCHTPU_CACHE_DIR")
+    if d is not None:
+        return d
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec: a relative path is ignored
+        home = os.environ.get("HOME", "")
+        if not os.path.isabs(home):
+            try:
+                import pwd
+
+                home = pwd.getpwuid(os.geteuid()).pw_dir
+            except (ImportError, KeyError):
+                home = ""
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, "torchtpu")
+
+
+def pjrt_plugin():
+    """TORCHTPU_PJRT_PLUGIN: the path of the PJRT plugin to load; None when
+    unset or empty (_plugin.find() looks for one)."""
+    return os.environ.get("TORCHTPU_PJRT_PLUGIN") or None
+
+
+def platform():
+    """TORCHTPU_PLATFORM, lower-cased: cpu, tpu or cuda ("" when unset;
+    _plugin.find() checks it)."""
+    return os.environ.get("TORCHTPU_PLATFORM", "").strip().lower()
+
+
+def xla_flags():
+    """XLA_FLAGS (XLA's own variable, read by the plugin too): checked
+    against the plugin before it is loaded."""
+    return os.environ.get("XLA_FLAGS", "")

@@ -330,14 +330,14 @@ def _default_generators() -> tuple[torch.Generator, ...]:
     torch.cuda.default_generators. The devices share one generator, so every
     one of them reads and sets the same state (torch.tpu.manual_seed's);
     torch.Generator(device="tpu") makes a generator of its own."""
-    from . import _registry
+    from . import _native
 
-    if not _registry.GENERATORS:
+    if not _native.GENERATORS:
         raise RuntimeError(
             "torch.tpu.default_generators needs torchtpu's C++ extension (torchtpu._device_guard), "
             "which was not built or not loaded"
         )
-    return tuple(_registry._GUARD.default_generator(i) for i in range(device_count()))
+    return tuple(_native._GUARD.default_generator(i) for i in range(device_count()))
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

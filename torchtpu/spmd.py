@@ -121,9 +121,9 @@ _constraint = None
 def _constraint_kernel():
     global _constraint
     if _constraint is None:
-        from . import _registry
+        from . import _kernels, _registry
 
-        req = _registry._REQUIRED
+        req = _kernels._REQUIRED
         _constraint = _C.kernel(
             _registry.INTERNAL["tpu::spmd_constraint"],
             [("self", "T", req), ("mesh", "I", req), ("dim_axis", "I", req)],

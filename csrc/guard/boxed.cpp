@@ -58,8 +58,7 @@ bool number(const c10::IValue& v, tpu_fast_arg* a) {
     a->f_imag = c.imag();
   } else if (v.isSymInt()) {
     auto s = v.toSymInt().maybe_as_int();
-    if (!s)
-      return false;
+    if (!s) return false;
     a->tag = TPU_FA_INT;
     a->i = *s;
   } else {
@@ -70,8 +69,7 @@ bool number(const c10::IValue& v, tpu_fast_arg* a) {
 
 // A tensor argument: false when it must go through Python.
 bool tensor(const at::Tensor& t, tpu_tensor_meta* m) {
-  if (!t.defined() || t.is_conj() || t.is_neg())
-    return false;
+  if (!t.defined() || t.is_conj() || t.is_neg()) return false;
   return tpu_fill_meta(t, m) == 0;
 }
 
@@ -85,15 +83,12 @@ bool same(const c10::IValue& v, const c10::IValue& d) {
   tpu_fast_arg x{}, y{};
   if (number(v, &x) && number(d, &y)) {
     auto integral = [](const tpu_fast_arg& n) { return n.tag == TPU_FA_INT || n.tag == TPU_FA_BOOL; };
-    if (integral(x) && integral(y))
-      return x.i == y.i;
+    if (integral(x) && integral(y)) return x.i == y.i;
     auto real = [&](const tpu_fast_arg& n) { return integral(n) ? static_cast<double>(n.i) : n.f; };
     return real(x) == real(y) && x.f_imag == y.f_imag;
   }
-  if (v.isNone() || d.isNone())
-    return v.isNone() && d.isNone();
-  if (v.isString() && d.isString())
-    return v.toStringRef() == d.toStringRef();
+  if (v.isNone() || d.isNone()) return v.isNone() && d.isNone();
+  if (v.isString() && d.isString()) return v.toStringRef() == d.toStringRef();
   return false;
 }
 
@@ -106,10 +101,8 @@ bool read(const c10::IValue& v, const c10::Argument& arg, Frame& f, size_t i) {
     a->tag = TPU_FA_NONE;
   } else if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
-    if (wrapped(t, a))
-      return true;
-    if (!tensor(t, &f.metas[i]))
-      return false;
+    if (wrapped(t, a)) return true;
+    if (!tensor(t, &f.metas[i])) return false;
     a->tag = TPU_FA_TENSOR;
     a->t = &f.metas[i];
   } else if (number(v, a)) {
@@ -125,20 +118,16 @@ bool read(const c10::IValue& v, const c10::Argument& arg, Frame& f, size_t i) {
     if (items.empty()) {
       // which kind of list the schema says it is
       auto t = arg.type();
-      if (auto o = t->cast<c10::OptionalType>())
-        t = o->getElementType();
+      if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
       auto l = t->cast<c10::ListType>();
-      if (!l)
-        return false;
+      if (!l) return false;
       auto e = l->getElementType();
-      if (auto oe = e->cast<c10::OptionalType>())
-        e = oe->getElementType();
+      if (auto oe = e->cast<c10::OptionalType>()) e = oe->getElementType();
       tensors = e->kind() == c10::TypeKind::TensorType;
       floats = e->kind() == c10::TypeKind::FloatType;
       ints = !tensors && !floats;
     }
-    if (tensors + ints + floats != 1)
-      return false;
+    if (tensors + ints + floats != 1) return false;
     a->n = static_cast<int>(items.size());
     if (tensors) {
       auto& m = f.lists[i];
@@ -158,8 +147,7 @@ bool read(const c10::IValue& v, const c10::Argument& arg, Frame& f, size_t i) {
       m.clear();
       for (const auto& it : items) {
         tpu_fast_arg x{};
-        if (!number(it, &x) || (x.tag != TPU_FA_INT && x.tag != TPU_FA_BOOL))
-          return false;
+        if (!number(it, &x) || (x.tag != TPU_FA_INT && x.tag != TPU_FA_BOOL)) return false;
         m.push_back(x.i);
       }
       a->tag = TPU_FA_INTS;
@@ -167,8 +155,7 @@ bool read(const c10::IValue& v, const c10::Argument& arg, Frame& f, size_t i) {
     } else {
       auto& m = f.floats[i];
       m.clear();
-      for (const auto& it : items)
-        m.push_back(it.toDouble());
+      for (const auto& it : items) m.push_back(it.toDouble());
       a->tag = TPU_FA_FLOATS;
       a->floats = m.data();
     }
@@ -181,8 +168,7 @@ bool read(const c10::IValue& v, const c10::Argument& arg, Frame& f, size_t i) {
   } else if (v.isGenerator()) {
     bool tpu = false;
     a->gen = tpu_generator_state_of(v.toGenerator(), &tpu);
-    if (!tpu)
-      return false; // another device's generator: the Python call raises
+    if (!tpu) return false; // another device's generator: the Python call raises
     a->tag = a->gen ? TPU_FA_GENERATOR : TPU_FA_NONE;
   } else {
     a->tag = TPU_FA_OTHER;
@@ -197,16 +183,14 @@ thread_local std::unique_ptr<Frame> spare;
 struct Spare {
   std::unique_ptr<Frame> frame = spare ? std::move(spare) : std::make_unique<Frame>();
   ~Spare() {
-    if (!spare)
-      spare = std::move(frame);
+    if (!spare) spare = std::move(frame);
   }
 };
 
 // A dtype argument (an int in the schema), as torchtpu's registry tells them.
 bool is_dtype(const c10::Argument& arg) {
   auto t = arg.type();
-  if (auto o = t->cast<c10::OptionalType>())
-    t = o->getElementType();
+  if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
   return t->kind() == c10::TypeKind::IntType && arg.name().find("dtype") != std::string::npos;
 }
 
@@ -236,16 +220,14 @@ struct Kernel final : c10::OperatorKernel {
         args[i] = torch::jit::toPyObject(std::move(arguments[i]));
     }
     PyObject* res = PyObject_Call(kernel, args.ptr(), nullptr);
-    if (!res)
-      raise();
+    if (!res) raise();
     auto out = pybind11::reinterpret_steal<pybind11::object>(res);
     size_t r = schema.returns().size();
     if (r == 1) {
       stack->push_back(torch::jit::toIValue(out, c10::TensorType::get()));
     } else if (r > 1) {
       auto items = out.cast<pybind11::tuple>();
-      for (size_t j = 0; j < r; j++)
-        stack->push_back(torch::jit::toIValue(items[j], c10::TensorType::get()));
+      for (size_t j = 0; j < r; j++) stack->push_back(torch::jit::toIValue(items[j], c10::TensorType::get()));
     }
   }
 
@@ -256,20 +238,16 @@ struct Kernel final : c10::OperatorKernel {
     Frame& f = *keep.frame;
     bool ok = n <= TPU_FAST_MAX_ARGS;
     auto in = torch::jit::last(*stack, n);
-    for (size_t i = 0; ok && i < n; i++)
-      ok = read(in[i], schema.arguments()[i], f, i);
-    if (!ok)
-      return python(op, stack);
+    for (size_t i = 0; ok && i < n; i++) ok = read(in[i], schema.arguments()[i], f, i);
+    if (!ok) return python(op, stack);
     std::array<tpu_fast_ret, TPU_FAST_MAX_RETS> rets;
     int got;
     {
       pybind11::gil_scoped_acquire gil;
       got = fast->call(kernel, f.args.data(), static_cast<int>(n), rets.data(), TPU_FAST_MAX_RETS);
-      if (got == -1)
-        raise();
+      if (got == -1) raise();
     }
-    if (got == TPU_FAST_PYTHON)
-      return python(op, stack);
+    if (got == TPU_FAST_PYTHON) return python(op, stack);
     std::array<c10::IValue, TPU_FAST_MAX_RETS> outs;
     int done = 0;
     try {
@@ -290,26 +268,22 @@ struct Kernel final : c10::OperatorKernel {
         }
       }
     } catch (...) {
-      for (int j = done + 1; j < got; j++)
-        fast->release(rets[j].dlpack);
+      for (int j = done + 1; j < got; j++) fast->release(rets[j].dlpack);
       throw;
     }
     torch::jit::drop(*stack, n);
     if (static_cast<size_t>(got) != schema.returns().size())
       TORCH_CHECK(false, "torchtpu: aten::", schema.name(), " returned ", got, " values, its schema ",
                   schema.returns().size());
-    for (int j = 0; j < got; j++)
-      stack->push_back(std::move(outs[j]));
+    for (int j = 0; j < got; j++) stack->push_back(std::move(outs[j]));
   }
 };
 
 // Whether the C++ kernel can return what op returns: tensors only.
 bool tensors_out(const c10::FunctionSchema& s) {
-  if (s.returns().size() > TPU_FAST_MAX_RETS)
-    return false;
+  if (s.returns().size() > TPU_FAST_MAX_RETS) return false;
   for (const auto& r : s.returns())
-    if (r.type()->kind() != c10::TypeKind::TensorType)
-      return false;
+    if (r.type()->kind() != c10::TypeKind::TensorType) return false;
   return true;
 }
 
@@ -322,19 +296,16 @@ std::vector<c10::RegistrationHandleRAII>* handles = nullptr;
 // caller's to register).
 PyObject* tpu_register_kernels(PyObject*, PyObject* args) {
   PyObject *capsule, *rows;
-  if (!PyArg_ParseTuple(args, "OO", &capsule, &rows))
-    return nullptr;
+  if (!PyArg_ParseTuple(args, "OO", &capsule, &rows)) return nullptr;
   auto* api = static_cast<const tpu_fast_api*>(PyCapsule_GetPointer(capsule, TPU_FAST_API_NAME));
-  if (!api)
-    return nullptr;
+  if (!api) return nullptr;
   if (api->version != TPU_FAST_API_VERSION) {
     PyErr_Format(PyExc_ImportError, "torchtpu._device_guard: fast_api version %d, expected %d", api->version,
                  TPU_FAST_API_VERSION);
     return nullptr;
   }
   PyObject* fastseq = PySequence_Fast(rows, "rows must be a sequence");
-  if (!fastseq)
-    return nullptr;
+  if (!fastseq) return nullptr;
   PyObject* taken = PyList_New(0);
   if (!taken) {
     Py_DECREF(fastseq);
@@ -343,25 +314,21 @@ PyObject* tpu_register_kernels(PyObject*, PyObject* args) {
   Py_INCREF(capsule); // kept for the life of the process, as the kernels are
   fast = api;
   try {
-    if (!handles)
-      handles = new std::vector<c10::RegistrationHandleRAII>(); // torch reads them until the process ends
+    if (!handles) handles = new std::vector<c10::RegistrationHandleRAII>(); // torch reads them until the process ends
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fastseq); i++) {
       PyObject *name, *kernel;
-      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fastseq, i), "UO", &name, &kernel))
-        throw python_error();
+      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fastseq, i), "UO", &name, &kernel)) throw python_error();
       std::string full = PyUnicode_AsUTF8(name);
       auto dot = full.find('.');
       c10::OperatorName opname("aten::" + full.substr(0, dot), dot == std::string::npos ? "" : full.substr(dot + 1));
       auto handle = c10::Dispatcher::singleton().findOp(opname);
-      if (!handle || !handle->hasSchema() || !tensors_out(handle->schema()))
-        continue;
+      if (!handle || !handle->hasSchema() || !tensors_out(handle->schema())) continue;
       Py_INCREF(kernel);
       handles->push_back(c10::Dispatcher::singleton().registerImpl(
           opname, c10::DispatchKey::PrivateUse1,
           c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(kernel)), std::nullopt, nullptr,
           "torchtpu (boxed.cpp)"));
-      if (PyList_Append(taken, name) < 0)
-        throw python_error();
+      if (PyList_Append(taken, name) < 0) throw python_error();
     }
   } catch (const python_error&) {
     Py_DECREF(fastseq);

@@ -24,11 +24,11 @@
 
 #include "../python/guard_api.h"
 
-PyObject* tpu_register_kernels(PyObject*, PyObject* args); // boxed.cpp
-PyObject* tpu_register_hooks(PyObject*, PyObject* capsule);   // hooks.cpp
+PyObject* tpu_register_kernels(PyObject*, PyObject* args);      // boxed.cpp
+PyObject* tpu_register_hooks(PyObject*, PyObject* capsule);     // hooks.cpp
 PyObject* tpu_py_default_generator(PyObject*, PyObject* index); // generator.cpp
 PyObject* tpu_generator_api_capsule();                          // generator.cpp
-PyObject* tpu_register_profiler(PyObject*, PyObject* capsule);   // profiler.cpp
+PyObject* tpu_register_profiler(PyObject*, PyObject* capsule);  // profiler.cpp
 
 // The table in torchtpu._C's guard_api capsule; NULL with an exception set
 // when it is not one, or of another version.
@@ -49,23 +49,16 @@ constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
 const tpu_guard_api* api = nullptr; // set once, before the guard is registered
 
 struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
-  c10::DeviceType type() const override {
-    return kTpu;
-  }
+  c10::DeviceType type() const override { return kTpu; }
 
   c10::Device getDevice() const override {
     return c10::Device(kTpu, static_cast<c10::DeviceIndex>(api->current_device()));
   }
-  void setDevice(c10::Device d) const override {
-    api->set_device(d.index());
-  }
-  void uncheckedSetDevice(c10::Device d) const noexcept override {
-    api->set_device(d.index());
-  }
+  void setDevice(c10::Device d) const override { api->set_device(d.index()); }
+  void uncheckedSetDevice(c10::Device d) const noexcept override { api->set_device(d.index()); }
   c10::Device exchangeDevice(c10::Device d) const override {
     c10::Device old = getDevice();
-    if (d.index() != old.index())
-      api->set_device(d.index());
+    if (d.index() != old.index()) api->set_device(d.index());
     return old;
   }
   c10::DeviceIndex deviceCount() const noexcept override {
@@ -78,9 +71,7 @@ struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
   c10::Device on(c10::Device d) const noexcept {
     return d.index() >= 0 ? d : c10::Device(kTpu, static_cast<c10::DeviceIndex>(api->current_device()));
   }
-  c10::Stream getStream(c10::Device d) const noexcept override {
-    return c10::Stream(c10::Stream::DEFAULT, on(d));
-  }
+  c10::Stream getStream(c10::Device d) const noexcept override { return c10::Stream(c10::Stream::DEFAULT, on(d)); }
   c10::Stream getNewStream(c10::Device d, int priority = 0) const override {
     (void)priority;
     return c10::Stream(c10::Stream::DEFAULT, on(d));
@@ -88,18 +79,14 @@ struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream exchangeStream(c10::Stream s) const noexcept override {
     return c10::Stream(c10::Stream::DEFAULT, on(s.device()));
   }
-  bool queryStream(const c10::Stream& /*stream*/) const override {
-    return true;
-  }
+  bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
   void synchronizeStream(const c10::Stream& /*stream*/) const override {}
 
   // Events that do nothing (work runs in launch order on a device's one stream).
   void record(void** /*event*/, const c10::Stream& /*stream*/, const c10::DeviceIndex /*device_index*/,
               const c10::EventFlag /*flag*/) const override {}
   void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
-  bool queryEvent(void* /*event*/) const override {
-    return true;
-  }
+  bool queryEvent(void* /*event*/) const override { return true; }
   void destroyEvent(void* /*event*/, const c10::DeviceIndex /*device_index*/) const noexcept override {}
 };
 
@@ -107,11 +94,9 @@ struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
 // when a guard for PrivateUse1 was registered before (it stays).
 PyObject* register_guard(PyObject* /*module*/, PyObject* capsule) {
   const tpu_guard_api* a = tpu_guard_api_of(capsule);
-  if (!a)
-    return nullptr;
+  if (!a) return nullptr;
   try {
-    if (c10::impl::hasDeviceGuardImpl(kTpu))
-      Py_RETURN_FALSE;
+    if (c10::impl::hasDeviceGuardImpl(kTpu)) Py_RETURN_FALSE;
     Py_INCREF(capsule); // kept for the life of the process, as the guard is
     api = a;
     // leaked on purpose: torch reads the registry until the process ends
@@ -137,8 +122,15 @@ PyMethodDef methods[] = {
 };
 
 PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "torchtpu._device_guard", "torch's device guard for the tpu (C++).", -1, methods,
-    nullptr,               nullptr,                  nullptr,                                     nullptr,
+    PyModuleDef_HEAD_INIT,
+    "torchtpu._device_guard",
+    "torch's device guard for the tpu (C++).",
+    -1,
+    methods,
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr,
 };
 
 } // namespace
@@ -147,8 +139,7 @@ PyObject* tpu_tensor_api_capsule(); // tensor_meta.cpp
 
 PyMODINIT_FUNC PyInit__device_guard(void) {
   PyObject* m = PyModule_Create(&module_def);
-  if (!m)
-    return nullptr;
+  if (!m) return nullptr;
   PyObject* api = tpu_tensor_api_capsule();
   if (!api || PyModule_AddObject(m, "tensor_api", api) < 0) {
     Py_XDECREF(api);

@@ -40,17 +40,12 @@ struct TpuGenerator final : public c10::GeneratorImpl {
     own_.offset = 0;
   }
 
-  bool is_default() const {
-    return is_default_;
-  }
-  tpu_generator_state* own() {
-    return &own_;
-  }
+  bool is_default() const { return is_default_; }
+  tpu_generator_state* own() { return &own_; }
 
   tpu_generator_state state() const {
     tpu_generator_state s = own_;
-    if (is_default_)
-      api->rng_state(&s.seed, &s.offset);
+    if (is_default_) api->rng_state(&s.seed, &s.offset);
     return s;
   }
   void put(const tpu_generator_state& s) {
@@ -60,18 +55,10 @@ struct TpuGenerator final : public c10::GeneratorImpl {
       own_ = s;
   }
 
-  void set_current_seed(uint64_t seed) override {
-    put({seed, 0});
-  }
-  void set_offset(uint64_t offset) override {
-    put({state().seed, offset});
-  }
-  uint64_t get_offset() const override {
-    return state().offset;
-  }
-  uint64_t current_seed() const override {
-    return state().seed;
-  }
+  void set_current_seed(uint64_t seed) override { put({seed, 0}); }
+  void set_offset(uint64_t offset) override { put({state().seed, offset}); }
+  uint64_t get_offset() const override { return state().offset; }
+  uint64_t current_seed() const override { return state().seed; }
   uint64_t seed() override {
     uint64_t s = c10::detail::getNonDeterministicRandom();
     set_current_seed(s);
@@ -122,8 +109,7 @@ int state_of_py(void* obj, tpu_generator_state** out) {
   *out = nullptr;
   auto* o = static_cast<PyObject*>(obj);
   int is = PyObject_IsInstance(o, THPGeneratorClass);
-  if (is < 0)
-    return -1;
+  if (is < 0) return -1;
   if (!is) {
     PyErr_Format(PyExc_TypeError, "generator must be a torch.Generator, not %s", Py_TYPE(o)->tp_name);
     return -1;
@@ -145,33 +131,26 @@ const tpu_generator_api table = {TPU_GENERATOR_API_VERSION, state_of_py};
 
 tpu_generator_state* tpu_generator_state_of(const at::Generator& g, bool* tpu) noexcept {
   *tpu = false;
-  if (!g.defined() || g.device().type() != kTpu)
-    return nullptr;
+  if (!g.defined() || g.device().type() != kTpu) return nullptr;
   auto* impl = dynamic_cast<TpuGenerator*>(g.unsafeGetGeneratorImpl());
-  if (!impl)
-    return nullptr;
+  if (!impl) return nullptr;
   *tpu = true;
   return impl->is_default() ? nullptr : impl->own();
 }
 
-void tpu_generators_use(const tpu_guard_api* a) {
-  api = a;
-}
+void tpu_generators_use(const tpu_guard_api* a) { api = a; }
 
 at::Generator tpu_new_generator(c10::DeviceIndex index) {
-  if (index < 0)
-    index = static_cast<c10::DeviceIndex>(api->current_device());
+  if (index < 0) index = static_cast<c10::DeviceIndex>(api->current_device());
   return at::make_generator<TpuGenerator>(index, false);
 }
 
 const at::Generator& tpu_default_generator(c10::DeviceIndex index) {
-  if (index < 0)
-    index = static_cast<c10::DeviceIndex>(api->current_device());
+  if (index < 0) index = static_cast<c10::DeviceIndex>(api->current_device());
   TORCH_CHECK(index < kMaxDevices, "no tpu device ", static_cast<int>(index));
   std::lock_guard<std::mutex> hold(defaults_lock);
   at::Generator& g = defaults[static_cast<size_t>(index)];
-  if (!g.defined())
-    g = at::make_generator<TpuGenerator>(index, true);
+  if (!g.defined()) g = at::make_generator<TpuGenerator>(index, true);
   return g;
 }
 
@@ -179,16 +158,12 @@ const at::Generator& tpu_default_generator(c10::DeviceIndex index) {
 // engine's generator (the same object each time).
 PyObject* tpu_py_default_generator(PyObject*, PyObject* arg) {
   long index = PyLong_AsLong(arg);
-  if (index == -1 && PyErr_Occurred())
-    return nullptr;
-  if (!api)
-    return PyErr_Format(PyExc_RuntimeError, "torchtpu._device_guard: register_hooks was not called");
-  if (index < 0 || index >= kMaxDevices)
-    return PyErr_Format(PyExc_IndexError, "no tpu device %ld", index);
+  if (index == -1 && PyErr_Occurred()) return nullptr;
+  if (!api) return PyErr_Format(PyExc_RuntimeError, "torchtpu._device_guard: register_hooks was not called");
+  if (index < 0 || index >= kMaxDevices) return PyErr_Format(PyExc_IndexError, "no tpu device %ld", index);
   try {
     PyObject*& slot = py_defaults[static_cast<size_t>(index)];
-    if (!slot)
-      slot = THPGenerator_initDefaultGenerator(tpu_default_generator(static_cast<c10::DeviceIndex>(index)));
+    if (!slot) slot = THPGenerator_initDefaultGenerator(tpu_default_generator(static_cast<c10::DeviceIndex>(index)));
     return slot ? Py_NewRef(slot) : nullptr;
   } catch (...) {
     return PyErr_Format(PyExc_RuntimeError, "torchtpu._device_guard: making the default generator of tpu:%ld failed",

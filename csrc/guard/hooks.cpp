@@ -22,34 +22,19 @@ namespace {
 const tpu_guard_api* api = nullptr;
 
 struct TpuHooks final : public at::PrivateUse1HooksInterface {
-  bool isBuilt() const override {
-    return true;
-  }
-  bool isAvailable() const override {
-    return true;
-  }
-  bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override {
-    return true;
-  }
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override { return true; }
   void init() const override {}
-  c10::DeviceIndex deviceCount() const override {
-    return static_cast<c10::DeviceIndex>(api->device_count());
-  }
-  c10::DeviceIndex getCurrentDevice() const override {
-    return static_cast<c10::DeviceIndex>(api->current_device());
-  }
-  void setCurrentDevice(c10::DeviceIndex device) const override {
-    api->set_device(device);
-  }
+  c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(api->device_count()); }
+  c10::DeviceIndex getCurrentDevice() const override { return static_cast<c10::DeviceIndex>(api->current_device()); }
+  void setCurrentDevice(c10::DeviceIndex device) const override { api->set_device(device); }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
     c10::DeviceIndex old = getCurrentDevice();
-    if (device >= 0 && device != old)
-      api->set_device(device);
+    if (device >= 0 && device != old) api->set_device(device);
     return old;
   }
-  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
-    return exchangeDevice(device);
-  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override { return exchangeDevice(device); }
   const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
     return tpu_default_generator(device_index);
   }
@@ -65,11 +50,9 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
 // stay: then no tpu generator can be made).
 PyObject* tpu_register_hooks(PyObject*, PyObject* capsule) {
   const tpu_guard_api* a = tpu_guard_api_of(capsule);
-  if (!a)
-    return nullptr;
+  if (!a) return nullptr;
   try {
-    if (at::isPrivateUse1HooksRegistered())
-      Py_RETURN_FALSE;
+    if (at::isPrivateUse1HooksRegistered()) Py_RETURN_FALSE;
     Py_INCREF(capsule); // kept for the life of the process, as the hooks are
     api = a;
     tpu_generators_use(a);

@@ -71,17 +71,10 @@ class Session final : public libkineto::IActivityProfilerSession {
     api->stop();
     status_ = libkineto::TraceStatus::PROCESSING;
   }
-  std::vector<std::string> errors() override {
-    return errors_;
-  }
-  void processTrace(libkineto::ActivityLogger& logger) override {
-    processTrace(logger, nullptr, 0, 0);
-  }
-  void processTrace(
-      libkineto::ActivityLogger& logger,
-      libkineto::getLinkedActivityCallback linked,
-      int64_t start,
-      int64_t end) override {
+  std::vector<std::string> errors() override { return errors_; }
+  void processTrace(libkineto::ActivityLogger& logger) override { processTrace(logger, nullptr, 0, 0); }
+  void processTrace(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback linked, int64_t start,
+                    int64_t end) override {
     try {
       emit(logger, linked, start, end);
     } catch (...) {
@@ -91,12 +84,8 @@ class Session final : public libkineto::IActivityProfilerSession {
   std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override {
     return nullptr; // one per device, given to the logger by processTrace
   }
-  std::vector<libkineto::ResourceInfo> getResourceInfos() override {
-    return {};
-  }
-  std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override {
-    return std::move(buffer_);
-  }
+  std::vector<libkineto::ResourceInfo> getResourceInfos() override { return {}; }
+  std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override { return std::move(buffer_); }
   void pushCorrelationId(uint64_t id) override {
     try {
       correlations.push_back(id);
@@ -106,42 +95,31 @@ class Session final : public libkineto::IActivityProfilerSession {
     }
   }
   void popCorrelationId() override {
-    if (!correlations.empty())
-      correlations.pop_back();
+    if (!correlations.empty()) correlations.pop_back();
     api->set_correlation(correlations.empty() ? 0 : correlations.back());
   }
-  std::unordered_map<std::string, std::string> getMetadata() override {
-    return metadata_;
-  }
+  std::unordered_map<std::string, std::string> getMetadata() override { return metadata_; }
 
  private:
-  libkineto::GenericTraceActivity& add(
-      ActivityType type,
-      const std::string& name,
-      const tpu_prof_record& r,
-      const libkineto::getLinkedActivityCallback& linked) {
+  libkineto::GenericTraceActivity& add(ActivityType type, const std::string& name, const tpu_prof_record& r,
+                                       const libkineto::getLinkedActivityCallback& linked) {
     buffer_->emplace_activity(buffer_->span, type, name);
     auto& a = libkineto::CpuTraceBuffer::toRef(buffer_->activities.back());
     a.startTime = r.t0;
     a.endTime = r.t1;
     a.id = static_cast<int32_t>(r.flow);
-    if (linked && r.corr)
-      a.linked = linked(static_cast<int32_t>(r.corr));
+    if (linked && r.corr) a.linked = linked(static_cast<int32_t>(r.corr));
     return a;
   }
 
-  void host(
-      libkineto::ActivityLogger& logger,
-      const std::string& name,
-      const tpu_prof_record& r,
-      const libkineto::getLinkedActivityCallback& linked) {
+  void host(libkineto::ActivityLogger& logger, const std::string& name, const tpu_prof_record& r,
+            const libkineto::getLinkedActivityCallback& linked) {
     auto& a = add(ActivityType::PRIVATEUSE1_RUNTIME, name, r, linked);
     a.device = libkineto::processId();
     a.resource = r.tid;
     a.threadId = r.tid;
     a.addMetadata("device", r.dev);
-    if (r.bytes)
-      a.addMetadata("bytes", r.bytes);
+    if (r.bytes) a.addMetadata("bytes", r.bytes);
     if (r.kind == TPU_PROF_LAUNCH && r.flow) {
       a.addMetadata("correlation", r.flow);
       a.flow.id = r.flow;
@@ -151,19 +129,14 @@ class Session final : public libkineto::IActivityProfilerSession {
     logger.handleActivity(a);
   }
 
-  void device(
-      libkineto::ActivityLogger& logger,
-      ActivityType type,
-      const std::string& name,
-      const tpu_prof_record& r,
-      const libkineto::getLinkedActivityCallback& linked) {
+  void device(libkineto::ActivityLogger& logger, ActivityType type, const std::string& name, const tpu_prof_record& r,
+              const libkineto::getLinkedActivityCallback& linked) {
     auto& a = add(type, name, r, linked);
     a.device = static_cast<int32_t>(kDevicePid + r.dev);
     a.resource = 0;
     a.addMetadata("device", r.dev);
     a.addMetadata("stream", 0);
-    if (r.bytes)
-      a.addMetadata("bytes", r.bytes);
+    if (r.bytes) a.addMetadata("bytes", r.bytes);
     if (r.flow) {
       a.addMetadata("correlation", r.flow);
       a.flow.id = r.flow;
@@ -174,11 +147,8 @@ class Session final : public libkineto::IActivityProfilerSession {
     logger.handleActivity(a);
   }
 
-  void emit(
-      libkineto::ActivityLogger& logger,
-      const libkineto::getLinkedActivityCallback& linked,
-      int64_t start,
-      int64_t end) {
+  void emit(libkineto::ActivityLogger& logger, const libkineto::getLinkedActivityCallback& linked, int64_t start,
+            int64_t end) {
     uint64_t dropped = 0;
     std::vector<tpu_prof_record> recs(api->snapshot(nullptr, 0, &dropped));
     recs.resize(std::min(recs.size(), api->snapshot(recs.data(), recs.size(), &dropped)));
@@ -194,32 +164,20 @@ class Session final : public libkineto::IActivityProfilerSession {
         continue; // outside the profile's window (a schedule's active steps)
       std::string what(r.name);
       switch (r.kind) {
-        case TPU_PROF_COMPILE:
-          host(logger, "tpu::compile " + what, r, linked);
-          break;
-        case TPU_PROF_LOAD:
-          host(logger, "tpu::load " + what, r, linked);
-          break;
-        case TPU_PROF_LAUNCH:
-          host(logger, "tpu::launch " + what, r, linked);
-          break;
-        case TPU_PROF_WAIT:
-          host(logger, "tpu::wait", r, linked);
-          break;
-        case TPU_PROF_EXECUTE:
-          device(logger, ActivityType::CONCURRENT_KERNEL, what, r, linked);
-          break;
+        case TPU_PROF_COMPILE: host(logger, "tpu::compile " + what, r, linked); break;
+        case TPU_PROF_LOAD: host(logger, "tpu::load " + what, r, linked); break;
+        case TPU_PROF_LAUNCH: host(logger, "tpu::launch " + what, r, linked); break;
+        case TPU_PROF_WAIT: host(logger, "tpu::wait", r, linked); break;
+        case TPU_PROF_EXECUTE: device(logger, ActivityType::CONCURRENT_KERNEL, what, r, linked); break;
         case TPU_PROF_UPLOAD:
         case TPU_PROF_DOWNLOAD: {
           bool up = r.kind == TPU_PROF_UPLOAD;
-          if (hosts)
-            host(logger, up ? "tpu::upload" : "tpu::download", r, linked);
+          if (hosts) host(logger, up ? "tpu::upload" : "tpu::download", r, linked);
           if (devices)
             device(logger, ActivityType::GPU_MEMCPY, up ? "Memcpy HtoD (tpu)" : "Memcpy DtoH (tpu)", r, linked);
           break;
         }
-        default:
-          break;
+        default: break;
       }
     }
     for (int dev : devices_) {
@@ -228,10 +186,8 @@ class Session final : public libkineto::IActivityProfilerSession {
       logger.handleDeviceInfo(libkineto::DeviceInfo{pid, pid, row, "tpu"}, start);
       logger.handleResourceInfo(libkineto::ResourceInfo{0, 0, pid, row}, start);
     }
-    if (dropped)
-      metadata_["tpu_dropped_records"] = std::to_string(dropped);
-    if (unfinished)
-      metadata_["tpu_unfinished_programs"] = std::to_string(unfinished);
+    if (dropped) metadata_["tpu_dropped_records"] = std::to_string(dropped);
+    if (unfinished) metadata_["tpu_unfinished_programs"] = std::to_string(unfinished);
   }
 
   unsigned what_;
@@ -243,19 +199,13 @@ class Session final : public libkineto::IActivityProfilerSession {
 
 class Profiler final : public libkineto::IActivityProfiler {
  public:
-  const std::string& name() const override {
-    return name_;
-  }
-  const std::set<ActivityType>& availableActivities() const override {
-    return activities_;
-  }
-  std::unique_ptr<libkineto::IActivityProfilerSession> configure(
-      const std::set<ActivityType>& types,
-      const libkineto::Config& /*config*/) override {
+  const std::string& name() const override { return name_; }
+  const std::set<ActivityType>& availableActivities() const override { return activities_; }
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<ActivityType>& types,
+                                                                 const libkineto::Config& /*config*/) override {
     try {
       unsigned what = 0;
-      if (types.count(ActivityType::PRIVATEUSE1_RUNTIME))
-        what |= TPU_PROF_HOST; // CPU activities
+      if (types.count(ActivityType::PRIVATEUSE1_RUNTIME)) what |= TPU_PROF_HOST; // CPU activities
       if (types.count(ActivityType::CONCURRENT_KERNEL) || types.count(ActivityType::GPU_MEMCPY))
         what |= TPU_PROF_DEVICE; // ProfilerActivity.PrivateUse1
       return std::make_unique<Session>(what);
@@ -263,20 +213,16 @@ class Profiler final : public libkineto::IActivityProfiler {
       return nullptr;
     }
   }
-  std::unique_ptr<libkineto::IActivityProfilerSession> configure(
-      int64_t /*ts_ms*/,
-      int64_t /*duration_ms*/,
-      const std::set<ActivityType>& types,
-      const libkineto::Config& config) override {
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(int64_t /*ts_ms*/, int64_t /*duration_ms*/,
+                                                                 const std::set<ActivityType>& types,
+                                                                 const libkineto::Config& config) override {
     return configure(types, config);
   }
 
  private:
   std::string name_{"torchtpu"};
-  std::set<ActivityType> activities_{
-      ActivityType::PRIVATEUSE1_RUNTIME,
-      ActivityType::CONCURRENT_KERNEL,
-      ActivityType::GPU_MEMCPY};
+  std::set<ActivityType> activities_{ActivityType::PRIVATEUSE1_RUNTIME, ActivityType::CONCURRENT_KERNEL,
+                                     ActivityType::GPU_MEMCPY};
 };
 
 } // namespace
@@ -290,23 +236,20 @@ class Profiler final : public libkineto::IActivityProfiler {
 // so that a CPU-only profile gets the host's activities too.
 PyObject* tpu_register_profiler(PyObject*, PyObject* capsule) {
   auto* a = static_cast<const tpu_prof_api*>(PyCapsule_GetPointer(capsule, TPU_PROF_API_NAME));
-  if (!a)
-    return nullptr;
+  if (!a) return nullptr;
   if (a->version != TPU_PROF_API_VERSION) {
-    PyErr_Format(
-        PyExc_ImportError, "torchtpu._device_guard: prof_api version %d, expected %d", a->version, TPU_PROF_API_VERSION);
+    PyErr_Format(PyExc_ImportError, "torchtpu._device_guard: prof_api version %d, expected %d", a->version,
+                 TPU_PROF_API_VERSION);
     return nullptr;
   }
 #ifdef TPU_HAVE_KINETO
-  if (api)
-    Py_RETURN_TRUE;
+  if (api) Py_RETURN_TRUE;
   try {
     Py_INCREF(capsule); // kept for the life of the process, as the factory is
     api = a;
     auto& registry = torch::profiler::impl::PrivateUse1ProfilerRegistry::instance();
-    registry.registerFactory([]() -> std::unique_ptr<libkineto::IActivityProfiler> {
-      return std::make_unique<Profiler>();
-    });
+    registry.registerFactory(
+        []() -> std::unique_ptr<libkineto::IActivityProfiler> { return std::make_unique<Profiler>(); });
     registry.onKinetoInit();
   } catch (...) {
     PyErr_SetString(PyExc_RuntimeError, "torchtpu._device_guard: torch refused the tpu's profiler");

@@ -15,15 +15,13 @@
 
 int tpu_fill_meta(const at::Tensor& t, tpu_tensor_meta* m) noexcept {
   try {
-    if (!t.defined())
-      return -1;
+    if (!t.defined()) return -1;
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     if (impl->is_python_dispatch() || impl->has_symbolic_sizes_strides() || impl->layout() != c10::kStrided ||
         !impl->has_storage())
       return -1;
     int64_t dim = impl->dim();
-    if (dim < 0 || dim > 64)
-      return -1;
+    if (dim < 0 || dim > 64) return -1;
     m->rank = static_cast<int>(dim);
     if (dim <= TPU_TENSOR_META_RANK) {
       c10::IntArrayRef sizes = impl->sizes(), strides = impl->strides();
@@ -48,9 +46,7 @@ int tensor_meta(void* obj, tpu_tensor_meta* m) noexcept {
   return tpu_fill_meta(THPVariable_Unpack(static_cast<PyObject*>(obj)), m);
 }
 
-int scalar_type(void* dtype) noexcept {
-  return static_cast<int>(reinterpret_cast<THPDtype*>(dtype)->scalar_type);
-}
+int scalar_type(void* dtype) noexcept { return static_cast<int>(reinterpret_cast<THPDtype*>(dtype)->scalar_type); }
 
 const tpu_tensor_api table = {TPU_TENSOR_API_VERSION, tensor_meta, scalar_type};
 
