@@ -9,7 +9,6 @@ around calls of the C core; the math stays in the C lowerings. Also the
 reading of a schema into a Kernel's argument spec (_spec)."""
 
 import functools
-import math
 import warnings
 
 import torch
@@ -20,6 +19,18 @@ _REQUIRED = object()  # a Kernel's argument without a default
 _FALLBACK_WARNED = set()
 # The Kernels of the C table's ATen rows by name (filled by _registry._register_rows).
 _KERNELS = {}
+# The internal rows' op ids by name, "tpu::..." (filled by _registry.setup), and
+# the Kernels made for them (_row).
+INTERNAL = {}
+_ROWS = {}
+
+
+def _row(name, spec, nreturns=1):
+    """The Kernel of internal row name (spec: [(argument, kind, default)], as _spec)."""
+    k = _ROWS.get(name)
+    if k is None:
+        k = _ROWS[name] = _C.kernel(INTERNAL[name], spec, nreturns, _REQUIRED)
+    return k
 
 
 # c10::ScalarType codes (schema defaults of dtype arguments come as these ints).
@@ -298,49 +309,14 @@ def _equal(self, other):
 
 
 def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
-    """Each dim's edges: a linspace over the given range or the data's min and
-    max (read back, as the CPU reads them), a single point widened by half a
-    unit each way, [0, 1] with no data; the counting is a C lowering
-    (_histogramdd_from_bin_tensors)."""
-    if self.dim() < 2:
-        raise RuntimeError(f"torch.histogramdd: input tensor should have at least 2 dimensions, but got {self.dim()}")
-    D = self.shape[-1]
-    if len(bins) != D:
-        raise RuntimeError(
-            f"torch.histogramdd: expected {D} sequences of bin edges for each of the {D} dimensions "
-            f"of the input, but got {len(bins)}"
-        )
-    if range is not None and len(range) != 2 * D:
-        raise RuntimeError(
-            f"torch.histogramdd: for a {D}-dimensional histogram, range should have {2 * D} elements, "
-            f"but got {len(range)}"
-        )
-    x = self.reshape(-1, D)
-    edges = []
-    for d in list(enumerate(bins)):
-        d = d[0]
-        if bins[d] <= 0:
-            raise RuntimeError(f"torch.histogramdd(): bins must be > 0, but got {bins[d]} for dim {d}")
-        if range is not None:
-            lo, hi = float(range[2 * d]), float(range[2 * d + 1])
-        elif x.shape[0] > 0:
-            lo, hi = float(x[:, d].min().item()), float(x[:, d].max().item())
-        else:
-            lo, hi = 0.0, 1.0
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise RuntimeError(f"torch.histogramdd: dimension {d}'s range [{lo}, {hi}] is not finite")
-        if lo > hi:
-            raise RuntimeError(
-                f"torch.histogramdd: min should not exceed max, but got min {lo} max {hi} for dimension {d}"
-            )
-        if lo == hi:
-            lo, hi = lo - 0.5, hi + 0.5
-        edges.append(torch.linspace(lo, hi, bins[d] + 1, dtype=self.dtype, device=self.device))
-    return edges
+    """Each dim's edges, computed on the device (tpu::histogramdd_edges, its
+    checks too); the counting is a C lowering (_histogramdd_from_bin_tensors)."""
+    spec = [("self", "T", _REQUIRED), ("bins", "I", _REQUIRED), ("range", "F", None)]
+    return list(_row("tpu::histogramdd_edges", spec, 2)(self, bins, range))
 
 
 def _histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=False):
-    edges = _histogramdd_bin_edges(self, bins, range=range, weight=weight, density=density)
+    edges = _histogramdd_bin_edges(self, bins, range=range)
     return torch.ops.aten._histogramdd_from_bin_tensors(self, edges, weight=weight, density=density)
 
 
