@@ -371,13 +371,9 @@ def _narrow_copy(self, dim, start, length):
 
 def _unique_count(self, consecutive):
     """Distinct values (or runs, when consecutive) of self: counted on the
-    device, read back once."""
-    f = self.reshape(-1)
-    if f.numel() == 0:
-        return 0
-    if not consecutive:
-        f = torch.sort(f).values
-    return int((f[1:] != f[:-1]).sum().item()) + 1
+    device (tpu::unique_count), read back once."""
+    spec = [("self", "T", _REQUIRED), ("consecutive", "b", _REQUIRED)]
+    return int(_row("tpu::unique_count", spec)(self, consecutive).item())
 
 
 # unique and friends: the size is read first, then the C lowering of the
