@@ -139,7 +139,7 @@ def _empty_like(self, dtype=None, layout=None, device=None, pin_memory=None, mem
     if keep and dev == self.device and self.is_contiguous() and self.storage_offset() == 0:
         if self.untyped_storage().nbytes() == self.numel() * self.element_size() and _C.sharding(self) is not None:
             return _C.mesh_like(self, dt)
-    dense = (memory_format is None or memory_format == torch.preserve_format) and _dense(self)
+    dense = (memory_format is None or memory_format == torch.preserve_format) and _C.dense(self)
     if dev.type != "tpu":
         if dense:
             return torch.empty_strided(self.shape, self.stride(), dtype=dt, device=dev, pin_memory=bool(pin_memory))
@@ -185,16 +185,6 @@ def _copy_from_and_resize(self, dst):
     return _C.copy_from(self, dst)
 
 
-def _contiguous_strides(size, memory_format):
-    cl = {torch.channels_last: (0, 2, 3, 1), torch.channels_last_3d: (0, 2, 3, 4, 1)}.get(memory_format)
-    order = cl if cl and len(cl) == len(size) else tuple(range(len(size)))
-    strides, acc = [0] * len(size), 1
-    for d in reversed(order):
-        strides[d] = acc
-        acc *= max(int(size[d]), 1)
-    return strides
-
-
 def _resize_(self, size, memory_format=None):
     """resize_: metadata only when the storage is big enough (as on CPU);
     otherwise the tensor moves to a new, larger storage that keeps the old
@@ -205,7 +195,8 @@ def _resize_(self, size, memory_format=None):
     n = 1
     for s in size:
         n *= s
-    strides = _contiguous_strides(size, memory_format)
+    cl = 4 if memory_format == torch.channels_last else 5 if memory_format == torch.channels_last_3d else 0
+    strides = _C.contiguous_strides(size, cl)
     itemsize = self.element_size()
     have = self.untyped_storage().nbytes() // itemsize
     if self.storage_offset() + n <= have:
@@ -221,17 +212,6 @@ def _set_empty(self):
     return self.set_(_C.empty([0], self.dtype, None, self.device.index).untyped_storage(), 0, [0], [1])
 
 
-def _dense(t):
-    """Non-overlapping and dense: some permutation of the dims is contiguous."""
-    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1)
-    expect = 1
-    for st, sz in dims:
-        if st != expect:
-            return False
-        expect *= sz
-    return True
-
-
 def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     """_to_copy from a tpu tensor. torch's own version pins the host copy when
     non_blocking is set, which a Python-registered device cannot provide; our
@@ -241,7 +221,7 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     if self.is_conj() or self.is_neg():
         self = _resolve_bits(self)
     mf = memory_format if memory_format is not None else torch.preserve_format
-    if mf == torch.preserve_format and _dense(self):
+    if mf == torch.preserve_format and _C.dense(self):
         out = torch.empty_strided(self.shape, self.stride(), dtype=dtype, device=device)
     else:
         if mf == torch.preserve_format:
@@ -325,32 +305,8 @@ def _masked_select(self, mask):
     return a[m]
 
 
-def _check_out_overlap(out, *inputs):
-    """torch's refusals of an out= tensor that overlaps itself or an input."""
-    if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape)):
-        raise RuntimeError(
-            "unsupported operation: more than one element of the written-to tensor refers to a single "
-            "memory location. Please clone() the tensor before performing the operation."
-        )
-    if out.numel() == 0:
-        return
-    o0 = out.data_ptr()
-    o1 = o0 + out.element_size() * (1 + sum((s - 1) * st for s, st in zip(out.shape, out.stride())))
-    for x in inputs:
-        if x.device != out.device or x.numel() == 0:
-            continue
-        x0 = x.data_ptr()
-        x1 = x0 + x.element_size() * (1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride())))
-        if x0 < o1 and o0 < x1:
-            raise RuntimeError(
-                "unsupported operation: some elements of the input tensor and the written-to tensor "
-                "refer to a single memory location. Please clone() the tensor before performing the "
-                "operation."
-            )
-
-
 def _masked_select_out(self, mask, *, out):
-    _check_out_overlap(out, self, mask)
+    _C.check_out_overlap(out, self, mask)
     r = _masked_select(self, mask)
     if r.dtype != out.dtype:
         raise RuntimeError("masked_select(): self and result must have the same scalar type")
