@@ -97,14 +97,12 @@ static int64_t tpu_tref_numel(const tpu_tref *t) {
   return n;
 }
 
-/* Non-overlapping and dense: some order of the dims (those of size 1 aside)
- * has contiguous strides. */
-static bool tpu_tref_dense(const tpu_tref *t) {
+bool tpu_dense(int rank, const int64_t *sizes, const int64_t *strides) {
   int order[TPU_MAX_RANK], n = 0;
-  for (int i = 0; i < t->rank; i++)
-    if (t->sizes[i] != 1) {
+  for (int i = 0; i < rank; i++)
+    if (sizes[i] != 1) {
       int j = n++;
-      while (j > 0 && t->strides[order[j - 1]] > t->strides[i]) {
+      while (j > 0 && strides[order[j - 1]] > strides[i]) {
         order[j] = order[j - 1];
         j--;
       }
@@ -112,10 +110,46 @@ static bool tpu_tref_dense(const tpu_tref *t) {
     }
   int64_t expect = 1;
   for (int k = 0; k < n; k++) {
-    if (t->strides[order[k]] != expect) return false;
-    expect *= t->sizes[order[k]];
+    if (strides[order[k]] != expect) return false;
+    expect *= sizes[order[k]];
   }
   return true;
+}
+
+static bool tpu_tref_dense(const tpu_tref *t) { return tpu_dense(t->rank, t->sizes, t->strides); }
+
+void tpu_contiguous_strides(int rank, const int64_t *sizes, int channels_last, int64_t *strides) {
+  int order[TPU_MAX_RANK];
+  for (int i = 0; i < rank; i++) order[i] = i;
+  if (rank == channels_last) { /* (0, 2, 3, 1) or (0, 2, 3, 4, 1): the channels innermost */
+    for (int i = 1; i < rank - 1; i++) order[i] = i + 1;
+    order[rank - 1] = 1;
+  }
+  int64_t acc = 1;
+  for (int k = rank - 1; k >= 0; k--) {
+    strides[order[k]] = acc;
+    acc *= sizes[order[k]] > 1 ? sizes[order[k]] : 1;
+  }
+}
+
+int tpu_stride_order_desc(int rank, const int64_t *strides, int *order) {
+  bool plain = true;
+  for (int i = 0; i < rank; i++) {
+    int j = i;
+    while (j > 0 && strides[order[j - 1]] < strides[i]) {
+      order[j] = order[j - 1];
+      j--;
+    }
+    order[j] = i;
+    plain = plain && j == i;
+  }
+  return plain ? 0 : rank;
+}
+
+int64_t tpu_span_bytes(int rank, const int64_t *sizes, const int64_t *strides, int64_t itemsize) {
+  int64_t last = 0;
+  for (int i = 0; i < rank; i++) last += (sizes[i] - 1) * strides[i];
+  return itemsize * (1 + last);
 }
 
 bool tpu_tref_internal_overlap(const tpu_tref *t) {

@@ -157,6 +157,19 @@ bool tpu_tref_contiguous(const tpu_tref *t);
 bool tpu_tref_permuted_order(const tpu_tref *t, int *order, int *n);
 /* The view is a block of its record seen as a dense array (see call.c). */
 bool tpu_tref_strided_order(const tpu_tref *t, int *order, int *n);
+/* Non-overlapping and dense: some order of the dims (those of size 1 aside)
+ * has contiguous strides (torch's is_non_overlapping_and_dense). */
+bool tpu_dense(int rank, const int64_t *sizes, const int64_t *strides);
+/* The strides of a contiguous tensor of these sizes (a size 0 steps as 1),
+ * the channels innermost when rank is channels_last (4: torch's
+ * channels_last, 5: channels_last_3d; 0: neither). */
+void tpu_contiguous_strides(int rank, const int64_t *sizes, int channels_last, int64_t *strides);
+/* The dims from the largest stride to the smallest (ties in dim order) into
+ * order: rank, or 0 when that is the plain order. */
+int tpu_stride_order_desc(int rank, const int64_t *strides, int *order);
+/* Bytes from a view's first element to the end of its last (a view with
+ * elements, strides not negative). */
+int64_t tpu_span_bytes(int rank, const int64_t *sizes, const int64_t *strides, int64_t itemsize);
 /* torch's memory-overlap rules (at::has_internal_overlap and
  * at::get_overlap_status). Whether some element of t is another's too (a
  * stride 0 over a size above 1; views that overlap otherwise are too hard to

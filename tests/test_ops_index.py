@@ -151,6 +151,27 @@ def test_unique(dtype):
     check(lambda a: torch.unique(a), torch.empty(0, dtype=dtype), grad=False)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_unique_count_row(dtype):
+    """tpu::unique_count (the size unique's kernels read back): a 0-d long on
+    the device, the number of distinct values (of runs when consecutive) as
+    CPU torch finds them, each NaN counting once."""
+    from torchtpu import _kernels
+
+    spec = [("self", "T", _kernels._REQUIRED), ("consecutive", "b", _kernels._REQUIRED)]
+    row = _kernels._row("tpu::unique_count", spec)
+    x = make((4, 5), dtype)
+    cases = [x, x.T, x[:1, :1], torch.empty(0, dtype=dtype), torch.zeros(3, dtype=dtype)]
+    if dtype.is_floating_point:
+        cases.append(torch.tensor([1.0, float("nan"), 1.0, float("nan"), -0.0, 0.0]))
+    for t in cases:
+        for consecutive in (False, True):
+            got = row(t.to("tpu"), consecutive)
+            assert got.device.type == "tpu" and got.dtype == torch.int64 and got.dim() == 0
+            want = torch.unique_consecutive(t) if consecutive else torch.unique(t)
+            assert int(got.item()) == want.numel(), (t, consecutive)
+
+
 def test_repeat_interleave():
     r = torch.tensor([2, 0, 3, 1])
     close(torch.repeat_interleave(r.to("tpu")), torch.repeat_interleave(r))

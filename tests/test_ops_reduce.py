@@ -303,3 +303,58 @@ def test_histogramdd_errors():
             torch.histogramdd(
                 args[0].to("tpu"), [b.to("tpu") if isinstance(b, torch.Tensor) else b for b in args[1]], **kw
             )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_histogramdd_bin_edges(dtype):
+    """_histogramdd_bin_edges computed on the device (tpu::histogramdd_edges):
+    the data's or the given range, a single point widened by half a unit, [0, 1]
+    with no data; the edges' dtype is the input's."""
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(9, 3, generator=g) * 4).to(dtype)
+    point = torch.tensor([[2.5, -1.0, 7.0]] * 4, dtype=dtype)
+    for t, bins, kw in [
+        (x, [3, 1, 5], {}),
+        (x, [2, 2, 2], dict(range=[-1.0, 1.0, 0.0, 0.0, 1e-3, 3.25])),
+        (point, [4, 2, 1], {}),
+        (x[:0], [3, 2, 2], {}),
+        (x.view(3, 3, 3), [1, 2, 3], {}),
+    ]:
+        want = torch.ops.aten._histogramdd_bin_edges(t, bins, **kw)
+        got = torch.ops.aten._histogramdd_bin_edges(t.to("tpu"), bins, **kw)
+        assert isinstance(got, list) and len(got) == len(want)
+        for e2, e in zip(got, want):
+            assert e2.device.type == "tpu" and e2.dtype == e.dtype
+            torch.testing.assert_close(e2.cpu(), e)
+    one = torch.ops.aten._histogramdd_bin_edges(x[:, :1].to("tpu"), [4])
+    assert len(one) == 1 and one[0].shape == (5,)
+
+
+def test_histogramdd_bin_edges_errors():
+    """The CPU's refusals: a bad bins count, range length or order, bins <= 0,
+    a non-finite range (the data's is a value check, raised at the sync),
+    an integer input."""
+    x = torch.randn(5, 2)
+    for bins in ([2, 0], [-1, 2]):  # the CPU refuses these in histogramdd's counting
+        with pytest.raises(RuntimeError):
+            torch.histogramdd(x, bins)
+        with pytest.raises(RuntimeError):
+            torch.histogramdd(x.to("tpu"), bins)
+    for t, bins, kw in [
+        (x, [2, 2], dict(range=[0.0, 1.0, 3.0])),
+        (x, [2, 2], dict(range=[0.0, 1.0, 3.0, 2.0])),
+        (x, [2, 2], dict(range=[0.0, float("inf"), 0.0, 1.0])),
+        (x, [2, 2], dict(range=[0.0, 1.0, float("nan"), 1.0])),
+        (x.long(), [2, 2], {}),
+    ]:
+        with pytest.raises(RuntimeError):
+            torch.ops.aten._histogramdd_bin_edges(t, bins, **kw)
+        with pytest.raises(RuntimeError):
+            torch.ops.aten._histogramdd_bin_edges(t.to("tpu"), bins, **kw)
+    for bad in (float("inf"), float("nan")):
+        y = x.clone()
+        y[3, 1] = bad
+        with pytest.raises(RuntimeError, match="not finite"):
+            torch.ops.aten._histogramdd_bin_edges(y, [2, 2])
+        with pytest.raises(RuntimeError, match="not finite"):
+            [e.cpu() for e in torch.ops.aten._histogramdd_bin_edges(y.to("tpu"), [2, 2])]

@@ -28,6 +28,42 @@ def test_resize_channels_last_and_errors():
         torch.empty(0, device="tpu").resize_(-1)
 
 
+def test_storage_geometry_helpers():
+    """The C helpers of the Python kernels (_C.dense, contiguous_strides,
+    stride_order, check_out_overlap) against torch's own answers."""
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+
+    from torchtpu import _C
+
+    base = torch.arange(120.0).view(2, 3, 4, 5)
+    for view in (
+        lambda b: b,
+        lambda b: b.permute(0, 2, 3, 1),
+        lambda b: b[:, :, ::2],
+        lambda b: b[:, :1],
+        lambda b: b.transpose(1, 3),
+        lambda b: b[0, 0, 0].expand(3, 5),
+        lambda b: b[0, 0, 0, 0],
+    ):
+        t, d = view(base), view(base.to("tpu"))
+        assert _C.dense(d) == _C.dense(t) == is_non_overlapping_and_dense(t), (t.shape, t.stride())
+        want = sorted(range(t.dim()), key=lambda k: -t.stride()[k])
+        assert _C.stride_order(d) == _C.stride_order(t) == ([] if want == list(range(t.dim())) else want)
+    for size in ([2, 3, 4, 5], [2, 0, 4, 5], [2, 3, 4, 5, 6], [7], []):
+        for mf, cl in ((torch.contiguous_format, 0), (torch.channels_last, 4), (torch.channels_last_3d, 5)):
+            if cl and 0 in size:
+                continue  # torch gives such a channels_last tensor strides of 0; resize_ keeps the plain rule
+            if cl and cl != len(size):
+                assert _C.contiguous_strides(size, cl) == _C.contiguous_strides(size, 0)
+                continue
+            assert tuple(_C.contiguous_strides(size, cl)) == torch.empty(size, memory_format=mf).stride()
+    a = torch.arange(8.0, device="tpu")
+    _C.check_out_overlap(a[:4], a[4:], torch.ones(4))  # apart, or on another device
+    for out, inputs in ((a[:4], (a[3:7],)), (a[:4].expand(2, 4), ()), (a[::2], (a[1::2],))):
+        with pytest.raises(RuntimeError, match="unsupported operation"):
+            _C.check_out_overlap(out, *inputs)
+
+
 def test_set_shares_storage():
     a = torch.arange(6.0).to("tpu")
     b = torch.empty(0, device="tpu")

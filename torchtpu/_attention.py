@@ -80,14 +80,6 @@ def kernels(sdpa_row, backward_row, fused, math):
     def empty_long(device):
         return _C.empty([], torch.int64, None, device.index)
 
-    def order(t):
-        """t's dims from the largest stride to the smallest (the layout torch's
-        meta kernels give the outputs that follow t: empty_like(t)); [] when
-        that is the plain order."""
-        st = t.stride()
-        o = sorted(range(len(st)), key=lambda d: -st[d])
-        return [] if o == list(range(len(st))) else o
-
     def laid_out(v, o):
         """A result the kernel wrote in the dim order o, as a view in logical order."""
         return v.permute([o.index(d) for d in range(len(o))]) if o else v
@@ -100,7 +92,7 @@ def kernels(sdpa_row, backward_row, fused, math):
                 "torchtpu: aten::_scaled_dot_product_fused_attention_overrideable with dropout "
                 "or a debug mask is not lowered; call scaled_dot_product_attention"
             )
-        o = order(query)
+        o = _C.stride_order(query)  # the layout of torch's meta kernels' outputs (empty_like(query))
         out, lse = fwd(query, key, value, attn_bias, is_causal, scale, o)
         out = laid_out(out, o)
         if query.dim() == 3:
@@ -140,7 +132,7 @@ def kernels(sdpa_row, backward_row, fused, math):
         if query.dim() == 3:
             logsumexp = logsumexp.squeeze(0)
         want_bias = attn_bias is not None and attn_bias.dtype != torch.bool and bool(grad_input_mask[3])
-        o = [order(query), order(key), order(value)]
+        o = [_C.stride_order(query), _C.stride_order(key), _C.stride_order(value)]
         grads = bwd(grad_out, query, key, value, attn_bias, out, logsumexp, is_causal, scale, want_bias, *o)
         # a gradient the mask turns off is None, as torch's kernels return it
         qkv = tuple(laid_out(grads[i], o[i]) if grad_input_mask[i] else None for i in range(3))

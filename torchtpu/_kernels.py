@@ -9,7 +9,6 @@ around calls of the C core; the math stays in the C lowerings. Also the
 reading of a schema into a Kernel's argument spec (_spec)."""
 
 import functools
-import math
 import warnings
 
 import torch
@@ -20,6 +19,18 @@ _REQUIRED = object()  # a Kernel's argument without a default
 _FALLBACK_WARNED = set()
 # The Kernels of the C table's ATen rows by name (filled by _registry._register_rows).
 _KERNELS = {}
+# The internal rows' op ids by name, "tpu::..." (filled by _registry.setup), and
+# the Kernels made for them (_row).
+INTERNAL = {}
+_ROWS = {}
+
+
+def _row(name, spec, nreturns=1):
+    """The Kernel of internal row name (spec: [(argument, kind, default)], as _spec)."""
+    k = _ROWS.get(name)
+    if k is None:
+        k = _ROWS[name] = _C.kernel(INTERNAL[name], spec, nreturns, _REQUIRED)
+    return k
 
 
 # c10::ScalarType codes (schema defaults of dtype arguments come as these ints).
@@ -128,7 +139,7 @@ def _empty_like(self, dtype=None, layout=None, device=None, pin_memory=None, mem
     if keep and dev == self.device and self.is_contiguous() and self.storage_offset() == 0:
         if self.untyped_storage().nbytes() == self.numel() * self.element_size() and _C.sharding(self) is not None:
             return _C.mesh_like(self, dt)
-    dense = (memory_format is None or memory_format == torch.preserve_format) and _dense(self)
+    dense = (memory_format is None or memory_format == torch.preserve_format) and _C.dense(self)
     if dev.type != "tpu":
         if dense:
             return torch.empty_strided(self.shape, self.stride(), dtype=dt, device=dev, pin_memory=bool(pin_memory))
@@ -174,16 +185,6 @@ def _copy_from_and_resize(self, dst):
     return _C.copy_from(self, dst)
 
 
-def _contiguous_strides(size, memory_format):
-    cl = {torch.channels_last: (0, 2, 3, 1), torch.channels_last_3d: (0, 2, 3, 4, 1)}.get(memory_format)
-    order = cl if cl and len(cl) == len(size) else tuple(range(len(size)))
-    strides, acc = [0] * len(size), 1
-    for d in reversed(order):
-        strides[d] = acc
-        acc *= max(int(size[d]), 1)
-    return strides
-
-
 def _resize_(self, size, memory_format=None):
     """resize_: metadata only when the storage is big enough (as on CPU);
     otherwise the tensor moves to a new, larger storage that keeps the old
@@ -194,7 +195,8 @@ def _resize_(self, size, memory_format=None):
     n = 1
     for s in size:
         n *= s
-    strides = _contiguous_strides(size, memory_format)
+    cl = 4 if memory_format == torch.channels_last else 5 if memory_format == torch.channels_last_3d else 0
+    strides = _C.contiguous_strides(size, cl)
     itemsize = self.element_size()
     have = self.untyped_storage().nbytes() // itemsize
     if self.storage_offset() + n <= have:
@@ -210,17 +212,6 @@ def _set_empty(self):
     return self.set_(_C.empty([0], self.dtype, None, self.device.index).untyped_storage(), 0, [0], [1])
 
 
-def _dense(t):
-    """Non-overlapping and dense: some permutation of the dims is contiguous."""
-    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1)
-    expect = 1
-    for st, sz in dims:
-        if st != expect:
-            return False
-        expect *= sz
-    return True
-
-
 def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     """_to_copy from a tpu tensor. torch's own version pins the host copy when
     non_blocking is set, which a Python-registered device cannot provide; our
@@ -230,7 +221,7 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     if self.is_conj() or self.is_neg():
         self = _resolve_bits(self)
     mf = memory_format if memory_format is not None else torch.preserve_format
-    if mf == torch.preserve_format and _dense(self):
+    if mf == torch.preserve_format and _C.dense(self):
         out = torch.empty_strided(self.shape, self.stride(), dtype=dtype, device=device)
     else:
         if mf == torch.preserve_format:
@@ -298,49 +289,14 @@ def _equal(self, other):
 
 
 def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
-    """Each dim's edges: a linspace over the given range or the data's min and
-    max (read back, as the CPU reads them), a single point widened by half a
-    unit each way, [0, 1] with no data; the counting is a C lowering
-    (_histogramdd_from_bin_tensors)."""
-    if self.dim() < 2:
-        raise RuntimeError(f"torch.histogramdd: input tensor should have at least 2 dimensions, but got {self.dim()}")
-    D = self.shape[-1]
-    if len(bins) != D:
-        raise RuntimeError(
-            f"torch.histogramdd: expected {D} sequences of bin edges for each of the {D} dimensions "
-            f"of the input, but got {len(bins)}"
-        )
-    if range is not None and len(range) != 2 * D:
-        raise RuntimeError(
-            f"torch.histogramdd: for a {D}-dimensional histogram, range should have {2 * D} elements, "
-            f"but got {len(range)}"
-        )
-    x = self.reshape(-1, D)
-    edges = []
-    for d in list(enumerate(bins)):
-        d = d[0]
-        if bins[d] <= 0:
-            raise RuntimeError(f"torch.histogramdd(): bins must be > 0, but got {bins[d]} for dim {d}")
-        if range is not None:
-            lo, hi = float(range[2 * d]), float(range[2 * d + 1])
-        elif x.shape[0] > 0:
-            lo, hi = float(x[:, d].min().item()), float(x[:, d].max().item())
-        else:
-            lo, hi = 0.0, 1.0
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise RuntimeError(f"torch.histogramdd: dimension {d}'s range [{lo}, {hi}] is not finite")
-        if lo > hi:
-            raise RuntimeError(
-                f"torch.histogramdd: min should not exceed max, but got min {lo} max {hi} for dimension {d}"
-            )
-        if lo == hi:
-            lo, hi = lo - 0.5, hi + 0.5
-        edges.append(torch.linspace(lo, hi, bins[d] + 1, dtype=self.dtype, device=self.device))
-    return edges
+    """Each dim's edges, computed on the device (tpu::histogramdd_edges, its
+    checks too); the counting is a C lowering (_histogramdd_from_bin_tensors)."""
+    spec = [("self", "T", _REQUIRED), ("bins", "I", _REQUIRED), ("range", "F", None)]
+    return list(_row("tpu::histogramdd_edges", spec, 2)(self, bins, range))
 
 
 def _histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=False):
-    edges = _histogramdd_bin_edges(self, bins, range=range, weight=weight, density=density)
+    edges = _histogramdd_bin_edges(self, bins, range=range)
     return torch.ops.aten._histogramdd_from_bin_tensors(self, edges, weight=weight, density=density)
 
 
@@ -349,32 +305,8 @@ def _masked_select(self, mask):
     return a[m]
 
 
-def _check_out_overlap(out, *inputs):
-    """torch's refusals of an out= tensor that overlaps itself or an input."""
-    if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape)):
-        raise RuntimeError(
-            "unsupported operation: more than one element of the written-to tensor refers to a single "
-            "memory location. Please clone() the tensor before performing the operation."
-        )
-    if out.numel() == 0:
-        return
-    o0 = out.data_ptr()
-    o1 = o0 + out.element_size() * (1 + sum((s - 1) * st for s, st in zip(out.shape, out.stride())))
-    for x in inputs:
-        if x.device != out.device or x.numel() == 0:
-            continue
-        x0 = x.data_ptr()
-        x1 = x0 + x.element_size() * (1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride())))
-        if x0 < o1 and o0 < x1:
-            raise RuntimeError(
-                "unsupported operation: some elements of the input tensor and the written-to tensor "
-                "refer to a single memory location. Please clone() the tensor before performing the "
-                "operation."
-            )
-
-
 def _masked_select_out(self, mask, *, out):
-    _check_out_overlap(out, self, mask)
+    _C.check_out_overlap(out, self, mask)
     r = _masked_select(self, mask)
     if r.dtype != out.dtype:
         raise RuntimeError("masked_select(): self and result must have the same scalar type")
@@ -395,13 +327,9 @@ def _narrow_copy(self, dim, start, length):
 
 def _unique_count(self, consecutive):
     """Distinct values (or runs, when consecutive) of self: counted on the
-    device, read back once."""
-    f = self.reshape(-1)
-    if f.numel() == 0:
-        return 0
-    if not consecutive:
-        f = torch.sort(f).values
-    return int((f[1:] != f[:-1]).sum().item()) + 1
+    device (tpu::unique_count), read back once."""
+    spec = [("self", "T", _REQUIRED), ("consecutive", "b", _REQUIRED)]
+    return int(_row("tpu::unique_count", spec)(self, consecutive).item())
 
 
 # unique and friends: the size is read first, then the C lowering of the

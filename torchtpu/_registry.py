@@ -141,7 +141,7 @@ WRAPPERS = {
 
 
 # The internal rows' op ids by name ("tpu::..."), for the Python kernels that call them.
-INTERNAL = {}
+INTERNAL = _kernels.INTERNAL
 
 
 # ATen overloads without a row, served by a Python kernel under PrivateUse1.

@@ -1078,6 +1078,27 @@ void tpu_emit_unique_consecutive(tpu_lower *L) {
 }
 void tpu_emit_unique1(tpu_lower *L) { tpu_emit_unique_impl(L, false, 2, -1, 3); }
 
+/* tpu::unique_count(self, consecutive) -> 0-d long: the number of distinct
+ * values of self (of runs of equal values when consecutive), the size the
+ * Python kernels of unique read back and give the rows above: the values
+ * sorted (unless consecutive), the neighbours that differ counted, plus one.
+ * A NaN differs from every value, itself included, so each counts. */
+void tpu_emit_unique_count(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  int64_t n = tpu_numel(t->rank, t->sizes);
+  if (n <= 1) {
+    tpu_lower_out(L, tpu_hlo_constant_int(H, TPU_S64, n));
+    return;
+  }
+  tpu_hv s = tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 1, &n), pos;
+  if (!tpu_arg_bool(L, 1)) tpu_sort_with_pos(L, s, &s, &pos);
+  if (s == TPU_HV_NONE) return;
+  int64_t a0 = 0, a1 = 1, e0 = n - 1, e1 = n, one = 1, z = 0;
+  tpu_hv ne = tpu_hlo_compare(H, TPU_HLO_NE, tpu_hlo_slice(H, s, &a1, &e1, &one), tpu_hlo_slice(H, s, &a0, &e0, &one));
+  tpu_hv c = tpu_reduce_sum(L, tpu_hlo_convert(H, ne, TPU_S64), &z, 1);
+  tpu_lower_out(L, tpu_add(L, c, tpu_hlo_constant_int(H, TPU_S64, 1)));
+}
+
 /* repeat_interleave.Tensor(repeats, *, output_size): i repeated repeats[i]
  * times. output_size is required here (the caller reads repeats.sum()):
  * a 1 is added at each cumulative end, and a running count of them is the

@@ -1112,6 +1112,26 @@ static tpu_hv tpu_hist_count(tpu_lower *L, tpu_hv x, int64_t N, tpu_hv edges, in
   return hist;
 }
 
+/* The bins + 1 edges from the 0-d lo to the 0-d hi (one dtype), a single
+ * point (lo == hi) widened by half a unit each way (histc widens by one):
+ * torch's linspace, built from both ends as its kernel does, lo + step * i
+ * for the first half and hi - step * (bins - i) after. */
+static tpu_hv tpu_hist_edges(tpu_lower *L, tpu_hv lo, tpu_hv hi, int64_t bins) {
+  tpu_hlo_type st = *T(L, lo);
+  tpu_dtype dt = st.dtype;
+  tpu_hv same = tpu_hlo_compare(H, TPU_HLO_EQ, lo, hi);
+  lo = tpu_hlo_select(H, same, tpu_sub(L, lo, tpu_lower_full(L, st, 0.5)), lo);
+  hi = tpu_hlo_select(H, same, tpu_add(L, hi, tpu_lower_full(L, st, 0.5)), hi);
+  int64_t ne = bins + 1;
+  tpu_hv step = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_sub(L, hi, lo), tpu_lower_full(L, st, (double)bins));
+  tpu_hv ii = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &ne), 0);
+  tpu_hv fi = tpu_hlo_convert(H, ii, dt), fr = tpu_hlo_convert(H, tpu_sub(L, tpu_k(L, ii, (double)bins), ii), dt);
+  tpu_hv stepb = tpu_hlo_broadcast_in_dim(H, step, 1, &ne, NULL);
+  tpu_hv first = tpu_add(L, tpu_hlo_broadcast_in_dim(H, lo, 1, &ne, NULL), tpu_mul(L, stepb, fi));
+  tpu_hv second = tpu_sub(L, tpu_hlo_broadcast_in_dim(H, hi, 1, &ne, NULL), tpu_mul(L, stepb, fr));
+  return tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, ii, tpu_k(L, ii, (double)(ne / 2))), first, second);
+}
+
 /* histogram.bin_ct(self, bins=100, *, range=None, weight=None, density=False)
  * -> (hist, bin_edges). The edges are torch's linspace of the range (the
  * data's when none is given), built from both ends as torch's kernel does;
@@ -1162,19 +1182,7 @@ void tpu_emit_histogram_bin_ct(tpu_lower *L) {
     lo = tpu_reduce_extreme(L, x, &b0, 1, false);
     hi = tpu_reduce_extreme(L, x, &b0, 1, true);
   }
-  tpu_hv same = tpu_hlo_compare(H, TPU_HLO_EQ, lo, hi);
-  /* a single point widens by half a unit each way (histc widens by one) */
-  lo = tpu_hlo_select(H, same, tpu_sub(L, lo, tpu_lower_full(L, st, 0.5)), lo);
-  hi = tpu_hlo_select(H, same, tpu_add(L, hi, tpu_lower_full(L, st, 0.5)), hi);
-  /* edges: lo + step * i for the first half, hi - step * (bins - i) after */
-  int64_t ne = bins + 1;
-  tpu_hv step = tpu_hlo_binary(H, TPU_HLO_DIV, tpu_sub(L, hi, lo), tpu_lower_full(L, st, (double)bins));
-  tpu_hv ii = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &ne), 0);
-  tpu_hv fi = tpu_hlo_convert(H, ii, dt), fr = tpu_hlo_convert(H, tpu_sub(L, tpu_k(L, ii, (double)bins), ii), dt);
-  tpu_hv stepb = tpu_hlo_broadcast_in_dim(H, step, 1, &ne, NULL);
-  tpu_hv first = tpu_add(L, tpu_hlo_broadcast_in_dim(H, lo, 1, &ne, NULL), tpu_mul(L, stepb, fi));
-  tpu_hv second = tpu_sub(L, tpu_hlo_broadcast_in_dim(H, hi, 1, &ne, NULL), tpu_mul(L, stepb, fr));
-  tpu_hv edges = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_LT, ii, tpu_k(L, ii, (double)(ne / 2))), first, second);
+  tpu_hv edges = tpu_hist_edges(L, lo, hi, bins);
   tpu_lower_out(L, tpu_hist_count(L, x, N, edges, bins, has_w, 3, density));
   tpu_lower_out(L, edges);
 }
@@ -1380,4 +1388,88 @@ void tpu_emit_histogramdd_from_bin_tensors(tpu_lower *L) {
     }
   }
   tpu_lower_out(L, hist);
+}
+
+/* tpu::histogramdd_edges(self [..., D], bins (D ints), range (2D floats) or
+ * None) -> D edge tensors: the edges of _histogramdd_bin_edges (whose Python
+ * kernel, and _histogramdd_from_bin_cts', call this row). Each dim's edges
+ * are a linspace over its given range, or the data's min and max, or [0, 1]
+ * with no data; a single point widens by half a unit each way. A given
+ * range is checked here, as the CPU checks it (widened in double, as it
+ * is); the data's range (a NaN or an infinity), known only when the
+ * program runs, by a value check. */
+void tpu_emit_histogramdd_edges(tpu_lower *L) {
+  tpu_tref *t = &L->args[0].t;
+  tpu_dtype dt = t->dtype;
+  if (t->rank < 2) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: input tensor should have at least 2 dimensions, but got %d",
+                   t->rank);
+    return;
+  }
+  if (!tpu_dtype_is_float(dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"histogramdd\" not implemented for '%s'", tpu_dtype_c10_name(dt));
+    return;
+  }
+  const tpu_arg *bins = &L->args[1], *range = &L->args[2];
+  bool has_range = range->kind == TPU_ARG_FLOATS;
+  int64_t D = t->sizes[t->rank - 1], N = tpu_numel(t->rank - 1, t->sizes);
+  if (bins->nints != D) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "torch.histogramdd: expected %lld sequences of bin edges for each of the %lld dimensions of the "
+                   "input, but got %d",
+                   (long long)D, (long long)D, bins->nints);
+    return;
+  }
+  if (has_range && range->nints != 2 * D) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "torch.histogramdd: for a %lld-dimensional histogram, range should have %lld elements, but got %d",
+                   (long long)D, (long long)(2 * D), range->nints);
+    return;
+  }
+  if (D > TPU_MAX_RANK) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: at most %d dimensions are supported on tpu", TPU_MAX_RANK);
+    return;
+  }
+  tpu_hlo_type st = tpu_hlo_type_make(dt, 0, NULL);
+  tpu_hv lo[TPU_MAX_RANK], hi[TPU_MAX_RANK], bad = TPU_HV_NONE;
+  int64_t nd[2] = {N, D}, b0 = 0;
+  tpu_hv x = N > 0 && !has_range ? tpu_hlo_reshape(H, tpu_lower_tensor(L, 0, -1), 2, nd) : TPU_HV_NONE;
+  for (int d = 0; d < D; d++) {
+    if (bins->ints[d] <= 0) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd(): bins must be > 0, but got %lld for dim %d",
+                     (long long)bins->ints[d], d);
+      return;
+    }
+    if (has_range) {
+      double l = range->floats[2 * d], h = range->floats[2 * d + 1];
+      if (!isfinite(l) || !isfinite(h)) {
+        tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: dimension %d's range [%g, %g] is not finite", d, l, h);
+        return;
+      }
+      if (l > h) {
+        tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                       "torch.histogramdd: min should not exceed max, but got min %g max %g for dimension %d", l, h, d);
+        return;
+      }
+      if (l == h) {
+        l -= 0.5;
+        h += 0.5;
+      }
+      lo[d] = tpu_lower_full(L, st, l);
+      hi[d] = tpu_lower_full(L, st, h);
+    } else if (N == 0) {
+      lo[d] = tpu_lower_full(L, st, 0);
+      hi[d] = tpu_lower_full(L, st, 1);
+    } else {
+      int64_t a[2] = {0, d}, e[2] = {N, d + 1}, one[2] = {1, 1};
+      tpu_hv v = tpu_hlo_reshape(H, tpu_hlo_slice(H, x, a, e, one), 1, &N);
+      lo[d] = tpu_reduce_extreme(L, v, &b0, 1, false);
+      hi[d] = tpu_reduce_extreme(L, v, &b0, 1, true);
+      tpu_hv fin = tpu_and(L, tpu_un(L, TPU_HLO_IS_FINITE, lo[d]), tpu_un(L, TPU_HLO_IS_FINITE, hi[d]));
+      bad = bad == TPU_HV_NONE ? tpu_not(L, fin) : tpu_or(L, bad, tpu_not(L, fin));
+    }
+  }
+  tpu_lower_check(L, bad, TPU_ERR_RUNTIME,
+                  "torch.histogramdd: the range of the input's values along a dimension is not finite");
+  for (int d = 0; d < D; d++) tpu_lower_out(L, tpu_hist_edges(L, lo[d], hi[d], bins->ints[d]));
 }

@@ -153,6 +153,10 @@ PyObject *tpu_py_to_cpu(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_free(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_alloc(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_freed(PyObject *m, PyObject *t);
+PyObject *tpu_py_dense(PyObject *m, PyObject *t);
+PyObject *tpu_py_contiguous_strides(PyObject *m, PyObject *args);
+PyObject *tpu_py_stride_order(PyObject *m, PyObject *t);
+PyObject *tpu_py_check_out_overlap(PyObject *m, PyObject *args);
 
 /* stablehlo.c: functions from StableHLO text (their methods, added at exec) */
 extern PyMethodDef tpu_stablehlo_methods[];

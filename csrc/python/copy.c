@@ -287,3 +287,125 @@ PyObject *tpu_py_storage_freed(PyObject *m, PyObject *t) {
   tpu_record *r = tpu_storage_record(st, t, "storage_freed");
   return r ? PyBool_FromLong(r->freed) : NULL;
 }
+
+/* ---- the geometry of views, for the Python kernels ------------------------------ */
+
+/* t's sizes and strides, read through Python: its rank, or -1 with an exception. */
+static int tpu_view_geometry(tpu_mod_state *st, PyObject *t, int64_t *sizes, int64_t *strides) {
+  PyObject *sh = PyObject_GetAttr(t, st->s_shape);
+  int r = sh ? tpu_int64_seq(sh, sizes, TPU_MAX_RANK, "shape") : -1;
+  Py_XDECREF(sh);
+  if (r < 0) return -1;
+  PyObject *so = PyObject_CallMethodNoArgs(t, st->s_stride);
+  int rs = so ? tpu_int64_seq(so, strides, TPU_MAX_RANK, "stride") : -1;
+  Py_XDECREF(so);
+  return rs < 0 ? -1 : r;
+}
+
+/* dense(t) -> whether t is non-overlapping and dense (some order of its dims
+ * is contiguous: a copy may keep its strides). */
+PyObject *tpu_py_dense(PyObject *m, PyObject *t) {
+  int64_t sizes[TPU_MAX_RANK], strides[TPU_MAX_RANK];
+  int r = tpu_view_geometry(tpu_state(m), t, sizes, strides);
+  return r < 0 ? NULL : PyBool_FromLong(tpu_dense(r, sizes, strides));
+}
+
+static PyObject *tpu_int64_list(const int64_t *v, int n) {
+  PyObject *l = PyList_New(n);
+  for (int i = 0; l && i < n; i++) {
+    PyObject *x = PyLong_FromLongLong(v[i]);
+    if (!x) {
+      Py_CLEAR(l);
+      break;
+    }
+    PyList_SET_ITEM(l, i, x);
+  }
+  return l;
+}
+
+/* contiguous_strides(sizes, channels_last) -> the strides of a contiguous
+ * tensor of these sizes (channels_last: 4 or 5 for torch's channels_last
+ * formats, laid out so when the rank is that; 0: neither). */
+PyObject *tpu_py_contiguous_strides(PyObject *m, PyObject *args) {
+  (void)m;
+  PyObject *sizes_o;
+  int cl;
+  if (!PyArg_ParseTuple(args, "Oi", &sizes_o, &cl)) return NULL;
+  int64_t sizes[TPU_MAX_RANK], strides[TPU_MAX_RANK];
+  int r = tpu_int64_seq(sizes_o, sizes, TPU_MAX_RANK, "size");
+  if (r < 0) return NULL;
+  tpu_contiguous_strides(r, sizes, cl, strides);
+  return tpu_int64_list(strides, r);
+}
+
+/* stride_order(t) -> t's dims from the largest stride to the smallest, []
+ * when that is the plain order. */
+PyObject *tpu_py_stride_order(PyObject *m, PyObject *t) {
+  int64_t sizes[TPU_MAX_RANK], strides[TPU_MAX_RANK], order[TPU_MAX_RANK];
+  int r = tpu_view_geometry(tpu_state(m), t, sizes, strides), o[TPU_MAX_RANK];
+  if (r < 0) return NULL;
+  int n = tpu_stride_order_desc(r, strides, o);
+  for (int i = 0; i < n; i++) order[i] = o[i];
+  return tpu_int64_list(order, n);
+}
+
+/* The bytes [*lo, *hi) tensor t spans (g: its geometry). */
+static int tpu_view_span(tpu_mod_state *st, PyObject *t, const tpu_tref *g, int64_t *lo, int64_t *hi) {
+  *lo = tpu_call_int(t, st->s_data_ptr);
+  if (*lo == -1 && PyErr_Occurred()) return -1;
+  PyObject *es = PyObject_CallMethod(t, "element_size", NULL);
+  int64_t item = es ? PyLong_AsLongLong(es) : -1;
+  Py_XDECREF(es);
+  if (item == -1 && PyErr_Occurred()) return -1;
+  *hi = *lo + tpu_span_bytes(g->rank, g->sizes, g->strides, item);
+  return 0;
+}
+
+/* check_out_overlap(out, *inputs): torch's refusals of an out= tensor some
+ * of whose elements share memory, or which shares memory with an input on
+ * its device (the bytes each spans meet). */
+PyObject *tpu_py_check_out_overlap(PyObject *m, PyObject *args) {
+  tpu_mod_state *st = tpu_state(m);
+  Py_ssize_t n = PyTuple_GET_SIZE(args);
+  if (n < 1) {
+    PyErr_SetString(PyExc_TypeError, "check_out_overlap(out, *inputs)");
+    return NULL;
+  }
+  PyObject *out = PyTuple_GET_ITEM(args, 0);
+  tpu_tref o, x;
+  memset(&o, 0, sizeof o);
+  memset(&x, 0, sizeof x);
+  if ((o.rank = tpu_view_geometry(st, out, o.sizes, o.strides)) < 0) return NULL;
+  if (tpu_tref_internal_overlap(&o)) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "unsupported operation: more than one element of the written-to tensor refers to a single "
+                    "memory location. Please clone() the tensor before performing the operation.");
+    return NULL;
+  }
+  int64_t o0, o1, x0, x1;
+  if (tpu_numel(o.rank, o.sizes) == 0) Py_RETURN_NONE;
+  if (tpu_view_span(st, out, &o, &o0, &o1) < 0) return NULL;
+  PyObject *dev = PyObject_GetAttrString(out, "device");
+  if (!dev) return NULL;
+  for (Py_ssize_t k = 1; k < n; k++) {
+    PyObject *t = PyTuple_GET_ITEM(args, k), *d = PyObject_GetAttrString(t, "device");
+    int other = d ? PyObject_RichCompareBool(d, dev, Py_NE) : -1;
+    Py_XDECREF(d);
+    if (other == 0 && (x.rank = tpu_view_geometry(st, t, x.sizes, x.strides)) < 0) other = -1;
+    if (other == 0 && tpu_numel(x.rank, x.sizes) == 0) continue;
+    if (other == 0 && tpu_view_span(st, t, &x, &x0, &x1) < 0) other = -1;
+    if (other < 0) {
+      Py_DECREF(dev);
+      return NULL;
+    }
+    if (other == 0 && x0 < o1 && o0 < x1) {
+      Py_DECREF(dev);
+      PyErr_SetString(PyExc_RuntimeError,
+                      "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                      "single memory location. Please clone() the tensor before performing the operation.");
+      return NULL;
+    }
+  }
+  Py_DECREF(dev);
+  Py_RETURN_NONE;
+}
