@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from torchtpu import _C, _registry
+from torchtpu import _C, _kernels
 
 DEF = os.path.join(os.path.dirname(__file__), "..", "csrc", "python", "argkinds.def")
 
@@ -32,7 +32,7 @@ def test_every_registered_schema_letter_is_a_kind():
             continue  # an overload this torch lacks: not registered
         for a in schema.arguments:
             try:
-                k = _registry._kind(a)
+                k = _kernels._kind(a)
             except NotImplementedError:
                 continue  # a schema type left to the fallback
             seen.add(k)
