@@ -11,8 +11,12 @@ import struct
 
 try:
     from . import _settings
-except ImportError:  # imported as a top-level module, without torchtpu (the Makefile)
-    import _settings
+except ImportError:  # loaded without torchtpu (the Makefile, tests/test_aot.py): its sibling by path
+    _spec = importlib.util.spec_from_file_location(
+        "_tpu_settings", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_settings.py")
+    )
+    _settings = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_settings)
 
 _INSTALL = {
     "cpu": "pip install xla-cpu-pjrt` (or, for a newer XLA, `pip install --no-deps lammps-jax-pjrt-cpu",
