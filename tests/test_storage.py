@@ -106,6 +106,55 @@ def test_view_as_real_reads_and_writes_through():
     torch.testing.assert_close(t.imag.cpu(), z2.imag)
 
 
+# Writes through lazily conjugated or negated views: each case mutates a
+# fresh destination through such a view; the destination must hold what the
+# CPU's holds (the write was once dropped: torch's fallbacks handed the copy
+# kernel a resolved clone of the destination).
+_SRC = [1 + 2j, 3 - 1j, -1j, 0.5 + 0.25j]
+_BIT_WRITES = {
+    "conj_copy": lambda d, s: d.conj().copy_(s),
+    "neg_copy": lambda d, s: d.real._neg_view().copy_(s.real),
+    "conj_neg_copy": lambda d, s: d.conj()._neg_view().copy_(s),
+    "conj_copy_of_conj": lambda d, s: d.conj().copy_(s.conj()),
+    "conj_copy_from_cpu": lambda d, s: d.conj().copy_(s.cpu()),
+    "conj_copy_real_source": lambda d, s: d.conj().copy_(s.real),
+    "conj_add_": lambda d, s: d.conj().add_(s),
+    "conj_mul_slice": lambda d, s: d.conj()[1:3].mul_(2j),
+    "conj_out": lambda d, s: torch.add(s, s, out=d.conj()),
+    "neg_out": lambda d, s: torch.mul(s.real, 3, out=d.real._neg_view()),
+    "conj_index_put": lambda d, s: d.conj().index_put_((torch.tensor([0, 2], device=d.device),), s[:2]),
+    "conj_fill": lambda d, s: d.conj().fill_(2 - 3j),
+    "neg_int_copy": lambda d, s: d._neg_view().copy_(torch.arange(4, device=d.device)),
+}
+
+
+@pytest.mark.parametrize("mode", ["debug", "strict", "fused"])
+@pytest.mark.parametrize("case", sorted(_BIT_WRITES))
+def test_writes_through_conj_and_neg_views(case, mode):
+    write = _BIT_WRITES[case]
+    dtype = torch.int64 if case.startswith("neg_int") else torch.complex64
+
+    def run(device):
+        d = (torch.arange(4) + 1).to(dtype).to(device)
+        s = torch.tensor(_SRC, dtype=torch.complex64, device=device)
+        write(d, s)
+        return d
+
+    want = run("cpu")
+    with torchtpu.eager_mode(mode):
+        got = run("tpu")
+        torch.testing.assert_close(got.cpu(), want)
+    assert not got.is_conj() and not got.is_neg()
+
+
+def test_write_into_a_cpu_conj_view_from_tpu():
+    s = torch.tensor(_SRC, dtype=torch.complex64)
+    want, got = torch.zeros(4, dtype=torch.complex64), torch.zeros(4, dtype=torch.complex64)
+    want.conj().copy_(s)
+    got.conj().copy_(s.to("tpu"))
+    torch.testing.assert_close(got, want)
+
+
 def test_view_as_complex_and_grad():
     x = torch.randn(4, 2, requires_grad=True)
     xt = x.detach().to("tpu").requires_grad_()

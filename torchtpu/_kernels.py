@@ -173,16 +173,32 @@ def _clone_resolving_bits(c_clone):
     return clone
 
 
-def _copy_from(self, dst, non_blocking=False):
+def _stored(self, dst):
+    """The values to write into dst's storage so that dst reads as self: a
+    lazily conjugated (or negated) destination stands for the conjugate (or
+    negation) of what it stores, so the values are conjugated (negated) and
+    written through the view without the bit. (source, plain destination)."""
     if self.is_conj() or self.is_neg():
         self = _resolve_bits(self)
-    return _C.copy_from(self, dst)
+    if dst.is_conj():
+        self, dst = torch.conj_physical(self.to(dst.dtype)), dst.conj()
+    if dst.is_neg():
+        self, dst = torch.neg(self.to(dst.dtype)), dst._neg_view()
+    return self, dst
+
+
+def _copy_from(self, dst, non_blocking=False):
+    src, plain = _stored(self, dst)
+    _C.copy_from(src, plain)
+    return dst
 
 
 def _copy_from_and_resize(self, dst):
     if dst.numel() == 0 and self.numel() != 0:
         raise NotImplementedError("aten::_copy_from_and_resize: resizing a tpu tensor is not supported yet")
-    return _C.copy_from(self, dst)
+    src, plain = _stored(self, dst)
+    _C.copy_from(src, plain)
+    return dst
 
 
 def _resize_(self, size, memory_format=None):

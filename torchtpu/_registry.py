@@ -372,6 +372,14 @@ def setup(device_module):
     INTERNAL.update(internal)
     for name, fn in PYTHON_KERNELS.items():
         _impl(name, fn)
+    # _copy_from's schema does not mark dst as written, so torch's conjugate and
+    # negative fallbacks would hand the kernel a resolved clone of a lazily
+    # conjugated (negated) destination and drop the write (x.conj().copy_(y),
+    # and every in-place op on such a view, which ends in that copy): the
+    # kernels see the bits and write through the view themselves (_stored)
+    for name in ("_copy_from", "_copy_from_and_resize"):
+        for key in ("Conjugate", "Negative"):
+            _IMPL.impl(name, torch.library.fallthrough_kernel, key)
     for name in CPU_VIEWS:
         opov = _overload(name)
         if opov is not None:
