@@ -110,6 +110,15 @@ CASES_DTYPE = {
         "\"pow\" not implemented for 'Bool'",
     ),
     "pow_ bool True": (lambda d: torch.tensor([True, False], device=d).pow_(True), None),
+    # |z| is real: in place on a complex tensor torch refuses; out= and abs() may
+    "abs_ complex": (lambda d: torch.tensor([3 + 4j], device=d).abs_(), "In-place abs is not supported"),
+    "abs out complex": (lambda d: (lambda z: torch.abs(z, out=z))(torch.tensor([3 + 4j], device=d)), None),
+    "abs complex": (lambda d: torch.tensor([3 + 4j, -1j], device=d).abs(), None),
+    "abs_ f32": (lambda d: torch.tensor([-1.5, 2.0], device=d).abs_(), None),
+    # a RuntimeError, as the CPU's (not a ValueError)
+    "clamp no bounds": (lambda d: torch.clamp(t(2, dev=d)), "At least one of 'min' or 'max'"),
+    "clamp_ no bounds": (lambda d: t(2, dev=d).clamp_(), "At least one of 'min' or 'max'"),
+    "clamp out no bounds": (lambda d: torch.clamp(t(2, dev=d), out=t(2, dev=d)), "At least one of 'min' or 'max'"),
 }
 
 

@@ -397,7 +397,13 @@ static bool tpu_refuse_bool(tpu_lower *L, const char *kernel) {
 }
 
 void tpu_emit_abs(tpu_lower *L) {
-  if (!tpu_refuse_bool(L, "abs_cpu")) tpu_emit_unary_op(L, TPU_HLO_ABS, false);
+  if (tpu_refuse_bool(L, "abs_cpu")) return;
+  /* |z| is real: torch refuses to write it into a complex self in place (abs.out may) */
+  if ((L->flags & TPU_OP_INPLACE) && tpu_dtype_is_complex(L->args[0].t.dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "In-place abs is not supported for complex tensors.");
+    return;
+  }
+  tpu_emit_unary_op(L, TPU_HLO_ABS, false);
 }
 void tpu_emit_exp(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_EXP, true); }
 void tpu_emit_expm1(tpu_lower *L) { tpu_emit_unary_op(L, TPU_HLO_EXPM1, true); }
@@ -775,7 +781,7 @@ void tpu_emit_clamp(tpu_lower *L) {
   }
   tpu_hv x = tpu_lower_input(L, 0, dt);
   if (tpu_lower_is_none(L, 1) && tpu_lower_is_none(L, 2))
-    tpu_lower_fail(L, TPU_ERR_VALUE, "torch.clamp: At least one of 'min' or 'max' must not be None");
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.clamp: At least one of 'min' or 'max' must not be None");
   if (!tpu_lower_is_none(L, 1)) x = tpu_lower_binary(L, TPU_HLO_MAX, x, tpu_lower_input(L, 1, dt));
   if (!tpu_lower_is_none(L, 2)) x = tpu_lower_binary(L, TPU_HLO_MIN, x, tpu_lower_input(L, 2, dt));
   tpu_lower_out(L, x);
