@@ -503,6 +503,37 @@ def test_random_statistics():
     assert abs(r.mean().item()) < 5 / n**0.5
 
 
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_random_complex(dtype, mode):
+    """torch samples a complex tensor as view_as_real(self): each part is an
+    independent draw; a normal's parts have the same mean and std / sqrt(2)."""
+    n = 100_000
+    with torchtpu.eager_mode(mode):
+        torch.manual_seed(3)
+        z = torch.randn(n, dtype=dtype, device="tpu")
+        torch.manual_seed(3)
+        again = torch.randn(n, dtype=dtype, device="tpu")
+        m = torch.empty(n, dtype=dtype, device="tpu").normal_(1.0, 2.0)
+        u = torch.rand(n, dtype=dtype, device="tpu")
+        v = torch.empty(n, dtype=dtype, device="tpu").uniform_(-1, 3)
+        like = torch.randn_like(z)
+        z, again, m, u, v, like = (a.cpu() for a in (z, again, m, u, v, like))
+    assert all(a.dtype == dtype and a.shape == (n,) for a in (z, m, u, v, like))
+    assert torch.equal(z, again)  # reproducible for a seed
+    tol = 5 / n**0.5
+    for part in (z.real, z.imag, like.real, like.imag):
+        assert abs(part.mean().item()) < tol and abs(part.var().item() - 0.5) < 0.02
+    assert abs(z.abs().pow(2).mean().item() - 1.0) < 0.03  # E|z|^2 = 1, as randn's
+    for part in (m.real, m.imag):
+        assert abs(part.mean().item() - 1.0) < 2 * tol * 2 and abs(part.std().item() - 2 / 2**0.5) < 0.03
+    for part, lo, hi in ((u.real, 0, 1), (u.imag, 0, 1), (v.real, -1, 3), (v.imag, -1, 3)):
+        assert part.min().item() >= lo and part.max().item() < hi
+        assert abs(part.mean().item() - (lo + hi) / 2) < 5 * (hi - lo) / 12**0.5 / n**0.5
+    assert abs(torch.corrcoef(torch.stack([z.real, z.imag]))[0, 1].item()) < tol  # independent parts
+    assert not torch.equal(u.real, u.imag)
+
+
 def test_dropout():
     n = 100_000
     x = torch.ones(n, device="tpu")

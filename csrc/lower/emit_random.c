@@ -26,26 +26,44 @@ static tpu_hv tpu_normal_values(tpu_lower *L, tpu_dtype dt, int rank, const int6
   return z;
 }
 
-/* normal_(self, mean=0, std=1, *, generator) */
+/* The real dtype a complex tensor's parts are drawn in (TPU_F32 for
+ * complex64, TPU_F64 for complex128); TPU_PRED when t is not complex. torch
+ * samples a complex tensor as view_as_real(self): its real and imaginary
+ * parts are two independent draws of the real distribution. */
+static tpu_dtype tpu_complex_part(const tpu_tref *t) {
+  return t->dtype == TPU_C64 ? TPU_F32 : t->dtype == TPU_C128 ? TPU_F64 : TPU_PRED;
+}
+
+/* normal_(self, mean=0, std=1, *, generator); on a complex self each part is
+ * a normal of the same mean and std / sqrt(2), as torch draws it. */
 void tpu_emit_normal(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  tpu_need_float(L, 0, "normal_kernel_cpu");
+  tpu_dtype part = tpu_complex_part(t);
+  if (part == TPU_PRED && !tpu_need_float(L, 0, "normal_kernel_cpu")) return;
   if (L->args[2].f < 0) tpu_lower_fail(L, TPU_ERR_RUNTIME, "normal expects std >= 0.0, but found std %g", L->args[2].f);
-  tpu_hv z = tpu_normal_values(L, t->dtype, t->rank, t->sizes);
-  z = tpu_add(L, tpu_mul(L, z, tpu_k(L, z, L->args[2].f)), tpu_k(L, z, L->args[1].f));
-  tpu_lower_write(L, 0, -1, z);
+  double mean = L->args[1].f, std = part == TPU_PRED ? L->args[2].f : L->args[2].f / sqrt(2.0);
+  tpu_hv v[2];
+  for (int k = 0; k < (part == TPU_PRED ? 1 : 2); k++) {
+    tpu_hv z = tpu_normal_values(L, part == TPU_PRED ? t->dtype : part, t->rank, t->sizes);
+    v[k] = tpu_add(L, tpu_mul(L, z, tpu_k(L, z, std)), tpu_k(L, z, mean));
+  }
+  tpu_lower_write(L, 0, -1, part == TPU_PRED ? v[0] : tpu_hlo_binary(H, TPU_HLO_COMPLEX, v[0], v[1]));
   tpu_lower_return_arg(L, 0, -1);
 }
 
 /* uniform_(self, from=0, to=1, *, generator) */
 void tpu_emit_uniform(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
-  tpu_need_float(L, 0, "uniform_kernel_cpu");
-  tpu_dtype w = t->dtype == TPU_F64 ? TPU_F64 : TPU_F32;
-  tpu_hv u = tpu_lower_uniform(L, w, t->rank, t->sizes);
+  tpu_dtype part = tpu_complex_part(t);
+  if (part == TPU_PRED && !tpu_need_float(L, 0, "uniform_kernel_cpu")) return;
+  tpu_dtype w = t->dtype == TPU_F64 || part == TPU_F64 ? TPU_F64 : TPU_F32;
   double lo = L->args[1].f, hi = L->args[2].f;
-  u = tpu_add(L, tpu_mul(L, u, tpu_k(L, u, hi - lo)), tpu_k(L, u, lo));
-  tpu_lower_write(L, 0, -1, u);
+  tpu_hv v[2];
+  for (int k = 0; k < (part == TPU_PRED ? 1 : 2); k++) {
+    tpu_hv u = tpu_lower_uniform(L, w, t->rank, t->sizes);
+    v[k] = tpu_add(L, tpu_mul(L, u, tpu_k(L, u, hi - lo)), tpu_k(L, u, lo));
+  }
+  tpu_lower_write(L, 0, -1, part == TPU_PRED ? v[0] : tpu_hlo_binary(H, TPU_HLO_COMPLEX, v[0], v[1]));
   tpu_lower_return_arg(L, 0, -1);
 }
 
