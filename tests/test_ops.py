@@ -534,6 +534,35 @@ def test_random_complex(dtype, mode):
     assert not torch.equal(u.real, u.imag)
 
 
+_COMPLEX_TRUTH = {
+    "all": lambda z: z.all(),
+    "all_dim": lambda z: z.all(1),
+    "any_dim": lambda z: z.any(0),
+    "all_keepdim": lambda z: torch.all(z, dim=0, keepdim=True),
+    "bool": lambda z: z.bool(),
+    "logical_not": lambda z: z.logical_not(),
+    "logical_and": lambda z: torch.logical_and(z, z.conj()),
+    "copy_into_bool": lambda z: torch.empty(2, 2, dtype=torch.bool, device=z.device).copy_(z),
+    "where": lambda z: torch.where(z.bool(), 1, 0),
+    "nonzero": lambda z: z.nonzero(),
+    "count_nonzero": lambda z: torch.count_nonzero(z),
+    "scalar_fill": lambda z: torch.full((2,), 1j, device=z.device).bool(),
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("case", sorted(_COMPLEX_TRUTH))
+def test_complex_truth_is_either_part_nonzero(case, mode):
+    """A complex number is true when its real or imaginary part is nonzero
+    (1j is True; the real part alone once decided, and all/any failed)."""
+    f = _COMPLEX_TRUTH[case]
+    z = torch.tensor([[1 + 1j, 0j], [1j, float("nan")]], dtype=torch.complex64)
+    with torchtpu.eager_mode(mode):
+        got = f(z.to("tpu")).cpu()
+    want = f(z)
+    assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
 def test_dropout():
     n = 100_000
     x = torch.ones(n, device="tpu")

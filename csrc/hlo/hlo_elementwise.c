@@ -257,6 +257,11 @@ tpu_hv tpu_hlo_convert(tpu_hlo *m, tpu_hv x, tpu_dtype dt) {
   if (TY(x).dtype == dt) return x;
   tpu_hlo_type t = TY(x);
   t.dtype = dt;
+  if (tpu_dtype_is_complex(TY(x).dtype) && dt == TPU_PRED) {
+    /* a complex number is true when either part is nonzero (as bool(z) in torch) */
+    tpu_hv re = tpu_hlo_convert(m, tpu_hlo_unary(m, TPU_HLO_REAL, x), TPU_PRED);
+    return tpu_hlo_binary(m, TPU_HLO_OR, re, tpu_hlo_convert(m, tpu_hlo_unary(m, TPU_HLO_IMAG, x), TPU_PRED));
+  }
   if (tpu_dtype_is_complex(TY(x).dtype) && !tpu_dtype_is_complex(dt)) {
     /* XLA rejects complex -> real converts; callers take REAL first. */
     tpu_hlo_fail(m, TPU_ERR_TYPE, "stablehlo.convert: %s to %s drops the imaginary part; take REAL first",

@@ -316,7 +316,7 @@ tpu_hv tpu_lower_scalar(tpu_lower *L, int i, tpu_dtype dt) {
     a->value = tpu_hlo_param(L->hlo, tpu_hlo_type_make(kinds[a->skind], 0, NULL));
   }
   tpu_dtype from = tpu_hlo_typeof(L->hlo, a->value)->dtype;
-  if (from == TPU_C128 && !tpu_dtype_is_complex(dt))
+  if (from == TPU_C128 && !tpu_dtype_is_complex(dt) && dt != TPU_PRED) /* a bool: either part nonzero */
     return tpu_hlo_convert(L->hlo, tpu_hlo_unary(L->hlo, TPU_HLO_REAL, a->value), dt);
   return tpu_hlo_convert(L->hlo, a->value, dt);
 }
@@ -605,7 +605,9 @@ void tpu_lower_write(tpu_lower *L, int i, int item, tpu_hv v) {
   }
   const tpu_hlo_type *vt = tpu_hlo_typeof(L->hlo, v);
   if (vt->dtype == TPU_INVALID) return;
-  if (tpu_dtype_is_complex(vt->dtype) && !tpu_dtype_is_complex(t->dtype)) v = tpu_hlo_unary(L->hlo, TPU_HLO_REAL, v);
+  /* complex into real: the real part; into bool: either part nonzero (tpu_hlo_convert) */
+  if (tpu_dtype_is_complex(vt->dtype) && !tpu_dtype_is_complex(t->dtype) && t->dtype != TPU_PRED)
+    v = tpu_hlo_unary(L->hlo, TPU_HLO_REAL, v);
   v = tpu_hlo_convert(L->hlo, v, t->dtype);
   v = tpu_lower_broadcast_to(L, v, t->rank, t->sizes);
   bool guard = L->check != TPU_HV_NONE;

@@ -65,6 +65,19 @@ static void test_add(void) {
 #define KONST(n, lit, t) \
   "    %v" #n " = \"stablehlo.constant\"() {value = dense<" lit "> : tensor<" t ">} : () -> tensor<" t ">\n"
 
+/* A complex value's truth: either part nonzero (bool(z) in torch), not its real part alone. */
+static void test_complex_to_bool(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv r = tpu_hlo_convert(m, tpu_hlo_param(m, ty(TPU_C64, 1, 4, 0)), TPU_PRED);
+  CHECK(tpu_hlo_ok(m) && tpu_hlo_typeof(m, r)->dtype == TPU_PRED, "complex -> pred");
+  char *got = finish(m, &r, 1, "complex to bool");
+  if (!got) return;
+  CHECK(strstr(got, "\"stablehlo.real\"") && strstr(got, "\"stablehlo.imag\"") && strstr(got, "\"stablehlo.or\"") &&
+            strstr(got, "(tensor<4xf32>) -> tensor<4xi1>"),
+        "complex to bool: both parts converted and or-ed:\n%s", got);
+  free(got);
+}
+
 static void test_constants(void) {
   tpu_hlo *m = tpu_hlo_new();
   tpu_hv c[] = {
@@ -1408,6 +1421,7 @@ static void test_sharded_errors(void) {
 int main(void) {
   test_add();
   test_constants();
+  test_complex_to_bool();
   test_broadcast();
   test_reduce();
   test_reduce_region();
