@@ -401,3 +401,24 @@ def test_masked_fill_value_tensor_must_fit(case):
     else:
         assert not isinstance(out[1], str), out
         assert out[1].dtype == out[0].dtype and torch.equal(out[1], out[0])
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_uint8_mask_index_warns_as_on_cpu(write):
+    """Indexing with a uint8 mask works and carries the CPU's deprecation warning; a bool mask does not warn."""
+    import warnings
+
+    def run(dev):
+        x = torch.arange(4.0, device=dev)
+        m = torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device=dev)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            r = x.index_put_((m,), torch.tensor([7.0, 8.0], device=dev)) if write else x[m]
+            quiet = x[m.bool()]
+        msgs = [str(i.message) for i in w if issubclass(i.category, UserWarning)]
+        return r.cpu(), quiet.cpu(), msgs
+
+    (cr, cq, cm), (tr, tq, tm) = run("cpu"), run("tpu")
+    torch.testing.assert_close(tr, cr)
+    torch.testing.assert_close(tq, cq)
+    assert len(tm) == len(cm) == 1 and "indexing with dtype torch.uint8 is now deprecated" in tm[0], (tm, cm)

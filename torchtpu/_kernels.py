@@ -266,6 +266,12 @@ def _masks_to_indices(self, indices):
         if ix.device.type != "tpu":
             ix = ix.to("tpu")
         if ix.dtype in (torch.bool, torch.uint8):
+            if ix.dtype == torch.uint8:  # the CPU's deprecation warning, word for word
+                warnings.warn(
+                    "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.",
+                    UserWarning,
+                    stacklevel=3,
+                )
             k = len(out)
             for j in range(ix.dim()):
                 if ix.shape[j] != self.shape[k + j]:
