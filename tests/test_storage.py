@@ -307,3 +307,48 @@ def test_a_captured_graph_refuses_to_replay_on_a_freed_storage():
     _C.storage_alloc(x)
     g.replay()
     assert x.cpu().tolist() == [0.0] * 4
+
+
+_UNINITIALIZED = {
+    "empty f32": lambda d: torch.empty(3, device=d),
+    "empty i32": lambda d: torch.empty(2, dtype=torch.int32, device=d),
+    "empty u8": lambda d: torch.empty(2, dtype=torch.uint8, device=d),
+    "empty bool": lambda d: torch.empty(2, dtype=torch.bool, device=d),
+    "empty c64": lambda d: torch.empty(2, dtype=torch.complex64, device=d),
+    "empty bf16": lambda d: torch.empty(2, 2, dtype=torch.bfloat16, device=d),
+    "empty_strided gaps": lambda d: torch.empty_strided((2,), (2,), device=d),
+    "empty_strided expanded": lambda d: torch.empty_strided((3,), (0,), device=d),
+    "empty_like i8": lambda d: torch.empty_like(torch.ones(2, dtype=torch.int8, device=d)),
+    "new_empty": lambda d: torch.ones(1, device=d).new_empty((2, 3)),
+    "resize_ grows": lambda d: torch.ones(2, device=d).resize_(5),
+    "resize_ within storage": lambda d: torch.ones(4, device=d).resize_(2).resize_(4),
+    "resize_ i64": lambda d: torch.arange(3, device=d).resize_(2, 3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_UNINITIALIZED))
+def test_deterministic_mode_fills_uninitialized_memory(case):
+    """torch.use_deterministic_algorithms(True): new memory reads as NaN or the
+    dtype's largest value, as on the CPU; with it off nothing is filled."""
+    make = _UNINITIALIZED[case]
+    torch.use_deterministic_algorithms(True)
+    try:
+        want, got = make("cpu"), make("tpu").cpu()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
+def test_uninitialized_memory_is_left_alone_without_the_switch():
+    """Only the deterministic switch with fill_uninitialized_memory fills: a
+    never-written tpu record reads as zeros otherwise (no program runs)."""
+    assert not torch.empty(3, device="tpu").cpu().isnan().any()
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    try:
+        assert not torch.empty(3, device="tpu").cpu().isnan().any()
+        assert not torch.ones(2, device="tpu").resize_(5).cpu().isnan().any()
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        torch.use_deterministic_algorithms(False)

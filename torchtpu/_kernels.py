@@ -114,8 +114,28 @@ def _dev(device):
     return -1 if device is None or device.index is None else device.index
 
 
+def _uninitialized(t, start=0):
+    """New memory as torch leaves it: with torch.use_deterministic_algorithms(True)
+    and torch.utils.deterministic.fill_uninitialized_memory, the storage's
+    elements from start on hold NaN (floating and complex dtypes) or the
+    dtype's largest value (True for bool), as the CPU's do; else untouched."""
+    if not (torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory):
+        return t
+    n = t.untyped_storage().nbytes() // t.element_size() - start
+    if n > 0:
+        fill = (
+            float("nan")
+            if t.is_floating_point() or t.is_complex()
+            else True
+            if t.dtype == torch.bool
+            else torch.iinfo(t.dtype).max
+        )
+        t.as_strided((n,), (1,), start).fill_(fill)
+    return t
+
+
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _C.empty(size, dtype or torch.get_default_dtype(), None, _dev(device))
+    return _uninitialized(_C.empty(size, dtype or torch.get_default_dtype(), None, _dev(device)))
 
 
 def _efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=None):
@@ -126,7 +146,7 @@ def _efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    return _C.empty(size, dtype or torch.get_default_dtype(), stride, _dev(device))
+    return _uninitialized(_C.empty(size, dtype or torch.get_default_dtype(), stride, _dev(device)))
 
 
 def _empty_like(self, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -138,13 +158,13 @@ def _empty_like(self, dtype=None, layout=None, device=None, pin_memory=None, mem
     keep = memory_format in (None, torch.preserve_format, torch.contiguous_format)
     if keep and dev == self.device and self.is_contiguous() and self.storage_offset() == 0:
         if self.untyped_storage().nbytes() == self.numel() * self.element_size() and _C.sharding(self) is not None:
-            return _C.mesh_like(self, dt)
+            return _uninitialized(_C.mesh_like(self, dt))
     dense = (memory_format is None or memory_format == torch.preserve_format) and _C.dense(self)
     if dev.type != "tpu":
         if dense:
             return torch.empty_strided(self.shape, self.stride(), dtype=dt, device=dev, pin_memory=bool(pin_memory))
         return torch.empty(self.shape, dtype=dt, device=dev, memory_format=memory_format or torch.contiguous_format)
-    return _C.empty(list(self.shape), dt, list(self.stride()) if dense else None, _dev(dev))
+    return _uninitialized(_C.empty(list(self.shape), dt, list(self.stride()) if dense else None, _dev(dev)))
 
 
 def _resolve_bits(t):
@@ -219,8 +239,10 @@ def _resize_(self, size, memory_format=None):
         return self.set_(self.untyped_storage(), self.storage_offset(), size, strides)
     new = _C.empty([n], self.dtype, None, self.device.index)
     old = self.numel()
-    if old and self.is_contiguous():
-        new[: min(old, n)].copy_(self.reshape(-1)[: min(old, n)])
+    kept = min(old, n) if old and self.is_contiguous() else 0
+    if kept:
+        new[:kept].copy_(self.reshape(-1)[:kept])
+    _uninitialized(new, kept)
     return self.set_(new.untyped_storage(), 0, size, strides)
 
 
