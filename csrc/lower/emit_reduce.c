@@ -1260,6 +1260,14 @@ void tpu_emit_hash_tensor(tpu_lower *L) {
   tpu_lower_out(L, tpu_keepdim(L, r, &in, mask, tpu_arg_bool(L, 2)));
 }
 
+/* histogramdd's input is [..., D]: at least 2 dims, as torch checks it. */
+static bool tpu_histogramdd_rank_ok(tpu_lower *L, const tpu_tref *t) {
+  if (t->rank >= 2) return true;
+  tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: input tensor should have at least 2 dimensions, but got %d",
+                 t->rank);
+  return false;
+}
+
 /* _histogramdd_from_bin_tensors(self [..., D], bins (D edge tensors), *, weight=None, density=False).
  * An element counts when every coordinate lies within its dim's first and
  * last edge; its bin along a dim is found as the CPU's binary search
@@ -1269,11 +1277,7 @@ void tpu_emit_hash_tensor(tpu_lower *L) {
 void tpu_emit_histogramdd_from_bin_tensors(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   tpu_dtype dt = t->dtype;
-  if (t->rank < 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: input tensor should have at least 2 dimensions, but got %d",
-                   t->rank);
-    return;
-  }
+  if (!tpu_histogramdd_rank_ok(L, t)) return;
   int64_t D = t->sizes[t->rank - 1], N = 1;
   for (int i = 0; i < t->rank - 1; i++) N *= t->sizes[i];
   if (!tpu_dtype_is_float(dt)) {
@@ -1401,11 +1405,7 @@ void tpu_emit_histogramdd_from_bin_tensors(tpu_lower *L) {
 void tpu_emit_histogramdd_edges(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   tpu_dtype dt = t->dtype;
-  if (t->rank < 2) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "torch.histogramdd: input tensor should have at least 2 dimensions, but got %d",
-                   t->rank);
-    return;
-  }
+  if (!tpu_histogramdd_rank_ok(L, t)) return;
   if (!tpu_dtype_is_float(dt)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"histogramdd\" not implemented for '%s'", tpu_dtype_c10_name(dt));
     return;
