@@ -142,13 +142,13 @@ asan-pytest:
 # The full OpInfo coverage run (all of op_db, four dtypes, gradients): writes
 # docs/op_coverage.md and docs/op_coverage.json. Not part of `make test`.
 coverage: build
-	$(VPY) -m torchtpu.tools.op_coverage --dtypes float32,bfloat16,int64,bool --out docs/op_coverage
+	$(VPY) -m tests.sweeps.op_coverage --dtypes float32,bfloat16,int64,bool --out docs/op_coverage
 
 # A long differential fuzzing run (random programs on tpu in every eager mode
 # against the CPU; failures minimized to reproducers under build/fuzz). A
 # short fixed-seed run is part of `make test` (tests/test_fuzz.py).
 fuzz: build
-	$(VPY) -m torchtpu.tools.fuzz --minutes 20 --seed 1 --out build/fuzz
+	$(VPY) -m tests.sweeps.fuzz --minutes 20 --seed 1 --out build/fuzz
 
 # The distributed checks that need 4 processes (a 2x2 device mesh), slow on
 # 2 cores: not in `make test`.

@@ -1,11 +1,11 @@
-"""The differential fuzzer (python -m torchtpu.tools.fuzz; the long run is
+"""The differential fuzzer (python -m tests.sweeps.fuzz; the long run is
 `make fuzz`): a short fixed-seed run through the same entry point, the
 generator's reach, and the minimizer against a deliberately wrong op."""
 
 import json
 import os
 
-from torchtpu.tools import fuzz, fuzz_gen
+from sweeps import fuzz, fuzz_gen
 
 SEED = 7
 PROGRAMS = 40

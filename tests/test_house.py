@@ -1,5 +1,6 @@
 """The house rules that are checked by a tool, checked that they can fail: the engine's files
-(csrc/engine/) form a stack with no call circle (tools/engine_graph.py). Reads files only
+(csrc/engine/) form a stack with no call circle (tools/engine_graph.py); no file past its line
+budget and the package's Python a small share of the code (tools/line_budget.py). Reads files only
 (no torch)."""
 
 import os
@@ -47,3 +48,31 @@ def test_an_include_closes_a_circle_and_comments_and_strings_do_not(tmp_path):
     r = run(tmp_path)
     assert r.returncode == 0, r.stdout
     assert r.stdout.splitlines() == ["layer 0: low", "layer 1: high  (uses low)"]
+
+
+def _line_budget():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("line_budget", os.path.join(ROOT, "tools", "line_budget.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_package_python_share_is_counted_and_can_fail(tmp_path):
+    lb = _line_budget()
+    py, core, share = lb.python_share()
+    assert py > 0 and core > 0 and share < lb.PYTHON_SHARE, (py, core, share)
+    # a synthetic tree: 30 lines of Python against 70 of C (a .def counts as core)
+    (tmp_path / "torchtpu" / "sub").mkdir(parents=True)
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "torchtpu" / "sub" / "a.py").write_text("x = 1\n" * 30)
+    (tmp_path / "csrc" / "a.c").write_text("int x;\n" * 50)
+    (tmp_path / "csrc" / "ops.def").write_text("ROW(x)\n" * 20)
+    (tmp_path / "csrc" / "notes.md").write_text("not code\n" * 99)
+    assert lb.python_share(tmp_path) == (30, 70, 0.3)
+    # a file over its budget is named; the sweeps under tests/ are held to it too
+    (tmp_path / "tests" / "sweeps").mkdir(parents=True)
+    (tmp_path / "tests" / "sweeps" / "big.py").write_text("x = 1\n" * 1001)
+    (tmp_path / "tests" / "test_big.py").write_text("x = 1\n" * 1001)
+    assert [str(p) for p, _, _ in lb.over_budget(tmp_path)] == [os.path.join("tests", "sweeps", "big.py")]

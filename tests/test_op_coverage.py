@@ -5,10 +5,10 @@ docs/op_coverage.md."""
 
 import pytest
 import torch
+from sweeps import op_coverage as cov
+from sweeps import op_samples as samples
 
 import torchtpu  # noqa: F401
-from torchtpu.tools import op_coverage as cov
-from torchtpu.tools import op_samples as samples
 
 # One or more entries per op family; all four dtypes where the op has them.
 SUBSET = [

@@ -6,9 +6,9 @@ of sign-free functions, torch.svd; and the coverage harness's comparison."""
 import pytest
 import torch
 from _helpers import close, make
+from sweeps import op_samples as samples
 
 import torchtpu  # noqa: F401
-from torchtpu.tools import op_samples as samples
 
 
 def svd_both(a, full):

@@ -1,7 +1,7 @@
 """A differential fuzzer: random programs run on tpu in every eager mode and
 compared with the CPU.
 
-    python -m torchtpu.tools.fuzz --minutes N --seed S [--programs K]
+    python -m tests.sweeps.fuzz --minutes N --seed S [--programs K]
                                   [--modes debug,strict,fused] [--out DIR]
                                   [--ops NAME,...] [--quiet]
 
@@ -41,6 +41,7 @@ import sys
 import time
 import traceback
 
+from . import worker_command, worker_env
 from .fuzz_gen import generate
 from .fuzz_program import (
     DTYPES,
@@ -260,12 +261,12 @@ class Runner:
 
     def start(self):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torchtpu.tools.fuzz", "--worker"],
+            worker_command("fuzz"),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
-            env=self.env,
+            env=worker_env(self.env),
         )
         r = self._read(300)
         if not r or not r.get("ready"):
@@ -456,7 +457,7 @@ def fuzz(
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m torchtpu.tools.fuzz", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tests.sweeps.fuzz", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--programs", type=int, default=None)

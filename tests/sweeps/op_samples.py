@@ -1,5 +1,5 @@
 """Running one OpInfo entry's samples on tpu and on the CPU and comparing
-them (torchtpu.tools.op_coverage's worker side): which ops are random, tie
+them (tests.sweeps.op_coverage's worker side): which ops are random, tie
 their indices or decompose up to a sign or an order, the tolerances, the
 comparison of results and gradients, the classification of errors, and the
 worker process that runs one (op, dtype) job at a time."""

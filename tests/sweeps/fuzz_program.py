@@ -1,4 +1,4 @@
-"""The fuzzer's programs (torchtpu.tools.fuzz): the inputs a spec makes, a
+"""The fuzzer's programs (tests.sweeps.fuzz): the inputs a spec makes, a
 program's lines of Python, running them on a device (in the worker) and
 comparing the results with the CPU's."""
 

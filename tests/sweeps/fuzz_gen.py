@@ -1,4 +1,4 @@
-"""The fuzzer's generator (torchtpu.tools.fuzz): random programs, each step
+"""The fuzzer's generator (tests.sweeps.fuzz): random programs, each step
 drawn from an op family while the CPU runs it, so that operands fit and no
 step depends on a value check."""
 
