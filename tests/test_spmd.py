@@ -134,6 +134,78 @@ CHILD = textwrap.dedent(r"""
         del rep, shd
 
     @case
+    def host_batch_goes_to_each_device():
+        # a host batch: each device is sent its own block, nothing through tpu:0
+        for dt in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
+            x = (torch.randn(8, 6) * 10).to(dt)
+            for mesh, pl, copies in [
+                (mesh4, [Shard(0)], 1),
+                (mesh22, [Shard(0), Replicate()], 2),
+                (mesh22, [Shard(1), Shard(0)], 1),
+                (mesh4, [Replicate()], 4),
+            ]:
+                m0 = torchtpu.metrics()
+                t = spmd.shard(x, mesh, pl)
+                m1 = torchtpu.metrics()
+                assert m1["h2d_bytes"] - m0["h2d_bytes"] == copies * x.numel() * x.element_size(), (dt, pl)
+                assert m1["d2h_bytes"] == m0["d2h_bytes"] and m1["d2d_bytes"] == m0["d2d_bytes"], (dt, pl)
+                assert torch.equal(t.cpu(), x), (dt, pl)
+        x = torch.randn(8, 6)
+        xt = x.t()  # not contiguous: laid out from its contiguous copy
+        assert torch.equal(spmd.shard(xt, mesh4, [Shard(1)]).cpu(), xt)
+        p = torch.nn.Parameter(torch.randn(8, 4))  # a host parameter cannot change device in place
+        raises(ValueError, "move it (or the module) to tpu first", lambda: spmd.shard_(p, mesh4, [Shard(0)]))
+        assert p.device.type == "cpu"
+        # a tpu tensor (from tpu:0 through the host) and a tensor already on a mesh
+        y = spmd.shard(x.to("tpu"), mesh4, [Shard(0)])
+        z = spmd.shard(y, mesh22, [Replicate(), Shard(1)])
+        assert torch.equal(z.cpu(), x) and spmd.sharding(z) == ((2, 2), (-1, 1))
+        raises(ValueError, "not divisible", lambda: spmd.shard(torch.ones(6, 4), mesh4, [Shard(0)]))
+
+    @case
+    def layouts_from_the_partitioner():
+        # square projections of two layouts (column- then row-parallel): each
+        # gradient takes its own parameter's layout, the saved activation is
+        # split over both axes, all as XLA's partitioner chose them
+        torch.manual_seed(0)
+        q, o = torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8, bias=False)
+        qt, ot = torch.nn.Linear(8, 8, bias=False).to("tpu"), torch.nn.Linear(8, 8, bias=False).to("tpu")
+        qt.load_state_dict(q.state_dict())
+        ot.load_state_dict(o.state_dict())
+        spmd.shard_(qt.weight, mesh22, [Replicate(), Shard(0)])
+        spmd.shard_(ot.weight, mesh22, [Replicate(), Shard(1)])
+        x = torch.randn(4, 8)
+        with torchtpu.eager_mode("fused"):
+            torch.tpu.synchronize()
+            m0 = torchtpu.metrics()
+            h = torch.relu(qt(spmd.shard(x, mesh22, [Shard(0), Replicate()])))
+            loss = ot(h).square().sum()
+            loss.backward()
+            torch.tpu.synchronize()
+            m1 = torchtpu.metrics()
+        torch.relu(q(x)).matmul(o.weight.t()).square().sum().backward()
+        assert spmd.sharding(h) == ((2, 2), (0, 1)), spmd.sharding(h)  # batch over dp, features over tp
+        assert spmd.sharding(qt.weight.grad) == spmd.sharding(qt.weight) == ((2, 2), (1, -1))
+        assert spmd.sharding(ot.weight.grad) == spmd.sharding(ot.weight) == ((2, 2), (-1, 1))
+        assert torch.allclose(qt.weight.grad.cpu(), q.weight.grad, atol=1e-5)
+        assert torch.allclose(ot.weight.grad.cpu(), o.weight.grad, atol=1e-5)
+        assert m1["spmd_layouts_chosen"] - m0["spmd_layouts_chosen"] >= 3
+        assert m1["spmd_layout_fallbacks"] == m0["spmd_layout_fallbacks"]
+        # a layout a mesh sharding cannot say (GSPMD lays a reversed split in
+        # reversed device order): the program is compiled again with the
+        # rule's layouts declared, and the value is right
+        spmd.set_partitioner("gspmd")
+        try:
+            x0 = torch.arange(16.0)
+            y = torch.flip(spmd.shard(x0, mesh4, [Shard(0)]), [0]) * 2
+            before = torchtpu.metrics()["spmd_layout_fallbacks"]
+            assert torch.equal(y.cpu(), torch.flip(x0, [0]) * 2)
+            assert torchtpu.metrics()["spmd_layout_fallbacks"] == before + 1
+            assert spmd.sharding(y) == ((4,), (0,))
+        finally:
+            spmd.set_partitioner("shardy")
+
+    @case
     def fused_recording_is_one_program():
         x = spmd.shard(torch.randn(8, 4), mesh4, [Shard(0)])
         with torchtpu.eager_mode("fused"):
@@ -209,6 +281,8 @@ CASES = [
     "writes_into_a_mesh_tensor",
     "constraint_inside_a_program",
     "sharded_parameters_take_a_quarter",
+    "host_batch_goes_to_each_device",
+    "layouts_from_the_partitioner",
     "fused_recording_is_one_program",
     "data_parallel_step_fused",
     "tensor_parallel_step_fused",

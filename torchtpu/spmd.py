@@ -93,25 +93,37 @@ def _dim_axis(t: torch.Tensor, mesh: Mesh, placements: Sequence) -> list[int]:
     return dim_axis
 
 
-def shard(tensor: torch.Tensor, mesh: Mesh, placements: Sequence) -> torch.Tensor:
-    """A tpu tensor of tensor's values laid over mesh (see the module's text).
-    A dimension split over an axis must divide by the axis's size."""
+def _source(tensor: torch.Tensor) -> torch.Tensor:
+    """What _C.shard lays out: a host tensor as it is (each device is sent its
+    own block of it; nothing passes through tpu:0), a tpu tensor as a whole
+    contiguous storage."""
     t = tensor.detach()
+    if t.device.type == "cpu":
+        return t
     if t.device.type != "tpu":
-        t = t.to("tpu:0")
+        return t.cpu()
     t = t.contiguous()
     if t.untyped_storage().nbytes() != t.numel() * t.element_size() or t.storage_offset() != 0:
         t = t.clone()
-    out = _C.shard(t, list(mesh.shape), _dim_axis(t, mesh, placements))
+    return t
+
+
+def shard(tensor: torch.Tensor, mesh: Mesh, placements: Sequence) -> torch.Tensor:
+    """A tpu tensor of tensor's values laid over mesh (see the module's text).
+    A dimension split over an axis must divide by the axis's size."""
+    out = _C.shard(_source(tensor), list(mesh.shape), _dim_axis(tensor, mesh, placements))
     return out.requires_grad_(tensor.requires_grad) if tensor.is_leaf else out
 
 
 def shard_(param: torch.Tensor, mesh: Mesh, placements: Sequence) -> torch.Tensor:
     """Lays a parameter (or any leaf tensor) over mesh in place: its .data."""
-    with torch.no_grad():
-        param.data = _C.shard(
-            param.detach().to("tpu:0").contiguous().clone(), list(mesh.shape), _dim_axis(param, mesh, placements)
+    if param.device.type != "tpu":
+        raise ValueError(
+            f"shard_: the tensor is on {param.device.type}; a tensor keeps its device in place: move it (or the "
+            "module) to tpu first, or lay out a new tensor with spmd.shard"
         )
+    with torch.no_grad():
+        param.data = _C.shard(_source(param), list(mesh.shape), _dim_axis(param, mesh, placements))
     return param
 
 

@@ -338,44 +338,61 @@ tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_
 
 /* ---- meshes (spmd.c): a tensor onto a mesh, and a new one laid out as another ---- */
 
-tpu_status *tpu_engine_shard(tpu_engine *e, tpu_record *src, const tpu_sharding *sh, const int64_t *gdims,
-                             tpu_record **out) {
-  *out = NULL;
+/* The sharding's checks against a global shape of numel elements. */
+static tpu_status *tpu_shard_check(tpu_engine *e, const tpu_sharding *sh, const int64_t *gdims, int64_t want) {
   int64_t numel = 1;
   for (int i = 0; i < sh->rank; i++) numel *= gdims[i];
-  if (numel != src->numel)
+  if (numel != want)
     return tpu_status_new(TPU_ERR_VALUE, "shard: a shape of %lld elements for a storage of %lld", (long long)numel,
-                          (long long)src->numel);
+                          (long long)want);
   tpu_status *s = tpu_sharding_check(sh, gdims);
   if (s) return s;
   int64_t n = tpu_sharding_num_devices(sh);
   if (n > tpu_rt_device_count(e->rt))
     return tpu_status_new(TPU_ERR_VALUE, "a mesh of %lld devices; this process has %d (TORCHTPU_NUM_DEVICES)",
                           (long long)n, tpu_rt_device_count(e->rt));
-  size_t nb = (size_t)numel * tpu_dtype_size(src->dtype);
-  void *host = malloc(nb ? nb : 1);
-  if (!host) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", nb);
-  s = tpu_engine_download(e, src, host, nb);
-  tpu_record *r = s ? NULL : tpu_record_new_on(e, 0, src->dtype, numel);
-  if (!s && !r) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-  if (!s) {
-    r->sh = malloc(sizeof *r->sh);
-    r->shards = calloc((size_t)n, sizeof *r->shards);
-    if (!r->sh || !r->shards) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
-  }
+  return NULL;
+}
+
+tpu_status *tpu_engine_shard_host(tpu_engine *e, const void *host, tpu_dtype dt, const tpu_sharding *sh,
+                                  const int64_t *gdims, tpu_record **out) {
+  *out = NULL;
+  int64_t numel = 1;
+  for (int i = 0; i < sh->rank; i++) numel *= gdims[i];
+  tpu_status *s = tpu_shard_check(e, sh, gdims, numel);
+  if (s) return s;
+  int64_t n = tpu_sharding_num_devices(sh);
+  tpu_record *r = tpu_record_new_on(e, 0, dt, numel);
+  if (!r) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  r->sh = malloc(sizeof *r->sh);
+  r->shards = calloc((size_t)n, sizeof *r->shards);
+  if (!r->sh || !r->shards) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   if (!s) {
     *r->sh = *sh;
     r->grank = sh->rank;
     memcpy(r->gdims, gdims, sizeof(int64_t) * (size_t)sh->rank);
-    s = tpu_shards_from_host(e, sh, gdims, src->dtype, host, r->shards);
+    s = tpu_shards_from_host(e, sh, gdims, dt, host, r->shards);
   }
-  free(host);
   if (s) {
     tpu_record_unref(r);
     return s;
   }
   *out = r;
   return NULL;
+}
+
+tpu_status *tpu_engine_shard(tpu_engine *e, tpu_record *src, const tpu_sharding *sh, const int64_t *gdims,
+                             tpu_record **out) {
+  *out = NULL;
+  tpu_status *s = tpu_shard_check(e, sh, gdims, src->numel);
+  if (s) return s;
+  size_t nb = (size_t)src->numel * tpu_dtype_size(src->dtype);
+  void *host = malloc(nb ? nb : 1);
+  if (!host) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", nb);
+  s = tpu_engine_download(e, src, host, nb);
+  if (!s) s = tpu_engine_shard_host(e, host, src->dtype, sh, gdims, out);
+  free(host);
+  return s;
 }
 
 tpu_status *tpu_engine_mesh_like(tpu_engine *e, tpu_record *src, tpu_dtype dt, tpu_record **out) {

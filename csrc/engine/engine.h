@@ -87,36 +87,38 @@ extern const char *const tpu_flush_names[TPU_FLUSH_COUNT];
 
 /* The engine's counters: field, the name torchtpu.metrics() gives it, and
  * whether it counts nanoseconds (shown in seconds). */
-#define TPU_METRICS(X)                                                                           \
-  X(ops_dispatched, "ops_dispatched", 0)                                                         \
-  X(programs_compiled, "programs_compiled", 0)                                                   \
-  X(cache_hits, "cache_hits", 0)                                                                 \
-  X(cache_misses, "cache_misses", 0)                                                             \
-  X(compile_ns, "compile_seconds", 1)                                                            \
-  X(execute_ns, "execute_seconds", 1)                                                            \
-  X(h2d_bytes, "h2d_bytes", 0)                                                                   \
-  X(d2h_bytes, "d2h_bytes", 0)                                                                   \
-  X(d2d_bytes, "d2d_bytes", 0) /* copies between local devices */                                \
-  X(records_live, "live_records", 0)                                                             \
-  X(fallback_ops, "fallback_ops", 0)                                                             \
-  X(cache_evictions, "cache_evictions", 0) /* times the program cache was emptied */             \
-  X(disk_hits, "disk_cache_hits", 0)       /* programs loaded from the disk cache */             \
-  X(disk_misses, "disk_cache_misses", 0)   /* not found there (compiled, then written) */        \
-  X(disk_writes, "disk_cache_writes", 0)                                                         \
-  X(disk_corrupt, "disk_cache_corrupt", 0) /* damaged entries found (removed, recompiled) */     \
-  X(disk_refused, "disk_cache_refused", 0) /* untrusted entries (not ours, bad MAC, ...) */      \
-  X(disk_load_ns, "disk_load_seconds", 1)  /* reading and deserializing entries */               \
-  X(fused_programs, "fused_programs_run", 0)                                                     \
-  X(fused_ops, "fused_ops", 0)                /* recorded ops the fused programs ran */          \
-  X(backward_passes, "backward_passes", 0)    /* fused mode: tpu_engine_backward_begins */       \
-  X(graph_replays, "graph_replays", 0)        /* captured graphs run straight from their plan */ \
-  X(ops_pruned, "fused_ops_pruned", 0)        /* recorded ops dropped at a flush (not needed) */ \
-  X(spmd_programs, "spmd_programs_run", 0)    /* programs over a mesh of devices */              \
-  X(replica_colls, "replica_collectives", 0)  /* tpu_engine_replica_collective */                \
-  X(aot_compiled, "aot_programs_compiled", 0) /* compiled for the AOT topology (aot_target.c) */ \
-  X(aot_failed, "aot_programs_failed", 0)     /* refused by its compiler (too big included) */   \
-  X(aot_oom, "aot_programs_too_big", 0)       /* refused as larger than a chip's memory */       \
-  X(aot_disk_hits, "aot_disk_cache_hits", 0)  /* found compiled in the disk cache */             \
+#define TPU_METRICS(X)                                                                                    \
+  X(ops_dispatched, "ops_dispatched", 0)                                                                  \
+  X(programs_compiled, "programs_compiled", 0)                                                            \
+  X(cache_hits, "cache_hits", 0)                                                                          \
+  X(cache_misses, "cache_misses", 0)                                                                      \
+  X(compile_ns, "compile_seconds", 1)                                                                     \
+  X(execute_ns, "execute_seconds", 1)                                                                     \
+  X(h2d_bytes, "h2d_bytes", 0)                                                                            \
+  X(d2h_bytes, "d2h_bytes", 0)                                                                            \
+  X(d2d_bytes, "d2d_bytes", 0) /* copies between local devices */                                         \
+  X(records_live, "live_records", 0)                                                                      \
+  X(fallback_ops, "fallback_ops", 0)                                                                      \
+  X(cache_evictions, "cache_evictions", 0) /* times the program cache was emptied */                      \
+  X(disk_hits, "disk_cache_hits", 0)       /* programs loaded from the disk cache */                      \
+  X(disk_misses, "disk_cache_misses", 0)   /* not found there (compiled, then written) */                 \
+  X(disk_writes, "disk_cache_writes", 0)                                                                  \
+  X(disk_corrupt, "disk_cache_corrupt", 0) /* damaged entries found (removed, recompiled) */              \
+  X(disk_refused, "disk_cache_refused", 0) /* untrusted entries (not ours, bad MAC, ...) */               \
+  X(disk_load_ns, "disk_load_seconds", 1)  /* reading and deserializing entries */                        \
+  X(fused_programs, "fused_programs_run", 0)                                                              \
+  X(fused_ops, "fused_ops", 0)                         /* recorded ops the fused programs ran */          \
+  X(backward_passes, "backward_passes", 0)             /* fused mode: tpu_engine_backward_begins */       \
+  X(graph_replays, "graph_replays", 0)                 /* captured graphs run straight from their plan */ \
+  X(ops_pruned, "fused_ops_pruned", 0)                 /* recorded ops dropped at a flush (not needed) */ \
+  X(spmd_programs, "spmd_programs_run", 0)             /* programs over a mesh of devices */              \
+  X(spmd_layouts, "spmd_layouts_chosen", 0)            /* values whose layout XLA's partitioner chose */  \
+  X(spmd_layout_fallbacks, "spmd_layout_fallbacks", 0) /* programs recompiled with rule layouts */        \
+  X(replica_colls, "replica_collectives", 0)           /* tpu_engine_replica_collective */                \
+  X(aot_compiled, "aot_programs_compiled", 0)          /* compiled for the AOT topology (aot_target.c) */ \
+  X(aot_failed, "aot_programs_failed", 0)              /* refused by its compiler (too big included) */   \
+  X(aot_oom, "aot_programs_too_big", 0)                /* refused as larger than a chip's memory */       \
+  X(aot_disk_hits, "aot_disk_cache_hits", 0)           /* found compiled in the disk cache */             \
   X(aot_ns, "aot_compile_seconds", 1)
 typedef struct {
 #define X(field, name, ns) atomic_llong field;
@@ -270,6 +272,11 @@ int tpu_engine_current_device(const tpu_engine *e);
  * host. Errors name a dimension that does not divide, a mesh too large. */
 tpu_status *tpu_engine_shard(tpu_engine *e, tpu_record *src, const tpu_sharding *sh, const int64_t *gdims,
                              tpu_record **out);
+/* A new record of host data (global shape gdims, dtype dt) laid over the mesh
+ * as sh: each device is sent its own block, nothing passes through another
+ * device. */
+tpu_status *tpu_engine_shard_host(tpu_engine *e, const void *host, tpu_dtype dt, const tpu_sharding *sh,
+                                  const int64_t *gdims, tpu_record **out);
 /* A new mesh record laid out as src (a mesh record), of dtype dt, zeros. */
 tpu_status *tpu_engine_mesh_like(tpu_engine *e, tpu_record *src, tpu_dtype dt, tpu_record **out);
 /* The SPMD partitioner: Shardy (true, the default) or GSPMD. */

@@ -356,7 +356,11 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   int *fout = malloc(sizeof *fout * (size_t)(tab->n ? tab->n : 1));
   tpu_sharding *fsh = x.mesh ? malloc(sizeof *fsh * (size_t)(tab->n ? tab->n : 1)) : NULL;
   int64_t (*fdims)[TPU_MAX_RANK] = x.mesh ? malloc(sizeof *fdims * (size_t)(tab->n ? tab->n : 1)) : NULL;
-  if (!res || !fout || x.oom || (x.mesh && (!fsh || !fdims))) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  /* prop[k]: XLA's partitioner chooses result k's layout (see tpu_spmd_choose) */
+  bool *prop = x.mesh ? calloc((size_t)(tab->n + x.nchk + 1), sizeof *prop) : NULL;
+  int nprop = 0;
+  if (!res || !fout || x.oom || (x.mesh && (!fsh || !fdims || !prop)))
+    s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   for (int k = 0; k < tab->n && !s; k++) {
     tpu_record *r = tab->r[k];
     if (r->fuse_def && tpu_record_live(r)) {
@@ -371,7 +375,11 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
         const int64_t *dims = r->sh || r->fuse_new ? r->gdims : &r->numel;
         memcpy(fdims[nres], dims, sizeof(int64_t) * (size_t)fsh[nres].rank);
         res[nres] = tpu_hlo_reshape(H, r->fuse_val, fsh[nres].rank, fdims[nres]);
-        tpu_hlo_result_sharding(H, nres, &fsh[nres]);
+        prop[nres] = tpu_spmd_chosen_by_xla(r);
+        if (prop[nres])
+          nprop++;
+        else
+          tpu_hlo_result_sharding(H, nres, &fsh[nres]);
       }
       fout[nres++] = k;
     }
@@ -389,8 +397,6 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   char *text = NULL;
   size_t len = 0;
   if (!s) s = tpu_hlo_finish(H, res, nres + nchk, &text, &len);
-  tpu_hlo_free(H);
-  free(res);
   if (!s && e->dump_hlo) fprintf(stderr, "-- fused program of %d ops\n%s\n", e->fuse.nnodes, text);
   tpu_rt_exec *exec = NULL;
   if (!s && nres) {
@@ -398,11 +404,31 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     snprintf(label, sizeof label, "a fused program of %d ops", e->fuse.nnodes);
     int rows = x.mesh ? (int)tpu_sharding_num_devices(x.mesh) : 1;
     tpu_rt_compile_opts o = {.replicas = 1, .partitions = rows, .spmd = true, .shardy = e->shardy};
+    o.propagate = nprop ? prop : NULL;
+    o.npropagate = nprop ? nres + nchk : 0;
     if (x.mesh) snprintf(label, sizeof label, "a program of %d ops over %d devices", e->fuse.nnodes, rows);
     tpu_fuse_ops_named(e);
     s = tpu_engine_compile_with(e, text, len, label, x.mesh ? &o : NULL, &exec);
+    if (!s && nprop && !tpu_spmd_read_layouts(e, exec, x.mesh, nres, fdims, prop, fsh)) {
+      /* a layout a tpu_sharding cannot say: the program again, with the
+       * rule's layouts declared */
+      for (int k = 0; k < nres; k++)
+        if (prop[k]) tpu_hlo_result_sharding(H, k, &fsh[k]);
+      tpu_rt_exec_free(exec);
+      exec = NULL;
+      free(text);
+      text = NULL;
+      s = tpu_hlo_finish(H, res, nres + nchk, &text, &len);
+      o.propagate = NULL;
+      o.npropagate = 0;
+      if (!s) s = tpu_engine_compile_with(e, text, len, label, &o, &exec);
+      atomic_fetch_add(&e->metrics.spmd_layout_fallbacks, 1);
+    }
     e->aot.what[0] = 0;
   }
+  tpu_hlo_free(H);
+  free(res);
+  free(prop);
   free(text);
   tpu_cache_entry *c = s ? NULL : calloc(1, sizeof *c);
   if (!s && (!c || !(c->key = malloc(sig->n)))) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");

@@ -8,10 +8,15 @@
  * (fuse.c lowers it with the records' shardings on its parameters and
  * results; XLA partitions it and inserts the collectives); its other inputs
  * are given to every device. Every value it writes becomes a mesh record:
- * a record that was on the mesh keeps its sharding, a new record of the
- * shape of a split mesh input takes that input's sharding, and the others are
- * replicated. Moving a tensor onto the mesh, reading one back and writing
- * host data into one go through the host.
+ * a record that was on the mesh keeps its sharding (declared on the
+ * program's result), a value a constraint lays out takes the constraint's,
+ * and every other new value takes the layout XLA's partitioner chose for it
+ * (the result is left undeclared, XLA may choose it, and the choice is read
+ * back from the optimized program). Where the plugin does not say its
+ * choices, or one is not a tpu_sharding, the program is compiled again with
+ * the rule's layouts declared: the shape of a split mesh input takes that
+ * input's sharding, the others are replicated. Moving a tensor onto the mesh,
+ * reading one back and writing host data into one go through the host.
  */
 #define _GNU_SOURCE
 #include "spmd.h"
@@ -19,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../hlo/hlo.h"
 #include "../mesh.h"
 #include "engine_impl.h"
 
@@ -62,15 +68,27 @@ tpu_status *tpu_shards_from_host(tpu_engine *e, const tpu_sharding *sh, const in
                                  const void *data, tpu_rt_buffer **shards) {
   int64_t n = tpu_sharding_num_devices(sh), bd[TPU_MAX_RANK], off[TPU_MAX_RANK];
   if (!tpu_sharding_shard_dims(sh, gd, bd)) return tpu_status_new(TPU_ERR_VALUE, "a sharding that does not fit");
-  size_t isz = tpu_dtype_size(dt), bn = isz;
+  size_t isz = tpu_dtype_size(dt), bn = isz, inner = isz;
   for (int i = 0; i < sh->rank; i++) bn *= (size_t)bd[i];
-  uint8_t *blk = malloc(bn ? bn : 1);
-  if (!blk) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", bn);
+  /* a block is one run of the global array when only its first dimension is
+   * cut (a batch split over dim 0, or replicated): sent from where it lies */
+  bool run = true;
+  for (int i = 1; i < sh->rank; i++) {
+    run = run && bd[i] == gd[i];
+    inner *= (size_t)gd[i];
+  }
+  uint8_t *blk = run ? NULL : malloc(bn ? bn : 1);
+  if (!run && !blk) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", bn);
   tpu_status *s = NULL;
   for (int64_t d = 0; d < n && !s; d++) {
     tpu_sharding_shard_offsets(sh, gd, d, off);
-    tpu_block_copy((uint8_t *)data, blk, isz, sh->rank, gd, bd, off, true);
-    s = tpu_engine_h2d(e, (int)d, blk, dt, bd, sh->rank, &shards[d]);
+    const uint8_t *src = (const uint8_t *)data + (run && sh->rank ? (size_t)off[0] * inner : 0);
+    if (!run) {
+      tpu_block_copy((uint8_t *)data, blk, isz, sh->rank, gd, bd, off, true);
+      src = blk;
+    }
+    s = tpu_engine_h2d(e, (int)d, src, dt, bd, sh->rank, &shards[d]);
+    if (!s) atomic_fetch_add(&e->metrics.h2d_bytes, (long long)bn);
   }
   free(blk);
   return s;
@@ -156,6 +174,52 @@ tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, co
       return *m->sh;
   }
   return tpu_sharding_make(mesh->mesh_rank, mesh->mesh, r->grank, NULL);
+}
+
+bool tpu_spmd_chosen_by_xla(const tpu_record *r) { return !r->sh && r->fuse_new && !r->fuse_has_sh; }
+
+bool tpu_spmd_read_layouts(tpu_engine *e, tpu_rt_exec *exec, const tpu_sharding *mesh, int nres,
+                           const int64_t (*dims)[TPU_MAX_RANK], const bool *prop, tpu_sharding *sh) {
+  /* the program's outputs: its records' values, then its value checks (not read) */
+  int nout = tpu_rt_exec_num_outputs(exec);
+  if (nout < nres) return false;
+  uint8_t *mod = NULL;
+  size_t len = 0;
+  bool with_config = false;
+  tpu_status *s = tpu_rt_exec_optimized(exec, &mod, &len, &with_config);
+  size_t cap = (size_t)nout + 1;
+  bool *want = s ? NULL : calloc(cap, sizeof *want);
+  int *ranks = want ? calloc(cap, sizeof *ranks) : NULL;
+  tpu_sharding *got = ranks ? malloc(sizeof *got * cap) : NULL;
+  bool ok = got != NULL;
+  if (ok) {
+    for (int k = 0; k < nres; k++) {
+      want[k] = prop[k];
+      ranks[k] = sh[k].rank;
+    }
+    s = tpu_hlo_read_output_shardings(mod, len, with_config, mesh->mesh_rank, mesh->mesh, nout, ranks, want, got);
+    ok = s == NULL;
+  }
+  for (int k = 0; k < nres && ok; k++) { /* an uneven split is not a tpu_sharding */
+    tpu_status *c = prop[k] ? tpu_sharding_check(&got[k], dims[k]) : NULL;
+    ok = c == NULL;
+    tpu_status_free(c);
+  }
+  if (ok) {
+    int chosen = 0;
+    for (int k = 0; k < nres; k++)
+      if (prop[k]) {
+        sh[k] = got[k];
+        chosen++;
+      }
+    atomic_fetch_add(&e->metrics.spmd_layouts, chosen);
+  }
+  tpu_status_free(s);
+  free(mod);
+  free(want);
+  free(ranks);
+  free(got);
+  return ok;
 }
 
 /* Runs c's rows on in (rows x inputs, borrowed); the record outputs become

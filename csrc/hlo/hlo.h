@@ -98,6 +98,15 @@ void tpu_hlo_set_num_replicas(tpu_hlo *m, int n);
  * argument's or result's attribute, next to tf.aliasing_output. */
 void tpu_hlo_param_sharding(tpu_hlo *m, tpu_hv p, const tpu_sharding *s);
 void tpu_hlo_result_sharding(tpu_hlo *m, int result_index, const tpu_sharding *s);
+/* The layouts XLA's partitioner chose for a program's n outputs, read from
+ * its optimized module (a serialized HloModuleProto, or with with_config an
+ * HloModuleProtoWithConfig around one: tpu_rt_exec_optimized) over the mesh (mesh_rank, mesh): out[k] for each k with want[k], a tensor of
+ * rank ranks[k]. An owned status where the module names none or an output's
+ * layout is not one a tpu_sharding can say (sharding_read.c); out[k] of the
+ * wanted outputs is then undefined. */
+tpu_status *tpu_hlo_read_output_shardings(const uint8_t *module, size_t len, bool with_config, int mesh_rank,
+                                          const int64_t *mesh, int n, const int *ranks, const bool *want,
+                                          tpu_sharding *out);
 /* x constrained to sharding s (same type as x): GSPMD's custom_call
  * @Sharding or Shardy's sdy.sharding_constraint. */
 tpu_hv tpu_hlo_sharding_constraint(tpu_hlo *m, tpu_hv x, const tpu_sharding *s);

@@ -7,38 +7,81 @@
 
 #include "../mesh.h"
 
+/* A host tensor's dtype, shape and the address of its values (c: its
+ * contiguous form, a new reference the caller drops). False: an error set. */
+static bool tpu_host_values(tpu_mod_state *st, PyObject *t, PyObject **c, tpu_dtype *dt, int64_t *sizes, int *rank,
+                            const void **data) {
+  *c = PyObject_CallMethodNoArgs(t, st->s_contiguous);
+  if (!*c) return false;
+  PyObject *d = PyObject_GetAttr(*c, st->s_dtype);
+  *dt = d ? tpu_dtype_from_py(st, d) : TPU_INVALID;
+  Py_XDECREF(d);
+  PyObject *shape = *dt != TPU_INVALID ? PyObject_GetAttr(*c, st->s_shape) : NULL;
+  *rank = shape ? tpu_int64_seq(shape, sizes, TPU_MAX_RANK, "shape") : -1;
+  Py_XDECREF(shape);
+  int64_t ptr = *rank >= 0 ? tpu_call_int(*c, st->s_data_ptr) : -1;
+  if (*rank < 0 || (ptr == -1 && PyErr_Occurred())) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "shard: a dtype tpu does not support");
+    Py_CLEAR(*c);
+    return false;
+  }
+  *data = (const void *)(uintptr_t)ptr;
+  return true;
+}
+
 /* shard(t, mesh, dim_axis) -> a new tensor of t's shape laid over the first
  * prod(mesh) local devices: dimension i split over mesh axis dim_axis[i] (-1:
- * not split), replicated over the axes that split nothing. t: a contiguous
- * tpu tensor (its whole storage); a tensor already on a mesh is laid out
- * again (through the host). */
+ * not split), replicated over the axes that split nothing. t: a host tensor
+ * (each device is sent its own block of it), or a contiguous tpu tensor (its
+ * whole storage; one already on a mesh is laid out again, through the
+ * host). */
 PyObject *tpu_py_shard(PyObject *m, PyObject *args) {
   PyObject *t, *mesh_o, *axes_o;
   if (!PyArg_ParseTuple(args, "OOO", &t, &mesh_o, &axes_o)) return NULL;
   tpu_mod_state *st = tpu_state(m);
   if (!tpu_need_engine(st)) return NULL;
+  PyObject *iscpu = PyObject_GetAttr(t, st->s_is_cpu);
+  int host = iscpu ? PyObject_IsTrue(iscpu) : -1;
+  Py_XDECREF(iscpu);
+  if (host < 0) return NULL;
   tpu_arg a;
-  if (!tpu_py_to_tref_args(st, t, &a, "shard")) return NULL;
+  PyObject *c = NULL;
+  tpu_dtype hdt = TPU_INVALID;
+  int64_t hsizes[TPU_MAX_RANK];
+  int rank = 0;
+  const void *data = NULL;
+  if (host) {
+    if (!tpu_host_values(st, t, &c, &hdt, hsizes, &rank, &data)) return NULL;
+  } else {
+    if (!tpu_py_to_tref_args(st, t, &a, "shard")) return NULL;
+    if (!a.t.rec) return PyErr_Format(PyExc_ValueError, "shard: a tensor without storage");
+    if (a.t.offset != 0 || tpu_tref_view_kind(&a.t) != TPU_VIEW_WHOLE)
+      return PyErr_Format(PyExc_ValueError, "shard: the tensor must be contiguous and own its whole storage");
+    rank = a.t.rank;
+  }
+  const int64_t *sizes = host ? hsizes : a.t.sizes;
   int64_t mesh[TPU_MAX_RANK], axes[TPU_MAX_RANK];
   int mr = tpu_int64_seq(mesh_o, mesh, TPU_MAX_RANK, "mesh");
   int ar = mr >= 0 ? tpu_int64_seq(axes_o, axes, TPU_MAX_RANK, "dim_axis") : -1;
-  if (ar < 0) return NULL;
-  tpu_tref *r = &a.t;
-  if (!r->rec || ar != r->rank || mr > TPU_MESH_MAX_AXES)
-    return PyErr_Format(PyExc_ValueError, "shard: %d placements for a tensor of %d dimensions (a mesh of %d axes)", ar,
-                        r->rank, mr);
-  if (r->offset != 0 || tpu_tref_view_kind(r) != TPU_VIEW_WHOLE)
-    return PyErr_Format(PyExc_ValueError, "shard: the tensor must be contiguous and own its whole storage");
+  if (ar >= 0 && (ar != rank || mr > TPU_MESH_MAX_AXES))
+    PyErr_Format(PyExc_ValueError, "shard: %d placements for a tensor of %d dimensions (a mesh of %d axes)", ar, rank,
+                 mr);
   int8_t dim_axis[TPU_MAX_RANK];
-  for (int i = 0; i < ar; i++) {
-    if (axes[i] < -1 || axes[i] >= mr) return PyErr_Format(PyExc_ValueError, "shard: mesh axis %lld", axes[i]);
+  for (int i = 0; i < ar && !PyErr_Occurred(); i++) {
+    if (axes[i] < -1 || axes[i] >= mr) PyErr_Format(PyExc_ValueError, "shard: mesh axis %lld", axes[i]);
     dim_axis[i] = (int8_t)axes[i];
+  }
+  if (PyErr_Occurred()) {
+    Py_XDECREF(c);
+    return NULL;
   }
   tpu_sharding sh = tpu_sharding_make(mr, mesh, ar, dim_axis);
   tpu_record *out = NULL;
-  tpu_status *s = tpu_engine_shard(st->eng, r->rec, &sh, r->sizes, &out);
+  tpu_status *s = host ? tpu_engine_shard_host(st->eng, data, hdt, &sh, sizes, &out)
+                       : tpu_engine_shard(st->eng, a.t.rec, &sh, sizes, &out);
+  Py_XDECREF(c); /* the host values are sent: tpu_shards_from_host waits for each transfer */
   if (s) return tpu_raise(s);
-  return tpu_mint(st, out, r->rank, r->sizes, NULL);
+  return tpu_mint(st, out, rank, sizes, NULL);
 }
 
 /* mesh_like(t, dtype) -> a tensor of t's shape laid out as t (a whole,

@@ -264,12 +264,14 @@ tpu_status *tpu_rt_target_compile(tpu_rt_target *t, const char *mlir, size_t len
   if (rows > t->ndevices)
     return tpu_status_new(TPU_ERR_VALUE, "a program over %d devices; TPU topology %s has %d", rows, t->name,
                           t->ndevices);
-  uint8_t ob[TPU_RT_OPTS_MAX];
+  uint8_t *ob = malloc(tpu_rt_options_cap(o));
+  if (!ob) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   size_t on = tpu_rt_encode_options(o, false, 0, ob);
   tpu_pjrt_program p = {TPU_PJRT_SIZE(tpu_pjrt_program, format_size), NULL, (char *)mlir, len, "mlir", 4};
   tpu_pjrt_topology_compile_args c = {
       TPU_PJRT_SIZE(tpu_pjrt_topology_compile_args, executable), NULL, t->topo, &p, (const char *)ob, on, NULL, NULL};
   tpu_status *s = TPU_ACALL(api, Compile, &c);
+  free(ob);
   if (s) return s;
   tpu_aot_read(api, c.executable, st);
   s = tpu_aot_serialize(api, c.executable, bytes, nbytes, &st->serialized_bytes);

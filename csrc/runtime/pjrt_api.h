@@ -373,6 +373,11 @@ typedef struct {
   tpu_pjrt_loaded_exec *loaded;
   tpu_pjrt_exec *executable;
 } tpu_pjrt_get_exec_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_exec *executable;
+  tpu_pjrt_program *program; /* code NULL: its size is set */
+} tpu_pjrt_optimized_args;
 
 typedef struct {
   TPU_PJRT_HEAD;

@@ -16,9 +16,10 @@
 tpu_status *tpu_rt_pjrt_status(const tpu_pjrt_api *api, tpu_pjrt_error *err, const char *what);
 
 /* CompileOptionsProto bytes for o (NULL: one replica, one partition) into out
- * (TPU_RT_OPTS_MAX bytes); portable and opt_level as tpu_rt_compile uses them
- * (opt_level 0: XLA's own). Returns the length. */
+ * (tpu_rt_options_cap(o) bytes); portable and opt_level as tpu_rt_compile
+ * uses them (opt_level 0: XLA's own). Returns the length. */
 enum { TPU_RT_OPTS_MAX = 128 };
+size_t tpu_rt_options_cap(const tpu_rt_compile_opts *o);
 size_t tpu_rt_encode_options(const tpu_rt_compile_opts *o, bool portable, int opt_level, uint8_t *out);
 
 #endif

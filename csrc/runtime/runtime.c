@@ -175,15 +175,26 @@ static size_t tpu_pb_varint(uint8_t *p, uint64_t v) {
   return n;
 }
 
-/* CompileOptionsProto bytes (at most TPU_RT_OPTS_MAX): executable_build_options
- * (field 3: num_replicas 4, num_partitions 5, use_spmd_partitioning 6,
- * use_shardy_partitioner 19), compile_portable_executable (4), then the
- * env_option_overrides (and the optimization level when one is set). The
- * fields that let XLA choose shardings of parameters and outputs (12, 18)
- * stay unset: declared shardings hold. */
+/* CompileOptionsProto bytes: executable_build_options (field 3: num_replicas
+ * 4, num_partitions 5, use_spmd_partitioning 6, use_shardy_partitioner 19,
+ * and allow_spmd_sharding_propagation_to_output 12, one packed bool per
+ * output, where o asks XLA to choose some outputs' shardings),
+ * compile_portable_executable (4), then the env_option_overrides (and the
+ * optimization level when one is set). Parameters' shardings (field 18)
+ * always hold as declared. */
 _Static_assert(sizeof tpu_opt_level_override == 38, "one map entry: a 30-byte key and an int value");
+static int tpu_rt_npropagate(const tpu_rt_compile_opts *o) {
+  if (!o || !o->propagate || o->npropagate <= 0) return 0;
+  for (int k = 0; k < o->npropagate; k++)
+    if (o->propagate[k]) return o->npropagate;
+  return 0; /* nothing chosen by XLA: the field stays unset */
+}
+
+size_t tpu_rt_options_cap(const tpu_rt_compile_opts *o) { return TPU_RT_OPTS_MAX + 2 * (size_t)tpu_rt_npropagate(o); }
+
 size_t tpu_rt_encode_options(const tpu_rt_compile_opts *o, bool portable, int opt_level, uint8_t *out) {
-  uint8_t b[32];
+  int nprop = tpu_rt_npropagate(o);
+  uint8_t *b = out + tpu_rt_options_cap(o) - (32 + (size_t)nprop); /* the build options, staged at the end */
   size_t n = 0;
   int rep = o && o->replicas > 0 ? o->replicas : 1, part = o && o->partitions > 0 ? o->partitions : 1;
   b[n++] = 0x20;
@@ -194,6 +205,11 @@ size_t tpu_rt_encode_options(const tpu_rt_compile_opts *o, bool portable, int op
     b[n++] = 0x30;
     b[n++] = 1;
   }
+  if (nprop) {
+    b[n++] = 0x62;
+    n += tpu_pb_varint(b + n, (uint64_t)nprop);
+    for (int k = 0; k < nprop; k++) b[n++] = o->propagate[k] ? 1 : 0;
+  }
   if (o && o->shardy) {
     b[n++] = 0x98;
     b[n++] = 0x01;
@@ -202,7 +218,7 @@ size_t tpu_rt_encode_options(const tpu_rt_compile_opts *o, bool portable, int op
   size_t m = 0;
   out[m++] = 0x1a;
   m += tpu_pb_varint(out + m, n);
-  memcpy(out + m, b, n);
+  memmove(out + m, b, n);
   m += n;
   if (portable) {
     out[m++] = 0x20;
@@ -462,12 +478,14 @@ tpu_status *tpu_rt_compile_with(tpu_rt *rt, const char *mlir, size_t len, const 
   if (rows < 1 || rows > rt->ndevices)
     return tpu_status_new(TPU_ERR_VALUE, "a program over %d devices (replicas x partitions); this process has %d", rows,
                           rt->ndevices);
-  uint8_t ob[TPU_RT_OPTS_MAX];
+  uint8_t *ob = malloc(tpu_rt_options_cap(o));
+  if (!ob) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   size_t on = tpu_rt_encode_options(o, rows == 1 && rt->portable, rt->opt_level, ob);
   tpu_pjrt_program p = {TPU_PJRT_SIZE(tpu_pjrt_program, format_size), NULL, (char *)mlir, len, "mlir", 4};
   tpu_pjrt_compile_args c = {
       TPU_PJRT_SIZE(tpu_pjrt_compile_args, executable), NULL, rt->client, &p, (const char *)ob, on, NULL};
   tpu_status *s = TPU_CALL(rt->api, Client_Compile, &c);
+  free(ob);
   if (s) return s;
   return tpu_rt_exec_wrap(rt, c.executable, out);
 }
@@ -485,6 +503,38 @@ void tpu_rt_exec_free(tpu_rt_exec *e) {
   atomic_fetch_sub(&e->rt->live_execs, 1);
   free(e->row_dev);
   free(e);
+}
+
+tpu_status *tpu_rt_exec_optimized(tpu_rt_exec *e, uint8_t **bytes, size_t *len, bool *with_config) {
+  const tpu_pjrt_api *api = e->rt->api;
+  *bytes = NULL;
+  *len = 0;
+  *with_config = false;
+  if (!TPU_HAS(api, Executable_OptimizedProgram))
+    return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "this PJRT plugin gives no optimized program");
+  tpu_pjrt_get_exec_args g = {TPU_PJRT_SIZE(tpu_pjrt_get_exec_args, executable), NULL, e->loaded, NULL};
+  tpu_status *s = TPU_CALL(api, LoadedExecutable_GetExecutable, &g);
+  if (s) return s;
+  /* first the size (code NULL), then the bytes */
+  tpu_pjrt_program p = {TPU_PJRT_SIZE(tpu_pjrt_program, format_size), NULL, NULL, 0, NULL, 0};
+  tpu_pjrt_optimized_args a = {TPU_PJRT_SIZE(tpu_pjrt_optimized_args, program), NULL, g.executable, &p};
+  s = TPU_CALL(api, Executable_OptimizedProgram, &a);
+  bool plain = p.format && p.format_size == 3 && memcmp(p.format, "hlo", 3) == 0;
+  *with_config = p.format && p.format_size == 15 && memcmp(p.format, "hlo_with_config", 15) == 0;
+  if (!s && !plain && !*with_config)
+    s = tpu_status_new(TPU_ERR_UNIMPLEMENTED, "the plugin's optimized program is in format \"%.*s\", not \"hlo\"",
+                       p.format ? (int)p.format_size : 0, p.format ? p.format : "");
+  if (!s && !(p.code = malloc(p.code_size ? p.code_size : 1))) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  if (!s) s = TPU_CALL(api, Executable_OptimizedProgram, &a);
+  if (!s) {
+    *bytes = (uint8_t *)p.code;
+    *len = p.code_size;
+  } else {
+    free(p.code);
+  }
+  tpu_pjrt_exec_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_exec_destroy_args, executable), NULL, g.executable};
+  tpu_status_free(TPU_CALL(api, Executable_Destroy, &d));
+  return s;
 }
 
 tpu_status *tpu_rt_exec_serialize(tpu_rt *rt, tpu_rt_exec *e, void **bytes, size_t *len) {

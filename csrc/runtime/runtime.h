@@ -67,6 +67,11 @@ tpu_status *tpu_rt_compile(tpu_rt *rt, const char *mlir, size_t len, tpu_rt_exec
 typedef struct {
   int replicas, partitions; /* <= 0: 1 */
   bool spmd, shardy;
+  /* propagate[k] (k < npropagate): XLA's partitioner chooses output k's
+   * sharding (the text declares none for it); the others hold as declared.
+   * Read the choices back with tpu_rt_exec_optimized. */
+  const bool *propagate;
+  int npropagate;
 } tpu_rt_compile_opts;
 tpu_status *tpu_rt_compile_with(tpu_rt *rt, const char *mlir, size_t len, const tpu_rt_compile_opts *o,
                                 tpu_rt_exec **out);
@@ -76,6 +81,11 @@ int tpu_rt_exec_num_outputs(const tpu_rt_exec *e);
 int tpu_rt_exec_rows(const tpu_rt_exec *e);
 int tpu_rt_exec_row_device(const tpu_rt_exec *e, int row);
 void tpu_rt_exec_free(tpu_rt_exec *e);
+/* The program as XLA optimized it (owned by the caller, free()): a serialized
+ * HloModuleProto (format "hlo"), or an HloModuleProtoWithConfig holding one
+ * as its field 1 (format "hlo_with_config": *with_config set), as the plugin
+ * gives it; TPU_ERR_UNIMPLEMENTED where it gives none or another format. */
+tpu_status *tpu_rt_exec_optimized(tpu_rt_exec *e, uint8_t **bytes, size_t *len, bool *with_config);
 
 /* Serialized executable bytes (owned by the caller, free()), for the disk
  * cache; TPU_ERR_UNIMPLEMENTED where the plugin cannot serialize. */

@@ -1418,6 +1418,89 @@ static void test_sharded_errors(void) {
 #undef EXPECT_SHARD
 }
 
+/* The layouts XLA chose, read from an optimized module: the output shardings
+ * below are the bytes XLA wrote for a jitted program on a 2x2 mesh ("a", "b"):
+ * P('a', 'b'), P('b', 'a') (an iota transposed), replicated, and a parameter's
+ * P('a', None) (replicated over the last tile dim); then an explicit device
+ * list, a split over both axes at once (not a tpu_sharding) and a MAXIMAL. */
+static void test_read_output_shardings(void) {
+  static const uint8_t e_ab[] = {0x08, 0x03, 0x1a, 0x02, 0x02, 0x02, 0x4a, 0x01, 0x04, 0x52, 0x01, 0x00};
+  static const uint8_t e_ba[] = {0x08, 0x03, 0x1a, 0x02, 0x02, 0x02, 0x4a, 0x02, 0x02, 0x02, 0x52, 0x02, 0x01, 0x00};
+  static const uint8_t e_a_[] = {0x08, 0x03, 0x1a, 0x03, 0x02, 0x01, 0x02, 0x30,
+                                 0x01, 0x4a, 0x01, 0x04, 0x52, 0x01, 0x00};
+  static const uint8_t e_list[] = {0x08, 0x03, 0x1a, 0x02, 0x02, 0x02, 0x22, 0x04, 0x00, 0x02, 0x01, 0x03};
+  static const uint8_t e_both[] = {0x08, 0x03, 0x1a, 0x02, 0x04, 0x01, 0x4a, 0x01, 0x04, 0x52, 0x01, 0x00};
+  static const uint8_t e_max[] = {0x08, 0x01, 0x22, 0x01, 0x00};
+  const uint8_t *el[] = {e_ab, e_ba, NULL, e_a_, e_list, e_both, e_max};
+  size_t en[] = {sizeof e_ab, sizeof e_ba, 0, sizeof e_a_, sizeof e_list, sizeof e_both, sizeof e_max};
+  uint8_t mod[256];
+  size_t n = 0;
+  mod[n++] = 0x0a; /* name "m" first: fields before 12 are skipped */
+  mod[n++] = 1;
+  mod[n++] = 'm';
+  mod[n++] = 0x62;
+  size_t at = n++;
+  mod[n++] = 0x08;
+  mod[n++] = 0x02; /* TUPLE */
+  for (int k = 0; k < 7; k++) {
+    mod[n++] = 0x2a;
+    mod[n++] = (uint8_t)en[k];
+    if (en[k]) memcpy(mod + n, el[k], en[k]);
+    n += en[k];
+  }
+  mod[at] = (uint8_t)(n - at - 1);
+  int64_t m22[2] = {2, 2};
+  int ranks[7] = {2, 2, 3, 2, 2, 2, 2};
+  bool want[7] = {true, true, true, true, true, false, false};
+  tpu_sharding out[7];
+  tpu_status *st = tpu_hlo_read_output_shardings(mod, n, false, 2, m22, 7, ranks, want, out);
+  CHECK(!st, "read: %s", st ? tpu_status_message(st) : "");
+  tpu_status_free(st);
+  tpu_sharding w_ab = sh(2, m22, 2, 0, 1), w_ba = sh(2, m22, 2, 1, 0), w_rep = sh(2, m22, 3, -1, -1);
+  tpu_sharding w_a = sh(2, m22, 2, 0, -1);
+  CHECK(tpu_sharding_eq(&out[0], &w_ab), "P('a', 'b')");
+  CHECK(tpu_sharding_eq(&out[1], &w_ba), "P('b', 'a'): an iota transposed");
+  CHECK(tpu_sharding_eq(&out[2], &w_rep), "replicated");
+  CHECK(tpu_sharding_eq(&out[3], &w_a), "P('a', None) replicated over the last tile dim");
+  CHECK(tpu_sharding_eq(&out[4], &w_ba), "an explicit device list [0, 2, 1, 3]");
+  /* a split over both axes at once, and a MAXIMAL, are refused when wanted */
+  for (int k = 5; k < 7; k++) {
+    bool w1[7] = {false};
+    w1[k] = true;
+    st = tpu_hlo_read_output_shardings(mod, n, false, 2, m22, 7, ranks, w1, out);
+    CHECK(st && tpu_status_code(st) == TPU_ERR_UNIMPLEMENTED, "output %d refused", k);
+    tpu_status_free(st);
+  }
+  /* the wrong output count, a module without shardings, truncated bytes */
+  st = tpu_hlo_read_output_shardings(mod, n, false, 2, m22, 6, ranks, want, out);
+  CHECK(st != NULL, "7 shardings for 6 outputs");
+  tpu_status_free(st);
+  st = tpu_hlo_read_output_shardings(mod, 3, false, 2, m22, 7, ranks, want, out);
+  CHECK(st && tpu_status_code(st) == TPU_ERR_UNIMPLEMENTED, "no field 12");
+  tpu_status_free(st);
+  for (size_t cut = 4; cut < n; cut += 3) {
+    st = tpu_hlo_read_output_shardings(mod, cut, false, 2, m22, 7, ranks, want, out);
+    CHECK(st != NULL, "truncated at %zu", cut);
+    tpu_status_free(st);
+  }
+  /* a single (non-tuple) sharding for a program's only output */
+  uint8_t one[32] = {0x62, (uint8_t)sizeof e_ab};
+  memcpy(one + 2, e_ab, sizeof e_ab);
+  bool w0 = true;
+  st = tpu_hlo_read_output_shardings(one, 2 + sizeof e_ab, false, 2, m22, 1, ranks, &w0, out);
+  CHECK(!st && tpu_sharding_eq(&out[0], &w_ab), "one output");
+  tpu_status_free(st);
+  /* the same module inside an HloModuleProtoWithConfig (field 1; a config, field 2, beside it) */
+  uint8_t wrap[300] = {0x12, 0x02, 0x08, 0x01, 0x0a};
+  size_t wn = 5;
+  wrap[wn++] = (uint8_t)n;
+  memcpy(wrap + wn, mod, n);
+  wn += n;
+  st = tpu_hlo_read_output_shardings(wrap, wn, true, 2, m22, 7, ranks, want, out);
+  CHECK(!st && tpu_sharding_eq(&out[1], &w_ba), "with config: %s", st ? tpu_status_message(st) : "");
+  tpu_status_free(st);
+}
+
 int main(void) {
   test_add();
   test_constants();
@@ -1449,6 +1532,7 @@ int main(void) {
   test_sharding_geometry();
   test_sharded_module();
   test_sharded_errors();
+  test_read_output_shardings();
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

@@ -287,6 +287,10 @@ static void test_structs(void) {
   SAME(tpu_pjrt_get_exec_args, loaded, PJRT_LoadedExecutable_GetExecutable_Args, loaded_executable);
   SAME(tpu_pjrt_get_exec_args, executable, PJRT_LoadedExecutable_GetExecutable_Args, executable);
   SIZE(tpu_pjrt_get_exec_args, executable, PJRT_LoadedExecutable_GetExecutable_Args);
+  HEAD(tpu_pjrt_optimized_args, PJRT_Executable_OptimizedProgram_Args);
+  SAME(tpu_pjrt_optimized_args, executable, PJRT_Executable_OptimizedProgram_Args, executable);
+  SAME(tpu_pjrt_optimized_args, program, PJRT_Executable_OptimizedProgram_Args, program);
+  SIZE(tpu_pjrt_optimized_args, program, PJRT_Executable_OptimizedProgram_Args);
 
   HEAD(tpu_pjrt_execute_options, PJRT_ExecuteOptions);
   SAME(tpu_pjrt_execute_options, send_callbacks, PJRT_ExecuteOptions, send_callbacks);
