@@ -206,6 +206,47 @@ CHILD = textwrap.dedent(r"""
             spmd.set_partitioner("shardy")
 
     @case
+    def one_program_per_step_over_a_mesh():
+        # once a tensor is on a mesh the optimizer steps end a step's program
+        # (TORCHTPU_STEP_BOUNDARY=auto): forward, backward and the optimizer
+        # step are one program, saved activations never leave it
+        small = dict(n_layer=1, n_embd=32, n_head=2, block_size=16)
+        m0 = torchtpu.metrics()
+        got, _, programs, _ = spmd_gpt.run("2x2", 4, "fused", batch_size=8, **small)
+        m1 = torchtpu.metrics()
+        assert programs == 4, programs
+        assert m1["flushes_backward"] == m0["flushes_backward"]
+        assert m1["backward_passes"] - m0["backward_passes"] == 4
+        # two optimizers stepped one after the other, nothing read back: the
+        # first op after them launches the step, one program per step
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4)).to("tpu")
+        ref = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+        ref.load_state_dict({k: v.cpu() for k, v in net.state_dict().items()})
+        spmd.shard_(net[0].weight, mesh22, [Replicate(), Shard(0)])
+        opts = [torch.optim.SGD(net[0].parameters(), lr=0.1), torch.optim.Adam(net[2].parameters(), lr=0.01)]
+        ropts = [torch.optim.SGD(ref[0].parameters(), lr=0.1), torch.optim.Adam(ref[2].parameters(), lr=0.01)]
+        data = [torch.randn(8, 8) for _ in range(5)]
+        runs, losses = [], []
+        with torchtpu.eager_mode("fused"):
+            for x in data:
+                m0 = torchtpu.metrics()["spmd_programs_run"]
+                for mod, os_, xx in ((net, opts, spmd.shard(x, mesh22, [Shard(0), Replicate()])), (ref, ropts, x)):
+                    for o in os_:
+                        o.zero_grad()
+                    loss = mod(xx).square().mean()
+                    loss.backward()
+                    for o in os_:
+                        o.step()
+                    losses.append(loss)
+                runs.append(torchtpu.metrics()["spmd_programs_run"] - m0)
+        assert runs[1:] == [1] * 4, runs  # the first iteration only records
+        for a, b in zip(losses[0::2], losses[1::2]):
+            assert abs(a.item() - b.item()) <= 1e-5, (a, b)
+        for a, b in zip(net.parameters(), ref.parameters()):
+            torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-4, atol=1e-5)
+
+    @case
     def fused_recording_is_one_program():
         x = spmd.shard(torch.randn(8, 4), mesh4, [Shard(0)])
         with torchtpu.eager_mode("fused"):
@@ -284,6 +325,7 @@ CASES = [
     "host_batch_goes_to_each_device",
     "layouts_from_the_partitioner",
     "fused_recording_is_one_program",
+    "one_program_per_step_over_a_mesh",
     "data_parallel_step_fused",
     "tensor_parallel_step_fused",
     "tensor_parallel_step_gspmd",

@@ -99,11 +99,15 @@ def _after_optimizer_step(optimizer, args, kwargs):
     was recorded before it (the rest of the last step and this forward pass),
     and the ops recorded from there on (backward, clipping, this optimizer
     step) stay recorded until the next one. The program then runs while the
-    host records, and the loop still runs one program per step. No-op in the
-    other modes and inside torch.compile (a compiled optimizer step is a
-    graph of its own)."""
+    host records, and the loop still runs one program per step. With the
+    step's boundary at the optimizer (TORCHTPU_STEP_BOUNDARY) the first op
+    after the optimizer steps launches the whole step instead (the C side).
+    No-op in the other modes and inside torch.compile (a compiled optimizer
+    step is a graph of its own)."""
     if torch.compiler.is_compiling():
         return
+    if _C.optimizer_step(False):
+        return  # the step's program ends here: the next op launches it (TORCHTPU_STEP_BOUNDARY)
     global _backward_passes_any
     passes = _C.backward_passes()
     last = _backward_passes_seen.get(optimizer, _backward_passes_any)
@@ -117,7 +121,10 @@ def _before_optimizer_step(optimizer, args, kwargs):
     """Inside a torch.tpu.graph capture, an optimizer that keeps its step count
     on the host would bake this step's bias correction into the graph (as
     CUDA graphs would): it must be made with capturable=True."""
-    if torch.compiler.is_compiling() or not _C.whole_capturing():
+    if torch.compiler.is_compiling():
+        return
+    _C.optimizer_step(True)
+    if not _C.whole_capturing():
         return
     for group in optimizer.param_groups:
         if group.get("capturable") is False and any(p.device.type == "tpu" for p in group["params"]):

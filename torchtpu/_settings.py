@@ -54,6 +54,7 @@ PLUGIN = ("TORCHTPU_PJRT_PLUGIN", "TORCHTPU_PLATFORM")
 # name: default of the other settings (None: unset, see their readers)
 OTHERS = {
     "TORCHTPU_EAGER": "fused",  # debug, strict or fused (engine())
+    "TORCHTPU_STEP_BOUNDARY": "auto",  # auto, backward or optimizer (engine())
     "TORCHTPU_CACHE_DIR": None,  # default_cache_dir(); empty: no disk tier
     "TORCHTPU_AOT_TOPOLOGY": None,  # aot_topology()
     "TORCHTPU_CACHE_SIZE_MB": CACHE_SIZE_MB[0],  # cache_size_mb()
@@ -148,6 +149,15 @@ def aot_topology():
     return os.environ.get("TORCHTPU_AOT_TOPOLOGY", "").strip() or None
 
 
+STEP_BOUNDARIES = ("auto", "backward", "optimizer")
+
+
+def step_boundary():
+    """TORCHTPU_STEP_BOUNDARY: where a fused-mode training step's program ends
+    (docs/modes.md): auto (the default), backward or optimizer."""
+    return choice("TORCHTPU_STEP_BOUNDARY", STEP_BOUNDARIES, OTHERS["TORCHTPU_STEP_BOUNDARY"])
+
+
 def engine(modes):
     """The engine's settings for _C.init (modes: the eager modes' names)."""
     return {
@@ -160,6 +170,7 @@ def engine(modes):
         "debug": os.environ.get("TORCHTPU_DEBUG") is not None,
         "dump_hlo": os.environ.get("TORCHTPU_DUMP_HLO") is not None,
         "cpu_opt_level": cpu_opt_level(),
+        "step_boundary": step_boundary(),
     }
 
 
@@ -175,6 +186,7 @@ def check():
             _WARNED.add((name, raw))
             warnings.warn(f"torchtpu: {name}={raw!r}: any value turns it on; unset it to turn it off", stacklevel=2)
     cache_size_mb()
+    step_boundary()
 
 
 def runtime():

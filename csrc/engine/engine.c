@@ -56,6 +56,7 @@ tpu_status *tpu_engine_new(const tpu_engine_options *o, tpu_engine **out) {
   e->mode = o->mode < TPU_MODE_COUNT ? o->mode : TPU_MODE_STRICT;
   e->fuse.cap = o->fuse_cap > 0 ? o->fuse_cap : 1;
   e->donate = o->donate;
+  e->step = o->step;
   e->shardy = true;
   e->value_checks = o->value_checks;
   e->explain = o->explain;
@@ -361,6 +362,7 @@ tpu_status *tpu_engine_shard_host(tpu_engine *e, const void *host, tpu_dtype dt,
   for (int i = 0; i < sh->rank; i++) numel *= gdims[i];
   tpu_status *s = tpu_shard_check(e, sh, gdims, numel);
   if (s) return s;
+  e->mesh_used = true;
   int64_t n = tpu_sharding_num_devices(sh);
   tpu_record *r = tpu_record_new_on(e, 0, dt, numel);
   if (!r) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");

@@ -146,6 +146,17 @@ typedef enum {
 } tpu_mode;
 extern const char *const tpu_mode_names[TPU_MODE_COUNT];
 
+/* Fused mode: where a training step's program ends. BACKWARD: the first op
+ * of a backward pass launches what was recorded before it (the rest of the
+ * last step and this forward pass), so the forward pass runs while the host
+ * records the backward pass and the optimizer step (the saved activations are
+ * that program's outputs). OPTIMIZER: the first op after the optimizer steps
+ * launches the whole step (forward, backward and optimizer) as one program,
+ * so saved activations never leave it. AUTO: OPTIMIZER once a tensor has
+ * been laid over a mesh (a pod cannot afford activations written out and
+ * read back), else BACKWARD. */
+typedef enum { TPU_STEP_AUTO, TPU_STEP_BACKWARD, TPU_STEP_OPTIMIZER } tpu_step_boundary;
+
 /* The engine's settings, given once when it is made (the Python package
  * reads them from the TORCHTPU_* variables and checks their bounds). */
 typedef struct {
@@ -159,6 +170,7 @@ typedef struct {
   bool explain;            /* explain recompiles of fused programs */
   bool debug;              /* print the program of a failed compilation */
   bool dump_hlo;           /* print every program compiled */
+  tpu_step_boundary step;  /* fused mode: where a training step's program ends */
 } tpu_engine_options;
 /* The defaults (no plugin). */
 void tpu_engine_options_init(tpu_engine_options *o);
@@ -231,6 +243,11 @@ tpu_status *tpu_engine_flush_step(tpu_engine *e);
  * flush is skipped by the binding when backward passes launch the steps.
  * Counts the pass (tpu_metrics.backward_passes) in every case. */
 tpu_status *tpu_engine_backward_begins(tpu_engine *e);
+/* Whether the optimizer steps end a training step's program (see
+ * tpu_step_boundary): then the caller launches the step (tpu_engine_flush_step)
+ * at the first op after them, and tpu_engine_backward_begins launches
+ * nothing. */
+bool tpu_engine_step_at_optimizer(const tpu_engine *e);
 /* Whether everything launched has finished and nothing is recorded (does
  * not block; finished computations are reaped). */
 bool tpu_engine_idle(tpu_engine *e);

@@ -814,9 +814,14 @@ static tpu_status *tpu_engine_launch_step(tpu_engine *e, tpu_flush_reason reason
 
 tpu_status *tpu_engine_flush_step(tpu_engine *e) { return tpu_engine_launch_step(e, TPU_FLUSH_STEP); }
 
+bool tpu_engine_step_at_optimizer(const tpu_engine *e) {
+  return e->step == TPU_STEP_OPTIMIZER || (e->step == TPU_STEP_AUTO && e->mesh_used);
+}
+
 tpu_status *tpu_engine_backward_begins(tpu_engine *e) {
   if (e->mode != TPU_MODE_FUSED) return NULL;
   atomic_fetch_add(&e->metrics.backward_passes, 1);
+  if (tpu_engine_step_at_optimizer(e)) return NULL; /* the backward pass joins its forward pass's program */
   return tpu_engine_launch_step(e, TPU_FLUSH_BACKWARD);
 }
 

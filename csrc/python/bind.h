@@ -50,6 +50,8 @@ typedef struct {
   tpu_dtype scalar_types[TPU_SCALAR_TYPES]; /* c10::ScalarType -> dtype */
   int explain;                              /* TORCHTPU_EXPLAIN_RECOMPILES */
   bool in_backward;                         /* the last op ran on an autograd engine thread (fused mode) */
+  bool in_optimizer;                        /* inside an optimizer's step() (its pre and post hooks) */
+  bool step_pending;                        /* an optimizer step ended the step: the next op launches it */
   char **explained[TPU_NUM_OPS];            /* owned: the last compiled call's argument descriptions */
   int nexplained[TPU_NUM_OPS];
 } tpu_mod_state;

@@ -317,6 +317,13 @@ int tpu_run_engine(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, tpu_e
       if (b) return tpu_raise(b), -1;
     }
     st->in_backward = bw;
+    /* the first op after the optimizer steps (tpu_py_optimizer_step) launches
+     * the step they ended, as one program */
+    if (st->step_pending && !st->in_optimizer && !bw) {
+      st->step_pending = false;
+      tpu_status *f = tpu_engine_flush_step(st->eng);
+      if (f) return tpu_raise(f), -1;
+    }
   }
   return tpu_call_op(st, op_id, args, nargs, res);
 }

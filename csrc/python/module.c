@@ -37,6 +37,17 @@ static int tpu_options_from_dict(PyObject *d, tpu_engine_options *o) {
     if (on < 0) return -1;
     *fvals[i] = on;
   }
+  PyObject *step = PyDict_GetItemString(d, "step_boundary"); /* optional: auto */
+  const char *sb = step ? PyUnicode_AsUTF8(step) : "auto";
+  if (!sb) return -1;
+  if (strcmp(sb, "auto") == 0)
+    o->step = TPU_STEP_AUTO;
+  else if (strcmp(sb, "backward") == 0)
+    o->step = TPU_STEP_BACKWARD;
+  else if (strcmp(sb, "optimizer") == 0)
+    o->step = TPU_STEP_OPTIMIZER;
+  else
+    return PyErr_Format(PyExc_ValueError, "init: step_boundary=%s is not auto, backward or optimizer", sb), -1;
   PyObject *mode = PyDict_GetItemString(d, "mode");
   if (!mode) return PyErr_Format(PyExc_KeyError, "init: settings lack mode"), -1;
   return tpu_mode_from_py(mode, &o->mode);
@@ -276,6 +287,22 @@ static PyObject *tpu_py_flush(PyObject *m, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* optimizer_step(begins) -> whether the optimizer steps end a training
+ * step's program (tpu_engine_step_at_optimizer). Called by the optimizer's
+ * pre hook (begins) and post hook: then the step's program is launched by the
+ * first op after the last optimizer step (two optimizers stepped one after
+ * the other end one program), not by the backward pass. */
+static PyObject *tpu_py_optimizer_step(PyObject *m, PyObject *args) {
+  int begins;
+  if (!PyArg_ParseTuple(args, "p", &begins)) return NULL;
+  tpu_mod_state *st = tpu_state(m);
+  if (!st->eng) Py_RETURN_FALSE;
+  bool at = tpu_engine_mode(st->eng) == TPU_MODE_FUSED && tpu_engine_step_at_optimizer(st->eng);
+  st->in_optimizer = begins && at;
+  if (!begins && at) st->step_pending = true;
+  return PyBool_FromLong(at);
+}
+
 /* backward_passes() -> backward passes begun in fused mode (the optimizer
  * step's hook skips its flush when one began since that optimizer's last
  * step: the backward pass launched the step's program). */
@@ -430,6 +457,8 @@ static PyMethodDef tpu_methods[] = {
     {"set_tensor_api", tpu_py_set_tensor_api, METH_VARARGS,
      "set_tensor_api(torchtpu._device_guard.tensor_api, torch._C.TensorBase): read tensor arguments through it"},
     {"flush", tpu_py_flush, METH_VARARGS, "flush(step=False): launch the recorded ops (fused mode) without waiting."},
+    {"optimizer_step", tpu_py_optimizer_step, METH_VARARGS,
+     "optimizer_step(begins) -> whether the optimizer steps end a step's program (fused mode)."},
     {"backward_passes", tpu_py_backward_passes, METH_NOARGS,
      "backward_passes() -> backward passes begun in fused mode."},
     {"idle", tpu_py_idle, METH_NOARGS, "Whether every launched computation has finished (no wait)."},
