@@ -1,0 +1,576 @@
+"""How torchtpu's SPMD programs for a TPU pod scale with the number of chips,
+against JAX's program for the same step and the same shardings.
+
+The step: a GPT (token and position embeddings, pre-LayerNorm blocks of causal
+self-attention and a GELU MLP, LM head tied to the token embedding), cross
+entropy, AdamW (lr 3e-3, betas 0.9/0.95, weight decay 0.1 on matrices, none on
+vectors), no gradient clipping. Sizes from the flags (the issue's figure is
+--d 512 --layers 8; the defaults are a small config that runs in minutes).
+
+The mesh has two axes, ("data", "model"):
+  tp    (N/4) x 4: the batch split over "data"; the attention's qkv and the
+        MLP's first layer split by output features over "model", the two
+        output projections by input features (Megatron); the rest replicated.
+  dp    N x 1: the batch split over "data", every parameter replicated.
+  fsdp  (N/4) x 4: the batch split over "data"; every matrix split by rows
+        over "data" and by columns over "model", every vector over "model"
+        (where the sizes divide); the Adam moments laid out as their parameter.
+The per-device batch is fixed (--batch): the global batch is it times the
+"data" axis's size. The Adam moments are made before the first step, laid out
+as their parameter, in both frameworks.
+
+For each N and mode, a fresh child process with TORCHTPU_NUM_DEVICES=N (the
+CPU plugin's N devices: a torchtpu mesh of N needs N local devices) and
+TORCHTPU_AOT_TOPOLOGY set runs the step for real on the CPU plugin, and every
+program it makes is also compiled by libtpu for the topology's chips (no chip
+needed). Modes:
+  fused  the default eager mode: a training loop of --steps steps
+  graph  the step captured once with torch.tpu.graph, replayed --steps times
+The steady step's programs are those compiled by the last step that compiled
+anything (a later step compiled nothing); the child reports, per program,
+torchtpu.aot_report()'s per-chip memory (arguments, outputs, temporaries,
+peak), flops and bytes accessed, and libtpu's compile seconds, with the
+programs run per step and the child's max RSS. JAX's side: the same model and
+shardings (NamedSharding over a mesh of the topology's devices, the same
+shape), one jitted step (parameters and moments donated) compiled for the
+same topology with jax.experimental.topologies, its memory_analysis() and
+cost_analysis(). Ratios are torchtpu's figure over JAX's (the step's sums of
+flops and bytes, the largest peak). Memory, flops and bytes are per chip.
+
+Usage:
+  python bench/spmd_scale.py [--n 4,8,16] [--modes fused,graph] [--layout tp]
+      [--d 128 --layers 2 --heads 4 --seq 64 --vocab 256 --batch 8]
+      [--max-n 16] [--json out.json]
+N above --max-n is skipped (a torchtpu mesh of 64 is 64 CPU devices on this
+host); --jax-only N compiles only JAX's step for such N.
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+
+TOPOLOGIES = {4: "v5e:2x2", 8: "v5e:2x4", 16: "v5e:4x4", 64: "v5e:8x8", 256: "v5e:16x16", 512: "v5p:8x8x8"}
+MIB = 2**20
+
+
+# ---- the shared description: shapes, mesh, layouts --------------------------------------
+
+
+def param_shapes(cfg):
+    """name -> shape, in torch's naming (the tied head reads wte.weight)."""
+    d, v, t = cfg["d"], cfg["vocab"], cfg["seq"]
+    shapes = {"wte.weight": (v, d), "wpe.weight": (t, d)}
+    for i in range(cfg["layers"]):
+        b = f"blocks.{i}."
+        shapes.update(
+            {
+                b + "ln1.weight": (d,),
+                b + "ln1.bias": (d,),
+                b + "qkv.weight": (3 * d, d),
+                b + "qkv.bias": (3 * d,),
+                b + "proj.weight": (d, d),
+                b + "proj.bias": (d,),
+                b + "ln2.weight": (d,),
+                b + "ln2.bias": (d,),
+                b + "fc.weight": (4 * d, d),
+                b + "fc.bias": (4 * d,),
+                b + "out.weight": (d, 4 * d),
+                b + "out.bias": (d,),
+            }
+        )
+    shapes.update({"lnf.weight": (d,), "lnf.bias": (d,)})
+    return shapes
+
+
+def mesh_shape(n, layout):
+    if layout == "dp":
+        return (n, 1)
+    if n % 4:
+        raise SystemExit(f"layout {layout} needs N divisible by 4, got {n}")
+    return (n // 4, 4)
+
+
+def spec_of(name, shape, layout, mesh):
+    """The mesh axis ("data", "model" or None) each dimension is split over."""
+    data, model = mesh
+    spec = [None] * len(shape)
+    if layout == "tp":
+        leaf = name.split(".")[-2:]
+        if leaf[0] in ("qkv", "fc"):
+            spec[0] = "model"  # by output features (weight rows, bias)
+        elif leaf[0] in ("proj", "out") and leaf[1] == "weight":
+            spec[1] = "model"  # by input features
+    elif layout == "fsdp":
+        if len(shape) == 2:
+            spec = ["data" if shape[0] % data == 0 else None, "model" if shape[1] % model == 0 else None]
+        elif shape[0] % model == 0:
+            spec = ["model"]
+    return tuple(spec)
+
+
+BATCH_SPEC = ("data", None)
+
+
+# ---- the torchtpu child ----------------------------------------------------------------
+
+
+def torch_model(cfg):
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    d, h = cfg["d"], cfg["heads"]
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+            q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(cfg["vocab"], d), nn.Embedding(cfg["seq"], d)
+            self.blocks = nn.ModuleList(Block() for _ in range(cfg["layers"]))
+            self.lnf = nn.LayerNorm(d)
+            for m in self.modules():  # GPT-2's initialization
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(m.weight, std=0.02)
+                if isinstance(m, nn.Linear):
+                    nn.init.zeros_(m.bias)
+
+        def forward(self, idx, tgt):
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.wte(idx) + self.wpe(pos)
+            for blk in self.blocks:
+                x = blk(x)
+            logits = self.lnf(x) @ self.wte.weight.t()  # tied head
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+
+    return GPT()
+
+
+def child_torch(a):
+    import torch
+
+    import torchtpu
+    from torchtpu import _C, spmd
+    from torchtpu.spmd import Replicate, Shard
+
+    cfg, layout, n, graph = a["cfg"], a["layout"], a["n"], a["mode"] == "graph"
+    t_start = time.perf_counter()
+    shape = mesh_shape(n, layout)
+    mesh = spmd.Mesh(shape, ("data", "model"))
+
+    def placements(spec):
+        return [Shard(spec.index(ax)) if ax in spec else Replicate() for ax in ("data", "model")]
+
+    torch.manual_seed(0)
+    model = torch_model(cfg).to("tpu")
+    shapes = param_shapes(cfg)
+    params = dict(model.named_parameters())
+    assert {k: tuple(p.shape) for k, p in params.items()} == shapes, "model and param_shapes disagree"
+    specs = {k: spec_of(k, s, layout, shape) for k, s in shapes.items()}
+    for k, p in params.items():
+        spmd.shard_(p, mesh, placements(specs[k]))
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=3e-3,
+        betas=(0.9, 0.95),
+        capturable=graph,
+    )
+    rep = [Replicate(), Replicate()]
+    for k, p in params.items():  # the moments, laid out as their parameter
+        pl = placements(specs[k])
+        opt.state[p] = {
+            "step": spmd.shard(torch.zeros(()), mesh, rep) if graph else torch.tensor(0.0),
+            "exp_avg": spmd.shard(torch.zeros(p.shape), mesh, pl),
+            "exp_avg_sq": spmd.shard(torch.zeros(p.shape), mesh, pl),
+        }
+    gb = cfg["batch"] * shape[0]
+    gen = torch.Generator().manual_seed(1)
+
+    def batch():
+        ix = torch.randint(0, cfg["vocab"], (gb, cfg["seq"] + 1), generator=gen)
+        return ix[:, :-1].contiguous(), ix[:, 1:].contiguous()
+
+    def on_mesh(t):
+        return spmd.shard(t, mesh, placements(BATCH_SPEC))
+
+    def step(x, y):
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def snap():
+        m = torchtpu.metrics()
+        return len(_C.aot_report()["programs"]), m["fused_programs_run"], m["spmd_programs_run"]
+
+    snaps, times, losses = [], [], []
+    with torchtpu.eager_mode("fused"):
+        snaps.append(snap())
+        if graph:
+            sx, sy = (on_mesh(t) for t in batch())
+            opt.zero_grad(set_to_none=True)
+            g = torch.tpu.TPUGraph()
+            with torch.tpu.graph(g):
+                static_loss = step(sx, sy)
+        for _ in range(a["steps"]):
+            s = time.perf_counter()
+            x, y = batch()
+            if graph:
+                sx.copy_(x)
+                sy.copy_(y)
+                g.replay()
+                losses.append(static_loss.item())
+            else:
+                opt.zero_grad(set_to_none=True)
+                losses.append(step(on_mesh(x), on_mesh(y)).item())
+            times.append(time.perf_counter() - s)
+            snaps.append(snap())
+    raw = _C.aot_report()  # no sync: the last step's recorded tail is not run (nor compiled)
+    progs = raw["programs"]
+    # the steady step: the programs compiled by the last step that compiled any
+    last = max((i for i in range(1, len(snaps)) if snaps[i][0] > snaps[i - 1][0]), default=None)
+    steady = progs[snaps[last - 1][0] : snaps[last][0]] if last else []
+    keep = (
+        "name ok error error_kind partitions flops bytes_accessed transcendentals argument_bytes output_bytes "
+        "alias_bytes temp_bytes peak_bytes code_bytes compile_seconds cached"
+    ).split()
+    return {
+        "side": "torchtpu",
+        "mode": a["mode"],
+        "topology": raw["topology"],
+        "kind": raw["kind"],
+        "chips": raw["devices"],
+        "hbm_bytes": raw["hbm_bytes"],
+        "mesh": list(shape),
+        "global_batch": gb,
+        "params": sum(p.numel() for p in model.parameters()),
+        "programs": [{k: p.get(k) for k in keep} for p in steady],
+        "steady_from_step": last,
+        "steady": last is not None and last < len(snaps) - 1,
+        "programs_per_step": snaps[-1][2] - snaps[-2][2] if len(snaps) > 1 else None,
+        "fused_programs_per_step": snaps[-1][1] - snaps[-2][1] if len(snaps) > 1 else None,
+        "programs_compiled": len(progs),
+        "programs_refused": sum(not p["ok"] for p in progs),
+        "tpu_compile_s_all": sum(p["compile_seconds"] or 0 for p in progs),
+        "step_s": times,
+        "losses": losses,
+        "wall_s": time.perf_counter() - t_start,
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+# ---- the JAX child ---------------------------------------------------------------------
+
+
+def child_jax(a):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if "TPU_LIBRARY_PATH" not in os.environ:
+        import libtpu
+
+        os.environ["TPU_LIBRARY_PATH"] = glob.glob(os.path.join(os.path.dirname(libtpu.__file__), "libtpu*.so"))[0]
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    cfg, layout, n = a["cfg"], a["layout"], a["n"]
+    t_start = time.perf_counter()
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=a["topology"])
+    shape = mesh_shape(n, layout)
+    mesh = Mesh(np.array(topo.devices[:n]).reshape(shape), ("data", "model"))
+    shapes = param_shapes(cfg)
+    specs = {k: spec_of(k, s, layout, shape) for k, s in shapes.items()}
+    d, h, T, V = cfg["d"], cfg["heads"], cfg["seq"], cfg["vocab"]
+    gb = cfg["batch"] * shape[0]
+
+    def ln(x, p):
+        m = x.mean(-1, keepdims=True)
+        v = ((x - m) ** 2).mean(-1, keepdims=True)
+        return (x - m) / jnp.sqrt(v + 1e-5) * p[".weight"] + p[".bias"]
+
+    def lin(x, p):
+        return x @ p[".weight"].T + p[".bias"]
+
+    causal = jnp.tril(jnp.ones((T, T), bool))
+
+    def loss_fn(w, idx, tgt):
+        def sub(prefix):
+            return {k[len(prefix) :]: v for k, v in w.items() if k.startswith(prefix)}
+
+        x = w["wte.weight"][idx] + w["wpe.weight"][jnp.arange(T)]
+        for i in range(cfg["layers"]):
+            b = f"blocks.{i}."
+            q, k, v = jnp.split(lin(ln(x, sub(b + "ln1")), sub(b + "qkv")), 3, axis=2)
+            q, k, v = (z.reshape(gb, T, h, d // h).transpose(0, 2, 1, 3) for z in (q, k, v))
+            att = (q @ k.transpose(0, 1, 3, 2)) / math.sqrt(d // h)
+            att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
+            y = (att @ v).transpose(0, 2, 1, 3).reshape(gb, T, d)
+            x = x + lin(y, sub(b + "proj"))
+            x = x + lin(jax.nn.gelu(lin(ln(x, sub(b + "ln2")), sub(b + "fc")), approximate=False), sub(b + "out"))
+        logits = ln(x, sub("lnf")) @ w["wte.weight"].T
+        logp = jax.nn.log_softmax(logits.reshape(-1, V), -1)
+        return -jnp.take_along_axis(logp, tgt.reshape(-1, 1), 1).mean()
+
+    lr, b1, b2, eps = 3e-3, 0.9, 0.95, 1e-8
+
+    def step(w, m, v, t, idx, tgt):
+        loss, g = jax.value_and_grad(loss_fn)(w, idx, tgt)
+        t = t + 1
+        m = {k: b1 * m[k] + (1 - b1) * g[k] for k in w}
+        v = {k: b2 * v[k] + (1 - b2) * g[k] * g[k] for k in w}
+
+        def update(k):
+            p = w[k] * (1 - lr * (0.1 if w[k].ndim >= 2 else 0.0))
+            return p - lr * (m[k] / (1 - b1**t)) / (jnp.sqrt(v[k] / (1 - b2**t)) + eps)
+
+        return {k: update(k) for k in w}, m, v, t, loss
+
+    def sds(s, spec, dtype=jnp.float32):
+        return jax.ShapeDtypeStruct(s, dtype, sharding=NamedSharding(mesh, P(*spec)))
+
+    w = {k: sds(s, specs[k]) for k, s in shapes.items()}
+    tok = sds((gb, T), BATCH_SPEC, jnp.int32)
+    t0 = sds((), ())
+    shard = jax.tree_util.tree_map(lambda s: s.sharding, (w, w, w, t0))
+    jitted = jax.jit(step, out_shardings=shard + (NamedSharding(mesh, P()),), donate_argnums=(0, 1, 2, 3))
+    s = time.perf_counter()
+    lowered = jitted.lower(w, w, w, t0, tok, tok)
+    lower_s = time.perf_counter() - s
+    s = time.perf_counter()
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - s
+    ma, ca = compiled.memory_analysis(), compiled.cost_analysis()
+    ca = ca[0] if isinstance(ca, list) else ca
+
+    def mem(k):
+        return getattr(ma, k, None)
+
+    return {
+        "side": "jax",
+        "mode": "jit",
+        "topology": a["topology"],
+        "kind": topo.devices[0].device_kind,
+        "chips": len(topo.devices),
+        "mesh": list(shape),
+        "global_batch": gb,
+        "params": sum(math.prod(s) for s in shapes.values()),
+        "programs": [
+            {
+                "name": "jax.jit(step)",
+                "ok": True,
+                "partitions": n,
+                "flops": ca.get("flops"),
+                "bytes_accessed": ca.get("bytes accessed"),
+                "transcendentals": ca.get("transcendentals"),
+                "argument_bytes": mem("argument_size_in_bytes"),
+                "output_bytes": mem("output_size_in_bytes"),
+                "alias_bytes": mem("alias_size_in_bytes"),
+                "temp_bytes": mem("temp_size_in_bytes"),
+                "peak_bytes": mem("peak_memory_in_bytes"),
+                "code_bytes": mem("generated_code_size_in_bytes"),
+                "compile_seconds": compile_s,
+            }
+        ],
+        "programs_per_step": 1,
+        "lower_s": lower_s,
+        "jax": jax.__version__,
+        "wall_s": time.perf_counter() - t_start,
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+# ---- the parent ------------------------------------------------------------------------
+
+
+def run_child(args, timeout):
+    env = dict(os.environ)
+    env.update(
+        TORCHTPU_NUM_DEVICES=str(args["n"]),
+        TORCHTPU_AOT_TOPOLOGY=args["topology"],
+        TPU_SKIP_MDS_QUERY="1",
+        ALLOW_MULTIPLE_LIBTPU_LOAD="1",
+    )
+    env.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")  # only quiets libtpu's warnings
+    env.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    if not args.get("cache"):
+        env["TORCHTPU_CACHE_DIR"] = ""  # every program compiled here, its seconds measured
+    s = time.perf_counter()
+    try:
+        p = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--child", json.dumps(args)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stderr or b"")[-2000:]
+        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        return {"error": f"timed out after {timeout} s", "stderr_tail": tail}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode or not lines:
+        return {"error": f"child exited with {p.returncode}", "stderr_tail": p.stderr[-4000:]}
+    out = json.loads(lines[-1][7:])
+    out["child_wall_s"] = time.perf_counter() - s
+    return out
+
+
+def totals(r):
+    """The step's sums (flops, bytes, compile seconds, argument/output) and largest peak/temp."""
+    ps = [p for p in r.get("programs", []) if p.get("ok")]
+
+    def tot(k, f=sum):
+        vals = [p[k] for p in ps if p.get(k) is not None]
+        return f(vals) if vals else None
+
+    return {
+        "flops": tot("flops"),
+        "bytes_accessed": tot("bytes_accessed"),
+        "argument_bytes": tot("argument_bytes"),
+        "output_bytes": tot("output_bytes"),
+        "temp_bytes": tot("temp_bytes", max),
+        "peak_bytes": tot("peak_bytes", max),
+        "compile_seconds": tot("compile_seconds"),
+    }
+
+
+def fmt(v, scale=1.0, digits=1):
+    if v is None:
+        return "-"
+    return f"{v / scale:,.{digits}f}"
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}" if a is not None and b else "-"
+
+
+def table(results):
+    head = (
+        "| N | topology | mesh | batch | side | program | progs/step | arg MiB | out MiB | temp MiB | peak MiB "
+        "| GFLOP | MB accessed | TPU compile s | max RSS MB | flops/JAX | bytes/JAX | peak/JAX | temp/JAX |"
+    )
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in results:
+        jt = totals(r["jax"]) if r.get("jax") and "error" not in r["jax"] else None
+        for side in ("jax", "fused", "graph"):
+            x = r.get(side)
+            if x is None:
+                continue
+            pre = f"| {r['n']} | {r['topology']} | {'x'.join(map(str, r['mesh']))} | {r['global_batch']} | "
+            name = "jax" if side == "jax" else f"torchtpu {side}"
+            if "error" in x:
+                msg = x["error"] + ": " + (x.get("stderr_tail") or "").strip().splitlines()[-1:][0][:160]
+                rows.append(pre + f"{name} | {msg.replace('|', '/')} |" + " |" * 13)
+                continue
+            progs = [p for p in x["programs"]]
+            t = totals(x)
+            pps = x.get("programs_per_step")
+            note = "" if side == "jax" or x.get("steady") else " (not steady)"
+            for i, p in enumerate(progs + ([None] if len(progs) > 1 else [])):
+                q = t if p is None else p
+                label = "step total" if p is None else (p["name"][:40] + ("" if p["ok"] else " REFUSED"))
+                last = p is None or len(progs) == 1
+                rows.append(
+                    pre + f"{name} | {label}{note} | {pps if i == 0 else ''} | {fmt(q.get('argument_bytes'), MIB)} | "
+                    f"{fmt(q.get('output_bytes'), MIB)} | {fmt(q.get('temp_bytes'), MIB)} | "
+                    f"{fmt(q.get('peak_bytes'), MIB)} | {fmt(q.get('flops'), 1e9, 3)} | "
+                    f"{fmt(q.get('bytes_accessed'), 1e6)} | {fmt(q.get('compile_seconds'))} | "
+                    f"{fmt(x.get('max_rss_mb'), 1, 0) if last else ''} | "
+                    + (
+                        " | ".join(ratio(t[k], jt[k]) for k in ("flops", "bytes_accessed", "peak_bytes", "temp_bytes"))
+                        if last and jt
+                        else " | | | "
+                    )
+                    + " |"
+                )
+    return "\n".join(rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--n", default="4,8,16", help="chip counts (4, 8, 16, 64, 256, 512)")
+    ap.add_argument("--max-n", type=int, default=16, help="run torchtpu for N up to this (N CPU devices)")
+    ap.add_argument("--jax-only", action="store_true", help="for N above --max-n, still compile JAX's step")
+    ap.add_argument("--modes", default="fused,graph", help="torchtpu modes: fused, graph (empty: none)")
+    ap.add_argument("--no-jax", action="store_true")
+    ap.add_argument("--layout", choices=["tp", "dp", "fsdp"], default="tp")
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8, help="per-device batch (global: times the data axis)")
+    ap.add_argument("--steps", type=int, default=3, help="steps (fused) or replays (graph)")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per child process")
+    ap.add_argument("--cache", action="store_true", help="keep torchtpu's disk cache on (compile seconds then stale)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if args.child:
+        a = json.loads(args.child)
+        out = child_jax(a) if a["side"] == "jax" else child_torch(a)
+        print("RESULT " + json.dumps(out), flush=True)
+        sys.stderr.flush()
+        os._exit(0)  # no teardown: nothing left recorded is run or compiled
+
+    cfg = {k: getattr(args, k) for k in ("d", "layers", "heads", "seq", "vocab", "batch")}
+    modes = [m for m in args.modes.split(",") if m]
+    results = []
+    for n in (int(v) for v in args.n.split(",")):
+        if n not in TOPOLOGIES:
+            raise SystemExit(f"no topology for N={n}: one of {sorted(TOPOLOGIES)}")
+        shape = mesh_shape(n, args.layout)
+        r = {"n": n, "topology": TOPOLOGIES[n], "mesh": shape, "global_batch": args.batch * shape[0]}
+        base = {"n": n, "topology": TOPOLOGIES[n], "cfg": cfg, "layout": args.layout, "cache": args.cache}
+        torch_ok = n <= args.max_n
+        if not torch_ok and not args.jax_only:
+            print(f"N={n}: skipped (above --max-n {args.max_n}; --jax-only compiles JAX's step)", file=sys.stderr)
+            continue
+        sides = ([("jax", "jit")] if not args.no_jax else []) + ([("torch", m) for m in modes] if torch_ok else [])
+        for side, mode in sides:
+            print(f"N={n} {TOPOLOGIES[n]} {side} {mode} ...", file=sys.stderr, flush=True)
+            out = run_child(dict(base, side=side, mode=mode, steps=args.steps), args.timeout)
+            r["jax" if side == "jax" else mode] = out
+            brief = out.get("error") or f"{out.get('child_wall_s', 0):.0f} s"
+            print(f"  {brief}", file=sys.stderr, flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"cfg": cfg, "layout": args.layout, "results": results + [r]}, f, indent=1)
+        results.append(r)
+    params = sum(math.prod(s) for s in param_shapes(cfg).values())
+    print(
+        f"GPT d={cfg['d']} layers={cfg['layers']} heads={cfg['heads']} T={cfg['seq']} vocab={cfg['vocab']} "
+        f"({params / 1e6:.2f}M parameters), AdamW, per-device batch {cfg['batch']}, layout {args.layout}; "
+        "memory, flops and bytes per chip (libtpu's figures)\n"
+    )
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cfg": cfg, "layout": args.layout, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
