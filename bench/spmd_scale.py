@@ -41,8 +41,13 @@ Usage:
   python bench/spmd_scale.py [--n 4,8,16] [--modes fused,graph] [--layout tp]
       [--d 128 --layers 2 --heads 4 --seq 64 --vocab 256 --batch 8]
       [--max-n 16] [--json out.json]
-N above --max-n is skipped (a torchtpu mesh of 64 is 64 CPU devices on this
-host); --jax-only N compiles only JAX's step for such N.
+A torchtpu mesh of N needs N local devices (spmd.Mesh checks
+torch.tpu.device_count(); the AOT compile takes the program's N partitions
+onto the topology's chips), so N=64 runs 64 CPU devices on this host: N above
+--max-n (default 16) is skipped, or with --jax-only only JAX's step is
+compiled for it. In fused mode the steady program is the previous step's
+backward and optimizer step with this step's forward; the last step's tail is
+left unrun (the child ends with os._exit).
 """
 
 import argparse
@@ -482,7 +487,8 @@ def table(results):
             pre = f"| {r['n']} | {r['topology']} | {'x'.join(map(str, r['mesh']))} | {r['global_batch']} | "
             name = "jax" if side == "jax" else f"torchtpu {side}"
             if "error" in x:
-                msg = x["error"] + ": " + (x.get("stderr_tail") or "").strip().splitlines()[-1:][0][:160]
+                tail = (x.get("stderr_tail") or "").strip().splitlines()
+                msg = x["error"] + (": " + tail[-1][:160] if tail else "")
                 rows.append(pre + f"{name} | {msg.replace('|', '/')} |" + " |" * 13)
                 continue
             progs = [p for p in x["programs"]]
