@@ -299,6 +299,7 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     L.rng_state = TPU_HV_NONE;
     L.precision = e->precision;
     L.value_checks = e->value_checks;
+    L.static_offsets = x.mesh != NULL;
     L.fuse = &x;
     L.fn_lookup = tpu_engine_fn_lookup;
     L.fn_ctx = e;
@@ -746,6 +747,17 @@ tpu_status *tpu_flush_prepare(tpu_engine *e, tpu_flush_reason reason, tpu_rectab
     tpu_sig_put(&sig, r->gdims, sizeof(int64_t) * (size_t)r->sh->rank);
   }
   if (mesh) tpu_sig_i64(&sig, e->shardy);
+  /* over a mesh, views' offsets are constants of the program (L.static_offsets) */
+  for (int i = 0; mesh && i < e->fuse.nnodes; i++) {
+    const tpu_node *n = &e->fuse.nodes[i];
+    for (int a = 0; a < n->nargs; a++) {
+      const tpu_arg *x = &n->args[a];
+      if (x->kind == TPU_ARG_TENSOR && x->t.rec) tpu_sig_i64(&sig, x->t.offset);
+      if (x->kind == TPU_ARG_TENSORS)
+        for (int j = 0; j < x->nlist; j++)
+          if (x->list[j].rec) tpu_sig_i64(&sig, x->list[j].offset);
+    }
+  }
   if (e->explain && !sig.oom) ex[3] = tpu_hash64(sig.p + live, sig.n - live);
   tpu_status *s = (sig.oom || tab->oom) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
   if (!s) {

@@ -274,7 +274,9 @@ static tpu_hv tpu_lower_base(tpu_lower *L, tpu_tref *t, int i, int j) {
     raw = tpu_hlo_param(L->hlo, tpu_hlo_type_make(reint ? t->rec_dtype : t->dtype, 1, &rn));
   }
   t->base = reint ? tpu_lower_reinterpret(L, raw, t->rec_dtype, t->dtype) : raw;
-  if (t->view != TPU_VIEW_WHOLE) {
+  if (t->view != TPU_VIEW_WHOLE && L->static_offsets) {
+    t->offv = tpu_hlo_constant_int(L->hlo, TPU_S64, t->offset);
+  } else if (t->view != TPU_VIEW_WHOLE) {
     tpu_lower_add_input(L, TPU_IN_OFFSET, i, j);
     t->offv = tpu_hlo_param(L->hlo, tpu_hlo_type_make(TPU_S64, 0, NULL));
   }

@@ -60,6 +60,8 @@ struct tpu_lower {
   int64_t rng_words;           /* random words drawn: the generator's advance */
   tpu_hlo_precision precision; /* of f32 matmuls and convolutions */
   bool value_checks;           /* make the checks that need tensor values (tpu_lower_check) */
+  bool static_offsets;         /* views' offsets are constants, not inputs (a program over a mesh:
+                                  the partitioner slices a split tensor only at known places) */
   bool plans_only;             /* lowered for its plans, not run (a fused op, or an op over a mesh) */
   /* Fused lowering (engine.c): many calls share one builder. fuse_record
    * gives a record's current flat value (rec->numel elements of rec->dtype),
