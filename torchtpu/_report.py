@@ -55,6 +55,8 @@ GROUPS = [
             ("backward_passes", "backward passes launched", ""),
             ("graph_replays", "graph replays (torch.compile, torch.tpu.graph)", ""),
             ("spmd_programs_run", "programs run over a device mesh", ""),
+            ("spmd_layouts_chosen", "values laid out as XLA's partitioner chose", ""),
+            ("spmd_layout_fallbacks", "mesh programs recompiled with the shape rule's layouts", ""),
             ("replica_collectives", "replica-mode collectives", ""),
         ],
     ),
