@@ -71,6 +71,23 @@ static bool tpu_pb_field(tpu_pb *b, uint64_t *field, int *wire, uint64_t *v, tpu
   }
 }
 
+/* The last length-delimited field `field` of b into *sub: 1 found, 0 not
+ * there, -1 malformed bytes. */
+static int tpu_pb_find(tpu_pb b, uint64_t field, tpu_pb *sub) {
+  int found = 0;
+  while (b.p < b.end) {
+    uint64_t f, v;
+    int w;
+    tpu_pb s = {NULL, NULL};
+    if (!tpu_pb_field(&b, &f, &w, &v, &s)) return -1;
+    if (f == field && w == 2) {
+      *sub = s;
+      found = 1;
+    }
+  }
+  return found;
+}
+
 /* A repeated int64 field's value(s) appended to a[*n] (at most TPU_OPS_MAX_DIMS). */
 static bool tpu_pb_ints(int wire, uint64_t v, tpu_pb sub, int64_t *a, int *n) {
   if (wire == 0) {
@@ -234,31 +251,13 @@ tpu_status *tpu_hlo_read_output_shardings(const uint8_t *module, size_t len, boo
                                           const int64_t *mesh, int n, const int *ranks, const bool *want,
                                           tpu_sharding *out) {
   tpu_pb b = {module, module + len}, top = {NULL, NULL};
-  bool found = false;
-  if (with_config) { /* the module is the wrapper's field 1 */
-    tpu_pb w = b;
-    b.p = b.end = NULL;
-    while (w.p < w.end) {
-      uint64_t f, v;
-      int wt;
-      tpu_pb sub = {NULL, NULL};
-      if (!tpu_pb_field(&w, &f, &wt, &v, &sub))
-        return tpu_status_new(TPU_ERR_RUNTIME, "the optimized program is not a well-formed HloModuleProtoWithConfig");
-      if (f == 1 && wt == 2) b = sub;
-    }
-    if (!b.p) return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "the optimized program holds no module");
-  }
-  while (b.p < b.end) {
-    uint64_t f, v;
-    int w;
-    tpu_pb sub = {NULL, NULL};
-    if (!tpu_pb_field(&b, &f, &w, &v, &sub))
-      return tpu_status_new(TPU_ERR_RUNTIME, "the optimized program is not a well-formed HloModuleProto");
-    if (f == 12 && w == 2) {
-      top = sub;
-      found = true;
-    }
-  }
+  int got = with_config ? tpu_pb_find(b, 1, &b) : 1; /* the wrapper's field 1 is the module */
+  if (got < 0)
+    return tpu_status_new(TPU_ERR_RUNTIME, "the optimized program is not a well-formed HloModuleProtoWithConfig");
+  if (got == 0) return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "the optimized program holds no module");
+  got = tpu_pb_find(b, 12, &top);
+  if (got < 0) return tpu_status_new(TPU_ERR_RUNTIME, "the optimized program is not a well-formed HloModuleProto");
+  bool found = got > 0;
   if (!found) return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "the optimized program names no output shardings");
   tpu_opsharding o;
   if (!tpu_opsharding_parse(top, &o))
