@@ -422,3 +422,28 @@ def test_uint8_mask_index_warns_as_on_cpu(write):
     torch.testing.assert_close(tr, cr)
     torch.testing.assert_close(tq, cq)
     assert len(tm) == len(cm) == 1 and "indexing with dtype torch.uint8 is now deprecated" in tm[0], (tm, cm)
+
+
+def test_sparse_layouts_are_refused_in_one_line():
+    """A sparse tensor moved to tpu, made there, or a sparse embedding's gradient: one
+    NotImplementedError line naming the layout and what to do (not torch's list of backends);
+    a compressed (CSR) tensor's ops say the same."""
+    i, v = torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0])
+    coo = torch.sparse_coo_tensor(i, v, (2, 2), check_invariants=True)
+    emb = torch.nn.Embedding(10, 3, sparse=True).to("tpu")
+    for make in (
+        lambda: coo.to("tpu"),
+        lambda: torch.sparse_coo_tensor(i.to("tpu"), v.to("tpu"), (2, 2)),
+        lambda: emb(torch.tensor([1, 2], device="tpu")).sum().backward(),
+    ):
+        with pytest.raises(
+            NotImplementedError, match=r"sparse tensors \(torch.sparse_coo\) are not supported on tpu"
+        ) as e:
+            make()
+        assert "\n" not in str(e.value) and "to_dense" in str(e.value)
+    csr = torch.tensor([[0.0, 1.0], [2.0, 0.0]]).to_sparse_csr().to("tpu")
+    with pytest.raises(NotImplementedError, match=r"sparse tensors \(a compressed sparse layout\)") as e:
+        csr.to_dense()
+    assert "\n" not in str(e.value)
+    # dense work on tpu goes on as before
+    assert torch.equal((torch.ones(2, device="tpu") + 1).cpu(), torch.full((2,), 2.0))

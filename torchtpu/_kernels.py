@@ -614,6 +614,25 @@ def _fallback(op, *args, **kwargs):
     return _cpu_fallback(op, args, kwargs)
 
 
+_SPARSE_KEYS = {"SparsePrivateUse1": "torch.sparse_coo", "SparseCsrPrivateUse1": "a compressed sparse layout"}
+
+
+def _sparse_refusal(key):
+    """The fallback of a sparse dispatch key of tpu: one line saying that
+    sparse layouts are not supported (instead of torch's 50-line list of the
+    backends an op has)."""
+    layout = _SPARSE_KEYS[key]
+
+    def refuse(op, *args, **kwargs):
+        name = op._schema.name + (("." + op._schema.overload_name) if op._schema.overload_name else "")
+        raise NotImplementedError(
+            f"{name}: sparse tensors ({layout}) are not supported on tpu; keep them on the CPU or make them "
+            "dense there (.to_dense(); nn.Embedding: sparse=False)"
+        )
+
+    return refuse
+
+
 def _cpu_fallback(op, args, kwargs):
     tpu = torch.device("tpu")
     moved = []

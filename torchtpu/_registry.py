@@ -397,6 +397,8 @@ def setup(device_module):
     _autocast.setup()
     _LIB = torch.library.Library("_", "IMPL")
     _LIB.fallback(_kernels._fallback, dispatch_key="PrivateUse1")
+    for key in _kernels._SPARSE_KEYS:
+        _LIB.fallback(_kernels._sparse_refusal(key), dispatch_key=key)
     _native._skip_kernel_frames()
 
 
