@@ -447,3 +447,25 @@ def test_sparse_layouts_are_refused_in_one_line():
     assert "\n" not in str(e.value)
     # dense work on tpu goes on as before
     assert torch.equal((torch.ones(2, device="tpu") + 1).cpu(), torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.uint8, torch.int64, torch.float32])
+def test_masked_fill_takes_only_boolean_masks(mask_dtype):
+    """masked_fill(_) with a mask that is not bool: the CPU's RuntimeError, word for word; nothing written."""
+    for dev in ("cpu", "tpu"):
+        x = torch.arange(4.0, device=dev)
+        m = torch.tensor([1, 0, 1, 0], device=dev).to(mask_dtype)
+        msgs = []
+        for fill in (
+            lambda: x.masked_fill(m, 5.0),
+            lambda: x.masked_fill_(m, 5.0),
+            lambda: x.masked_fill_(m, torch.tensor(5.0)),
+        ):
+            with pytest.raises(RuntimeError, match="masked_fill_ only supports boolean masks") as e:
+                fill().cpu()
+            msgs.append(str(e.value))
+        assert torch.equal(x.cpu(), torch.arange(4.0))
+        if dev == "cpu":
+            want = msgs
+        else:
+            assert msgs == want, (msgs, want)

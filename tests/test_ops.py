@@ -534,6 +534,26 @@ def test_random_complex(dtype, mode):
     assert not torch.equal(u.real, u.imag)
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_normal_of_a_complex_mean(dtype):
+    """torch.normal(mean, std) with a complex mean, as the CPU: mean plus noise whose parts have
+    std / sqrt(2) each (std a number or a real tensor); a complex std is refused as on the CPU."""
+    n = 100_000
+    real = torch.float32 if dtype == torch.complex64 else torch.float64
+    mean = torch.full((n,), 1 + 2j, dtype=dtype)
+    stds = (2.0, torch.full((n,), 2.0, dtype=real))
+    for std in stds:
+        got = torch.normal(mean.to("tpu"), std.to("tpu") if torch.is_tensor(std) else std).cpu()
+        assert got.dtype == dtype and got.shape == (n,)
+        for part, mu in ((got.real, 1.0), (got.imag, 2.0)):
+            assert abs(part.mean().item() - mu) < 0.03 and abs(part.std().item() - 2 / 2**0.5) < 0.03
+    bad = torch.full((4,), 2.0, dtype=dtype)
+    with pytest.raises(RuntimeError, match="standard deviation to be non-complex"):
+        torch.normal(torch.zeros(4, dtype=dtype), bad)  # the CPU's own error
+    with pytest.raises(RuntimeError, match="standard deviation to be non-complex"):
+        torch.normal(torch.zeros(4, dtype=dtype, device="tpu"), bad.to("tpu")).cpu()
+
+
 _COMPLEX_TRUTH = {
     "all": lambda z: z.all(),
     "all_dim": lambda z: z.all(1),

@@ -742,6 +742,11 @@ void tpu_emit_where(tpu_lower *L) {
 /* masked_fill(self, mask, value) */
 void tpu_emit_masked_fill(tpu_lower *L) {
   tpu_dtype dt = L->args[0].t.dtype;
+  if (L->args[1].kind == TPU_ARG_TENSOR && L->args[1].t.dtype != TPU_PRED) { /* x[uint8 mask] = v on the CPU too */
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "masked_fill_ only supports boolean masks, but got mask with dtype %s",
+                   tpu_typemeta_name(L->args[1].t.dtype));
+    return;
+  }
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   tpu_hv m = tpu_lower_input(L, 1, TPU_PRED);
   tpu_hv val;

@@ -36,25 +36,6 @@ static bool tpu_same_dtype(tpu_lower *L, int a, int b, const char *what) {
   return true;
 }
 
-/* The C++ type name torch's mm/addmm dtype message prints (caffe2's TypeMeta). */
-static const char *tpu_typemeta_name(tpu_dtype t) {
-  switch (t) {
-    case TPU_PRED: return "bool";
-    case TPU_S8: return "signed char";
-    case TPU_U8: return "unsigned char";
-    case TPU_S16: return "short int";
-    case TPU_S32: return "int";
-    case TPU_S64: return "long int";
-    case TPU_F16: return "c10::Half";
-    case TPU_BF16: return "c10::BFloat16";
-    case TPU_F32: return "float";
-    case TPU_F64: return "double";
-    case TPU_C64: return "c10::complex<float>";
-    case TPU_C128: return "c10::complex<double>";
-    default: return tpu_dtype_name(t);
-  }
-}
-
 static void tpu_check_mm_dtypes(tpu_lower *L, int a, int b) {
   if (L->args[a].t.dtype != L->args[b].t.dtype)
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected m1 and m2 to have the same dtype, but got: %s != %s",

@@ -168,7 +168,14 @@ void tpu_emit_normal_tensor(tpu_lower *L) {
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
   if (L->args[0].kind == TPU_ARG_FLOAT) dt = L->args[1].t.dtype;
   if (L->args[1].kind == TPU_ARG_FLOAT) dt = L->args[0].t.dtype;
-  if (!tpu_dtype_is_float(dt)) {
+  if (L->args[1].kind == TPU_ARG_TENSOR && tpu_dtype_is_complex(L->args[1].t.dtype)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "normal expects standard deviation to be non-complex");
+    return;
+  }
+  /* a complex mean: each part of the noise is a normal of std / sqrt(2), as normal_ draws it */
+  bool cx = dt == TPU_C64 || dt == TPU_C128;
+  tpu_dtype part = dt == TPU_C64 ? TPU_F32 : dt == TPU_C128 ? TPU_F64 : dt;
+  if (!tpu_dtype_is_float(part)) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "\"normal_kernel_cpu\" not implemented for '%s'", tpu_dtype_name(dt));
     return;
   }
@@ -176,14 +183,21 @@ void tpu_emit_normal_tensor(tpu_lower *L) {
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "normal expects std >= 0.0, but found std %g", L->args[1].f);
     return;
   }
-  tpu_dtype w = tpu_rand_work(dt);
+  tpu_dtype w = tpu_rand_work(part);
   tpu_hv v[2];
-  for (int i = 0; i < 2; i++)
-    v[i] = L->args[i].kind == TPU_ARG_FLOAT ? tpu_hlo_constant(H, w, L->args[i].f) : tpu_lower_input(L, i, w);
+  for (int i = 0; i < 2; i++) {
+    tpu_dtype as = cx && i == 0 ? dt : w;
+    v[i] = L->args[i].kind == TPU_ARG_FLOAT ? tpu_hlo_constant(H, as, L->args[i].f) : tpu_lower_input(L, i, as);
+  }
   tpu_lower_broadcast_all(L, v, 2);
-  const tpu_hlo_type st = *T(L, v[0]);
-  tpu_hv z = tpu_std_normal(L, w, st.rank, st.dims);
-  tpu_lower_out(L, tpu_hlo_convert(H, tpu_add(L, v[0], tpu_mul(L, v[1], z)), dt));
+  const tpu_hlo_type st = *T(L, v[1]);
+  tpu_hv noise = tpu_mul(L, v[1], tpu_std_normal(L, w, st.rank, st.dims));
+  if (cx) {
+    tpu_hv im = tpu_mul(L, v[1], tpu_std_normal(L, w, st.rank, st.dims));
+    tpu_hv r2 = tpu_k(L, noise, 1.0 / sqrt(2.0));
+    noise = tpu_hlo_binary(H, TPU_HLO_COMPLEX, tpu_mul(L, noise, r2), tpu_mul(L, im, r2));
+  }
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_add(L, v[0], noise), dt));
 }
 
 /* exponential_(self, lambd=1): -log(1 - u) / lambd */

@@ -774,3 +774,21 @@ void tpu_lower_run(tpu_lower *L, const tpu_op_row *row) {
       if (L->out[k].kind == TPU_OUT_NEW) L->ret[L->nret++] = (tpu_ret_plan){.index = newidx++, .item = -1};
   }
 }
+
+const char *tpu_typemeta_name(tpu_dtype t) {
+  switch (t) {
+    case TPU_PRED: return "bool";
+    case TPU_S8: return "signed char";
+    case TPU_U8: return "unsigned char";
+    case TPU_S16: return "short int";
+    case TPU_S32: return "int";
+    case TPU_S64: return "long int";
+    case TPU_F16: return "c10::Half";
+    case TPU_BF16: return "c10::BFloat16";
+    case TPU_F32: return "float";
+    case TPU_F64: return "double";
+    case TPU_C64: return "c10::complex<float>";
+    case TPU_C128: return "c10::complex<double>";
+    default: return tpu_dtype_name(t);
+  }
+}

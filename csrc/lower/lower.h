@@ -164,4 +164,8 @@ tpu_hv tpu_lower_scatter_rows(tpu_lower *L, tpu_hv operand, tpu_hv idx, tpu_hv u
 tpu_hv tpu_lower_view_read(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset);
 tpu_hv tpu_lower_view_write(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offset, tpu_hv v);
 
+/* The C++ type name of a dtype as torch's messages print it (caffe2's
+ * TypeMeta: "long int", "unsigned char", "c10::Half", ...). */
+const char *tpu_typemeta_name(tpu_dtype t);
+
 #endif
