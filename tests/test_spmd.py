@@ -147,7 +147,8 @@ CHILD = textwrap.dedent(r"""
                 assert torch.equal((x[off : off + 2].t() + 1).cpu(), x0[off : off + 2].t() + 1), off
                 assert torch.equal(x.view(8, 2, 4)[:, 1, off % 4].cpu(), x0.view(8, 2, 4)[:, 1, off % 4]), off
                 q, k, v = (x * 1).split([2, 2, 4], dim=1)
-                assert torch.equal((q @ k.t() + v.sum(1, keepdim=True)).cpu(), (x0[:, :2] @ x0[:, 2:4].t() + x0[:, 4:].sum(1, keepdim=True)))
+                want = x0[:, :2] @ x0[:, 2:4].t() + x0[:, 4:].sum(1, keepdim=True)
+                assert torch.equal((q @ k.t() + v.sum(1, keepdim=True)).cpu(), want)
             y0, y = x0.clone(), spmd.shard(x0, mesh22, [Shard(0), Shard(1)])
             for off in (1, 3):
                 y[:, off : off + 2].mul_(3)
