@@ -261,7 +261,29 @@ print("RESULT", json.dumps(dict(err=err)))
 
 def test_a_bad_topology_name_is_a_clear_error(children):
     err = children["bad"].result()["err"]
-    assert err and "TORCHTPU_AOT_TOPOLOGY=v5e:bogus" in err and "regex" in err, err
+    assert err and "TORCHTPU_AOT_TOPOLOGY=v5e:bogus" in err and "whole numbers joined by 'x'" in err, err
+
+
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("v5e:0x0", "from 1 to 64 chips"),  # libtpu: SIGFPE
+        ("v5e:64x64", "at most 16x16"),  # libtpu: a CHECK failure, abort
+        ("v9z:2x2", "Invalid TPU external name"),  # libtpu's own error, quoted
+    ],
+)
+def test_topologies_libtpu_would_end_the_process_on_are_refused(name, says):
+    r = subprocess.run(
+        [sys.executable, "-c", BAD_NAME],
+        env=dict(os.environ, TORCHTPU_AOT_TOPOLOGY=name, TORCHTPU_CACHE_DIR=""),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]  # the process goes on
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))
+    err = json.loads(line[len("RESULT ") :])["err"]
+    assert err and f"TORCHTPU_AOT_TOPOLOGY={name}" in err and says in err, err
 
 
 WARM = """

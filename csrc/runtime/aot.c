@@ -53,10 +53,44 @@ static void tpu_aot_env(void) {
   X(Compile) X(Executable_Destroy)
 /* clang-format on */
 
+tpu_status *tpu_rt_topology_check(const char *topology) {
+  if (!topology || !*topology) return tpu_status_new(TPU_ERR_VALUE, "no TPU topology given (e.g. v5e:2x2)");
+  const char *colon = strchr(topology, ':');
+  if (!colon || colon == topology)
+    return tpu_status_new(TPU_ERR_VALUE, "TPU topology %s: not <generation>:<chips> (e.g. v5e:2x2, v5p:2x2x1)",
+                          topology);
+  long dims[3] = {1, 1, 1};
+  int n = 0;
+  const char *p = colon + 1;
+  while (n < 3) {
+    if (*p < '0' || *p > '9')
+      return tpu_status_new(TPU_ERR_VALUE, "TPU topology %s: chip counts are whole numbers joined by 'x' (e.g. 2x2)",
+                            topology);
+    long v = 0;
+    while (*p >= '0' && *p <= '9' && v <= TPU_TOPOLOGY_MAX_DIM) v = v * 10 + (*p++ - '0');
+    if (v < 1 || v > TPU_TOPOLOGY_MAX_DIM)
+      return tpu_status_new(TPU_ERR_VALUE, "TPU topology %s: dimension %d must be from 1 to %d chips", topology, n + 1,
+                            TPU_TOPOLOGY_MAX_DIM);
+    dims[n++] = v;
+    if (*p == 0) break;
+    if (*p++ != 'x' || n == 3)
+      return tpu_status_new(TPU_ERR_VALUE, "TPU topology %s: two or three chip counts joined by 'x' (e.g. 2x2, 2x2x1)",
+                            topology);
+  }
+  if (n < 2)
+    return tpu_status_new(TPU_ERR_VALUE, "TPU topology %s: two or three chip counts joined by 'x' (e.g. 2x2, 2x2x1)",
+                          topology);
+  if ((size_t)(colon - topology) == 3 && strncmp(topology, "v5e", 3) == 0 &&
+      (dims[0] > 16 || dims[1] > 16 || dims[2] != 1))
+    return tpu_status_new(TPU_ERR_VALUE, "TPU topology %s: a v5e slice is at most 16x16 chips (one plane)", topology);
+  return NULL;
+}
+
 tpu_status *tpu_rt_target_open(const char *path, const char *topology, tpu_rt_target **out) {
   *out = NULL;
   if (!path || !*path) return tpu_status_new(TPU_ERR_PLUGIN, "no TPU compiler plugin (libtpu) given");
-  if (!topology || !*topology) return tpu_status_new(TPU_ERR_VALUE, "no TPU topology given (e.g. v5e:2x2)");
+  tpu_status *bad = tpu_rt_topology_check(topology); /* before libtpu: it ends the process on some */
+  if (bad) return bad;
   if (access(path, R_OK) != 0)
     return tpu_status_new(TPU_ERR_PLUGIN, "TPU compiler plugin %s: no such file (pip install libtpu)", path);
   tpu_aot_env();

@@ -24,8 +24,16 @@
 
 typedef struct tpu_rt_target tpu_rt_target;
 
-/* dlopen the plugin (never closed), initialize it, describe the topology. A
- * name libtpu does not know is TPU_ERR_VALUE naming it and quoting libtpu. */
+/* NULL when topology is "<generation>:<A>x<B>" or ":<A>x<B>x<C>" with every
+ * chip count from 1 to TPU_TOPOLOGY_MAX_DIM, and, for v5e, A and B at most 16
+ * and C 1 (libtpu 0.0.52 ends the process on those: SIGFPE on a 0, a CHECK
+ * failure past v5e's bounds); otherwise an owned TPU_ERR_VALUE naming the
+ * part that is wrong. Whether libtpu knows the generation is its own check. */
+enum { TPU_TOPOLOGY_MAX_DIM = 64 };
+tpu_status *tpu_rt_topology_check(const char *topology);
+/* dlopen the plugin (never closed), initialize it, describe the topology
+ * (checked first by tpu_rt_topology_check). A name libtpu does not know is
+ * TPU_ERR_VALUE naming it and quoting libtpu. */
 tpu_status *tpu_rt_target_open(const char *plugin_path, const char *topology, tpu_rt_target **out);
 void tpu_rt_target_close(tpu_rt_target *t);
 

@@ -136,11 +136,40 @@ static void test_v5e(const char *plugin) {
   tpu_rt_target_close(t);
 }
 
+/* Names libtpu would end the process on are refused before it sees them
+ * (0 chips: SIGFPE; past v5e's 16x16 plane: a CHECK failure). */
+static void test_topology_bounds(const char *plugin) {
+  const char *good[] = {"v5e:2x2", "v5e:16x16", "v5e:1x1", "v6e:64x64", "v5p:2x2x1", "v5p:16x20x28", "TPU7x:2x2x1"};
+  for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+    tpu_status *s = tpu_rt_topology_check(good[i]);
+    CHECK(!s, "%s: %s", good[i], s ? tpu_status_message(s) : "");
+    tpu_status_free(s);
+  }
+  const char *bad[][2] = {
+      {"v5e:0x0", "from 1 to 64"},        {"v5e:1x0", "from 1 to 64"},   {"v5e:16x32", "at most 16x16"},
+      {"v5e:64x64", "at most 16x16"},     {"v5e:16x16x2", "one plane"},  {"v6e:65x2", "from 1 to 64"},
+      {"v5p:2x2x99999999999", "1 to 64"}, {"v5e:-1x2", "whole numbers"}, {"v5e:2", "two or three"},
+      {"v5p:2x2x1x1", "two or three"},    {"v5e:2x2x", "whole numbers"}, {"v5e2x2", "<generation>:<chips>"},
+      {":2x2", "<generation>:<chips>"},   {"v5e:2x2 ", "two or three"},  {"", "no TPU topology"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    tpu_status *s = tpu_rt_topology_check(bad[i][0]);
+    CHECK(s && tpu_status_code(s) == TPU_ERR_VALUE && strstr(tpu_status_message(s), bad[i][1]), "%s: %s", bad[i][0],
+          s ? tpu_status_message(s) : "accepted");
+    tpu_status_free(s);
+  }
+  tpu_rt_target *t = NULL;
+  tpu_status *s = tpu_rt_target_open(plugin, "v5e:0x0", &t); /* the process goes on */
+  CHECK(s && t == NULL && strstr(tpu_status_message(s), "v5e:0x0"), "open refuses v5e:0x0");
+  tpu_status_free(s);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s LIBTPU.so\n", argv[0]);
     return 2;
   }
+  test_topology_bounds(argv[1]);
   test_names(argv[1]);
   test_v5e(argv[1]);
   printf("%d passed, %d failed\n", passed, failed);
