@@ -259,3 +259,20 @@ def test_plugin_info_logs_are_quiet_unless_asked_for(tmp_path):
     assert "cpu_device_count" not in quiet.stderr and "InitializeLog" not in quiet.stderr, quiet.stderr
     loud = run(code, {"TF_CPP_MIN_LOG_LEVEL": "0"}, cwd=str(tmp_path))
     assert loud.returncode == 0 and "cpu_device_count" in loud.stderr, loud.stderr[-3000:]
+
+
+@pytest.mark.skipif(
+    bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")), reason="this machine has TPU chips"
+)
+def test_the_tpu_platform_without_a_chip_says_so():
+    """TORCHTPU_PLATFORM=tpu on a machine without a TPU: a RuntimeError at the first use that says no
+    chip was found and what to do, quoting libtpu; the process goes on."""
+    pytest.importorskip("libtpu")
+    code = (
+        "import torch, torchtpu\n"
+        "try:\n    torch.ones(2, device='tpu')\nexcept RuntimeError as e:\n    print('ERR', e)\n"
+    )
+    r = run(code, env={"TORCHTPU_PLATFORM": "tpu"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ERR" in r.stdout and "no TPU chip was found on this machine" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert "TORCHTPU_AOT_TOPOLOGY" in r.stdout and "No jellyfish device found" in r.stdout

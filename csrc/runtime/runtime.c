@@ -344,6 +344,11 @@ tpu_status *tpu_rt_open(const tpu_rt_options *opts, tpu_rt **out) {
   return NULL;
 fail:
   tpu_rt_close(rt);
+  if (s && strstr(tpu_status_message(s), "No jellyfish device found")) /* libtpu's words for "no chip here" */
+    s = tpu_status_prefix(s,
+                          "no TPU chip was found on this machine (the TPU plugin runs programs on a chip; "
+                          "TORCHTPU_AOT_TOPOLOGY compiles for one without it, and the CPU plugin runs them when "
+                          "TORCHTPU_PLATFORM is not tpu)");
   return tpu_status_prefix(s, "opening PJRT plugin %s", path);
 }
 
