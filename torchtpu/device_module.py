@@ -97,17 +97,24 @@ def _index(device: _Device) -> int:
     return current_device() if idx == -1 else idx
 
 
-def set_device(device: _Device) -> None:
-    """Selects the device that tensors made without a device index go to
-    (torch.cuda.set_device). In a process of one device, the process's
-    LOCAL_RANK also names it: torchrun gives each process one device, and
-    DeviceMesh, like training scripts, calls set_device(LOCAL_RANK)."""
+def _checked(device: _Device) -> int:
+    """_index, and a RuntimeError for an index this process has no device of
+    (torch.cuda's queries raise on one too). In a process of one device, the
+    process's LOCAL_RANK also names it: torchrun gives each process one
+    device, and DeviceMesh, like training scripts, names it by LOCAL_RANK."""
     idx = _index(device)
     local = os.environ.get("LOCAL_RANK", "")
     if idx != 0 and local.isdigit() and idx == int(local) and device_count() == 1:
         idx = 0
     if idx < 0 or idx >= device_count():
         raise RuntimeError(f"tpu:{idx}: invalid device ordinal ({device_count()} local devices)")
+    return idx
+
+
+def set_device(device: _Device) -> None:
+    """Selects the device that tensors made without a device index go to
+    (torch.cuda.set_device; LOCAL_RANK as _checked says)."""
+    idx = _checked(device)
     if idx != current_device():
         _C.current_device(idx)
 
@@ -128,6 +135,7 @@ def get_device_properties(device: _Device = None) -> dict[str, Any]:
 def synchronize(device: _Device = None) -> None:
     """Waits for every launched computation (strict mode runs them
     asynchronously); raises the error of one that failed."""
+    _checked(device)
     _C.synchronize()
 
 
@@ -286,11 +294,13 @@ def get_rng_state(device: _Device = None) -> torch.Tensor:
     seed then the offset, each a little-endian uint64. DTensor's random ops
     read and move the offset in place (torch.distributed.tensor._random), so
     the layout is CUDA's Philox state, not one of our own."""
+    _checked(device)
     s, off = _C.rng_state()
     return torch.frombuffer(bytearray(struct.pack("<QQ", s, off)), dtype=torch.uint8)
 
 
 def set_rng_state(state: torch.Tensor, device: _Device = None) -> None:
+    _checked(device)
     if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() != 16:
         what = f"{state.dtype} tensor of {state.numel()} elements" if isinstance(state, torch.Tensor) else type(state)
         raise ValueError(
@@ -383,7 +393,7 @@ class device_of(device):
 
 
 def _memory(device: _Device = None, reset: bool = False) -> dict[str, int]:
-    return _C.memory(reset, _index(device))
+    return _C.memory(reset, _checked(device))
 
 
 def memory_stats(device: _Device = None) -> dict[str, int]:
@@ -430,11 +440,11 @@ def max_memory_reserved(device: _Device = None) -> int:
 
 
 def reset_peak_memory_stats(device: _Device = None) -> None:
-    _C.memory(True)
+    _C.memory(True, _checked(device))
 
 
 def reset_max_memory_allocated(device: _Device = None) -> None:
-    _C.memory(True)
+    reset_peak_memory_stats(device)
 
 
 def empty_cache() -> None:

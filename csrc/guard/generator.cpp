@@ -140,8 +140,15 @@ tpu_generator_state* tpu_generator_state_of(const at::Generator& g, bool* tpu) n
 
 void tpu_generators_use(const tpu_guard_api* a) { api = a; }
 
+// torch.Generator(device="tpu:9") in a process of fewer devices: torch's RuntimeError, as CUDA's.
+static void tpu_check_index(c10::DeviceIndex index) {
+  int n = api->device_count();
+  TORCH_CHECK(index < n, "tpu:", static_cast<int>(index), ": invalid device ordinal (", n, " local devices)");
+}
+
 at::Generator tpu_new_generator(c10::DeviceIndex index) {
   if (index < 0) index = static_cast<c10::DeviceIndex>(api->current_device());
+  tpu_check_index(index);
   return at::make_generator<TpuGenerator>(index, false);
 }
 
