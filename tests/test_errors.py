@@ -3,6 +3,7 @@ must raise the same exception type (and, where the message is ours, name the
 problem in PyTorch's words) -- or both must succeed with equal results."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -469,3 +470,61 @@ def test_masked_fill_takes_only_boolean_masks(mask_dtype):
             want = msgs
         else:
             assert msgs == want, (msgs, want)
+
+
+_ACCEPTED_SILENTLY = {
+    # name: (call on a device, text the tpu error holds)
+    "where_float_condition": (
+        lambda d: torch.where(torch.tensor([1.0, 0.0], device=d), torch.ones(2, device=d), torch.zeros(2, device=d)),
+        "where expected condition to be a boolean tensor, but got a tensor with dtype Float",
+    ),
+    "scatter_reduce_index_out_of_range": (
+        lambda d: torch.zeros(3, device=d).scatter_reduce(
+            0, torch.tensor([5], device=d), torch.ones(1, device=d), "sum"
+        ),
+        "scatter_reduce's indices must be in [0, size)",
+    ),
+    "embedding_bag_index_out_of_range": (
+        lambda d: torch.nn.functional.embedding_bag(torch.tensor([[7]], device=d), torch.ones(3, 2, device=d)),
+        "not in [0, num_embeddings)",
+    ),
+    "masked_scatter_short_source": (
+        lambda d: torch.zeros(4, device=d).masked_scatter_(
+            torch.ones(4, dtype=torch.bool, device=d), torch.ones(2, device=d)
+        ),
+        "Number of elements of source < number of ones in mask",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ACCEPTED_SILENTLY))
+def test_what_the_cpu_refuses_tpu_refuses(name):
+    """Calls the CPU refuses, which tpu took silently (a result from invalid input): the CPU's
+    exception type on tpu too, at the call or at the next sync point; valid calls still work."""
+    call, says = _ACCEPTED_SILENTLY[name]
+    with pytest.raises(RuntimeError):
+        call("cpu")
+    with pytest.raises(RuntimeError, match=re.escape(says)):
+        r = call("tpu")
+        r.cpu()
+    torch.tpu.synchronize()
+    assert torch.equal((torch.ones(2, device="tpu") * 3).cpu(), torch.full((2,), 3.0))
+
+
+def test_valid_neighbours_of_those_calls_match_cpu():
+    for d in ("cpu", "tpu"):
+        results = [
+            torch.where(
+                torch.tensor([1, 0], dtype=torch.uint8, device=d), torch.ones(2, device=d), torch.zeros(2, device=d)
+            ),
+            torch.zeros(3, device=d).scatter_reduce(0, torch.tensor([2, 2], device=d), torch.ones(2, device=d), "amax"),
+            torch.nn.functional.embedding_bag(torch.tensor([[2, 1]], device=d), torch.arange(6.0).reshape(3, 2).to(d)),
+            torch.zeros(4, device=d).masked_scatter_(
+                torch.tensor([True, False, True, False], device=d), torch.arange(2.0).to(d)
+            ),
+        ]
+        if d == "cpu":
+            want = results
+        else:
+            for got, w in zip(results, want):
+                torch.testing.assert_close(got.cpu(), w)

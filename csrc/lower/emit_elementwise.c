@@ -732,6 +732,13 @@ void tpu_emit_ge(tpu_lower *L) { tpu_emit_cmp(L, TPU_HLO_GE); }
 
 /* where(condition, self, other) */
 void tpu_emit_where(tpu_lower *L) {
+  tpu_dtype cd = L->args[0].kind == TPU_ARG_TENSOR ? L->args[0].t.dtype : TPU_PRED;
+  if (cd != TPU_PRED && cd != TPU_U8) { /* uint8: deprecated, still taken (the warning is torch's, before us) */
+    tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                   "where expected condition to be a boolean tensor, but got a tensor with dtype %s",
+                   tpu_dtype_c10_name(cd));
+    return;
+  }
   int idx[2] = {1, 2};
   tpu_dtype dt = tpu_lower_result_type(L, idx, 2);
   tpu_hv v[3] = {tpu_lower_input(L, 0, TPU_PRED), tpu_lower_input(L, 1, dt), tpu_lower_input(L, 2, dt)};

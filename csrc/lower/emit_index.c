@@ -632,6 +632,11 @@ void tpu_emit_masked_scatter(tpu_lower *L) {
     int64_t win = n, pad[2] = {n - 1, 0};
     tpu_hlo_reduce_window(H, &mf, &zero, 1, &win, NULL, NULL, NULL, pad, region, &pos);
   }
+  /* the last running count is the mask's number of ones: the source must hold that many */
+  int64_t last = n - 1, one = 1;
+  tpu_hv ones = tpu_hlo_slice(H, pos, &last, &n, &one);
+  tpu_lower_check(L, tpu_hlo_compare(H, TPU_HLO_GT, ones, tpu_k(L, ones, (double)ns)), TPU_ERR_RUNTIME,
+                  "Number of elements of source < number of ones in mask");
   tpu_hv at = tpu_hlo_clamp(H, tpu_hlo_constant_int(H, TPU_S64, 0), tpu_sub(L, pos, tpu_k(L, pos, 1)),
                             tpu_hlo_constant_int(H, TPU_S64, ns - 1));
   int64_t n1[2] = {n, 1};
@@ -714,6 +719,8 @@ void tpu_emit_scatter_reduce_two(tpu_lower *L) {
   int64_t d = r0 ? 0 : tpu_lower_dim(L, L->args[1].i, t->rank);
   tpu_hv idx = tpu_lower_tensor(L, 2, -1);
   if (r0) idx = tpu_hlo_reshape(H, idx, 1, &one);
+  tpu_lower_check_range(L, idx, r0 ? 1 : t->sizes[d], false, TPU_ERR_RUNTIME,
+                        "index out of bounds: scatter_reduce's indices must be in [0, size) of the dimension");
   tpu_hlo_type ishape = *T(L, idx);
   tpu_hv src = tpu_hlo_convert(H, tpu_lower_tensor(L, 3, -1), dt);
   if (r0 || T(L, src)->rank == 0) src = tpu_hlo_reshape(H, src, ishape.rank, (int64_t[TPU_MAX_RANK]){1});
@@ -1238,6 +1245,7 @@ void tpu_emit_embedding_bag(tpu_lower *L) {
     return;
   }
   tpu_hv idx = tpu_hlo_convert(H, tpu_lower_tensor(L, 1, -1), TPU_S64);
+  tpu_lower_check_range(L, idx, nw, false, TPU_ERR_RUNTIME, "embedding_bag: an index is not in [0, num_embeddings)");
   /* As torch's CPU kernel: with include_last_offset, elements after the
    * closing offset belong to the last bag in offset2bag and bag_size (so
    * gradients reach them) in mean and max modes, and to the max, but sums
