@@ -399,6 +399,17 @@ def test_foreach_norm():
         torch._foreach_norm([torch.zeros(0, device="tpu")], -1)
 
 
+@pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax])
+def test_softmax_of_rows_with_infinities_and_nan_matches_cpu(fn):
+    """A row holding +inf or NaN is NaN throughout, a row of -inf too, as on the CPU; -inf beside
+    finite values is a 0 probability."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[-inf, -inf], [inf, 1.0], [inf, inf], [nan, 1.0], [-inf, 1.0], [1.0, 2.0]])
+    for dim in (1, 0):
+        got = fn(x.to("tpu"), dim).cpu()
+        torch.testing.assert_close(got, fn(x, dim), equal_nan=True)
+
+
 def test_softmax_family_and_grads():
     x = make((3, 7), torch.float32, 3)
     for f in (lambda t: F.softmax(t, -1), lambda t: F.log_softmax(t, 0), lambda t: F.softmax(t, 1)):

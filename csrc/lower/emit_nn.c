@@ -1,6 +1,8 @@
 /* emit_nn.c: nn layers that compute along dims: softmax and log_softmax,
  * the normalizations (layer norm, batch norm, group norm) and the fused
  * LSTM and GRU cells, with their backwards. */
+#include <math.h>
+
 #include "emit.h"
 
 /* Sum over dims keeping them (size 1). */
@@ -30,9 +32,10 @@ static void tpu_emit_softmax_impl(tpu_lower *L, bool log) {
   bool mask[TPU_MAX_RANK] = {0};
   mask[d] = true;
   tpu_hv m = tpu_keepdim(L, tpu_reduce_extreme(L, x, &d, 1, true), &in, mask, true);
-  /* A row of -inf has max -inf; shift by 0 instead so the result is NaN-free as on CPU. */
-  tpu_hv finite = tpu_hlo_unary(H, TPU_HLO_IS_FINITE, m);
-  m = tpu_hlo_select(H, finite, m, tpu_k(L, m, 0));
+  /* A row of -inf has max -inf: shifted by 0 instead, it gives NaN from 0 / 0 as the CPU does.
+   * A +inf or NaN max stays: inf - inf is NaN, and the whole row is NaN, as on the CPU. */
+  tpu_hv ninf = tpu_hlo_compare(H, TPU_HLO_EQ, m, tpu_k(L, m, -INFINITY));
+  m = tpu_hlo_select(H, ninf, tpu_k(L, m, 0), m);
   tpu_hv sh = tpu_lower_binary(L, TPU_HLO_SUB, x, m);
   tpu_hv e = tpu_hlo_unary(H, TPU_HLO_EXP, sh);
   tpu_hv s = tpu_keepdim(L, tpu_reduce_sum(L, e, &d, 1), &in, mask, true);
