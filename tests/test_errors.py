@@ -488,6 +488,14 @@ _ACCEPTED_SILENTLY = {
         lambda d: torch.nn.functional.embedding_bag(torch.tensor([[7]], device=d), torch.ones(3, 2, device=d)),
         "not in [0, num_embeddings)",
     ),
+    "repeat_interleave_negative": (
+        lambda d: torch.repeat_interleave(torch.tensor([5, 6], device=d), torch.tensor([1, -1], device=d)),
+        "repeats can not be negative",
+    ),
+    "repeat_interleave_negative_sized": (
+        lambda d: torch.repeat_interleave(torch.tensor([2, -1], device=d), output_size=1),
+        "repeats can not be negative",
+    ),
     "masked_scatter_short_source": (
         lambda d: torch.zeros(4, device=d).masked_scatter_(
             torch.ones(4, dtype=torch.bool, device=d), torch.ones(2, device=d)

@@ -448,9 +448,13 @@ def _sized_repeat_interleave(c_repeat_interleave):
     back first when the caller did not give it."""
 
     def repeat_interleave(repeats, output_size=None):
-        if output_size is None:
-            output_size = int(repeats.sum().item()) if repeats.numel() else 0
-        return c_repeat_interleave(repeats, output_size=output_size)
+        if output_size is None and repeats.numel():
+            # one read back for the size and the check (with output_size, the program checks)
+            total, least = torch.stack([repeats.sum(), repeats.min()]).tolist()
+            if least < 0:
+                raise RuntimeError("repeats can not be negative")
+            output_size = int(total)
+        return c_repeat_interleave(repeats, output_size=output_size or 0)
 
     return repeat_interleave
 

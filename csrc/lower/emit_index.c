@@ -1122,12 +1122,15 @@ void tpu_emit_repeat_interleave(tpu_lower *L) {
   }
   int64_t m = L->args[1].i, n = t->rank ? t->sizes[0] : 1, m1[2] = {m, 1}, n1[2] = {n, 1};
   tpu_hlo_type ot = tpu_hlo_type_make(TPU_S64, 1, &m);
+  tpu_hv r = n ? tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, 0, -1), TPU_S64), 1, &n) : TPU_HV_NONE;
+  if (n)
+    tpu_lower_check(L, tpu_hlo_compare(H, TPU_HLO_LT, r, tpu_k(L, r, 0)), TPU_ERR_RUNTIME,
+                    "repeats can not be negative");
   if (m == 0 || n == 0) {
     ot.dtype = t->dtype;
     tpu_lower_out(L, tpu_lower_full(L, ot, 0));
     return;
   }
-  tpu_hv r = tpu_hlo_reshape(H, tpu_hlo_convert(H, tpu_lower_tensor(L, 0, -1), TPU_S64), 1, &n);
   tpu_hv ends = tpu_hlo_reshape(H, tpu_prefix_sum(L, r), 2, n1);
   tpu_hv marks =
       tpu_lower_scatter_rows(L, tpu_lower_full(L, ot, 0), ends, tpu_lower_full(L, tpu_hlo_type_make(TPU_S64, 1, &n), 1),
