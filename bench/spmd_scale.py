@@ -193,14 +193,10 @@ def child_torch(a):
     specs = {k: spec_of(k, s, layout, shape) for k, s in shapes.items()}
     for k, p in params.items():
         spmd.shard_(p, mesh, placements(specs[k]))
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=3e-3,
-        betas=(0.9, 0.95),
-        capturable=graph,
-    )
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+    from char_gpt import make_optimizer  # the examples' AdamW (decay on matrices only)
+
+    opt = make_optimizer(model, capturable=graph)
     rep = [Replicate(), Replicate()]
     for k, p in params.items():  # the moments, laid out as their parameter
         pl = placements(specs[k])

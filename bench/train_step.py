@@ -76,17 +76,7 @@ def child(example, device, mode, steps, long_steps):
         tok, data = char_gpt.load_corpus()
         model = char_gpt.make_model(tok.vocab_size, seed=0, device=device)
         clip = 1.0
-        if mode in ("compiled-step", "graph", "compiled-graph"):
-            decay = [p for p in model.parameters() if p.dim() >= 2]
-            no_decay = [p for p in model.parameters() if p.dim() < 2]
-            opt = torch.optim.AdamW(
-                [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                lr=3e-3,
-                betas=(0.9, 0.95),
-                capturable=True,
-            )
-        else:
-            opt = char_gpt.make_optimizer(model)
+        opt = char_gpt.make_optimizer(model, capturable=mode in ("compiled-step", "graph", "compiled-graph"))
         g = torch.Generator().manual_seed(0)
 
         def batch():

@@ -142,13 +142,16 @@ def make_model(vocab_size, seed=0, device="cpu", **cfg):
     return GPT(GPTConfig(vocab_size=vocab_size, **cfg)).to(device)
 
 
-def make_optimizer(model, lr=3e-3, weight_decay=0.1):
+def make_optimizer(model, lr=3e-3, weight_decay=0.1, capturable=False):
+    """AdamW with weight decay on the matrices only; capturable keeps its step
+    count on the device (a torch.tpu.graph capture, a compiled step)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=lr,
         betas=(0.9, 0.95),
+        capturable=capturable,
     )
 
 

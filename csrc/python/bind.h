@@ -149,6 +149,11 @@ int tpu_explain(tpu_mod_state *st, tpu_kernel *k, const tpu_arg *args);
 PyObject *tpu_py_foreach(PyObject *m, PyObject *args);
 
 /* copy.c: empty, copies between host and device, storage memory */
+/* A host tensor's dtype, shape and the address of its values (*c: its
+ * contiguous form, a new reference the caller drops once the values are
+ * sent). False: an error set (a dtype tpu lacks: TypeError "<what>: ..."). */
+bool tpu_host_values(tpu_mod_state *st, PyObject *t, const char *what, PyObject **c, tpu_dtype *dt, int64_t *sizes,
+                     int *rank, const void **data);
 PyObject *tpu_py_empty(PyObject *m, PyObject *args);
 PyObject *tpu_py_copy_from(PyObject *m, PyObject *args);
 PyObject *tpu_py_to_cpu(PyObject *m, PyObject *t);

@@ -117,6 +117,26 @@ static PyObject *tpu_download_view(tpu_mod_state *st, PyObject *src_o, tpu_arg *
   return out;
 }
 
+bool tpu_host_values(tpu_mod_state *st, PyObject *t, const char *what, PyObject **c, tpu_dtype *dt, int64_t *sizes,
+                     int *rank, const void **data) {
+  *c = PyObject_CallMethodNoArgs(t, st->s_contiguous);
+  if (!*c) return false;
+  PyObject *d = PyObject_GetAttr(*c, st->s_dtype);
+  *dt = d ? tpu_dtype_from_py(st, d) : TPU_INVALID;
+  Py_XDECREF(d);
+  PyObject *shape = PyObject_GetAttr(*c, st->s_shape);
+  *rank = shape ? tpu_int64_seq(shape, sizes, TPU_MAX_RANK, "shape") : -1;
+  Py_XDECREF(shape);
+  int64_t ptr = *rank >= 0 ? tpu_call_int(*c, st->s_data_ptr) : -1;
+  if (*rank < 0 || (ptr == -1 && PyErr_Occurred()) || *dt == TPU_INVALID) {
+    Py_CLEAR(*c);
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "%s: unsupported source dtype", what);
+    return false;
+  }
+  *data = (const void *)(uintptr_t)ptr;
+  return true;
+}
+
 /* copy_from(src, dst): torch's _copy_from, all three directions. */
 PyObject *tpu_py_copy_from(PyObject *m, PyObject *args) {
   PyObject *src_o, *dst_o;
@@ -168,28 +188,19 @@ PyObject *tpu_py_copy_from(PyObject *m, PyObject *args) {
   if (!dst_cpu) {
     /* host -> device: upload a contiguous copy, then write it into the view. */
     if (!tpu_py_to_tref_args(st, dst_o, &a[0], "_copy_from")) return NULL;
-    PyObject *c = PyObject_CallMethodNoArgs(src_o, st->s_contiguous);
-    if (!c) return NULL;
-    PyObject *d = PyObject_GetAttr(c, st->s_dtype);
-    tpu_dtype sdt = d ? tpu_dtype_from_py(st, d) : TPU_INVALID;
-    Py_XDECREF(d);
-    PyObject *shape = PyObject_GetAttr(c, st->s_shape);
+    PyObject *c;
+    tpu_dtype sdt;
     int64_t sizes[TPU_MAX_RANK];
-    int rank = shape ? tpu_int64_seq(shape, sizes, TPU_MAX_RANK, "shape") : -1;
-    Py_XDECREF(shape);
-    int64_t ptr = rank >= 0 ? tpu_call_int(c, st->s_data_ptr) : -1;
-    if (rank < 0 || (ptr == -1 && PyErr_Occurred()) || sdt == TPU_INVALID) {
-      Py_DECREF(c);
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "copy to tpu: unsupported source dtype");
-      return NULL;
-    }
+    int rank;
+    const void *ptr;
+    if (!tpu_host_values(st, src_o, "copy to tpu", &c, &sdt, sizes, &rank, &ptr)) return NULL;
     int64_t numel = 1;
     for (int i = 0; i < rank; i++) numel *= sizes[i];
     tpu_tref *dt = &a[0].t;
     bool same_shape = rank == dt->rank && memcmp(sizes, dt->sizes, sizeof(int64_t) * (size_t)rank) == 0;
     tpu_status *s = NULL;
     if (same_shape && sdt == dt->dtype && sdt == dt->rec->dtype && tpu_tref_view_kind(dt) == TPU_VIEW_WHOLE) {
-      s = tpu_engine_upload(st->eng, dt->rec, (const void *)(uintptr_t)ptr, sdt, rank, sizes);
+      s = tpu_engine_upload(st->eng, dt->rec, ptr, sdt, rank, sizes);
       Py_DECREF(c);
       if (s) return tpu_raise(s);
       return Py_NewRef(dst_o);
@@ -199,7 +210,7 @@ PyObject *tpu_py_copy_from(PyObject *m, PyObject *args) {
       Py_DECREF(c);
       return PyErr_NoMemory();
     }
-    s = tpu_engine_upload(st->eng, tmp, (const void *)(uintptr_t)ptr, sdt, rank, sizes);
+    s = tpu_engine_upload(st->eng, tmp, ptr, sdt, rank, sizes);
     Py_DECREF(c);
     if (s) {
       tpu_record_unref(tmp);

@@ -7,28 +7,6 @@
 
 #include "../mesh.h"
 
-/* A host tensor's dtype, shape and the address of its values (c: its
- * contiguous form, a new reference the caller drops). False: an error set. */
-static bool tpu_host_values(tpu_mod_state *st, PyObject *t, PyObject **c, tpu_dtype *dt, int64_t *sizes, int *rank,
-                            const void **data) {
-  *c = PyObject_CallMethodNoArgs(t, st->s_contiguous);
-  if (!*c) return false;
-  PyObject *d = PyObject_GetAttr(*c, st->s_dtype);
-  *dt = d ? tpu_dtype_from_py(st, d) : TPU_INVALID;
-  Py_XDECREF(d);
-  PyObject *shape = *dt != TPU_INVALID ? PyObject_GetAttr(*c, st->s_shape) : NULL;
-  *rank = shape ? tpu_int64_seq(shape, sizes, TPU_MAX_RANK, "shape") : -1;
-  Py_XDECREF(shape);
-  int64_t ptr = *rank >= 0 ? tpu_call_int(*c, st->s_data_ptr) : -1;
-  if (*rank < 0 || (ptr == -1 && PyErr_Occurred())) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "shard: a dtype tpu does not support");
-    Py_CLEAR(*c);
-    return false;
-  }
-  *data = (const void *)(uintptr_t)ptr;
-  return true;
-}
-
 /* shard(t, mesh, dim_axis) -> a new tensor of t's shape laid over the first
  * prod(mesh) local devices: dimension i split over mesh axis dim_axis[i] (-1:
  * not split), replicated over the axes that split nothing. t: a host tensor
@@ -51,7 +29,7 @@ PyObject *tpu_py_shard(PyObject *m, PyObject *args) {
   int rank = 0;
   const void *data = NULL;
   if (host) {
-    if (!tpu_host_values(st, t, &c, &hdt, hsizes, &rank, &data)) return NULL;
+    if (!tpu_host_values(st, t, "shard", &c, &hdt, hsizes, &rank, &data)) return NULL;
   } else {
     if (!tpu_py_to_tref_args(st, t, &a, "shard")) return NULL;
     if (!a.t.rec) return PyErr_Format(PyExc_ValueError, "shard: a tensor without storage");

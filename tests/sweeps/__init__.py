@@ -7,6 +7,7 @@ tests/test_op_coverage.py)."""
 
 import os
 import pathlib
+import subprocess
 import sys
 
 # The folder sys.path needs for this package to import under the name it was
@@ -15,14 +16,18 @@ import sys
 _ROOT = pathlib.Path(__file__).resolve().parents[__name__.count(".") + 1]
 
 
-def worker_command(module):
-    """The command line of a worker process running this package's `module`."""
-    return [sys.executable, "-m", f"{__name__}.{module}", "--worker"]
-
-
-def worker_env(env=None):
-    """env (default: this process's) with this package importable."""
+def start_worker(module, env=None):
+    """A worker process running this package's `module` with --worker, its
+    stdin and stdout text pipes (stderr dropped), env (default: this
+    process's) with this package importable."""
     env = dict(os.environ if env is None else env)
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(_ROOT) + (os.pathsep + path if path else "")
-    return env
+    return subprocess.Popen(
+        [sys.executable, "-m", f"{__name__}.{module}", "--worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )

@@ -36,12 +36,11 @@ import argparse
 import json
 import os
 import select
-import subprocess
 import sys
 import time
 import traceback
 
-from . import worker_command, worker_env
+from . import start_worker
 from .fuzz_gen import generate
 from .fuzz_program import (
     DTYPES,
@@ -260,14 +259,7 @@ class Runner:
         self.proc = None
 
     def start(self):
-        self.proc = subprocess.Popen(
-            worker_command("fuzz"),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=worker_env(self.env),
-        )
+        self.proc = start_worker("fuzz", self.env)
         r = self._read(300)
         if not r or not r.get("ready"):
             raise RuntimeError("fuzz: a worker could not start (does `import torchtpu` work?)")

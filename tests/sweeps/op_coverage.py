@@ -35,11 +35,10 @@ import argparse
 import json
 import os
 import select
-import subprocess
 import sys
 import time
 
-from . import worker_command, worker_env
+from . import start_worker
 from .op_samples import (
     DTYPES,
     ERRORS,
@@ -59,14 +58,7 @@ from .op_samples import (
 
 class _Worker:
     def __init__(self, env):
-        self.proc = subprocess.Popen(
-            worker_command("op_coverage"),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=worker_env(env),
-        )
+        self.proc = start_worker("op_coverage", env)
         self.job = None
         self.started = None
         self.ready = False
