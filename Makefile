@@ -85,7 +85,7 @@ check: | $(BUILD)
 	$(LSAN) $(BUILD)/test_devices $(plugin)
 	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) csrc/engine/prof.c tests/c/test_prof.c -ldl -lpthread -lm -o $(BUILD)/test_prof
 	$(LSAN) $(BUILD)/test_prof $(plugin)
-	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) tests/c/test_aot.c -ldl -lpthread -lm -o $(BUILD)/test_aot
+	$(CC) $(CFLAGS) $(SAN) $(CORE) $(RT) $(HLO) tests/c/test_aot.c -ldl -lpthread -lm -o $(BUILD)/test_aot
 	@if [ -n "$(libtpu)" ]; then $(LSAN) $(BUILD)/test_aot $(libtpu); \
 	  else echo "test_aot: skipped (libtpu is not installed: pip install libtpu)"; fi
 	@if [ ! -f "$(pinc)/pjrt_c_api.h" ]; then \

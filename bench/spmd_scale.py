@@ -20,10 +20,13 @@ The per-device batch is fixed (--batch): the global batch is it times the
 as their parameter, in both frameworks.
 
 For each N and mode, a fresh child process with TORCHTPU_NUM_DEVICES=N (the
-CPU plugin's N devices: a torchtpu mesh of N needs N local devices) and
-TORCHTPU_AOT_TOPOLOGY set runs the step for real on the CPU plugin, and every
-program it makes is also compiled by libtpu for the topology's chips (no chip
-needed). Modes:
+CPU plugin's N devices) and TORCHTPU_AOT_TOPOLOGY set runs the step for real
+on the CPU plugin, and every program it makes is also compiled by libtpu for
+the topology's chips (no chip needed). Above --max-n (or with
+--compile-only) the child has one device and a compile-only mesh
+(TORCHTPU_SPMD_COMPILE_ONLY=1): the programs over the mesh are compiled by
+libtpu for the N chips and not run, the layouts of what they write are
+libtpu's partitioner's, and no loss is read. Modes:
   fused  the default eager mode: a training loop of --steps steps
   graph  the step captured once with torch.tpu.graph, replayed --steps times
 The steady step's programs are those compiled by the last step that compiled
@@ -40,14 +43,9 @@ flops and bytes, the largest peak). Memory, flops and bytes are per chip.
 Usage:
   python bench/spmd_scale.py [--n 4,8,16] [--modes fused,graph] [--layout tp]
       [--d 128 --layers 2 --heads 4 --seq 64 --vocab 256 --batch 8]
-      [--max-n 16] [--json out.json]
-A torchtpu mesh of N needs N local devices (spmd.Mesh checks
-torch.tpu.device_count(); the AOT compile takes the program's N partitions
-onto the topology's chips), so N=64 runs 64 CPU devices on this host: N above
---max-n (default 16) is skipped, or with --jax-only only JAX's step is
-compiled for it. In fused mode the steady program is the previous step's
-backward and optimizer step with this step's forward; the last step's tail is
-left unrun (the child ends with os._exit).
+      [--max-n 16] [--compile-only] [--json out.json]
+In fused mode the step's program is launched at the next step's first op;
+the last step's tail is left unrun (the child ends with os._exit).
 """
 
 import argparse
@@ -178,6 +176,7 @@ def child_torch(a):
     from torchtpu.spmd import Replicate, Shard
 
     cfg, layout, n, graph = a["cfg"], a["layout"], a["n"], a["mode"] == "graph"
+    only = a.get("compile_only", False)  # no values: no loss is read
     t_start = time.perf_counter()
     shape = mesh_shape(n, layout)
     mesh = spmd.Mesh(shape, ("data", "model"))
@@ -223,7 +222,8 @@ def child_torch(a):
 
     def snap():
         m = torchtpu.metrics()
-        return len(_C.aot_report()["programs"]), m["fused_programs_run"], m["spmd_programs_run"]
+        spmd = m["spmd_programs_run"] + m["spmd_programs_compile_only"]
+        return len(_C.aot_report()["programs"]), m["fused_programs_run"], spmd
 
     snaps, times, losses = [], [], []
     with torchtpu.eager_mode("fused"):
@@ -241,10 +241,13 @@ def child_torch(a):
                 sx.copy_(x)
                 sy.copy_(y)
                 g.replay()
-                losses.append(static_loss.item())
+                losses.append(None if only else static_loss.item())  # a replay runs at once: nothing to flush
             else:
                 opt.zero_grad(set_to_none=True)
-                losses.append(step(on_mesh(x), on_mesh(y)).item())
+                loss = step(on_mesh(x), on_mesh(y))
+                # compile only: the step's program made where .item() would make it (the
+                # gradients alive, the loss an output), with nothing read
+                losses.append(torch.tpu.synchronize() if only else loss.item())
             times.append(time.perf_counter() - s)
             snaps.append(snap())
     raw = _C.aot_report()  # no sync: the last step's recorded tail is not run (nor compiled)
@@ -259,6 +262,7 @@ def child_torch(a):
     return {
         "side": "torchtpu",
         "mode": a["mode"],
+        "compile_only": only,
         "topology": raw["topology"],
         "kind": raw["kind"],
         "chips": raw["devices"],
@@ -408,8 +412,10 @@ def child_jax(a):
 
 def run_child(args, timeout):
     env = dict(os.environ)
+    only = args.get("compile_only", False)
     env.update(
-        TORCHTPU_NUM_DEVICES=str(args["n"]),
+        TORCHTPU_NUM_DEVICES="1" if only else str(args["n"]),
+        TORCHTPU_SPMD_COMPILE_ONLY="1" if only else "0",
         TORCHTPU_AOT_TOPOLOGY=args["topology"],
         TPU_SKIP_MDS_QUERY="1",
         ALLOW_MULTIPLE_LIBTPU_LOAD="1",
@@ -481,7 +487,7 @@ def table(results):
             if x is None:
                 continue
             pre = f"| {r['n']} | {r['topology']} | {'x'.join(map(str, r['mesh']))} | {r['global_batch']} | "
-            name = "jax" if side == "jax" else f"torchtpu {side}"
+            name = "jax" if side == "jax" else f"torchtpu {side}" + (" (compile only)" if x.get("compile_only") else "")
             if "error" in x:
                 tail = (x.get("stderr_tail") or "").strip().splitlines()
                 msg = x["error"] + (": " + tail[-1][:160] if tail else "")
@@ -515,8 +521,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--n", default="4,8,16", help="chip counts (4, 8, 16, 64, 256, 512)")
-    ap.add_argument("--max-n", type=int, default=16, help="run torchtpu for N up to this (N CPU devices)")
-    ap.add_argument("--jax-only", action="store_true", help="for N above --max-n, still compile JAX's step")
+    ap.add_argument("--max-n", type=int, default=16, help="run on N CPU devices up to this; above: compile only")
+    ap.add_argument("--compile-only", action="store_true", help="every N on a compile-only mesh (one device)")
     ap.add_argument("--modes", default="fused,graph", help="torchtpu modes: fused, graph (empty: none)")
     ap.add_argument("--no-jax", action="store_true")
     ap.add_argument("--layout", choices=["tp", "dp", "fsdp"], default="tp")
@@ -546,14 +552,13 @@ def main():
             raise SystemExit(f"no topology for N={n}: one of {sorted(TOPOLOGIES)}")
         shape = mesh_shape(n, args.layout)
         r = {"n": n, "topology": TOPOLOGIES[n], "mesh": shape, "global_batch": args.batch * shape[0]}
+        only = args.compile_only or n > args.max_n
         base = {"n": n, "topology": TOPOLOGIES[n], "cfg": cfg, "layout": args.layout, "cache": args.cache}
-        torch_ok = n <= args.max_n
-        if not torch_ok and not args.jax_only:
-            print(f"N={n}: skipped (above --max-n {args.max_n}; --jax-only compiles JAX's step)", file=sys.stderr)
-            continue
-        sides = ([("jax", "jit")] if not args.no_jax else []) + ([("torch", m) for m in modes] if torch_ok else [])
+        base["compile_only"] = only
+        sides = ([("jax", "jit")] if not args.no_jax else []) + [("torch", m) for m in modes]
         for side, mode in sides:
-            print(f"N={n} {TOPOLOGIES[n]} {side} {mode} ...", file=sys.stderr, flush=True)
+            how = " (compile only)" if only and side == "torch" else ""
+            print(f"N={n} {TOPOLOGIES[n]} {side} {mode}{how} ...", file=sys.stderr, flush=True)
             out = run_child(dict(base, side=side, mode=mode, steps=args.steps), args.timeout)
             r["jax" if side == "jax" else mode] = out
             brief = out.get("error") or f"{out.get('child_wall_s', 0):.0f} s"

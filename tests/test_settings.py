@@ -31,6 +31,7 @@ WARNED = [
     "TORCHTPU_TENSOR_API",
     "TORCHTPU_CPU_OPT_LEVEL",
     "TORCHTPU_AOT_STRICT",
+    "TORCHTPU_SPMD_COMPILE_ONLY",
     "TORCHTPU_STEP_BOUNDARY",
 ]
 # Read when the device starts; a bad value is raised at its first use.

@@ -6,6 +6,7 @@ libtpu, which needs no chip to do it (csrc/runtime/aot.c). The numbers are
 libtpu's: its cost analysis and the memory the program needs on one chip."""
 
 import os
+import warnings
 
 from . import _C, _plugin, _settings
 
@@ -16,11 +17,29 @@ def libtpu_path():
 
 
 def setup():
-    """Hands TORCHTPU_AOT_TOPOLOGY and TORCHTPU_AOT_STRICT to the engine
-    (opened with the runtime, at the device's first use)."""
+    """Hands TORCHTPU_AOT_TOPOLOGY, TORCHTPU_AOT_STRICT and
+    TORCHTPU_SPMD_COMPILE_ONLY to the engine (opened with the runtime, at the
+    device's first use)."""
     topology = _settings.aot_topology()
+    only = _settings.flag("TORCHTPU_SPMD_COMPILE_ONLY")
     if topology:
-        _C.set_aot(libtpu_path(), topology, _settings.flag("TORCHTPU_AOT_STRICT"))
+        _C.set_aot(libtpu_path(), topology, _settings.flag("TORCHTPU_AOT_STRICT"), only)
+    elif only:
+        warnings.warn(
+            "torchtpu: TORCHTPU_SPMD_COMPILE_ONLY=1 compiles programs over a mesh for the TPU topology that "
+            "TORCHTPU_AOT_TOPOLOGY names, and it is unset: meshes run on the local devices",
+            stacklevel=2,
+        )
+
+
+def mesh_devices(local):
+    """How many devices a mesh may span: the TPU topology's chips on a
+    compile-only mesh (TORCHTPU_SPMD_COMPILE_ONLY), else the local ones."""
+    if not _C.aot_report()["topology"]:
+        return local
+    _C.info()  # the runtime started: the target opens with it
+    raw = _C.aot_report()
+    return raw["devices"] if raw["mesh_compile_only"] else local
 
 
 def _size(v):

@@ -37,6 +37,7 @@ FLAGS = {
     "TORCHTPU_COLLECTIVE_CHECKS": True,
     "TORCHTPU_TENSOR_API": True,
     "TORCHTPU_AOT_STRICT": True,
+    "TORCHTPU_SPMD_COMPILE_ONLY": False,
 }
 # read by the engine as "set: on" (any value, empty included)
 SET_IS_ON = ("TORCHTPU_DEBUG", "TORCHTPU_DUMP_HLO")

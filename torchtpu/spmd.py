@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _C
+from . import _C, _aot
 
 __all__ = ["Mesh", "Shard", "Replicate", "shard", "shard_", "constrain", "sharding", "set_partitioner"]
 
@@ -60,9 +60,10 @@ class Mesh:
         for s in shape:
             n *= s
         have = torch.tpu.device_count()
-        if n > have:
+        if n > have and n > _aot.mesh_devices(have):
             raise ValueError(
-                f"a mesh of {n} devices; this process has {have} (set TORCHTPU_NUM_DEVICES={n} on the CPU plugin)"
+                f"a mesh of {n} devices; this process has {have} (set TORCHTPU_NUM_DEVICES={n} on the CPU plugin; "
+                "TORCHTPU_SPMD_COMPILE_ONLY=1 compiles for the chips of TORCHTPU_AOT_TOPOLOGY without running)"
             )
         self.shape, self.axis_names, self.size = shape, names, n
 

@@ -24,7 +24,8 @@
 
 #include "engine_impl.h"
 
-tpu_status *tpu_engine_set_aot(tpu_engine *e, const char *plugin_path, const char *topology, bool strict) {
+tpu_status *tpu_engine_set_aot(tpu_engine *e, const char *plugin_path, const char *topology, bool strict,
+                               bool mesh_only) {
   if (e->rt) return tpu_status_new(TPU_ERR_RUNTIME, "the TPU topology to compile for is set before the device's use");
   char *p = NULL, *t = NULL;
   if (!tpu_dup(plugin_path, &p) || !tpu_dup(topology, &t)) {
@@ -37,7 +38,12 @@ tpu_status *tpu_engine_set_aot(tpu_engine *e, const char *plugin_path, const cha
   e->aot.plugin = p;
   e->aot.topology = t;
   e->aot.strict = strict;
+  e->aot.mesh_only = mesh_only && topology;
   return NULL;
+}
+
+int tpu_engine_mesh_compile_only(const tpu_engine *e) {
+  return e->aot.mesh_only && e->aot.target ? tpu_rt_target_num_devices(e->aot.target) : 0;
 }
 
 tpu_status *tpu_engine_aot_open(tpu_engine *e) {
@@ -59,6 +65,7 @@ void tpu_engine_aot_free(tpu_engine *e) {
   for (int i = 0; i < e->aot.n; i++) {
     free(e->aot.progs[i].name);
     free(e->aot.progs[i].error);
+    free(e->aot.progs[i].opt.bytes);
   }
   free(e->aot.progs);
   tpu_rt_target_close(e->aot.target);
@@ -71,6 +78,7 @@ void tpu_engine_aot_info(tpu_engine *e, tpu_aot_info *out) {
   memset(out, 0, sizeof *out);
   out->hbm_bytes = -1;
   out->strict = e->aot.strict;
+  out->mesh_only = tpu_engine_mesh_compile_only(e) > 0;
   out->topology = e->aot.topology;
   if (e->aot.target) {
     out->kind = tpu_rt_target_kind(e->aot.target);
@@ -165,13 +173,27 @@ static tpu_status *tpu_aot_error(tpu_engine *e, const tpu_aot_prog *p) {
                         tpu_rt_target_kind(e->aot.target), p->error);
 }
 
-tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, const char *name,
-                                   const tpu_rt_compile_opts *o) {
-  if (!e->aot.target) return NULL;
+/* A copy of a kept optimized program. */
+static tpu_status *tpu_aot_module_copy(const tpu_rt_module *from, tpu_rt_module *to) {
+  *to = *from;
+  to->bytes = malloc(from->len ? from->len : 1);
+  if (!to->bytes) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
+  if (from->len) memcpy(to->bytes, from->bytes, from->len);
+  return NULL;
+}
+
+/* The target's compile of one program; with opt (a compile-only mesh's
+ * program), its optimized form too, kept on the entry and copied to *opt. */
+static tpu_status *tpu_aot_compile(tpu_engine *e, const char *text, size_t len, const char *name,
+                                   const tpu_rt_compile_opts *o, tpu_rt_module *opt) {
+  bool strict = e->aot.strict || opt;
   uint64_t h = tpu_aot_hash(text, len, o);
-  for (int i = 0; i < e->aot.n; i++) /* programs compiled before: a few thousand at most */
-    if (e->aot.progs[i].hash == h)
-      return e->aot.progs[i].error && e->aot.strict ? tpu_aot_error(e, &e->aot.progs[i]) : NULL;
+  for (int i = 0; i < e->aot.n; i++) { /* programs compiled before: a few thousand at most */
+    tpu_aot_prog *q = &e->aot.progs[i];
+    if (q->hash != h || (opt && !q->error && !q->opt.bytes)) continue;
+    if (q->error) return strict ? tpu_aot_error(e, q) : NULL;
+    return opt ? tpu_aot_module_copy(&q->opt, opt) : NULL;
+  }
   if (e->aot.n == e->aot.cap) {
     int cap = e->aot.cap ? 2 * e->aot.cap : 64;
     tpu_aot_prog *q = realloc(e->aot.progs, (size_t)cap * sizeof *q);
@@ -186,7 +208,9 @@ tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, 
   if (!p.name) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   uint8_t *key = NULL;
   size_t keylen = 0;
-  if (e->aot.disk && e->aot.salt && (key = tpu_aot_key(e, text, len, o, &keylen)) &&
+  /* a compile-only mesh's programs are compiled here every process: the
+   * disk tier keeps no optimized program */
+  if (!opt && e->aot.disk && e->aot.salt && (key = tpu_aot_key(e, text, len, o, &keylen)) &&
       tpu_aot_disk_get(e, key, keylen, &p)) {
     p.cached = true;
     atomic_fetch_add(&e->metrics.aot_disk_hits, 1);
@@ -198,7 +222,9 @@ tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, 
     char *tt = NULL;
     size_t tl = 0;
     tpu_status *s = tpu_engine_retarget(e, text, len, "tpu", &tt, &tl);
-    if (!s) s = tpu_rt_target_compile(e->aot.target, tt, tl, o, &p.st, key ? &exe : NULL, key ? &n : NULL);
+    if (!s)
+      s = tpu_rt_target_compile(e->aot.target, tt, tl, o, &p.st, key ? &exe : NULL, key ? &n : NULL,
+                                opt ? &p.opt : NULL);
     free(tt);
     int64_t dt = tpu_now_ns() - t0;
     p.seconds = (double)dt / 1e9;
@@ -221,8 +247,8 @@ tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, 
   }
   free(key);
   e->aot.progs[e->aot.n++] = p;
-  if (!p.error) return NULL;
-  if (e->aot.strict) return tpu_aot_error(e, &p);
+  if (!p.error) return opt ? tpu_aot_module_copy(&p.opt, opt) : NULL;
+  if (strict) return tpu_aot_error(e, &p);
   if (!e->aot.warned) {
     e->aot.warned = true;
     tpu_msgs_warn(&e->msgs,
@@ -231,4 +257,16 @@ tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, 
                   name, e->aot.topology, p.error);
   }
   return NULL;
+}
+
+tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, const char *name,
+                                   const tpu_rt_compile_opts *o) {
+  return e->aot.target ? tpu_aot_compile(e, text, len, name, o, NULL) : NULL;
+}
+
+tpu_status *tpu_engine_aot_compile_only(tpu_engine *e, const char *text, size_t len, const char *name,
+                                        const tpu_rt_compile_opts *o, tpu_rt_module *opt) {
+  memset(opt, 0, sizeof *opt);
+  if (!e->aot.target) return tpu_status_new(TPU_ERR_RUNTIME, "a compile-only mesh without a TPU topology");
+  return tpu_aot_compile(e, text, len, name, o, opt);
 }

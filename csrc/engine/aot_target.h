@@ -10,6 +10,7 @@
 typedef struct {
   char *plugin, *topology; /* owned: the compile-only target to open at the start */
   bool strict;
+  bool mesh_only;        /* TORCHTPU_SPMD_COMPILE_ONLY: programs over a mesh only compiled here */
   tpu_rt_target *target; /* owned; NULL when off */
   /* the program cache's disk tier, set by programs.c: the key's prefix of
    * the target's programs (owned; NULL: not cached on disk), the tier
@@ -27,6 +28,15 @@ typedef struct {
  * when one is set; an error fails the call only in strict mode. */
 tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, const char *name,
                                    const tpu_rt_compile_opts *o);
+/* A program over a mesh on a compile-only mesh (mesh_only): compiled for the
+ * target only, its refusal always an error; *opt receives a copy of the
+ * program as libtpu optimized it (owned), from which the layouts its
+ * partitioner chose are read. Never from the disk tier. */
+tpu_status *tpu_engine_aot_compile_only(tpu_engine *e, const char *text, size_t len, const char *name,
+                                        const tpu_rt_compile_opts *o, tpu_rt_module *opt);
+/* Whether programs over a mesh are compiled for the target only (and the
+ * chips a mesh may then span: the target's; 0 when not compile-only). */
+int tpu_engine_mesh_compile_only(const tpu_engine *e);
 tpu_status *tpu_engine_aot_open(tpu_engine *e);
 void tpu_engine_aot_free(tpu_engine *e);
 

@@ -349,7 +349,11 @@ static tpu_status *tpu_shard_check(tpu_engine *e, const tpu_sharding *sh, const 
   tpu_status *s = tpu_sharding_check(sh, gdims);
   if (s) return s;
   int64_t n = tpu_sharding_num_devices(sh);
-  if (n > tpu_rt_device_count(e->rt))
+  int only = tpu_engine_mesh_compile_only(e); /* a compile-only mesh spans the TPU topology's chips */
+  if (only && n > only)
+    return tpu_status_new(TPU_ERR_VALUE, "a mesh of %lld devices; TPU topology %s has %d chips", (long long)n,
+                          e->aot.topology, only);
+  if (!only && n > tpu_rt_device_count(e->rt))
     return tpu_status_new(TPU_ERR_VALUE, "a mesh of %lld devices; this process has %d (TORCHTPU_NUM_DEVICES)",
                           (long long)n, tpu_rt_device_count(e->rt));
   return NULL;

@@ -112,6 +112,7 @@ extern const char *const tpu_flush_names[TPU_FLUSH_COUNT];
   X(graph_replays, "graph_replays", 0)                 /* captured graphs run straight from their plan */ \
   X(ops_pruned, "fused_ops_pruned", 0)                 /* recorded ops dropped at a flush (not needed) */ \
   X(spmd_programs, "spmd_programs_run", 0)             /* programs over a mesh of devices */              \
+  X(spmd_unrun, "spmd_programs_compile_only", 0)       /* over a compile-only mesh: compiled, not run */  \
   X(spmd_layouts, "spmd_layouts_chosen", 0)            /* values whose layout XLA's partitioner chose */  \
   X(spmd_layout_fallbacks, "spmd_layout_fallbacks", 0) /* programs recompiled with rule layouts */        \
   X(replica_colls, "replica_collectives", 0)           /* tpu_engine_replica_collective */                \
@@ -351,8 +352,12 @@ void tpu_engine_storage_alloc(tpu_engine *e, tpu_record *rec);
  * compiles for its plugin is also compiled for the topology's chips by the
  * compile-only target of csrc/runtime/aot.h: once per distinct program.
  * strict: a program the TPU compiler refuses fails the call (too big for a
- * chip's memory: TPU_ERR_MEMORY), naming it; else it is only recorded. */
-tpu_status *tpu_engine_set_aot(tpu_engine *e, const char *plugin_path, const char *topology, bool strict);
+ * chip's memory: TPU_ERR_MEMORY), naming it; else it is only recorded.
+ * mesh_only (TORCHTPU_SPMD_COMPILE_ONLY): programs over a mesh are compiled
+ * for the target only and never run (spmd.c): a mesh may have as many
+ * devices as the topology has chips, and tensors over it hold no values. */
+tpu_status *tpu_engine_set_aot(tpu_engine *e, const char *plugin_path, const char *topology, bool strict,
+                               bool mesh_only);
 /* One program compiled for the target (or refused by its compiler). */
 typedef struct {
   char *name;     /* "aten::add", "a fused program of 12 ops" ... (owned by the engine) */
@@ -361,7 +366,8 @@ typedef struct {
   double seconds; /* compiling it (when it was compiled, for a cached one) */
   bool cached;    /* found in the disk cache */
   tpu_rt_aot_stats st;
-  uint64_t hash; /* of the options and the text */
+  uint64_t hash;     /* of the options and the text */
+  tpu_rt_module opt; /* a compile-only mesh's program as libtpu optimized it (owned; else empty) */
 } tpu_aot_prog;
 /* The target (NULL strings when none: not set, or the runtime not started). */
 typedef struct {
@@ -369,6 +375,7 @@ typedef struct {
   int devices;
   int64_t hbm_bytes;
   bool strict;
+  bool mesh_only; /* programs over a mesh only compiled for the target (TORCHTPU_SPMD_COMPILE_ONLY) */
   int nprogs;
   const tpu_aot_prog *progs; /* lifetime: until the next compile */
 } tpu_aot_info;

@@ -409,22 +409,31 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     o.npropagate = nprop ? nres + nchk : 0;
     if (x.mesh) snprintf(label, sizeof label, "a program of %d ops over %d devices", e->fuse.nnodes, rows);
     tpu_fuse_ops_named(e);
-    s = tpu_engine_compile_with(e, text, len, label, x.mesh ? &o : NULL, &exec);
-    if (!s && nprop && !tpu_spmd_read_layouts(e, exec, x.mesh, nres, fdims, prop, fsh)) {
+    /* on a compile-only mesh (spmd.c) the TPU compiler's program is the only one */
+    bool only = x.mesh && tpu_engine_mesh_compile_only(e);
+    tpu_rt_module opt = {0};
+    s = only ? tpu_engine_aot_compile_only(e, text, len, label, &o, &opt)
+             : tpu_engine_compile_with(e, text, len, label, x.mesh ? &o : NULL, &exec);
+    if (!s && nprop && !tpu_spmd_read_layouts(e, exec, &opt, x.mesh, nres, nres + nchk, fdims, prop, fsh)) {
       /* a layout a tpu_sharding cannot say: the program again, with the
        * rule's layouts declared */
       for (int k = 0; k < nres; k++)
         if (prop[k]) tpu_hlo_result_sharding(H, k, &fsh[k]);
       tpu_rt_exec_free(exec);
       exec = NULL;
+      free(opt.bytes);
+      opt.bytes = NULL;
       free(text);
       text = NULL;
       s = tpu_hlo_finish(H, res, nres + nchk, &text, &len);
       o.propagate = NULL;
       o.npropagate = 0;
-      if (!s) s = tpu_engine_compile_with(e, text, len, label, &o, &exec);
+      if (!s)
+        s = only ? tpu_engine_aot_compile_only(e, text, len, label, &o, &opt)
+                 : tpu_engine_compile_with(e, text, len, label, &o, &exec);
       atomic_fetch_add(&e->metrics.spmd_layout_fallbacks, 1);
     }
+    free(opt.bytes);
     e->aot.what[0] = 0;
   }
   tpu_hlo_free(H);
@@ -504,7 +513,8 @@ static tpu_status *tpu_fuse_run_spmd(tpu_engine *e, tpu_cache_entry *c, tpu_rect
   tpu_status *s = (!in || !own) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
   int call_dev = e->dev;
   e->launch.epoch++;
-  for (int k = 0; k < nin && !s; k++) {
+  /* no program to run on a compile-only mesh: no inputs either */
+  for (int k = 0; k < nin && !s && c->exec; k++) {
     const tpu_fin *f = &c->fin[k];
     tpu_node *n = &e->fuse.nodes[f->node];
     tpu_record *r = f->kind == TPU_IN_RECORD ? tab->r[f->rec] : NULL;

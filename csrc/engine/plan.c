@@ -424,7 +424,7 @@ static tpu_status *tpu_plan_run_spmd(tpu_engine *e, tpu_plan *p, const tpu_tref 
   tpu_rt_buffer **in = calloc(ni, sizeof *in), **own = calloc(ni, sizeof *own);
   tpu_record **dst = calloc((size_t)c->nfout + 1, sizeof *dst);
   tpu_status *s = (!in || !own || !dst) ? tpu_status_new(TPU_ERR_MEMORY, "out of memory") : NULL;
-  for (int k = 0; k < nin && !s; k++) {
+  for (int k = 0; k < nin && !s && c->exec; k++) { /* none on a compile-only mesh (spmd.c) */
     const tpu_plan_src *d = &p->src[k];
     for (int r = 0; r < rows && !s; r++) {
       tpu_rt_buffer **b = &in[r * nin + k], **o = &own[r * nin + k];

@@ -66,6 +66,7 @@ static void tpu_block_copy(uint8_t *global, uint8_t *blk, size_t isz, int rank, 
 /* Uploads the global host array data as the shards of sh over the mesh. */
 tpu_status *tpu_shards_from_host(tpu_engine *e, const tpu_sharding *sh, const int64_t *gd, tpu_dtype dt,
                                  const void *data, tpu_rt_buffer **shards) {
+  if (tpu_engine_mesh_compile_only(e)) return NULL; /* a compile-only mesh holds no values */
   int64_t n = tpu_sharding_num_devices(sh), bd[TPU_MAX_RANK], off[TPU_MAX_RANK];
   if (!tpu_sharding_shard_dims(sh, gd, bd)) return tpu_status_new(TPU_ERR_VALUE, "a sharding that does not fit");
   size_t isz = tpu_dtype_size(dt), bn = isz, inner = isz;
@@ -96,6 +97,11 @@ tpu_status *tpu_shards_from_host(tpu_engine *e, const tpu_sharding *sh, const in
 
 tpu_status *tpu_spmd_download(tpu_engine *e, tpu_record *rec, void *dst, size_t nbytes) {
   const tpu_sharding *sh = rec->sh;
+  if (tpu_engine_mesh_compile_only(e))
+    return tpu_status_new(TPU_ERR_RUNTIME,
+                          "this tensor is on a compile-only mesh (TORCHTPU_SPMD_COMPILE_ONLY=1): programs over the "
+                          "mesh are compiled for TPU %s and never run, so its values are not computed",
+                          e->aot.topology);
   size_t isz = tpu_dtype_size(rec->dtype);
   if (nbytes != (size_t)rec->numel * isz)
     return tpu_status_new(TPU_ERR_VALUE, "device to host: %zu bytes asked of a %lld-element record", nbytes,
@@ -129,6 +135,7 @@ tpu_status *tpu_spmd_download(tpu_engine *e, tpu_record *rec, void *dst, size_t 
 }
 
 tpu_status *tpu_spmd_upload(tpu_engine *e, tpu_record *rec, const void *data) {
+  if (tpu_engine_mesh_compile_only(e)) return NULL; /* no values to write */
   int64_t n = tpu_sharding_num_devices(rec->sh);
   tpu_rt_buffer **shards = calloc((size_t)n, sizeof *shards);
   if (!shards) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
@@ -178,17 +185,17 @@ tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, co
 
 bool tpu_spmd_chosen_by_xla(const tpu_record *r) { return !r->sh && r->fuse_new && !r->fuse_has_sh; }
 
-bool tpu_spmd_read_layouts(tpu_engine *e, tpu_rt_exec *exec, const tpu_sharding *mesh, int nres,
-                           const int64_t (*dims)[TPU_MAX_RANK], const bool *prop, tpu_sharding *sh) {
+bool tpu_spmd_read_layouts(tpu_engine *e, tpu_rt_exec *exec, const tpu_rt_module *opt, const tpu_sharding *mesh,
+                           int nres, int nout, const int64_t (*dims)[TPU_MAX_RANK], const bool *prop,
+                           tpu_sharding *sh) {
   /* the program's outputs: its records' values, then its value checks (not read) */
-  int nout = tpu_rt_exec_num_outputs(exec);
-  if (nout < nres) return false;
-  uint8_t *mod = NULL;
-  size_t len = 0;
-  bool with_config = false;
-  tpu_status *s = tpu_rt_exec_optimized(exec, &mod, &len, &with_config);
+  tpu_rt_module own = {0};
+  tpu_status *s = opt && opt->bytes ? NULL
+                  : exec            ? tpu_rt_exec_optimized(exec, &own)
+                                    : tpu_status_new(TPU_ERR_UNIMPLEMENTED, "no program");
+  const tpu_rt_module *mod = opt && opt->bytes ? opt : &own;
   size_t cap = (size_t)nout + 1;
-  bool *want = s ? NULL : calloc(cap, sizeof *want);
+  bool *want = s || nout < nres ? NULL : calloc(cap, sizeof *want);
   int *ranks = want ? calloc(cap, sizeof *ranks) : NULL;
   tpu_sharding *got = ranks ? malloc(sizeof *got * cap) : NULL;
   bool ok = got != NULL;
@@ -197,7 +204,8 @@ bool tpu_spmd_read_layouts(tpu_engine *e, tpu_rt_exec *exec, const tpu_sharding 
       want[k] = prop[k];
       ranks[k] = sh[k].rank;
     }
-    s = tpu_hlo_read_output_shardings(mod, len, with_config, mesh->mesh_rank, mesh->mesh, nout, ranks, want, got);
+    s = tpu_hlo_read_output_shardings(mod->bytes, mod->len, mod->with_config, mesh->mesh_rank, mesh->mesh, nout, ranks,
+                                      want, got);
     ok = s == NULL;
   }
   for (int k = 0; k < nres && ok; k++) { /* an uneven split is not a tpu_sharding */
@@ -215,7 +223,7 @@ bool tpu_spmd_read_layouts(tpu_engine *e, tpu_rt_exec *exec, const tpu_sharding 
     atomic_fetch_add(&e->metrics.spmd_layouts, chosen);
   }
   tpu_status_free(s);
-  free(mod);
+  free(own.bytes);
   free(want);
   free(ranks);
   free(got);
@@ -232,8 +240,9 @@ tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **i
   int64_t t0 = tpu_now_ns();
   tpu_status *s = tpu_engine_wait(e); /* launched one-device programs first: this one waits for its rows */
   int64_t p0 = tpu_prof_t0();
-  if (!s) s = tpu_rt_execute_rows(e->rt, c->exec, in, c->nfin, out);
-  if (p0 && !s) tpu_prof_rows(c->exec, p0, "fused program");
+  /* a compile-only mesh's program (no exec) is not run: its values have no shards */
+  if (!s && c->exec) s = tpu_rt_execute_rows(e->rt, c->exec, in, c->nfin, out);
+  if (p0 && !s && c->exec) tpu_prof_rows(c->exec, p0, "fused program");
   atomic_fetch_add(&e->metrics.execute_ns, tpu_now_ns() - t0);
   if (s) s = tpu_status_prefix(s, "running a program over %d devices", rows);
   for (int k = 0; k < c->nfout && !s; k++) {
@@ -260,11 +269,11 @@ tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **i
     r->grank = sh->rank;
     memcpy(r->gdims, c->fdims[k], sizeof(int64_t) * (size_t)sh->rank);
   }
-  for (int k = 0; k < c->nfchk && !s; k++) { /* every row computes the same checks */
+  for (int k = 0; k < c->nfchk && !s && c->exec; k++) { /* every row computes the same checks */
     tpu_check_push(e, out[c->nfout + k], c->fchk[k], site ? site(e, &c->fchk[k]) : NULL);
     out[c->nfout + k] = NULL;
   }
-  if (!s) atomic_fetch_add(&e->metrics.spmd_programs, 1);
+  if (!s) atomic_fetch_add(c->exec ? &e->metrics.spmd_programs : &e->metrics.spmd_unrun, 1);
   for (size_t k = 0; k < no; k++) tpu_rt_buffer_free(out[k]);
   free(out);
   return s;
@@ -274,8 +283,8 @@ tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **i
  * (own) a copy of a one-device record on device d. */
 tpu_status *tpu_spmd_record_input(tpu_engine *e, tpu_record *r, int d, tpu_rt_buffer **b, tpu_rt_buffer **own) {
   *own = NULL;
-  if (r->sh) {
-    *b = r->shards[d];
+  if (r->sh || tpu_engine_mesh_compile_only(e)) {
+    *b = r->sh ? r->shards[d] : NULL;
     return NULL;
   }
   int call_dev = e->dev;

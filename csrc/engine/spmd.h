@@ -21,11 +21,12 @@ tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, co
  * (a new value with no constraint), instead of the rule's layout. */
 bool tpu_spmd_chosen_by_xla(const tpu_record *r);
 /* The layouts XLA chose for the results k < nres with prop[k] (global shapes
- * dims[k]) into sh[k], from exec's optimized program. False (sh untouched)
- * when the plugin does not say them or one is not a tpu_sharding (a
- * dimension split over two mesh axes, an uneven split, ...). */
-bool tpu_spmd_read_layouts(tpu_engine *e, tpu_rt_exec *exec, const tpu_sharding *mesh, int nres,
-                           const int64_t (*dims)[TPU_MAX_RANK], const bool *prop, tpu_sharding *sh);
+ * dims[k]) of a program of nout outputs into sh[k], from its optimized form:
+ * opt's where it holds one (a compile-only mesh's: libtpu's), else exec's.
+ * False (sh untouched) when the plugin does not say them or one is not a
+ * tpu_sharding (a dimension split over two mesh axes, an uneven split, ...). */
+bool tpu_spmd_read_layouts(tpu_engine *e, tpu_rt_exec *exec, const tpu_rt_module *opt, const tpu_sharding *mesh,
+                           int nres, int nout, const int64_t (*dims)[TPU_MAX_RANK], const bool *prop, tpu_sharding *sh);
 /* site: the Python sites of the checks (NULL: none known). */
 tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **in, tpu_record **dst, tpu_site_fn site);
 tpu_status *tpu_spmd_record_input(tpu_engine *e, tpu_record *r, int d, tpu_rt_buffer **b, tpu_rt_buffer **own);

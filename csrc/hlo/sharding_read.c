@@ -32,6 +32,8 @@ typedef struct {
   bool replicate_last, last_ok, dims_ok;
   tpu_pb devices; /* field 4's bytes, packed or one varint per tag (empty: none) */
   bool devices_packed;
+  bool named;    /* field 14, a NamedShardingProto: the other fields are ignored */
+  tpu_pb nbytes; /* its bytes */
 } tpu_opsharding;
 
 static bool tpu_pb_u64(tpu_pb *b, uint64_t *v) {
@@ -121,6 +123,10 @@ static bool tpu_opsharding_parse(tpu_pb b, tpu_opsharding *o) {
       if (!tpu_pb_ints(w, v, sub, t, &nt)) return false;
       for (int i = 0; i < nt; i++) o->last_ok = o->last_ok && t[i] == 0;
       o->nlast += nt;
+    }
+    if (f == 14 && w == 2) {
+      o->named = true;
+      o->nbytes = sub;
     }
     if (f == 4) {
       if (w == 2) {
@@ -218,9 +224,102 @@ static bool tpu_opsharding_assign(const tpu_opsharding *o, int rank, int mesh_ra
   return false;
 }
 
+/* Our mesh axis of a named mesh's axis (name, size): "a<k>" as sharding.c
+ * names them, else the same position when the meshes have as many axes;
+ * -1 when neither holds with the same size. */
+static int tpu_named_axis(tpu_pb name, int64_t size, int j, int naxes, int mesh_rank, const int64_t *mesh) {
+  size_t n = (size_t)(name.end - name.p);
+  if (n >= 2 && n <= 3 && name.p[0] == 'a') {
+    int k = 0;
+    for (size_t i = 1; i < n; i++) k = name.p[i] >= '0' && name.p[i] <= '9' ? k * 10 + (name.p[i] - '0') : -1000;
+    if (k >= 0 && k < mesh_rank) return mesh[k] == size ? k : -1;
+  }
+  return naxes == mesh_rank && j < mesh_rank && mesh[j] == size ? j : -1;
+}
+
+/* A NamedShardingProto (OpSharding's field 14, Shardy's form: a mesh of named
+ * axes, per dimension the axes it is split over) as a tpu_sharding: the mesh
+ * is ours (same axes, devices in order), each dimension split over at most
+ * one whole axis, nothing unreduced. */
+static bool tpu_named_to(tpu_pb b, int rank, int mesh_rank, const int64_t *mesh, tpu_sharding *out) {
+  if (rank < 0 || rank > TPU_MAX_RANK || mesh_rank < 0 || mesh_rank > TPU_MESH_MAX_AXES) return false;
+  int amap[TPU_OPS_MAX_DIMS], naxes = 0, ndims = 0;
+  tpu_pb meshb = {NULL, NULL}, dims[TPU_MAX_RANK];
+  while (b.p < b.end) {
+    uint64_t f, v = 0;
+    int w;
+    tpu_pb sub = {NULL, NULL};
+    if (!tpu_pb_field(&b, &f, &w, &v, &sub)) return false;
+    if (f == 1 || f == 5) return false; /* a tuple here, unreduced axes */
+    if (f == 2 && w == 2) meshb = sub;
+    if (f == 3) {
+      if (w != 2 || ndims >= rank) return false;
+      dims[ndims++] = sub;
+    }
+  }
+  if (ndims != rank) return false;
+  /* the mesh: its axes mapped to ours; an explicit device order is not ours */
+  tpu_pb names[TPU_OPS_MAX_DIMS];
+  int64_t sizes[TPU_OPS_MAX_DIMS];
+  while (meshb.p && meshb.p < meshb.end) {
+    uint64_t f, v = 0;
+    int w;
+    tpu_pb sub = {NULL, NULL};
+    if (!tpu_pb_field(&meshb, &f, &w, &v, &sub)) return false;
+    if (f == 2) return false; /* device_ids */
+    if (f != 1 || w != 2) continue;
+    if (naxes >= TPU_OPS_MAX_DIMS) return false;
+    names[naxes] = (tpu_pb){NULL, NULL};
+    sizes[naxes] = 1;
+    while (sub.p < sub.end) {
+      uint64_t g, x = 0;
+      int wx;
+      tpu_pb s2 = {NULL, NULL};
+      if (!tpu_pb_field(&sub, &g, &wx, &x, &s2)) return false;
+      if (g == 1 && wx == 2) names[naxes] = s2;
+      if (g == 2 && wx == 0) sizes[naxes] = (int64_t)x;
+    }
+    naxes++;
+  }
+  for (int j = 0; j < naxes; j++)
+    amap[j] = names[j].p ? tpu_named_axis(names[j], sizes[j], j, naxes, mesh_rank, mesh) : -1;
+  int8_t dim_axis[TPU_MAX_RANK];
+  for (int i = 0; i < rank; i++) {
+    dim_axis[i] = -1;
+    tpu_pb d = dims[i];
+    while (d.p < d.end) {
+      uint64_t f, v = 0;
+      int w;
+      tpu_pb ref = {NULL, NULL};
+      if (!tpu_pb_field(&d, &f, &w, &v, &ref)) return false;
+      if (f != 1) continue;
+      if (w != 2) return false;
+      uint64_t idx = 0; /* AxisRefProto: mesh_axis_index (1); a sub-axis (2) is not ours */
+      while (ref.p < ref.end) {
+        uint64_t g, x = 0;
+        int wx;
+        tpu_pb s2 = {NULL, NULL};
+        if (!tpu_pb_field(&ref, &g, &wx, &x, &s2)) return false;
+        if (g == 2) return false;
+        if (g == 1 && wx == 0) idx = x;
+      }
+      if (idx >= (uint64_t)naxes || amap[idx] < 0) return false;
+      if (mesh[amap[idx]] == 1) continue; /* split over a 1-device axis: whole */
+      if (dim_axis[i] >= 0) return false; /* split over two axes */
+      dim_axis[i] = (int8_t)amap[idx];
+    }
+  }
+  *out = tpu_sharding_make(mesh_rank, mesh, rank, dim_axis);
+  tpu_status *c = tpu_sharding_check(out, NULL); /* no axis twice */
+  bool ok = c == NULL;
+  tpu_status_free(c);
+  return ok;
+}
+
 /* One output's OpSharding as a tpu_sharding of a rank-`rank` tensor. */
 static bool tpu_opsharding_to(const tpu_opsharding *o, int rank, int mesh_rank, const int64_t *mesh,
                               tpu_sharding *out) {
+  if (o->named) return tpu_named_to(o->nbytes, rank, mesh_rank, mesh, out);
   if (o->type == 0) { /* REPLICATED */
     *out = tpu_sharding_make(mesh_rank, mesh, rank, NULL);
     return true;
@@ -262,7 +361,26 @@ tpu_status *tpu_hlo_read_output_shardings(const uint8_t *module, size_t len, boo
   tpu_opsharding o;
   if (!tpu_opsharding_parse(top, &o))
     return tpu_status_new(TPU_ERR_RUNTIME, "an output sharding that is not well formed");
-  if (o.type != 2) { /* one sharding: the program's only output */
+  tpu_pb tuple = {NULL, NULL};
+  if (o.named && tpu_pb_find(o.nbytes, 1, &tuple) > 0) { /* Shardy's form of a tuple: field 1, one per output */
+    int k = 0;
+    tpu_pb t = o.nbytes;
+    while (t.p < t.end) {
+      uint64_t f, v;
+      int w;
+      tpu_pb sub = {NULL, NULL};
+      if (!tpu_pb_field(&t, &f, &w, &v, &sub)) return tpu_status_new(TPU_ERR_RUNTIME, "a malformed output sharding");
+      if (f != 1 || w != 2) continue;
+      if (k >= n)
+        return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "more output shardings than the program's %d outputs", n);
+      if (want[k] && !tpu_named_to(sub, ranks[k], mesh_rank, mesh, &out[k]))
+        return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "output %d: a layout the mesh cannot say", k);
+      k++;
+    }
+    if (k != n) return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "%d output shardings for %d outputs", k, n);
+    return NULL;
+  }
+  if (o.type != 2 || o.named) { /* one sharding: the program's only output */
     if (n != 1) return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "one output sharding for %d outputs", n);
     if (want[0] && !tpu_opsharding_to(&o, ranks[0], mesh_rank, mesh, &out[0]))
       return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "output 0: a layout the mesh cannot say");

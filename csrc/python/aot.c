@@ -3,14 +3,14 @@
  */
 #include "bind.h"
 
-/* set_aot(libtpu_path, topology, strict): before the device's first use. */
+/* set_aot(libtpu_path, topology, strict, mesh_only): before the device's first use. */
 PyObject *tpu_py_set_aot(PyObject *m, PyObject *args) {
   const char *plugin = NULL, *topology = NULL;
-  int strict = 1;
-  if (!PyArg_ParseTuple(args, "zzp", &plugin, &topology, &strict)) return NULL;
+  int strict = 1, mesh_only = 0;
+  if (!PyArg_ParseTuple(args, "zzp|p", &plugin, &topology, &strict, &mesh_only)) return NULL;
   tpu_engine *e = tpu_eng(tpu_state(m));
   if (!e) return NULL;
-  tpu_status *s = tpu_engine_set_aot(e, plugin, topology, strict);
+  tpu_status *s = tpu_engine_set_aot(e, plugin, topology, strict, mesh_only);
   if (s) return tpu_raise(s);
   Py_RETURN_NONE;
 }
@@ -55,7 +55,8 @@ PyObject *tpu_py_aot_report(PyObject *m, PyObject *noargs) {
     }
     PyList_SET_ITEM(progs, i, d);
   }
-  return Py_BuildValue("{s:z,s:z,s:z,s:i,s:N,s:O,s:N}", "topology", in.topology, "kind", in.kind, "platform_version",
-                       in.platform_version, "devices", in.devices, "hbm_bytes", tpu_py_opt_int(in.hbm_bytes), "strict",
-                       in.strict ? Py_True : Py_False, "programs", progs);
+  return Py_BuildValue("{s:z,s:z,s:z,s:i,s:N,s:O,s:O,s:N}", "topology", in.topology, "kind", in.kind,
+                       "platform_version", in.platform_version, "devices", in.devices, "hbm_bytes",
+                       tpu_py_opt_int(in.hbm_bytes), "strict", in.strict ? Py_True : Py_False, "mesh_compile_only",
+                       in.mesh_only ? Py_True : Py_False, "programs", progs);
 }

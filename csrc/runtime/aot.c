@@ -285,7 +285,7 @@ static tpu_status *tpu_aot_serialize(const tpu_pjrt_api *api, tpu_pjrt_exec *x, 
 }
 
 tpu_status *tpu_rt_target_compile(tpu_rt_target *t, const char *mlir, size_t len, const tpu_rt_compile_opts *o,
-                                  tpu_rt_aot_stats *st, void **bytes, size_t *nbytes) {
+                                  tpu_rt_aot_stats *st, void **bytes, size_t *nbytes, tpu_rt_module *opt) {
   const tpu_pjrt_api *api = t->api;
   memset(st, 0, sizeof *st);
   st->flops = st->bytes_accessed = st->transcendentals = st->optimal_seconds = -1;
@@ -294,6 +294,7 @@ tpu_status *tpu_rt_target_compile(tpu_rt_target *t, const char *mlir, size_t len
   st->partitions = 1;
   if (bytes) *bytes = NULL;
   if (nbytes) *nbytes = 0;
+  if (opt) memset(opt, 0, sizeof *opt);
   int rows = o ? (o->replicas > 0 ? o->replicas : 1) * (o->partitions > 0 ? o->partitions : 1) : 1;
   if (rows > t->ndevices)
     return tpu_status_new(TPU_ERR_VALUE, "a program over %d devices; TPU topology %s has %d", rows, t->name,
@@ -309,6 +310,7 @@ tpu_status *tpu_rt_target_compile(tpu_rt_target *t, const char *mlir, size_t len
   if (s) return s;
   tpu_aot_read(api, c.executable, st);
   s = tpu_aot_serialize(api, c.executable, bytes, nbytes, &st->serialized_bytes);
+  if (!s && opt) s = tpu_rt_optimized_program(api, c.executable, opt);
   tpu_pjrt_exec_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_exec_destroy_args, executable), NULL, c.executable};
   tpu_status_free(TPU_ACALL(api, Executable_Destroy, &d));
   return s;

@@ -62,8 +62,9 @@ typedef struct {
 
 /* Compile StableHLO text for the topology with o's replicas and partitions
  * (NULL: one chip). Fills *st; with bytes, *bytes receives the serialized
- * executable (owned, free()) and *nbytes its size. */
+ * executable (owned, free()) and *nbytes its size; with opt, the program as
+ * libtpu optimized it (the layouts its partitioner chose: runtime.h). */
 tpu_status *tpu_rt_target_compile(tpu_rt_target *t, const char *mlir, size_t len, const tpu_rt_compile_opts *o,
-                                  tpu_rt_aot_stats *st, void **bytes, size_t *nbytes);
+                                  tpu_rt_aot_stats *st, void **bytes, size_t *nbytes, tpu_rt_module *opt);
 
 #endif

@@ -22,4 +22,7 @@ enum { TPU_RT_OPTS_MAX = 128 };
 size_t tpu_rt_options_cap(const tpu_rt_compile_opts *o);
 size_t tpu_rt_encode_options(const tpu_rt_compile_opts *o, bool portable, int opt_level, uint8_t *out);
 
+/* The optimized program of executable x (runtime.h's tpu_rt_module). */
+tpu_status *tpu_rt_optimized_program(const tpu_pjrt_api *api, tpu_pjrt_exec *x, tpu_rt_module *out);
+
 #endif

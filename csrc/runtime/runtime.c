@@ -510,33 +510,38 @@ void tpu_rt_exec_free(tpu_rt_exec *e) {
   free(e);
 }
 
-tpu_status *tpu_rt_exec_optimized(tpu_rt_exec *e, uint8_t **bytes, size_t *len, bool *with_config) {
-  const tpu_pjrt_api *api = e->rt->api;
-  *bytes = NULL;
-  *len = 0;
-  *with_config = false;
+tpu_status *tpu_rt_optimized_program(const tpu_pjrt_api *api, tpu_pjrt_exec *x, tpu_rt_module *out) {
+  memset(out, 0, sizeof *out);
   if (!TPU_HAS(api, Executable_OptimizedProgram))
     return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "this PJRT plugin gives no optimized program");
-  tpu_pjrt_get_exec_args g = {TPU_PJRT_SIZE(tpu_pjrt_get_exec_args, executable), NULL, e->loaded, NULL};
-  tpu_status *s = TPU_CALL(api, LoadedExecutable_GetExecutable, &g);
-  if (s) return s;
   /* first the size (code NULL), then the bytes */
   tpu_pjrt_program p = {TPU_PJRT_SIZE(tpu_pjrt_program, format_size), NULL, NULL, 0, NULL, 0};
-  tpu_pjrt_optimized_args a = {TPU_PJRT_SIZE(tpu_pjrt_optimized_args, program), NULL, g.executable, &p};
-  s = TPU_CALL(api, Executable_OptimizedProgram, &a);
+  tpu_pjrt_optimized_args a = {TPU_PJRT_SIZE(tpu_pjrt_optimized_args, program), NULL, x, &p};
+  tpu_status *s = TPU_CALL(api, Executable_OptimizedProgram, &a);
   bool plain = p.format && p.format_size == 3 && memcmp(p.format, "hlo", 3) == 0;
-  *with_config = p.format && p.format_size == 15 && memcmp(p.format, "hlo_with_config", 15) == 0;
-  if (!s && !plain && !*with_config)
+  bool with_config = p.format && p.format_size == 15 && memcmp(p.format, "hlo_with_config", 15) == 0;
+  if (!s && !plain && !with_config)
     s = tpu_status_new(TPU_ERR_UNIMPLEMENTED, "the plugin's optimized program is in format \"%.*s\", not \"hlo\"",
                        p.format ? (int)p.format_size : 0, p.format ? p.format : "");
   if (!s && !(p.code = malloc(p.code_size ? p.code_size : 1))) s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   if (!s) s = TPU_CALL(api, Executable_OptimizedProgram, &a);
   if (!s) {
-    *bytes = (uint8_t *)p.code;
-    *len = p.code_size;
+    out->bytes = (uint8_t *)p.code;
+    out->len = p.code_size;
+    out->with_config = with_config;
   } else {
     free(p.code);
   }
+  return s;
+}
+
+tpu_status *tpu_rt_exec_optimized(tpu_rt_exec *e, tpu_rt_module *out) {
+  const tpu_pjrt_api *api = e->rt->api;
+  memset(out, 0, sizeof *out);
+  tpu_pjrt_get_exec_args g = {TPU_PJRT_SIZE(tpu_pjrt_get_exec_args, executable), NULL, e->loaded, NULL};
+  tpu_status *s = TPU_CALL(api, LoadedExecutable_GetExecutable, &g);
+  if (s) return s;
+  s = tpu_rt_optimized_program(api, g.executable, out);
   tpu_pjrt_exec_destroy_args d = {TPU_PJRT_SIZE(tpu_pjrt_exec_destroy_args, executable), NULL, g.executable};
   tpu_status_free(TPU_CALL(api, Executable_Destroy, &d));
   return s;

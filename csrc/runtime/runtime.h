@@ -81,11 +81,18 @@ int tpu_rt_exec_num_outputs(const tpu_rt_exec *e);
 int tpu_rt_exec_rows(const tpu_rt_exec *e);
 int tpu_rt_exec_row_device(const tpu_rt_exec *e, int row);
 void tpu_rt_exec_free(tpu_rt_exec *e);
-/* The program as XLA optimized it (owned by the caller, free()): a serialized
- * HloModuleProto (format "hlo"), or an HloModuleProtoWithConfig holding one
- * as its field 1 (format "hlo_with_config": *with_config set), as the plugin
- * gives it; TPU_ERR_UNIMPLEMENTED where it gives none or another format. */
-tpu_status *tpu_rt_exec_optimized(tpu_rt_exec *e, uint8_t **bytes, size_t *len, bool *with_config);
+/* A program as XLA optimized it: a serialized HloModuleProto (format "hlo"),
+ * or an HloModuleProtoWithConfig holding one as its field 1 (format
+ * "hlo_with_config": with_config set), as the plugin gives it. bytes owned
+ * (free()). */
+typedef struct {
+  uint8_t *bytes;
+  size_t len;
+  bool with_config;
+} tpu_rt_module;
+/* e's optimized program into *out (zeroed on error); TPU_ERR_UNIMPLEMENTED
+ * where the plugin gives none or another format. */
+tpu_status *tpu_rt_exec_optimized(tpu_rt_exec *e, tpu_rt_module *out);
 
 /* Serialized executable bytes (owned by the caller, free()), for the disk
  * cache; TPU_ERR_UNIMPLEMENTED where the plugin cannot serialize. */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hlo/hlo.h"
 #include "runtime/aot.h"
 
 #include "check.h"
@@ -85,7 +86,7 @@ static void test_v5e(const char *plugin) {
   tpu_rt_aot_stats st, st2;
   void *b1 = NULL, *b2 = NULL;
   size_t n1 = 0, n2 = 0;
-  s = tpu_rt_target_compile(t, add_prog, strlen(add_prog), NULL, &st, &b1, &n1);
+  s = tpu_rt_target_compile(t, add_prog, strlen(add_prog), NULL, &st, &b1, &n1, NULL);
   CHECK(!s, "add: %s", s ? tpu_status_message(s) : "");
   tpu_status_free(s);
   CHECK(st.flops == 16384, "add flops %g", st.flops);
@@ -95,7 +96,7 @@ static void test_v5e(const char *plugin) {
   CHECK(st.transcendentals == 0, "add transcendentals %g", st.transcendentals);
   CHECK(n1 > 1000 && (int64_t)n1 == st.serialized_bytes, "serialized %zu", n1);
   CHECK(st.fingerprint[0] != 0, "a fingerprint");
-  s = tpu_rt_target_compile(t, add_prog, strlen(add_prog), NULL, &st2, &b2, &n2);
+  s = tpu_rt_target_compile(t, add_prog, strlen(add_prog), NULL, &st2, &b2, &n2, NULL);
   CHECK(!s, "add again");
   tpu_status_free(s);
   CHECK(strcmp(st.fingerprint, st2.fingerprint) == 0, "same fingerprint twice: %s %s", st.fingerprint, st2.fingerprint);
@@ -105,7 +106,7 @@ static void test_v5e(const char *plugin) {
   free(b1);
   free(b2);
 
-  s = tpu_rt_target_compile(t, dot_prog, strlen(dot_prog), NULL, &st, NULL, NULL);
+  s = tpu_rt_target_compile(t, dot_prog, strlen(dot_prog), NULL, &st, NULL, NULL, NULL);
   CHECK(!s, "dot: %s", s ? tpu_status_message(s) : "");
   tpu_status_free(s);
   double want = 2.0 * 256 * 512 * 64;
@@ -113,24 +114,24 @@ static void test_v5e(const char *plugin) {
   CHECK(st.argument_bytes == (256 * 512 + 512 * 64) * 4, "dot arg %lld", (long long)st.argument_bytes);
   CHECK(st.serialized_bytes > 0, "serialized size without the bytes");
 
-  s = tpu_rt_target_compile(t, big_prog, strlen(big_prog), NULL, &st, NULL, NULL);
+  s = tpu_rt_target_compile(t, big_prog, strlen(big_prog), NULL, &st, NULL, NULL, NULL);
   CHECK(s && tpu_status_code(s) == TPU_ERR_MEMORY, "too big for HBM: %s", s ? tpu_status_message(s) : "compiled");
   CHECK(s && strstr(tpu_status_message(s), "HBM"), "the message says HBM: %s", s ? tpu_status_message(s) : "");
   tpu_status_free(s);
 
-  s = tpu_rt_target_compile(t, bad_prog, strlen(bad_prog), NULL, &st, NULL, NULL);
+  s = tpu_rt_target_compile(t, bad_prog, strlen(bad_prog), NULL, &st, NULL, NULL, NULL);
   CHECK(s && tpu_status_code(s) == TPU_ERR_RUNTIME, "a bad program: %s", s ? tpu_status_message(s) : "compiled");
   tpu_status_free(s);
 
   tpu_rt_compile_opts o = {.replicas = 1, .partitions = 4, .spmd = true};
-  s = tpu_rt_target_compile(t, spmd_prog, strlen(spmd_prog), &o, &st, NULL, NULL);
+  s = tpu_rt_target_compile(t, spmd_prog, strlen(spmd_prog), &o, &st, NULL, NULL, NULL);
   CHECK(!s, "spmd: %s", s ? tpu_status_message(s) : "");
   tpu_status_free(s);
   CHECK(st.partitions == 4, "partitions %d", st.partitions);
   CHECK(st.argument_bytes == (1024 * 1024 / 4 + 1024 * 1024) * 4, "per-chip arguments %lld",
         (long long)st.argument_bytes);
   o.partitions = 8;
-  s = tpu_rt_target_compile(t, spmd_prog, strlen(spmd_prog), &o, &st, NULL, NULL);
+  s = tpu_rt_target_compile(t, spmd_prog, strlen(spmd_prog), &o, &st, NULL, NULL, NULL);
   CHECK(s && tpu_status_code(s) == TPU_ERR_VALUE, "8 partitions on 4 chips");
   tpu_status_free(s);
   tpu_rt_target_close(t);
@@ -164,6 +165,52 @@ static void test_topology_bounds(const char *plugin) {
   tpu_status_free(s);
 }
 
+/* A program over a 4x4 mesh (Shardy) whose result's layout is left to the
+ * partitioner: libtpu's optimized program says it (in Shardy's own form,
+ * OpSharding field 14), split as the product's operands are. */
+static const char prop_prog[] =
+    "module @prop attributes {mhlo.num_partitions = 16 : i32, mhlo.num_replicas = 1 : i32} {\n"
+    "  sdy.mesh @mesh = <[\"a0\"=4, \"a1\"=4]>\n"
+    "  func.func public @main(%w: tensor<64x32xf32> {sdy.sharding = #sdy.sharding<@mesh, [{\"a1\"}, {}]>}, "
+    "%x: tensor<16x32xf32> {sdy.sharding = #sdy.sharding<@mesh, [{\"a0\"}, {}]>}) -> (tensor<16x64xf32>, "
+    "tensor<64x32xf32> {sdy.sharding = #sdy.sharding<@mesh, [{\"a1\"}, {}]>}) {\n"
+    "    %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [1] : (tensor<16x32xf32>, "
+    "tensor<64x32xf32>) -> tensor<16x64xf32>\n"
+    "    %1 = stablehlo.add %w, %w : tensor<64x32xf32>\n"
+    "    return %0, %1 : tensor<16x64xf32>, tensor<64x32xf32>\n"
+    "  }\n"
+    "}\n";
+
+static void test_propagated(const char *plugin) {
+  tpu_rt_target *t = NULL;
+  tpu_status *s = tpu_rt_target_open(plugin, "v5e:4x4", &t);
+  CHECK(!s, "open v5e:4x4: %s", s ? tpu_status_message(s) : "");
+  tpu_status_free(s);
+  if (!t) return;
+  bool prop[2] = {true, false};
+  tpu_rt_compile_opts o = {
+      .replicas = 1, .partitions = 16, .spmd = true, .shardy = true, .propagate = prop, .npropagate = 2};
+  tpu_rt_aot_stats st;
+  tpu_rt_module m;
+  s = tpu_rt_target_compile(t, prop_prog, strlen(prop_prog), &o, &st, NULL, NULL, &m);
+  CHECK(!s && m.bytes && m.len > 0, "compile with the optimized program: %s", s ? tpu_status_message(s) : "");
+  tpu_status_free(s);
+  int64_t mesh[2] = {4, 4};
+  int ranks[2] = {2, 2};
+  bool want[2] = {true, true};
+  tpu_sharding out[2];
+  s = m.bytes ? tpu_hlo_read_output_shardings(m.bytes, m.len, m.with_config, 2, mesh, 2, ranks, want, out) : NULL;
+  CHECK(m.bytes && !s, "read: %s", s ? tpu_status_message(s) : "");
+  tpu_status_free(s);
+  int8_t d01[2] = {0, 1}, d1[2] = {1, -1};
+  tpu_sharding w0 = tpu_sharding_make(2, mesh, 2, d01), w1 = tpu_sharding_make(2, mesh, 2, d1);
+  CHECK(m.bytes && tpu_sharding_eq(&out[0], &w0), "the product split over both axes (%d, %d)", out[0].dim_axis[0],
+        out[0].dim_axis[1]);
+  CHECK(m.bytes && tpu_sharding_eq(&out[1], &w1), "the declared result as declared");
+  free(m.bytes);
+  tpu_rt_target_close(t);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s LIBTPU.so\n", argv[0]);
@@ -172,6 +219,7 @@ int main(int argc, char **argv) {
   test_topology_bounds(argv[1]);
   test_names(argv[1]);
   test_v5e(argv[1]);
+  test_propagated(argv[1]);
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

@@ -1501,6 +1501,73 @@ static void test_read_output_shardings(void) {
   tpu_status_free(st);
 }
 
+/* Shardy's form (OpSharding field 14, a NamedShardingProto: a mesh of named
+ * axes, each dimension's axes by index), as libtpu writes the output
+ * shardings of a program on a 4x4 mesh ("a0", "a1"): [{a0}, {a1}],
+ * [{a1}, {}] and a replicated scalar; then forms a tpu_sharding cannot say. */
+static void test_read_named_shardings(void) {
+  static const uint8_t tpu[] = {
+      0x62, 0x4a, 0x08, 0x02, 0x2a, 0x22, 0x72, 0x20, 0x12, 0x10, 0x0a, 0x06, 0x0a, 0x02, 0x61, 0x30, 0x10, 0x04, 0x0a,
+      0x06, 0x0a, 0x02, 0x61, 0x31, 0x10, 0x04, 0x1a, 0x04, 0x0a, 0x00, 0x10, 0x01, 0x1a, 0x06, 0x0a, 0x02, 0x08, 0x01,
+      0x10, 0x01, 0x2a, 0x20, 0x72, 0x1e, 0x12, 0x10, 0x0a, 0x06, 0x0a, 0x02, 0x61, 0x30, 0x10, 0x04, 0x0a, 0x06, 0x0a,
+      0x02, 0x61, 0x31, 0x10, 0x04, 0x1a, 0x06, 0x0a, 0x02, 0x08, 0x01, 0x10, 0x01, 0x1a, 0x02, 0x10, 0x01, 0x2a, 0x00};
+  int64_t m44[2] = {4, 4};
+  int ranks[3] = {2, 2, 0};
+  bool want[3] = {true, true, true};
+  tpu_sharding out[3];
+  tpu_status *st = tpu_hlo_read_output_shardings(tpu, sizeof tpu, false, 2, m44, 3, ranks, want, out);
+  CHECK(!st, "named: %s", st ? tpu_status_message(st) : "");
+  tpu_status_free(st);
+  tpu_sharding w01 = sh(2, m44, 2, 0, 1), w1_ = sh(2, m44, 2, 1, -1), wrep = sh(2, m44, 0, -1, -1);
+  CHECK(tpu_sharding_eq(&out[0], &w01), "[{a0}, {a1}]");
+  CHECK(tpu_sharding_eq(&out[1], &w1_), "[{a1}, {}]");
+  CHECK(tpu_sharding_eq(&out[2], &wrep), "a replicated scalar");
+  /* one output, [{a1}, {a0}]: a mesh (a0=4, a1=4), then each dimension */
+  static const uint8_t mesh44[] = {0x12, 0x10, 0x0a, 0x06, 0x0a, 0x02, 0x61, 0x30, 0x10,
+                                   0x04, 0x0a, 0x06, 0x0a, 0x02, 0x61, 0x31, 0x10, 0x04};
+  static const uint8_t d_a1[] = {0x1a, 0x04, 0x0a, 0x02, 0x08, 0x01};
+  static const uint8_t d_a0[] = {0x1a, 0x02, 0x0a, 0x00};
+  static const uint8_t d_both[] = {0x1a, 0x06, 0x0a, 0x00, 0x0a, 0x02, 0x08, 0x01};            /* a0 then a1 */
+  static const uint8_t d_sub[] = {0x1a, 0x08, 0x0a, 0x06, 0x12, 0x04, 0x08, 0x01, 0x10, 0x02}; /* (1)2 of a0 */
+  static const uint8_t unreduced[] = {0x2a, 0x00};
+  static const uint8_t devices[] = {0x12, 0x02, 0x12, 0x00}; /* a mesh with device_ids */
+  struct {
+    const uint8_t *a, *b, *c;
+    size_t na, nb, nc;
+    bool ok;
+    const char *what;
+  } cases[] = {
+      {d_a1, d_a0, NULL, sizeof d_a1, sizeof d_a0, 0, true, "[{a1}, {a0}]"},
+      {d_both, d_a0, NULL, sizeof d_both, sizeof d_a0, 0, false, "a dimension over two axes"},
+      {d_sub, d_a1, NULL, sizeof d_sub, sizeof d_a1, 0, false, "a sub-axis"},
+      {d_a1, d_a0, unreduced, sizeof d_a1, sizeof d_a0, sizeof unreduced, false, "unreduced axes"},
+      {d_a1, d_a0, devices, sizeof d_a1, sizeof d_a0, sizeof devices, false, "an explicit device order"},
+      {d_a0, d_a0, NULL, sizeof d_a0, sizeof d_a0, 0, false, "one axis for two dimensions"},
+      {d_a0, NULL, NULL, sizeof d_a0, 0, 0, false, "one dimension sharding for a rank-2 tensor"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint8_t ns[96], m[128];
+    size_t n = 0;
+    memcpy(ns + n, mesh44, sizeof mesh44), n += sizeof mesh44;
+    memcpy(ns + n, cases[i].a, cases[i].na), n += cases[i].na;
+    if (cases[i].b) memcpy(ns + n, cases[i].b, cases[i].nb), n += cases[i].nb;
+    if (cases[i].c) memcpy(ns + n, cases[i].c, cases[i].nc), n += cases[i].nc;
+    size_t k = 0;
+    m[k++] = 0x62; /* spmd_output_sharding: an OpSharding holding field 14 only */
+    m[k++] = (uint8_t)(n + 2);
+    m[k++] = 0x72;
+    m[k++] = (uint8_t)n;
+    memcpy(m + k, ns, n), k += n;
+    bool w = true;
+    int r2 = 2;
+    st = tpu_hlo_read_output_shardings(m, k, false, 2, m44, 1, &r2, &w, out);
+    CHECK(!st == cases[i].ok, "%s: %s", cases[i].what, st ? tpu_status_message(st) : "read");
+    tpu_sharding w10 = sh(2, m44, 2, 1, 0);
+    if (cases[i].ok) CHECK(!st && tpu_sharding_eq(&out[0], &w10), "%s", cases[i].what);
+    tpu_status_free(st);
+  }
+}
+
 int main(void) {
   test_add();
   test_constants();
@@ -1533,6 +1600,7 @@ int main(void) {
   test_sharded_module();
   test_sharded_errors();
   test_read_output_shardings();
+  test_read_named_shardings();
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }
