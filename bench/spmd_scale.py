@@ -58,7 +58,15 @@ import subprocess
 import sys
 import time
 
-TOPOLOGIES = {4: "v5e:2x2", 8: "v5e:2x4", 16: "v5e:4x4", 64: "v5e:8x8", 256: "v5e:16x16", 512: "v5p:8x8x8"}
+TOPOLOGIES = {
+    1: "v5e:1x1",
+    4: "v5e:2x2",
+    8: "v5e:2x4",
+    16: "v5e:4x4",
+    64: "v5e:8x8",
+    256: "v5e:16x16",
+    512: "v5p:8x8x8",
+}
 MIB = 2**20
 
 
@@ -92,6 +100,10 @@ def param_shapes(cfg):
 
 
 def mesh_shape(n, layout):
+    if layout == "none":
+        if n != 1:
+            raise SystemExit(f"layout none is one device, got N={n}")
+        return (1, 1)
     if layout == "dp":
         return (n, 1)
     if n % 4:
@@ -175,14 +187,19 @@ def child_torch(a):
     from torchtpu import _C, spmd
     from torchtpu.spmd import Replicate, Shard
 
-    cfg, layout, n, graph = a["cfg"], a["layout"], a["n"], a["mode"] == "graph"
+    cfg, layout, n, mode = a["cfg"], a["layout"], a["n"], a["mode"]
+    graph = mode in ("graph", "compile-graph")  # captured with torch.tpu.graph
+    compiled = mode in ("compile", "compile-graph")  # the model through torch.compile
     only = a.get("compile_only", False)  # no values: no loss is read
     t_start = time.perf_counter()
     shape = mesh_shape(n, layout)
-    mesh = spmd.Mesh(shape, ("data", "model"))
+    mesh = spmd.Mesh(shape, ("data", "model")) if layout != "none" else None
 
     def placements(spec):
         return [Shard(spec.index(ax)) if ax in spec else Replicate() for ax in ("data", "model")]
+
+    def place(t, spec):  # a host tensor onto the mesh, or onto the one device
+        return spmd.shard(t, mesh, placements(spec)) if mesh else t.to("tpu")
 
     torch.manual_seed(0)
     model = torch_model(cfg).to("tpu")
@@ -191,18 +208,17 @@ def child_torch(a):
     assert {k: tuple(p.shape) for k, p in params.items()} == shapes, "model and param_shapes disagree"
     specs = {k: spec_of(k, s, layout, shape) for k, s in shapes.items()}
     for k, p in params.items():
-        spmd.shard_(p, mesh, placements(specs[k]))
+        if mesh:
+            spmd.shard_(p, mesh, placements(specs[k]))
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
     from char_gpt import make_optimizer  # the examples' AdamW (decay on matrices only)
 
     opt = make_optimizer(model, capturable=graph)
-    rep = [Replicate(), Replicate()]
     for k, p in params.items():  # the moments, laid out as their parameter
-        pl = placements(specs[k])
         opt.state[p] = {
-            "step": spmd.shard(torch.zeros(()), mesh, rep) if graph else torch.tensor(0.0),
-            "exp_avg": spmd.shard(torch.zeros(p.shape), mesh, pl),
-            "exp_avg_sq": spmd.shard(torch.zeros(p.shape), mesh, pl),
+            "step": place(torch.zeros(()), ()) if graph else torch.tensor(0.0),
+            "exp_avg": place(torch.zeros(p.shape), specs[k]),
+            "exp_avg_sq": place(torch.zeros(p.shape), specs[k]),
         }
     gb = cfg["batch"] * shape[0]
     gen = torch.Generator().manual_seed(1)
@@ -212,24 +228,34 @@ def child_torch(a):
         return ix[:, :-1].contiguous(), ix[:, 1:].contiguous()
 
     def on_mesh(t):
-        return spmd.shard(t, mesh, placements(BATCH_SPEC))
+        return place(t, BATCH_SPEC)
+
+    run = torch.compile(model, backend="tpu") if compiled else model
+    update = torch.compile(opt.step, backend="tpu") if mode == "compile-graph" else opt.step
+    amp = a.get("autocast")
 
     def step(x, y):
-        loss = model(x, y)
+        with torch.autocast("tpu", dtype=getattr(torch, amp or "bfloat16"), enabled=amp is not None):
+            loss = run(x, y)
         loss.backward()
-        opt.step()
+        update()
         return loss
 
     def snap():
         m = torchtpu.metrics()
         spmd = m["spmd_programs_run"] + m["spmd_programs_compile_only"]
-        return len(_C.aot_report()["programs"]), m["fused_programs_run"], spmd
+        runs = [p["runs"] for p in _C.aot_report()["programs"]]
+        return len(runs), m["fused_programs_run"] + m["graph_replays"], spmd, runs
 
     snaps, times, losses = [], [], []
     with torchtpu.eager_mode("fused"):
         snaps.append(snap())
         if graph:
             sx, sy = (on_mesh(t) for t in batch())
+            for _ in range(2 if compiled else 0):  # torch.compile's graphs made before the capture
+                opt.zero_grad(set_to_none=True)
+                step(sx, sy)
+                torch.tpu.synchronize()
             opt.zero_grad(set_to_none=True)
             g = torch.tpu.TPUGraph()
             with torch.tpu.graph(g):
@@ -252,16 +278,20 @@ def child_torch(a):
             snaps.append(snap())
     raw = _C.aot_report()  # no sync: the last step's recorded tail is not run (nor compiled)
     progs = raw["programs"]
-    # the steady step: the programs compiled by the last step that compiled any
+    # the last step that compiled any program; the steady step: the programs the
+    # last step launched (a step that compiled nothing), each with its launches
     last = max((i for i in range(1, len(snaps)) if snaps[i][0] > snaps[i - 1][0]), default=None)
-    steady = progs[snaps[last - 1][0] : snaps[last][0]] if last else []
+    before, after = snaps[-2][3] if len(snaps) > 1 else [], snaps[-1][3]
+    launches = [r - (before[i] if i < len(before) else 0) for i, r in enumerate(after)]
+    steady = [dict(p, launches=k) for p, k in zip(progs, launches) if k > 0]
     keep = (
-        "name ok error error_kind partitions flops bytes_accessed transcendentals argument_bytes output_bytes "
-        "alias_bytes temp_bytes peak_bytes code_bytes compile_seconds cached"
+        "name ok error error_kind partitions flops bytes_accessed transcendentals optimal_seconds argument_bytes "
+        "output_bytes alias_bytes temp_bytes peak_bytes code_bytes compile_seconds cached launches"
     ).split()
     return {
         "side": "torchtpu",
         "mode": a["mode"],
+        "autocast": amp,
         "compile_only": only,
         "topology": raw["topology"],
         "kind": raw["kind"],
@@ -273,8 +303,8 @@ def child_torch(a):
         "programs": [{k: p.get(k) for k in keep} for p in steady],
         "steady_from_step": last,
         "steady": last is not None and last < len(snaps) - 1,
-        "programs_per_step": snaps[-1][2] - snaps[-2][2] if len(snaps) > 1 else None,
-        "fused_programs_per_step": snaps[-1][1] - snaps[-2][1] if len(snaps) > 1 else None,
+        "programs_per_step": sum(p["launches"] for p in steady) if len(snaps) > 1 else None,
+        "mesh_programs_per_step": snaps[-1][2] - snaps[-2][2] if len(snaps) > 1 else None,
         "programs_compiled": len(progs),
         "programs_refused": sum(not p["ok"] for p in progs),
         "tpu_compile_s_all": sum(p["compile_seconds"] or 0 for p in progs),
@@ -311,13 +341,22 @@ def child_jax(a):
     d, h, T, V = cfg["d"], cfg["heads"], cfg["seq"], cfg["vocab"]
     gb = cfg["batch"] * shape[0]
 
+    # torch.autocast's bf16 step: matrix products in bfloat16 (linear, attention, the head),
+    # layer norm, softmax and the loss in float32, the parameters and moments float32
+    low = jnp.bfloat16 if a.get("autocast") else None
+
+    def mm(x, w):
+        return x.astype(low) @ w.astype(low) if low else x @ w
+
     def ln(x, p):
+        x = x.astype(jnp.float32)
         m = x.mean(-1, keepdims=True)
         v = ((x - m) ** 2).mean(-1, keepdims=True)
         return (x - m) / jnp.sqrt(v + 1e-5) * p[".weight"] + p[".bias"]
 
     def lin(x, p):
-        return x @ p[".weight"].T + p[".bias"]
+        b = p[".bias"].astype(low) if low else p[".bias"]
+        return mm(x, p[".weight"].T) + b
 
     causal = jnp.tril(jnp.ones((T, T), bool))
 
@@ -330,13 +369,13 @@ def child_jax(a):
             b = f"blocks.{i}."
             q, k, v = jnp.split(lin(ln(x, sub(b + "ln1")), sub(b + "qkv")), 3, axis=2)
             q, k, v = (z.reshape(gb, T, h, d // h).transpose(0, 2, 1, 3) for z in (q, k, v))
-            att = (q @ k.transpose(0, 1, 3, 2)) / math.sqrt(d // h)
+            att = mm(q, k.transpose(0, 1, 3, 2)).astype(jnp.float32) / math.sqrt(d // h)
             att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
-            y = (att @ v).transpose(0, 2, 1, 3).reshape(gb, T, d)
+            y = mm(att, v).transpose(0, 2, 1, 3).reshape(gb, T, d)
             x = x + lin(y, sub(b + "proj"))
             x = x + lin(jax.nn.gelu(lin(ln(x, sub(b + "ln2")), sub(b + "fc")), approximate=False), sub(b + "out"))
-        logits = ln(x, sub("lnf")) @ w["wte.weight"].T
-        logp = jax.nn.log_softmax(logits.reshape(-1, V), -1)
+        logits = mm(ln(x, sub("lnf")), w["wte.weight"].T)
+        logp = jax.nn.log_softmax(logits.reshape(-1, V).astype(jnp.float32), -1)
         return -jnp.take_along_axis(logp, tgt.reshape(-1, 1), 1).mean()
 
     lr, b1, b2, eps = 3e-3, 0.9, 0.95, 1e-8
@@ -390,6 +429,7 @@ def child_jax(a):
                 "flops": ca.get("flops"),
                 "bytes_accessed": ca.get("bytes accessed"),
                 "transcendentals": ca.get("transcendentals"),
+                "optimal_seconds": ca.get("optimal_seconds"),
                 "argument_bytes": mem("argument_size_in_bytes"),
                 "output_bytes": mem("output_size_in_bytes"),
                 "alias_bytes": mem("alias_size_in_bytes"),
@@ -449,13 +489,15 @@ def totals(r):
     """The step's sums (flops, bytes, compile seconds, argument/output) and largest peak/temp."""
     ps = [p for p in r.get("programs", []) if p.get("ok")]
 
-    def tot(k, f=sum):
-        vals = [p[k] for p in ps if p.get(k) is not None]
+    def tot(k, f=sum, per_launch=False):
+        vals = [p[k] * (p.get("launches") or 1 if per_launch else 1) for p in ps if p.get(k) is not None]
         return f(vals) if vals else None
 
     return {
-        "flops": tot("flops"),
-        "bytes_accessed": tot("bytes_accessed"),
+        "flops": tot("flops", per_launch=True),
+        "bytes_accessed": tot("bytes_accessed", per_launch=True),
+        "transcendentals": tot("transcendentals", per_launch=True),
+        "optimal_seconds": tot("optimal_seconds", per_launch=True),
         "argument_bytes": tot("argument_bytes"),
         "output_bytes": tot("output_bytes"),
         "temp_bytes": tot("temp_bytes", max),
@@ -482,7 +524,7 @@ def table(results):
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         jt = totals(r["jax"]) if r.get("jax") and "error" not in r["jax"] else None
-        for side in ("jax", "fused", "graph"):
+        for side in ("jax", "fused", "graph", "compile", "compile-graph"):
             x = r.get(side)
             if x is None:
                 continue
@@ -523,9 +565,12 @@ def main():
     ap.add_argument("--n", default="4,8,16", help="chip counts (4, 8, 16, 64, 256, 512)")
     ap.add_argument("--max-n", type=int, default=16, help="run on N CPU devices up to this; above: compile only")
     ap.add_argument("--compile-only", action="store_true", help="every N on a compile-only mesh (one device)")
-    ap.add_argument("--modes", default="fused,graph", help="torchtpu modes: fused, graph (empty: none)")
+    ap.add_argument(
+        "--modes", default="fused,graph", help="torchtpu modes: fused, graph, compile, compile-graph (empty: none)"
+    )
     ap.add_argument("--no-jax", action="store_true")
-    ap.add_argument("--layout", choices=["tp", "dp", "fsdp"], default="tp")
+    ap.add_argument("--layout", choices=["tp", "dp", "fsdp", "none"], default="tp", help="none: N=1, no mesh")
+    ap.add_argument("--autocast", choices=["bfloat16"], help="the forward pass and loss under torch.autocast")
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
@@ -554,6 +599,7 @@ def main():
         r = {"n": n, "topology": TOPOLOGIES[n], "mesh": shape, "global_batch": args.batch * shape[0]}
         only = args.compile_only or n > args.max_n
         base = {"n": n, "topology": TOPOLOGIES[n], "cfg": cfg, "layout": args.layout, "cache": args.cache}
+        base["autocast"] = args.autocast
         base["compile_only"] = only
         sides = ([("jax", "jit")] if not args.no_jax else []) + [("torch", m) for m in modes]
         for side, mode in sides:

@@ -54,7 +54,8 @@ def _size(v):
 class AotProgram:
     """One program compiled for the topology. ok is False when libtpu refused
     it (error says why; error_kind is "out of memory" for a program larger
-    than a chip's memory). Numbers libtpu did not report are None (an
+    than a chip's memory). runs: how many times its program was launched
+    (on the execution plugin, or as a compile-only mesh's program). Numbers libtpu did not report are None (an
     optimal_seconds of None: no estimate). Memory numbers are per chip."""
 
     __slots__ = (
@@ -78,6 +79,7 @@ class AotProgram:
         "fingerprint",
         "compile_seconds",
         "cached",
+        "runs",
     )
 
     def __init__(self, d, hbm):

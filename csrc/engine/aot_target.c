@@ -188,9 +188,11 @@ static tpu_status *tpu_aot_compile(tpu_engine *e, const char *text, size_t len, 
                                    const tpu_rt_compile_opts *o, tpu_rt_module *opt) {
   bool strict = e->aot.strict || opt;
   uint64_t h = tpu_aot_hash(text, len, o);
+  e->aot.last = -1;
   for (int i = 0; i < e->aot.n; i++) { /* programs compiled before: a few thousand at most */
     tpu_aot_prog *q = &e->aot.progs[i];
     if (q->hash != h || (opt && !q->error && !q->opt.bytes)) continue;
+    e->aot.last = i;
     if (q->error) return strict ? tpu_aot_error(e, q) : NULL;
     return opt ? tpu_aot_module_copy(&q->opt, opt) : NULL;
   }
@@ -246,6 +248,7 @@ static tpu_status *tpu_aot_compile(tpu_engine *e, const char *text, size_t len, 
     free(exe);
   }
   free(key);
+  e->aot.last = e->aot.n;
   e->aot.progs[e->aot.n++] = p;
   if (!p.error) return opt ? tpu_aot_module_copy(&p.opt, opt) : NULL;
   if (strict) return tpu_aot_error(e, &p);
@@ -261,7 +264,12 @@ static tpu_status *tpu_aot_compile(tpu_engine *e, const char *text, size_t len, 
 
 tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, const char *name,
                                    const tpu_rt_compile_opts *o) {
+  e->aot.last = -1;
   return e->aot.target ? tpu_aot_compile(e, text, len, name, o, NULL) : NULL;
+}
+
+void tpu_engine_aot_ran(tpu_engine *e, int aot) {
+  if (aot >= 0 && aot < e->aot.n) e->aot.progs[aot].runs++;
 }
 
 tpu_status *tpu_engine_aot_compile_only(tpu_engine *e, const char *text, size_t len, const char *name,

@@ -21,6 +21,7 @@ typedef struct {
   tpu_aot_prog *progs; /* owned, n entries */
   int n, cap;
   bool warned;    /* a refused program was reported (not strict) */
+  int last;       /* the entry of the program the last compile named (-1: none) */
   char what[128]; /* fuse.c: the ops of the flush being compiled, for its name ("" otherwise) */
 } tpu_aot_state;
 
@@ -34,6 +35,8 @@ tpu_status *tpu_engine_aot_compile(tpu_engine *e, const char *text, size_t len, 
  * partitioner chose are read. Never from the disk tier. */
 tpu_status *tpu_engine_aot_compile_only(tpu_engine *e, const char *text, size_t len, const char *name,
                                         const tpu_rt_compile_opts *o, tpu_rt_module *opt);
+/* A program of report entry `aot` (tpu_cache_entry.aot) was launched. */
+void tpu_engine_aot_ran(tpu_engine *e, int aot);
 /* Whether programs over a mesh are compiled for the target only (and the
  * chips a mesh may then span: the target's; 0 when not compile-only). */
 int tpu_engine_mesh_compile_only(const tpu_engine *e);

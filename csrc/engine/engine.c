@@ -82,6 +82,7 @@ tpu_status *tpu_engine_start(tpu_engine *e) {
     return s;
   }
   e->donate_waits = strcmp(tpu_rt_platform_name(e->rt), "cpu") == 0;
+  e->tpu_like = strcmp(tpu_rt_platform_name(e->rt), "tpu") == 0 || e->aot.target != NULL;
   e->exact_div = e->donate_waits;
   if (e->cache.disk_pending) {
     e->cache.disk_pending = false;
@@ -534,6 +535,7 @@ static tpu_status *tpu_engine_call_on(tpu_engine *e, const tpu_op_row *row, int 
   tpu_rt_buffer *outbuf[TPU_MAX_OUTS] = {0};
   if (!s) {
     s = tpu_engine_launch(e, c->exec, inbuf, c->nin, outbuf, row->name, 1);
+    if (!s) tpu_engine_aot_ran(e, c->aot);
     if (s) s = tpu_status_prefix(s, "running aten::%s", row->name);
   }
   for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);

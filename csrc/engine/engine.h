@@ -368,6 +368,7 @@ typedef struct {
   tpu_rt_aot_stats st;
   uint64_t hash;     /* of the options and the text */
   tpu_rt_module opt; /* a compile-only mesh's program as libtpu optimized it (owned; else empty) */
+  int64_t runs;      /* launches of the plugin's program (or of a compile-only mesh's) */
 } tpu_aot_prog;
 /* The target (NULL strings when none: not set, or the runtime not started). */
 typedef struct {

@@ -59,6 +59,7 @@ struct tpu_engine {
   bool donate;                 /* fused programs take the buffers of records they rewrite */
   tpu_step_boundary step;      /* fused mode: where a step's program ends */
   bool mesh_used;              /* a tensor was laid over a mesh (TPU_STEP_AUTO) */
+  bool tpu_like;               /* a TPU, or compiling for one (TORCHTPU_AOT_TOPOLOGY): TPU_STEP_AUTO */
   bool donate_waits;           /* the plugin blocks the host to donate a buffer in use (CPU) */
   bool exact_div;              /* the compiler turns divisions into reciprocal products (CPU) */
   tpu_hlo_precision precision; /* of f32 matmuls and convolutions: part of every key */

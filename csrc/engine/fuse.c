@@ -456,6 +456,7 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
   c->keylen = sig->n;
   c->hash = h;
   c->exec = exec;
+  c->aot = nres ? e->aot.last : -1;
   c->fin = x.fin;
   c->nfin = x.nfin;
   c->fout = fout;
@@ -570,6 +571,7 @@ tpu_status *tpu_fuse_run(tpu_engine *e, tpu_cache_entry *c, tpu_rectab *tab) {
   }
   if (!s) {
     s = tpu_engine_launch(e, c->exec, inbuf, nin, outbuf, NULL, e->fuse.nnodes);
+    if (!s) tpu_engine_aot_ran(e, c->aot);
     if (s) s = tpu_fuse_blame(e, s);
   }
   for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);
@@ -837,7 +839,7 @@ static tpu_status *tpu_engine_launch_step(tpu_engine *e, tpu_flush_reason reason
 tpu_status *tpu_engine_flush_step(tpu_engine *e) { return tpu_engine_launch_step(e, TPU_FLUSH_STEP); }
 
 bool tpu_engine_step_at_optimizer(const tpu_engine *e) {
-  return e->step == TPU_STEP_OPTIMIZER || (e->step == TPU_STEP_AUTO && e->mesh_used);
+  return e->step == TPU_STEP_OPTIMIZER || (e->step == TPU_STEP_AUTO && (e->mesh_used || e->tpu_like));
 }
 
 tpu_status *tpu_engine_backward_begins(tpu_engine *e) {

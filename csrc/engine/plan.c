@@ -510,6 +510,7 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
   }
   if (!s && c->nfout) {
     s = tpu_engine_launch(e, c->exec, inbuf, nin_p, outbuf, NULL, p->nops);
+    if (!s) tpu_engine_aot_ran(e, c->aot);
     if (s) s = tpu_status_prefix(s, "running a compiled graph of %d ops", p->nops);
   }
   for (int k = 0; k < ntemp; k++) tpu_rt_buffer_free(temps[k]);

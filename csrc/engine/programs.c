@@ -465,6 +465,7 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args
   if (s) return s;
   if (*out) { /* a plan-only entry of this signature: the plans are the same */
     (*out)->exec = exec;
+    (*out)->aot = compile ? e->aot.last : -1;
     return NULL;
   }
   tpu_cache_entry *c = calloc(1, sizeof *c);
@@ -473,6 +474,7 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args
     return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   }
   c->exec = exec;
+  c->aot = compile ? e->aot.last : -1;
   c->nin = L.nin;
   c->in = malloc(sizeof(tpu_in_plan) * (size_t)(L.nin ? L.nin : 1));
   c->key = malloc(sig->n);

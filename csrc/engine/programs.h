@@ -30,6 +30,7 @@ typedef struct {
   size_t keylen;
   uint64_t hash;
   tpu_rt_exec *exec; /* owned */
+  int aot;           /* its entry in the TPU target's report (aot_target.c), or -1 */
   tpu_in_plan *in;   /* owned, nin entries */
   int nin;
   tpu_out_plan *out; /* owned, nout entries */

@@ -274,6 +274,7 @@ tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **i
     out[c->nfout + k] = NULL;
   }
   if (!s) atomic_fetch_add(c->exec ? &e->metrics.spmd_programs : &e->metrics.spmd_unrun, 1);
+  if (!s) tpu_engine_aot_ran(e, c->aot);
   for (size_t k = 0; k < no; k++) tpu_rt_buffer_free(out[k]);
   free(out);
   return s;

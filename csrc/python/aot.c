@@ -23,7 +23,7 @@ static PyObject *tpu_py_aot_prog(const tpu_aot_prog *p) {
   bool ok = p->error == NULL;
   /* N: the value's reference is stolen (None for what was not reported) */
   return Py_BuildValue(
-      "{s:s,s:O,s:z,s:s,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:i,s:s,s:d,s:O}", "name", p->name, "ok",
+      "{s:s,s:O,s:z,s:s,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:i,s:s,s:d,s:O,s:L}", "name", p->name, "ok",
       ok ? Py_True : Py_False, "error", p->error, "error_kind",
       ok                          ? ""
       : p->code == TPU_ERR_MEMORY ? "out of memory"
@@ -35,7 +35,8 @@ static PyObject *tpu_py_aot_prog(const tpu_aot_prog *p) {
       tpu_py_opt_int(ok ? s->alias_bytes : -1), "temp_bytes", tpu_py_opt_int(ok ? s->temp_bytes : -1), "peak_bytes",
       tpu_py_opt_int(ok ? s->peak_bytes : -1), "code_bytes", tpu_py_opt_int(ok ? s->code_bytes : -1),
       "serialized_bytes", tpu_py_opt_int(ok ? s->serialized_bytes : -1), "partitions", ok ? s->partitions : 0,
-      "fingerprint", ok ? s->fingerprint : "", "compile_seconds", p->seconds, "cached", p->cached ? Py_True : Py_False);
+      "fingerprint", ok ? s->fingerprint : "", "compile_seconds", p->seconds, "cached", p->cached ? Py_True : Py_False,
+      "runs", (long long)p->runs);
 }
 
 /* aot_report() -> {topology, kind, platform_version, devices, hbm_bytes, strict, programs: [dict]} */
