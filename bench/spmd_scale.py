@@ -192,6 +192,8 @@ def child_torch(a):
     compiled = mode in ("compile", "compile-graph")  # the model through torch.compile
     only = a.get("compile_only", False)  # no values: no loss is read
     t_start = time.perf_counter()
+    # float32 matrix products at --precision, as JAX's (torch's default and the bench's: highest)
+    torch.set_float32_matmul_precision({"highest": "highest", "high": "high", "default": "medium"}[a["precision"]])
     shape = mesh_shape(n, layout)
     mesh = spmd.Mesh(shape, ("data", "model")) if layout != "none" else None
 
@@ -401,11 +403,15 @@ def child_jax(a):
     shard = jax.tree_util.tree_map(lambda s: s.sharding, (w, w, w, t0))
     jitted = jax.jit(step, out_shardings=shard + (NamedSharding(mesh, P()),), donate_argnums=(0, 1, 2, 3))
     s = time.perf_counter()
-    lowered = jitted.lower(w, w, w, t0, tok, tok)
+    with jax.default_matmul_precision(a.get("precision", "highest")):  # torch's float32 default: highest
+        lowered = jitted.lower(w, w, w, t0, tok, tok)
     lower_s = time.perf_counter() - s
     s = time.perf_counter()
     compiled = lowered.compile()
     compile_s = time.perf_counter() - s
+    if os.environ.get("SPMD_SCALE_JAX_HLO"):  # the optimized program's text, to compare with torchtpu's
+        with open(os.environ["SPMD_SCALE_JAX_HLO"], "w") as f:
+            f.write(compiled.as_text())
     ma, ca = compiled.memory_analysis(), compiled.cost_analysis()
     ca = ca[0] if isinstance(ca, list) else ca
 
@@ -571,6 +577,12 @@ def main():
     ap.add_argument("--no-jax", action="store_true")
     ap.add_argument("--layout", choices=["tp", "dp", "fsdp", "none"], default="tp", help="none: N=1, no mesh")
     ap.add_argument("--autocast", choices=["bfloat16"], help="the forward pass and loss under torch.autocast")
+    ap.add_argument(
+        "--precision",
+        choices=["highest", "high", "default"],
+        default="highest",
+        help="float32 matrix products, both sides: highest (torch's default), high, default (JAX's on TPU: bf16)",
+    )
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
@@ -600,6 +612,7 @@ def main():
         only = args.compile_only or n > args.max_n
         base = {"n": n, "topology": TOPOLOGIES[n], "cfg": cfg, "layout": args.layout, "cache": args.cache}
         base["autocast"] = args.autocast
+        base["precision"] = args.precision
         base["compile_only"] = only
         sides = ([("jax", "jit")] if not args.no_jax else []) + [("torch", m) for m in modes]
         for side, mode in sides:

@@ -16,6 +16,7 @@ Configurations (--configs, comma separated):
   lm     the issue's small LM: d=128, 4 layers, 4 heads, T=64, batch 8, vocab 256
   gpt    the char_gpt example: d=64, 2 layers, 4 heads, T=32, batch 16, vocab 65
   gpt25  a 25M-parameter GPT: d=512, 8 layers, 8 heads, T=256, batch 8, vocab 65
+  tiny   one layer, d=32, T=16, batch 2, vocab 64 (the regression test's)
 
 Usage: python bench/tpu_parity.py [--configs lm,gpt] [--dtypes f32,bf16]
            [--modes fused,graph,compile,compile-graph] [--json out.json]
@@ -34,6 +35,7 @@ CONFIGS = {
     "lm": dict(d=128, layers=4, heads=4, seq=64, batch=8, vocab=256),
     "gpt": dict(d=64, layers=2, heads=4, seq=32, batch=16, vocab=65),
     "gpt25": dict(d=512, layers=8, heads=8, seq=256, batch=8, vocab=65),
+    "tiny": dict(d=32, layers=1, heads=4, seq=16, batch=2, vocab=64),  # tests/test_tpu_parity.py
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
