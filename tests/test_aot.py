@@ -12,7 +12,6 @@ collective over 4 devices, compile over the 4 chips (over 8: refused).
 (That a program compiles to the same executable twice, by its fingerprint,
 is tests/c/test_aot.c's.)"""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,14 +19,10 @@ import sys
 import textwrap
 
 import pytest
+from _libtpu import needs_libtpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# torchtpu/_plugin.py finds libtpu without importing torchtpu
-_spec = importlib.util.spec_from_file_location("_tpu_plugin_finder", os.path.join(ROOT, "torchtpu", "_plugin.py"))
-_plugin = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_plugin)
-LIBTPU = next((c for c in _plugin._candidates("tpu") if os.path.exists(c)), None)
-pytestmark = pytest.mark.skipif(LIBTPU is None, reason="libtpu is not installed (pip install libtpu)")
+pytestmark = needs_libtpu
 
 
 def _env(env):

@@ -6,20 +6,15 @@ from its optimized program (Shardy's named form). Checked against the same
 step run for real on 4 CPU devices: the same layouts, and the same programs
 (libtpu's figures for them are equal)."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 
-import pytest
+from _libtpu import needs_libtpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("_tpu_plugin_finder", os.path.join(ROOT, "torchtpu", "_plugin.py"))
-_plugin = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_plugin)
-LIBTPU = next((c for c in _plugin._candidates("tpu") if os.path.exists(c)), None)
-pytestmark = pytest.mark.skipif(LIBTPU is None, reason="libtpu is not installed (pip install libtpu)")
+pytestmark = needs_libtpu
 
 # A tensor-parallel MLP step on a (dp x tp) mesh, three AdamW steps; prints
 # the layouts and libtpu's figures of every program over the mesh.

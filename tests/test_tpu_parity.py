@@ -12,14 +12,11 @@ import subprocess
 import sys
 
 import pytest
+from _libtpu import needs_libtpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("_tpu_plugin_finder", os.path.join(ROOT, "torchtpu", "_plugin.py"))
-_plugin = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_plugin)
-LIBTPU = next((c for c in _plugin._candidates("tpu") if os.path.exists(c)), None)
 pytestmark = [
-    pytest.mark.skipif(LIBTPU is None, reason="libtpu is not installed (pip install libtpu)"),
+    needs_libtpu,
     pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed"),
 ]
 FIGURES = json.load(open(os.path.join(ROOT, "bench", "tpu_bytes.json")))
