@@ -281,6 +281,16 @@ def test_autocast_policy(dtype):
     assert F.linear(x, w).dtype == torch.float32  # outside the region
 
 
+def test_autocast_default_dtype_is_bfloat16():
+    # the TPU's 16-bit type, as PyTorch/XLA's; torch's own default for the device is float16
+    assert torch.get_autocast_dtype("tpu") == torch.bfloat16
+    x = torch.randn(4, 8, device="tpu")
+    with torch.autocast("tpu"):
+        assert (x @ x.t()).dtype == torch.bfloat16
+    with torch.autocast("tpu", dtype=torch.float16):
+        assert (x @ x.t()).dtype == torch.float16
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast_loss_and_grads_match_cpu_autocast(dtype):
     torch.manual_seed(0)

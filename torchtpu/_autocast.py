@@ -218,3 +218,6 @@ def setup():
             if op is not None:
                 _LIB.impl(name, _kernel(op, policy), "AutocastPrivateUse1")
     _LIB._fallthrough = fall  # kept alive with the registrations
+    # torch.autocast("tpu") without a dtype: bfloat16, the TPU's own 16-bit type (as PyTorch/XLA);
+    # torch's default for a PrivateUse1 device is float16. dtype=torch.float16 still gives float16.
+    torch.set_autocast_dtype("tpu", torch.bfloat16)
