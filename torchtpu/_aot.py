@@ -35,7 +35,7 @@ def setup():
 def mesh_devices(local):
     """How many devices a mesh may span: the TPU topology's chips on a
     compile-only mesh (TORCHTPU_SPMD_COMPILE_ONLY), else the local ones."""
-    if not _C.aot_report()["topology"]:
+    if not _settings.aot_topology():
         return local
     _C.info()  # the runtime started: the target opens with it
     raw = _C.aot_report()

@@ -284,8 +284,8 @@ tpu_status *tpu_spmd_launch(tpu_engine *e, tpu_cache_entry *c, tpu_rt_buffer **i
  * (own) a copy of a one-device record on device d. */
 tpu_status *tpu_spmd_record_input(tpu_engine *e, tpu_record *r, int d, tpu_rt_buffer **b, tpu_rt_buffer **own) {
   *own = NULL;
-  if (r->sh || tpu_engine_mesh_compile_only(e)) {
-    *b = r->sh ? r->shards[d] : NULL;
+  if (r->sh) {
+    *b = r->shards[d];
     return NULL;
   }
   int call_dev = e->dev;

@@ -346,6 +346,32 @@ static bool tpu_opsharding_to(const tpu_opsharding *o, int rank, int mesh_rank, 
   return ok;
 }
 
+/* The n output shardings of a tuple: the length-delimited fields `field` of
+ * t, each a NamedShardingProto (named) or an OpSharding. */
+static tpu_status *tpu_read_tuple(tpu_pb t, uint64_t field, bool named, int mesh_rank, const int64_t *mesh, int n,
+                                  const int *ranks, const bool *want, tpu_sharding *out) {
+  int k = 0;
+  while (t.p < t.end) {
+    uint64_t f, v;
+    int w;
+    tpu_pb sub = {NULL, NULL};
+    if (!tpu_pb_field(&t, &f, &w, &v, &sub)) return tpu_status_new(TPU_ERR_RUNTIME, "a malformed output sharding");
+    if (f != field || w != 2) continue;
+    if (k >= n) return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "more output shardings than the program's %d outputs", n);
+    if (want[k]) {
+      tpu_opsharding e;
+      if (!named && !tpu_opsharding_parse(sub, &e))
+        return tpu_status_new(TPU_ERR_RUNTIME, "output %d: a malformed sharding", k);
+      if (named ? !tpu_named_to(sub, ranks[k], mesh_rank, mesh, &out[k])
+                : !tpu_opsharding_to(&e, ranks[k], mesh_rank, mesh, &out[k]))
+        return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "output %d: a layout the mesh cannot say", k);
+    }
+    k++;
+  }
+  if (k != n) return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "%d output shardings for %d outputs", k, n);
+  return NULL;
+}
+
 tpu_status *tpu_hlo_read_output_shardings(const uint8_t *module, size_t len, bool with_config, int mesh_rank,
                                           const int64_t *mesh, int n, const int *ranks, const bool *want,
                                           tpu_sharding *out) {
@@ -362,47 +388,13 @@ tpu_status *tpu_hlo_read_output_shardings(const uint8_t *module, size_t len, boo
   if (!tpu_opsharding_parse(top, &o))
     return tpu_status_new(TPU_ERR_RUNTIME, "an output sharding that is not well formed");
   tpu_pb tuple = {NULL, NULL};
-  if (o.named && tpu_pb_find(o.nbytes, 1, &tuple) > 0) { /* Shardy's form of a tuple: field 1, one per output */
-    int k = 0;
-    tpu_pb t = o.nbytes;
-    while (t.p < t.end) {
-      uint64_t f, v;
-      int w;
-      tpu_pb sub = {NULL, NULL};
-      if (!tpu_pb_field(&t, &f, &w, &v, &sub)) return tpu_status_new(TPU_ERR_RUNTIME, "a malformed output sharding");
-      if (f != 1 || w != 2) continue;
-      if (k >= n)
-        return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "more output shardings than the program's %d outputs", n);
-      if (want[k] && !tpu_named_to(sub, ranks[k], mesh_rank, mesh, &out[k]))
-        return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "output %d: a layout the mesh cannot say", k);
-      k++;
-    }
-    if (k != n) return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "%d output shardings for %d outputs", k, n);
-    return NULL;
-  }
+  if (o.named && tpu_pb_find(o.nbytes, 1, &tuple) > 0) /* Shardy's form of a tuple: field 1, one per output */
+    return tpu_read_tuple(o.nbytes, 1, true, mesh_rank, mesh, n, ranks, want, out);
   if (o.type != 2 || o.named) { /* one sharding: the program's only output */
     if (n != 1) return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "one output sharding for %d outputs", n);
     if (want[0] && !tpu_opsharding_to(&o, ranks[0], mesh_rank, mesh, &out[0]))
       return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "output 0: a layout the mesh cannot say");
     return NULL;
   }
-  int k = 0;
-  tpu_pb t = top;
-  while (t.p < t.end) {
-    uint64_t f, v;
-    int w;
-    tpu_pb sub = {NULL, NULL};
-    if (!tpu_pb_field(&t, &f, &w, &v, &sub)) return tpu_status_new(TPU_ERR_RUNTIME, "a malformed output sharding");
-    if (f != 5 || w != 2) continue;
-    if (k >= n) return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "more output shardings than the program's %d outputs", n);
-    if (want[k]) {
-      tpu_opsharding e;
-      if (!tpu_opsharding_parse(sub, &e)) return tpu_status_new(TPU_ERR_RUNTIME, "output %d: a malformed sharding", k);
-      if (!tpu_opsharding_to(&e, ranks[k], mesh_rank, mesh, &out[k]))
-        return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "output %d: a layout the mesh cannot say", k);
-    }
-    k++;
-  }
-  if (k != n) return tpu_status_new(TPU_ERR_UNIMPLEMENTED, "%d output shardings for %d outputs", k, n);
-  return NULL;
+  return tpu_read_tuple(top, 5, false, mesh_rank, mesh, n, ranks, want, out); /* a TUPLE: field 5, one per output */
 }
