@@ -116,6 +116,24 @@ SCRIPT = textwrap.dedent(
         for t, x in zip(ts, xs):
             assert torch.equal(t.cpu(), x)
 
+    @case("inputs whose storages were made in other shapes")
+    def _():
+        # tpu:0's buffer is a 4x6 matrix viewed flat, the others are flat: the
+        # one program takes them alike (replicas clones tpu:0's)
+        xs = [torch.arange(24.0) * (i + 1) for i in range(4)]
+        ts = [xs[0].reshape(4, 6).to("tpu:0").view(24)] + [x.to(f"tpu:{i}") for i, x in enumerate(xs) if i]
+        assert torchtpu._C.storage_shape(ts[0]) == (4, 6) and torchtpu._C.storage_shape(ts[1]) == (24,)
+        check(R.all_reduce(ts), [reduce(xs, "sum")] * 4, torch.float32)
+        for y in R.all_gather([t.view(2, 12) for t in ts]):  # results are made in their own shape
+            assert y.dim() == 2 and torchtpu._C.storage_shape(y) == tuple(y.shape), y.shape
+        # the core refuses buffers of two shapes, naming both
+        try:
+            torchtpu._C.replica_collective(ts[:2], R._ALL_REDUCE, R._OPS["sum"], None, 0)
+        except ValueError as e:
+            assert "tensor 1 was made as tensor<24xf32> and that of tensor 0 as tensor<4x6xf32>" in str(e), e
+        else:
+            raise AssertionError("no error")
+
     @case("fused mode: pending inputs run first")
     def _():
         prev = torchtpu.get_eager_mode()

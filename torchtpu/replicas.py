@@ -37,9 +37,15 @@ def _op(op: str) -> int:
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
-    """t as a contiguous tensor that is its storage, whole."""
+    """t as a contiguous tensor that is its storage, whole, and whose device
+    buffer has the shape a storage made for t has (one program takes every
+    replica's buffer)."""
     t = t.resolve_conj().resolve_neg().contiguous()
-    if t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+    if (
+        t.storage_offset() != 0
+        or t.untyped_storage().nbytes() != t.numel() * t.element_size()
+        or _C.storage_shape(t) != _C.buffer_shape(t.shape)
+    ):
         t = t.clone()
     return t
 

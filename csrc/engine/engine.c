@@ -165,7 +165,7 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data, 
   if (rec->sh) return tpu_spmd_upload(e, rec, data);
   tpu_rt_buffer *b = NULL;
   int64_t n = rec->numel;
-  tpu_status *s = tpu_engine_h2d(e, rec->device, data, dt, &n, 1, &b);
+  tpu_status *s = tpu_engine_h2d(e, rec->device, data, dt, rec->gdims, rec->grank, &b); /* in the record's shape */
   if (s) return s;
   tpu_rt_buffer_free(rec->buf);
   rec->buf = b;
@@ -309,7 +309,7 @@ tpu_status *tpu_engine_transfer(tpu_engine *e, tpu_record *src, int device, tpu_
     return tpu_status_new(TPU_ERR_RUNTIME, "tpu:%d: invalid device ordinal (%d local devices)", device, n);
   tpu_status *f = tpu_engine_settle(e, src, TPU_FLUSH_DEVICE); /* recorded ops write it: they run first */
   if (f) return f;
-  tpu_record *r = tpu_record_new_on(e, device, src->dtype, src->numel);
+  tpu_record *r = tpu_record_new_shaped(e, device, src->dtype, src->grank, src->gdims);
   if (!r) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   if (src->sh) { /* off a mesh: gathered on the host */
     size_t nb = (size_t)src->numel * tpu_dtype_size(src->dtype);
@@ -552,7 +552,7 @@ static tpu_status *tpu_engine_call_on(tpu_engine *e, const tpu_op_row *row, int 
       r->buf = outbuf[k];
       outbuf[k] = NULL;
     } else if (o->kind == TPU_OUT_NEW) {
-      tpu_record *r = tpu_record_new(e, o->type.dtype, tpu_hlo_type_numel(&o->type));
+      tpu_record *r = tpu_record_new_shaped(e, e->dev, o->type.dtype, o->type.rank, o->type.dims);
       if (!r) {
         s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
         break;

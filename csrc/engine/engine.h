@@ -40,8 +40,12 @@ typedef struct tpu_record {
   tpu_rt_buffer *buf; /* owned; NULL until first written (reads as zeros) */
   int device;         /* the local device its buffer lives on (tpu:<device>) */
   /* On a mesh (spmd.c): the sharding and one buffer per mesh device (owned;
-   * buf is then NULL); NULL on one device. grank/gdims: the shape it was
-   * made with (flat when unknown), the global shape of a mesh record. */
+   * buf is then NULL); NULL on one device. grank/gdims: the shape of its
+   * buffer, set when it is made and never changed (the tensor's shape it was
+   * made for, flat when unknown: tpu_record_shape), the global shape of a
+   * mesh record. Every buffer of the record has it, and every program takes
+   * and gives the record in it: on a TPU a flat array and the tensor's shape
+   * are laid out differently in memory, and a change between them is a copy. */
   tpu_sharding *sh;
   tpu_rt_buffer **shards;
   int grank;
@@ -279,6 +283,14 @@ int64_t tpu_engine_cache_size(tpu_engine *e);
 /* A new record (refs = 1, no buffer), registered. NULL when out of memory. */
 tpu_record *tpu_record_new(tpu_engine *e, tpu_dtype dt, int64_t numel); /* on the current call's device */
 tpu_record *tpu_record_new_on(tpu_engine *e, int device, tpu_dtype dt, int64_t numel);
+/* The type of the buffer of a record made for a tensor of shape dims (see
+ * tpu_record.grank): that shape, or flat when rank is 0 or 1 or the shape
+ * holds no element. */
+tpu_hlo_type tpu_buffer_type(tpu_dtype dt, int rank, const int64_t *dims);
+/* A new record whose buffer has tpu_buffer_type(dt, rank, dims). */
+tpu_record *tpu_record_new_shaped(tpu_engine *e, int device, tpu_dtype dt, int rank, const int64_t *dims);
+/* The type of a record's buffer: its dtype and shape. */
+tpu_hlo_type tpu_record_type(const tpu_record *r);
 /* Local devices: how many (the runtime starts if it has not), and the
  * device a call without tensor arguments runs on (torch.tpu.set_device). A
  * bad index is an error naming it. */

@@ -173,11 +173,7 @@ tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, t
   for (int k = 0; k < c->nout; k++) {
     const tpu_out_plan *o = &c->out[k];
     if (o->kind != TPU_OUT_NEW) continue;
-    tpu_record *r = tpu_record_new(e, o->type.dtype, tpu_hlo_type_numel(&o->type));
-    if (r && o->type.rank > 0) { /* its shape, for a layout over a mesh (spmd.c) */
-      r->grank = o->type.rank;
-      memcpy(r->gdims, o->type.dims, sizeof(int64_t) * (size_t)o->type.rank);
-    }
+    tpu_record *r = tpu_record_new_shaped(e, e->dev, o->type.dtype, o->type.rank, o->type.dims);
     if (!r) {
       n->nnew = res->nout;
       tpu_node_release(n);
@@ -233,16 +229,15 @@ static tpu_hv tpu_fuse_record_hook(tpu_lower *L, tpu_record *rec) {
   tpu_fuse_ctx *x = L->fuse;
   if (rec->fuse_val != TPU_HV_NONE) return rec->fuse_val;
   tpu_fuse_add(x, (tpu_fin){TPU_IN_RECORD, x->node, -1, -1, rec->fuse_id});
+  /* the parameter in the shape of the record's buffer (its global shape over
+   * a mesh), read flat */
   int64_t n = rec->numel;
-  if (x->mesh) { /* over a mesh: a mesh record in its global shape, split; others given whole to each device */
-    tpu_sharding rep = tpu_sharding_make(x->mesh->mesh_rank, x->mesh->mesh, 1, NULL);
-    int rank = rec->sh ? rec->sh->rank : 1;
-    rec->fuse_param = tpu_hlo_param(L->hlo, tpu_hlo_type_make(rec->dtype, rank, rec->sh ? rec->gdims : &n));
+  rec->fuse_param = tpu_hlo_param(L->hlo, tpu_record_type(rec));
+  if (x->mesh) { /* over a mesh: a mesh record split; others given whole to each device */
+    tpu_sharding rep = tpu_sharding_make(x->mesh->mesh_rank, x->mesh->mesh, rec->grank, NULL);
     tpu_hlo_param_sharding(L->hlo, rec->fuse_param, rec->sh ? rec->sh : &rep);
-    rec->fuse_val = rec->sh ? tpu_hlo_reshape(L->hlo, rec->fuse_param, 1, &n) : rec->fuse_param;
-    return rec->fuse_val;
   }
-  rec->fuse_val = rec->fuse_param = tpu_hlo_param(L->hlo, tpu_hlo_type_make(rec->dtype, 1, &n));
+  rec->fuse_val = rec->grank == 1 ? rec->fuse_param : tpu_hlo_reshape(L->hlo, rec->fuse_param, 1, &n);
   return rec->fuse_val;
 }
 
@@ -370,12 +365,11 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
        * buffer. */
       bool alias = r->fuse_param != TPU_HV_NONE && e->donate && (!x.mesh || r->sh);
       if (alias) tpu_hlo_param_alias(H, r->fuse_param, nres);
-      res[nres] = r->fuse_val;
-      if (x.mesh) { /* the value in its global shape, laid out as spmd.c chooses */
+      /* the value in the shape of the record's buffer (its global shape over a mesh) */
+      res[nres] = r->grank == 1 ? r->fuse_val : tpu_hlo_reshape(H, r->fuse_val, r->grank, r->gdims);
+      if (x.mesh) { /* laid out as spmd.c chooses */
         fsh[nres] = tpu_spmd_choose(tab, x.mesh, r);
-        const int64_t *dims = r->sh || r->fuse_new ? r->gdims : &r->numel;
-        memcpy(fdims[nres], dims, sizeof(int64_t) * (size_t)fsh[nres].rank);
-        res[nres] = tpu_hlo_reshape(H, r->fuse_val, fsh[nres].rank, fdims[nres]);
+        memcpy(fdims[nres], r->gdims, sizeof(int64_t) * (size_t)r->grank);
         prop[nres] = tpu_spmd_chosen_by_xla(r);
         if (prop[nres])
           nprop++;

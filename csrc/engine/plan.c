@@ -32,15 +32,15 @@ struct tpu_plan {
   int dev;            /* the device it was captured on, and runs on */
   int nops;
   int nin;
-  tpu_tref *in;        /* the inputs' layout at capture (records cleared) */
-  int *in_alias;       /* the first input sharing its record, -1 for none */
-  tpu_sharding *in_sh; /* the inputs' layouts over a mesh (rank -1: on one device) */
-  tpu_record **held;   /* referenced: records the graph reads or writes but does not take as inputs */
+  tpu_tref *in;          /* the inputs' layout at capture (records cleared) */
+  int *in_alias;         /* the first input sharing its record, -1 for none */
+  tpu_sharding *in_sh;   /* the inputs' layouts over a mesh (rank -1: on one device) */
+  tpu_hlo_type *in_type; /* the types of the inputs' records (rank -1: none), the program's parameters */
+  tpu_record **held;     /* referenced: records the graph reads or writes but does not take as inputs */
   int nheld;
-  tpu_plan_src *src; /* by program input (c->nfin) */
-  tpu_plan_src *dst; /* by program output (c->nfout): IN, HELD or NEW */
-  tpu_dtype *new_dt; /* the new records' dtypes and sizes */
-  int64_t *new_numel;
+  tpu_plan_src *src;      /* by program input (c->nfin) */
+  tpu_plan_src *dst;      /* by program output (c->nfout): IN, HELD or NEW */
+  tpu_hlo_type *new_type; /* the new records' types: dtype and buffer shape */
   int nnew;
   uint64_t rng_span;
   int nout;
@@ -64,11 +64,11 @@ static void tpu_plan_release(tpu_plan *p) {
   free(p->in);
   free(p->in_alias);
   free(p->in_sh);
+  free(p->in_type);
   free(p->held);
   free(p->src);
   free(p->dst);
-  free(p->new_dt);
-  free(p->new_numel);
+  free(p->new_type);
   free(p->out);
   free(p->osrc);
 }
@@ -155,13 +155,13 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
   p->in = calloc((size_t)(nin ? nin : 1), sizeof *p->in);
   p->in_alias = calloc((size_t)(nin ? nin : 1), sizeof *p->in_alias);
   p->in_sh = calloc((size_t)(nin ? nin : 1), sizeof *p->in_sh);
+  p->in_type = calloc((size_t)(nin ? nin : 1), sizeof *p->in_type);
   p->src = calloc((size_t)(c->nfin ? c->nfin : 1), sizeof *p->src);
   p->dst = calloc((size_t)(c->nfout ? c->nfout : 1), sizeof *p->dst);
-  p->new_dt = calloc((size_t)n + (size_t)nout, sizeof *p->new_dt);
-  p->new_numel = calloc((size_t)n + (size_t)nout, sizeof *p->new_numel);
+  p->new_type = calloc((size_t)n + (size_t)nout, sizeof *p->new_type);
   p->out = calloc((size_t)(nout ? nout : 1), sizeof *p->out);
   p->osrc = calloc((size_t)(nout ? nout : 1), sizeof *p->osrc);
-  if (!p->in || !p->in_alias || !p->in_sh || !p->src || !p->dst || !p->new_dt || !p->new_numel || !p->out || !p->osrc)
+  if (!p->in || !p->in_alias || !p->in_sh || !p->in_type || !p->src || !p->dst || !p->new_type || !p->out || !p->osrc)
     goto oom;
   for (int i = 0; i < nin; i++) {
     p->in[i] = ins[i];
@@ -171,6 +171,10 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
       p->in_sh[i] = *ins[i].rec->sh;
     else
       p->in_sh[i].rank = -1;
+    if (ins[i].rec)
+      p->in_type[i] = tpu_record_type(ins[i].rec);
+    else
+      p->in_type[i].rank = -1;
   }
   /* Each record of the flush: made by a recorded op (NEW), a graph input
    * (IN), or something the graph holds (HELD: made before the capture). */
@@ -196,8 +200,7 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
     } else if (!tab->r[k]->buf) {
       /* torch.empty in the graph: a fresh record on every call */
       cls[k] = TPU_SRC_NEW;
-      p->new_dt[p->nnew] = tab->r[k]->dtype;
-      p->new_numel[p->nnew] = tab->r[k]->numel;
+      p->new_type[p->nnew] = tpu_record_type(tab->r[k]);
       idx[k] = p->nnew++;
     } else {
       *why = "the graph reads a tensor made while it ran, outside its recorded ops";
@@ -258,8 +261,7 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
       p->dst[k].idx = newof[r];
     } else if (cls[r] == TPU_SRC_NEW) {
       newof[r] = p->nnew;
-      p->new_dt[p->nnew] = tab->r[r]->dtype;
-      p->new_numel[p->nnew] = tab->r[r]->numel;
+      p->new_type[p->nnew] = tpu_record_type(tab->r[r]);
       p->dst[k].idx = p->nnew++;
     } else {
       p->dst[k].idx = idx[r];
@@ -291,8 +293,7 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
       if ((o->idx = tpu_plan_hold(p, r, &heldcap)) < 0) goto oom;
     } else if (!r->buf && r->fuse_epoch != epoch) {
       o->kind = TPU_SRC_NEW; /* torch.empty returned as it is */
-      p->new_dt[p->nnew] = r->dtype;
-      p->new_numel[p->nnew] = r->numel;
+      p->new_type[p->nnew] = tpu_record_type(r);
       o->idx = p->nnew++;
     } else {
       *why = "an output was made while the graph ran, outside its recorded ops";
@@ -402,6 +403,11 @@ bool tpu_plan_matches(const tpu_plan *p, const tpu_tref *ins, int nin) {
     /* a program over a mesh takes each input in the layout it was captured with */
     const tpu_sharding *sh = ins[i].rec ? ins[i].rec->sh : NULL;
     if ((p->in_sh[i].rank < 0) != !sh || (sh && !tpu_sharding_eq(sh, &p->in_sh[i]))) return false;
+    /* and its record's buffer in the shape the program takes */
+    if (ins[i].rec) {
+      tpu_hlo_type t = tpu_record_type(ins[i].rec);
+      if (!tpu_hlo_type_eq(&t, &p->in_type[i])) return false;
+    }
     int a = ins[i].rec ? tpu_input_of(ins, nin, ins[i].rec) : -1;
     if (a != p->in_alias[i]) return false;
     for (int h = 0; h < p->nheld && ins[i].rec; h++)
@@ -481,7 +487,7 @@ tpu_status *tpu_plan_run(tpu_engine *e, tpu_plan *p, const tpu_tref *ins, int ni
   int ntemp = 0;
   e->launch.epoch++;
   for (int m = 0; m < p->nnew && !s; m++)
-    if (!(fresh[m] = tpu_record_new(e, p->new_dt[m], p->new_numel[m])))
+    if (!(fresh[m] = tpu_record_new_shaped(e, e->dev, p->new_type[m].dtype, p->new_type[m].rank, p->new_type[m].dims)))
       s = tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   if (c->spmd) {
     if (!s) s = tpu_plan_run_spmd(e, p, ins, fresh, rng_base);

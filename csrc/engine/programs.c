@@ -212,6 +212,10 @@ static void tpu_sig_tensor(tpu_sig *s, const tpu_tref *t) {
   tpu_sig_i64(s, t->view);
   tpu_sig_i64(s, t->rec_numel);
   tpu_sig_i64(s, t->rec_dtype);
+  /* the shape of the record's buffer: the program's parameter (tpu_record.grank) */
+  int grank = t->rec ? t->rec->grank : 0;
+  tpu_sig_i64(s, grank);
+  if (grank > 1) tpu_sig_put(s, t->rec->gdims, sizeof(int64_t) * (size_t)grank);
 }
 
 void tpu_sig_build(tpu_sig *s, int op_id, const tpu_arg *args, int nargs) {
@@ -434,7 +438,22 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args
   L.plans_only = !compile;
   L.fn_lookup = tpu_engine_fn_lookup;
   L.fn_ctx = e;
+  L.record_type = tpu_record_type;
   tpu_lower_run(&L, row);
+  /* The lowering gives records' values flat; the program gives each in its
+   * record's shape: a new one in the op's output shape (the record made for
+   * it has that shape), a written one in its record's. */
+  for (int k = 0; k < L.nout && tpu_hlo_ok(L.hlo); k++) {
+    const tpu_out_plan *o = &L.out[k];
+    if (o->kind == TPU_OUT_NEW) {
+      tpu_hlo_type t = tpu_buffer_type(o->type.dtype, o->type.rank, o->type.dims);
+      if (t.rank > 1) L.outv[k] = tpu_hlo_reshape(L.hlo, L.outv[k], t.rank, t.dims);
+    } else if (o->kind == TPU_OUT_WRITE) {
+      tpu_in_plan p = {TPU_IN_RECORD, o->arg, o->item};
+      const tpu_record *r = tpu_arg_tref(args, &p)->rec;
+      if (r->grank > 1) L.outv[k] = tpu_hlo_reshape(L.hlo, L.outv[k], r->grank, r->gdims);
+    }
+  }
   char *text = NULL;
   size_t len = 0;
   tpu_status *s = tpu_hlo_finish(L.hlo, L.outv, L.nout, &text, &len);

@@ -8,6 +8,7 @@
 #include "record.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine_impl.h"
 
@@ -74,6 +75,25 @@ static bool tpu_reg_grow(tpu_engine *e) {
 tpu_record *tpu_record_new(tpu_engine *e, tpu_dtype dt, int64_t numel) {
   return tpu_record_new_on(e, e->dev, dt, numel);
 }
+
+tpu_hlo_type tpu_buffer_type(tpu_dtype dt, int rank, const int64_t *dims) {
+  int64_t numel = 1;
+  for (int i = 0; i < rank; i++) numel *= dims[i];
+  if (rank > 1 && rank <= TPU_MAX_RANK && numel > 0) return tpu_hlo_type_make(dt, rank, dims);
+  return tpu_hlo_type_make(dt, 1, &numel);
+}
+
+tpu_record *tpu_record_new_shaped(tpu_engine *e, int device, tpu_dtype dt, int rank, const int64_t *dims) {
+  tpu_hlo_type t = tpu_buffer_type(dt, rank, dims);
+  tpu_record *r = tpu_record_new_on(e, device, dt, tpu_hlo_type_numel(&t));
+  if (r) {
+    r->grank = t.rank;
+    memcpy(r->gdims, t.dims, sizeof(int64_t) * (size_t)t.rank);
+  }
+  return r;
+}
+
+tpu_hlo_type tpu_record_type(const tpu_record *r) { return tpu_hlo_type_make(r->dtype, r->grank, r->gdims); }
 
 tpu_record *tpu_record_new_on(tpu_engine *e, int device, tpu_dtype dt, int64_t numel) {
   tpu_record *r = calloc(1, sizeof *r);
@@ -147,8 +167,7 @@ tpu_status *tpu_record_materialize(tpu_engine *e, tpu_record *r) {
   size_t nb = (size_t)r->numel * tpu_dtype_size(r->dtype);
   void *zeros = calloc(nb ? nb : 1, 1);
   if (!zeros) return tpu_status_new(TPU_ERR_MEMORY, "out of memory allocating %zu bytes", nb);
-  int64_t n = r->numel;
-  tpu_status *s = tpu_engine_h2d(e, r->device, zeros, r->dtype, &n, 1, &r->buf);
+  tpu_status *s = tpu_engine_h2d(e, r->device, zeros, r->dtype, r->gdims, r->grank, &r->buf);
   free(zeros);
   return s;
 }

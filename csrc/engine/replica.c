@@ -128,15 +128,16 @@ static tpu_hv tpu_avg(tpu_hlo *m, tpu_hv x, tpu_dtype dt, int n) {
   return tpu_hlo_binary(m, TPU_HLO_DIV, x, kb);
 }
 
-/* The program of c over n replicas: @main(flat input) -> flat output. */
-static tpu_status *tpu_replica_text(const tpu_collective *c, int n, int orank, const int64_t *odims, char **text,
-                                    size_t *len) {
+/* The program of c over n replicas: @main(input record) -> output record,
+ * each in the shape of its record's buffer (it: the inputs'; the output's is
+ * tpu_buffer_type of its shape). */
+static tpu_status *tpu_replica_text(const tpu_collective *c, int n, const tpu_hlo_type *it, int orank,
+                                    const int64_t *odims, char **text, size_t *len) {
   tpu_hlo *m = tpu_hlo_new();
   if (!m) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   tpu_hlo_set_num_replicas(m, n);
   tpu_hlo_set_num_partitions(m, 1);
-  int64_t numel = tpu_shape_numel(c->rank, c->dims);
-  tpu_hv p = tpu_hlo_param(m, tpu_hlo_type_make(c->dtype, 1, &numel));
+  tpu_hv p = tpu_hlo_param(m, *it);
   tpu_hv x = tpu_hlo_reshape(m, p, c->rank, c->dims);
   char attrs[2048], groups[1024];
   tpu_groups_attr(groups, sizeof groups, n);
@@ -206,8 +207,8 @@ static tpu_status *tpu_replica_text(const tpu_collective *c, int n, int orank, c
     }
     default: tpu_hlo_fail(m, TPU_ERR_VALUE, "unknown collective"); break;
   }
-  int64_t onumel = tpu_shape_numel(orank, odims);
-  tpu_hv r = tpu_hlo_reshape(m, y, 1, &onumel);
+  tpu_hlo_type rt = tpu_buffer_type(c->dtype, orank, odims);
+  tpu_hv r = tpu_hlo_reshape(m, y, rt.rank, rt.dims);
   tpu_status *s = tpu_hlo_finish(m, &r, 1, text, len);
   tpu_hlo_free(m);
   return s;
@@ -281,6 +282,17 @@ tpu_status *tpu_engine_replica_collective(tpu_engine *e, const tpu_collective *c
       return tpu_status_new(TPU_ERR_VALUE, "%s: tensor %d has %lld elements, expected %lld", name, i,
                             (long long)r->numel, (long long)numel);
     if (r->freed) return tpu_status_new(TPU_ERR_RUNTIME, "%s: the memory of tensor %d was freed", name, i);
+    /* one program takes every replica's buffer: the storages must have been made alike */
+    tpu_hlo_type t0 = tpu_record_type(ins[0]), ti = tpu_record_type(r);
+    if (!tpu_hlo_type_eq(&t0, &ti)) {
+      char a[128], b[128];
+      tpu_hlo_type_str(&ti, a, sizeof a);
+      tpu_hlo_type_str(&t0, b, sizeof b);
+      return tpu_status_new(TPU_ERR_VALUE,
+                            "%s: the storage of tensor %d was made as %s and that of tensor 0 as %s; pass tensors "
+                            "whose storages were made alike (clone() each)",
+                            name, i, a, b);
+    }
     if (atomic_load(&r->graph_refs) > 0) pending = true;
   }
   if (pending && (s = tpu_engine_flush(e, TPU_FLUSH_SYNC))) return s; /* recorded ops write an input: they run first */
@@ -288,7 +300,8 @@ tpu_status *tpu_engine_replica_collective(tpu_engine *e, const tpu_collective *c
     if ((s = tpu_record_materialize(e, ins[i]))) return s;
   char *text = NULL;
   size_t len = 0;
-  if ((s = tpu_replica_text(c, n, orank, odims, &text, &len)))
+  tpu_hlo_type it = tpu_record_type(ins[0]);
+  if ((s = tpu_replica_text(c, n, &it, orank, odims, &text, &len)))
     return tpu_status_prefix(s, "%s: building the program", name);
   tpu_rt_exec *exec = NULL;
   if ((s = tpu_replica_exec(e, text, len, n, &exec))) return tpu_status_prefix(s, "%s: compiling", name);
@@ -299,9 +312,8 @@ tpu_status *tpu_engine_replica_collective(tpu_engine *e, const tpu_collective *c
                             tpu_rt_exec_row_device(exec, i), i);
     args[i] = ins[i]->buf;
   }
-  int64_t onumel = tpu_shape_numel(orank, odims);
   for (int i = 0; i < n; i++)
-    if (!(outs[i] = tpu_record_new_on(e, i, c->dtype, onumel))) {
+    if (!(outs[i] = tpu_record_new_shaped(e, i, c->dtype, orank, odims))) {
       for (int j = 0; j < i; j++) tpu_record_unref(outs[j]), outs[j] = NULL;
       return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
     }

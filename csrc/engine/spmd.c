@@ -172,8 +172,8 @@ tpu_status *tpu_spmd_mesh(const tpu_rectab *tab, const tpu_sharding **mesh) {
 /* The sharding a value written by an SPMD program takes (see the top). */
 tpu_sharding tpu_spmd_choose(const tpu_rectab *tab, const tpu_sharding *mesh, const tpu_record *r) {
   if (r->sh) return *r->sh;
-  if (!r->fuse_new) return tpu_sharding_make(mesh->mesh_rank, mesh->mesh, 1, NULL); /* flat, whole */
-  if (r->fuse_has_sh) return r->fuse_sh;                                            /* a sharding constraint's value */
+  if (!r->fuse_new) return tpu_sharding_make(mesh->mesh_rank, mesh->mesh, r->grank, NULL); /* whole */
+  if (r->fuse_has_sh) return r->fuse_sh; /* a sharding constraint's value */
   for (int k = 0; k < tab->n; k++) {
     const tpu_record *m = tab->r[k];
     if (m->sh && m->fuse_param != TPU_HV_NONE && !tpu_sharding_is_replicated(m->sh) && m->grank == r->grank &&

@@ -271,7 +271,11 @@ static tpu_hv tpu_lower_base(tpu_lower *L, tpu_tref *t, int i, int j) {
   } else {
     tpu_lower_add_input(L, TPU_IN_RECORD, i, j);
     int64_t rn = reint ? (int64_t)((size_t)n * tpu_dtype_size(t->dtype) / tpu_dtype_size(t->rec_dtype)) : n;
-    raw = tpu_hlo_param(L->hlo, tpu_hlo_type_make(reint ? t->rec_dtype : t->dtype, 1, &rn));
+    /* the parameter has the shape of the record's buffer, read flat */
+    tpu_hlo_type pt = tpu_hlo_type_make(reint ? t->rec_dtype : t->dtype, 1, &rn);
+    if (L->record_type) pt = L->record_type(t->rec);
+    raw = tpu_hlo_param(L->hlo, pt);
+    if (pt.rank != 1) raw = tpu_hlo_reshape(L->hlo, raw, 1, &rn);
   }
   t->base = reint ? tpu_lower_reinterpret(L, raw, t->rec_dtype, t->dtype) : raw;
   if (t->view != TPU_VIEW_WHOLE && L->static_offsets) {

@@ -83,6 +83,9 @@ struct tpu_lower {
    * table (ctx: the engine); NULL when there is none. */
   const tpu_hlo_fn *(*fn_lookup)(void *ctx, int64_t id);
   void *fn_ctx;
+  /* The type of a record's buffer (its dtype and shape), which the program's
+   * parameter for it takes; NULL: flat. Unused with fuse_record. */
+  tpu_hlo_type (*record_type)(const struct tpu_record *rec);
 };
 
 

@@ -160,6 +160,8 @@ PyObject *tpu_py_to_cpu(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_free(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_alloc(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_freed(PyObject *m, PyObject *t);
+PyObject *tpu_py_storage_shape(PyObject *m, PyObject *t);
+PyObject *tpu_py_buffer_shape(PyObject *m, PyObject *sizes);
 PyObject *tpu_py_dense(PyObject *m, PyObject *t);
 PyObject *tpu_py_contiguous_strides(PyObject *m, PyObject *args);
 PyObject *tpu_py_stride_order(PyObject *m, PyObject *t);

@@ -33,7 +33,17 @@ PyObject *tpu_py_empty(PyObject *m, PyObject *args) {
     return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "size and stride lengths differ");
   int64_t numel;
   if (tpu_storage_check(rank, sizes, have_strides ? strides : NULL, dt, &numel) < 0) return NULL;
-  tpu_record *r = tpu_record_new_on(st->eng, dev, dt, numel);
+  /* A contiguous tensor's storage is made in its shape (the buffer's shape
+   * on the device); any other layout's flat. */
+  bool contiguous = !have_strides;
+  if (have_strides) {
+    int64_t want[TPU_MAX_RANK];
+    tpu_contiguous_strides(rank, sizes, 0, want);
+    contiguous = true;
+    for (int i = 0; i < rank; i++) contiguous = contiguous && (sizes[i] == 1 || strides[i] == want[i]);
+  }
+  tpu_record *r =
+      contiguous ? tpu_record_new_shaped(st->eng, dev, dt, rank, sizes) : tpu_record_new_on(st->eng, dev, dt, numel);
   if (!r) return PyErr_NoMemory();
   return tpu_mint(st, r, rank, sizes, have_strides ? strides : NULL);
 }
@@ -205,7 +215,7 @@ PyObject *tpu_py_copy_from(PyObject *m, PyObject *args) {
       if (s) return tpu_raise(s);
       return Py_NewRef(dst_o);
     }
-    tpu_record *tmp = tpu_record_new_on(st->eng, dt->rec->device, sdt, numel);
+    tpu_record *tmp = tpu_record_new_shaped(st->eng, dt->rec->device, sdt, rank, sizes);
     if (!tmp) {
       Py_DECREF(c);
       return PyErr_NoMemory();
@@ -297,6 +307,39 @@ PyObject *tpu_py_storage_freed(PyObject *m, PyObject *t) {
   if (!tpu_need_engine(st)) return NULL;
   tpu_record *r = tpu_storage_record(st, t, "storage_freed");
   return r ? PyBool_FromLong(r->freed) : NULL;
+}
+
+static PyObject *tpu_shape_tuple(int rank, const int64_t *dims) {
+  PyObject *o = PyTuple_New(rank);
+  for (int i = 0; o && i < rank; i++) {
+    PyObject *d = PyLong_FromLongLong((long long)dims[i]);
+    if (!d) {
+      Py_DECREF(o);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(o, i, d);
+  }
+  return o;
+}
+
+/* storage_shape(t) -> the shape of the device buffer behind t's storage (the
+ * global shape over a mesh): the shape it was made for, or flat. */
+PyObject *tpu_py_storage_shape(PyObject *m, PyObject *t) {
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_record *r = tpu_storage_record(st, t, "storage_shape");
+  return r ? tpu_shape_tuple(r->grank, r->gdims) : NULL;
+}
+
+/* buffer_shape(sizes) -> the shape of the buffer of a storage made for a
+ * contiguous tensor of these sizes. */
+PyObject *tpu_py_buffer_shape(PyObject *m, PyObject *sizes_o) {
+  (void)m;
+  int64_t sizes[TPU_MAX_RANK];
+  int rank = tpu_int64_seq(sizes_o, sizes, TPU_MAX_RANK, "size");
+  if (rank < 0) return NULL;
+  tpu_hlo_type t = tpu_buffer_type(TPU_F32, rank, sizes);
+  return tpu_shape_tuple(t.rank, t.dims);
 }
 
 /* ---- the geometry of views, for the Python kernels ------------------------------ */
