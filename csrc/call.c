@@ -121,7 +121,7 @@ static bool tpu_tref_dense(const tpu_tref *t) { return tpu_dense(t->rank, t->siz
 void tpu_contiguous_strides(int rank, const int64_t *sizes, int channels_last, int64_t *strides) {
   int order[TPU_MAX_RANK];
   for (int i = 0; i < rank; i++) order[i] = i;
-  if (rank == channels_last) { /* (0, 2, 3, 1) or (0, 2, 3, 4, 1): the channels innermost */
+  if (channels_last > 1 && rank == channels_last) { /* (0, 2, 3, 1) or (0, 2, 3, 4, 1): the channels innermost */
     for (int i = 1; i < rank - 1; i++) order[i] = i + 1;
     order[rank - 1] = 1;
   }
