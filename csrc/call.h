@@ -164,6 +164,10 @@ bool tpu_dense(int rank, const int64_t *sizes, const int64_t *strides);
  * the channels innermost when rank is channels_last (4: torch's
  * channels_last, 5: channels_last_3d; 0: neither). */
 void tpu_contiguous_strides(int rank, const int64_t *sizes, int channels_last, int64_t *strides);
+/* A dense layout's dims of size > 1 from the largest stride to the smallest
+ * into dims (the shape of its storage as an array): their count, 0 when the
+ * layout is not dense. */
+int tpu_storage_dims(int rank, const int64_t *sizes, const int64_t *strides, int64_t *dims);
 /* The dims from the largest stride to the smallest (ties in dim order) into
  * order: rank, or 0 when that is the plain order. */
 int tpu_stride_order_desc(int rank, const int64_t *strides, int *order);

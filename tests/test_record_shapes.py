@@ -45,8 +45,9 @@ def test_storage_shapes():
     assert _C.storage_shape(torch.empty(24, device="tpu")) == (24,)
     assert _C.storage_shape(torch.empty((), device="tpu")) == (1,)
     assert _C.storage_shape(torch.empty(0, 3, device="tpu")) == (0,)
-    # any other layout than contiguous is made flat
-    assert _C.storage_shape(torch.empty_strided((2, 3), (1, 2), device="tpu")) == (6,)
+    # a permuted layout in storage order (below), any other flat
+    assert _C.storage_shape(torch.empty_strided((2, 3), (1, 2), device="tpu")) == (3, 2)
+    assert _C.storage_shape(torch.empty_strided((2, 3), (4, 1), device="tpu")) == (7,)
     assert _C.storage_shape(torch.empty_strided((2, 3), (3, 1), device="tpu")) == (2, 3)
     assert _C.storage_shape(torch.randn(3, 5).to("tpu")) == (3, 5)
     assert _C.storage_shape(torch.randn(3, 5, device="tpu") + 1) == (3, 5)
@@ -128,3 +129,57 @@ for t in (flat, matrix, flat, matrix):
 
 def test_a_compiled_graph_is_not_replayed_on_a_buffer_of_another_shape():
     _run(GRAPH)
+
+
+def _permuted_writes():
+    """(cpu, tpu) pairs after writes through views that permute a contiguous block."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for make in (lambda d: torch.zeros(4, 6, device=d), lambda d: torch.zeros(3, 4, 5, device=d)):
+        a, b = make("cpu"), make("tpu")
+        s = torch.randn(a.shape[::-1], generator=g)
+        for x, src in ((a, s), (b, s.to("tpu"))):
+            x.permute(*reversed(range(x.dim()))).copy_(src)  # the whole record, transposed
+        out.append((a, b))
+    a, b = torch.arange(60.0).reshape(3, 4, 5), torch.arange(60.0).reshape(3, 4, 5).to("tpu")
+    for x in (a, b):
+        x[1].t().mul_(-2)  # a block in the middle of the record
+        x.permute(2, 0, 1).add_(1)
+        x[2].t()[1:3].fill_(7)  # not a whole block: the index path
+    out.append((a, b))
+    a, b = torch.zeros(4, 1, 6), torch.zeros(4, 1, 6, device="tpu")
+    s = torch.randn(6, 1, 4, generator=g)
+    for x, src in ((a, s), (b, s.to("tpu"))):
+        x.permute(2, 1, 0).copy_(src)  # with a dim of size 1
+    out.append((a, b))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_writes_through_permuted_views_match_cpu(mode):
+    prev = torchtpu.get_eager_mode()
+    torchtpu.eager_mode(mode)
+    try:
+        for a, b in _permuted_writes():
+            assert torch.equal(b.cpu(), a), (mode, a, b.cpu())
+    finally:
+        torchtpu.eager_mode(prev)
+
+
+def test_a_permuted_destination_is_made_in_storage_order():
+    # torch's _to_copy of a transposed weight (autocast's casts) makes its
+    # destination with the source's strides: its buffer is the storage's
+    # array, and the copy writes it transposed, not through index vectors
+    d = torch.empty_strided((128, 256), (1, 128), device="tpu")
+    assert _C.storage_shape(d) == (256, 128)
+    assert _C.storage_shape(torch.empty_strided((3, 4, 5), (1, 15, 3), device="tpu")) == (4, 5, 3)
+    text = _run(
+        "import torch, torchtpu\n"
+        "w = torch.randn(256, 128)\n"
+        "d = torch.empty_strided((128, 256), (1, 128), device='tpu', dtype=torch.bfloat16)\n"
+        "d.copy_(w.to('tpu').t())\n"
+        "assert torch.equal(d.cpu(), w.t().bfloat16())\n",
+        TORCHTPU_EAGER="strict",
+    )
+    copy = re.findall(r"-- tpu::copy\n(.*?)\n\}", text, re.S)
+    assert copy and "scatter" not in copy[-1] and "iota" not in copy[-1], copy

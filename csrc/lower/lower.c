@@ -183,6 +183,23 @@ tpu_hv tpu_lower_view_write(tpu_lower *L, tpu_tref *t, tpu_hv base, tpu_hv offse
   int64_t n = tpu_numel(t->rank, t->sizes);
   int64_t rn = t->rec_numel;
   if (t->view == TPU_VIEW_WHOLE) return tpu_hlo_reshape(H, v, 1, &rn);
+  if (t->view == TPU_VIEW_PERMUTED && !tpu_tref_internal_overlap(t)) {
+    /* a permutation of a contiguous block (a transposed copy's destination,
+     * as autocast's weight casts make): the values transposed into the
+     * block's order, written whole or as one range. No index vectors: a
+     * scatter of 64-bit indices is emulated on a TPU. */
+    int order[TPU_MAX_RANK], pos[TPU_MAX_RANK], k = 0, j = 0;
+    int64_t vd[TPU_MAX_RANK], perm[TPU_MAX_RANK];
+    tpu_tref_permuted_order(t, order, &k);
+    for (int i = 0; i < t->rank; i++)
+      if (t->sizes[i] != 1) {
+        pos[i] = j;
+        vd[j++] = t->sizes[i];
+      }
+    for (int i = 0; i < k; i++) perm[i] = pos[order[i]];
+    v = tpu_hlo_reshape(H, tpu_hlo_transpose(H, tpu_hlo_reshape(H, v, k, vd), perm), 1, &n);
+    return n == rn ? v : tpu_hlo_dynamic_update_slice(H, base, v, &offset);
+  }
   v = tpu_hlo_reshape(H, v, 1, &n);
   if (t->view == TPU_VIEW_RANGE) return tpu_hlo_dynamic_update_slice(H, base, v, &offset);
   int64_t nn[2] = {n, 1};

@@ -33,17 +33,22 @@ PyObject *tpu_py_empty(PyObject *m, PyObject *args) {
     return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "size and stride lengths differ");
   int64_t numel;
   if (tpu_storage_check(rank, sizes, have_strides ? strides : NULL, dt, &numel) < 0) return NULL;
-  /* A contiguous tensor's storage is made in its shape (the buffer's shape
-   * on the device); any other layout's flat. */
-  bool contiguous = !have_strides;
+  /* The storage's device buffer is made in the tensor's shape when it is
+   * contiguous, in the shape of its dims by decreasing stride when it is a
+   * permutation of that (a transposed copy's destination: the values are
+   * written transposed, lower.c); flat for any other layout. */
+  int brank = rank;
+  int64_t bdims[TPU_MAX_RANK];
+  memcpy(bdims, sizes, sizeof(int64_t) * (size_t)rank);
   if (have_strides) {
     int64_t want[TPU_MAX_RANK];
     tpu_contiguous_strides(rank, sizes, 0, want);
-    contiguous = true;
+    bool contiguous = true;
     for (int i = 0; i < rank; i++) contiguous = contiguous && (sizes[i] == 1 || strides[i] == want[i]);
+    if (!contiguous) brank = tpu_storage_dims(rank, sizes, strides, bdims);
   }
   tpu_record *r =
-      contiguous ? tpu_record_new_shaped(st->eng, dev, dt, rank, sizes) : tpu_record_new_on(st->eng, dev, dt, numel);
+      brank > 0 ? tpu_record_new_shaped(st->eng, dev, dt, brank, bdims) : tpu_record_new_on(st->eng, dev, dt, numel);
   if (!r) return PyErr_NoMemory();
   return tpu_mint(st, r, rank, sizes, have_strides ? strides : NULL);
 }
