@@ -1,6 +1,11 @@
 """nn family against CPU PyTorch: losses and their gradients, attention,
 random ops (statistics) and FFTs."""
 
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -487,6 +492,43 @@ def test_scaled_dot_product_attention_other_cases():
         F.scaled_dot_product_attention(tpu(q), tpu(k), tpu(v), attn_mask=tpu(rnd(5, 7)), is_causal=True)
     with pytest.raises(RuntimeError):
         F.scaled_dot_product_attention(tpu(q), tpu(k[..., :4]), tpu(v))
+
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_scaled_dot_product_attention_half_gradients(dt):
+    """Half inputs forward and backward: values and gradients against CPU
+    torch in the same dtype, within that dtype's rounding of float32 math."""
+    q, k, v = rnd(2, 3, 6, 8, seed=1), rnd(2, 3, 9, 8, seed=2), rnd(2, 3, 9, 8, seed=3)
+    for kw in ({}, {"is_causal": True}):
+        want, got = _sdpa_both(q.to(dt), k.to(dt), v.to(dt), **kw)
+        ref, _ = _sdpa_both(q.double(), k.double(), v.double(), **kw)
+        for g, w, r in zip(got, want, ref):
+            assert g.dtype == w.dtype == dt and g.shape == w.shape
+            # as close to float64 as CPU torch's own half kernel is, up to a rounding of the result
+            tol = (w.double() - r).abs().max().item() + 2 * torch.finfo(dt).eps * r.abs().max().item()
+            assert (g.double() - r).abs().max().item() <= tol, (kw, g, w)
+
+
+def test_scaled_dot_product_attention_half_products_take_half_operands():
+    """bf16 attention's four products take bf16 operands with f32 results (a
+    TPU's matrix unit takes them so; an f32 product there costs several
+    passes and twice the bytes)."""
+    code = (
+        "import torch, torch.nn.functional as F, torchtpu\n"
+        "xs = [torch.randn(2, 3, 8, 16).bfloat16().to('tpu').requires_grad_() for _ in range(3)]\n"
+        "F.scaled_dot_product_attention(*xs, is_causal=True).sum().backward()\n"
+        "torch.tpu.synchronize()\n"
+    )
+    env = dict(os.environ, TORCHTPU_DUMP_HLO="1", TORCHTPU_EAGER="strict")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    dots = re.findall(
+        r"stablehlo\.dot_general.*?:\s*\((tensor<[^>]*>), (tensor<[^>]*>)\)\s*->\s*(tensor<[^>]*>)", p.stderr
+    )
+    progs = re.findall(r"-- tpu::sdpa(?:_backward)?\n", p.stderr)
+    assert len(progs) == 2 and len(dots) == 2 + 5, (progs, dots)  # the backward recomputes the scores
+    for a, b, r in dots:
+        assert a.endswith("bf16>") and b.endswith("bf16>") and r.endswith("f32>"), (a, b, r)
 
 
 def test_scaled_dot_product_attention_layout():

@@ -14,7 +14,12 @@
  *
  * Shapes: q [B..., L, E], k [B..., S, E], v [B..., S, Ev], the same batch
  * dims (the binding sends anything else to the math composition); a mask
- * broadcasts to [B..., L, S], bool (True attends) or additive. */
+ * broadcasts to [B..., L, S], bool (True attends) or additive.
+ *
+ * Half inputs: every product takes its operands in the input dtype with an
+ * f32 result, the probabilities (and the score gradient) rounded to the
+ * input dtype first, as torch's CPU flash kernel does and as a TPU's matrix
+ * unit takes them; the softmax itself is f32. */
 #include <math.h>
 
 #include "emit.h"
@@ -44,8 +49,8 @@ static void tpu_attn_begin(tpu_lower *L, int iq, int im, int ic, int is, tpu_att
   sd[r - 1] = k->sizes[r - 2];
   A->scale = tpu_lower_is_none(L, is) ? 1.0 / sqrt((double)q->sizes[r - 1]) : L->args[is].f;
   int64_t c = r - 1;
-  tpu_hv s = tpu_hlo_dot_general(H, tpu_lower_input(L, iq, A->acc), tpu_lower_input(L, iq + 1, A->acc), nb, A->bd,
-                                 A->bd, 1, &c, &c, L->precision, A->acc);
+  tpu_hv s = tpu_hlo_dot_general(H, tpu_lower_input(L, iq, A->dt), tpu_lower_input(L, iq + 1, A->dt), nb, A->bd, A->bd,
+                                 1, &c, &c, L->precision, A->acc);
   s = tpu_mul(L, s, tpu_k(L, s, A->scale));
   tpu_hv ninf = tpu_k(L, s, -INFINITY);
   if (!tpu_lower_is_none(L, im)) {
@@ -95,8 +100,8 @@ void tpu_emit_sdpa(tpu_lower *L) {
                               tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, sum, 1), sum), tpu_k(L, sum, 0));
   tpu_hv p = tpu_mul(L, e, tpu_attn_rows(L, inv, s));
   int64_t pc = A.r - 1, vc = A.r - 2;
-  tpu_hv out =
-      tpu_hlo_dot_general(H, p, tpu_lower_input(L, 2, A.acc), A.nb, A.bd, A.bd, 1, &pc, &vc, L->precision, A.acc);
+  tpu_hv out = tpu_hlo_dot_general(H, tpu_hlo_convert(H, p, A.dt), tpu_lower_input(L, 2, A.dt), A.nb, A.bd, A.bd, 1,
+                                   &pc, &vc, L->precision, A.acc);
   tpu_attn_out(L, out, 6, A.dt);
   tpu_lower_out(L, tpu_add(L, tpu_hlo_unary(H, TPU_HLO_LOG, sum), mx));
 }
@@ -124,7 +129,7 @@ void tpu_emit_sdpa_backward(tpu_lower *L) {
   tpu_hv ps = tpu_reduce_sum(L, p, &cols, 1);
   ps = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_GT, ps, tpu_k(L, ps, 0)), ps, tpu_k(L, ps, 1));
   p = tpu_hlo_binary(H, TPU_HLO_DIV, p, tpu_attn_rows(L, ps, p));
-  tpu_hv g = tpu_lower_input(L, 0, acc);
+  tpu_hv g = tpu_lower_input(L, 0, dt), pn = tpu_hlo_convert(H, p, dt);
   /* dV = P^T dO; dP = dO V^T; dS = P (dP - rowsum(P dP)); dQ = scale dS K; dK = scale dS^T Q.
    * The row term is summed from the same P and dP it is subtracted from
    * (as the softmax backward does), not as rowsum(dO out) from the saved
@@ -132,12 +137,13 @@ void tpu_emit_sdpa_backward(tpu_lower *L) {
    * probability near 1) dP - rowsum cancels, and terms rounded apart (the
    * output in the input dtype, from the forward's own sums) leave their
    * rounding in a difference that should be near 0. */
-  tpu_hv dv = tpu_hlo_dot_general(H, p, g, nb, bd, bd, 1, &rows, &rows, L->precision, acc);
-  tpu_hv dp = tpu_hlo_dot_general(H, g, tpu_lower_input(L, 3, acc), nb, bd, bd, 1, &cols, &cols, L->precision, acc);
+  tpu_hv dv = tpu_hlo_dot_general(H, pn, g, nb, bd, bd, 1, &rows, &rows, L->precision, acc);
+  tpu_hv dp = tpu_hlo_dot_general(H, g, tpu_lower_input(L, 3, dt), nb, bd, bd, 1, &cols, &cols, L->precision, acc);
   tpu_hv d = tpu_reduce_sum(L, tpu_mul(L, p, dp), &cols, 1);
   tpu_hv ds = tpu_mul(L, p, tpu_sub(L, dp, tpu_attn_rows(L, d, dp)));
-  tpu_hv dq = tpu_hlo_dot_general(H, ds, tpu_lower_input(L, 2, acc), nb, bd, bd, 1, &cols, &rows, L->precision, acc);
-  tpu_hv dk = tpu_hlo_dot_general(H, ds, tpu_lower_input(L, 1, acc), nb, bd, bd, 1, &rows, &rows, L->precision, acc);
+  tpu_hv dsn = tpu_hlo_convert(H, ds, dt);
+  tpu_hv dq = tpu_hlo_dot_general(H, dsn, tpu_lower_input(L, 2, dt), nb, bd, bd, 1, &cols, &rows, L->precision, acc);
+  tpu_hv dk = tpu_hlo_dot_general(H, dsn, tpu_lower_input(L, 1, dt), nb, bd, bd, 1, &rows, &rows, L->precision, acc);
   tpu_attn_out(L, tpu_mul(L, dq, tpu_k(L, dq, scale)), 10, dt);
   tpu_attn_out(L, tpu_mul(L, dk, tpu_k(L, dk, scale)), 11, dt);
   tpu_attn_out(L, dv, 12, dt);
