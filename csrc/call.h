@@ -80,6 +80,7 @@ typedef struct {
   tpu_dtype dtype;       /* DTYPE */
   char str[32];          /* STR */
   tpu_hv value;          /* SCALAR: its 0-d input value, NONE until requested */
+  tpu_hv value32;        /* SCALAR: the same as an f32 input (TPU_IN_SCALAR32), NONE until requested */
   tpu_rng *gen;          /* IGNORED: a generator argument's state; NULL: the default generator */
   int nints;             /* INTS / FLOATS */
   /* The list comes last: only INTS and FLOATS arguments use it, and a

@@ -301,11 +301,16 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     L.fuse_record = tpu_fuse_record_hook;
     L.fuse_input = tpu_fuse_input_hook;
     x.node = i;
-    tpu_hv shared[TPU_MAX_ARGS];
+    L.narrow_scalars = e->tpu_like;
+    tpu_hv shared[TPU_MAX_ARGS], shared32[TPU_MAX_ARGS];
     if (n->share) {
       const tpu_node *p = &e->fuse.nodes[n->share_from];
-      for (int a = 0; a < n->nargs; a++) shared[a] = n->share >> a & 1 ? p->args[a].value : TPU_HV_NONE;
+      for (int a = 0; a < n->nargs; a++) {
+        shared[a] = n->share >> a & 1 ? p->args[a].value : TPU_HV_NONE;
+        shared32[a] = n->share >> a & 1 ? p->args[a].value32 : TPU_HV_NONE;
+      }
       L.shared = shared;
+      L.shared32 = shared32;
     }
     tpu_lower_run(&L, n->row);
     if (!tpu_hlo_ok(H)) break;

@@ -9,6 +9,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "launch.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -197,9 +198,24 @@ tpu_dtype tpu_scalar_bits(const tpu_arg *a, uint8_t bits[16]) {
   }
 }
 
-static tpu_status *tpu_scalar_upload(tpu_engine *e, const tpu_arg *a, tpu_rt_buffer **out, tpu_rt_buffer **temp) {
+tpu_dtype tpu_scalar_bits32(const tpu_arg *a, uint8_t bits[16]) {
+  memset(bits, 0, 16);
+  float v;
+  if (a->skind == TPU_SCALAR_INT) {
+    v = (float)a->i; /* to nearest, as the program's s64 -> f32 convert */
+  } else if (isfinite(a->f) && fabs(a->f) >= 0x1.ffffffp127) {
+    v = a->f < 0 ? -INFINITY : INFINITY; /* past FLT_MAX's rounding interval (a cast there is undefined) */
+  } else {
+    v = (float)a->f; /* to nearest even, as the program's f64 -> f32 convert */
+  }
+  memcpy(bits, &v, sizeof v);
+  return TPU_F32;
+}
+
+static tpu_status *tpu_scalar_upload(tpu_engine *e, const tpu_arg *a, bool narrow, tpu_rt_buffer **out,
+                                     tpu_rt_buffer **temp) {
   uint8_t bits[16];
-  tpu_dtype dt = tpu_scalar_bits(a, bits);
+  tpu_dtype dt = narrow ? tpu_scalar_bits32(a, bits) : tpu_scalar_bits(a, bits);
   return tpu_scalar_buffer(e, dt, bits, out, temp);
 }
 
@@ -216,7 +232,8 @@ tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args,
       *b = rec->buf;
       return s;
     }
-    case TPU_IN_SCALAR: return tpu_scalar_upload(e, &args[p->arg], b, temp);
+    case TPU_IN_SCALAR: return tpu_scalar_upload(e, &args[p->arg], false, b, temp);
+    case TPU_IN_SCALAR32: return tpu_scalar_upload(e, &args[p->arg], true, b, temp);
     case TPU_IN_HOST_TENSOR: {
       tpu_tref *t = tpu_arg_tref(args, p);
       return tpu_scalar_buffer(e, t->dtype, t->host_bytes, b, temp);
@@ -224,6 +241,10 @@ tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args,
     case TPU_IN_OFFSET: {
       int64_t off = tpu_arg_tref(args, p)->offset;
       return tpu_scalar_buffer(e, TPU_S64, &off, b, temp);
+    }
+    case TPU_IN_OFFSET32: { /* within the record, whose elements fit in 32 bits */
+      int32_t off = (int32_t)tpu_arg_tref(args, p)->offset;
+      return tpu_scalar_buffer(e, TPU_S32, &off, b, temp);
     }
     case TPU_IN_RNG: {
       uint64_t st[2];

@@ -54,7 +54,7 @@ int64_t tpu_lower_dim(tpu_lower *L, int64_t d, int rank) {
 static tpu_hv tpu_view_indices(tpu_lower *L, const tpu_tref *t, tpu_hv offset) {
   tpu_hlo *H = L->hlo;
   tpu_hlo_type it = tpu_hlo_type_make(TPU_S64, t->rank, t->sizes);
-  tpu_hv idx = tpu_hlo_reshape(H, offset, 0, NULL);
+  tpu_hv idx = tpu_hlo_convert(H, tpu_hlo_reshape(H, offset, 0, NULL), TPU_S64);
   idx = tpu_lower_broadcast_to(L, idx, t->rank, t->sizes);
   for (int d = 0; d < t->rank; d++) {
     if (t->sizes[d] == 1 || t->strides[d] == 0) continue;
@@ -298,8 +298,9 @@ static tpu_hv tpu_lower_base(tpu_lower *L, tpu_tref *t, int i, int j) {
   if (t->view != TPU_VIEW_WHOLE && L->static_offsets) {
     t->offv = tpu_hlo_constant_int(L->hlo, TPU_S64, t->offset);
   } else if (t->view != TPU_VIEW_WHOLE) {
-    tpu_lower_add_input(L, TPU_IN_OFFSET, i, j);
-    t->offv = tpu_hlo_param(L->hlo, tpu_hlo_type_make(TPU_S64, 0, NULL));
+    bool narrow = L->narrow_scalars && t->rec_numel <= INT32_MAX;
+    tpu_lower_add_input(L, narrow ? TPU_IN_OFFSET32 : TPU_IN_OFFSET, i, j);
+    t->offv = tpu_hlo_param(L->hlo, tpu_hlo_type_make(narrow ? TPU_S32 : TPU_S64, 0, NULL));
   }
   return t->base;
 }
@@ -333,6 +334,13 @@ tpu_hv tpu_lower_scalar(tpu_lower *L, int i, tpu_dtype dt) {
     return TPU_HV_NONE;
   }
   tpu_arg *a = &L->args[i];
+  if (L->narrow_scalars && dt == TPU_F32 && (a->skind == TPU_SCALAR_INT || a->skind == TPU_SCALAR_FLOAT)) {
+    if (a->value32 == TPU_HV_NONE) {
+      tpu_lower_add_input(L, TPU_IN_SCALAR32, i, -1);
+      a->value32 = tpu_hlo_param(L->hlo, tpu_hlo_type_make(TPU_F32, 0, NULL));
+    }
+    return a->value32;
+  }
   if (a->value == TPU_HV_NONE) {
     static const tpu_dtype kinds[] = {TPU_PRED, TPU_S64, TPU_F64, TPU_C128};
     tpu_lower_add_input(L, TPU_IN_SCALAR, i, -1);
@@ -730,6 +738,7 @@ void tpu_lower_run(tpu_lower *L, const tpu_op_row *row) {
   for (int i = 0; i < L->nargs; i++) {
     tpu_arg *a = &L->args[i];
     a->value = L->shared && a->kind == TPU_ARG_SCALAR ? L->shared[i] : TPU_HV_NONE;
+    a->value32 = L->shared32 && a->kind == TPU_ARG_SCALAR ? L->shared32[i] : TPU_HV_NONE;
     a->t.base = a->t.offv = a->t.value = TPU_HV_NONE;
     for (int j = 0; j < a->nlist && a->kind == TPU_ARG_TENSORS; j++)
       a->list[j].base = a->list[j].offv = a->list[j].value = TPU_HV_NONE;

@@ -23,7 +23,20 @@
 typedef struct tpu_lower tpu_lower;
 
 /* Program inputs, in parameter order: what the engine passes at run time. */
-typedef enum { TPU_IN_RECORD, TPU_IN_SCALAR, TPU_IN_HOST_TENSOR, TPU_IN_OFFSET, TPU_IN_RNG } tpu_in_kind;
+/* A Python number is a 64-bit input (TPU_IN_SCALAR: its own kind's widest
+ * type, converted where used), or on a TPU (narrow_scalars) an f32 input
+ * where a use wants f32 (TPU_IN_SCALAR32): the host rounds it as the
+ * program's convert would, and the program holds no 64-bit value, which a
+ * TPU emulates in pairs of 32-bit words that no fusion crosses. */
+typedef enum {
+  TPU_IN_RECORD,
+  TPU_IN_SCALAR,
+  TPU_IN_HOST_TENSOR,
+  TPU_IN_OFFSET,
+  TPU_IN_RNG,
+  TPU_IN_SCALAR32,
+  TPU_IN_OFFSET32 /* a view's offset as s32 (narrow_scalars, and the record's elements fit) */
+} tpu_in_kind;
 typedef struct {
   tpu_in_kind kind;
   int arg;  /* argument index */
@@ -59,6 +72,7 @@ struct tpu_lower {
   tpu_hv rng_state;            /* tensor<2xui64> */
   int64_t rng_words;           /* random words drawn: the generator's advance */
   tpu_hlo_precision precision; /* of f32 matmuls and convolutions */
+  bool narrow_scalars;         /* Python numbers used as f32 enter as f32 (a TPU: TPU_IN_SCALAR32) */
   bool value_checks;           /* make the checks that need tensor values (tpu_lower_check) */
   bool static_offsets;         /* views' offsets are constants, not inputs (a program over a mesh:
                                   the partitioner slices a split tensor only at known places) */
@@ -73,7 +87,7 @@ struct tpu_lower {
   void (*fuse_input)(tpu_lower *L, tpu_in_kind kind, int arg, int item);
   /* Fused lowering: per argument, an earlier call's program input that this
    * call's Python number reads too (TPU_HV_NONE: its own); NULL: none. */
-  const tpu_hv *shared;
+  const tpu_hv *shared, *shared32;
   /* A value check of this call (tpu_lower_check): a 0-d pred, true when an
    * input is invalid, with the error to raise; TPU_HV_NONE: none. */
   tpu_hv check;
