@@ -1,10 +1,11 @@
-"""Python numbers on a TPU: where a use wants f32, a number enters the program
-as an f32 input, rounded on the host as the program's convert would round it,
-instead of as a 64-bit input (a TPU emulates 64-bit values in pairs of 32-bit
-words, and no fusion crosses that emulation: issue 40). The programs are
+"""No 64-bit values where a TPU needs none (a TPU emulates them in pairs of
+32-bit words, and no fusion crosses that emulation: issue 40). Python numbers
+a use wants as f32 enter the program as f32 inputs, rounded on the host as the
+program's convert would round them; views' offsets enter as s32; the norms'
+1/sqrt is an f32 rsqrt instead of an f64 division. The programs are
 compiled for v5e (TORCHTPU_AOT_TOPOLOGY) and run on the CPU plugin, in each
-eager mode and in a captured step; values equal CPU torch's, and no program
-takes a 64-bit number. Without a TPU target the inputs stay 64-bit."""
+eager mode and in a captured step: values match CPU torch's, and no program
+takes or makes a 64-bit value. Without a TPU target, nothing changes."""
 
 import json
 import os
@@ -81,3 +82,31 @@ def test_without_a_tpu_numbers_stay_64_bit():
     out, scalars = _child("fused", None)
     assert all(out["ops"]) and out["adamw_err"] <= 1e-6, out
     assert "f64" in scalars and "i64" in scalars, sorted(set(scalars))
+
+
+NORMS = r"""
+import json, torch, torch.nn.functional as F, torchtpu
+torch.manual_seed(0)
+x, w, b = torch.randn(4, 6, 32) * 3 + 1, torch.randn(32), torch.randn(32)
+xi, wi = torch.randn(4, 6, 5, 5), torch.randn(6)
+errs = []
+for dev in ("cpu", "tpu"):
+    xs, ws, bs = (t.detach().to(dev).requires_grad_() for t in (x, w, b))
+    xn, wn = (t.detach().to(dev).requires_grad_() for t in (xi, wi))
+    y = F.layer_norm(xs, (32,), ws, bs, 1e-5)
+    z = F.group_norm(xn, 3, wn) + F.batch_norm(xn, None, None, wn, None, training=True)
+    (y.square().sum() + z.square().sum()).backward()
+    errs.append([t.detach().cpu() for t in (y, z, xs.grad, ws.grad, bs.grad, xn.grad, wn.grad)])
+print("RESULT " + json.dumps([((g - c).abs().max() / c.abs().max()).item() for c, g in zip(*errs)]))
+"""
+
+
+@needs_libtpu
+def test_norms_on_a_tpu_use_rsqrt_not_f64():
+    env = dict(os.environ, TORCHTPU_CACHE_DIR="", TORCHTPU_DUMP_HLO="1", TORCHTPU_AOT_TOPOLOGY="v5e:1x1")
+    p = subprocess.run([sys.executable, "-c", NORMS], env=env, capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stdout[-2000:] + p.stderr[-3000:]
+    assert max(json.loads(lines[-1][len("RESULT ") :])) < 2e-6, lines[-1]
+    # (the CPU plugin that runs them here writes rsqrt as an f32 sqrt and division)
+    assert "fused program" in p.stderr and "f64>" not in p.stderr

@@ -301,7 +301,7 @@ static tpu_status *tpu_fuse_lower(tpu_engine *e, tpu_rectab *tab, const tpu_sig 
     L.fuse_record = tpu_fuse_record_hook;
     L.fuse_input = tpu_fuse_input_hook;
     x.node = i;
-    L.narrow_scalars = e->tpu_like;
+    L.tpu_like = e->tpu_like;
     tpu_hv shared[TPU_MAX_ARGS], shared32[TPU_MAX_ARGS];
     if (n->share) {
       const tpu_node *p = &e->fuse.nodes[n->share_from];

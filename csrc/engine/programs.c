@@ -434,7 +434,7 @@ tpu_status *tpu_engine_lower(tpu_engine *e, const tpu_op_row *row, tpu_arg *args
   L.flags = row->flags;
   L.rng_state = TPU_HV_NONE;
   L.precision = e->precision;
-  L.narrow_scalars = e->tpu_like;
+  L.tpu_like = e->tpu_like;
   L.value_checks = e->value_checks;
   L.plans_only = !compile;
   L.fn_lookup = tpu_engine_fn_lookup;

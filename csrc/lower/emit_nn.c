@@ -71,6 +71,16 @@ void tpu_emit_log_softmax_backward(tpu_lower *L) {
   tpu_lower_out(L, tpu_hlo_convert(H, r, in_dt));
 }
 
+/* 1/sqrt(v + eps), rounded once through f64 as torch's CPU kernels divide
+ * (XLA's f32 rsqrt is approximate); on a TPU, which emulates f64, its rsqrt. */
+static tpu_hv tpu_inv_sqrt(tpu_lower *L, tpu_hv v, double eps) {
+  tpu_dtype dt = T(L, v)->dtype;
+  tpu_hv ve = tpu_add(L, v, tpu_k(L, v, eps));
+  if (L->tpu_like && dt != TPU_F64) return tpu_hlo_unary(H, TPU_HLO_RSQRT, ve);
+  tpu_hv sd = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_convert(H, ve, TPU_F64));
+  return tpu_hlo_convert(H, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, sd, 1), sd), dt);
+}
+
 /* ---- layer norm ------------------------------------------------------------------------ */
 
 /* native_layer_norm(input, normalized_shape, weight, bias, eps) -> (out, mean, rstd) */
@@ -110,9 +120,7 @@ void tpu_emit_native_layer_norm(tpu_lower *L) {
   /* 1/sqrt, rounded once (XLA's f32 rsqrt is approximate): torch's CPU kernel
    * divides, and the weight gradient of a one-element norm depends on rstd's
    * last bit */
-  tpu_hv ve = tpu_add(L, var, tpu_k(L, var, L->args[4].f));
-  tpu_hv sd = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_convert(H, ve, TPU_F64));
-  tpu_hv rstd = tpu_hlo_convert(H, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, sd, 1), sd), acc);
+  tpu_hv rstd = tpu_inv_sqrt(L, var, L->args[4].f);
   tpu_hv y = tpu_lower_binary(L, TPU_HLO_MUL, xc, rstd);
   if (!tpu_lower_is_none(L, 2)) y = tpu_lower_binary(L, TPU_HLO_MUL, y, tpu_lower_input(L, 2, acc));
   if (!tpu_lower_is_none(L, 3)) y = tpu_lower_binary(L, TPU_HLO_ADD, y, tpu_lower_input(L, 3, acc));
@@ -154,7 +162,7 @@ void tpu_emit_native_layer_norm_backward(tpu_lower *L) {
    * rounding is all that remains, so compute it the same way (an f64 product
    * of two f32 values is exact). */
   tpu_hv xw = xhat;
-  if (acc == TPU_F32) {
+  if (acc == TPU_F32 && !L->tpu_like) {
     tpu_hv b = tpu_hlo_unary(H, TPU_HLO_NEG, tpu_mul(L, mean, rstd));
     tpu_hv p64 = tpu_lower_binary(L, TPU_HLO_MUL, tpu_hlo_convert(H, x, TPU_F64), tpu_hlo_convert(H, rstd, TPU_F64));
     xw = tpu_hlo_convert(H, tpu_lower_binary(L, TPU_HLO_ADD, p64, tpu_hlo_convert(H, b, TPU_F64)), TPU_F32);
@@ -171,11 +179,6 @@ void tpu_emit_native_layer_norm_backward(tpu_lower *L) {
  * parameters, else the input's), as torch's CPU kernels do. 1/sqrt is rounded
  * once through f64 (XLA's f32 rsqrt is approximate). */
 
-static tpu_hv tpu_inv_sqrt(tpu_lower *L, tpu_hv v, double eps) {
-  tpu_dtype dt = T(L, v)->dtype;
-  tpu_hv sd = tpu_hlo_unary(H, TPU_HLO_SQRT, tpu_hlo_convert(H, tpu_add(L, v, tpu_k(L, v, eps)), TPU_F64));
-  return tpu_hlo_convert(H, tpu_hlo_binary(H, TPU_HLO_DIV, tpu_k(L, sd, 1), sd), dt);
-}
 
 /* The first present parameter's dtype, else the input's. */
 static tpu_dtype tpu_param_type(tpu_lower *L, const int *params, int n, tpu_dtype input) {

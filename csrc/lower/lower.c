@@ -298,7 +298,7 @@ static tpu_hv tpu_lower_base(tpu_lower *L, tpu_tref *t, int i, int j) {
   if (t->view != TPU_VIEW_WHOLE && L->static_offsets) {
     t->offv = tpu_hlo_constant_int(L->hlo, TPU_S64, t->offset);
   } else if (t->view != TPU_VIEW_WHOLE) {
-    bool narrow = L->narrow_scalars && t->rec_numel <= INT32_MAX;
+    bool narrow = L->tpu_like && t->rec_numel <= INT32_MAX;
     tpu_lower_add_input(L, narrow ? TPU_IN_OFFSET32 : TPU_IN_OFFSET, i, j);
     t->offv = tpu_hlo_param(L->hlo, tpu_hlo_type_make(narrow ? TPU_S32 : TPU_S64, 0, NULL));
   }
@@ -334,7 +334,7 @@ tpu_hv tpu_lower_scalar(tpu_lower *L, int i, tpu_dtype dt) {
     return TPU_HV_NONE;
   }
   tpu_arg *a = &L->args[i];
-  if (L->narrow_scalars && dt == TPU_F32 && (a->skind == TPU_SCALAR_INT || a->skind == TPU_SCALAR_FLOAT)) {
+  if (L->tpu_like && dt == TPU_F32 && (a->skind == TPU_SCALAR_INT || a->skind == TPU_SCALAR_FLOAT)) {
     if (a->value32 == TPU_HV_NONE) {
       tpu_lower_add_input(L, TPU_IN_SCALAR32, i, -1);
       a->value32 = tpu_hlo_param(L->hlo, tpu_hlo_type_make(TPU_F32, 0, NULL));

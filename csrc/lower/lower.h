@@ -24,7 +24,7 @@ typedef struct tpu_lower tpu_lower;
 
 /* Program inputs, in parameter order: what the engine passes at run time. */
 /* A Python number is a 64-bit input (TPU_IN_SCALAR: its own kind's widest
- * type, converted where used), or on a TPU (narrow_scalars) an f32 input
+ * type, converted where used), or on a TPU (tpu_like) an f32 input
  * where a use wants f32 (TPU_IN_SCALAR32): the host rounds it as the
  * program's convert would, and the program holds no 64-bit value, which a
  * TPU emulates in pairs of 32-bit words that no fusion crosses. */
@@ -35,7 +35,7 @@ typedef enum {
   TPU_IN_OFFSET,
   TPU_IN_RNG,
   TPU_IN_SCALAR32,
-  TPU_IN_OFFSET32 /* a view's offset as s32 (narrow_scalars, and the record's elements fit) */
+  TPU_IN_OFFSET32 /* a view's offset as s32 (tpu_like, and the record's elements fit) */
 } tpu_in_kind;
 typedef struct {
   tpu_in_kind kind;
@@ -72,11 +72,14 @@ struct tpu_lower {
   tpu_hv rng_state;            /* tensor<2xui64> */
   int64_t rng_words;           /* random words drawn: the generator's advance */
   tpu_hlo_precision precision; /* of f32 matmuls and convolutions */
-  bool narrow_scalars;         /* Python numbers used as f32 enter as f32 (a TPU: TPU_IN_SCALAR32) */
-  bool value_checks;           /* make the checks that need tensor values (tpu_lower_check) */
-  bool static_offsets;         /* views' offsets are constants, not inputs (a program over a mesh:
+  /* A TPU, or compiling for one: Python numbers used as f32 enter as f32
+   * (TPU_IN_SCALAR32), and emitters that widen to f64 only to round torch's
+   * CPU kernels' last bit keep f32 (a TPU emulates f64) */
+  bool tpu_like;
+  bool value_checks;   /* make the checks that need tensor values (tpu_lower_check) */
+  bool static_offsets; /* views' offsets are constants, not inputs (a program over a mesh:
                                   the partitioner slices a split tensor only at known places) */
-  bool plans_only;             /* lowered for its plans, not run (a fused op, or an op over a mesh) */
+  bool plans_only;     /* lowered for its plans, not run (a fused op, or an op over a mesh) */
   /* Fused lowering (engine.c): many calls share one builder. fuse_record
    * gives a record's current flat value (rec->numel elements of rec->dtype),
    * a program input or an earlier call's result, instead of a new input;
