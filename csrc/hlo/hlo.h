@@ -313,7 +313,13 @@ bool tpu_hlo_fn_has_variant(const tpu_hlo_fn *f, const char *target);
 bool tpu_hlo_call(tpu_hlo *m, const tpu_hlo_fn *f, const tpu_hv *args, int n, tpu_hv *outs);
 /* A finished module's text with the definitions of every fns[i] that has a
  * variant for target replaced by the variant's (the same names, so the calls
- * stay): what the target's compiler is given. *out is owned by the caller. */
+ * stay): what the target's compiler is given. For "tpu", the barriers that
+ * only keep the CPU compiler from rewriting a division (exact division) are
+ * identities: a TPU program made on the TPU has none, and a barrier keeps
+ * XLA from fusing what it hides (a divisor's broadcast, materialized). *out is
+ * owned by the caller. */
+/* The attribute of those barriers. */
+#define TPU_HLO_CPU_EXACT "torchtpu.cpu_exact"
 tpu_status *tpu_hlo_retarget(const char *text, size_t len, const tpu_hlo_fn *const *fns, int nfns, const char *target,
                              char **out, size_t *outlen);
 

@@ -153,7 +153,7 @@ tpu_hv tpu_hlo_unary(tpu_hlo *m, tpu_hlo_op op, tpu_hv x) {
     t32.dtype = t.dtype == TPU_F64 ? TPU_F64 : TPU_F32;
     tpu_hv x32 = tpu_hlo_convert(m, x, t32.dtype);
     tpu_hv r = tpu_hlo_emit1(m, "stablehlo.sqrt", &x32, 1, NULL, t32);
-    r = tpu_hlo_emit1(m, "stablehlo.optimization_barrier", &r, 1, NULL, t32);
+    r = tpu_hlo_emit1(m, "stablehlo.optimization_barrier", &r, 1, TPU_HLO_CPU_EXACT, t32);
     tpu_hv one = tpu_hlo_constant(m, t32.dtype, 1);
     if (t.rank) one = tpu_hlo_broadcast_in_dim(m, one, t.rank, t.dims, NULL);
     return tpu_hlo_convert(m, tpu_hlo_binary(m, TPU_HLO_DIV, one, r), t.dtype);
@@ -177,7 +177,7 @@ tpu_hv tpu_hlo_binary(tpu_hlo *m, tpu_hlo_op op, tpu_hv x, tpu_hv y) {
    * such a divisor opaque. */
   if ((op == TPU_HLO_DIV || op == TPU_HLO_ATAN2) && m->exact_div && tpu_hloi_val_at(m, y)->splat &&
       (tpu_dtype_is_float(TY(y).dtype) || tpu_dtype_is_complex(TY(y).dtype))) {
-    ops[1] = y = tpu_hlo_emit1(m, "stablehlo.optimization_barrier", &y, 1, NULL, TY(y));
+    ops[1] = y = tpu_hlo_emit1(m, "stablehlo.optimization_barrier", &y, 1, TPU_HLO_CPU_EXACT, TY(y));
     if (y == TPU_HV_NONE) return TPU_HV_NONE;
   }
   char name[64];

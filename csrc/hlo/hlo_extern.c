@@ -658,6 +658,37 @@ static bool tpu_replace(char **text, size_t *len, const char *old, const char *r
   return true;
 }
 
+/* Each `"stablehlo.optimization_barrier"(x) {torchtpu.cpu_exact} : (T) -> T`
+ * line becomes `"stablehlo.reshape"(x) : (T) -> T`, an identity XLA removes
+ * (in place: the text only shrinks). */
+static void tpu_drop_cpu_barriers(char *text, size_t *len) {
+  static const char bar[] = "\"stablehlo.optimization_barrier\"(", rep[] = "\"stablehlo.reshape\"(",
+                    attr[] = " {" TPU_HLO_CPU_EXACT "}";
+  size_t r = 0, w = 0, n = *len, kb = sizeof bar - 1, ka = sizeof attr - 1;
+  while (r < n) {
+    char *nl = memchr(text + r, '\n', n - r);
+    size_t end = nl ? (size_t)(nl - text) + 1 : n, ll = end - r;
+    char *a = memmem(text + r, ll, attr, ka), *b = a ? memmem(text + r, ll, bar, kb) : NULL;
+    if (a && b && b < a) {
+      size_t pb = (size_t)(b - text), pa = (size_t)(a - text);
+      memmove(text + w, text + r, pb - r); /* up to the op's name */
+      w += pb - r;
+      memcpy(text + w, rep, sizeof rep - 1);
+      w += sizeof rep - 1;
+      memmove(text + w, text + pb + kb, pa - pb - kb); /* its operands */
+      w += pa - pb - kb;
+      memmove(text + w, text + pa + ka, end - pa - ka); /* its types */
+      w += end - pa - ka;
+    } else {
+      memmove(text + w, text + r, ll);
+      w += ll;
+    }
+    r = end;
+  }
+  text[w] = 0;
+  *len = w;
+}
+
 tpu_status *tpu_hlo_retarget(const char *text, size_t len, const tpu_hlo_fn *const *fns, int nfns, const char *target,
                              char **out, size_t *outlen) {
   *out = malloc(len + 1);
@@ -665,6 +696,7 @@ tpu_status *tpu_hlo_retarget(const char *text, size_t len, const tpu_hlo_fn *con
   if (!*out) return tpu_status_new(TPU_ERR_MEMORY, "out of memory");
   memcpy(*out, text, len);
   (*out)[len] = 0;
+  if (target && strcmp(target, "tpu") == 0) tpu_drop_cpu_barriers(*out, outlen);
   for (int i = 0; i < nfns; i++) {
     const tpu_hlo_fn *f = fns[i];
     if (!f || !tpu_hlo_fn_has_variant(f, target) || !memmem(*out, *outlen, f->main.text, strlen(f->main.text)))

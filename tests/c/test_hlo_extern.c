@@ -193,8 +193,37 @@ static void test_bad(void) {
   bad("garbage", "only func.func definitions");
 }
 
+/* Exact division's barriers (the CPU compiler only) are identities in a
+ * program's TPU form; other barriers stay, and the CPU form is unchanged. */
+static void test_cpu_barriers(void) {
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hlo_set_exact_division(m, true);
+  tpu_hlo_type t = tpu_hlo_type_make(TPU_F32, 2, (int64_t[]){4, 8}), st = tpu_hlo_type_make(TPU_F32, 0, NULL);
+  tpu_hv x = tpu_hlo_param(m, t), s = tpu_hlo_param(m, st);
+  tpu_hv q = tpu_hlo_binary(m, TPU_HLO_DIV, x, tpu_hlo_broadcast_in_dim(m, s, 2, t.dims, NULL));
+  tpu_hv r = tpu_hlo_unary(m, TPU_HLO_RSQRT, q);
+  tpu_hv kept = tpu_hlo_emit1(m, "stablehlo.optimization_barrier", &r, 1, NULL, t);
+  char *text = NULL, *tt = NULL, *ct = NULL;
+  size_t len = 0, tl = 0, cl = 0;
+  tpu_status *st_ = tpu_hlo_finish(m, &kept, 1, &text, &len);
+  CHECK(!st_ && text, "finish");
+  CHECK(count(text, "optimization_barrier") == 3 && count(text, TPU_HLO_CPU_EXACT) == 2, "%s", text);
+  st_ = tpu_hlo_retarget(text, len, NULL, 0, "tpu", &tt, &tl);
+  CHECK(!st_ && tt && tl == strlen(tt), "retarget");
+  CHECK(count(tt, "optimization_barrier") == 1 && count(tt, TPU_HLO_CPU_EXACT) == 0, "%s", tt);
+  CHECK(count(tt, "\"stablehlo.reshape\"(") == count(text, "\"stablehlo.reshape\"(") + 2, "%s", tt);
+  CHECK(has(tt, "= \"stablehlo.reshape\"(%v") && has(tt, ") : (tensor<4x8xf32>) -> tensor<4x8xf32>"), "%s", tt);
+  st_ = tpu_hlo_retarget(text, len, NULL, 0, "cpu", &ct, &cl);
+  CHECK(!st_ && cl == len && memcmp(ct, text, len) == 0, "another target keeps them");
+  free(text);
+  free(tt);
+  free(ct);
+  tpu_hlo_free(m);
+}
+
 int main(void) {
   test_parse();
+  test_cpu_barriers();
   test_aliases();
   test_bad();
   printf("test_hlo_extern: %d passed, %d failed\n", passed, failed);
