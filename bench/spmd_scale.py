@@ -53,9 +53,11 @@ import glob
 import json
 import math
 import os
+import re
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 TOPOLOGIES = {
@@ -280,6 +282,9 @@ def child_torch(a):
             snaps.append(snap())
     raw = _C.aot_report()  # no sync: the last step's recorded tail is not run (nor compiled)
     progs = raw["programs"]
+    cyc = est_cycles(os.environ.get("SPMD_SCALE_DUMP"))  # libtpu's modules, one per program compiled
+    if cyc is not None and len(cyc) == len(progs):
+        progs = [dict(p, est_cycles=c) for p, c in zip(progs, cyc)]
     # the last step that compiled any program; the steady step: the programs the
     # last step launched (a step that compiled nothing), each with its launches
     last = max((i for i in range(1, len(snaps)) if snaps[i][0] > snaps[i - 1][0]), default=None)
@@ -288,7 +293,7 @@ def child_torch(a):
     steady = [dict(p, launches=k) for p, k in zip(progs, launches) if k > 0]
     keep = (
         "name ok error error_kind partitions flops bytes_accessed transcendentals optimal_seconds argument_bytes "
-        "output_bytes alias_bytes temp_bytes peak_bytes code_bytes compile_seconds cached launches"
+        "output_bytes alias_bytes temp_bytes peak_bytes code_bytes compile_seconds cached launches est_cycles"
     ).split()
     return {
         "side": "torchtpu",
@@ -443,6 +448,7 @@ def child_jax(a):
                 "peak_bytes": mem("peak_memory_in_bytes"),
                 "code_bytes": mem("generated_code_size_in_bytes"),
                 "compile_seconds": compile_s,
+                "est_cycles": (est_cycles(os.environ.get("SPMD_SCALE_DUMP")) or [None])[-1],
             }
         ],
         "programs_per_step": 1,
@@ -451,6 +457,24 @@ def child_jax(a):
         "wall_s": time.perf_counter() - t_start,
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def est_cycles(dump_dir):
+    """libtpu's per-instruction cycle estimates (`estimated_cycles` in its
+    after-codegen dumps, XLA_FLAGS=--xla_dump_to), summed over each TPU
+    module's top-level instructions, in compile order; None without dumps.
+    A second figure beside bytes accessed, which also counts VMEM prefetches
+    and moves with memory space assignment's choices for the same math."""
+    if not dump_dir or not os.path.isdir(dump_dir):
+        return None
+    names = [f for f in os.listdir(dump_dir) if ".cl_" in f and f.endswith(".after_codegen.txt")]
+    out = []
+    for f in sorted(names, key=lambda f: int(re.match(r"module_(\d+)", f).group(1))):
+        text = open(os.path.join(dump_dir, f)).read()
+        at = text.find("\nENTRY")
+        entry = text[at:].split("\n}\n")[0] if at >= 0 else ""
+        out.append(sum(int(c) for c in re.findall(r'"estimated_cycles":"?(\d+)', entry)))
+    return out
 
 
 # ---- the parent ------------------------------------------------------------------------
@@ -470,6 +494,10 @@ def run_child(args, timeout):
     env.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     if not args.get("cache"):
         env["TORCHTPU_CACHE_DIR"] = ""  # every program compiled here, its seconds measured
+    dump = tempfile.TemporaryDirectory() if args.get("cycles") else None
+    if dump:  # libtpu's optimized programs, for their cycle estimates (est_cycles)
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump.name} --xla_dump_hlo_as_text".strip()
+        env["SPMD_SCALE_DUMP"] = dump.name
     s = time.perf_counter()
     try:
         p = subprocess.run(
@@ -488,6 +516,8 @@ def run_child(args, timeout):
         return {"error": f"child exited with {p.returncode}", "stderr_tail": p.stderr[-4000:]}
     out = json.loads(lines[-1][7:])
     out["child_wall_s"] = time.perf_counter() - s
+    if dump:
+        dump.cleanup()
     return out
 
 
@@ -504,6 +534,7 @@ def totals(r):
         "bytes_accessed": tot("bytes_accessed", per_launch=True),
         "transcendentals": tot("transcendentals", per_launch=True),
         "optimal_seconds": tot("optimal_seconds", per_launch=True),
+        "est_cycles": tot("est_cycles", per_launch=True),
         "argument_bytes": tot("argument_bytes"),
         "output_bytes": tot("output_bytes"),
         "temp_bytes": tot("temp_bytes", max),
@@ -592,6 +623,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3, help="steps (fused) or replays (graph)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per child process")
     ap.add_argument("--cache", action="store_true", help="keep torchtpu's disk cache on (compile seconds then stale)")
+    ap.add_argument("--cycles", action="store_true", help="also libtpu's summed cycle estimates (dumps its programs)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.child:
@@ -614,6 +646,7 @@ def main():
         base["autocast"] = args.autocast
         base["precision"] = args.precision
         base["compile_only"] = only
+        base["cycles"] = args.cycles
         sides = ([("jax", "jit")] if not args.no_jax else []) + [("torch", m) for m in modes]
         for side, mode in sides:
             how = " (compile only)" if only and side == "torch" else ""

@@ -1,7 +1,11 @@
 """The training step torchtpu sends one TPU chip, against JAX's, compiled for
 the same topology by libtpu (no chip needed): programs per step, flops,
 bytes accessed, transcendentals, libtpu's time estimate, per-chip memory and
-the TPU compile time until the step is steady, each with its ratio to JAX's.
+the TPU compile time until the step is steady, each with its ratio to JAX's;
+and the sum of libtpu's per-instruction cycle estimates over each program
+(`estimated_cycles` in the optimized programs it dumps), a second figure
+beside bytes accessed, which counts VMEM prefetch traffic too and moves with
+XLA's memory space assignment for the same math.
 
 The step is bench/spmd_scale.py's GPT (the char_gpt example's architecture,
 AdamW) on one device (--layout none), run by it in fresh child processes:
@@ -47,7 +51,7 @@ def run(cfg, amp, modes, steps, timeout):
         out = os.path.join(d, "r.json")
         flags = [f"--{k}={v}" for k, v in cfg.items()]
         cmd = [sys.executable, os.path.join(HERE, "spmd_scale.py"), "--n", "1", "--layout", "none"]
-        cmd += ["--modes", modes, "--steps", str(steps), "--timeout", str(timeout), "--json", out, *flags]
+        cmd += ["--modes", modes, "--steps", str(steps), "--timeout", str(timeout), "--json", out, "--cycles", *flags]
         if amp:
             cmd += ["--autocast", "bfloat16"]
         p = subprocess.run(cmd, capture_output=True, text=True)
@@ -70,8 +74,8 @@ def main():
     ap.add_argument("--json")
     a = ap.parse_args()
     head = (
-        "| config | dtype | side | progs/step | GFLOP | MB accessed | transc. M | optimal ms | arg MiB | temp MiB "
-        "| peak MiB | TPU compile s | flops/JAX | bytes/JAX | peak/JAX | compile/JAX |"
+        "| config | dtype | side | progs/step | GFLOP | MB accessed | transc. M | optimal ms | est. Mcycles | arg MiB "
+        "| temp MiB | peak MiB | TPU compile s | flops/JAX | bytes/JAX | cycles/JAX | peak/JAX | compile/JAX |"
     )
     rows, results = [head, "|" + "---|" * (head.count("|") - 1)], []
     for name in a.configs.split(","):
@@ -79,7 +83,7 @@ def main():
             r = run(CONFIGS[name], dt == "bf16", a.modes, a.steps, a.timeout)
             results.append({"config": name, "dtype": dt, "result": r})
             if "error" in r:
-                rows.append(f"| {name} | {dt} | error: {r['error'].strip().splitlines()[-1][:120]} |" + " |" * 13)
+                rows.append(f"| {name} | {dt} | error: {r['error'].strip().splitlines()[-1][:120]} |" + " |" * 15)
                 continue
             jt = spmd_scale.totals(r["jax"]) if "error" not in r.get("jax", {"error": 1}) else None
             for side in ["jax"] + a.modes.split(","):
@@ -87,7 +91,7 @@ def main():
                 if x is None:
                     continue
                 if "error" in x:
-                    rows.append(f"| {name} | {dt} | {side} | error |" + " |" * 12)
+                    rows.append(f"| {name} | {dt} | {side} | error |" + " |" * 14)
                     continue
                 t = spmd_scale.totals(x)
                 t["compile_all"] = x.get("tpu_compile_s_all", t["compile_seconds"])
@@ -97,14 +101,15 @@ def main():
                 steady = "" if side == "jax" or x.get("steady") else " (not steady)"
                 ratios = " | ".join(
                     f"{t[k] / jt[k]:.2f}" if jt and t.get(k) is not None and jt.get(k) else "-"
-                    for k in ("flops", "bytes_accessed", "peak_bytes", "compile_all")
+                    for k in ("flops", "bytes_accessed", "est_cycles", "peak_bytes", "compile_all")
                 )
                 opt = t.get("optimal_seconds")
                 rows.append(
                     f"| {name} | {dt} | {side}{steady} | {x.get('programs_per_step')} | {fmt(t['flops'], 1e9, 2)} | "
                     f"{fmt(t['bytes_accessed'], 1e6)} | {fmt(t.get('transcendentals'), 1e6, 2)} | "
                     f"{fmt(opt * 1e3 if opt is not None and opt >= 0 else None, 1, 3)} | "
-                    f"{fmt(t['argument_bytes'], spmd_scale.MIB)} | {fmt(t['temp_bytes'], spmd_scale.MIB)} | "
+                    f"{fmt(t.get('est_cycles'), 1e6, 3)} | {fmt(t['argument_bytes'], spmd_scale.MIB)} | "
+                    f"{fmt(t['temp_bytes'], spmd_scale.MIB)} | "
                     f"{fmt(t['peak_bytes'], spmd_scale.MIB)} | {fmt(t['compile_all'])} | {ratios} |"
                 )
             print(rows[-1], file=sys.stderr, flush=True)
