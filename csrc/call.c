@@ -119,16 +119,9 @@ bool tpu_dense(int rank, const int64_t *sizes, const int64_t *strides) {
 int tpu_storage_dims(int rank, const int64_t *sizes, const int64_t *strides, int64_t *dims) {
   if (!tpu_dense(rank, sizes, strides)) return 0;
   int order[TPU_MAX_RANK], n = 0;
-  for (int i = 0; i < rank; i++)
-    if (sizes[i] != 1) {
-      int j = n++;
-      while (j > 0 && strides[order[j - 1]] < strides[i]) {
-        order[j] = order[j - 1];
-        j--;
-      }
-      order[j] = i;
-    }
-  for (int k = 0; k < n; k++) dims[k] = sizes[order[k]];
+  tpu_stride_order_desc(rank, strides, order); /* fills order even when it is the plain one */
+  for (int k = 0; k < rank; k++)
+    if (sizes[order[k]] != 1) dims[n++] = sizes[order[k]];
   return n;
 }
 

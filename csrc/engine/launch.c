@@ -198,7 +198,9 @@ tpu_dtype tpu_scalar_bits(const tpu_arg *a, uint8_t bits[16]) {
   }
 }
 
-tpu_dtype tpu_scalar_bits32(const tpu_arg *a, uint8_t bits[16]) {
+/* The same as an f32 (TPU_IN_SCALAR32: an int or float argument), rounded
+ * as the program's convert to f32 would. */
+static tpu_dtype tpu_scalar_bits32(const tpu_arg *a, uint8_t bits[16]) {
   memset(bits, 0, 16);
   float v;
   if (a->skind == TPU_SCALAR_INT) {
@@ -212,11 +214,22 @@ tpu_dtype tpu_scalar_bits32(const tpu_arg *a, uint8_t bits[16]) {
   return TPU_F32;
 }
 
-static tpu_status *tpu_scalar_upload(tpu_engine *e, const tpu_arg *a, bool narrow, tpu_rt_buffer **out,
-                                     tpu_rt_buffer **temp) {
-  uint8_t bits[16];
-  tpu_dtype dt = narrow ? tpu_scalar_bits32(a, bits) : tpu_scalar_bits(a, bits);
-  return tpu_scalar_buffer(e, dt, bits, out, temp);
+tpu_dtype tpu_input_bits(const tpu_in_plan *p, tpu_arg *args, uint8_t bits[16]) {
+  if (p->kind == TPU_IN_SCALAR) return tpu_scalar_bits(&args[p->arg], bits);
+  if (p->kind == TPU_IN_SCALAR32) return tpu_scalar_bits32(&args[p->arg], bits);
+  memset(bits, 0, 16);
+  const tpu_tref *t = tpu_arg_tref(args, p);
+  if (p->kind == TPU_IN_OFFSET) {
+    memcpy(bits, &t->offset, sizeof t->offset);
+    return TPU_S64;
+  }
+  if (p->kind == TPU_IN_OFFSET32) { /* within the record, whose elements fit in 32 bits */
+    int32_t off = (int32_t)t->offset;
+    memcpy(bits, &off, sizeof off);
+    return TPU_S32;
+  }
+  memcpy(bits, t->host_bytes, tpu_dtype_size(t->dtype)); /* TPU_IN_HOST_TENSOR */
+  return t->dtype;
 }
 
 /* The device buffer of one program input: borrowed (a record's buffer, a
@@ -232,19 +245,14 @@ tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args,
       *b = rec->buf;
       return s;
     }
-    case TPU_IN_SCALAR: return tpu_scalar_upload(e, &args[p->arg], false, b, temp);
-    case TPU_IN_SCALAR32: return tpu_scalar_upload(e, &args[p->arg], true, b, temp);
-    case TPU_IN_HOST_TENSOR: {
-      tpu_tref *t = tpu_arg_tref(args, p);
-      return tpu_scalar_buffer(e, t->dtype, t->host_bytes, b, temp);
-    }
-    case TPU_IN_OFFSET: {
-      int64_t off = tpu_arg_tref(args, p)->offset;
-      return tpu_scalar_buffer(e, TPU_S64, &off, b, temp);
-    }
-    case TPU_IN_OFFSET32: { /* within the record, whose elements fit in 32 bits */
-      int32_t off = (int32_t)tpu_arg_tref(args, p)->offset;
-      return tpu_scalar_buffer(e, TPU_S32, &off, b, temp);
+    case TPU_IN_SCALAR:
+    case TPU_IN_SCALAR32:
+    case TPU_IN_HOST_TENSOR:
+    case TPU_IN_OFFSET:
+    case TPU_IN_OFFSET32: {
+      uint8_t bits[16];
+      tpu_dtype dt = tpu_input_bits(p, args, bits);
+      return tpu_scalar_buffer(e, dt, bits, b, temp);
     }
     case TPU_IN_RNG: {
       uint64_t st[2];

@@ -49,9 +49,10 @@ void tpu_check_push(tpu_engine *e, tpu_rt_buffer *b, tpu_fcheck what, char *site
 tpu_status *tpu_engine_wait(tpu_engine *e);
 tpu_status *tpu_check_overlap(const tpu_op_row *row, tpu_arg *args, const tpu_cache_entry *c);
 tpu_dtype tpu_scalar_bits(const tpu_arg *a, uint8_t bits[16]);
-/* The same as an f32 (a TPU_IN_SCALAR32 input: an int or float argument),
- * rounded as the program's convert to f32 would. */
-tpu_dtype tpu_scalar_bits32(const tpu_arg *a, uint8_t bits[16]);
+/* The dtype and bytes of a program input that is a value, not a buffer: a
+ * Python number (TPU_IN_SCALAR, _SCALAR32), a view's offset (TPU_IN_OFFSET,
+ * _OFFSET32) or a CPU scalar (TPU_IN_HOST_TENSOR). */
+tpu_dtype tpu_input_bits(const tpu_in_plan *p, tpu_arg *args, uint8_t bits[16]);
 tpu_status *tpu_input_buffer(tpu_engine *e, const tpu_in_plan *p, tpu_arg *args, tpu_record *rec, uint64_t rng_seed,
                              uint64_t rng_offset, tpu_rt_buffer **b, tpu_rt_buffer **temp);
 tpu_status *tpu_engine_launch(tpu_engine *e, tpu_rt_exec *exec, tpu_rt_buffer **in, int nin, tpu_rt_buffer **out,

@@ -227,25 +227,9 @@ static tpu_status *tpu_plan_build(tpu_engine *e, tpu_rectab *tab, tpu_cache_entr
     }
     /* Python numbers, view offsets and CPU scalars are fixed by the graph
      * and its inputs' layout: uploaded once. */
-    uint8_t bits[16] = {0};
-    tpu_dtype dt;
+    uint8_t bits[16];
     tpu_in_plan ip = {f->kind, f->arg, f->item};
-    if (f->kind == TPU_IN_SCALAR) {
-      dt = tpu_scalar_bits(&nd->args[f->arg], bits);
-    } else if (f->kind == TPU_IN_SCALAR32) {
-      dt = tpu_scalar_bits32(&nd->args[f->arg], bits);
-    } else if (f->kind == TPU_IN_OFFSET) {
-      dt = TPU_S64;
-      memcpy(bits, &tpu_arg_tref(nd->args, &ip)->offset, sizeof(int64_t));
-    } else if (f->kind == TPU_IN_OFFSET32) {
-      dt = TPU_S32;
-      int32_t off = (int32_t)tpu_arg_tref(nd->args, &ip)->offset;
-      memcpy(bits, &off, sizeof off);
-    } else {
-      tpu_tref *t = tpu_arg_tref(nd->args, &ip);
-      dt = t->dtype;
-      memcpy(bits, t->host_bytes, tpu_dtype_size(dt));
-    }
+    tpu_dtype dt = tpu_input_bits(&ip, nd->args, bits);
     d->kind = TPU_SRC_CONST;
     tpu_status *s = tpu_engine_h2d(e, p->dev, bits, dt, NULL, 0, &d->buf);
     if (s) {

@@ -311,15 +311,15 @@ bool tpu_hlo_fn_has_variant(const tpu_hlo_fn *f, const char *target);
 /* Emit `"func.call"(args) {callee = @<prefix>main}`: the operands must have
  * @main's argument types; writes its tpu_hlo_fn_nresults(f) results to outs. */
 bool tpu_hlo_call(tpu_hlo *m, const tpu_hlo_fn *f, const tpu_hv *args, int n, tpu_hv *outs);
+/* The attribute of the barriers that only keep the CPU compiler from
+ * rewriting a division (exact division). */
+#define TPU_HLO_CPU_EXACT "torchtpu.cpu_exact"
 /* A finished module's text with the definitions of every fns[i] that has a
  * variant for target replaced by the variant's (the same names, so the calls
- * stay): what the target's compiler is given. For "tpu", the barriers that
- * only keep the CPU compiler from rewriting a division (exact division) are
- * identities: a TPU program made on the TPU has none, and a barrier keeps
- * XLA from fusing what it hides (a divisor's broadcast, materialized). *out is
- * owned by the caller. */
-/* The attribute of those barriers. */
-#define TPU_HLO_CPU_EXACT "torchtpu.cpu_exact"
+ * stay): what the target's compiler is given. For "tpu", TPU_HLO_CPU_EXACT
+ * barriers are identities: a program made on a TPU has none, and a barrier
+ * keeps XLA from fusing what it hides (a divisor's broadcast, materialized).
+ * *out is owned by the caller. */
 tpu_status *tpu_hlo_retarget(const char *text, size_t len, const tpu_hlo_fn *const *fns, int nfns, const char *target,
                              char **out, size_t *outlen);
 

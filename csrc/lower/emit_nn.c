@@ -117,9 +117,8 @@ void tpu_emit_native_layer_norm(tpu_lower *L) {
   tpu_hv xc = tpu_lower_binary(L, TPU_HLO_SUB, x, mean);
   tpu_hv var = tpu_sum_keep(L, tpu_mul(L, xc, xc), dims, nn);
   var = tpu_hlo_binary(H, TPU_HLO_DIV, var, tpu_k(L, var, (double)count));
-  /* 1/sqrt, rounded once (XLA's f32 rsqrt is approximate): torch's CPU kernel
-   * divides, and the weight gradient of a one-element norm depends on rstd's
-   * last bit */
+  /* torch's CPU kernel divides, and the weight gradient of a one-element
+   * norm depends on rstd's last bit (tpu_inv_sqrt) */
   tpu_hv rstd = tpu_inv_sqrt(L, var, L->args[4].f);
   tpu_hv y = tpu_lower_binary(L, TPU_HLO_MUL, xc, rstd);
   if (!tpu_lower_is_none(L, 2)) y = tpu_lower_binary(L, TPU_HLO_MUL, y, tpu_lower_input(L, 2, acc));
@@ -176,9 +175,8 @@ void tpu_emit_native_layer_norm_backward(tpu_lower *L) {
  * Inputs are viewed as (N, C, S) (S: the product of the spatial dims). Batch
  * norm reduces over (N, S) per channel, group norm over (C/G, S) per (N, G).
  * Statistics are kept in the parameters' dtype (f32 for a half input with f32
- * parameters, else the input's), as torch's CPU kernels do. 1/sqrt is rounded
- * once through f64 (XLA's f32 rsqrt is approximate). */
-
+ * parameters, else the input's), as torch's CPU kernels do; 1/sqrt as
+ * tpu_inv_sqrt. */
 
 /* The first present parameter's dtype, else the input's. */
 static tpu_dtype tpu_param_type(tpu_lower *L, const int *params, int n, tpu_dtype input) {
