@@ -43,7 +43,7 @@ flops and bytes, the largest peak). Memory, flops and bytes are per chip.
 Usage:
   python bench/spmd_scale.py [--n 4,8,16] [--modes fused,graph] [--layout tp]
       [--d 128 --layers 2 --heads 4 --seq 64 --vocab 256 --batch 8]
-      [--max-n 16] [--compile-only] [--json out.json]
+      [--max-n 16] [--compile-only] [--zero-grad before|after] [--json out.json]
 In fused mode the step's program is launched at the next step's first op;
 the last step's tail is left unrun (the child ends with os._exit).
 """
@@ -237,12 +237,15 @@ def child_torch(a):
     run = torch.compile(model, backend="tpu") if compiled else model
     update = torch.compile(opt.step, backend="tpu") if mode == "compile-graph" else opt.step
     amp = a.get("autocast")
+    zero_after = a.get("zero_grad") == "after"  # the step ends in zero_grad: no gradient outlives it
 
     def step(x, y):
         with torch.autocast("tpu", dtype=getattr(torch, amp or "bfloat16"), enabled=amp is not None):
             loss = run(x, y)
         loss.backward()
         update()
+        if zero_after:
+            opt.zero_grad(set_to_none=True)
         return loss
 
     def snap():
@@ -273,7 +276,8 @@ def child_torch(a):
                 g.replay()
                 losses.append(None if only else static_loss.item())  # a replay runs at once: nothing to flush
             else:
-                opt.zero_grad(set_to_none=True)
+                if not zero_after:
+                    opt.zero_grad(set_to_none=True)
                 loss = step(on_mesh(x), on_mesh(y))
                 # compile only: the step's program made where .item() would make it (the
                 # gradients alive, the loss an output), with nothing read
@@ -614,6 +618,13 @@ def main():
         default="highest",
         help="float32 matrix products, both sides: highest (torch's default), high, default (JAX's on TPU: bf16)",
     )
+    ap.add_argument(
+        "--zero-grad",
+        choices=["before", "after"],
+        default="before",
+        help="the loop's opt.zero_grad(set_to_none=True): before the forward pass (the gradients alive when the "
+        "loss is read: outputs of the step) or after opt.step() (none outlives the step, as in JAX's)",
+    )
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
@@ -645,6 +656,7 @@ def main():
         base = {"n": n, "topology": TOPOLOGIES[n], "cfg": cfg, "layout": args.layout, "cache": args.cache}
         base["autocast"] = args.autocast
         base["precision"] = args.precision
+        base["zero_grad"] = args.zero_grad
         base["compile_only"] = only
         base["cycles"] = args.cycles
         sides = ([("jax", "jit")] if not args.no_jax else []) + [("torch", m) for m in modes]

@@ -56,6 +56,8 @@ def test_smallest_config_on_v5e_2x2(tmp_path):
             for k in ("argument_bytes", "output_bytes", "temp_bytes", "peak_bytes", "flops", "bytes_accessed"):
                 assert p[k] is not None and p[k] >= 0, (k, p)
             assert 0.5 < p["flops"] / jax_p["flops"] < 2
+            # the loop reads the loss with the gradients alive: they are outputs of the step
+            assert p["output_bytes"] > p["argument_bytes"], (mode, chips, p)
             assert p["argument_bytes"] <= 1.5 * jax_p["argument_bytes"], (mode, chips, p, jax_p)
             assert p["bytes_accessed"] <= 1.5 * jax_p["bytes_accessed"], (mode, chips, p, jax_p)
     for mode in ("fused", "graph"):
@@ -64,3 +66,28 @@ def test_smallest_config_on_v5e_2x2(tmp_path):
             (pn,) = res[mode]["programs"]
             assert pn["peak_bytes"] <= 1.25 * p4["peak_bytes"], (mode, p4, pn)
             assert pn["bytes_accessed"] <= 1.25 * p4["bytes_accessed"], (mode, p4, pn)
+
+
+def test_zero_grad_after_the_step_returns_no_gradients(tmp_path):
+    """--zero-grad after: opt.zero_grad(set_to_none=True) right after opt.step(), so no
+    gradient outlives the step: the step's outputs are the new parameters and moments
+    (donated into their own buffers) and the loss, no more than its arguments."""
+    out = tmp_path / "out.json"
+    flags = "--n 4 --max-n 4 --d 32 --layers 1 --heads 4 --seq 16 --vocab 64 --batch 2 --steps 3 --timeout 240"
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "spmd_scale.py"), *flags.split(), "--zero-grad", "after"]
+        + ["--no-jax", "--json", str(out)],
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    (res,) = json.loads(out.read_text())["results"]
+    for mode in ("fused", "graph"):
+        x = res[mode]
+        assert "error" not in x, x
+        assert x["steady"] and x["programs_per_step"] == 1
+        (p,) = x["programs"]
+        assert p["ok"] and p["output_bytes"] <= p["argument_bytes"], (mode, p)
+        assert all(v is not None and v == v for v in x["losses"]), x["losses"]
