@@ -301,6 +301,34 @@ CASES_ARGS = {
         lambda d: torch.aminmax(t(4, 4, dev=d), dim=0, out=(t(4, dev=d), t(4, dtype=torch.float64, dev=d))),
         None,
     ),
+    "nll_loss weight of 4 for 5 classes": (
+        lambda d: torch.nn.functional.nll_loss(t(3, 5, dev=d), torch.tensor([1, 2, 3], device=d), weight=t(4, dev=d)),
+        "weight tensor should be defined either for all 5 classes or no classes but got weight tensor of shape: [4]",
+    ),
+    "nll_loss weight 2-d": (
+        lambda d: torch.nn.functional.nll_loss(
+            t(3, 5, dev=d), torch.tensor([1, 2, 3], device=d), weight=t(5, 1, dev=d)
+        ),
+        "got weight tensor of shape: [5, 1]",
+    ),
+    "cross_entropy weight of 6 for 5 classes": (
+        lambda d: torch.nn.functional.cross_entropy(
+            t(3, 5, dev=d), torch.tensor([1, 2, 3], device=d), weight=t(6, dev=d)
+        ),
+        "for all 5 classes or no classes",
+    ),
+    "nll_loss2d weight of 4 for 5 classes": (
+        lambda d: torch.nn.functional.nll_loss(
+            t(2, 5, 3, 3, dev=d), torch.zeros(2, 3, 3, dtype=torch.long, device=d), weight=t(2, 2, dev=d)
+        ),
+        "weight tensor should be defined either for all or no classes",
+    ),
+    "nll_loss2d weight 5x1 as the CPU takes it": (
+        lambda d: torch.nn.functional.nll_loss(
+            t(2, 5, 3, 3, dev=d), torch.zeros(2, 3, 3, dtype=torch.long, device=d), weight=t(5, 1, dev=d)
+        ),
+        None,
+    ),
     "amax rank 65": (
         lambda d: torch.amax(torch.ones([1] * 65, device=d), dim=-1),
         "only tensors with up to 64 dims are supported",

@@ -7,6 +7,7 @@
  * 2 sum. Backwards take the gradient of the reduced output and broadcast it
  * back, so one helper serves every pointwise loss. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +60,28 @@ static tpu_dtype tpu_loss_pair(tpu_lower *L, int a, int b, tpu_hv *x, tpu_hv *y)
 
 /* ---- nll_loss ----------------------------------------------------------------------------- */
 
+/* torch's check of a class weight: none, or one value per class (C); its
+ * 2-d kernel's message names neither. */
+static bool tpu_nll_weight_ok(tpu_lower *L, int wi, int64_t C, bool two_d) {
+  if (tpu_lower_is_none(L, wi)) return true;
+  tpu_tref *wt = &L->args[wi].t;
+  if (two_d ? tpu_numel(wt->rank, wt->sizes) == C : wt->rank == 1 && wt->sizes[0] == C) return true;
+  if (two_d) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "weight tensor should be defined either for all or no classes");
+    return false;
+  }
+  char shape[TPU_MAX_RANK * 24 + 3] = "[";
+  size_t n = 1;
+  for (int i = 0; i < wt->rank; i++)
+    n += (size_t)snprintf(shape + n, sizeof shape - n, "%s%lld", i ? ", " : "", (long long)wt->sizes[i]);
+  snprintf(shape + n, sizeof shape - n, "]");
+  tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                 "weight tensor should be defined either for all %lld classes or no classes but got weight tensor "
+                 "of shape: %s",
+                 (long long)C, shape);
+  return false;
+}
+
 /* One-hot [N, C] of target (or [C] for a 0-d target) and the per-sample
  * weight * (target != ignore_index). */
 static void tpu_nll_common(tpu_lower *L, int self_i, int target_i, int weight_i, int ignore_i, tpu_hv *onehot,
@@ -70,6 +93,7 @@ static void tpu_nll_common(tpu_lower *L, int self_i, int target_i, int weight_i,
     return;
   }
   int64_t C = s->sizes[s->rank - 1];
+  if (!tpu_nll_weight_ok(L, weight_i, C, false)) return;
   tpu_hv tg = tpu_lower_tensor(L, target_i, -1);
   if (tpu_dtype_is_float(T(L, tg)->dtype))
     tpu_lower_fail(L, TPU_ERR_RUNTIME, "expected scalar type Long but found %s", tpu_dtype_name(T(L, tg)->dtype));
@@ -535,17 +559,7 @@ static bool tpu_nll2d_common(tpu_lower *L, int si, int ti, int wi, int ii, tpu_h
   }
   tpu_dtype acc = tpu_acc_type(s->dtype);
   int64_t C = s->sizes[1];
-  if (!tpu_lower_is_none(L, wi)) {
-    tpu_tref *wt = &L->args[wi].t;
-    int64_t wn = tpu_numel(wt->rank, wt->sizes);
-    if (wn != C) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                     "weight tensor should be defined either for all %lld classes or no classes but "
-                     "got weight tensor of shape: [%lld]",
-                     (long long)C, (long long)wn);
-      return false;
-    }
-  }
+  if (!tpu_nll_weight_ok(L, wi, C, true)) return false;
   tpu_hv tg = tpu_hlo_convert(H, tpu_lower_tensor(L, ti, -1), TPU_S64);
   tpu_lower_check_targets(L, tg, C, L->args[ii].i);
   const tpu_hlo_type tt = *T(L, tg);
