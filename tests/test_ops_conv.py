@@ -124,6 +124,40 @@ def test_max_pool_ties_nan_and_dtypes():
     close(F.avg_pool2d(tpu(xi), 2, padding=1), F.avg_pool2d(xi, 2, padding=1))
 
 
+NONFINITE_POOLS = [
+    (F.avg_pool1d, dict(kernel_size=2, stride=2)),
+    (F.avg_pool1d, dict(kernel_size=2, stride=1)),
+    (F.avg_pool1d, dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
+    (F.adaptive_avg_pool1d, dict(output_size=3)),
+    (F.adaptive_avg_pool1d, dict(output_size=4)),
+    (lambda x, **kw: F.avg_pool2d(x.view(1, 2, 5), **kw), dict(kernel_size=(1, 2), stride=(1, 2))),
+    (lambda x, **kw: F.adaptive_avg_pool2d(x.view(1, 2, 5), **kw), dict(output_size=(1, 2))),
+    (lambda x, **kw: F.avg_pool3d(x.view(1, 1, 2, 5), **kw), dict(kernel_size=(1, 1, 2))),
+    (lambda x, **kw: F.lp_pool1d(x, **kw), dict(norm_type=1.5, kernel_size=2)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(NONFINITE_POOLS)))
+def test_average_pools_keep_nan_and_inf_in_their_windows(case):
+    """A window's sum is taken over its own elements only: a nan (or +inf and
+    -inf) makes its window nan, one infinity makes it that infinity, and the
+    other windows of the row keep their values, as on the CPU; so do the
+    gradients of a non-finite output gradient."""
+    fn, kw = NONFINITE_POOLS[case]
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[[nan, 1.0, 2.0, 3.0, inf, 5.0, -inf, inf, 7.0, -inf]]])
+    want, got = fn(x, **kw), fn(tpu(x), **kw).cpu()
+    torch.testing.assert_close(got, want, equal_nan=True)
+    xc = torch.arange(10.0).view(1, 1, 10).requires_grad_()
+    xt = tpu(xc.detach()).requires_grad_()
+    yc, yt = fn(xc, **kw), fn(xt, **kw)
+    g = torch.full_like(yc, 1.0)
+    g.view(-1)[0], g.view(-1)[-1] = nan, -inf
+    yc.backward(g)
+    yt.backward(tpu(g))
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, equal_nan=True)
+
+
 def test_pool_noncontiguous_out_and_errors():
     x = make((2, 8, 3, 7), seed=3).transpose(1, 2)
     check(F.max_pool2d, x, 2)

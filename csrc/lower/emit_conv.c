@@ -430,7 +430,7 @@ static bool tpu_pool_adaptive(tpu_lower *L, tpu_tref *t, int nsp, int osz_arg, c
 }
 
 /* Apply the per-dim 0/1 window matrices (transposed: back from outputs to inputs). */
-static tpu_hv tpu_pool_linear(tpu_lower *L, tpu_hv x, const tpu_pool *P, bool transposed) {
+static tpu_hv tpu_pool_products(tpu_lower *L, tpu_hv x, const tpu_pool *P, bool transposed) {
   tpu_dtype dt = T(L, x)->dtype;
   for (int d = 0; d < P->nsp; d++) {
     const tpu_win *w = &P->w[d];
@@ -451,6 +451,32 @@ static tpu_hv tpu_pool_linear(tpu_lower *L, tpu_hv x, const tpu_pool *P, bool tr
     x = tpu_hlo_dot_general(H, x, mat, 0, NULL, NULL, 1, &lc, &rc, TPU_HLO_PREC_HIGHEST, dt);
   }
   return x;
+}
+
+/* The window sums: products with the 0/1 window matrices, of the finite
+ * values only, since a product counts 0 * inf or 0 * nan where the window
+ * does not reach (every output of the row would be nan). A window that
+ * holds a nan, or both infinities, sums to nan; one infinity, to it; as the
+ * CPU's loops. */
+static tpu_hv tpu_pool_linear(tpu_lower *L, tpu_hv x, const tpu_pool *P, bool transposed) {
+  if (!tpu_dtype_is_float(T(L, x)->dtype)) return tpu_pool_products(L, x, P, transposed);
+  tpu_hv zero = tpu_k(L, x, 0), one = tpu_k(L, x, 1), inf = tpu_k(L, x, INFINITY);
+  tpu_hv fin = tpu_hlo_unary(H, TPU_HLO_IS_FINITE, x);
+  tpu_hv sum = tpu_pool_products(L, tpu_hlo_select(H, fin, x, zero), P, transposed);
+  /* how many nans, +infs and -infs each window holds */
+  tpu_hv nan = tpu_pool_products(L, tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), one, zero), P, transposed);
+  tpu_hv pos =
+      tpu_pool_products(L, tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, x, inf), one, zero), P, transposed);
+  tpu_hv neg = tpu_pool_products(
+      L, tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, x, tpu_hlo_unary(H, TPU_HLO_NEG, inf)), one, zero), P,
+      transposed);
+  tpu_hv z = tpu_k(L, sum, 0), hasp = tpu_hlo_compare(H, TPU_HLO_GT, pos, z),
+         hasn = tpu_hlo_compare(H, TPU_HLO_GT, neg, z);
+  tpu_hv bad =
+      tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_GT, nan, z), tpu_hlo_binary(H, TPU_HLO_AND, hasp, hasn));
+  sum = tpu_hlo_select(H, hasn, tpu_k(L, sum, -INFINITY), sum);
+  sum = tpu_hlo_select(H, hasp, tpu_k(L, sum, INFINITY), sum);
+  return tpu_hlo_select(H, bad, tpu_k(L, sum, NAN), sum);
 }
 
 /* Divisors over the output's spatial shape (dtype dt), broadcast to `dims`. */
