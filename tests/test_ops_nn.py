@@ -577,3 +577,20 @@ def test_backward_output_mask_gives_none_like_cpu():
             for a, e in zip(got, want):
                 if e is not None:
                     torch.testing.assert_close(a.cpu(), e, atol=1e-4, rtol=1e-4)
+
+
+def test_threshold_backward_passes_the_gradient_of_a_nan_input():
+    """relu's backward is torch's threshold_backward: self <= threshold ? 0 : grad, so a nan
+    input (nan <= t is false) passes its gradient, as on the CPU (a max-pooled or averaged
+    nan reaches the loss's gradient the same way on both)."""
+    s = torch.tensor([float("nan"), -1.0, 0.0, 0.5, float("inf"), -float("inf")])
+    g = torch.arange(1.0, 7.0)
+    for th in (0.0, 0.5):
+        want = torch.ops.aten.threshold_backward(g, s, th)
+        got = torch.ops.aten.threshold_backward(tpu(g), tpu(s), th).cpu()
+        torch.testing.assert_close(got, want, equal_nan=True)
+    x = s.clone().requires_grad_()
+    xt = tpu(s).requires_grad_()
+    F.relu(x).backward(g)
+    F.relu(xt).backward(tpu(g))
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, equal_nan=True)

@@ -110,8 +110,9 @@ void tpu_emit_threshold_backward(tpu_lower *L) {
   tpu_hv v[2] = {tpu_lower_input(L, 0, dt), tpu_lower_input(L, 1, dt)};
   tpu_lower_broadcast_all(L, v, 2);
   tpu_hv th = tpu_lower_broadcast_to(L, tpu_lower_scalar(L, 2, dt), T(L, v[1])->rank, T(L, v[1])->dims);
-  tpu_hv keep = tpu_hlo_compare(H, TPU_HLO_GT, v[1], th);
-  tpu_lower_out(L, tpu_hlo_select(H, keep, v[0], tpu_k(L, v[0], 0)));
+  /* self <= threshold ? 0 : grad, as torch's kernel: a nan self passes its gradient */
+  tpu_hv drop = tpu_hlo_compare(H, TPU_HLO_LE, v[1], th);
+  tpu_lower_out(L, tpu_hlo_select(H, drop, tpu_k(L, v[0], 0), v[0]));
 }
 
 /* elu(self, alpha=1, scale=1, input_scale=1) */
