@@ -358,3 +358,15 @@ def test_histogramdd_bin_edges_errors():
             torch.ops.aten._histogramdd_bin_edges(y, [2, 2])
         with pytest.raises(RuntimeError, match="not finite"):
             [e.cpu() for e in torch.ops.aten._histogramdd_bin_edges(y.to("tpu"), [2, 2])]
+
+
+def test_logcumsumexp_keeps_nan_and_infinities_as_the_cpu():
+    """A nan makes every later running value nan (the combiner's max and min need not keep
+    it); equal infinities combine to themselves."""
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[1.0, 2.0, nan, 3.0, 0.5], [1.0, -inf, inf, 2.0, -inf], [-inf, -inf, 1.0, inf, nan]])
+    for dim in (0, 1):
+        for dt in (torch.float32, torch.bfloat16):
+            want = torch.logcumsumexp(x.to(dt), dim)
+            got = torch.logcumsumexp(x.to(dt).to("tpu"), dim).cpu()
+            torch.testing.assert_close(got, want, equal_nan=True)

@@ -572,6 +572,10 @@ void tpu_emit_logcumsumexp(tpu_lower *L) {
       H, TPU_HLO_AND, tpu_hlo_compare(H, TPU_HLO_EQ, a[0], a[1]),
       tpu_hlo_compare(H, TPU_HLO_EQ, tpu_hlo_unary(H, TPU_HLO_ABS, a[0]), tpu_hlo_constant(H, acc, INFINITY)));
   r = tpu_hlo_select(H, same, a[0], r);
+  /* a nan stays (max and min need not keep it: XLA's CPU compiler's drop it) */
+  tpu_hv nan = tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_NE, a[0], a[0]),
+                              tpu_hlo_compare(H, TPU_HLO_NE, a[1], a[1]));
+  r = tpu_hlo_select(H, nan, tpu_add(L, a[0], a[1]), r);
   int region = tpu_hlo_region_end(H, &r, 1);
   tpu_hv init = tpu_hlo_constant(H, acc, -INFINITY), out;
   tpu_scan(L, &x, &init, 1, d, region, &out);
