@@ -370,3 +370,19 @@ def test_logcumsumexp_keeps_nan_and_infinities_as_the_cpu():
             want = torch.logcumsumexp(x.to(dt), dim)
             got = torch.logcumsumexp(x.to(dt).to("tpu"), dim).cpu()
             torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_searchsorted_and_bucketize_place_nan_after_every_boundary():
+    """The CPU's binary search steps right while !(b >= v) (right=True: !(b > v)), so a nan
+    value lands after every boundary; infinities land at either end."""
+    nan, inf = float("nan"), float("inf")
+    v = torch.tensor([nan, -inf, inf, 0.0, 0.5, 1.0, 2.0])
+    b = torch.tensor([0.0, 1.0])
+    for right in (False, True):
+        for dt in (torch.float32, torch.bfloat16):
+            vd, bd = v.to(dt), b.to(dt)
+            want = torch.bucketize(vd, bd, right=right)
+            assert torch.equal(torch.bucketize(vd.to("tpu"), bd.to("tpu"), right=right).cpu(), want)
+            want = torch.searchsorted(bd, vd, right=right, out_int32=True)
+            got = torch.searchsorted(bd.to("tpu"), vd.to("tpu"), right=right, out_int32=True).cpu()
+            assert torch.equal(got, want)

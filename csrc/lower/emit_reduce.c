@@ -894,7 +894,9 @@ static void tpu_searchsorted_impl(tpu_lower *L, int seq_i, int val_i, int sorter
   }
   (void)nv;
   (void)s;
-  tpu_hv below = tpu_hlo_compare(H, right ? TPU_HLO_LE : TPU_HLO_LT, sb, vb);
+  /* the CPU's binary search steps right while !(b >= v) (right: !(b > v)): a nan value goes
+   * past every boundary */
+  tpu_hv below = tpu_hlo_unary(H, TPU_HLO_NOT, tpu_hlo_compare(H, right ? TPU_HLO_GT : TPU_HLO_GE, sb, vb));
   int64_t rd = r;
   tpu_hv cnt = tpu_reduce_sum(L, tpu_hlo_convert(H, below, TPU_S64), &rd, 1);
   if (L->args[val_i].t.rank == 0) cnt = tpu_hlo_reshape(H, cnt, 0, NULL);
