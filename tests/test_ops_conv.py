@@ -437,3 +437,39 @@ def test_int64_matmuls_are_exact_and_wrap_as_cpu():
         torch.randint(-(2**62), 2**62, (257, 280), generator=g),
     )
     assert torch.equal(torch.mm(tpu(a), tpu(b)).cpu(), a @ b)
+
+
+UPSAMPLES = [
+    ("linear", 1, dict(scale_factor=2)),
+    ("linear", 1, dict(size=7, align_corners=True)),
+    ("bilinear", 2, dict(scale_factor=2)),
+    ("bilinear", 2, dict(size=(3, 3), antialias=True)),
+    ("bicubic", 2, dict(scale_factor=2)),
+    ("bicubic", 2, dict(size=(9, 5), align_corners=True)),
+    ("trilinear", 3, dict(scale_factor=2)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(UPSAMPLES)))
+def test_upsampling_keeps_nan_and_inf_to_the_outputs_that_read_them(case):
+    """Each output is the sum of its taps' terms: a nan it reads (whatever the weight), an
+    infinity read with a zero weight or with weights of both signs (the border's clamped
+    taps read one element several times) make it nan, an infinity otherwise makes it that
+    infinity times its weight's sign; every other output keeps its value. So for the
+    gradients of a non-finite output gradient."""
+    mode, nd, kw = UPSAMPLES[case]
+    nan, inf = float("nan"), float("inf")
+    for at in (0, 3, 5):
+        gen = torch.Generator().manual_seed(at)
+        x = torch.randn((1, 2) + (6,) * nd, generator=gen)
+        x.view(-1)[at], x.view(-1)[at + 6], x.view(-1)[at + 1] = nan, inf, -inf
+        want = F.interpolate(x, mode=mode, **kw)
+        torch.testing.assert_close(F.interpolate(tpu(x), mode=mode, **kw).cpu(), want, equal_nan=True)
+        xc = torch.randn(x.shape, generator=gen).requires_grad_()
+        xt = tpu(xc.detach()).requires_grad_()
+        yc, yt = F.interpolate(xc, mode=mode, **kw), F.interpolate(xt, mode=mode, **kw)
+        g = torch.randn(yc.shape, generator=gen)
+        g.view(-1)[at], g.view(-1)[at + 5], g.view(-1)[at + 2] = nan, inf, -inf
+        yc.backward(g)
+        yt.backward(tpu(g))
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad, equal_nan=True, atol=1e-4, rtol=1e-4)

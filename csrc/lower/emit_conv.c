@@ -827,6 +827,12 @@ void tpu_emit_max_unpool3d(tpu_lower *L) { tpu_emit_max_unpool_nd(L, 3); }
 
 typedef enum { TPU_UP_NEAREST, TPU_UP_NEAREST_EXACT, TPU_UP_LINEAR, TPU_UP_CUBIC, TPU_UP_AA_LINEAR } tpu_up_mode;
 
+/* A read of an element with weight w: bit 0 read, 1 a positive weight, 2 a
+ * negative one, 3 a zero one (the border's clamped taps read one element
+ * several times: torch's loop adds each term, so an infinity read with
+ * weights of both signs, or with a zero weight, is nan). */
+#define TPU_UP_TAP(t, w) ((t) |= (unsigned char)(1 | ((w) > 0 ? 2 : (w) < 0 ? 4 : 8)))
+
 /* torch's compute_scales_value / area_pixel_compute_scale, in T */
 #define TPU_UP_DEFINE(T, SUF)                                                                                          \
   static T tpu_up_scale_##SUF(int64_t in, int64_t out, bool align, bool has_s, double s) {                             \
@@ -841,7 +847,7 @@ typedef enum { TPU_UP_NEAREST, TPU_UP_NEAREST_EXACT, TPU_UP_LINEAR, TPU_UP_CUBIC
   static T tpu_cc1_##SUF(T x, T A) { return ((A + 2) * x - (A + 3)) * x * x + 1; }                                     \
   static T tpu_cc2_##SUF(T x, T A) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; }                               \
   static void tpu_up_row_##SUF(tpu_up_mode mode, int64_t in, int64_t out, int64_t o, bool align, bool has_s, double s, \
-                               double *row) {                                                                          \
+                               double *row, unsigned char *tap) {                                                      \
     T scale = tpu_up_scale_##SUF(in, out, align, has_s, s);                                                            \
     if (mode == TPU_UP_LINEAR) {                                                                                       \
       T real = tpu_up_src_##SUF(scale, o, align, false);                                                               \
@@ -852,6 +858,8 @@ typedef enum { TPU_UP_NEAREST, TPU_UP_NEAREST_EXACT, TPU_UP_LINEAR, TPU_UP_CUBIC
       int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);                                                                         \
       row[i0] += (double)((T)1 - lam);                                                                                 \
       row[i1] += (double)lam;                                                                                          \
+      TPU_UP_TAP(tap[i0], (T)1 - lam);                                                                                 \
+      TPU_UP_TAP(tap[i1], lam);                                                                                        \
     } else if (mode == TPU_UP_CUBIC) {                                                                                 \
       T real = tpu_up_src_##SUF(scale, o, align, true);                                                                \
       int64_t i0 = (int64_t)floor((double)real);                                                                       \
@@ -861,6 +869,7 @@ typedef enum { TPU_UP_NEAREST, TPU_UP_NEAREST_EXACT, TPU_UP_LINEAR, TPU_UP_CUBIC
         int64_t k = i0 - 1 + j;                                                                                        \
         k = k < 0 ? 0 : k > in - 1 ? in - 1 : k;                                                                       \
         row[k] += (double)w[j];                                                                                        \
+        TPU_UP_TAP(tap[k], w[j]);                                                                                      \
       }                                                                                                                \
     } else { /* antialiased linear: a triangle filter widened by the downscale */                                      \
       T support = scale >= 1 ? scale : (T)1;                                                                           \
@@ -878,7 +887,10 @@ typedef enum { TPU_UP_NEAREST, TPU_UP_NEAREST_EXACT, TPU_UP_LINEAR, TPU_UP_CUBIC
         ws[j] = x < 1 ? (T)1 - x : (T)0;                                                                               \
         tot += ws[j];                                                                                                  \
       }                                                                                                                \
-      for (int64_t j = 0; j < n; j++) row[lo + j] += (double)(tot != 0 ? ws[j] / tot : (T)0);                          \
+      for (int64_t j = 0; j < n; j++) {                                                                                \
+        row[lo + j] += (double)(tot != 0 ? ws[j] / tot : (T)0);                                                        \
+        TPU_UP_TAP(tap[lo + j], tot != 0 ? ws[j] / tot : (T)0);                                                        \
+      }                                                                                                                \
     }                                                                                                                  \
   }
 TPU_UP_DEFINE(float, f)
@@ -902,24 +914,32 @@ typedef struct {
   double s[3];
 } tpu_up;
 
-/* The (out x in) matrix of dim d as a constant of dtype dt (f32 or f64). */
-static tpu_hv tpu_up_matrix(tpu_lower *L, const tpu_up *U, int d, tpu_dtype dt) {
+/* The (out x in) matrix of dim d as a constant of dtype dt (f32 or f64);
+ * taps[4] (when asked), 0/1 matrices of dtype dt: the elements torch's
+ * kernel reads for each output, whatever their weight; those an infinity
+ * read makes +inf, -inf, nan (see TPU_UP_TAP). */
+static tpu_hv tpu_up_matrix(tpu_lower *L, const tpu_up *U, int d, tpu_dtype dt, tpu_hv *taps) {
   int64_t in = U->in[d], out = U->out[d], n = in * out;
   double *m = calloc((size_t)n + 1, sizeof(double));
   int64_t *bits = calloc((size_t)n + 1, sizeof(int64_t));
-  if (!m || !bits) {
+  unsigned char *tap = calloc((size_t)n + 1, 1);
+  if (!m || !bits || !tap) {
     free(m);
     free(bits);
+    free(tap);
     tpu_lower_fail(L, TPU_ERR_MEMORY, "%s: out of memory", L->opname);
     return TPU_HV_NONE;
   }
   for (int64_t o = 0; o < out; o++) {
-    if (U->mode == TPU_UP_NEAREST || U->mode == TPU_UP_NEAREST_EXACT)
-      m[o * in + tpu_up_nearest(U->mode == TPU_UP_NEAREST_EXACT, in, out, o, U->has_s[d], U->s[d])] = 1;
-    else if (dt == TPU_F64)
-      tpu_up_row_d(U->mode, in, out, o, U->align, U->has_s[d], U->s[d], m + o * in);
-    else
-      tpu_up_row_f(U->mode, in, out, o, U->align, U->has_s[d], U->s[d], m + o * in);
+    if (U->mode == TPU_UP_NEAREST || U->mode == TPU_UP_NEAREST_EXACT) {
+      int64_t k = tpu_up_nearest(U->mode == TPU_UP_NEAREST_EXACT, in, out, o, U->has_s[d], U->s[d]);
+      m[o * in + k] = 1;
+      tap[o * in + k] = 1;
+    } else if (dt == TPU_F64) {
+      tpu_up_row_d(U->mode, in, out, o, U->align, U->has_s[d], U->s[d], m + o * in, tap + o * in);
+    } else {
+      tpu_up_row_f(U->mode, in, out, o, U->align, U->has_s[d], U->s[d], m + o * in, tap + o * in);
+    }
   }
   for (int64_t i = 0; i < n; i++) {
     if (dt == TPU_F64) {
@@ -933,8 +953,19 @@ static tpu_hv tpu_up_matrix(tpu_lower *L, const tpu_up *U, int d, tpu_dtype dt) 
   }
   int64_t md[2] = {out, in};
   tpu_hv c = tpu_hlo_constant_ints(H, tpu_hlo_type_make(dt == TPU_F64 ? TPU_S64 : TPU_S32, 2, md), bits);
+  if (taps) { /* read; an infinity read gives +inf, -inf, nan */
+    for (int k = 0; k < 4; k++) {
+      for (int64_t i = 0; i < n; i++) {
+        unsigned char t = tap[i];
+        bool pos = t & 2, neg = t & 4, nan = (t & 8) || (pos && neg);
+        bits[i] = k == 0 ? (t & 1) : k == 1 ? (pos && !nan) : k == 2 ? (neg && !nan) : nan;
+      }
+      taps[k] = tpu_hlo_convert(H, tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S32, 2, md), bits), dt);
+    }
+  }
   free(m);
   free(bits);
+  free(tap);
   return tpu_hlo_bitcast_convert(H, c, dt == TPU_F64 ? TPU_F64 : TPU_F32);
 }
 
@@ -946,6 +977,32 @@ static tpu_hv tpu_apply_dim(tpu_lower *L, tpu_hv x, tpu_hv mat, int dim, int cd)
   int64_t perm[TPU_MAX_RANK];
   for (int i = 0, k = 0; i < rank; i++) perm[i] = i == dim ? rank - 1 : k++;
   return tpu_hlo_transpose(H, r, perm);
+}
+
+/* tpu_apply_dim as torch's loops compute it with non-finite values: the
+ * product takes the finite values; a nan read by an output (whatever its
+ * weight), or an infinity read with a zero weight, with weights of both
+ * signs, or beside the other infinity, makes it nan; otherwise an infinity
+ * read makes it that infinity times its weight's sign (taps: the classes of
+ * tpu_up_matrix). A product would spread a nan or an inf to every output of
+ * its row. */
+static tpu_hv tpu_apply_dim_exact(tpu_lower *L, tpu_hv x, tpu_hv mat, const tpu_hv *taps, int dim, int cd) {
+  tpu_hv zero = tpu_k(L, x, 0), one = tpu_k(L, x, 1), inf = tpu_k(L, x, INFINITY);
+  tpu_hv sum = tpu_apply_dim(L, tpu_hlo_select(H, tpu_hlo_unary(H, TPU_HLO_IS_FINITE, x), x, zero), mat, dim, cd);
+  tpu_hv isnan = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), one, zero);
+  tpu_hv isp = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, x, inf), one, zero);
+  tpu_hv isn = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, x, tpu_hlo_unary(H, TPU_HLO_NEG, inf)), one, zero);
+  tpu_hv nan =
+      tpu_add(L, tpu_apply_dim(L, isnan, taps[0], dim, cd), tpu_apply_dim(L, tpu_add(L, isp, isn), taps[3], dim, cd));
+  tpu_hv pos = tpu_add(L, tpu_apply_dim(L, isp, taps[1], dim, cd), tpu_apply_dim(L, isn, taps[2], dim, cd));
+  tpu_hv neg = tpu_add(L, tpu_apply_dim(L, isp, taps[2], dim, cd), tpu_apply_dim(L, isn, taps[1], dim, cd));
+  tpu_hv z = tpu_k(L, sum, 0), hasp = tpu_hlo_compare(H, TPU_HLO_GT, pos, z),
+         hasn = tpu_hlo_compare(H, TPU_HLO_GT, neg, z);
+  tpu_hv bad =
+      tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_GT, nan, z), tpu_hlo_binary(H, TPU_HLO_AND, hasp, hasn));
+  sum = tpu_hlo_select(H, hasn, tpu_k(L, sum, -INFINITY), sum);
+  sum = tpu_hlo_select(H, hasp, tpu_k(L, sum, INFINITY), sum);
+  return tpu_hlo_select(H, bad, tpu_k(L, sum, NAN), sum);
 }
 
 /* Reads sizes and scales: output_size at arg 1; backward: input_size at 2. */
@@ -1034,7 +1091,10 @@ static void tpu_emit_upsample(tpu_lower *L, tpu_up_mode mode, int nsp, bool has_
   }
   tpu_dtype dt = t->dtype, acc = tpu_acc_type(dt);
   tpu_hv x = tpu_lower_input(L, 0, acc);
-  for (int d = nsp - 1; d >= 0; d--) x = tpu_apply_dim(L, x, tpu_up_matrix(L, &U, d, acc), 2 + d, 1);
+  for (int d = nsp - 1; d >= 0; d--) {
+    tpu_hv taps[4] = {TPU_HV_NONE, TPU_HV_NONE, TPU_HV_NONE, TPU_HV_NONE}, mat = tpu_up_matrix(L, &U, d, acc, taps);
+    x = tpu_apply_dim_exact(L, x, mat, taps, 2 + d, 1);
+  }
   tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
 }
 
@@ -1043,7 +1103,10 @@ static void tpu_emit_upsample_backward(tpu_lower *L, tpu_up_mode mode, int nsp, 
   if (!tpu_up_setup(L, &U, mode, nsp, true, has_align)) return;
   tpu_dtype dt = L->args[0].t.dtype, acc = tpu_acc_type(dt);
   tpu_hv g = tpu_lower_input(L, 0, acc);
-  for (int d = 0; d < nsp; d++) g = tpu_apply_dim(L, g, tpu_up_matrix(L, &U, d, acc), 2 + d, 0);
+  for (int d = 0; d < nsp; d++) {
+    tpu_hv taps[4] = {TPU_HV_NONE, TPU_HV_NONE, TPU_HV_NONE, TPU_HV_NONE}, mat = tpu_up_matrix(L, &U, d, acc, taps);
+    g = tpu_apply_dim_exact(L, g, mat, taps, 2 + d, 0);
+  }
   tpu_lower_out(L, tpu_hlo_convert(H, g, dt));
 }
 
