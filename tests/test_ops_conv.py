@@ -473,3 +473,25 @@ def test_upsampling_keeps_nan_and_inf_to_the_outputs_that_read_them(case):
         yc.backward(g)
         yt.backward(tpu(g))
         torch.testing.assert_close(xt.grad.cpu(), xc.grad, equal_nan=True, atol=1e-4, rtol=1e-4)
+
+
+def test_fold_keeps_nan_and_inf_to_the_positions_they_sum_into():
+    """fold (col2im, and unfold's backward) sums blocks into positions: a nan, or +inf with
+    -inf, makes its position nan, one infinity makes it that infinity; other positions keep
+    their sums, as on the CPU."""
+    nan, inf = float("nan"), float("inf")
+    for k, s, p, dil in [(2, 2, 0, 1), (3, 1, 1, 1), (2, 1, 0, 2)]:
+        n = ((6 + 2 * p - dil * (k - 1) - 1) // s + 1) ** 2
+        cols = torch.randn(1, 2 * k * k, n, generator=torch.Generator().manual_seed(k))
+        cols.view(-1)[3], cols.view(-1)[10], cols.view(-1)[11], cols.view(-1)[20] = nan, inf, -inf, inf
+        want = F.fold(cols, (6, 6), k, dilation=dil, padding=p, stride=s)
+        got = F.fold(tpu(cols), (6, 6), k, dilation=dil, padding=p, stride=s).cpu()
+        torch.testing.assert_close(got, want, equal_nan=True)
+        xc = torch.randn(1, 2, 6, 6).requires_grad_()
+        xt = tpu(xc.detach()).requires_grad_()
+        yc, yt = F.unfold(xc, k, dil, p, s), F.unfold(xt, k, dil, p, s)
+        g = torch.randn(yc.shape)
+        g.view(-1)[2], g.view(-1)[7] = nan, inf
+        yc.backward(g)
+        yt.backward(tpu(g))
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad, equal_nan=True)

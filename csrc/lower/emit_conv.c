@@ -1302,7 +1302,9 @@ void tpu_emit_col2im(tpu_lower *L) {
       int64_t md[2] = {w->in, n};
       tpu_hv mat = tpu_hlo_convert(H, tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, md), m), acc);
       free(m);
-      x = tpu_apply_dim(L, x, mat, cl + 1 + d, 1);
+      /* each read with weight 1: a nan or both infinities in a sum make it nan, one infinity it */
+      tpu_hv none = tpu_k(L, mat, 0), taps[4] = {mat, mat, none, none};
+      x = tpu_apply_dim_exact(L, x, mat, taps, cl + 1 + d, 1);
     }
     tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
   }
