@@ -453,6 +453,28 @@ static tpu_hv tpu_pool_products(tpu_lower *L, tpu_hv x, const tpu_pool *P, bool 
   return x;
 }
 
+/* x's finite values (0 elsewhere), and 0/1 flags of its nans, +infs and
+ * -infs, in x's dtype. */
+static tpu_hv tpu_nonfinite_flags(tpu_lower *L, tpu_hv x, tpu_hv flags[3]) {
+  tpu_hv zero = tpu_k(L, x, 0), one = tpu_k(L, x, 1), inf = tpu_k(L, x, INFINITY);
+  flags[0] = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), one, zero);
+  flags[1] = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, x, inf), one, zero);
+  flags[2] = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, x, tpu_hlo_unary(H, TPU_HLO_NEG, inf)), one, zero);
+  return tpu_hlo_select(H, tpu_hlo_unary(H, TPU_HLO_IS_FINITE, x), x, zero);
+}
+
+/* sum of the finite terms, made nan where nan > 0 or both pos and neg (the
+ * counts of nan terms, +inf and -inf terms) are, else +inf or -inf where one is. */
+static tpu_hv tpu_nonfinite_sum(tpu_lower *L, tpu_hv sum, tpu_hv nan, tpu_hv pos, tpu_hv neg) {
+  tpu_hv z = tpu_k(L, sum, 0), hasp = tpu_hlo_compare(H, TPU_HLO_GT, pos, z);
+  tpu_hv hasn = tpu_hlo_compare(H, TPU_HLO_GT, neg, z);
+  tpu_hv bad =
+      tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_GT, nan, z), tpu_hlo_binary(H, TPU_HLO_AND, hasp, hasn));
+  sum = tpu_hlo_select(H, hasn, tpu_k(L, sum, -INFINITY), sum);
+  sum = tpu_hlo_select(H, hasp, tpu_k(L, sum, INFINITY), sum);
+  return tpu_hlo_select(H, bad, tpu_k(L, sum, NAN), sum);
+}
+
 /* The window sums: products with the 0/1 window matrices, of the finite
  * values only, since a product counts 0 * inf or 0 * nan where the window
  * does not reach (every output of the row would be nan). A window that
@@ -460,23 +482,9 @@ static tpu_hv tpu_pool_products(tpu_lower *L, tpu_hv x, const tpu_pool *P, bool 
  * CPU's loops. */
 static tpu_hv tpu_pool_linear(tpu_lower *L, tpu_hv x, const tpu_pool *P, bool transposed) {
   if (!tpu_dtype_is_float(T(L, x)->dtype)) return tpu_pool_products(L, x, P, transposed);
-  tpu_hv zero = tpu_k(L, x, 0), one = tpu_k(L, x, 1), inf = tpu_k(L, x, INFINITY);
-  tpu_hv fin = tpu_hlo_unary(H, TPU_HLO_IS_FINITE, x);
-  tpu_hv sum = tpu_pool_products(L, tpu_hlo_select(H, fin, x, zero), P, transposed);
-  /* how many nans, +infs and -infs each window holds */
-  tpu_hv nan = tpu_pool_products(L, tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), one, zero), P, transposed);
-  tpu_hv pos =
-      tpu_pool_products(L, tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, x, inf), one, zero), P, transposed);
-  tpu_hv neg = tpu_pool_products(
-      L, tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, x, tpu_hlo_unary(H, TPU_HLO_NEG, inf)), one, zero), P,
-      transposed);
-  tpu_hv z = tpu_k(L, sum, 0), hasp = tpu_hlo_compare(H, TPU_HLO_GT, pos, z),
-         hasn = tpu_hlo_compare(H, TPU_HLO_GT, neg, z);
-  tpu_hv bad =
-      tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_GT, nan, z), tpu_hlo_binary(H, TPU_HLO_AND, hasp, hasn));
-  sum = tpu_hlo_select(H, hasn, tpu_k(L, sum, -INFINITY), sum);
-  sum = tpu_hlo_select(H, hasp, tpu_k(L, sum, INFINITY), sum);
-  return tpu_hlo_select(H, bad, tpu_k(L, sum, NAN), sum);
+  tpu_hv f[3], fin = tpu_nonfinite_flags(L, x, f); /* how many nans, +infs and -infs each window holds */
+  return tpu_nonfinite_sum(L, tpu_pool_products(L, fin, P, transposed), tpu_pool_products(L, f[0], P, transposed),
+                           tpu_pool_products(L, f[1], P, transposed), tpu_pool_products(L, f[2], P, transposed));
 }
 
 /* Divisors over the output's spatial shape (dtype dt), broadcast to `dims`. */
@@ -987,22 +995,12 @@ static tpu_hv tpu_apply_dim(tpu_lower *L, tpu_hv x, tpu_hv mat, int dim, int cd)
  * tpu_up_matrix). A product would spread a nan or an inf to every output of
  * its row. */
 static tpu_hv tpu_apply_dim_exact(tpu_lower *L, tpu_hv x, tpu_hv mat, const tpu_hv *taps, int dim, int cd) {
-  tpu_hv zero = tpu_k(L, x, 0), one = tpu_k(L, x, 1), inf = tpu_k(L, x, INFINITY);
-  tpu_hv sum = tpu_apply_dim(L, tpu_hlo_select(H, tpu_hlo_unary(H, TPU_HLO_IS_FINITE, x), x, zero), mat, dim, cd);
-  tpu_hv isnan = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_NE, x, x), one, zero);
-  tpu_hv isp = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, x, inf), one, zero);
-  tpu_hv isn = tpu_hlo_select(H, tpu_hlo_compare(H, TPU_HLO_EQ, x, tpu_hlo_unary(H, TPU_HLO_NEG, inf)), one, zero);
+  tpu_hv f[3], fin = tpu_nonfinite_flags(L, x, f);
   tpu_hv nan =
-      tpu_add(L, tpu_apply_dim(L, isnan, taps[0], dim, cd), tpu_apply_dim(L, tpu_add(L, isp, isn), taps[3], dim, cd));
-  tpu_hv pos = tpu_add(L, tpu_apply_dim(L, isp, taps[1], dim, cd), tpu_apply_dim(L, isn, taps[2], dim, cd));
-  tpu_hv neg = tpu_add(L, tpu_apply_dim(L, isp, taps[2], dim, cd), tpu_apply_dim(L, isn, taps[1], dim, cd));
-  tpu_hv z = tpu_k(L, sum, 0), hasp = tpu_hlo_compare(H, TPU_HLO_GT, pos, z),
-         hasn = tpu_hlo_compare(H, TPU_HLO_GT, neg, z);
-  tpu_hv bad =
-      tpu_hlo_binary(H, TPU_HLO_OR, tpu_hlo_compare(H, TPU_HLO_GT, nan, z), tpu_hlo_binary(H, TPU_HLO_AND, hasp, hasn));
-  sum = tpu_hlo_select(H, hasn, tpu_k(L, sum, -INFINITY), sum);
-  sum = tpu_hlo_select(H, hasp, tpu_k(L, sum, INFINITY), sum);
-  return tpu_hlo_select(H, bad, tpu_k(L, sum, NAN), sum);
+      tpu_add(L, tpu_apply_dim(L, f[0], taps[0], dim, cd), tpu_apply_dim(L, tpu_add(L, f[1], f[2]), taps[3], dim, cd));
+  tpu_hv pos = tpu_add(L, tpu_apply_dim(L, f[1], taps[1], dim, cd), tpu_apply_dim(L, f[2], taps[2], dim, cd));
+  tpu_hv neg = tpu_add(L, tpu_apply_dim(L, f[1], taps[2], dim, cd), tpu_apply_dim(L, f[2], taps[1], dim, cd));
+  return tpu_nonfinite_sum(L, tpu_apply_dim(L, fin, mat, dim, cd), nan, pos, neg);
 }
 
 /* Reads sizes and scales: output_size at arg 1; backward: input_size at 2. */
