@@ -594,3 +594,15 @@ def test_threshold_backward_passes_the_gradient_of_a_nan_input():
     F.relu(x).backward(g)
     F.relu(xt).backward(tpu(g))
     torch.testing.assert_close(xt.grad.cpu(), x.grad, equal_nan=True)
+
+
+def test_softshrink_keeps_nan_and_the_sign_of_zero():
+    """Inside [-lambd, lambd] torch's kernel returns x * 0: a nan stays nan (it was 0) and a
+    small negative input gives -0.0."""
+    x = torch.tensor([float("nan"), 0.1, -0.1, 2.0, -3.0, -0.0, 0.5, -0.5, float("inf"), -float("inf")])
+    for dt in (torch.float32, torch.bfloat16):
+        want = F.softshrink(x.to(dt), 0.5)
+        got = F.softshrink(tpu(x.to(dt)), 0.5).cpu()
+        torch.testing.assert_close(got, want, equal_nan=True)
+        finite = ~want.isnan()
+        assert torch.equal(got[finite].signbit(), want[finite].signbit())

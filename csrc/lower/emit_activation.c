@@ -236,9 +236,10 @@ void tpu_emit_hardshrink(tpu_lower *L) {
 void tpu_emit_softshrink(tpu_lower *L) {
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   tpu_hv l = tpu_s(L, 1, x, 0.5);
-  tpu_hv y =
-      tpu_sel(L, tpu_cmp(L, TPU_HLO_GT, x, l), tpu_sub(L, x, l),
-              tpu_sel(L, tpu_cmp(L, TPU_HLO_LT, x, tpu_un(L, TPU_HLO_NEG, l)), tpu_add(L, x, l), tpu_k(L, x, 0)));
+  tpu_hv y = tpu_sel(
+      L, tpu_cmp(L, TPU_HLO_GT, x, l), tpu_sub(L, x, l),
+      tpu_sel(L, tpu_cmp(L, TPU_HLO_LT, x, tpu_un(L, TPU_HLO_NEG, l)), tpu_add(L, x, l),
+              tpu_mul(L, x, tpu_k(L, x, 0)))); /* x * 0 inside, as torch's kernel: nan stays, -0 keeps its sign */
   tpu_lower_out(L, y);
 }
 
