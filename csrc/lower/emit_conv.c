@@ -925,7 +925,7 @@ typedef struct {
 /* The (out x in) matrix of dim d as a constant of dtype dt (f32 or f64);
  * taps[4] (when asked), 0/1 matrices of dtype dt: the elements torch's
  * kernel reads for each output, whatever their weight; those an infinity
- * read makes +inf, -inf, nan (see TPU_UP_TAP). */
+ * read makes +inf, -inf, nan (see TPU_UP_TAP); TPU_HV_NONE where none. */
 static tpu_hv tpu_up_matrix(tpu_lower *L, const tpu_up *U, int d, tpu_dtype dt, tpu_hv *taps) {
   int64_t in = U->in[d], out = U->out[d], n = in * out;
   double *m = calloc((size_t)n + 1, sizeof(double));
@@ -961,14 +961,17 @@ static tpu_hv tpu_up_matrix(tpu_lower *L, const tpu_up *U, int d, tpu_dtype dt, 
   }
   int64_t md[2] = {out, in};
   tpu_hv c = tpu_hlo_constant_ints(H, tpu_hlo_type_make(dt == TPU_F64 ? TPU_S64 : TPU_S32, 2, md), bits);
-  if (taps) { /* read; an infinity read gives +inf, -inf, nan */
+  if (taps) { /* read; an infinity read gives +inf, -inf, nan; TPU_HV_NONE: no such read */
     for (int k = 0; k < 4; k++) {
+      bool any = false;
       for (int64_t i = 0; i < n; i++) {
         unsigned char t = tap[i];
         bool pos = t & 2, neg = t & 4, nan = (t & 8) || (pos && neg);
         bits[i] = k == 0 ? (t & 1) : k == 1 ? (pos && !nan) : k == 2 ? (neg && !nan) : nan;
+        any = any || bits[i];
       }
-      taps[k] = tpu_hlo_convert(H, tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S32, 2, md), bits), dt);
+      taps[k] =
+          any ? tpu_hlo_convert(H, tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S32, 2, md), bits), dt) : TPU_HV_NONE;
     }
   }
   free(m);
@@ -992,15 +995,25 @@ static tpu_hv tpu_apply_dim(tpu_lower *L, tpu_hv x, tpu_hv mat, int dim, int cd)
  * weight), or an infinity read with a zero weight, with weights of both
  * signs, or beside the other infinity, makes it nan; otherwise an infinity
  * read makes it that infinity times its weight's sign (taps: the classes of
- * tpu_up_matrix). A product would spread a nan or an inf to every output of
- * its row. */
+ * tpu_up_matrix, TPU_HV_NONE for one no output has). A product would spread
+ * a nan or an inf to every output of its row. */
+/* count plus flag's reads through taps (TPU_HV_NONE: a class no output has) */
+static tpu_hv tpu_count_reads(tpu_lower *L, tpu_hv count, tpu_hv flag, tpu_hv taps, int dim, int cd) {
+  if (taps == TPU_HV_NONE) return count;
+  tpu_hv c = tpu_apply_dim(L, flag, taps, dim, cd);
+  return count == TPU_HV_NONE ? c : tpu_add(L, count, c);
+}
+
 static tpu_hv tpu_apply_dim_exact(tpu_lower *L, tpu_hv x, tpu_hv mat, const tpu_hv *taps, int dim, int cd) {
-  tpu_hv f[3], fin = tpu_nonfinite_flags(L, x, f);
-  tpu_hv nan =
-      tpu_add(L, tpu_apply_dim(L, f[0], taps[0], dim, cd), tpu_apply_dim(L, tpu_add(L, f[1], f[2]), taps[3], dim, cd));
-  tpu_hv pos = tpu_add(L, tpu_apply_dim(L, f[1], taps[1], dim, cd), tpu_apply_dim(L, f[2], taps[2], dim, cd));
-  tpu_hv neg = tpu_add(L, tpu_apply_dim(L, f[1], taps[2], dim, cd), tpu_apply_dim(L, f[2], taps[1], dim, cd));
-  return tpu_nonfinite_sum(L, tpu_apply_dim(L, fin, mat, dim, cd), nan, pos, neg);
+  tpu_hv f[3], fin = tpu_nonfinite_flags(L, x, f), none = TPU_HV_NONE;
+  tpu_hv sum = tpu_apply_dim(L, fin, mat, dim, cd);
+  tpu_hv c[3] = {
+      tpu_count_reads(L, tpu_count_reads(L, none, f[0], taps[0], dim, cd), tpu_add(L, f[1], f[2]), taps[3], dim, cd),
+      tpu_count_reads(L, tpu_count_reads(L, none, f[1], taps[1], dim, cd), f[2], taps[2], dim, cd),
+      tpu_count_reads(L, tpu_count_reads(L, none, f[1], taps[2], dim, cd), f[2], taps[1], dim, cd)};
+  for (int k = 0; k < 3; k++)
+    if (c[k] == TPU_HV_NONE) c[k] = tpu_k(L, sum, 0);
+  return tpu_nonfinite_sum(L, sum, c[0], c[1], c[2]);
 }
 
 /* Reads sizes and scales: output_size at arg 1; backward: input_size at 2. */
@@ -1301,7 +1314,7 @@ void tpu_emit_col2im(tpu_lower *L) {
       tpu_hv mat = tpu_hlo_convert(H, tpu_hlo_constant_ints(H, tpu_hlo_type_make(TPU_S64, 2, md), m), acc);
       free(m);
       /* each read with weight 1: a nan or both infinities in a sum make it nan, one infinity it */
-      tpu_hv none = tpu_k(L, mat, 0), taps[4] = {mat, mat, none, none};
+      tpu_hv taps[4] = {mat, mat, TPU_HV_NONE, TPU_HV_NONE};
       x = tpu_apply_dim_exact(L, x, mat, taps, cl + 1 + d, 1);
     }
     tpu_lower_out(L, tpu_hlo_convert(H, x, dt));
