@@ -7,6 +7,7 @@
 #define TPU_CALL_H
 
 #include <stddef.h>
+#include <string.h>
 
 #include "hlo/hlo.h"
 
@@ -50,8 +51,6 @@ typedef struct {
   struct tpu_record *rec; /* borrowed for the call; NULL for host scalars */
   tpu_dtype dtype;
   int rank;
-  int64_t sizes[TPU_MAX_RANK];
-  int64_t strides[TPU_MAX_RANK];
   int64_t offset;
   int64_t rec_numel;      /* elements of the record's flat buffer, in this tensor's dtype */
   tpu_dtype rec_dtype;    /* the record's dtype when this view reinterprets its bytes
@@ -63,7 +62,22 @@ typedef struct {
   tpu_hv base;            /* the record's flat buffer parameter, or NONE */
   tpu_hv offv;            /* the dynamic offset parameter, or NONE */
   tpu_hv value;           /* materialised value, TPU_HV_NONE until requested */
+  /* Last, and read up to rank only: 1 KiB at TPU_MAX_RANK 64, so a call
+   * clears and copies the fields before them and their first rank entries
+   * (tpu_tref_clear, tpu_tref_copy), not the whole struct. */
+  int64_t sizes[TPU_MAX_RANK];
+  int64_t strides[TPU_MAX_RANK];
 } tpu_tref;
+
+/* Zeroes every field but sizes and strides (rank becomes 0). */
+static inline void tpu_tref_clear(tpu_tref *t) { memset(t, 0, offsetof(tpu_tref, sizes)); }
+/* *d = *s up to s's rank. */
+static inline void tpu_tref_copy(tpu_tref *d, const tpu_tref *s) {
+  memcpy(d, s, offsetof(tpu_tref, sizes));
+  size_t r = s->rank > 0 && s->rank <= TPU_MAX_RANK ? (size_t)s->rank : 0;
+  memcpy(d->sizes, s->sizes, sizeof(int64_t) * r);
+  memcpy(d->strides, s->strides, sizeof(int64_t) * r);
+}
 
 enum { TPU_VIEW_WHOLE, TPU_VIEW_RANGE, TPU_VIEW_PERMUTED, TPU_VIEW_GATHER, TPU_VIEW_STRIDED };
 
@@ -95,6 +109,18 @@ typedef struct {
 static inline size_t tpu_arg_size(const tpu_arg *a) {
   bool list = a->kind == TPU_ARG_INTS || a->kind == TPU_ARG_FLOATS;
   return offsetof(tpu_arg, ints) + (list ? sizeof(int64_t) * (size_t)a->nints : 0);
+}
+/* Zeroes every field before the list, its tensor's sizes and strides aside. */
+static inline void tpu_arg_clear(tpu_arg *a) {
+  memset(a, 0, offsetof(tpu_arg, t) + offsetof(tpu_tref, sizes));
+  memset((char *)a + offsetof(tpu_arg, list), 0, offsetof(tpu_arg, ints) - offsetof(tpu_arg, list));
+}
+/* *d = *s, what its kind uses (tpu_arg_size), the tensor up to its rank. */
+static inline void tpu_arg_copy(tpu_arg *d, const tpu_arg *s) {
+  tpu_tref_copy(&d->t, &s->t);
+  memcpy(d, s, offsetof(tpu_arg, t));
+  memcpy((char *)d + offsetof(tpu_arg, list), (const char *)s + offsetof(tpu_arg, list),
+         tpu_arg_size(s) - offsetof(tpu_arg, list));
 }
 
 /* What the call returns to Python: new output k, or tensor argument a. */

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TPU_MAX_RANK 8
+#define TPU_MAX_RANK 64
 
 /* FNV-1a 64 over n bytes, continuing from h (start with TPU_FNV_BASIS). */
 #define TPU_FNV_BASIS 14695981039346656037ull

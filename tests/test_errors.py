@@ -343,12 +343,12 @@ def test_argument_errors(name):
 
 
 def test_rank_above_the_limit_is_a_runtime_error():
-    """tpu keeps tensors of up to 8 dims (TPU_MAX_RANK); more is refused with
-    a RuntimeError naming the limit (torch's own message above 64 dims)."""
-    with pytest.raises(RuntimeError, match="up to 8 dims"):
-        torch.ones([1] * 9, device="tpu")
-    with pytest.raises(RuntimeError, match="up to 8 dims"):
-        torch.ones([1] * 9).to("tpu")
+    """tpu keeps tensors of up to 64 dims (TPU_MAX_RANK, tests/test_high_rank.py);
+    more is refused with a RuntimeError naming the limit."""
+    with pytest.raises(RuntimeError, match="up to 64 dims are supported on tpu"):
+        torch.ones([1] * 65, device="tpu")
+    with pytest.raises(RuntimeError, match="up to 64 dims are supported on tpu"):
+        torch.ones([1] * 65).to("tpu")
 
 
 # ---- indexing over empty dims, index_put dtypes, arange into an integer out= ----------------------

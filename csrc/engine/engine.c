@@ -560,7 +560,7 @@ static tpu_status *tpu_engine_call_on(tpu_engine *e, const tpu_op_row *row, int 
       r->buf = outbuf[k];
       outbuf[k] = NULL;
       res->outs[nnew] = r;
-      res->types[nnew] = o->type;
+      tpu_hlo_type_copy(&res->types[nnew], &o->type);
       nnew++;
     } else if (o->kind == TPU_OUT_CHECK && outbuf[k]) {
       char *site = e->where && e->mode != TPU_MODE_DEBUG ? e->where() : NULL;

@@ -147,12 +147,12 @@ tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, t
   tpu_tref *lists = (tpu_tref *)(block + at);
   n->outrec = (tpu_record **)(block + at + lt);
   n->sig = block + at + lt + ot;
-  for (int i = 0; i < nargs; i++) memcpy(&n->args[i], &args[i], tpu_arg_size(&args[i]));
+  for (int i = 0; i < nargs; i++) tpu_arg_copy(&n->args[i], &args[i]);
   if (nnew) memset(n->outrec, 0, ot);
   for (int i = 0; i < nargs; i++) {
     tpu_arg *a = &n->args[i];
     if (a->kind != TPU_ARG_TENSORS) continue;
-    if (a->nlist) memcpy(lists, args[i].list, sizeof *lists * (size_t)a->nlist);
+    for (int j = 0; j < a->nlist; j++) tpu_tref_copy(&lists[j], &args[i].list[j]);
     a->list = lists;
     lists += a->nlist;
   }
@@ -183,7 +183,7 @@ tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, t
     tpu_graph_ref(r);
     n->outrec[res->nout] = r;
     res->outs[res->nout] = r; /* the caller's reference */
-    res->types[res->nout] = o->type;
+    tpu_hlo_type_copy(&res->types[res->nout], &o->type);
     res->nout++;
   }
   n->nnew = nnew;

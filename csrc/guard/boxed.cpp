@@ -131,7 +131,7 @@ bool read(const c10::IValue& v, const c10::Argument& arg, Frame& f, size_t i) {
     a->n = static_cast<int>(items.size());
     if (tensors) {
       auto& m = f.lists[i];
-      m.assign(items.size(), tpu_tensor_meta{});
+      if (m.size() < items.size()) m.resize(items.size()); // filled below: no 1 KiB clear a tensor a call
       for (size_t j = 0; j < items.size(); j++) {
         if (items[j].isNone()) {
           m[j].rank = -1;

@@ -83,8 +83,8 @@ bool tpu_hloi_type_valid(const tpu_hlo_type *t) {
 tpu_hlo_type tpu_hlo_type_make(tpu_dtype dt, int rank, const int64_t *dims) {
   tpu_hlo_type t;
   memset(&t, 0, sizeof t);
-  t.dtype = dt;
-  t.rank = rank < 0 ? 0 : (rank > TPU_MAX_RANK ? TPU_MAX_RANK : rank);
+  t.dtype = rank > TPU_MAX_RANK ? TPU_INVALID : dt; /* a type no op takes (tpu_hloi_type_valid), never a cut one */
+  t.rank = rank < 0 ? 0 : (rank > TPU_MAX_RANK ? 0 : rank);
   for (int i = 0; i < t.rank; i++) t.dims[i] = dims[i];
   return t;
 }
@@ -113,7 +113,7 @@ int tpu_hlo_type_str(const tpu_hlo_type *t, char *buf, size_t n) {
 }
 
 void tpu_hloi_put_type(tpu_hlo *m, tpu_buf *b, const tpu_hlo_type *t) {
-  char s[256];
+  char s[TPU_HLO_TYPE_STR_MAX];
   int n = tpu_hlo_type_str(t, s, sizeof s);
   tpu_hloi_buf_put(m, b, s, (size_t)(n < (int)sizeof s ? n : (int)sizeof s - 1));
 }

@@ -36,7 +36,16 @@ typedef struct {
 /* Build a type; dims may be NULL when rank is 0. */
 tpu_hlo_type tpu_hlo_type_make(tpu_dtype dt, int rank, const int64_t *dims);
 int64_t tpu_hlo_type_numel(const tpu_hlo_type *t);
+/* *d = *s, its dims up to its rank (a type is 520 bytes at TPU_MAX_RANK 64). */
+static inline void tpu_hlo_type_copy(tpu_hlo_type *d, const tpu_hlo_type *s) {
+  d->dtype = s->dtype;
+  d->rank = s->rank;
+  for (int i = 0; i < s->rank; i++) d->dims[i] = s->dims[i];
+}
 bool tpu_hlo_type_eq(const tpu_hlo_type *a, const tpu_hlo_type *b);
+/* Bytes that hold any type's text: "tensor<", a dim of up to 20 characters
+ * and an "x" for each dim, the longest element type, ">". */
+#define TPU_HLO_TYPE_STR_MAX (TPU_MAX_RANK * 21 + 32)
 /* "tensor<2x3xf32>"; writes at most n bytes (NUL included); returns length. */
 int tpu_hlo_type_str(const tpu_hlo_type *t, char *buf, size_t n);
 

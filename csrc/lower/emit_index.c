@@ -1778,8 +1778,8 @@ void tpu_emit_repeat(tpu_lower *L) {
     return;
   }
   if (n > TPU_MAX_RANK) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "tpu supports tensors of up to %d dims (repeat's result has %d)", TPU_MAX_RANK,
-                   n);
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "only tensors with up to %d dims are supported on tpu (repeat's result has %d)",
+                   TPU_MAX_RANK, n);
     return;
   }
   tpu_hv x = tpu_lower_tensor(L, 0, -1);

@@ -72,12 +72,13 @@ static int tpu_fast_parse(tpu_mod_state *st, char kind, const tpu_fast_arg *in, 
       if (tpu_fast_number(in->tag)) return tpu_fast_scalar(in, a); /* a wrapped number (x + 1) */
       if (in->tag != TPU_FA_TENSOR) return 1;
       a->kind = TPU_ARG_TENSOR;
-      memset(&a->t, 0, sizeof a->t);
+      tpu_tref_clear(&a->t);
       return tpu_tref_from_meta_struct(st, in->t, &a->t, opname, &rc) ? rc : 1;
     case TPU_ARG_TENSORS: {
       if (in->tag != TPU_FA_TENSORS || in->n > TPU_MAX_LIST) return 1;
-      tpu_tref *lists = calloc((size_t)(in->n ? in->n : 1), sizeof *lists);
+      tpu_tref *lists = malloc(sizeof *lists * (size_t)(in->n ? in->n : 1));
       if (!lists) return PyErr_NoMemory(), -1;
+      for (int j = 0; j < in->n; j++) tpu_tref_clear(&lists[j]);
       a->kind = TPU_ARG_TENSORS;
       a->list = lists;
       a->nlist = in->n;
@@ -186,7 +187,7 @@ static int tpu_fast_call(void *kernel, const tpu_fast_arg *in, int nargs, tpu_fa
   int nparsed = 0, rc = 0;
   for (int i = 0; i < nargs && rc == 0; i++) {
     tpu_arg *a = &args[i];
-    memset(a, 0, offsetof(tpu_arg, ints));
+    tpu_arg_clear(a);
     a->is_default = in[i].is_default != 0;
     nparsed = i + 1;
     rc = tpu_fast_parse(st, k->kinds[i], &in[i], a, opname);

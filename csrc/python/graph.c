@@ -263,7 +263,9 @@ PyObject *tpu_py_graph_replay(PyObject *m, PyObject *args) {
   if (!fa) return NULL;
   Py_ssize_t na = PySequence_Fast_GET_SIZE(fa);
   signed char *kinds = calloc((size_t)na + 1, 1);
-  tpu_tref *ti = calloc((size_t)na + 1, sizeof *ti);
+  tpu_tref *ti = malloc(sizeof *ti * ((size_t)na + 1)); /* a tref's sizes and strides are read up to its rank */
+  if (ti)
+    for (Py_ssize_t i = 0; i <= na; i++) tpu_tref_clear(&ti[i]);
   PyObject *result = NULL;
   int nti = (kinds && ti) ? tpu_graph_values(st, fa, kinds, ti) : (PyErr_NoMemory(), -1);
   tpu_pyplan *hit = NULL;

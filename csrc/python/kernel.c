@@ -112,21 +112,19 @@ static int tpu_parse_arg(tpu_mod_state *st, char kind, PyObject *o, tpu_arg *a, 
                      TPU_MAX_LIST);
         return -1;
       }
-      tpu_tref *lists = calloc((size_t)(n ? n : 1), sizeof *lists);
+      tpu_tref *lists = malloc(sizeof *lists * (size_t)(n ? n : 1));
       if (!lists) {
         Py_DECREF(fast);
         PyErr_NoMemory();
         return -1;
       }
+      for (Py_ssize_t j = 0; j < n; j++) tpu_tref_clear(&lists[j]);
       a->kind = TPU_ARG_TENSORS;
       a->list = lists;
       a->nlist = (int)n;
       for (Py_ssize_t j = 0; j < n; j++) {
         PyObject *it = PySequence_Fast_GET_ITEM(fast, j);
-        if (it == Py_None) {
-          memset(&lists[j], 0, sizeof lists[j]);
-          continue;
-        }
+        if (it == Py_None) continue;
         if (tpu_tref_from_py(st, it, &lists[j], opname) < 0) {
           Py_DECREF(fast);
           return -1;
@@ -363,7 +361,7 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
     }
     params[i] = o;
     tpu_arg *a = &f->args[i];
-    memset(a, 0, offsetof(tpu_arg, ints));
+    tpu_arg_clear(a);
     a->is_default = k->defaults[i] && (o == k->defaults[i]);
     nparsed = i + 1;
     if (tpu_parse_arg(st, k->kinds[i], o, a, opname) < 0) goto done;
@@ -376,7 +374,7 @@ static PyObject *tpu_kernel_call(tpu_kernel *k, PyObject *args, PyObject *kwargs
       if (bit) {
         if (!(resolved[i] = PyObject_CallOneArg(k->resolve, o))) goto done;
         params[i] = o = resolved[i];
-        memset(a, 0, offsetof(tpu_arg, ints));
+        tpu_arg_clear(a);
         a->is_default = false;
         if (tpu_parse_arg(st, k->kinds[i], o, a, opname) < 0) goto done;
       }

@@ -168,10 +168,9 @@ int tpu_int64_seq(PyObject *seq, int64_t *out, int max, const char *what) {
     Py_DECREF(fast);
     if (max != TPU_MAX_RANK)
       PyErr_Format(PyExc_ValueError, "%s: at most %d entries supported, got %zd", what, max, n);
-    else if (n > 64) /* torch's own limit */
-      PyErr_SetString(PyExc_RuntimeError, "only tensors with up to 64 dims are supported");
-    else
-      PyErr_Format(PyExc_RuntimeError, "tpu supports tensors of up to %d dims (%s of %zd dims)", TPU_MAX_RANK, what, n);
+    else /* the words of torch's own limit on reductions' dims, which is this one */
+      PyErr_Format(PyExc_RuntimeError, "only tensors with up to %d dims are supported on tpu (%s of %zd dims)",
+                   TPU_MAX_RANK, what, n);
     return -1;
   }
   for (Py_ssize_t i = 0; i < n; i++) {
@@ -282,10 +281,10 @@ static int tpu_tref_from_meta(tpu_mod_state *st, PyObject *o, tpu_tref *t, const
 
 /* Fill t from a torch tensor. Returns 0, or -1 with an exception set. */
 int tpu_tref_from_py(tpu_mod_state *st, PyObject *o, tpu_tref *t, const char *opname) {
-  memset(t, 0, sizeof *t);
+  tpu_tref_clear(t);
   int rc = 0;
   if (st->tapi && tpu_tref_from_meta(st, o, t, opname, &rc)) return rc;
-  memset(t, 0, sizeof *t);
+  tpu_tref_clear(t);
   PyObject *d = PyObject_GetAttr(o, st->s_dtype);
   if (!d) return -1;
   t->dtype = tpu_dtype_from_py(st, d);

@@ -10,7 +10,7 @@
 
 #define TPU_TENSOR_API_NAME "torchtpu._device_guard.tensor_api"
 #define TPU_TENSOR_API_VERSION 1
-#define TPU_TENSOR_META_RANK 8 /* TPU_MAX_RANK: sizes and strides of more dims are not filled */
+#define TPU_TENSOR_META_RANK 64 /* TPU_MAX_RANK: sizes and strides of more dims are not filled */
 
 typedef struct {
   int scalar_type; /* c10::ScalarType */

@@ -582,8 +582,12 @@ static void test_types(void) {
   CHECK(tpu_hlo_type_numel(&t) == 6 && tpu_hlo_type_numel(&s) == 1, "numel");
   tpu_hlo_type u = ty(TPU_F32, 2, 2, 3), v = ty(TPU_F32, 2, 3, 2), w = ty(TPU_S32, 2, 2, 3);
   CHECK(tpu_hlo_type_eq(&t, &u) && !tpu_hlo_type_eq(&t, &v) && !tpu_hlo_type_eq(&t, &w), "type_eq");
-  int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
-  CHECK(tpu_hlo_type_make(TPU_F32, 9, nine).rank == TPU_MAX_RANK, "rank clamps");
+  int64_t over[TPU_MAX_RANK + 1];
+  for (int i = 0; i <= TPU_MAX_RANK; i++) over[i] = 1;
+  tpu_hlo_type big = tpu_hlo_type_make(TPU_F32, TPU_MAX_RANK + 1, over);
+  CHECK(big.dtype == TPU_INVALID && big.rank == 0, "a rank over the limit is an invalid type, not a cut one");
+  tpu_hlo_type most = tpu_hlo_type_make(TPU_F32, TPU_MAX_RANK, over);
+  CHECK(most.dtype == TPU_F32 && most.rank == TPU_MAX_RANK && tpu_hlo_type_numel(&most) == 1, "rank %d", TPU_MAX_RANK);
   tpu_hlo *m = tpu_hlo_new();
   CHECK(tpu_hlo_typeof(m, TPU_HV_NONE)->dtype == TPU_INVALID, "typeof NONE");
   CHECK(tpu_hlo_typeof(m, 5)->dtype == TPU_INVALID, "typeof out of range");
@@ -928,10 +932,13 @@ static void test_checks(void) {
   EXPECT_BAD(TPU_ERR_RUNTIME, "stablehlo.sort: 9 operands (1 to 8 supported)", tpu_hv xs[9] = {0}; tpu_hv o[9];
              tpu_hlo_sort(m, xs, 9, 0, true, 0, o));
   /* Out-of-range dimension numbers are errors, never out-of-bounds reads. */
-  int64_t d8[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-  EXPECT_BAD(TPU_ERR_RUNTIME,
-             "stablehlo.dot_general: operand types tensor<1x1x1x1x1x1x1x1xf32> and tensor<1x1x1x1x1x1x1x1xf32> differ",
-             tpu_hv a = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 8, d8));
+  int64_t d33[33];
+  for (int i = 0; i < 33; i++) d33[i] = 1;
+  char ones33[300] = "stablehlo.dot_general: operand types ", t33[120] = "tensor<";
+  for (int i = 0; i < 33; i++) strcat(t33, "1x");
+  strcat(t33, "f32>");
+  strcat(strcat(strcat(strcat(ones33, t33), " and "), t33), " differ"); /* a result of 66 dims */
+  EXPECT_BAD(TPU_ERR_RUNTIME, ones33, tpu_hv a = tpu_hlo_param(m, tpu_hlo_type_make(TPU_F32, 33, d33));
              tpu_hlo_dot_general(m, a, a, 0, NULL, NULL, 0, NULL, NULL, TPU_HLO_PREC_DEFAULT, TPU_INVALID));
   EXPECT_BAD(TPU_ERR_RUNTIME, "stablehlo.dot_general: operand types tensor<4xf32> and tensor<4xf32> differ",
              tpu_hv a = tpu_hlo_param(m, f);
@@ -1109,7 +1116,10 @@ static void test_hash64(void) {
 /* A sharding over a mesh of mesh_rank axes (m[0..)) of a rank-`rank`
  * tensor whose dims 0 and 1 are split over axes d0 and d1 (-1: none). */
 static tpu_sharding sh(int mesh_rank, const int64_t *mesh, int rank, int d0, int d1) {
-  int8_t da[TPU_MAX_RANK] = {(int8_t)d0, (int8_t)d1, -1, -1, -1, -1, -1, -1};
+  int8_t da[TPU_MAX_RANK];
+  memset(da, -1, sizeof da);
+  da[0] = (int8_t)d0;
+  da[1] = (int8_t)d1;
   return tpu_sharding_make(mesh_rank, mesh, rank, da);
 }
 
@@ -1241,8 +1251,8 @@ static void test_sharding_geometry(void) {
   expect_check(&s, NULL, "sharding: mesh rank 5 (0 to 4 supported)", "mesh rank");
   s = sh(2, m0, 1, -1, -1);
   expect_check(&s, NULL, "sharding: mesh axis 1 has size 0", "mesh axis size");
-  s = sh(1, m4, 9, -1, -1);
-  expect_check(&s, NULL, "sharding: tensor rank 9 (0 to 8 supported)", "tensor rank");
+  s = sh(1, m4, TPU_MAX_RANK + 1, -1, -1);
+  expect_check(&s, NULL, "sharding: tensor rank 65 (0 to 64 supported)", "tensor rank");
   int64_t big[2] = {1 << 13, 1 << 12};
   s = sh(2, big, 1, -1, -1);
   expect_check(&s, NULL, "sharding: a mesh of more than 16777216 devices", "too many devices");

@@ -345,13 +345,13 @@ static void test_on_ready(void) {
 /* Bad arguments are statuses before anything reaches the plugin. */
 static void test_bad_buffers(void) {
   float x[4] = {0};
-  const int64_t neg[2] = {2, -1}, nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  const int64_t neg[2] = {2, -1}, over[TPU_MAX_RANK + 1] = {0};
   tpu_rt_buffer *b = (tpu_rt_buffer *)1;
   tpu_status *s = tpu_rt_buffer_from_host(rt, x, TPU_F32, neg, 2, &b);
   CHECK(s && tpu_status_code(s) == TPU_ERR_VALUE && b == NULL, "negative dimension accepted");
   tpu_status_free(s);
-  s = tpu_rt_buffer_from_host(rt, x, TPU_F32, nine, 9, &b);
-  CHECK(s && tpu_status_code(s) == TPU_ERR_VALUE && b == NULL, "rank 9 accepted");
+  s = tpu_rt_buffer_from_host(rt, x, TPU_F32, over, TPU_MAX_RANK + 1, &b);
+  CHECK(s && tpu_status_code(s) == TPU_ERR_VALUE && b == NULL, "rank 65 accepted");
   tpu_status_free(s);
   s = tpu_rt_buffer_from_host(rt, x, TPU_INVALID, NULL, 0, &b);
   CHECK(s && tpu_status_code(s) == TPU_ERR_TYPE && b == NULL, "invalid dtype accepted");
