@@ -45,6 +45,7 @@ def device_guard():
                 "csrc/guard/device_guard.cpp",
                 "csrc/guard/tensor_meta.cpp",
                 "csrc/guard/boxed.cpp",
+                "csrc/guard/layout.cpp",
                 "csrc/guard/generator.cpp",
                 "csrc/guard/hooks.cpp",
                 "csrc/guard/profiler.cpp",

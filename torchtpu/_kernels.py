@@ -134,8 +134,28 @@ def _uninitialized(t, start=0):
     return t
 
 
+def _format_strides(size, memory_format):
+    """The strides torch gives a new tensor of this size in memory_format
+    (None: row-major), with torch's error for a rank the format cannot take."""
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
+        return None
+    rank = 4 if memory_format == torch.channels_last else 5 if memory_format == torch.channels_last_3d else 0
+    if not rank:
+        raise RuntimeError(f"Unsupported memory format {memory_format}")
+    if len(size) != rank:
+        raise RuntimeError(f"required rank {rank} tensor to use {str(memory_format).split('.')[-1]} format")
+    st = [0] * rank
+    st[1], acc = 1, int(size[1])
+    for d in range(rank - 1, 1, -1):
+        st[d] = acc
+        acc *= int(size[d])
+    st[0] = acc
+    return st
+
+
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _uninitialized(_C.empty(size, dtype or torch.get_default_dtype(), None, _dev(device)))
+    stride = _format_strides(size, memory_format)
+    return _uninitialized(_C.empty(size, dtype or torch.get_default_dtype(), stride, _dev(device)))
 
 
 def _efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=None):
@@ -187,10 +207,30 @@ def _clone_resolving_bits(c_clone):
 
     def clone(self, memory_format=None):
         if self.is_conj() or self.is_neg():
-            return _resolve_bits(self)
-        return c_clone(self, memory_format=memory_format)
+            self = _resolve_bits(self)
+            if memory_format in (None, torch.preserve_format):
+                return self
+        return _laid_out(self, memory_format, c_clone)
 
     return clone
+
+
+def _laid_out(self, memory_format, c_clone):
+    """clone(memory_format) as torch lays it out: preserve keeps the strides of
+    a dense tensor, else takes its suggested format; channels_last(_3d) their
+    strides. The C kernel copies row-major; another layout is a copy into a
+    tensor of those strides."""
+    mf = torch.preserve_format if memory_format is None else memory_format
+    if mf == torch.preserve_format:
+        if _C.dense(self):
+            if self.is_contiguous():
+                return c_clone(self)
+            out = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device=self.device)
+            return out.copy_(self)
+        mf = _suggest_format(self)
+    if mf == torch.contiguous_format:
+        return c_clone(self)
+    return torch.empty(self.shape, dtype=self.dtype, device=self.device, memory_format=mf).copy_(self)
 
 
 def _stored(self, dst):
@@ -506,6 +546,33 @@ def _fused_optimizer(op_id, opov, **flags):
 _LIST_MAX = 64
 
 
+def _suggest_format(t):
+    """torch's suggest_memory_format (C++ only): channels_last(_3d) when a 4-d
+    (5-d) tensor's strides order its dims as that format does, ambiguous
+    cases row-major."""
+    order = {4: (1, 3, 2, 0), 5: (1, 4, 3, 2, 0)}.get(t.dim())
+    size, stride = t.shape, t.stride()
+    if order is None or stride[1] == 0:
+        return torch.contiguous_format
+    low = 0
+    for d in order:
+        if size[d] == 0 or stride[d] < low or (d == 0 and low == stride[1]):
+            return torch.contiguous_format
+        low = stride[d] * (size[d] if size[d] > 1 else 1)
+    return torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+
+
+def _common_format(tensors):
+    """channels_last(_3d) when every tensor suggests it, else None."""
+    fmt = None
+    for t in tensors:
+        f = _suggest_format(t)
+        if f == torch.contiguous_format or (fmt is not None and f != fmt):
+            return None
+        fmt = f
+    return fmt
+
+
 def _chunked_cat(c_cat):
     """aten::cat of any number of tensors (torch.stack and clip_grad_norm_
     over a model's parameters make long lists): cats of at most _LIST_MAX,
@@ -513,9 +580,12 @@ def _chunked_cat(c_cat):
 
     def cat(tensors, dim=0):
         tensors = list(tensors)
+        fmt = _common_format(tensors)
         while len(tensors) > _LIST_MAX:
             tensors = [c_cat(tensors[k : k + _LIST_MAX], dim) for k in range(0, len(tensors), _LIST_MAX)]
-        return c_cat(tensors, dim)
+        out = c_cat(tensors, dim)
+        # the CPU's cat lays its result out in the inputs' common format
+        return out.contiguous(memory_format=fmt) if fmt is not None and out.dim() == len(tensors[0].shape) else out
 
     return cat
 

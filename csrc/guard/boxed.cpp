@@ -12,6 +12,7 @@
 
 #include <ATen/DLConvertor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty_strided.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -26,6 +27,7 @@
 
 #include "../python/fast_api.h"
 #include "generator.hpp"
+#include "layout.hpp"
 #include "meta.hpp"
 
 namespace {
@@ -200,9 +202,18 @@ bool is_dtype(const c10::Argument& arg) {
   throw std::move(e);
 }
 
+// t copied into a tensor of these strides (layout.hpp): the core computes
+// results row-major, torch lays some out as their inputs.
+at::Tensor relaid(const at::Tensor& t, const std::vector<int64_t>& strides) {
+  at::Tensor r = at::empty_strided(t.sizes(), strides, t.options());
+  r.copy_(t);
+  return r;
+}
+
 struct Kernel final : c10::OperatorKernel {
   PyObject* kernel; // strong, for the life of the process
-  explicit Kernel(PyObject* k) : kernel(k) {}
+  TpuLayoutRule layout;
+  Kernel(PyObject* k, TpuLayoutRule rule) : kernel(k), layout(rule) {}
 
   // The Kernel's Python call with every argument given (a dtype as a
   // torch.dtype), as torch.library's Python kernels are called.
@@ -210,6 +221,24 @@ struct Kernel final : c10::OperatorKernel {
     const auto& schema = op.schema();
     size_t n = schema.arguments().size();
     auto arguments = torch::jit::pop(*stack, n);
+    std::vector<c10::IValue> inputs;
+    if (layout != TpuLayoutRule::None) inputs = arguments; // the layout rule reads them after the call
+    python_call(schema, arguments, stack);
+    if (inputs.empty()) return;
+    size_t r = schema.returns().size();
+    for (size_t j = stack->size() - r; j < stack->size(); j++) {
+      c10::IValue& v = (*stack)[j];
+      if (!v.isTensor() || !v.toTensor().defined()) continue;
+      bool is_input = false; // an in-place or out= result is the caller's tensor, laid out as it is
+      for (const auto& a : inputs) is_input = is_input || (a.isTensor() && a.toTensor().is_same(v.toTensor()));
+      if (is_input) continue;
+      auto strides = tpu_result_strides(layout, v.toTensor().sizes(), inputs);
+      if (!strides.empty()) v = relaid(v.toTensor(), strides);
+    }
+  }
+
+  void python_call(const c10::FunctionSchema& schema, std::vector<c10::IValue>& arguments, torch::jit::Stack* stack) {
+    size_t n = arguments.size();
     pybind11::gil_scoped_acquire gil;
     pybind11::tuple args(n);
     for (size_t i = 0; i < n; i++) {
@@ -264,7 +293,9 @@ struct Kernel final : c10::OperatorKernel {
           dst.set_(t);
           outs[done] = dst;
         } else {
-          outs[done] = std::move(t);
+          auto strides =
+              layout == TpuLayoutRule::None ? std::vector<int64_t>{} : tpu_result_strides(layout, t.sizes(), in);
+          outs[done] = strides.empty() ? std::move(t) : relaid(t, strides);
         }
       }
     } catch (...) {
@@ -326,8 +357,8 @@ PyObject* tpu_register_kernels(PyObject*, PyObject* args) {
       Py_INCREF(kernel);
       handles->push_back(c10::Dispatcher::singleton().registerImpl(
           opname, c10::DispatchKey::PrivateUse1,
-          c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(kernel)), std::nullopt, nullptr,
-          "torchtpu (boxed.cpp)"));
+          c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(kernel, tpu_layout_rule(*handle))),
+          std::nullopt, nullptr, "torchtpu (boxed.cpp)"));
       if (PyList_Append(taken, name) < 0) throw python_error();
     }
   } catch (const python_error&) {
