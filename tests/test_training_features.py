@@ -397,6 +397,25 @@ def test_save_and_load_tpu_tensors():
     assert bf.dtype == torch.bfloat16 and bf.device.type == "tpu"
 
 
+def test_safetensors_weights_load_to_the_cpu_then_move(tmp_path):
+    """docs/training.md's recipe: safetensors refuses device="tpu" by its own
+    check; loading to the CPU and moving gives the same module."""
+    st = pytest.importorskip("safetensors.torch")
+    torch.manual_seed(0)
+    src = torch.nn.Linear(4, 3).to("tpu")
+    path = str(tmp_path / "w.safetensors")
+    st.save_file({k: v.cpu() for k, v in src.state_dict().items()}, path)
+    with pytest.raises(Exception, match="device tpu is invalid"):
+        st.load_file(path, device="tpu")
+    dst = torch.nn.Linear(4, 3)
+    dst.load_state_dict(st.load_file(path))
+    dst.to("tpu")
+    x = torch.randn(2, 4, device="tpu")
+    assert torch.equal(dst(x).cpu(), src(x).cpu())
+    moved = {k: v.to("tpu") for k, v in st.load_file(path).items()}
+    assert all(v.device.type == "tpu" for v in moved.values())
+
+
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_activation_checkpoint_recomputes_dropout_with_the_same_mask(reentrant):
     """torch.utils.checkpoint saves the tpu generator for the recomputed
