@@ -28,6 +28,15 @@ char *tpu_strfmtv(const char *fmt, va_list ap) {
   return buf;
 }
 
+int tpu_bytes_str(int64_t n, char *buf, size_t len) {
+  static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (n < 1024) return snprintf(buf, len, "%lld bytes", (long long)n);
+  double v = (double)n / 1024;
+  int u = 0;
+  while (v >= 1023.95 && u < 5) v /= 1024, u++;
+  return snprintf(buf, len, "%.1f %s", v, units[u]);
+}
+
 char *tpu_strfmt(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -61,15 +70,16 @@ const char *tpu_status_message(const tpu_status *s) { return s->msg; }
 
 tpu_status *tpu_status_prefix(tpu_status *s, const char *fmt, ...) {
   if (!s || s == &tpu_status_oom) return s;
-  char head[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(head, sizeof head, fmt, ap);
+  char *head = tpu_strfmtv(fmt, ap); /* any length: a prefix may hold a Python stack */
   va_end(ap);
+  if (!head) return s;
   size_t n = strlen(head) + 2 + strlen(s->msg) + 1;
   char *m = malloc(n);
+  if (m) snprintf(m, n, "%s: %s", head, s->msg);
+  free(head);
   if (!m) return s;
-  snprintf(m, n, "%s: %s", head, s->msg);
   free(s->msg);
   s->msg = m;
   return s;

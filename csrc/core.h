@@ -38,6 +38,9 @@ typedef enum {
 /* A printf-formatted string of any length: owned (free), NULL when out of memory. */
 char *tpu_strfmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 char *tpu_strfmtv(const char *fmt, va_list ap);
+/* n bytes for people: "512 bytes", "1.5 KiB", ..., "2.0 TiB" (binary units,
+ * one decimal); snprintf's contract. */
+int tpu_bytes_str(int64_t n, char *buf, size_t len);
 
 typedef struct tpu_status tpu_status;
 

@@ -98,4 +98,7 @@ def test_device_out_of_memory_is_an_error_not_a_crash(mode):
         assert "Out of memory" in msg
         assert "aten::fill_" in msg  # fused: the op that makes the program's largest value
         assert "fused program" in msg if mode == "fused" else True
+        assert "(64.0 GiB)" in msg  # the plugin's size in bytes, also in binary units
+        if mode == "fused":  # the value's size, and the Python line that made it
+            assert "its largest value, 64.0 GiB" in msg and "test_modes.py" in msg
         assert (torch.ones(3, device="tpu") * 2).cpu().tolist() == [2.0, 2.0, 2.0]

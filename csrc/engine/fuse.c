@@ -15,6 +15,10 @@
 
 #include "engine_impl.h"
 
+/* A recorded op making a new value of at least this many bytes keeps where
+ * Python called it (tpu_fuse_blame names it when a program runs out of memory). */
+#define TPU_SITE_BYTES ((int64_t)64 << 20)
+
 /* The recorded ops' names for the TPU report's name of the flush (aot_target.c):
  * the first three distinct ones, then "..." when there are others. */
 static void tpu_fuse_ops_named(tpu_engine *e) {
@@ -190,6 +194,22 @@ tpu_status *tpu_engine_record(tpu_engine *e, const tpu_op_row *row, int op_id, t
   if (e->where && e->value_checks && !e->fuse.capturing)
     for (int k = 0; k < c->nout && !n->site; k++)
       if (c->out[k].kind == TPU_OUT_CHECK) n->site = e->where();
+  /* An op making a large value (a new one, or one written in place that
+   * has no buffer yet: ones() is empty() and fill_) notes where Python
+   * called it (one walk of the frames, small beside the value's own cost):
+   * running out of memory names it (tpu_fuse_blame). */
+  if (e->where && !e->fuse.capturing && !n->site) {
+    int64_t most = 0;
+    for (int j = 0; j < nnew; j++)
+      if (n->outrec[j] && n->outrec[j]->numel * (int64_t)tpu_dtype_size(n->outrec[j]->dtype) > most)
+        most = n->outrec[j]->numel * (int64_t)tpu_dtype_size(n->outrec[j]->dtype);
+    for (int a = 0; a < nargs; a++) {
+      const tpu_record *r = n->args[a].kind == TPU_ARG_TENSOR ? n->args[a].t.rec : NULL;
+      if (r && !r->buf && !r->shards && r->numel * (int64_t)tpu_dtype_size(r->dtype) > most)
+        most = r->numel * (int64_t)tpu_dtype_size(r->dtype);
+    }
+    if (most >= TPU_SITE_BYTES) n->site = e->where();
+  }
   n->rng_seed = e->rng_seed; /* a seed set before the flush is for later ops */
   n->rng_offset = e->rng_offset;
   e->rng_offset += (uint64_t)c->rng_words;
@@ -498,8 +518,10 @@ static tpu_status *tpu_fuse_blame(tpu_engine *e, tpu_status *s) {
     }
   }
   if (!big) return tpu_status_prefix(s, "running a fused program of %d ops", e->fuse.nnodes);
-  return tpu_status_prefix(s, "running a fused program of %d ops (its largest value, %lld bytes, made by aten::%s%s%s)",
-                           e->fuse.nnodes, (long long)most, big->row->name, big->site ? ", called from:\n" : "",
+  char human[32];
+  tpu_bytes_str(most, human, sizeof human);
+  return tpu_status_prefix(s, "running a fused program of %d ops (its largest value, %s, made by aten::%s%s%s)",
+                           e->fuse.nnodes, human, big->row->name, big->site ? ", called from:\n" : "",
                            big->site ? big->site : "");
 }
 

@@ -2,6 +2,7 @@
  * in its storage, with every overflow caught as torch catches it). */
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core.h"
 
@@ -51,7 +52,22 @@ static void test_dtype_limits(void) {
         "significand bits");
 }
 
+static void test_bytes_str(void) {
+  char b[32];
+  struct {
+    int64_t n;
+    const char *want;
+  } cases[] = {{0, "0 bytes"},         {1023, "1023 bytes"},         {1024, "1.0 KiB"},
+               {1536, "1.5 KiB"},      {1048575, "1.0 MiB"},         {(int64_t)1 << 40, "1.0 TiB"},
+               {INT64_MAX, "8.0 EiB"}, {(int64_t)5 << 30, "5.0 GiB"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    tpu_bytes_str(cases[i].n, b, sizeof b);
+    CHECK(strcmp(b, cases[i].want) == 0, "%lld bytes: \"%s\", want \"%s\"", (long long)cases[i].n, b, cases[i].want);
+  }
+}
+
 int main(void) {
+  test_bytes_str();
   test_storage_numel();
   test_dtype_limits();
   printf("test_core: %d passed, %d failed\n", passed, failed);
