@@ -37,6 +37,20 @@ int tpu_bytes_str(int64_t n, char *buf, size_t len) {
   return snprintf(buf, len, "%.1f %s", v, units[u]);
 }
 
+int tpu_bytes_in_text(const char *msg, int len, int64_t *bytes) {
+  for (int i = 0; i < len; i++) {
+    if (msg[i] < '0' || msg[i] > '9' || (i > 0 && msg[i - 1] >= '0' && msg[i - 1] <= '9')) continue;
+    int64_t v = 0;
+    int j = i;
+    while (j < len && msg[j] >= '0' && msg[j] <= '9' && v < INT64_MAX / 10) v = v * 10 + (msg[j++] - '0');
+    if (j + 6 <= len && memcmp(msg + j, " bytes", 6) == 0 && v >= 1024) {
+      *bytes = v;
+      return j + 6;
+    }
+  }
+  return 0;
+}
+
 char *tpu_strfmt(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

@@ -41,6 +41,10 @@ char *tpu_strfmtv(const char *fmt, va_list ap);
 /* n bytes for people: "512 bytes", "1.5 KiB", ..., "2.0 TiB" (binary units,
  * one decimal); snprintf's contract. */
 int tpu_bytes_str(int64_t n, char *buf, size_t len);
+/* Where the first "<number> bytes" of 1 KiB or more in msg[0..len) ends (0:
+ * none), and that number in *bytes (the plugins' out-of-memory messages give
+ * sizes so). */
+int tpu_bytes_in_text(const char *msg, int len, int64_t *bytes);
 
 typedef struct tpu_status tpu_status;
 

@@ -83,22 +83,6 @@ static tpu_code tpu_rt_err_code(const tpu_pjrt_api *api, tpu_pjrt_error *err) {
   }
 }
 
-/* Where the first "<number> bytes" of 1 KiB or more in msg ends (0: none),
- * and that number. The plugins' out-of-memory messages give sizes so. */
-static int tpu_rt_bytes_at(const char *msg, int len, int64_t *bytes) {
-  for (int i = 0; i < len; i++) {
-    if (msg[i] < '0' || msg[i] > '9' || (i > 0 && msg[i - 1] >= '0' && msg[i - 1] <= '9')) continue;
-    int64_t v = 0;
-    int j = i;
-    while (j < len && msg[j] >= '0' && msg[j] <= '9' && v < INT64_MAX / 10) v = v * 10 + (msg[j++] - '0');
-    if (j + 6 <= len && memcmp(msg + j, " bytes", 6) == 0 && v >= 1024) {
-      *bytes = v;
-      return j + 6;
-    }
-  }
-  return 0;
-}
-
 /* Turns a PJRT error (owned; destroyed here) into a status whose message is
  * "<what>: <the plugin's message>" (out of memory: its size in bytes also in
  * binary units). NULL stays NULL. */
@@ -111,7 +95,7 @@ tpu_status *tpu_rt_pjrt_status(const tpu_pjrt_api *api, tpu_pjrt_error *err, con
   int len = m.message ? (int)m.message_size : (int)strlen(msg);
   tpu_code code = tpu_rt_err_code(api, err);
   int64_t bytes = 0;
-  int at = code == TPU_ERR_MEMORY ? tpu_rt_bytes_at(msg, len, &bytes) : 0;
+  int at = code == TPU_ERR_MEMORY ? tpu_bytes_in_text(msg, len, &bytes) : 0;
   char human[32];
   tpu_bytes_str(bytes, human, sizeof human);
   tpu_status *s = at ? tpu_status_new(code, "%s: %.*s (%s)%.*s", what, at, msg, human, len - at, msg + at)

@@ -66,8 +66,21 @@ static void test_bytes_str(void) {
   }
 }
 
+static void test_bytes_in_text(void) {
+  int64_t n = 0;
+  const char *m = "Out of memory allocating 68719476736 bytes.";
+  int at = tpu_bytes_in_text(m, (int)strlen(m), &n);
+  CHECK(at == 42 && n == 68719476736LL, "at %d, %lld", at, (long long)n);
+  const char *small = "need 512 bytes, have 3 bytes";
+  CHECK(tpu_bytes_in_text(small, (int)strlen(small), &n) == 0, "under 1 KiB is not rewritten");
+  const char *none = "x12345 bytesy 99999999999999999999999 bytes";
+  at = tpu_bytes_in_text(none, 6, &n); /* the text ends before " bytes" */
+  CHECK(at == 0, "cut text: %d", at);
+}
+
 int main(void) {
   test_bytes_str();
+  test_bytes_in_text();
   test_storage_numel();
   test_dtype_limits();
   printf("test_core: %d passed, %d failed\n", passed, failed);
