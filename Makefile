@@ -12,7 +12,7 @@ RT      := csrc/runtime/runtime.c csrc/runtime/aot.c
 HLO     := $(wildcard csrc/hlo/*.c) csrc/mesh.c
 CACHE   := csrc/cache/cache.c csrc/cache/sha256.c
 
-.PHONY: setup build test check pytest coverage fuzz dist4 clean bench-setup lint asan-pytest wheel wheel-check tpu-check
+.PHONY: setup build test check pytest coverage fuzz dist4 clean bench-setup lint asan-pytest wheel wheel-check tpu-check test-torch
 
 setup:
 	$(PY) -m venv $(VENV)
@@ -154,6 +154,32 @@ fuzz: build
 # 2 cores: not in `make test`.
 dist4: build
 	TORCHTPU_TEST_WORLD4=1 $(VPY) -m pytest -q tests/test_distributed_dtensor.py -k four_processes
+
+# torchtpu with another torch: `make test-torch VERSION=2.15.0`. A venv of
+# its own (TORCH_VENV, default build/torch-VERSION/venv) gets that torch from
+# PyPI (newer than 2.13 it is the CUDA build, several GB; it runs on the CPU)
+# unless it has it; the tracked tree is copied beside it and installed there
+# in place (the tree's own build stays .venv's torch's); then the fast subset
+# TORCH_TESTS.
+# Not part of `make test`.
+TORCH_DIR    = build/torch-$(VERSION)
+TORCH_VENV  ?= $(TORCH_DIR)/venv
+TORCH_PY     = $(abspath $(TORCH_VENV))/bin/python
+TORCH_TESTS ?= tests/test_device.py tests/test_tensor_api.py tests/test_generators.py tests/test_training.py \
+  tests/test_fused.py tests/test_modes.py tests/test_errors.py tests/test_memory_format.py tests/test_high_rank.py \
+  tests/test_ops_nn.py tests/test_compile.py tests/test_local_devices_autograd.py tests/test_examples.py
+test-torch:
+	@test -n "$(VERSION)" || { echo "usage: make test-torch VERSION=2.15.0"; exit 2; }
+	test -x $(TORCH_PY) || $(PY) -m venv $(TORCH_VENV)
+	$(TORCH_PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(VERSION)')" || \
+	  $(TORCH_PY) -m pip install --quiet "torch==$(VERSION)" numpy pytest "pytest-xdist==3.8.0" expecttest \
+	  xla-cpu-pjrt setuptools
+	$(TORCH_PY) -m pip install --quiet --no-deps "lammps-jax-pjrt-cpu==0.11.2"
+	rm -rf $(TORCH_DIR)/src && mkdir -p $(TORCH_DIR)/src
+	git ls-files -z | tar --null -T - -cf - | tar -xf - -C $(TORCH_DIR)/src
+	cd $(TORCH_DIR)/src && $(TORCH_PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	cd $(TORCH_DIR)/src && $(TORCH_PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_JOBS) --dist loadfile \
+	  $(TORCH_TESTS)
 
 clean:
 	rm -rf build *.egg-info torchtpu/_C*.so

@@ -26,8 +26,19 @@ def _guard_module():
     structs). None, with a warning, for another torch; None when not built."""
     try:
         from . import _device_guard
-    except ImportError:
-        return None  # not built (or not loadable with this torch)
+    except ImportError as e:
+        import importlib.util
+
+        if importlib.util.find_spec(f"{__package__}._device_guard") is None:
+            return None  # not built
+        # built, but not loadable by this torch (a symbol the torch it was built for has)
+        warnings.warn(
+            f"torchtpu: its C++ extension does not load with torch {torch.__version__} ({e}); it was built "
+            "for another torch: it is not used (one local device for backward, no tpu generators, kernels "
+            "called through Python); reinstall torchtpu against this torch",
+            stacklevel=4,
+        )
+        return None
     built = getattr(_device_guard, "torch_version", None)
     if built != torch.__version__:
         warnings.warn(

@@ -49,7 +49,7 @@ _IMPL = None
 # (torchtpu.metrics()["ops_not_registered"] counts them).
 NOT_REGISTERED = set()
 # The torch versions torchtpu is tested with: [lowest, first untested) (pyproject.toml).
-TESTED_TORCH = ((2, 11), (2, 14))
+TESTED_TORCH = ((2, 11), (2, 16))
 
 # ATen overloads run through torch._decomp decompositions (rare composite ops
 # only; everything else is a C lowering). The coverage report counts them.
@@ -226,6 +226,18 @@ def _check_torch_version():
     )
 
 
+def _torch_compat():
+    """Exception types that differ between torch versions, as this torch's CPU
+    kernels raise them (one probe each, on the CPU): the C core raises the same."""
+    b = torch.ones(1, dtype=torch.bool)
+    try:
+        b - b
+    except NotImplementedError:  # torch 2.14 and later
+        _C.torch_compat(True)
+    except RuntimeError:  # torch 2.11 to 2.13
+        _C.torch_compat(False)
+
+
 def _overload(name):
     """The overload aten::name ("op" or "op.overload"), or None when this torch
     lacks it (recorded in NOT_REGISTERED)."""
@@ -340,6 +352,7 @@ def setup(device_module):
     # So does a newer torch: what it lacks is not registered, and a torch
     # without the hooks a Python device needs leaves the device unavailable.
     _check_torch_version()
+    _torch_compat()
     _settings.check()
     (path, platform, ndev, fraction), error = _native._device_error()
     try:

@@ -16,6 +16,7 @@
 
 #include <stdio.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 const tpu_op_row tpu_op_table[TPU_NUM_OPS] = {
@@ -23,6 +24,12 @@ const tpu_op_row tpu_op_table[TPU_NUM_OPS] = {
 #include "ops.def"
 #undef TPU_OP
 };
+
+static atomic_bool tpu_bool_sub_unimplemented;
+void tpu_lower_set_bool_sub_unimplemented(bool on) { atomic_store(&tpu_bool_sub_unimplemented, on); }
+tpu_code tpu_lower_bool_sub_code(void) {
+  return atomic_load(&tpu_bool_sub_unimplemented) ? TPU_ERR_UNIMPLEMENTED : TPU_ERR_RUNTIME;
+}
 
 void tpu_lower_fail(tpu_lower *L, tpu_code code, const char *fmt, ...) {
   if (!tpu_hlo_ok(L->hlo)) return;

@@ -113,6 +113,12 @@ void tpu_lower_run(tpu_lower *L, const tpu_op_row *row);
 /* ---- helpers for emitters ------------------------------------------------------ */
 
 void tpu_lower_fail(tpu_lower *L, tpu_code code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Where torch versions differ in the exception type of an argument check,
+ * the running torch's (set once at setup from a CPU probe): a subtraction
+ * with a bool operand is a RuntimeError to torch 2.13, NotImplementedError
+ * from 2.14. */
+void tpu_lower_set_bool_sub_unimplemented(bool on);
+tpu_code tpu_lower_bool_sub_code(void);
 bool tpu_lower_is_none(const tpu_lower *L, int i);
 /* Value of tensor argument i (item j for lists, else -1), as stored. */
 tpu_hv tpu_lower_tensor(tpu_lower *L, int i, int j);

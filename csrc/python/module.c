@@ -3,6 +3,7 @@
  * files of this folder are listed in bind.h.
  */
 #include "bind.h"
+#include "../lower/lower.h"
 
 #include <string.h>
 
@@ -211,6 +212,16 @@ static PyObject *tpu_py_value_checks(PyObject *m, PyObject *args) {
   if (!e) return NULL;
   if (on >= 0) tpu_engine_set_value_checks(e, on);
   return PyBool_FromLong(tpu_engine_value_checks(e));
+}
+
+/* torch_compat(bool_sub_not_implemented): the running torch's exception
+ * types where torch versions differ (found by the caller on the CPU). */
+static PyObject *tpu_py_torch_compat(PyObject *m, PyObject *args) {
+  (void)m;
+  int bool_sub = 0;
+  if (!PyArg_ParseTuple(args, "p", &bool_sub)) return NULL;
+  tpu_lower_set_bool_sub_unimplemented(bool_sub);
+  Py_RETURN_NONE;
 }
 
 /* disk_cache(dir, max_bytes, extra_salt) -> None: turn the disk tier on
@@ -441,6 +452,8 @@ static PyMethodDef tpu_methods[] = {
     {"memory", tpu_py_memory, METH_VARARGS, "memory(reset_peak=False, device=-1) -> byte counts"},
     {"matmul_precision", tpu_py_matmul_precision, METH_VARARGS, "matmul_precision([p]) -> p"},
     {"value_checks", tpu_py_value_checks, METH_VARARGS, "value_checks([on]) -> on"},
+    {"torch_compat", tpu_py_torch_compat, METH_VARARGS,
+     "torch_compat(bool_sub_not_implemented): the running torch's exception types"},
     {"disk_cache", tpu_py_disk_cache, METH_VARARGS, "disk_cache(dir, max_bytes, extra_salt)"},
     {"set_aot", tpu_py_set_aot, METH_VARARGS,
      "set_aot(libtpu, topology, strict, mesh_only=False): compile for a TPU as well"},
