@@ -5,7 +5,8 @@ a built-in device gets through torch's public hooks: dispatcher kernels, the
 device module, autocast keys, optimizer step hooks. What those hooks cannot
 reach is patched here, one function per patch, each saying what it works
 around and which torch versions need it (the supported range is torch 2.11 to
-2.13, pyproject.toml; the reasons were checked against torch 2.13's source).
+2.15, pyproject.toml; the reasons were checked against torch 2.13's source,
+and 2.14 and 2.15 pass `make test-torch` with every patch applied).
 
 apply() runs PATCHES, once, from torchtpu._registry.setup(), after the
 kernels are registered and before autocast; apply_distributed() runs
