@@ -383,6 +383,17 @@ CASES_INDEX = {
         lambda d: torch.arange(0, 64, 0.5, out=torch.empty(0, dtype=I64, device=d)),
         "step must be nonzero",
     ),
+    # an integer arange of float bounds: the truncated bounds (torch 2.13), or the count from the
+    # float ones (2.14 and later); tpu did neither ([0, 2, 3] for the first)
+    "arange int64 of float bounds": (lambda d: torch.arange(0.5, 5, 1.5, dtype=I64, device=d), None),
+    "arange int64 of float bounds down": (lambda d: torch.arange(5.5, 0.2, -1.5, dtype=I64, device=d), None),
+    "arange int64 step 0.7": (lambda d: torch.arange(0, 3, 0.7, dtype=I64, device=d), None),
+    "arange int32 of float bounds": (lambda d: torch.arange(0.2, 4.9, 1.0, dtype=torch.int32, device=d), None),
+    "arange int32 step 0.5": (lambda d: torch.arange(0, 6, 0.5, dtype=torch.int32, device=d), None),
+    "arange int32 out of float bounds": (
+        lambda d: torch.arange(0.5, 5, 1.5, out=torch.empty(0, dtype=torch.int32, device=d)),
+        None,
+    ),
     "cat out aliases input": (lambda d: (lambda x: torch.cat((x, x), out=x))(t(4, 6, dev=d)), "unsupported operation"),
     "cat out": (lambda d: torch.cat((t(2, 3, dev=d), t(1, 3, dev=d)), out=torch.empty(3, 3, device=d)), None),
 }

@@ -227,15 +227,22 @@ def _check_torch_version():
 
 
 def _torch_compat():
-    """Exception types that differ between torch versions, as this torch's CPU
-    kernels raise them (one probe each, on the CPU): the C core raises the same."""
+    """What differs between torch versions, as this torch's CPU kernels do it
+    (one probe each, on the CPU): the C core does the same. A bool subtraction
+    raises NotImplementedError from torch 2.14 (RuntimeError before); an
+    integer arange of float bounds counts its values from the float bounds
+    from 2.14 (from the truncated ones before: arange(0.5, 5, 1.5) has 3 int64
+    values, 5 before)."""
     b = torch.ones(1, dtype=torch.bool)
     try:
         b - b
-    except NotImplementedError:  # torch 2.14 and later
-        _C.torch_compat(True)
-    except RuntimeError:  # torch 2.11 to 2.13
-        _C.torch_compat(False)
+        bool_sub = False
+    except NotImplementedError:
+        bool_sub = True
+    except RuntimeError:
+        bool_sub = False
+    count = torch.arange(0.5, 5, 1.5, dtype=torch.int64).numel() == 3
+    _C.torch_compat(bool_sub, count)
 
 
 def _overload(name):

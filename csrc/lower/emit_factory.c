@@ -33,6 +33,42 @@ void tpu_emit_zero(tpu_lower *L) {
   tpu_lower_return_arg(L, 0, -1);
 }
 
+/* ia + j * ic for j in [0, n), in dt. */
+static void tpu_arange_ints(tpu_lower *L, int64_t n, int64_t ia, int64_t ic, tpu_dtype dt) {
+  tpu_hv io = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &n), 0);
+  tpu_hv vc = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, ic), 1, &n, NULL);
+  tpu_hv va = tpu_hlo_broadcast_in_dim(H, tpu_hlo_constant_int(H, TPU_S64, ia), 1, &n, NULL);
+  tpu_lower_out(L, tpu_hlo_convert(H, tpu_add(L, tpu_mul(L, io, vc), va), dt));
+}
+
+static void tpu_emit_arange_int(tpu_lower *L, double a, double b, double c, tpu_dtype dt) {
+  const double lim = 9223372036854775807.0; /* 2^63: a double past it has no int64 */
+  if (!(fabs(a) < lim && fabs(b) < lim && fabs(c) < lim)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "unsupported range: %g -> %g", a, b);
+    return;
+  }
+  int64_t ia = (int64_t)a, ib = (int64_t)b, ic = (int64_t)c, n;
+  if (dt != TPU_S64 || tpu_lower_arange_float_count()) {
+    if (c == 0 || (c > 0 && b < a) || (c < 0 && b > a)) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME,
+                     c == 0 ? "step must be nonzero" : "upper bound and larger bound inconsistent with step sign");
+      return;
+    }
+    n = (int64_t)ceil((b - a) / c);
+  } else {
+    if (ic == 0) {
+      tpu_lower_fail(L, TPU_ERR_VALUE, "step must be nonzero");
+      return;
+    }
+    if ((ic > 0 && ib < ia) || (ic < 0 && ib > ia)) {
+      tpu_lower_fail(L, TPU_ERR_RUNTIME, "upper bound and larger bound inconsistent with step sign");
+      return;
+    }
+    n = ic > 0 ? (ib - ia + ic - 1) / ic : (ia - ib + (-ic) - 1) / (-ic);
+  }
+  tpu_arange_ints(L, n < 0 ? 0 : n, ia, ic, dt);
+}
+
 /* arange.start_step(start, end, step=1, *, dtype, layout, device, pin_memory):
  * the values fix the shape, so they are read here, not passed as inputs. */
 void tpu_emit_arange(tpu_lower *L) {
@@ -47,10 +83,14 @@ void tpu_emit_arange(tpu_lower *L) {
   tpu_dtype dt =
       (ns < L->nargs && L->args[ns].kind == TPU_ARG_DTYPE) ? L->args[ns].dtype : (is_float ? TPU_F32 : TPU_S64);
   double a = s->f, b = e->f, c = st->f;
-  if ((L->flags & TPU_OP_OUT) && L->args[L->nargs - 1].kind == TPU_ARG_TENSOR &&
-      tpu_dtype_is_int(L->args[L->nargs - 1].t.dtype) && (int64_t)c == 0) {
-    /* an integer out= takes the step as an integer, as torch does */
-    tpu_lower_fail(L, TPU_ERR_VALUE, "step must be nonzero");
+  bool out = (L->flags & TPU_OP_OUT) && L->args[L->nargs - 1].kind == TPU_ARG_TENSOR;
+  tpu_dtype rdt = out ? L->args[L->nargs - 1].t.dtype : dt;
+  if (is_float && tpu_dtype_is_int(rdt)) {
+    /* An integer result of float bounds: torch takes the start and the step
+     * as integers (truncated); it counts the values from the float bounds,
+     * but for int64 from the truncated ones up to torch 2.13
+     * (tpu_lower_arange_float_count). */
+    tpu_emit_arange_int(L, a, b, c, rdt);
     return;
   }
   if (c == 0) {

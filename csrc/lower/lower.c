@@ -30,6 +30,9 @@ void tpu_lower_set_bool_sub_unimplemented(bool on) { atomic_store(&tpu_bool_sub_
 tpu_code tpu_lower_bool_sub_code(void) {
   return atomic_load(&tpu_bool_sub_unimplemented) ? TPU_ERR_UNIMPLEMENTED : TPU_ERR_RUNTIME;
 }
+static atomic_bool tpu_arange_float_count;
+void tpu_lower_set_arange_float_count(bool on) { atomic_store(&tpu_arange_float_count, on); }
+bool tpu_lower_arange_float_count(void) { return atomic_load(&tpu_arange_float_count); }
 
 void tpu_lower_fail(tpu_lower *L, tpu_code code, const char *fmt, ...) {
   if (!tpu_hlo_ok(L->hlo)) return;

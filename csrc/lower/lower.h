@@ -119,6 +119,11 @@ void tpu_lower_fail(tpu_lower *L, tpu_code code, const char *fmt, ...) __attribu
  * from 2.14. */
 void tpu_lower_set_bool_sub_unimplemented(bool on);
 tpu_code tpu_lower_bool_sub_code(void);
+/* arange of int64 with float bounds counts its values from the float bounds
+ * (torch 2.14 and later, as every other integer dtype) or from the truncated
+ * ones (to 2.13). */
+void tpu_lower_set_arange_float_count(bool on);
+bool tpu_lower_arange_float_count(void);
 bool tpu_lower_is_none(const tpu_lower *L, int i);
 /* Value of tensor argument i (item j for lists, else -1), as stored. */
 tpu_hv tpu_lower_tensor(tpu_lower *L, int i, int j);
