@@ -171,7 +171,11 @@ def test_cpp_kernels_match_cpu():
         "mm_error": lambda: x @ x,
     }
     for name, fn in cpu.items():
-        assert got[name] == _cpu(fn), name
+        want = _cpu(fn)
+        if name == "mm_error" and got[name] != want:  # torch 2.15 prefixes its message with "mm: "
+            assert got[name][0] == want[0] and want[1] == "mm: " + got[name][1], (got[name], want)
+            continue
+        assert got[name] == want, name
     assert got["inplace_version"] == ("ok", [5524.0, 2])
     assert got["out_resize"] == ("ok", [True, [4, 6], 552.0])
     assert got["out_resize_warning_as_error"][0] == "UserWarning"

@@ -226,23 +226,30 @@ def _check_torch_version():
     )
 
 
+def _not_implemented(fn):
+    """Whether fn raises NotImplementedError (else a RuntimeError, or nothing)."""
+    try:
+        fn()
+    except NotImplementedError:
+        return True
+    except RuntimeError:
+        pass
+    return False
+
+
 def _torch_compat():
     """What differs between torch versions, as this torch's CPU kernels do it
     (one probe each, on the CPU): the C core does the same. A bool subtraction
-    raises NotImplementedError from torch 2.14 (RuntimeError before); an
-    integer arange of float bounds counts its values from the float bounds
-    from 2.14 (from the truncated ones before: arange(0.5, 5, 1.5) has 3 int64
-    values, 5 before)."""
-    b = torch.ones(1, dtype=torch.bool)
-    try:
-        b - b
-        bool_sub = False
-    except NotImplementedError:
-        bool_sub = True
-    except RuntimeError:
-        bool_sub = False
-    count = torch.arange(0.5, 5, 1.5, dtype=torch.int64).numel() == 3
-    _C.torch_compat(bool_sub, count)
+    raises NotImplementedError from torch 2.14 (RuntimeError before), argmax
+    of bool from 2.15; an int64 arange of float bounds counts its values from
+    the float bounds from 2.14 (from the truncated ones before: arange(0.5, 5,
+    1.5) has 3 int64 values, 5 before)."""
+    b = torch.ones(2, dtype=torch.bool)
+    _C.torch_compat(
+        _not_implemented(lambda: b - b),
+        _not_implemented(lambda: b.argmax()),
+        torch.arange(0.5, 5, 1.5, dtype=torch.int64).numel() == 3,
+    )
 
 
 def _overload(name):

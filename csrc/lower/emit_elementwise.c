@@ -66,11 +66,11 @@ static bool tpu_arg_is_bool(tpu_lower *L, int i) {
 static bool tpu_refuse_bool_sub(tpu_lower *L) {
   bool a = tpu_arg_is_bool(L, 0), b = tpu_arg_is_bool(L, 1);
   if (a && b)
-    tpu_lower_fail(L, tpu_lower_bool_sub_code(),
+    tpu_lower_fail(L, tpu_lower_check_code(TPU_COMPAT_BOOL_SUB),
                    "Subtraction, the `-` operator, with two bool tensors is not supported. "
                    "Use the `^` or `logical_xor()` operator instead.");
   else if (a || b)
-    tpu_lower_fail(L, tpu_lower_bool_sub_code(),
+    tpu_lower_fail(L, tpu_lower_check_code(TPU_COMPAT_BOOL_SUB),
                    "Subtraction, the `-` operator, with a bool tensor is not supported. "
                    "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
   return a || b;
@@ -88,7 +88,7 @@ static void tpu_emit_arith(tpu_lower *L, tpu_hlo_op op, bool float_result) {
   if (op == TPU_HLO_SUB && L->nargs > 2 && L->args[2].kind == TPU_ARG_SCALAR && !L->args[2].is_default)
     b = tpu_lower_binary(L, TPU_HLO_MUL, b, tpu_lower_scalar(L, 2, dt));
   if (op == TPU_HLO_SUB && dt == TPU_PRED)
-    tpu_lower_fail(L, tpu_lower_bool_sub_code(),
+    tpu_lower_fail(L, tpu_lower_check_code(TPU_COMPAT_BOOL_SUB),
                    "Subtraction, the `-` operator, with two bool tensors is not supported. "
                    "Use the `^` or `logical_xor()` operator instead.");
   if (op == TPU_HLO_MUL && dt == TPU_PRED) op = TPU_HLO_AND;

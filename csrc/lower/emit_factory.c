@@ -48,7 +48,7 @@ static void tpu_emit_arange_int(tpu_lower *L, double a, double b, double c, tpu_
     return;
   }
   int64_t ia = (int64_t)a, ib = (int64_t)b, ic = (int64_t)c, n;
-  if (dt != TPU_S64 || tpu_lower_arange_float_count()) {
+  if (dt != TPU_S64 || tpu_lower_compat(TPU_COMPAT_ARANGE_COUNT)) {
     if (c == 0 || (c > 0 && b < a) || (c < 0 && b > a)) {
       tpu_lower_fail(L, TPU_ERR_RUNTIME,
                      c == 0 ? "step must be nonzero" : "upper bound and larger bound inconsistent with step sign");
@@ -89,7 +89,7 @@ void tpu_emit_arange(tpu_lower *L) {
     /* An integer result of float bounds: torch takes the start and the step
      * as integers (truncated); it counts the values from the float bounds,
      * but for int64 from the truncated ones up to torch 2.13
-     * (tpu_lower_arange_float_count). */
+     * (TPU_COMPAT_ARANGE_COUNT). */
     tpu_emit_arange_int(L, a, b, c, rdt);
     return;
   }

@@ -231,7 +231,8 @@ static void tpu_emit_argext(tpu_lower *L, bool is_max) {
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   bool keep = tpu_arg_bool(L, 2);
   if (t->dtype == TPU_PRED) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "%s(): does not support bool input", is_max ? "argmax" : "argmin");
+    tpu_lower_fail(L, tpu_lower_check_code(TPU_COMPAT_ARG_BOOL), "%s(): does not support bool input",
+                   is_max ? "argmax" : "argmin");
     return;
   }
   if (tpu_lower_is_none(L, 1)) {

@@ -25,14 +25,12 @@ const tpu_op_row tpu_op_table[TPU_NUM_OPS] = {
 #undef TPU_OP
 };
 
-static atomic_bool tpu_bool_sub_unimplemented;
-void tpu_lower_set_bool_sub_unimplemented(bool on) { atomic_store(&tpu_bool_sub_unimplemented, on); }
-tpu_code tpu_lower_bool_sub_code(void) {
-  return atomic_load(&tpu_bool_sub_unimplemented) ? TPU_ERR_UNIMPLEMENTED : TPU_ERR_RUNTIME;
+static atomic_uint tpu_compat;
+void tpu_lower_set_compat(unsigned flags) { atomic_store(&tpu_compat, flags); }
+bool tpu_lower_compat(unsigned flag) { return (atomic_load(&tpu_compat) & flag) != 0; }
+tpu_code tpu_lower_check_code(unsigned flag) {
+  return tpu_lower_compat(flag) ? TPU_ERR_UNIMPLEMENTED : TPU_ERR_RUNTIME;
 }
-static atomic_bool tpu_arange_float_count;
-void tpu_lower_set_arange_float_count(bool on) { atomic_store(&tpu_arange_float_count, on); }
-bool tpu_lower_arange_float_count(void) { return atomic_load(&tpu_arange_float_count); }
 
 void tpu_lower_fail(tpu_lower *L, tpu_code code, const char *fmt, ...) {
   if (!tpu_hlo_ok(L->hlo)) return;

@@ -113,17 +113,20 @@ void tpu_lower_run(tpu_lower *L, const tpu_op_row *row);
 /* ---- helpers for emitters ------------------------------------------------------ */
 
 void tpu_lower_fail(tpu_lower *L, tpu_code code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Where torch versions differ in the exception type of an argument check,
- * the running torch's (set once at setup from a CPU probe): a subtraction
- * with a bool operand is a RuntimeError to torch 2.13, NotImplementedError
- * from 2.14. */
-void tpu_lower_set_bool_sub_unimplemented(bool on);
-tpu_code tpu_lower_bool_sub_code(void);
-/* arange of int64 with float bounds counts its values from the float bounds
- * (torch 2.14 and later, as every other integer dtype) or from the truncated
- * ones (to 2.13). */
-void tpu_lower_set_arange_float_count(bool on);
-bool tpu_lower_arange_float_count(void);
+/* Where torch versions differ, the running torch's way (set once at setup
+ * from probes of CPU torch; _registry._torch_compat):
+ * - BOOL_SUB: a subtraction with a bool operand raises NotImplementedError
+ *   (torch 2.14 and later; RuntimeError before);
+ * - ARG_BOOL: argmax/argmin of bool raise NotImplementedError (2.15 on);
+ * - ARANGE_COUNT: an int64 arange of float bounds counts its values from
+ *   the float bounds, as every other integer dtype (2.14 on; before, from
+ *   the truncated bounds). */
+enum { TPU_COMPAT_BOOL_SUB = 1, TPU_COMPAT_ARG_BOOL = 2, TPU_COMPAT_ARANGE_COUNT = 4 };
+void tpu_lower_set_compat(unsigned flags);
+bool tpu_lower_compat(unsigned flag);
+/* NotImplementedError where the running torch's check raises it (a
+ * TPU_COMPAT_* flag), else RuntimeError. */
+tpu_code tpu_lower_check_code(unsigned flag);
 bool tpu_lower_is_none(const tpu_lower *L, int i);
 /* Value of tensor argument i (item j for lists, else -1), as stored. */
 tpu_hv tpu_lower_tensor(tpu_lower *L, int i, int j);

@@ -214,15 +214,15 @@ static PyObject *tpu_py_value_checks(PyObject *m, PyObject *args) {
   return PyBool_FromLong(tpu_engine_value_checks(e));
 }
 
-/* torch_compat(bool_sub_not_implemented, arange_float_count): where torch
- * versions differ, the running torch's way (found by the caller on the CPU;
- * lower.h). */
+/* torch_compat(bool_sub, arg_bool, arange_count): where torch versions
+ * differ, the running torch's way (found by the caller on the CPU; the
+ * TPU_COMPAT_* flags of lower.h). */
 static PyObject *tpu_py_torch_compat(PyObject *m, PyObject *args) {
   (void)m;
-  int bool_sub = 0, arange = 0;
-  if (!PyArg_ParseTuple(args, "pp", &bool_sub, &arange)) return NULL;
-  tpu_lower_set_bool_sub_unimplemented(bool_sub);
-  tpu_lower_set_arange_float_count(arange);
+  int bool_sub = 0, arg_bool = 0, arange = 0;
+  if (!PyArg_ParseTuple(args, "ppp", &bool_sub, &arg_bool, &arange)) return NULL;
+  tpu_lower_set_compat((bool_sub ? TPU_COMPAT_BOOL_SUB : 0) | (arg_bool ? TPU_COMPAT_ARG_BOOL : 0) |
+                       (arange ? TPU_COMPAT_ARANGE_COUNT : 0));
   Py_RETURN_NONE;
 }
 
@@ -455,7 +455,7 @@ static PyMethodDef tpu_methods[] = {
     {"matmul_precision", tpu_py_matmul_precision, METH_VARARGS, "matmul_precision([p]) -> p"},
     {"value_checks", tpu_py_value_checks, METH_VARARGS, "value_checks([on]) -> on"},
     {"torch_compat", tpu_py_torch_compat, METH_VARARGS,
-     "torch_compat(bool_sub_not_implemented, arange_float_count): the running torch's ways"},
+     "torch_compat(bool_sub, arg_bool, arange_count): the running torch's ways"},
     {"disk_cache", tpu_py_disk_cache, METH_VARARGS, "disk_cache(dir, max_bytes, extra_salt)"},
     {"set_aot", tpu_py_set_aot, METH_VARARGS,
      "set_aot(libtpu, topology, strict, mesh_only=False): compile for a TPU as well"},
