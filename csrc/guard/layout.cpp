@@ -137,25 +137,12 @@ std::vector<int64_t> follow(c10::IntArrayRef shape, c10::ArrayRef<c10::IValue> i
   return channels_last(shape, f);
 }
 
-std::vector<int64_t> cat(c10::IntArrayRef shape, c10::ArrayRef<c10::IValue> inputs) {
-  if (inputs.empty() || !inputs[0].isTensorList()) return {};
-  std::optional<c10::MemoryFormat> format;
-  for (const auto& item : inputs[0].toTensorList()) {
-    at::Tensor t = item;
-    auto f = t.suggest_memory_format();
-    if (f == at::MemoryFormat::Contiguous || (format && *format != f)) return {};
-    format = f;
-  }
-  return format ? channels_last(shape, *format) : std::vector<int64_t>{};
-}
-
 } // namespace
 
 TpuLayoutRule tpu_layout_rule(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   const std::string& name = schema.name();
   const std::string& overload = schema.overload_name();
-  if (name == "aten::cat" && overload.empty()) return TpuLayoutRule::Cat;
   for (const Follow& f : kFollow)
     if (name == f.name && (overload.empty() || overload == "no_stats"))
       return f.nd5 ? TpuLayoutRule::FollowNd : TpuLayoutRule::Follow4d;
@@ -169,7 +156,6 @@ std::vector<int64_t> tpu_result_strides(TpuLayoutRule rule, c10::IntArrayRef siz
     case TpuLayoutRule::Pointwise: return pointwise(sizes, inputs);
     case TpuLayoutRule::FollowNd: return follow(sizes, inputs, true);
     case TpuLayoutRule::Follow4d: return follow(sizes, inputs, false);
-    case TpuLayoutRule::Cat: return cat(sizes, inputs);
     case TpuLayoutRule::None: break;
   }
   return {};

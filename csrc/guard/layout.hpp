@@ -2,7 +2,8 @@
 // (layout.cpp). The core computes every result in row-major order; where
 // torch would lay a result out otherwise (a pointwise op of channels_last or
 // transposed inputs, a convolution or pool of channels_last input, a cat of
-// channels_last tensors), boxed.cpp copies it into a tensor of those strides.
+// channels_last tensors), boxed.cpp copies it into a tensor of those strides
+// (cat, a Python wrapper, does the same in _kernels.py).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,7 +15,6 @@ enum class TpuLayoutRule {
   Pointwise, // TensorIterator's: ordered by the inputs' strides
   FollowNd,  // the input's (or for a convolution, the weight's) channels_last(_3d) format
   Follow4d,  // the same, channels_last only
-  Cat,       // the inputs' common suggested format
 };
 
 // The rule of an op, from its name and tags (once, at registration).
