@@ -33,6 +33,21 @@ void tpu_emit_zero(tpu_lower *L) {
   tpu_lower_return_arg(L, 0, -1);
 }
 
+/* torch's checks of arange's step (its error of the type zero_code) and of
+ * its bounds against the step's sign: false, after the error, when one fails. */
+static bool tpu_arange_checks(tpu_lower *L, bool zero_step, bool inconsistent, tpu_code zero_code) {
+  if (zero_step)
+    tpu_lower_fail(L, zero_code, "step must be nonzero");
+  else if (inconsistent)
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "upper bound and larger bound inconsistent with step sign");
+  return !zero_step && !inconsistent;
+}
+
+/* The values from ia to ib (excluded) by a nonzero integer step ic. */
+static int64_t tpu_arange_count(int64_t ia, int64_t ib, int64_t ic) {
+  return ic > 0 ? (ib - ia + ic - 1) / ic : (ia - ib + (-ic) - 1) / (-ic);
+}
+
 /* ia + j * ic for j in [0, n), in dt. */
 static void tpu_arange_ints(tpu_lower *L, int64_t n, int64_t ia, int64_t ic, tpu_dtype dt) {
   tpu_hv io = tpu_hlo_iota(H, tpu_hlo_type_make(TPU_S64, 1, &n), 0);
@@ -49,22 +64,11 @@ static void tpu_emit_arange_int(tpu_lower *L, double a, double b, double c, tpu_
   }
   int64_t ia = (int64_t)a, ib = (int64_t)b, ic = (int64_t)c, n;
   if (dt != TPU_S64 || tpu_lower_compat(TPU_COMPAT_ARANGE_COUNT)) {
-    if (c == 0 || (c > 0 && b < a) || (c < 0 && b > a)) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME,
-                     c == 0 ? "step must be nonzero" : "upper bound and larger bound inconsistent with step sign");
-      return;
-    }
+    if (!tpu_arange_checks(L, c == 0, (c > 0 && b < a) || (c < 0 && b > a), TPU_ERR_RUNTIME)) return;
     n = (int64_t)ceil((b - a) / c);
   } else {
-    if (ic == 0) {
-      tpu_lower_fail(L, TPU_ERR_VALUE, "step must be nonzero");
-      return;
-    }
-    if ((ic > 0 && ib < ia) || (ic < 0 && ib > ia)) {
-      tpu_lower_fail(L, TPU_ERR_RUNTIME, "upper bound and larger bound inconsistent with step sign");
-      return;
-    }
-    n = ic > 0 ? (ib - ia + ic - 1) / ic : (ia - ib + (-ic) - 1) / (-ic);
+    if (!tpu_arange_checks(L, ic == 0, (ic > 0 && ib < ia) || (ic < 0 && ib > ia), TPU_ERR_VALUE)) return;
+    n = tpu_arange_count(ia, ib, ic);
   }
   tpu_arange_ints(L, n < 0 ? 0 : n, ia, ic, dt);
 }
@@ -93,20 +97,12 @@ void tpu_emit_arange(tpu_lower *L) {
     tpu_emit_arange_int(L, a, b, c, rdt);
     return;
   }
-  if (c == 0) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "step must be nonzero");
-    return;
-  }
-  if ((c > 0 && b < a) || (c < 0 && b > a)) {
-    tpu_lower_fail(L, TPU_ERR_RUNTIME, "upper bound and larger bound inconsistent with step sign");
-    return;
-  }
+  if (!tpu_arange_checks(L, c == 0, (c > 0 && b < a) || (c < 0 && b > a), TPU_ERR_RUNTIME)) return;
   int64_t n;
   if (is_float) {
     n = (int64_t)ceil((b - a) / c);
   } else {
-    int64_t ia = s->i, ib = e->i, ic = st->i;
-    n = ic > 0 ? (ib - ia + ic - 1) / ic : (ia - ib + (-ic) - 1) / (-ic);
+    n = tpu_arange_count(s->i, e->i, st->i);
   }
   if (n < 0) n = 0;
   tpu_hlo_type it = tpu_hlo_type_make(tpu_dtype_is_float(dt) || is_float ? TPU_F64 : TPU_S64, 1, &n);
