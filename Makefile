@@ -8,7 +8,7 @@ CFLAGS  := -std=c11 -Wall -Wextra -Werror -Wmissing-prototypes -g -Icsrc
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 BUILD   := build/ctest
 CORE    := csrc/core.c
-RT      := csrc/runtime/runtime.c csrc/runtime/aot.c
+RT      := csrc/runtime/runtime.c csrc/runtime/aot.c csrc/runtime/host_memory.c
 HLO     := $(wildcard csrc/hlo/*.c) csrc/mesh.c
 CACHE   := csrc/cache/cache.c csrc/cache/sha256.c
 

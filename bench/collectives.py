@@ -1,15 +1,18 @@
-"""Collective bandwidth on tpu tensors against gloo on CPU tensors, world size 2.
+"""Collective bandwidth on tpu tensors against gloo on CPU tensors, world size 2 or 4.
 
-Two processes (spawned here), one group of each kind. For each collective and
+`--world` processes (spawned here), one group of each kind. For each collective and
 size, rounds alternate the two (gloo on CPU tensors first in even rounds, the
 tpu group first in odd ones); each timing is `iters` calls followed by a sync
 of the device. On the XLA CPU plugin the tpu collective is staged through the
-host: its cost over gloo's is the read-back and the write-back. Prints the
+host, gloo reading and writing the device buffers in place: its cost over
+gloo's is the sync point, the ranks' comparison of each collective
+(TORCHTPU_COLLECTIVE_CHECKS) and, with TORCHTPU_COLLECTIVE_IN_PLACE=0, the
+read-back and the write-back. Prints the
 median time per call, the bus bandwidth of each (all_reduce moves
 2(n-1)/n of the bytes per rank, all_gather (n-1)/n) and the ratio
 gloo time / tpu time (1 = staging is free; the target is >= 0.8).
 
-Usage: python bench/collectives.py [--rounds 5] [--sizes 4K,64K,1M,16M,64M] [--json out.json]
+Usage: python bench/collectives.py [--world 2] [--rounds 5] [--sizes 4K,64K,1M,16M,64M] [--json out.json]
 """
 
 import argparse
@@ -74,6 +77,7 @@ def rank_main(rank, world, port, sizes, rounds, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world", type=int, default=2, choices=(2, 4))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sizes", default="4K,64K,1M,16M,64M")
     ap.add_argument("--json", default=None)
@@ -88,10 +92,10 @@ def main():
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rows.json")
-        mp.spawn(rank_main, args=(2, port, sizes, args.rounds, out), nprocs=2)
+        mp.spawn(rank_main, args=(args.world, port, sizes, args.rounds, out), nprocs=args.world)
         with open(out) as f:
             rows = json.load(f)
-    world = 2
+    world = args.world
     print(f"world size {world}, medians of {args.rounds} alternating rounds")
     print(f"{'collective':<12}{'size':>6}{'gloo ms':>10}{'tpu ms':>10}{'gloo GB/s':>11}{'tpu GB/s':>10}{'ratio':>8}")
     for row in rows:

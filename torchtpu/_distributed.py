@@ -4,10 +4,12 @@
 or `"cpu:gloo,tpu:tpu"` make a TpuProcessGroup: one device per process, as
 torchrun and torch.multiprocessing.spawn start them. The transport is chosen
 by what the plugin can do; XLA's CPU plugins cannot run a program across
-processes, so there a collective on tpu tensors is staged through the host:
-its inputs are read back (a sync point: the ops before it run first, in every
-eager mode), torch's gloo runs the collective on the host copies, and the
-results are written back into the tpu tensors. CPU tensors go to the same
+processes, so there a collective on tpu tensors is staged through the host
+(a sync point: the ops before it run first, in every eager mode) and run by
+torch's gloo. On XLA's CPU plugin a device buffer is host memory: gloo reads
+and writes the tpu tensors' buffers where they lie (`_lend`), nothing is
+copied. Elsewhere, or for a tensor that cannot be lent so, its value is read
+back into a host copy and the result written back. CPU tensors go to the same
 gloo group directly, so one group serves both devices.
 
 The group is a Python ProcessGroup. What torch's Python functions call
@@ -41,30 +43,79 @@ def _done(result: Any) -> dist.Work:
     return _create_work_from_future(fut)
 
 
-def _host(t: torch.Tensor) -> torch.Tensor:
-    """The tensor gloo runs on: a tpu tensor's host copy (dense), a CPU
-    tensor itself."""
-    return t.cpu() if t.device.type == "tpu" else t
+_IN_PLACE = _settings.flag("TORCHTPU_COLLECTIVE_IN_PLACE")
 
 
-def _hosts(ts):
-    return [_host(t) for t in ts]
+def _lend(t: torch.Tensor) -> torch.Tensor | None:
+    """A CPU tensor over t's device buffer itself, where the plugin's device
+    memory is host memory (XLA's CPU plugin: _C.host_memory, a sync point):
+    gloo reads and writes it in place. None where it is not lent: another
+    plugin, a tensor over a mesh, a storage never written, an empty or
+    non-contiguous tensor, TORCHTPU_COLLECTIVE_IN_PLACE=0. A collective
+    lends its tensors after one flush of the recorded ops (_counted), so that
+    no lent buffer is replaced before gloo is done with it, and waits for
+    gloo's own end, its timeout included, before it returns."""
+    if not _IN_PLACE or t.device.type != "tpu" or t.numel() == 0 or not t.is_contiguous():
+        return None
+    mem = _C.host_memory(t)
+    if mem is None:
+        return None
+    try:
+        h = torch.frombuffer(mem, dtype=torch.uint8).view(t.dtype)
+        h = h.as_strided(t.shape, t.stride(), t.storage_offset())
+    except (RuntimeError, ValueError):  # a buffer shorter than torch's storage, or of another itemsize
+        return None
+    h._tpu_lent = True
+    return h
 
 
-def _out(t: torch.Tensor) -> torch.Tensor:
-    """Where gloo writes a collective's output: for a tpu tensor a new host
-    tensor (its old contents are overwritten, so they are not read back), a
-    CPU tensor itself."""
-    return torch.empty(t.shape, dtype=t.dtype) if t.device.type == "tpu" else t
+def _lent(h: torch.Tensor) -> bool:
+    return getattr(h, "_tpu_lent", False)
 
 
-def _outs(ts):
-    return [_out(t) for t in ts]
+def _host(t: torch.Tensor, lend: bool = True) -> torch.Tensor:
+    """The tensor gloo reads: a tpu tensor's buffer lent in place, else its
+    host copy (dense); a CPU tensor itself."""
+    if t.device.type != "tpu":
+        return t
+    h = _lend(t) if lend else None
+    return h if h is not None else t.cpu()
+
+
+def _hosts(ts, lend: bool = True):
+    return [_host(t, lend) for t in ts]
+
+
+def _out(t: torch.Tensor, lend: bool = True) -> torch.Tensor:
+    """Where gloo writes a collective's output: a tpu tensor's buffer lent in
+    place, else a new host tensor (its old contents are overwritten, so they
+    are not read back); a CPU tensor itself."""
+    if t.device.type != "tpu":
+        return t
+    h = _lend(t) if lend else None
+    return h if h is not None else torch.empty(t.shape, dtype=t.dtype)
+
+
+def _outs(ts, lend: bool = True):
+    return [_out(t, lend) for t in ts]
+
+
+def _apart(ins, outs):
+    """Lent inputs that share memory with a lent output are copied first:
+    gloo reads its inputs while it writes its outputs (FSDP2 gathers a shard
+    that is a slice of the gathered tensor)."""
+    spans = [(o.data_ptr(), o.data_ptr() + o.numel() * o.element_size()) for o in outs if _lent(o)]
+
+    def overlaps(i):
+        lo, hi = i.data_ptr(), i.data_ptr() + i.numel() * i.element_size()
+        return any(lo < b and a < hi for a, b in spans)
+
+    return [i.clone() if _lent(i) and overlaps(i) else i for i in ins]
 
 
 def _write_back(dsts, hosts) -> None:
     for d, h in zip(dsts, hosts):
-        if d is not h:
+        if d is not h and not _lent(h):
             d.copy_(h)
 
 
@@ -160,10 +211,13 @@ class TpuProcessGroup(dist.ProcessGroup):
         return self._group_desc
 
     # --- the transport
-    def _run(self, what: str, work: dist.Work, opts: Any = None) -> None:
+    def _run(self, what: str, work: dist.Work, opts: Any = None, hosts=()) -> None:
+        """Waits for gloo's work. With a buffer lent to it (hosts), until
+        gloo is done with it: its own timeout (the options') ends it, where
+        a shorter wait would return while gloo may still write the buffer."""
         try:
             t = _timeout(opts)
-            work.wait(t) if t is not None else work.wait()
+            work.wait(t) if t is not None and not any(_lent(h) for h in hosts) else work.wait()
         except RuntimeError as e:
             raise type(e)(
                 f"tpu {what} failed on rank {self.rank()} of {self.size()} (group {self._group_name!r}): {e}"
@@ -183,7 +237,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         if red.red in _NOT_IN_GLOO:
             hosts = _staged_copies(hosts, tensors)
         red.before(hosts)
-        self._run("all_reduce", self._gloo.allreduce(hosts, red.options(dist.AllreduceOptions, opts)), opts)
+        self._run("all_reduce", self._gloo.allreduce(hosts, red.options(dist.AllreduceOptions, opts)), opts, hosts)
         red.after(hosts)
         _write_back(tensors, hosts)
         return _done(tensors)
@@ -210,19 +264,20 @@ class TpuProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.BroadcastOptions()
         hosts = _hosts(tensors)
-        self._run("broadcast", self._gloo.broadcast(hosts, opts), opts)
+        self._run("broadcast", self._gloo.broadcast(hosts, opts), opts, hosts)
         _write_back(tensors, hosts)
         return _done(tensors)
 
     def reduce(self, tensors, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ReduceOptions()
         red = self._reduce(opts.reduceOp)
-        hosts = _hosts(tensors)
+        # gloo may leave partial sums in a non-root rank's tensor: lent at the root only
+        hosts = _hosts(tensors, lend=self.rank() == opts.rootRank)
         if red.red in _NOT_IN_GLOO:
             hosts = _staged_copies(hosts, tensors)
         red.before(hosts)
         g = red.options(dist.ReduceOptions, opts, rootRank=opts.rootRank, rootTensor=opts.rootTensor)
-        self._run("reduce", self._gloo.reduce(hosts, g), opts)
+        self._run("reduce", self._gloo.reduce(hosts, g), opts, hosts)
         if self.rank() == opts.rootRank:
             red.after(hosts)
             _write_back(tensors, hosts)
@@ -231,7 +286,9 @@ class TpuProcessGroup(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllgatherOptions()
         outs = [_outs(o) for o in output_tensors]
-        self._run("all_gather", self._gloo.allgather(outs, _hosts(input_tensors), opts), opts)
+        flat = [x for o in outs for x in o]
+        ins = _apart(_hosts(input_tensors), flat)
+        self._run("all_gather", self._gloo.allgather(outs, ins, opts), opts, flat + ins)
         for o, h in zip(output_tensors, outs):
             _write_back(o, h)
         return _done(output_tensors)
@@ -246,7 +303,8 @@ class TpuProcessGroup(dist.ProcessGroup):
         out = _out(output)
         if not out.is_contiguous():
             out = out.contiguous()
-        self._run("all_gather_into_tensor", self._gloo._allgather_base(out, _host(input).contiguous(), opts), opts)
+        inp = _apart([_host(input).contiguous()], [out])[0]
+        self._run("all_gather_into_tensor", self._gloo._allgather_base(out, inp, opts), opts, [out, inp])
         _write_back([output], [out])
         return _done(output)
 
@@ -261,8 +319,9 @@ class TpuProcessGroup(dist.ProcessGroup):
         red = self._reduce(opts.reduceOp)
         if red.red == _R.PREMUL_SUM:
             ins = [i.clone() for i in ins]  # the product must not reach a caller's CPU input
+        ins = _apart(ins, outs)
         red.before(ins)
-        self._run(what, call(outs, ins, red.options(dist.ReduceScatterOptions, opts)), opts)
+        self._run(what, call(outs, ins, red.options(dist.ReduceScatterOptions, opts)), opts, outs + ins)
         red.after(outs)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
@@ -297,10 +356,12 @@ class TpuProcessGroup(dist.ProcessGroup):
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
         out = _out(output).contiguous()
+        inp = _apart([_host(input).contiguous()], [out])[0]
         self._run(
             "all_to_all_single",
-            self._gloo.alltoall_base(out, _host(input).contiguous(), output_split_sizes, input_split_sizes, opts),
+            self._gloo.alltoall_base(out, inp, output_split_sizes, input_split_sizes, opts),
             opts,
+            [out, inp],
         )
         _write_back([output], [out])
         return _done(output)
@@ -308,22 +369,25 @@ class TpuProcessGroup(dist.ProcessGroup):
     def alltoall(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
         outs = _outs(output_tensors)
-        self._run("all_to_all", self._gloo.alltoall(outs, _hosts(input_tensors), opts), opts)
+        ins = _apart(_hosts(input_tensors), outs)
+        self._run("all_to_all", self._gloo.alltoall(outs, ins, opts), opts, outs + ins)
         _write_back(output_tensors, outs)
         return _done(output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ScatterOptions()
         outs = _outs(output_tensors)
-        ins = [_hosts(i) for i in input_tensors]
-        self._run("scatter", self._gloo.scatter(outs, ins, opts), opts)
+        ins = [_apart(_hosts(i), outs) for i in input_tensors]
+        self._run("scatter", self._gloo.scatter(outs, ins, opts), opts, outs + [x for i in ins for x in i])
         _write_back(output_tensors, outs)
         return _done(output_tensors)
 
     def gather(self, output_tensors, input_tensors, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.GatherOptions()
         outs = [_outs(o) for o in output_tensors]
-        self._run("gather", self._gloo.gather(outs, _hosts(input_tensors), opts), opts)
+        flat = [x for o in outs for x in o]
+        ins = _apart(_hosts(input_tensors), flat)
+        self._run("gather", self._gloo.gather(outs, ins, opts), opts, flat + ins)
         for o, h in zip(output_tensors, outs):
             _write_back(o, h)
         return _done(output_tensors)
@@ -331,15 +395,15 @@ class TpuProcessGroup(dist.ProcessGroup):
     # Point to point: the transfer is started and the Work waits for it
     # (isend then irecv on both ranks must not block at the isend).
     def send(self, tensors, dst: int, tag: int = 0) -> dist.Work:
-        hosts = _hosts(tensors)  # kept alive by the Work until the send is done
+        hosts = _hosts(tensors, lend=False)  # copies, kept alive by the Work until the send is done
         return _Transfer(self, f"send to rank {dst}", self._gloo.send(hosts, dst, tag), hosts, None)
 
     def recv(self, tensors, src: int, tag: int = 0) -> dist.Work:
-        hosts = _outs(tensors)
+        hosts = _outs(tensors, lend=False)
         return _Transfer(self, f"recv from rank {src}", self._gloo.recv(hosts, src, tag), hosts, tensors)
 
     def recv_anysource(self, tensors, tag: int = 0) -> dist.Work:
-        hosts = _outs(tensors)
+        hosts = _outs(tensors, lend=False)
         return _Transfer(self, "recv", self._gloo.recv_anysource(hosts, tag), hosts, tensors)
 
     def barrier(self, opts: Any = None) -> dist.Work:
@@ -402,6 +466,12 @@ def _first_tensor(x):
     return None
 
 
+def _on_tpu(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return x.device.type == "tpu"
+    return isinstance(x, (list, tuple)) and any(_on_tpu(y) for y in x)
+
+
 def _opts_in(args):
     """The options object among a collective's arguments (None for a call
     made without one)."""
@@ -440,13 +510,17 @@ def _describe(fp):
     return f"{name}({', '.join(parts)})"
 
 
-def _agree(group: "TpuProcessGroup", name: str, args) -> None:
+def _agree(group: "TpuProcessGroup", name: str, args, meanwhile=None) -> None:
     """Ranks compare what they are about to run (a small gloo all-gather)
     before running it: mismatched collectives are an error on every rank,
-    not gloo's abort of the process or a silently wrong result."""
+    not gloo's abort of the process or a silently wrong result. meanwhile()
+    runs while the comparison is in flight (the device's sync point)."""
     mine = torch.tensor(_fingerprint(name, args), dtype=torch.int64)
     rows = [torch.empty_like(mine) for _ in range(group.size())]
-    group._run(_NAMES[name], group._gloo.allgather([rows], [mine]), _opts_in(args))
+    work = group._gloo.allgather([rows], [mine])
+    if meanwhile is not None:
+        meanwhile()  # should it raise, the comparison ends by itself: every rank posted it
+    group._run(_NAMES[name], work, _opts_in(args))
     if any(not torch.equal(r, rows[0]) for r in rows):
         calls = "; ".join(f"rank {k}: {_describe(r.tolist())}" for k, r in enumerate(rows))
         raise RuntimeError(
@@ -470,8 +544,12 @@ def _counted(fn):
         _depth[0] += 1
         t0 = time.perf_counter()
         try:
+            # the recorded ops run once, before any buffer is lent (_lend)
+            sync = _C.synchronize if _IN_PLACE and _on_tpu(args) else None
             if self.size() > 1 and _CHECKS:
-                _agree(self, name, args)
+                _agree(self, name, args, sync)
+            elif sync is not None:
+                sync()
             return fn(self, *args, **kwargs)
         finally:
             _depth[0] -= 1

@@ -67,6 +67,7 @@ GROUPS = [
             ("h2d_bytes", "host to device", "B"),
             ("d2h_bytes", "device to host", "B"),
             ("d2d_bytes", "device to device", "B"),
+            ("host_memory_views", "buffers read or written in place by the host", ""),
         ],
     ),
     (

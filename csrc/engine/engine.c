@@ -195,6 +195,21 @@ tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_
   return tpu_engine_d2h(e, rec->buf, dst, nbytes);
 }
 
+tpu_status *tpu_engine_host_memory(tpu_engine *e, tpu_record *rec, void **addr, size_t *nbytes) {
+  *addr = NULL;
+  *nbytes = 0;
+  if (e->fuse.capturing) return NULL; /* a capture records writes; this one it could not replay */
+  tpu_status *s = tpu_engine_settle(e, rec, TPU_FLUSH_DOWNLOAD);
+  if (!s) s = tpu_engine_wait(e); /* nothing launched reads the buffer while the host writes it */
+  if (s) return s;
+  if (rec->sh || !rec->buf || rec->freed) return NULL;
+  s = tpu_rt_buffer_host_memory(e->rt, rec->buf, addr);
+  if (s || !*addr) return s;
+  *nbytes = tpu_rt_buffer_nbytes(rec->buf);
+  atomic_fetch_add(&e->metrics.host_views, 1);
+  return NULL;
+}
+
 tpu_status *tpu_engine_storage_free(tpu_engine *e, tpu_record *rec) {
   if (e->fuse.capturing)
     return tpu_status_new(TPU_ERR_RUNTIME, "freeing a tpu storage's memory inside a graph capture is not supported");

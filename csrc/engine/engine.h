@@ -100,7 +100,8 @@ extern const char *const tpu_flush_names[TPU_FLUSH_COUNT];
   X(execute_ns, "execute_seconds", 1)                                                                     \
   X(h2d_bytes, "h2d_bytes", 0)                                                                            \
   X(d2h_bytes, "d2h_bytes", 0)                                                                            \
-  X(d2d_bytes, "d2d_bytes", 0) /* copies between local devices */                                         \
+  X(d2d_bytes, "d2d_bytes", 0)          /* copies between local devices */                                \
+  X(host_views, "host_memory_views", 0) /* buffers lent to the host in place (tpu_engine_host_memory) */  \
   X(records_live, "live_records", 0)                                                                      \
   X(fallback_ops, "fallback_ops", 0)                                                                      \
   X(cache_evictions, "cache_evictions", 0) /* times the program cache was emptied */                      \
@@ -345,6 +346,16 @@ tpu_status *tpu_engine_upload(tpu_engine *e, tpu_record *rec, const void *data, 
                               const int64_t *dims);
 /* Copy the whole record buffer to dst (nbytes = numel * itemsize). */
 tpu_status *tpu_engine_download(tpu_engine *e, tpu_record *rec, void *dst, size_t nbytes);
+/* The record's buffer lent to the host in place, where the plugin's device
+ * memory is the host's (XLA's CPU plugin; runtime.h's
+ * tpu_rt_buffer_host_memory): a sync point as a download (the recorded ops
+ * that read or write it run, and every launched computation finishes), then
+ * *addr is its whole buffer, *nbytes bytes, dense row-major. Reading it is a
+ * download that copies nothing; writing it writes the record (every view of
+ * it sees the write) and is allowed until the next op on the engine, which
+ * may read the buffer. Nothing to lend (another plugin, a record over a mesh,
+ * one never written, a freed one, inside a capture): *addr NULL, status NULL. */
+tpu_status *tpu_engine_host_memory(tpu_engine *e, tpu_record *rec, void **addr, size_t *nbytes);
 
 /* The memory of a storage that FSDP2 frees between uses (its free_storage
  * and alloc_storage: torch's storage.resize_(0) and back, which a device

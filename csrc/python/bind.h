@@ -160,6 +160,7 @@ PyObject *tpu_py_to_cpu(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_free(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_alloc(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_freed(PyObject *m, PyObject *t);
+PyObject *tpu_py_host_memory(PyObject *m, PyObject *t);
 PyObject *tpu_py_storage_shape(PyObject *m, PyObject *t);
 PyObject *tpu_py_buffer_shape(PyObject *m, PyObject *sizes);
 PyObject *tpu_py_dense(PyObject *m, PyObject *t);

@@ -314,6 +314,23 @@ PyObject *tpu_py_storage_freed(PyObject *m, PyObject *t) {
   return r ? PyBool_FromLong(r->freed) : NULL;
 }
 
+/* host_memory(t) -> a writable memoryview of the whole buffer of t's
+ * storage, lent in place where the plugin's device memory is the host's
+ * (tpu_engine_host_memory: a sync point), or None. It stays valid while the
+ * storage keeps its buffer: until the next op on tpu. */
+PyObject *tpu_py_host_memory(PyObject *m, PyObject *t) {
+  tpu_mod_state *st = tpu_state(m);
+  if (!tpu_need_engine(st)) return NULL;
+  tpu_record *r = tpu_storage_record(st, t, "host_memory");
+  if (!r) return NULL;
+  void *addr;
+  size_t n;
+  tpu_status *s = tpu_engine_host_memory(st->eng, r, &addr, &n);
+  if (s) return tpu_raise(s);
+  if (!addr) Py_RETURN_NONE;
+  return PyMemoryView_FromMemory(addr, (Py_ssize_t)n, PyBUF_WRITE);
+}
+
 static PyObject *tpu_shape_tuple(int rank, const int64_t *dims) {
   PyObject *o = PyTuple_New(rank);
   for (int i = 0; o && i < rank; i++) {

@@ -433,6 +433,8 @@ static PyMethodDef tpu_methods[] = {
     {"storage_free", tpu_py_storage_free, METH_O, "storage_free(t): free the memory of t's storage (FSDP2)"},
     {"storage_alloc", tpu_py_storage_alloc, METH_O, "storage_alloc(t): give t's freed storage memory again"},
     {"storage_freed", tpu_py_storage_freed, METH_O, "storage_freed(t) -> whether t's storage memory is freed"},
+    {"host_memory", tpu_py_host_memory, METH_O,
+     "host_memory(t) -> t's storage buffer as a writable memoryview, in place (CPU plugin), or None"},
     {"storage_shape", tpu_py_storage_shape, METH_O, "storage_shape(t) -> the shape of t's storage's device buffer"},
     {"buffer_shape", tpu_py_buffer_shape, METH_O, "buffer_shape(sizes) -> the buffer shape of a storage made for them"},
     {"dense", tpu_py_dense, METH_O, "dense(t) -> whether t is non-overlapping and dense"},

@@ -307,6 +307,24 @@ typedef struct {
   tpu_pjrt_buffer *dst_buffer; /* out */
 } tpu_pjrt_copy_to_device_args;
 
+/* Buffer_IsOnCpu, Buffer_ReadyEvent, Buffer_UnsafePointer: one buffer in,
+ * one answer out. */
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_buffer *buffer;
+  bool is_on_cpu; /* out */
+} tpu_pjrt_is_on_cpu_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_buffer *buffer;
+  tpu_pjrt_event *event; /* out, owned by the caller */
+} tpu_pjrt_ready_event_args;
+typedef struct {
+  TPU_PJRT_HEAD;
+  tpu_pjrt_buffer *buffer;
+  uintptr_t buffer_pointer; /* out */
+} tpu_pjrt_unsafe_pointer_args;
+
 typedef struct {
   TPU_PJRT_HEAD;
   tpu_pjrt_loaded_exec *executable;

@@ -20,32 +20,6 @@
 
 #include "rt_shared.h"
 
-struct tpu_rt {
-  const tpu_pjrt_api *api;         /* lifetime of the process */
-  tpu_pjrt_client *client;         /* owned */
-  tpu_pjrt_device *const *devices; /* owned by the client */
-  int ndevices;
-  char *path, *platform, *version; /* owned */
-  char **kinds;                    /* owned, ndevices entries */
-  atomic_llong live_buffers, live_execs;
-  atomic_llong live_bytes, peak_bytes; /* dense sizes of live buffers */
-  atomic_llong *dev_bytes, *dev_peak;  /* the same per device (ndevices entries, owned) */
-  bool portable;                       /* several devices: one-device programs run on any of them */
-  int opt_level;                       /* xla_backend_optimization_level of every compile, 1 to 3; else XLA's */
-};
-
-/* The shape is tracked here (from the upload's arguments, or asked of the
- * plugin once for an execution's outputs), so accessors never call PJRT. */
-struct tpu_rt_buffer {
-  tpu_rt *rt;           /* borrowed; outlives the buffer */
-  tpu_pjrt_buffer *buf; /* owned */
-  int device;           /* index in the client's addressable devices */
-  tpu_dtype dtype;
-  int rank;
-  int64_t dims[TPU_MAX_RANK];
-  size_t nbytes; /* dense row-major size */
-};
-
 struct tpu_rt_exec {
   tpu_rt *rt;
   tpu_pjrt_loaded_exec *loaded; /* owned */
@@ -104,9 +78,7 @@ tpu_status *tpu_rt_pjrt_status(const tpu_pjrt_api *api, tpu_pjrt_error *err, con
   return s;
 }
 
-#define TPU_CALL(rt_api, name, args) tpu_rt_pjrt_status((rt_api), (rt_api)->name(args), "PJRT_" #name)
-
-static tpu_status *tpu_rt_event_finish(const tpu_pjrt_api *api, tpu_pjrt_event *ev, const char *what) {
+tpu_status *tpu_rt_event_finish(const tpu_pjrt_api *api, tpu_pjrt_event *ev, const char *what) {
   if (!ev) return NULL;
   tpu_pjrt_event_args a = {TPU_PJRT_SIZE(tpu_pjrt_event_args, event), NULL, ev};
   tpu_status *s = tpu_rt_pjrt_status(api, api->Event_Await(&a), what);

@@ -150,6 +150,13 @@ int tpu_rt_buffer_device(const tpu_rt_buffer *b);
 /* Device -> host, dense row-major into dst (nbytes must equal
  * tpu_rt_buffer_nbytes, else TPU_ERR_VALUE). Waits for completion. */
 tpu_status *tpu_rt_buffer_to_host(tpu_rt *rt, tpu_rt_buffer *b, void *dst, size_t nbytes);
+/* Where the plugin's device memory is the host's (XLA's CPU plugin): once
+ * the buffer's value is ready, *addr is its memory, tpu_rt_buffer_nbytes
+ * bytes, dense row-major (host_memory.c). The caller may read it, and write
+ * it when no computation uses the buffer; valid while the buffer lives. A
+ * plugin whose buffers are elsewhere (a TPU, a GPU), an empty buffer: *addr
+ * is NULL and the status NULL (the caller copies). */
+tpu_status *tpu_rt_buffer_host_memory(tpu_rt *rt, tpu_rt_buffer *b, void **addr);
 /* The buffer's shape, recorded at upload or asked of the plugin once for an
  * execution's outputs; these never call into the plugin. nbytes is the dense
  * row-major size. dims: rank entries, lifetime of b. */

@@ -162,6 +162,18 @@ static void test_structs(void) {
   SAME(tpu_pjrt_copy_to_device_args, dst_device, PJRT_Buffer_CopyToDevice_Args, dst_device);
   SAME(tpu_pjrt_copy_to_device_args, dst_buffer, PJRT_Buffer_CopyToDevice_Args, dst_buffer);
   SIZE(tpu_pjrt_copy_to_device_args, dst_buffer, PJRT_Buffer_CopyToDevice_Args);
+  HEAD(tpu_pjrt_is_on_cpu_args, PJRT_Buffer_IsOnCpu_Args);
+  SAME(tpu_pjrt_is_on_cpu_args, buffer, PJRT_Buffer_IsOnCpu_Args, buffer);
+  SAME(tpu_pjrt_is_on_cpu_args, is_on_cpu, PJRT_Buffer_IsOnCpu_Args, is_on_cpu);
+  SIZE(tpu_pjrt_is_on_cpu_args, is_on_cpu, PJRT_Buffer_IsOnCpu_Args);
+  HEAD(tpu_pjrt_ready_event_args, PJRT_Buffer_ReadyEvent_Args);
+  SAME(tpu_pjrt_ready_event_args, buffer, PJRT_Buffer_ReadyEvent_Args, buffer);
+  SAME(tpu_pjrt_ready_event_args, event, PJRT_Buffer_ReadyEvent_Args, event);
+  SIZE(tpu_pjrt_ready_event_args, event, PJRT_Buffer_ReadyEvent_Args);
+  HEAD(tpu_pjrt_unsafe_pointer_args, PJRT_Buffer_UnsafePointer_Args);
+  SAME(tpu_pjrt_unsafe_pointer_args, buffer, PJRT_Buffer_UnsafePointer_Args, buffer);
+  SAME(tpu_pjrt_unsafe_pointer_args, buffer_pointer, PJRT_Buffer_UnsafePointer_Args, buffer_pointer);
+  SIZE(tpu_pjrt_unsafe_pointer_args, buffer_pointer, PJRT_Buffer_UnsafePointer_Args);
   HEAD(tpu_pjrt_exec_devices_args, PJRT_LoadedExecutable_AddressableDevices_Args);
   SAME(tpu_pjrt_exec_devices_args, executable, PJRT_LoadedExecutable_AddressableDevices_Args, executable);
   SAME(tpu_pjrt_exec_devices_args, devices, PJRT_LoadedExecutable_AddressableDevices_Args, addressable_devices);

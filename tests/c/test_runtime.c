@@ -216,6 +216,52 @@ static void test_add(void) {
   tpu_rt_buffer_free(out);
 }
 
+/* The CPU plugin's buffers are host memory, lent in place: an uploaded
+ * rank-3 buffer and a program's output read there as their transfers do
+ * (dense row-major), and a write there is what the next program reads. */
+static void test_host_memory(void) {
+  const int64_t d[3] = {2, 3, 4};
+  float x[24], got[24], want[24];
+  for (int i = 0; i < 24; i++) x[i] = (float)i * 0.5f - 3.0f;
+  tpu_rt_buffer *b = upload(x, TPU_F32, 3, d);
+  void *addr = NULL;
+  if (b && OK(tpu_rt_buffer_host_memory(rt, b, &addr), "host_memory")) {
+    CHECK(addr != NULL, "the CPU plugin lends no host memory");
+    if (addr) check_f32("host_memory of an upload", addr, x, 24, 0);
+  }
+  /* a program's output, transposed on the way: its memory is row-major too */
+  const int64_t dt[3] = {4, 3, 2};
+  tpu_hlo *m = tpu_hlo_new();
+  tpu_hv a = tpu_hlo_param(m, ty(TPU_F32, 3, d));
+  const int64_t perm[3] = {2, 1, 0};
+  tpu_hv r = tpu_hlo_transpose(m, a, perm);
+  tpu_rt_buffer *args[1] = {b}, *out = NULL;
+  if (run(m, &r, 1, args, 1, &out, "transpose for host_memory") && download(out, want, sizeof want) &&
+      OK(tpu_rt_buffer_host_memory(rt, out, &addr), "host_memory of an output") && addr) {
+    check_f32("host_memory of a program's output", addr, want, 24, 0);
+    /* written in place, read by the next program */
+    for (int i = 0; i < 24; i++) ((float *)addr)[i] = (float)(100 + i);
+    tpu_hlo *m2 = tpu_hlo_new();
+    tpu_hv p = tpu_hlo_param(m2, ty(TPU_F32, 3, dt));
+    tpu_hv q = tpu_hlo_binary(m2, TPU_HLO_ADD, p, p);
+    tpu_rt_buffer *args2[1] = {out}, *twice = NULL;
+    out = NULL; /* freed by run */
+    if (run(m2, &q, 1, args2, 1, &twice, "reading a buffer written in place") && download(twice, got, sizeof got)) {
+      for (int i = 0; i < 24; i++) want[i] = 2.0f * (float)(100 + i);
+      check_f32("a program reads what the host wrote in place", got, want, 24, 0);
+    }
+    tpu_rt_buffer_free(twice);
+  }
+  tpu_rt_buffer_free(out);
+  /* an empty buffer lends nothing, without an error */
+  const int64_t e[1] = {0};
+  tpu_rt_buffer *empty = upload(x, TPU_F32, 1, e);
+  addr = x;
+  if (empty && OK(tpu_rt_buffer_host_memory(rt, empty, &addr), "host_memory of an empty buffer"))
+    CHECK(addr == NULL, "an empty buffer lent memory");
+  tpu_rt_buffer_free(empty);
+}
+
 /* A function from StableHLO text in pretty form (locations, a helper it
  * calls), called twice from a built module and used by a builder op: the
  * plugin accepts the generic func.call and the private definitions. */
@@ -1146,6 +1192,7 @@ int main(int argc, char **argv) {
   test_dtype_roundtrips();
   test_add();
   test_add_text();
+  test_host_memory();
   test_on_ready();
   test_bad_buffers();
   test_elementwise();
