@@ -489,6 +489,23 @@ def test_sparse_layouts_are_refused_in_one_line():
     assert torch.equal((torch.ones(2, device="tpu") + 1).cpu(), torch.full((2,), 2.0))
 
 
+def test_quantized_tensors_are_refused_in_one_line(monkeypatch):
+    """A quantized tensor moved to tpu, made there, or quantized there (with the CPU
+    fallback on too): one NotImplementedError line naming the layout and what to do."""
+    x = torch.randn(4)
+    monkeypatch.setenv("TORCHTPU_CPU_FALLBACK", "1")
+    for make in (
+        lambda: torch.quantize_per_tensor(x, 0.1, 0, torch.qint8).to("tpu"),
+        lambda: torch._empty_affine_quantized([2, 3], scale=0.5, zero_point=1, dtype=torch.quint8, device="tpu"),
+        lambda: torch.quantize_per_tensor(x.to("tpu"), 0.1, 0, torch.qint8),
+        lambda: torch.quantize_per_channel(x.to("tpu"), torch.ones(4), torch.zeros(4, dtype=torch.long), 0, torch.quint8),
+    ):
+        with pytest.raises(NotImplementedError, match=r"quantized tensors \(torch.quint8") as e:
+            make()
+        assert "\n" not in str(e.value) and "dequantize" in str(e.value)
+    assert torch.equal((x.to("tpu") * 2).cpu(), x * 2)
+
+
 @pytest.mark.parametrize("mask_dtype", [torch.uint8, torch.int64, torch.float32])
 def test_masked_fill_takes_only_boolean_masks(mask_dtype):
     """masked_fill(_) with a mask that is not bool: the CPU's RuntimeError, word for word; nothing written."""

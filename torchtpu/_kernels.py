@@ -676,6 +676,8 @@ def _fallback(op, *args, **kwargs):
     """Ops without a lowering: NotImplementedError naming the overload, or,
     with TORCHTPU_CPU_FALLBACK=1, run on the CPU (warned once per op, counted)."""
     name = op._schema.name + (("." + op._schema.overload_name) if op._schema.overload_name else "")
+    if name.startswith("aten::quantize_per_"):  # its result would be a quantized tpu tensor
+        _layout_refusal("QuantizedPrivateUse1")(op)
     if not _settings.flag("TORCHTPU_CPU_FALLBACK"):
         raise NotImplementedError(
             f"torchtpu: {name} is not lowered for the tpu device yet. "
@@ -688,21 +690,33 @@ def _fallback(op, *args, **kwargs):
     return _cpu_fallback(op, args, kwargs)
 
 
-_SPARSE_KEYS = {"SparsePrivateUse1": "torch.sparse_coo", "SparseCsrPrivateUse1": "a compressed sparse layout"}
+# The dispatch keys of tpu tensors of other layouts: what they are, and what to do instead
+_LAYOUT_KEYS = {
+    "SparsePrivateUse1": (
+        "sparse tensors (torch.sparse_coo)",
+        "keep them on the CPU or make them dense there (.to_dense(); nn.Embedding: sparse=False)",
+    ),
+    "SparseCsrPrivateUse1": (
+        "sparse tensors (a compressed sparse layout)",
+        "keep them on the CPU or make them dense there (.to_dense())",
+    ),
+    "QuantizedPrivateUse1": (
+        "quantized tensors (torch.quint8, torch.qint8, torch.qint32, ...)",
+        "keep them on the CPU or dequantize them there (.dequantize()); for low precision on tpu, use "
+        "bfloat16 (torch.autocast) or integer dtypes",
+    ),
+}
 
 
-def _sparse_refusal(key):
-    """The fallback of a sparse dispatch key of tpu: one line saying that
-    sparse layouts are not supported (instead of torch's 50-line list of the
-    backends an op has)."""
-    layout = _SPARSE_KEYS[key]
+def _layout_refusal(key):
+    """The fallback of a tpu dispatch key of another layout (sparse,
+    quantized): one line saying that the layout is not supported and what to
+    do (instead of torch's 50-line list of the backends an op has)."""
+    what, instead = _LAYOUT_KEYS[key]
 
     def refuse(op, *args, **kwargs):
         name = op._schema.name + (("." + op._schema.overload_name) if op._schema.overload_name else "")
-        raise NotImplementedError(
-            f"{name}: sparse tensors ({layout}) are not supported on tpu; keep them on the CPU or make them "
-            "dense there (.to_dense(); nn.Embedding: sparse=False)"
-        )
+        raise NotImplementedError(f"{name}: {what} are not supported on tpu; {instead}")
 
     return refuse
 

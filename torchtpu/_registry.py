@@ -424,8 +424,8 @@ def setup(device_module):
     _autocast.setup()
     _LIB = torch.library.Library("_", "IMPL")
     _LIB.fallback(_kernels._fallback, dispatch_key="PrivateUse1")
-    for key in _kernels._SPARSE_KEYS:
-        _LIB.fallback(_kernels._sparse_refusal(key), dispatch_key=key)
+    for key in _kernels._LAYOUT_KEYS:
+        _LIB.fallback(_kernels._layout_refusal(key), dispatch_key=key)
     _native._skip_kernel_frames()
 
 
