@@ -498,7 +498,9 @@ def test_quantized_tensors_are_refused_in_one_line(monkeypatch):
         lambda: torch.quantize_per_tensor(x, 0.1, 0, torch.qint8).to("tpu"),
         lambda: torch._empty_affine_quantized([2, 3], scale=0.5, zero_point=1, dtype=torch.quint8, device="tpu"),
         lambda: torch.quantize_per_tensor(x.to("tpu"), 0.1, 0, torch.qint8),
-        lambda: torch.quantize_per_channel(x.to("tpu"), torch.ones(4), torch.zeros(4, dtype=torch.long), 0, torch.quint8),
+        lambda: torch.quantize_per_channel(
+            x.to("tpu"), torch.ones(4), torch.zeros(4, dtype=torch.long), 0, torch.quint8
+        ),
     ):
         with pytest.raises(NotImplementedError, match=r"quantized tensors \(torch.quint8") as e:
             make()
