@@ -136,7 +136,8 @@ asan-pytest:
 	CFLAGS="$(SAN)" LDFLAGS="-fsanitize=address,undefined" $(VPY) setup.py -q build_ext --inplace --build-temp build/asan
 	LD_PRELOAD="$(ASAN_PRELOAD)" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  $(VPY) -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_fused.py tests/test_graphs.py \
-	  tests/test_local_devices.py tests/test_local_devices_autograd.py tests/test_replicas.py tests/test_spmd.py; \
+	  tests/test_local_devices.py tests/test_local_devices_autograd.py tests/test_replicas.py tests/test_spmd.py \
+	  tests/test_distributed_in_place.py; \
 	  rc=$$?; $(MAKE) build; exit $$rc
 
 # The full OpInfo coverage run (all of op_db, four dtypes, gradients): writes
