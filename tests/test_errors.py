@@ -4,6 +4,7 @@ problem in PyTorch's words) -- or both must succeed with equal results."""
 
 import math
 import re
+import warnings
 
 import pytest
 import torch
@@ -594,3 +595,45 @@ def test_valid_neighbours_of_those_calls_match_cpu():
         else:
             for got, w in zip(results, want):
                 torch.testing.assert_close(got.cpu(), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.int64])
+def test_nonzero_and_masked_select_write_out_tensors_as_cpu(dtype):
+    """nonzero(out=) and masked_select(out=): the values, the out tensor itself returned, the
+    resize (with torch's deprecation warning when it held elements), and the CPU's errors for
+    a wrong dtype and an out tensor that overlaps the input."""
+    x = torch.tensor([[1, 0, 2], [0, 3, 0]]).to(dtype)
+    for start in ((0,), (4, 3), (3, 2)):
+        got = {}
+        for dev in ("cpu", "tpu"):
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                o = torch.empty(start, dtype=torch.long, device=dev)
+                r = torch.nonzero(x.to(dev), out=o)
+                m = torch.empty(start, dtype=dtype, device=dev)
+                s = torch.masked_select(x.to(dev), x.to(dev) != 0, out=m)
+            assert r is o and s is m
+            got[dev] = (o.cpu(), m.cpu(), sum("resized" in str(x.message) for x in w))
+        assert torch.equal(got["cpu"][0], got["tpu"][0]) and torch.equal(got["cpu"][1], got["tpu"][1]), got
+        assert got["cpu"][2] == got["tpu"][2], (start, got)
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match="Expected out tensor to have scalar type Long but got scalar typeInt"):
+            torch.nonzero(x.to(dev), out=torch.empty(0, dtype=torch.int32, device=dev))
+        xl = x.to(dev).long()
+        with pytest.raises(RuntimeError, match="unsupported operation"):
+            torch.nonzero(xl, out=xl)
+
+
+def test_unfold_backward_checks_its_step_and_size_as_cpu():
+    """A step of 0 or less is the CPU's ValueError, a negative size its RuntimeError (the step first)."""
+    for dev in ("cpu", "tpu"):
+        g = torch.randn(2, 3, device=dev)
+        with pytest.raises(ValueError, match="step is 0 but must be > 0"):
+            torch.ops.aten.unfold_backward(g, [6], 0, 3, 0)
+        with pytest.raises(ValueError, match="step is 0 but must be > 0"):
+            torch.ops.aten.unfold_backward(g, [6], 0, -1, 0)
+        with pytest.raises(RuntimeError, match="size is -1 but must be >= 0"):
+            torch.ops.aten.unfold_backward(g, [6], 0, -1, 1)
+    g = torch.randn(2, 3)
+    want = torch.ops.aten.unfold_backward(g, [6], 0, 3, 2)
+    assert torch.equal(torch.ops.aten.unfold_backward(g.to("tpu"), [6], 0, 3, 2).cpu(), want)

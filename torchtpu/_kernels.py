@@ -317,6 +317,26 @@ def _nonzero(self):
     return torch.nonzero_static(self, size=n)
 
 
+def _nonzero_out(self, *, out):
+    """nonzero(out=): the CPU's dtype and overlap checks, then out resized
+    (as the CPU, with a warning when it had elements) and written."""
+    if out.dtype != torch.long:
+        name = torch.empty(0, dtype=out.dtype).type().removeprefix("torch.").removesuffix("Tensor")
+        raise RuntimeError(f"nonzero: Expected out tensor to have scalar type Long but got scalar type{name}")
+    _C.check_out_overlap(out, self)
+    return _write_out(out, _nonzero(self))
+
+
+def _write_out(out, r):
+    """r written into the out= tensor, which is resized to r's shape first
+    (with torch's warning when it held elements)."""
+    if out.shape != r.shape:
+        if out.numel():
+            _C.warn_resized()
+        out.resize_(r.shape)
+    return out.copy_(r)
+
+
 def _masks_to_indices(self, indices):
     """Boolean (or uint8) mask indices become the long indices of their
     nonzero elements; CPU index tensors move to the tpu."""
@@ -394,9 +414,7 @@ def _masked_select_out(self, mask, *, out):
     r = _masked_select(self, mask)
     if r.dtype != out.dtype:
         raise RuntimeError("masked_select(): self and result must have the same scalar type")
-    if out.shape != r.shape:
-        out.resize_(r.shape)
-    return out.copy_(r)
+    return _write_out(out, r)
 
 
 def _narrow_copy(self, dim, start, length):

@@ -31,6 +31,7 @@ from ._kernels import (
     _masked_select_out,
     _narrow_copy,
     _nonzero,
+    _nonzero_out,
     _pin_memory,
     _resize_,
     _set_empty,
@@ -149,6 +150,7 @@ PYTHON_KERNELS = {
     # data-dependent shapes: the size is computed on the device and read back,
     # then static-shape C rows build the result
     "nonzero": _nonzero,
+    "nonzero.out": _nonzero_out,
     "masked_select": _masked_select,
     "masked_select.out": _masked_select_out,
     "_histogramdd_bin_edges": _histogramdd_bin_edges,

@@ -864,6 +864,15 @@ void tpu_emit_isin(tpu_lower *L) {
 /* unfold_backward(grad_in, input_sizes, dim, size, step): grad_in [..., n, ..., size]
  * summed back into the windows' positions (i*step + k along dim). */
 void tpu_emit_unfold_backward(tpu_lower *L) {
+  /* the CPU's checks, in its order and with its exception types */
+  if (L->args[4].i <= 0) {
+    tpu_lower_fail(L, TPU_ERR_VALUE, "step is %lld but must be > 0", (long long)L->args[4].i);
+    return;
+  }
+  if (L->args[3].i < 0) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "size is %lld but must be >= 0", (long long)L->args[3].i);
+    return;
+  }
   tpu_hv g = tpu_lower_tensor(L, 0, -1);
   tpu_hlo_type gt = *T(L, g);
   int r = L->args[1].nints;

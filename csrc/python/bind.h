@@ -127,6 +127,7 @@ PyObject *tpu_py_to_tref_args(tpu_mod_state *st, PyObject *o, tpu_arg *a, const 
 int tpu_call_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, tpu_engine_result *res);
 /* torch's warning for an out= tensor with elements that was resized: 0, or -1 raised. */
 int tpu_warn_resized(void);
+PyObject *tpu_py_warn_resized(PyObject *m, PyObject *unused);
 /* The same, the first op of a backward pass told to the engine first. */
 int tpu_run_engine(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, tpu_engine_result *res);
 PyObject *tpu_run_op(tpu_mod_state *st, int op_id, tpu_arg *args, int nargs, PyObject **params, int nreturns);

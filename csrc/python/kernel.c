@@ -198,6 +198,14 @@ int tpu_warn_resized(void) {
                       1);
 }
 
+/* warn_resized(): the warning above, for the Python kernels that resize an out= tensor. */
+PyObject *tpu_py_warn_resized(PyObject *m, PyObject *unused) {
+  (void)m;
+  (void)unused;
+  if (tpu_warn_resized() < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
 /* Turn an engine result into the Python return value. Consumes res. */
 static PyObject *tpu_build_result(tpu_mod_state *st, tpu_engine_result *res, PyObject **params, int nreturns) {
   PyObject *vals[TPU_MAX_OUTS] = {0};

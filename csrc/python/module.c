@@ -441,6 +441,8 @@ static PyMethodDef tpu_methods[] = {
     {"contiguous_strides", tpu_py_contiguous_strides, METH_VARARGS,
      "contiguous_strides(sizes, channels_last) -> strides (channels_last: 4, 5 or 0)"},
     {"stride_order", tpu_py_stride_order, METH_O, "stride_order(t) -> dims by decreasing stride ([]: in order)"},
+    {"warn_resized", tpu_py_warn_resized, METH_NOARGS,
+     "warn_resized(): torch's deprecation warning for an out= tensor with elements that was resized"},
     {"check_out_overlap", tpu_py_check_out_overlap, METH_VARARGS,
      "check_out_overlap(out, *inputs): torch's refusals of an out= tensor sharing memory"},
     {"replica_collective", tpu_py_replica_collective, METH_VARARGS,
