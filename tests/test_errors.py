@@ -622,6 +622,16 @@ def test_nonzero_and_masked_select_write_out_tensors_as_cpu(dtype):
         xl = x.to(dev).long()
         with pytest.raises(RuntimeError, match="unsupported operation"):
             torch.nonzero(xl, out=xl)
+    # an out tensor on the CPU for a tpu input: torch's device error, the out tensor untouched
+    xt = x.to("tpu")
+    for call, out in (
+        (lambda o: torch.nonzero(xt, out=o), torch.full((2,), 7, dtype=torch.long)),
+        (lambda o: torch.masked_select(xt, xt != 0, out=o), torch.full((2,), 7, dtype=dtype)),
+    ):
+        before = out.clone()
+        with pytest.raises(RuntimeError, match="on the same device"):
+            call(out)
+        assert torch.equal(out, before)
 
 
 def test_unfold_backward_checks_its_step_and_size_as_cpu():

@@ -324,12 +324,18 @@ def _nonzero_out(self, *, out):
         name = torch.empty(0, dtype=out.dtype).type().removeprefix("torch.").removesuffix("Tensor")
         raise RuntimeError(f"nonzero: Expected out tensor to have scalar type Long but got scalar type{name}")
     _C.check_out_overlap(out, self)
-    return _write_out(out, _nonzero(self))
+    return _write_out(out, _nonzero(self), "nonzero.out")
 
 
-def _write_out(out, r):
-    """r written into the out= tensor, which is resized to r's shape first
-    (with torch's warning when it held elements)."""
+def _write_out(out, r, op):
+    """r written into the out= tensor of aten::op, which is resized to r's
+    shape first (with torch's warning when it held elements); an out tensor
+    on another device is torch's RuntimeError, and is left as it was."""
+    if out.device != r.device:
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, {r.device} and "
+            f"{out.device}! (in aten::{op}; move the out tensor with .to({str(r.device.type)!r}))"
+        )
     if out.shape != r.shape:
         if out.numel():
             _C.warn_resized()
@@ -414,7 +420,7 @@ def _masked_select_out(self, mask, *, out):
     r = _masked_select(self, mask)
     if r.dtype != out.dtype:
         raise RuntimeError("masked_select(): self and result must have the same scalar type")
-    return _write_out(out, r)
+    return _write_out(out, r, "masked_select.out")
 
 
 def _narrow_copy(self, dim, start, length):
