@@ -647,3 +647,20 @@ def test_unfold_backward_checks_its_step_and_size_as_cpu():
     g = torch.randn(2, 3)
     want = torch.ops.aten.unfold_backward(g, [6], 0, 3, 2)
     assert torch.equal(torch.ops.aten.unfold_backward(g.to("tpu"), [6], 0, 3, 2).cpu(), want)
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_index_fill_refuses_a_complex_value_for_a_real_tensor(inplace):
+    """index_fill(_) of a real tensor with a complex number or 0-d complex tensor: the CPU's
+    RuntimeError, nothing written (tpu wrote the real part); a complex tensor takes it."""
+    for dev in ("cpu", "tpu"):
+        x = torch.tensor([[1.0, 2.0], [4.0, 5.0]], device=dev)
+        idx = torch.tensor([0], device=dev)
+        for value in (1 + 1j, torch.tensor(1 + 1j, device=dev)):
+            with pytest.raises(RuntimeError, match="Converting complex Scalar to non-complex type is not supported"):
+                x.index_fill_(1, idx, value) if inplace else x.index_fill(1, idx, value)
+        assert torch.equal(x.cpu(), torch.tensor([[1.0, 2.0], [4.0, 5.0]]))
+    z = torch.zeros(2, 2, dtype=torch.cfloat)
+    want = z.index_fill(1, torch.tensor([0]), 1 + 1j)
+    got = z.to("tpu").index_fill(1, torch.tensor([0], device="tpu"), 1 + 1j)
+    assert torch.equal(got.cpu(), want)

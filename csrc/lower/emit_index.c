@@ -258,6 +258,14 @@ void tpu_emit_index_fill(tpu_lower *L) {
   tpu_tref *t = &L->args[0].t;
   if (!tpu_check_index_dtype(L, 2, "index_fill")) return;
   tpu_dtype dt = t->dtype;
+  /* the CPU's refusal of a complex value for a real tensor (a number or a 0-d tensor), in
+   * both forms; tpu wrote the real part */
+  bool cvalue = L->args[3].kind == TPU_ARG_TENSOR ? tpu_dtype_is_complex(L->args[3].t.dtype)
+                                                  : L->args[3].skind == TPU_SCALAR_COMPLEX;
+  if (cvalue && !tpu_dtype_is_complex(dt)) {
+    tpu_lower_fail(L, TPU_ERR_RUNTIME, "index_fill_(): Converting complex Scalar to non-complex type is not supported");
+    return;
+  }
   tpu_hv x = tpu_lower_tensor(L, 0, -1);
   tpu_hv val = L->args[3].kind == TPU_ARG_TENSOR ? tpu_hlo_reshape(H, tpu_lower_input(L, 3, dt), 0, NULL)
                                                  : tpu_lower_scalar(L, 3, dt);
