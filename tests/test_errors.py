@@ -3,6 +3,7 @@ must raise the same exception type (and, where the message is ours, name the
 problem in PyTorch's words) -- or both must succeed with equal results."""
 
 import math
+import os
 import re
 import warnings
 
@@ -482,6 +483,21 @@ def test_sparse_layouts_are_refused_in_one_line():
         ) as e:
             make()
         assert "\n" not in str(e.value) and "to_dense" in str(e.value)
+    # made from a dense tpu tensor (to_sparse and its compressed forms), with the CPU fallback on too
+    d = torch.tensor([[1.0, 0.0], [0.0, 2.0]], device="tpu")
+    for make, layout in (
+        (lambda: d.to_sparse(), "torch.sparse_coo"),
+        (lambda: d.to_sparse_csr(), "a compressed sparse layout"),
+        (lambda: d.to_sparse_bsr((1, 1)), "a compressed sparse layout"),
+    ):
+        for fallback in ("0", "1"):
+            os.environ["TORCHTPU_CPU_FALLBACK"] = fallback
+            try:
+                with pytest.raises(NotImplementedError, match=rf"sparse tensors \({layout}\)") as e:
+                    make()
+            finally:
+                os.environ.pop("TORCHTPU_CPU_FALLBACK")
+            assert "\n" not in str(e.value)
     csr = torch.tensor([[0.0, 1.0], [2.0, 0.0]]).to_sparse_csr().to("tpu")
     with pytest.raises(NotImplementedError, match=r"sparse tensors \(a compressed sparse layout\)") as e:
         csr.to_dense()

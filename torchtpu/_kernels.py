@@ -702,6 +702,8 @@ def _fallback(op, *args, **kwargs):
     name = op._schema.name + (("." + op._schema.overload_name) if op._schema.overload_name else "")
     if name.startswith("aten::quantize_per_"):  # its result would be a quantized tpu tensor
         _layout_refusal("QuantizedPrivateUse1")(op)
+    if name.startswith("aten::_to_sparse"):  # to_sparse(), to_sparse_csr() ...: a sparse tpu tensor
+        _layout_refusal("SparseCsrPrivateUse1" if "_csr" in name or "_bsr" in name else "SparsePrivateUse1")(op)
     if not _settings.flag("TORCHTPU_CPU_FALLBACK"):
         raise NotImplementedError(
             f"torchtpu: {name} is not lowered for the tpu device yet. "
