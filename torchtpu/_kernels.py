@@ -700,10 +700,9 @@ def _fallback(op, *args, **kwargs):
     """Ops without a lowering: NotImplementedError naming the overload, or,
     with TORCHTPU_CPU_FALLBACK=1, run on the CPU (warned once per op, counted)."""
     name = op._schema.name + (("." + op._schema.overload_name) if op._schema.overload_name else "")
-    if name.startswith("aten::quantize_per_"):  # its result would be a quantized tpu tensor
-        _layout_refusal("QuantizedPrivateUse1")(op)
-    if name.startswith("aten::_to_sparse"):  # to_sparse(), to_sparse_csr() ...: a sparse tpu tensor
-        _layout_refusal("SparseCsrPrivateUse1" if "_csr" in name or "_bsr" in name else "SparsePrivateUse1")(op)
+    for prefix, key in _MAKES_LAYOUT:
+        if name.startswith(prefix):
+            _layout_refusal(key)(op)
     if not _settings.flag("TORCHTPU_CPU_FALLBACK"):
         raise NotImplementedError(
             f"torchtpu: {name} is not lowered for the tpu device yet. "
@@ -732,6 +731,14 @@ _LAYOUT_KEYS = {
         "bfloat16 (torch.autocast) or integer dtypes",
     ),
 }
+
+
+# Ops of dense tpu tensors whose result would be of another layout (first match)
+_MAKES_LAYOUT = (
+    ("aten::quantize_per_", "QuantizedPrivateUse1"),
+    ("aten::_to_sparse_", "SparseCsrPrivateUse1"),  # to_sparse_csr/csc/bsr/bsc
+    ("aten::_to_sparse", "SparsePrivateUse1"),
+)
 
 
 def _layout_refusal(key):

@@ -14,6 +14,16 @@
 
 #include "rt_shared.h"
 
+/* A plugin that cannot answer (UNIMPLEMENTED) lends nothing: its buffers are
+ * copied, as elsewhere. Other errors stay errors. */
+static tpu_status *tpu_unanswered_is_none(tpu_status *s) {
+  if (s && tpu_status_code(s) == TPU_ERR_UNIMPLEMENTED) {
+    tpu_status_free(s);
+    return NULL;
+  }
+  return s;
+}
+
 tpu_status *tpu_rt_buffer_host_memory(tpu_rt *rt, tpu_rt_buffer *b, void **addr) {
   *addr = NULL;
   const tpu_pjrt_api *api = rt->api;
@@ -22,24 +32,14 @@ tpu_status *tpu_rt_buffer_host_memory(tpu_rt *rt, tpu_rt_buffer *b, void **addr)
     return NULL;
   tpu_pjrt_is_on_cpu_args c = {TPU_PJRT_SIZE(tpu_pjrt_is_on_cpu_args, is_on_cpu), NULL, b->buf, false};
   tpu_status *s = TPU_CALL(api, Buffer_IsOnCpu, &c);
-  if (s) {
-    /* a plugin that cannot say: its buffers are copied, as elsewhere */
-    bool unknown = tpu_status_code(s) == TPU_ERR_UNIMPLEMENTED;
-    if (unknown) tpu_status_free(s);
-    return unknown ? NULL : s;
-  }
-  if (!c.is_on_cpu) return NULL;
+  if (s || !c.is_on_cpu) return tpu_unanswered_is_none(s);
   tpu_pjrt_ready_event_args r = {TPU_PJRT_SIZE(tpu_pjrt_ready_event_args, event), NULL, b->buf, NULL};
   s = TPU_CALL(api, Buffer_ReadyEvent, &r);
   if (!s) s = tpu_rt_event_finish(api, r.event, "computing the buffer's value");
   if (s) return s;
   tpu_pjrt_unsafe_pointer_args p = {TPU_PJRT_SIZE(tpu_pjrt_unsafe_pointer_args, buffer_pointer), NULL, b->buf, 0};
   s = TPU_CALL(api, Buffer_UnsafePointer, &p);
-  if (s) {
-    bool unknown = tpu_status_code(s) == TPU_ERR_UNIMPLEMENTED;
-    if (unknown) tpu_status_free(s);
-    return unknown ? NULL : s;
-  }
+  if (s) return tpu_unanswered_is_none(s);
   *addr = (void *)p.buffer_pointer;
   return NULL;
 }
